@@ -1,0 +1,20 @@
+"""Token data: the token file format, random batches, and a resumable training dataset.
+
+write_token_file / read_token_file   the flat id file ``lm tokenize`` writes, with its sidecar
+get_batch                             random (x, y) windows from a 1-D (memory-mapped) array
+TokenDataset                          a checked token file with a seeded, checkpointable sampler
+"""
+
+from lm.data.batch import get_batch
+from lm.data.dataset import TokenDataset
+from lm.data.token_file import max_token_id, read_token_file, read_token_meta, token_dtype, write_token_file
+
+__all__ = [
+    "TokenDataset",
+    "get_batch",
+    "max_token_id",
+    "read_token_file",
+    "read_token_meta",
+    "token_dtype",
+    "write_token_file",
+]

@@ -1,0 +1,59 @@
+"""Random language-modelling batches cut from a flat token array."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+
+def random_starts(
+    num_tokens: int, batch_size: int, context_length: int, generator: np.random.Generator | None = None
+) -> np.ndarray:
+    """``batch_size`` uniform start positions such that ``context_length + 1`` ids fit after each."""
+    if num_tokens <= context_length:
+        raise ValueError(
+            f"the token array has {num_tokens} ids; it needs more than context_length={context_length}"
+        )
+    high = num_tokens - context_length  # exclusive: the last start still has its target
+    if generator is None:
+        return np.random.randint(0, high, size=batch_size)
+    return generator.integers(0, high, size=batch_size)
+
+
+def batch_at(
+    dataset: np.ndarray, starts: np.ndarray, context_length: int, device: str | torch.device
+) -> tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]:
+    """Inputs and next-token targets for windows beginning at ``starts``."""
+    # One contiguous slice per row reads just the pages a window covers from a memmap.
+    rows = np.stack([np.asarray(dataset[s : s + context_length + 1]) for s in starts])
+    xy = torch.from_numpy(rows.astype(np.int64))
+    device = torch.device(device)
+    if device.type == "cuda":
+        xy = xy.pin_memory().to(device, non_blocking=True)
+    else:
+        xy = xy.to(device)
+    return xy[:, :-1], xy[:, 1:]
+
+
+def get_batch(
+    dataset: np.ndarray,
+    batch_size: int,
+    context_length: int,
+    device: str | torch.device,
+    generator: np.random.Generator | None = None,
+) -> tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]:
+    """Sample ``batch_size`` windows of ``context_length`` ids at uniform random starts.
+
+    Returns ``int64`` tensors ``x`` and ``y`` of shape ``(batch_size, context_length)`` on
+    ``device`` with ``y[i, t] == x[i, t + 1]`` (``y`` is the next token). ``dataset`` is any 1-D
+    integer array; a ``np.memmap`` is the normal case. Starts come from ``generator`` when given,
+    else from numpy's global random state.
+
+    >>> x, y = get_batch(np.arange(100), 4, 8, "cpu")
+    >>> x.shape, bool((y[:, :-1] == x[:, 1:]).all())
+    (torch.Size([4, 8]), True)
+    """
+    starts = random_starts(len(dataset), batch_size, context_length, generator)
+    return batch_at(dataset, starts, context_length, device)

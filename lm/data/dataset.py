@@ -1,0 +1,102 @@
+"""A checked token file with a resumable, rank-aware batch sampler."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lm.data.batch import batch_at
+from lm.data.token_file import max_token_id, read_token_file
+
+
+class TokenDataset:
+    """A token file opened for training: validated once, then sampled without loading it.
+
+    Every rank draws the same *global* batch of ``batch_size * world_size`` start positions from
+    one generator seeded with ``seed`` and keeps its own slice. So ranks see different windows,
+    the generator state is identical on every rank (rank 0's checkpoint resumes them all), and
+    ``N`` processes with batch ``B`` see exactly the data of one process with batch ``N * B``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        context_length: int,
+        *,
+        vocab_size: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        check_ids: bool = True,
+    ):
+        self.path = Path(path)
+        self.tokens, self.meta = read_token_file(path)
+        self.context_length = context_length
+        self.rank, self.world_size = rank, world_size
+        n = len(self.tokens)
+        if n <= context_length:
+            raise ValueError(
+                f"{str(self.path)!r} has {n} tokens, fewer than context_length + 1 = {context_length + 1}"
+            )
+        if vocab_size is not None:
+            if self.meta["vocab_size"] > vocab_size:
+                raise ValueError(
+                    f"{str(self.path)!r} was tokenized with vocab_size {self.meta['vocab_size']}, "
+                    f"larger than the model's {vocab_size}"
+                )
+            if check_ids:
+                top = max_token_id(self.path, self.tokens.dtype)
+                if top >= vocab_size:
+                    raise ValueError(
+                        f"{str(self.path)!r} contains token id {top}, outside the model's vocabulary "
+                        f"[0, {vocab_size})"
+                    )
+        self.generator = np.random.Generator(np.random.PCG64(seed))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        """Source bytes per token, from the sidecar; None when the sidecar does not say."""
+        src = self.meta.get("source_bytes") or 0
+        return src / len(self.tokens) if src > 0 else None
+
+    @property
+    def tokenizer_sha256(self) -> str:
+        return self.meta.get("tokenizer_sha256", "")
+
+    def global_starts(self, batch_size: int, generator: np.random.Generator | None = None) -> np.ndarray:
+        """Start positions of one global batch (every rank's rows) from ``generator``."""
+        gen = self.generator if generator is None else generator
+        high = len(self.tokens) - self.context_length
+        return gen.integers(0, high, size=batch_size * self.world_size)
+
+    def sample(self, batch_size: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's ``batch_size`` rows of the next global batch, as ``(x, y)`` on ``device``."""
+        starts = self.global_starts(batch_size)
+        mine = starts[self.rank * batch_size : (self.rank + 1) * batch_size]
+        return batch_at(self.tokens, mine, self.context_length, device)
+
+    def fixed_batches(self, num_batches: int, batch_size: int, seed: int) -> list[np.ndarray]:
+        """This rank's starts for ``num_batches`` batches that are the same at every call (evaluation)."""
+        gen = np.random.Generator(np.random.PCG64(seed))
+        out = []
+        for _ in range(num_batches):
+            starts = self.global_starts(batch_size, gen)
+            out.append(starts[self.rank * batch_size : (self.rank + 1) * batch_size])
+        return out
+
+    def batch(self, starts: np.ndarray, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch_at(self.tokens, starts, self.context_length, device)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's position: the numpy bit-generator state (plain ints, safe to checkpoint)."""
+        return {"generator": self.generator.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.bit_generator.state = state["generator"]

@@ -1,0 +1,165 @@
+"""The token file written by ``lm tokenize``: a flat array of ids and a JSON sidecar.
+
+``X.bin`` holds the ids as little-endian ``uint16`` (vocabularies up to 65,536) or ``uint32``;
+``X.bin.json`` beside it says what the ids are::
+
+    {"format": "lm-tokens", "version": 1, "dtype": "uint16", "vocab_size": 10000,
+     "num_tokens": 123456, "source_bytes": 567890, "tokenizer_sha256": "...", "source": "..."}
+
+``source_bytes / num_tokens`` is the bytes-per-token ratio that turns a loss into bits per byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lm.io import atomic_write
+
+FORMAT = "lm-tokens"
+VERSION = 1
+_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_SCAN_CHUNK = 1 << 22  # ids per read when scanning a file: 8-16 MB, whatever the file size
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """``X.bin`` -> ``X.bin.json``."""
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest id dtype of the format that holds ``vocab_size`` ids."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return _DTYPES["uint16"] if vocab_size <= 1 << 16 else _DTYPES["uint32"]
+
+
+def write_token_file(
+    path: str | os.PathLike,
+    ids_array: np.ndarray | Iterable[np.ndarray],
+    *,
+    vocab_size: int,
+    source_bytes: int = 0,
+    tokenizer_sha256: str = "",
+    source: str = "",
+) -> dict[str, Any]:
+    """Write ids to ``path`` and the sidecar to ``path + '.json'``, each atomically; return the sidecar.
+
+    ``ids_array`` is one integer array, or an iterable of arrays written one after another (so a
+    corpus larger than memory can be streamed). Every id must lie in ``[0, vocab_size)``.
+
+    >>> meta = write_token_file("/tmp/x.bin", np.array([1, 2, 3]), vocab_size=10)
+    >>> meta["num_tokens"], meta["dtype"]
+    (3, 'uint16')
+    """
+    path = Path(path)
+    dtype = token_dtype(vocab_size)
+    chunks = [ids_array] if isinstance(ids_array, np.ndarray) else ids_array
+    num_tokens = 0
+    # The ids go first, the sidecar last: a run interrupted in between leaves the old sidecar,
+    # whose num_tokens no longer matches the file size, so readers refuse the pair.
+    with atomic_write(path, "wb") as f:
+        for chunk in chunks:
+            chunk = np.asarray(chunk)
+            if chunk.size == 0:
+                continue
+            if not np.issubdtype(chunk.dtype, np.integer):
+                raise ValueError(f"token ids must be integers, got dtype {chunk.dtype}")
+            lo, hi = int(chunk.min()), int(chunk.max())
+            if lo < 0 or hi >= vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+            f.write(np.ascontiguousarray(chunk.reshape(-1), dtype=dtype).tobytes())
+            num_tokens += chunk.size
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": dtype.name,
+        "vocab_size": int(vocab_size),
+        "num_tokens": int(num_tokens),
+        "source_bytes": int(source_bytes),
+        "tokenizer_sha256": str(tokenizer_sha256),
+        "source": str(source),
+    }
+    with atomic_write(sidecar_path(path), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+    return meta
+
+
+def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check the sidecar of ``path`` against the file itself (dtype, size); return it."""
+    path = Path(path)
+    side = sidecar_path(path)
+    if not path.is_file():
+        raise ValueError(f"token file not found: {str(path)!r}")
+    if not side.is_file():
+        raise ValueError(f"{str(path)!r} has no sidecar {side.name!r}; write token files with `lm tokenize`")
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"sidecar {str(side)!r} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar")
+    if meta.get("version") != VERSION:
+        raise ValueError(
+            f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}"
+        )
+    for key, kind in (("dtype", str), ("vocab_size", int), ("num_tokens", int)):
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not a {kind.__name__}")
+    if meta["dtype"] not in _DTYPES:
+        raise ValueError(f"sidecar {str(side)!r}: dtype {meta['dtype']!r} is not one of {sorted(_DTYPES)}")
+    expected = token_dtype(meta["vocab_size"]).name
+    if meta["dtype"] != expected:
+        raise ValueError(
+            f"sidecar {str(side)!r}: dtype {meta['dtype']!r} does not match vocab_size "
+            f"{meta['vocab_size']} (expected {expected!r})"
+        )
+    itemsize = _DTYPES[meta["dtype"]].itemsize
+    size = path.stat().st_size
+    if size != meta["num_tokens"] * itemsize:
+        raise ValueError(
+            f"{str(path)!r} has {size} bytes but its sidecar says {meta['num_tokens']} {meta['dtype']} "
+            f"ids ({meta['num_tokens'] * itemsize} bytes): the file is truncated or not the one "
+            "the sidecar describes"
+        )
+    meta.setdefault("source_bytes", 0)
+    meta.setdefault("tokenizer_sha256", "")
+    meta.setdefault("source", "")
+    return meta
+
+
+def read_token_file(path: str | os.PathLike) -> tuple[np.memmap, dict[str, Any]]:
+    """Open a token file read-only as a ``np.memmap`` after checking its sidecar; return both.
+
+    Nothing is read into memory: pages of the file are loaded as batches touch them.
+    """
+    meta = read_token_meta(path)
+    if meta["num_tokens"] == 0:
+        raise ValueError(f"token file {str(path)!r} is empty")
+    tokens = np.memmap(path, dtype=_DTYPES[meta["dtype"]], mode="r", shape=(meta["num_tokens"],))
+    return tokens, meta
+
+
+def max_token_id(path: str | os.PathLike, dtype: np.dtype | str, chunk: int = _SCAN_CHUNK) -> int:
+    """The largest id in a token file, read in fixed-size chunks with ordinary reads.
+
+    Plain reads rather than the memmap keep the scan from mapping the whole file into this
+    process, so its resident memory stays at one chunk however large the file is.
+    """
+    dtype = np.dtype(dtype)
+    buf = np.empty(chunk, dtype=dtype)
+    best = -1
+    with open(path, "rb") as f:
+        while True:
+            n = f.readinto(memoryview(buf).cast("B")) // dtype.itemsize
+            if n == 0:
+                return best
+            best = max(best, int(buf[:n].max()))

@@ -1,0 +1,124 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lm.data import TokenDataset, get_batch, max_token_id, read_token_file, write_token_file
+
+
+def test_token_file_round_trip(tmp_path):
+    ids = np.arange(1000) % 300
+    meta = write_token_file(tmp_path / "a.bin", ids, vocab_size=300, source_bytes=4000, tokenizer_sha256="ab")
+    tokens, read_meta = read_token_file(tmp_path / "a.bin")
+    assert isinstance(tokens, np.memmap)
+    assert tokens.dtype == np.uint16
+    np.testing.assert_array_equal(tokens, ids)
+    assert read_meta == meta
+    assert meta["num_tokens"] == 1000 and meta["source_bytes"] == 4000
+    assert (tmp_path / "a.bin").stat().st_size == 2000
+    assert json.loads((tmp_path / "a.bin.json").read_text())["format"] == "lm-tokens"
+
+
+def test_token_file_uint32_and_chunks(tmp_path):
+    chunks = [np.array([70000, 1]), np.array([], dtype=np.int64), np.array([99999])]
+    meta = write_token_file(tmp_path / "b.bin", iter(chunks), vocab_size=100000)
+    tokens, _ = read_token_file(tmp_path / "b.bin")
+    assert meta["dtype"] == "uint32" and tokens.dtype == np.uint32
+    np.testing.assert_array_equal(tokens, [70000, 1, 99999])
+    assert max_token_id(tmp_path / "b.bin", tokens.dtype, chunk=2) == 99999
+
+
+def test_write_rejects_ids_outside_vocab_and_leaves_nothing(tmp_path):
+    with pytest.raises(ValueError, match="token id 300 is outside"):
+        write_token_file(tmp_path / "c.bin", np.array([1, 300]), vocab_size=300)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _bad_file(tmp_path, mutate):
+    path = tmp_path / "d.bin"
+    write_token_file(path, np.arange(100), vocab_size=100)
+    side = tmp_path / "d.bin.json"
+    meta = json.loads(side.read_text())
+    mutate(path, side, meta)
+    return path
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda p, s, m: s.unlink(), "has no sidecar"),
+        (lambda p, s, m: s.write_text("{not json"), "not valid JSON"),
+        (lambda p, s, m: s.write_text(json.dumps({**m, "format": "x"})), "not an 'lm-tokens' sidecar"),
+        (lambda p, s, m: s.write_text(json.dumps({**m, "dtype": "uint32"})), "does not match vocab_size"),
+        (lambda p, s, m: s.write_text(json.dumps({**m, "dtype": "int8"})), "is not one of"),
+        (lambda p, s, m: s.write_text(json.dumps({**m, "num_tokens": "100"})), "'num_tokens' is missing"),
+        (lambda p, s, m: p.write_bytes(p.read_bytes()[:-3]), "truncated"),
+    ],
+)
+def test_read_rejects_bad_sidecar_or_file(tmp_path, mutate, message):
+    path = _bad_file(tmp_path, mutate)
+    with pytest.raises(ValueError, match=message):
+        read_token_file(path)
+
+
+def test_get_batch_shapes_targets_and_range():
+    data = np.arange(50, dtype=np.uint16)
+    x, y = get_batch(data, 64, 8, "cpu", generator=np.random.default_rng(0))
+    assert x.shape == y.shape == (64, 8) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(y, x + 1)  # consecutive ids: the target is the next token
+    assert int(x[:, 0].min()) >= 0 and int(y[:, -1].max()) <= 49
+
+
+def test_get_batch_starts_are_uniform():
+    data = np.arange(20)
+    x, _ = get_batch(data, 20000, 5, "cpu", generator=np.random.default_rng(1))
+    counts = np.bincount(x[:, 0].numpy(), minlength=15)
+    assert len(counts) == 15  # every start 0..14 and none past it
+    assert counts.min() > 1100 and counts.max() < 1570  # ~1333 each
+
+
+def test_dataset_checks_vocab_and_length(tmp_path):
+    write_token_file(tmp_path / "t.bin", np.arange(100) % 50, vocab_size=64)
+    with pytest.raises(ValueError, match="vocab_size 64, larger than the model's 32"):
+        TokenDataset(tmp_path / "t.bin", 8, vocab_size=32)
+    write_token_file(tmp_path / "u.bin", np.array([1, 2, 49, 3]), vocab_size=50)
+    with pytest.raises(ValueError, match="fewer than context_length"):
+        TokenDataset(tmp_path / "u.bin", 4, vocab_size=50)
+    TokenDataset(tmp_path / "u.bin", 3, vocab_size=50)
+
+
+def test_dataset_finds_ids_beyond_model_vocab(tmp_path):
+    # The sidecar claims a 40-id vocabulary but the file holds id 45: the scan catches it.
+    path = tmp_path / "v.bin"
+    write_token_file(path, np.array([1, 2, 3, 45, 5, 6]), vocab_size=50)
+    side = tmp_path / "v.bin.json"
+    side.write_text(json.dumps({**json.loads(side.read_text()), "vocab_size": 40}))
+    with pytest.raises(ValueError, match="contains token id 45, outside the model's vocabulary"):
+        TokenDataset(path, 2, vocab_size=40)
+
+
+def test_dataset_state_resumes_the_same_batches(tmp_path):
+    write_token_file(tmp_path / "t.bin", np.arange(5000) % 1000, vocab_size=1000)
+    ds = TokenDataset(tmp_path / "t.bin", 16, vocab_size=1000, seed=3)
+    ds.sample(4, "cpu")
+    state = ds.state_dict()
+    expected = [ds.sample(4, "cpu")[0] for _ in range(3)]
+    again = TokenDataset(tmp_path / "t.bin", 16, vocab_size=1000, seed=99)
+    again.load_state_dict(state)
+    for want in expected:
+        assert torch.equal(again.sample(4, "cpu")[0], want)
+
+
+def test_ranks_split_one_global_batch(tmp_path):
+    write_token_file(tmp_path / "t.bin", np.arange(5000) % 1000, vocab_size=1000)
+    single = TokenDataset(tmp_path / "t.bin", 16, seed=7)
+    ranks = [TokenDataset(tmp_path / "t.bin", 16, seed=7, rank=r, world_size=2) for r in range(2)]
+    for _ in range(3):
+        x, _ = single.sample(6, "cpu")
+        parts = [r.sample(3, "cpu")[0] for r in ranks]
+        assert not torch.equal(parts[0], parts[1])
+        assert torch.equal(torch.cat(parts), x)
+    evals = [r.fixed_batches(2, 3, seed=5) for r in ranks]
+    assert np.array_equal(np.concatenate([evals[0][1], evals[1][1]]), single.fixed_batches(2, 6, seed=5)[1])
+    assert np.array_equal(evals[0][0], ranks[0].fixed_batches(2, 3, seed=5)[0])
