@@ -1,0 +1,7 @@
+"""Optimisation: AdamW, its parameter groups, the learning-rate schedule and gradient clipping."""
+
+from lm.optim.adamw import AdamW, param_groups
+from lm.optim.clip import clip_grad_norm_
+from lm.optim.schedule import cosine_lr_schedule
+
+__all__ = ["AdamW", "clip_grad_norm_", "cosine_lr_schedule", "param_groups"]

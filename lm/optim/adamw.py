@@ -1,0 +1,105 @@
+"""AdamW (Loshchilov & Hutter, 2019): Adam with weight decay decoupled from the gradient."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class AdamW(torch.optim.Optimizer):
+    """Adam with bias correction and decoupled weight decay; hyper-parameters may differ per group.
+
+    For each parameter ``θ`` with gradient ``g`` at step ``t`` (counted from 1)::
+
+        m ← β1·m + (1 − β1)·g
+        v ← β2·v + (1 − β2)·g²
+        θ ← θ − lr·wd·θ                                  (decay, not scaled by the moments)
+        θ ← θ − lr·√(1 − β2ᵗ)/(1 − β1ᵗ) · m / (√v + ε')   with ε' = ε·√(1 − β2ᵗ)
+
+    which is ``θ − lr · m̂ / (√v̂ + ε)`` with ``m̂, v̂`` the bias-corrected moments, the same update as
+    ``torch.optim.AdamW``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ):
+        if lr < 0:
+            raise ValueError(f"invalid learning rate: {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"invalid betas: {betas}")
+        if eps < 0:
+            raise ValueError(f"invalid eps: {eps}")
+        if weight_decay < 0:
+            raise ValueError(f"invalid weight_decay: {weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("AdamW does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    # The step count lives in a tensor, as in torch.optim, so state_dicts interchange.
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = state["step"].item()
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.lerp_(p.grad, 1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                if wd != 0:
+                    p.mul_(1 - lr * wd)
+                bias1 = 1 - beta1**t
+                bias2_sqrt = math.sqrt(1 - beta2**t)
+                denom = (v.sqrt() / bias2_sqrt).add_(eps)
+                p.addcdiv_(m, denom, value=-lr / bias1)
+        return loss
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Split ``model``'s trainable parameters into a decayed group and a no-decay group.
+
+    Weight decay pulls a weight towards zero, which is a prior that suits the matrices of linear
+    layers. Norm gains (initialised at 1), biases and embedding tables are left alone: decaying
+    a gain shrinks the activations, and decaying embeddings penalises rare tokens that receive
+    few gradients. Matrices are told apart by dimension (≥ 2) and embeddings by module type or by
+    the name of the parameter (``...embed...``), so it works for any module tree.
+    """
+    no_decay_ids = set()
+    for module in model.modules():
+        is_embedding = isinstance(module, nn.Embedding) or "embedding" in type(module).__name__.lower()
+        for p in module.parameters(recurse=False):
+            if is_embedding:
+                no_decay_ids.add(id(p))
+    decay, no_decay = [], []
+    seen = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.ndim < 2 or id(p) in no_decay_ids or "embed" in name.lower():
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
