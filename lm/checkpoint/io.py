@@ -1,0 +1,120 @@
+"""Checkpoint files: written atomically, read without unpickling arbitrary objects.
+
+A checkpoint is a ``torch.save`` dictionary holding only tensors and plain Python values::
+
+    {"format": "lm-checkpoint", "version": 1, "iteration": int,
+     "model": state_dict, "optimizer": state_dict,
+     ...training state added by lm.train: "config", "schedule", "rng", "data", "tokenizer_sha256"}
+
+so ``torch.load(..., weights_only=True)`` reads it and a file received from someone else cannot
+run code. ``save_checkpoint`` / ``load_checkpoint`` are the minimal API; the trainer stores its
+full state in the same format, so every checkpoint of a run also loads with ``load_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch import nn
+
+from lm.io import atomic_write
+
+FORMAT = "lm-checkpoint"
+VERSION = 1
+
+PathOrFile = str | os.PathLike | IO[bytes]
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside DistributedDataParallel and/or torch.compile wrappers."""
+    while True:
+        if hasattr(model, "module") and isinstance(model.module, nn.Module):  # DDP
+            model = model.module
+        elif hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model
+
+
+def write_checkpoint(state: dict[str, Any], out: PathOrFile) -> None:
+    """``torch.save`` ``state``; to a path atomically (temp file, fsync, rename)."""
+    state = {"format": FORMAT, "version": VERSION, **state}
+    if isinstance(out, str | os.PathLike):
+        with atomic_write(out, "wb") as f:
+            torch.save(state, f)
+    else:
+        torch.save(state, out)
+
+
+def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU with ``weights_only=True``; a bad file raises a one-line ValueError."""
+    name = repr(str(src)) if isinstance(src, str | os.PathLike) else "checkpoint"
+    if isinstance(src, str | os.PathLike) and not Path(src).is_file():
+        raise ValueError(f"checkpoint not found: {name}")
+    try:
+        state = torch.load(src, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{name} is not a readable checkpoint (truncated or corrupt?): {first}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
+        raise ValueError(f"{name} is not an lm checkpoint")
+    if state.get("version") != VERSION:
+        raise ValueError(f"{name} has checkpoint version {state.get('version')!r}; this lm reads {VERSION}")
+    return state
+
+
+def check_state_dict_fits(
+    model: nn.Module, state_dict: dict[str, torch.Tensor], name: str = "checkpoint"
+) -> None:
+    """Raise a one-line ValueError when ``state_dict`` has other keys or shapes than ``model``."""
+    own = unwrap(model).state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    wrong = [
+        f"{k} is {tuple(state_dict[k].shape)} in the checkpoint but {tuple(v.shape)} in the model"
+        for k, v in own.items()
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
+    ]
+    problems = [f"{k} is missing" for k in missing] + [f"{k} is not in the model" for k in unexpected] + wrong
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ValueError(f"{name} does not fit this model: {problems[0]}{more}")
+
+
+def save_checkpoint(
+    model: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, out: PathOrFile
+) -> None:
+    """Save the model's and optimizer's state and the iteration to a path (atomically) or a binary file."""
+    write_checkpoint(
+        {
+            "iteration": int(iteration),
+            "model": unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        },
+        out,
+    )
+
+
+def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """Restore ``model`` and ``optimizer`` (if given) from ``src``; return the saved iteration.
+
+    The shapes are checked before anything is copied, so a checkpoint of another model raises a
+    ValueError and leaves ``model`` as it was.
+    """
+    if isinstance(src, io.IOBase) and src.seekable():
+        src.seek(0)
+    state = read_checkpoint(src)
+    name = repr(str(src)) if isinstance(src, str | os.PathLike) else "checkpoint"
+    check_state_dict_fits(model, state["model"], name)
+    unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None:
+        if state.get("optimizer") is None:
+            raise ValueError(f"{name} holds no optimizer state")
+        optimizer.load_state_dict(state["optimizer"])
+    return int(state["iteration"])

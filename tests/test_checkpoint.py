@@ -1,0 +1,133 @@
+import io
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lm.checkpoint import (
+    CheckpointManager,
+    export_safetensors,
+    get_rng_state,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+    write_checkpoint,
+)
+from lm.optim import AdamW
+
+
+def _model(d=6):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(d, d), nn.Linear(d, 3))
+
+
+def _trained(d=6):
+    model = _model(d)
+    opt = AdamW(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, d)).square().sum().backward()
+        opt.step()
+    return model, opt
+
+
+def test_save_load_round_trip_path_and_file(tmp_path):
+    model, opt = _trained()
+    save_checkpoint(model, opt, 42, tmp_path / "c.pt")
+    buf = io.BytesIO()
+    save_checkpoint(model, opt, 43, buf)
+    for src, it in ((tmp_path / "c.pt", 42), (buf, 43)):
+        fresh = _model()
+        with torch.no_grad():
+            fresh[0].weight.zero_()
+        fresh_opt = AdamW(fresh.parameters(), lr=1e-2)
+        assert load_checkpoint(src, fresh, fresh_opt) == it
+        for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+            assert torch.equal(a, b)
+        assert torch.equal(
+            fresh_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"]
+        )
+    # Nothing but the checkpoint itself was left in the folder (the temp file was renamed).
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_checkpoint_loads_with_weights_only(tmp_path):
+    model, opt = _trained()
+    save_checkpoint(model, opt, 1, tmp_path / "c.pt")
+    state = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert state["iteration"] == 1 and state["format"] == "lm-checkpoint"
+
+
+def test_checkpoint_of_another_shape_is_refused_and_model_untouched(tmp_path):
+    model, opt = _trained(d=6)
+    save_checkpoint(model, opt, 5, tmp_path / "c.pt")
+    other = _model(d=8)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match=r"does not fit this model: 0.weight is \(6, 6\) in the checkpoint"):
+        load_checkpoint(tmp_path / "c.pt", other, AdamW(other.parameters()))
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+@pytest.mark.parametrize("cut", [0, 10, 0.5, -20])
+def test_truncated_checkpoint_is_one_clear_error(tmp_path, cut):
+    model, opt = _trained()
+    save_checkpoint(model, opt, 5, tmp_path / "c.pt")
+    data = (tmp_path / "c.pt").read_bytes()
+    n = int(len(data) * cut) if isinstance(cut, float) else cut % len(data)
+    (tmp_path / "t.pt").write_bytes(data[:n])
+    with pytest.raises(ValueError, match="is not a readable checkpoint") as e:
+        load_checkpoint(tmp_path / "t.pt", _model(), None)
+    assert "\n" not in str(e.value)
+
+
+def test_pickled_objects_are_not_executed(tmp_path):
+    # A checkpoint that would need a full unpickler (an arbitrary class) is refused.
+    torch.save({"format": "lm-checkpoint", "version": 1, "model": {}, "evil": _model()}, tmp_path / "e.pt")
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        read_checkpoint(tmp_path / "e.pt")
+
+
+def test_missing_and_foreign_files(tmp_path):
+    with pytest.raises(ValueError, match="checkpoint not found"):
+        read_checkpoint(tmp_path / "nope.pt")
+    torch.save({"weights": torch.ones(2)}, tmp_path / "f.pt")
+    with pytest.raises(ValueError, match="is not an lm checkpoint"):
+        read_checkpoint(tmp_path / "f.pt")
+
+
+def test_manager_keeps_last_k_and_best(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    assert mgr.latest() is None
+    for step in (10, 20, 30):
+        mgr.save({"iteration": step, "model": {}}, step)
+    mgr.save_best({"iteration": 20, "model": {}})
+    assert mgr.steps() == [20, 30]
+    assert mgr.latest().name == "step_00000030.pt"
+    assert read_checkpoint(mgr.best_path)["iteration"] == 20
+    assert sorted(p.name for p in mgr.dir.iterdir()) == ["best.pt", "step_00000020.pt", "step_00000030.pt"]
+
+
+def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    write_checkpoint({"model": {}, "rng": get_rng_state()}, tmp_path / "r.pt")
+    want = (random.random(), np.random.rand(), torch.rand(1))
+    set_rng_state(read_checkpoint(tmp_path / "r.pt")["rng"])
+    got = (random.random(), np.random.rand(), torch.rand(1))
+    assert want[:2] == got[:2] and torch.equal(want[2], got[2])
+
+
+def test_export_safetensors(tmp_path):
+    from safetensors.torch import load_file
+
+    model, _ = _trained()
+    export_safetensors(model, tmp_path / "m.safetensors", {"note": "x"})
+    loaded = load_file(tmp_path / "m.safetensors")
+    assert loaded.keys() == model.state_dict().keys()
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded[k], v)
