@@ -1,0 +1,45 @@
+"""Hand-written layers: einops and plain tensor ops, no ``torch.nn`` layers or ``torch.nn.functional``."""
+
+from lm.nn.attention import ATTN_IMPLS, MultiHeadSelfAttention
+from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES, TransformerBlock, make_norm
+from lm.nn.embedding import Embedding
+from lm.nn.ffn import FFN_TYPES, MLP, SwiGLU, ffn_hidden_dim, make_ffn
+from lm.nn.functional import (
+    causal_mask,
+    cross_entropy,
+    gelu,
+    relu,
+    scaled_dot_product_attention,
+    silu,
+    softmax,
+)
+from lm.nn.linear import Linear
+from lm.nn.norm import Identity, LayerNorm, RMSNorm
+from lm.nn.rope import RotaryEmbedding
+
+__all__ = [
+    "ATTN_IMPLS",
+    "FFN_TYPES",
+    "MLP",
+    "NORM_PLACEMENTS",
+    "NORM_TYPES",
+    "Embedding",
+    "Identity",
+    "LayerNorm",
+    "Linear",
+    "MultiHeadSelfAttention",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SwiGLU",
+    "TransformerBlock",
+    "causal_mask",
+    "cross_entropy",
+    "ffn_hidden_dim",
+    "gelu",
+    "make_ffn",
+    "make_norm",
+    "relu",
+    "scaled_dot_product_attention",
+    "silu",
+    "softmax",
+]

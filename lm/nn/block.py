@@ -1,0 +1,81 @@
+"""One Transformer layer: attention then feed-forward, each in a residual branch with a norm."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lm.nn.attention import MultiHeadSelfAttention
+from lm.nn.ffn import make_ffn
+from lm.nn.norm import Identity, LayerNorm, RMSNorm
+from lm.nn.rope import RotaryEmbedding
+
+NORM_TYPES = ("rmsnorm", "layernorm", "none")
+NORM_PLACEMENTS = ("pre", "post")
+
+
+def make_norm(norm: str, d_model: int, eps: float = 1e-5, device=None, dtype=None) -> torch.nn.Module:
+    if norm == "rmsnorm":
+        return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
+    if norm == "layernorm":
+        return LayerNorm(d_model, eps=eps, device=device, dtype=dtype)
+    if norm == "none":
+        return Identity()
+    raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
+
+
+class TransformerBlock(torch.nn.Module):
+    """Pre-norm (default): ``h = x + attn(ln1(x)); y = h + ffn(ln2(h))``.
+    Post-norm (Vaswani et al.): ``h = ln1(x + attn(x)); y = ln2(h + ffn(h))``.
+
+    ``theta=None`` builds the block without RoPE; pass ``rope`` to share one table
+    between layers.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        max_seq_len: int,
+        theta: float | None = 10000.0,
+        device=None,
+        dtype=None,
+        *,
+        rope: RotaryEmbedding | None = None,
+        norm: str = "rmsnorm",
+        norm_placement: str = "pre",
+        norm_eps: float = 1e-5,
+        ffn: str = "swiglu",
+        attn_impl: str = "einsum",
+    ):
+        super().__init__()
+        if norm_placement not in NORM_PLACEMENTS:
+            raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {norm_placement!r}")
+        if rope is None and theta is not None:
+            if d_model % num_heads == 0 and (d_model // num_heads) % 2 != 0:
+                raise ValueError(
+                    f"head dimension d_model/num_heads must be even for RoPE, got {d_model}/{num_heads}"
+                )
+            if d_model % num_heads == 0:
+                rope = RotaryEmbedding(theta, d_model // num_heads, max_seq_len, device=device)
+        self.pre_norm = norm_placement == "pre"
+        self.ln1 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
+        self.attn = MultiHeadSelfAttention(
+            d_model, num_heads, rope, device=device, dtype=dtype, attn_impl=attn_impl
+        )
+        self.ln2 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
+        self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(
+        self,
+        x: Float[Tensor, "... seq d_model"],
+        token_positions: Int[Tensor, "... seq"] | None = None,
+        kv_cache=None,
+    ) -> Float[Tensor, "... seq d_model"]:
+        if self.pre_norm:
+            h = x + self.attn(self.ln1(x), token_positions, kv_cache)
+            return h + self.ffn(self.ln2(h))
+        h = self.ln1(x + self.attn(x, token_positions, kv_cache))
+        return self.ln2(h + self.ffn(h))

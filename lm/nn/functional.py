@@ -1,0 +1,101 @@
+"""Stateless building blocks: softmax, activations, attention and the loss.
+
+Everything here is written with plain tensor ops and einops; nothing comes from
+``torch.nn.functional``. The single exception is the optional fused attention kernel
+behind ``scaled_dot_product_attention(..., impl="sdpa")``, which must agree with the
+hand-written einsum path (the tests check that it does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+
+def softmax(x: Float[Tensor, "*shape"], dim: int) -> Float[Tensor, "*shape"]:
+    """Softmax along ``dim``; subtracting the max first keeps ``exp`` from overflowing.
+
+    A slice that is entirely ``-inf`` (every position masked) gives NaN, as in torch.
+    """
+    x_max = x.amax(dim=dim, keepdim=True).detach()
+    e = torch.exp(x - x_max)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def silu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+    """``x * sigmoid(x)`` (a.k.a. swish)."""
+    return x * torch.sigmoid(x)
+
+
+def relu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+    return torch.clamp_min(x, 0.0)
+
+
+def gelu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+    """Exact (erf) GELU: ``x * Φ(x)``."""
+    return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
+    """``True`` where query ``i`` may attend key ``j``; queries are the *last* ``q_len`` of ``k_len``."""
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)
+    k_pos = torch.arange(k_len, device=device)
+    return k_pos[None, :] <= q_pos[:, None]
+
+
+def scaled_dot_product_attention(
+    Q: Float[Tensor, "... q d_k"],
+    K: Float[Tensor, "... k d_k"],
+    V: Float[Tensor, "... k d_v"],
+    mask: Bool[Tensor, "... q k"] | None = None,
+    *,
+    is_causal: bool = False,
+    impl: str = "einsum",
+) -> Float[Tensor, "... q d_v"]:
+    """``softmax(Q Kᵀ / sqrt(d_k)) V`` with a boolean mask (``True`` = may attend).
+
+    ``is_causal=True`` applies the causal mask (queries aligned to the end of the keys)
+    in addition to ``mask``. ``impl="sdpa"`` uses torch's fused kernel, which never
+    materialises the (q, k) score matrix; ``"einsum"`` is the readable reference.
+    """
+    if impl == "sdpa":
+        return _fused_sdpa(Q, K, V, mask, is_causal)
+    if impl != "einsum":
+        raise ValueError(f"impl must be 'einsum' or 'sdpa', got {impl!r}")
+    scores = einsum(Q, K, "... q d, ... k d -> ... q k") / math.sqrt(Q.shape[-1])
+    if is_causal:
+        causal = causal_mask(Q.shape[-2], K.shape[-2], device=Q.device)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    # Softmax in float32 so bfloat16 inputs keep their precision in the normaliser.
+    probs = softmax(scores.float(), dim=-1).to(V.dtype)
+    return einsum(probs, V, "... q k, ... k d -> ... q d")
+
+
+def _fused_sdpa(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    from torch.nn.functional import scaled_dot_product_attention as sdpa  # the one allowed exception
+
+    if is_causal and mask is not None:
+        mask = mask & causal_mask(Q.shape[-2], K.shape[-2], device=Q.device)
+        is_causal = False
+    if is_causal and Q.shape[-2] != K.shape[-2]:
+        # torch aligns its causal mask to the top-left; ours is aligned to the end of the keys.
+        mask, is_causal = causal_mask(Q.shape[-2], K.shape[-2], device=Q.device), False
+    return sdpa(Q, K, V, attn_mask=mask, is_causal=is_causal)
+
+
+def cross_entropy(logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "*shape"]) -> Float[Tensor, ""]:
+    """Mean of ``-log softmax(logits)[target]`` over every position, computed in float32.
+
+    Uses ``logsumexp`` (max-subtracted) so very large logits neither overflow nor
+    cancel catastrophically.
+    """
+    logits = logits.float()
+    log_z = torch.logsumexp(logits, dim=-1)
+    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (log_z - target_logit).mean()

@@ -1,0 +1,29 @@
+"""A bias-free linear layer: ``y = x Wᵀ`` with ``W`` stored ``(out_features, in_features)``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum
+from jaxtyping import Float
+from torch import Tensor
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, in_features: int, out_features: int, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Truncated normal with variance 2 / (fan_in + fan_out), cut at ±3σ.
+        std = math.sqrt(2.0 / (self.in_features + self.out_features))
+        torch.nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        return einsum(x, self.weight, "... d_in, d_out d_in -> ... d_out")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"

@@ -1,0 +1,53 @@
+"""Normalisation layers. Both compute in float32 and return the input dtype."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+class RMSNorm(torch.nn.Module):
+    """``x / sqrt(mean(x²) + eps) * weight`` over the last dimension."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.d_model, self.eps = d_model, eps
+        self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        in_dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x * self.weight.float()).to(in_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
+class LayerNorm(torch.nn.Module):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension (biased variance)."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.d_model, self.eps = d_model, eps
+        self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        in_dtype = x.dtype
+        x = x.float()
+        mean = x.mean(dim=-1, keepdim=True)
+        var = (x - mean).pow(2).mean(dim=-1, keepdim=True)
+        x = (x - mean) * torch.rsqrt(var + self.eps)
+        return (x * self.weight.float() + self.bias.float()).to(in_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
+class Identity(torch.nn.Module):
+    """Stands in for a norm when ``norm="none"``; has no parameters."""
+
+    def forward(self, x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+        return x

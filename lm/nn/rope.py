@@ -1,0 +1,34 @@
+"""Rotary position embedding (RoFormer): rotate interleaved pairs ``(x[2i], x[2i+1])``
+by the angle ``pos · theta^(-2i/d_k)``."""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def __init__(self, theta: float, d_k: int, max_seq_len: int, device=None):
+        super().__init__()
+        if d_k % 2 != 0:
+            raise ValueError(f"d_k must be even for RoPE (it rotates pairs), got d_k={d_k}")
+        self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
+        inv_freq = theta ** (-torch.arange(0, d_k, 2, device=device, dtype=torch.float64) / d_k)
+        angles = torch.arange(max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        # Tables are derived from (theta, d_k, max_seq_len), so they are not saved in the state dict.
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(
+        self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
+    ) -> Float[Tensor, "... seq d_k"]:
+        cos, sin = self.cos[token_positions], self.sin[token_positions]
+        pairs = rearrange(x.float(), "... seq (half two) -> ... seq half two", two=2)
+        x_even, x_odd = pairs.unbind(-1)
+        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+        return rearrange(rotated, "... seq half two -> ... seq (half two)").to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"theta={self.theta}, d_k={self.d_k}, max_seq_len={self.max_seq_len}"

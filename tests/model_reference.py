@@ -1,0 +1,94 @@
+"""Independent reference formulas for the tests and for scripts/make_fixtures.py.
+
+Written with ``torch.nn.functional`` and plain Python loops, deliberately *not* with any
+code from ``lm``, so that agreement means something.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def rope_loop(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE one pair at a time: rotate ``(x[2i], x[2i+1])`` by ``pos · theta^(-2i/d)`` (float64)."""
+    d = x.shape[-1]
+    out = x.double().clone()
+    pos = positions.double().expand(x.shape[:-1])
+    for i in range(d // 2):
+        angle = pos * theta ** (-2 * i / d)
+        a, b = x[..., 2 * i].double(), x[..., 2 * i + 1].double()
+        out[..., 2 * i] = a * torch.cos(angle) - b * torch.sin(angle)
+        out[..., 2 * i + 1] = a * torch.sin(angle) + b * torch.cos(angle)
+    return out.to(x.dtype)
+
+
+def attention_ref(x, wq, wk, wv, wo, num_heads, theta=None, positions=None):
+    """Causal multi-head attention, one head at a time, with torch's sdpa."""
+    seq = x.shape[-2]
+    if positions is None:
+        positions = torch.arange(seq)
+    hd = wq.shape[0] // num_heads
+    outs = []
+    for h in range(num_heads):
+        rows = slice(h * hd, (h + 1) * hd)
+        q, k, v = x @ wq[rows].T, x @ wk[rows].T, x @ wv[rows].T
+        if theta is not None:
+            q, k = rope_loop(q, positions, theta), rope_loop(k, positions, theta)
+        outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    return torch.cat(outs, dim=-1) @ wo.T
+
+
+def swiglu_ref(x, w1, w2, w3):
+    return (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T
+
+
+def transformer_lm_ref(
+    sd: dict[str, torch.Tensor], ids: torch.Tensor, num_layers, num_heads, theta, eps=1e-5
+):
+    """The API.md pre-norm model from its state dict."""
+    x = sd["token_embeddings.weight"][ids]
+    d = x.shape[-1]
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        h = F.rms_norm(x, (d,), sd[p + "ln1.weight"], eps)
+        x = x + attention_ref(
+            h,
+            sd[p + "attn.q_proj.weight"],
+            sd[p + "attn.k_proj.weight"],
+            sd[p + "attn.v_proj.weight"],
+            sd[p + "attn.output_proj.weight"],
+            num_heads,
+            theta,
+        )
+        h = F.rms_norm(x, (d,), sd[p + "ln2.weight"], eps)
+        x = x + swiglu_ref(h, sd[p + "ffn.w1.weight"], sd[p + "ffn.w2.weight"], sd[p + "ffn.w3.weight"])
+    x = F.rms_norm(x, (d,), sd["ln_final.weight"], eps)
+    return x @ sd["lm_head.weight"].T
+
+
+def interleaved_to_half(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Reorder q/k projection rows per head from interleaved RoPE pairs (2i, 2i+1) to the
+    rotate-half layout (i, i + d/2) that Hugging Face Llama uses."""
+    hd = w.shape[0] // num_heads
+    perm = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+    return w.reshape(num_heads, hd, -1)[:, perm].reshape(w.shape)
+
+
+def half_to_interleaved(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    hd = w.shape[0] // num_heads
+    perm = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(hd)
+    return w.reshape(num_heads, hd, -1)[:, inv].reshape(w.shape)
+
+
+def sinusoid_ref(num_positions: int, d: int) -> torch.Tensor:
+    pe = torch.zeros(num_positions, d, dtype=torch.float64)
+    for p in range(num_positions):
+        for i in range(0, d, 2):
+            pe[p, i] = math.sin(p / 10000 ** (i / d))
+            pe[p, i + 1] = math.cos(p / 10000 ** (i / d))
+    return pe.float()

@@ -1,0 +1,324 @@
+"""Every layer of lm.nn against an independent formula (torch.nn.functional or a plain loop)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from model_reference import attention_ref, rope_loop, swiglu_ref
+
+import lm.nn
+from lm.nn import (
+    MLP,
+    Embedding,
+    LayerNorm,
+    Linear,
+    MultiHeadSelfAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    TransformerBlock,
+    cross_entropy,
+    ffn_hidden_dim,
+    gelu,
+    scaled_dot_product_attention,
+    silu,
+    softmax,
+)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def test_no_torch_nn_layers_or_functional():
+    """The layers are hand-written: no torch.nn layer classes, and torch.nn.functional only for
+    the optional fused attention kernel."""
+    src_dir = Path(lm.nn.__file__).parent
+    for path in src_dir.glob("*.py"):
+        src = path.read_text()
+        layers = re.findall(r"torch\.nn\.(?!Module\b|Parameter\b|ModuleList\b|init\b)([A-Z]\w+)", src)
+        assert layers == [], f"{path.name} uses torch.nn layers {layers}"
+        uses = [
+            line for line in src.splitlines() if "torch.nn.functional" in line or re.search(r"\bF\.", line)
+        ]
+        uses = [u for u in uses if "import scaled_dot_product_attention as sdpa" not in u and "``" not in u]
+        assert uses == [], f"{path.name} uses torch.nn.functional: {uses}"
+
+
+def test_linear_matches_matmul_with_batch_dims():
+    layer = Linear(7, 5)
+    assert layer.weight.shape == (5, 7)
+    x = torch.randn(2, 3, 4, 7)
+    torch.testing.assert_close(layer(x), x @ layer.weight.T)
+
+
+def test_linear_init_is_truncated_normal():
+    layer = Linear(300, 500)
+    std = math.sqrt(2 / 800)
+    w = layer.weight.detach()
+    assert w.abs().max() <= 3 * std + 1e-6
+    # a normal truncated at ±3σ has standard deviation 0.9866σ
+    assert abs(w.std().item() / std - 0.9866) < 0.02
+
+
+def test_embedding_lookup_and_init():
+    emb = Embedding(1000, 64)
+    ids = torch.randint(0, 1000, (3, 5, 7))
+    out = emb(ids)
+    assert out.shape == (3, 5, 7, 64)
+    torch.testing.assert_close(out, emb.weight[ids])
+    w = emb.weight.detach()
+    assert w.abs().max() <= 3.0 and abs(w.std().item() - 0.9866) < 0.02
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_torch(dtype):
+    norm = RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+    x = (torch.randn(2, 3, 5, 16) * 10).to(dtype)
+    expected = F.rms_norm(x.float(), (16,), norm.weight, 1e-5)
+    out = norm(x)
+    assert out.dtype == dtype
+    tol = {} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.01}
+    torch.testing.assert_close(out.float(), expected, **tol)
+
+
+def test_rmsnorm_bfloat16_params_compute_in_float32():
+    norm = RMSNorm(64, dtype=torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.bfloat16) * 1000
+    out = norm(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, F.rms_norm(x.float(), (64,), eps=1e-5).bfloat16())
+
+
+def test_layernorm_matches_torch():
+    norm = LayerNorm(16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+        norm.bias.copy_(torch.randn(16))
+    x = torch.randn(2, 3, 16) * 3 + 1
+    torch.testing.assert_close(norm(x), F.layer_norm(x, (16,), norm.weight, norm.bias, 1e-5))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_matches_torch(dim):
+    x = torch.randn(4, 5, 6)
+    torch.testing.assert_close(softmax(x, dim), torch.softmax(x, dim))
+
+
+def test_softmax_large_logits_and_masked():
+    x = torch.tensor([[1e4, 1e4 - 1.0, -1e4], [1000.0, -float("inf"), 999.0]])
+    out = softmax(x, -1)
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(silu, F.silu), (gelu, F.gelu), (lm.nn.relu, F.relu)])
+def test_activations_match_torch(ours, theirs):
+    x = torch.randn(3, 4, 50) * 5
+    torch.testing.assert_close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_matches_torch_with_mask_and_batch_dims(impl, dtype):
+    q = torch.randn(2, 3, 4, 5, 8, dtype=dtype)
+    k = torch.randn(2, 3, 4, 7, 8, dtype=dtype)
+    v = torch.randn(2, 3, 4, 7, 6, dtype=dtype)
+    mask = torch.rand(2, 3, 4, 5, 7) > 0.4
+    mask[..., 0] = True  # every query may attend something
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    out = scaled_dot_product_attention(q, k, v, mask, impl=impl)
+    assert out.dtype == dtype and out.shape == (2, 3, 4, 5, 6)
+    tol = {} if dtype == torch.float32 else {"atol": 0.03, "rtol": 0.02}
+    torch.testing.assert_close(out.float(), expected, **tol)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+def test_sdpa_causal_aligned_to_end_of_keys(impl):
+    q, k, v = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    mask = torch.ones(3, 5, dtype=torch.bool).tril(diagonal=2)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True, impl=impl), expected)
+
+
+def test_sdpa_large_scores_are_stable():
+    q = torch.randn(1, 4, 16) * 100
+    k = torch.randn(1, 4, 16) * 100
+    v = torch.randn(1, 4, 16)
+    out = scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(q.double(), k.double(), v.double()).float()
+    )
+
+
+def test_cross_entropy_matches_torch():
+    logits = torch.randn(2, 3, 11)
+    targets = torch.randint(0, 11, (2, 3))
+    torch.testing.assert_close(
+        cross_entropy(logits, targets), F.cross_entropy(logits.reshape(-1, 11), targets.reshape(-1))
+    )
+
+
+def test_cross_entropy_large_logits():
+    logits = torch.tensor([[1e4, 0.0, -1e4], [5e3, 5e3 + 2.0, 0.0]])
+    targets = torch.tensor([1, 0])
+    out = cross_entropy(logits, targets)
+    assert torch.isfinite(out)
+    torch.testing.assert_close(out, F.cross_entropy(logits.double(), targets).float())
+
+
+def test_cross_entropy_gradient_matches_torch():
+    logits = torch.randn(6, 9, requires_grad=True)
+    targets = torch.randint(0, 9, (6,))
+    (g,) = torch.autograd.grad(cross_entropy(logits, targets), logits)
+    (g_ref,) = torch.autograd.grad(F.cross_entropy(logits, targets), logits)
+    torch.testing.assert_close(g, g_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_matches_plain_loop(dtype):
+    rope = RotaryEmbedding(10000.0, 16, 64)
+    x = torch.randn(2, 3, 10, 16).to(dtype)
+    positions = torch.randint(0, 64, (2, 3, 10))
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.03, "rtol": 0.02}
+    torch.testing.assert_close(
+        rope(x, positions).float(), rope_loop(x.double(), positions, 10000.0).float(), **tol
+    )
+
+
+def test_rope_broadcasts_positions_and_has_no_state():
+    rope = RotaryEmbedding(500.0, 8, 32)
+    assert rope.state_dict() == {} and list(rope.parameters()) == []
+    x = torch.randn(4, 2, 6, 8)
+    positions = torch.arange(6)
+    torch.testing.assert_close(rope(x, positions), rope_loop(x, positions, 500.0), atol=1e-5, rtol=1e-5)
+
+
+def test_rope_relative_property():
+    """q·k after RoPE depends only on the position offset."""
+    rope = RotaryEmbedding(10000.0, 32, 200)
+    q, k = torch.randn(32), torch.randn(32)
+
+    def score(m, n):
+        return rope(q[None], torch.tensor([m])) @ rope(k[None], torch.tensor([n])).T
+
+    for m, n, shift in [(5, 2, 40), (0, 7, 100), (30, 30, 9)]:
+        torch.testing.assert_close(score(m, n), score(m + shift, n + shift), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(score(5, 2), score(5, 3), atol=1e-3)
+
+
+def test_rope_odd_dim_rejected():
+    with pytest.raises(ValueError, match="d_k"):
+        RotaryEmbedding(10000.0, 7, 16)
+
+
+def test_ffn_hidden_dim_rule():
+    assert ffn_hidden_dim(256) == 704 and ffn_hidden_dim(512) == 1408 and ffn_hidden_dim(64) == 192
+    assert ffn_hidden_dim(256, "relu") == 1024
+    with pytest.raises(ValueError, match="'geglu'"):
+        ffn_hidden_dim(256, "geglu")
+
+
+def test_swiglu_matches_formula():
+    ffn = SwiGLU(16, 40)
+    assert (
+        ffn.w1.weight.shape == (40, 16)
+        and ffn.w2.weight.shape == (16, 40)
+        and ffn.w3.weight.shape == (40, 16)
+    )
+    x = torch.randn(2, 3, 5, 16)
+    torch.testing.assert_close(ffn(x), swiglu_ref(x, ffn.w1.weight, ffn.w2.weight, ffn.w3.weight))
+
+
+@pytest.mark.parametrize("act", ["silu", "relu", "gelu"])
+def test_mlp_matches_formula(act):
+    ffn = MLP(16, 64, act)
+    x = torch.randn(3, 16)
+    expected = getattr(F, act)(x @ ffn.w1.weight.T) @ ffn.w2.weight.T
+    torch.testing.assert_close(ffn(x), expected)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+@pytest.mark.parametrize("use_rope", [True, False])
+def test_attention_matches_per_head_reference(impl, use_rope):
+    rope = RotaryEmbedding(10000.0, 8, 32) if use_rope else None
+    attn = MultiHeadSelfAttention(32, 4, rope, attn_impl=impl)
+    x = torch.randn(2, 3, 12, 32)
+    w = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.output_proj.weight]
+    expected = attention_ref(x, *w, 4, 10000.0 if use_rope else None)
+    torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_token_positions():
+    rope = RotaryEmbedding(10000.0, 8, 64)
+    attn = MultiHeadSelfAttention(16, 2, rope)
+    x = torch.randn(2, 5, 16)
+    positions = torch.tensor([[3, 4, 5, 6, 7], [10, 11, 12, 13, 14]])
+    w = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.output_proj.weight]
+    for b in range(2):
+        expected = attention_ref(x[b], *w, 2, 10000.0, positions[b])
+        torch.testing.assert_close(attn(x, positions)[b], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_is_causal():
+    attn = MultiHeadSelfAttention(16, 2, RotaryEmbedding(10000.0, 8, 16))
+    x = torch.randn(1, 10, 16)
+    y = x.clone()
+    y[:, 6:] = torch.randn(1, 4, 16)
+    torch.testing.assert_close(attn(x)[:, :6], attn(y)[:, :6])
+
+
+def test_attention_bad_shapes():
+    with pytest.raises(ValueError, match="num_heads=3"):
+        MultiHeadSelfAttention(32, 3)
+    with pytest.raises(ValueError, match="'flash'"):
+        MultiHeadSelfAttention(32, 4, attn_impl="flash")
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_block_matches_formula(placement):
+    block = TransformerBlock(32, 4, 48, 16, 10000.0, norm_placement=placement)
+    with torch.no_grad():
+        block.ln1.weight.copy_(torch.rand(32) + 0.5)
+        block.ln2.weight.copy_(torch.rand(32) + 0.5)
+    x = torch.randn(2, 9, 32)
+    a = block.attn
+    w = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.output_proj.weight]
+    f = block.ffn
+
+    def ln1(t):
+        return F.rms_norm(t, (32,), block.ln1.weight, 1e-5)
+
+    def ln2(t):
+        return F.rms_norm(t, (32,), block.ln2.weight, 1e-5)
+
+    if placement == "pre":
+        h = x + attention_ref(ln1(x), *w, 4, 10000.0)
+        expected = h + swiglu_ref(ln2(h), f.w1.weight, f.w2.weight, f.w3.weight)
+    else:
+        h = ln1(x + attention_ref(x, *w, 4, 10000.0))
+        expected = ln2(h + swiglu_ref(h, f.w1.weight, f.w2.weight, f.w3.weight))
+    torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_block_submodules_and_errors():
+    block = TransformerBlock(32, 4, 48, 16, 10000.0)
+    assert {n for n, _ in block.named_children()} == {"ln1", "attn", "ln2", "ffn"}
+    with pytest.raises(ValueError, match="even"):
+        TransformerBlock(36, 4, 48, 16, 10000.0)  # head dim 9 with RoPE
+    TransformerBlock(36, 4, 48, 16, None)  # fine without RoPE
+    with pytest.raises(ValueError, match="'batchnorm'"):
+        TransformerBlock(32, 4, 48, 16, norm="batchnorm")
+    with pytest.raises(ValueError, match="'middle'"):
+        TransformerBlock(32, 4, 48, 16, norm_placement="middle")
+    with pytest.raises(ValueError, match="'tanh'"):
+        TransformerBlock(32, 4, 48, 16, ffn="tanh")
