@@ -46,26 +46,53 @@ def swiglu_ref(x, w1, w2, w3):
 
 
 def transformer_lm_ref(
-    sd: dict[str, torch.Tensor], ids: torch.Tensor, num_layers, num_heads, theta, eps=1e-5
+    sd: dict[str, torch.Tensor],
+    ids: torch.Tensor,
+    num_layers: int,
+    num_heads: int,
+    theta: float = 10000.0,
+    eps: float = 1e-5,
+    *,
+    norm: str = "rmsnorm",
+    norm_placement: str = "pre",
+    positions: str = "rope",
+    ffn: str = "swiglu",
 ):
-    """The API.md pre-norm model from its state dict."""
+    """The Transformer LM from its state dict (defaults: the API.md pre-norm model)."""
     x = sd["token_embeddings.weight"][ids]
-    d = x.shape[-1]
+    seq, d = x.shape[-2], x.shape[-1]
+    if positions == "learned":
+        x = x + sd["position_embeddings.weight"][:seq]
+    elif positions == "sinusoidal":
+        x = x + sinusoid_ref(seq, d).to(x.dtype)
+
+    def ln(t, name):
+        if norm == "rmsnorm":
+            return F.rms_norm(t, (d,), sd[name + ".weight"], eps)
+        if norm == "layernorm":
+            return F.layer_norm(t, (d,), sd[name + ".weight"], sd[name + ".bias"], eps)
+        return t
+
+    def attn(t, p):
+        w = [sd[p + f"attn.{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "output_proj")]
+        return attention_ref(t, *w, num_heads, theta if positions == "rope" else None)
+
+    def mlp(t, p):
+        if ffn == "swiglu":
+            return swiglu_ref(t, sd[p + "ffn.w1.weight"], sd[p + "ffn.w2.weight"], sd[p + "ffn.w3.weight"])
+        act = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu}[ffn]
+        return act(t @ sd[p + "ffn.w1.weight"].T) @ sd[p + "ffn.w2.weight"].T
+
     for i in range(num_layers):
         p = f"layers.{i}."
-        h = F.rms_norm(x, (d,), sd[p + "ln1.weight"], eps)
-        x = x + attention_ref(
-            h,
-            sd[p + "attn.q_proj.weight"],
-            sd[p + "attn.k_proj.weight"],
-            sd[p + "attn.v_proj.weight"],
-            sd[p + "attn.output_proj.weight"],
-            num_heads,
-            theta,
-        )
-        h = F.rms_norm(x, (d,), sd[p + "ln2.weight"], eps)
-        x = x + swiglu_ref(h, sd[p + "ffn.w1.weight"], sd[p + "ffn.w2.weight"], sd[p + "ffn.w3.weight"])
-    x = F.rms_norm(x, (d,), sd["ln_final.weight"], eps)
+        if norm_placement == "pre":
+            x = x + attn(ln(x, p + "ln1"), p)
+            x = x + mlp(ln(x, p + "ln2"), p)
+        else:
+            x = ln(x + attn(x, p), p + "ln1")
+            x = ln(x + mlp(x, p), p + "ln2")
+    if norm_placement == "pre":
+        x = ln(x, "ln_final")
     return x @ sd["lm_head.weight"].T
 
 

@@ -1,0 +1,112 @@
+"""Autoregressive generation with a KV cache.
+
+The prompt is prefilled in one forward pass; after that every new token costs one
+position of compute. The loop knows nothing about tokenization: ids in, ids out.
+
+**Past ``context_length``** the window slides: each new token is predicted from at most
+the last ``context_length`` tokens, exactly as if the model were re-run on
+``ids[-context_length:]``. When the cache is full it is rebuilt by one forward over the last
+``context_length - window_shift + 1`` tokens. With the default ``window_shift=1`` that rebuild
+happens for every token once the window is full (exact, but each token then costs a full
+forward); a larger shift rebuilds less often, and a token is then conditioned on between
+``context_length - window_shift`` and ``context_length`` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from lm.generate.kv_cache import KVCache
+from lm.generate.sampling import check_sampling_args, sample_next_token
+
+
+def _as_prompt_list(prompt_ids) -> tuple[list[list[int]], bool]:
+    """Normalise to a list of prompts; the flag says whether a single prompt was given."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() not in (1, 2):
+            raise ValueError(f"prompt_ids must be 1-D or 2-D, got shape {tuple(prompt_ids.shape)}")
+        single = prompt_ids.dim() == 1
+        prompts = [prompt_ids.tolist()] if single else prompt_ids.tolist()
+        return prompts, single
+    prompt_ids = list(prompt_ids)
+    if prompt_ids and all(isinstance(p, Sequence) or isinstance(p, torch.Tensor) for p in prompt_ids):
+        return [list(map(int, p)) for p in prompt_ids], False
+    return [list(map(int, prompt_ids))], True
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompt_ids,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    window_shift: int = 1,
+) -> list[int] | list[list[int]]:
+    """Sample up to ``max_new_tokens`` new tokens after ``prompt_ids`` and return them
+    (the new tokens only, ending with ``eos_id`` if it was emitted).
+
+    ``prompt_ids`` is one prompt (a list of ids or a 1-D tensor) → ``list[int]``, or a
+    batch of prompts of any lengths (a list of lists) → ``list[list[int]]``.
+    """
+    check_sampling_args(temperature, top_p, top_k)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(
+            f"max_new_tokens must be a non-negative integer, got max_new_tokens={max_new_tokens!r}"
+        )
+    cfg = model.config
+    ctx = cfg.context_length
+    if not 1 <= window_shift < ctx:
+        raise ValueError(
+            f"window_shift must be in [1, context_length={ctx}), got window_shift={window_shift!r}"
+        )
+    prompts, single = _as_prompt_list(prompt_ids)
+    if not prompts:
+        raise ValueError("prompt_ids: got an empty batch of prompts")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt_ids: prompt {i} is empty; generation needs at least one token")
+        bad = [t for t in p if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_ids: id {bad[0]} is outside [0, vocab_size={cfg.vocab_size})")
+
+    device = model.lm_head.weight.device
+    history = [list(p) for p in prompts]  # every row's full token sequence
+    new_tokens: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    if max_new_tokens == 0:
+        return new_tokens[0] if single else new_tokens
+
+    def prefill(window: int) -> tuple[KVCache, torch.Tensor]:
+        """A fresh cache holding the last ``window`` tokens of every row; returns the last logits."""
+        rows = [h[-window:] for h in history]
+        width = max(len(r) for r in rows)
+        pad = [width - len(r) for r in rows]
+        ids = torch.tensor([[0] * n + r for n, r in zip(pad, rows)], dtype=torch.long, device=device)
+        cache = KVCache.for_model(model, len(rows), pad_lengths=torch.tensor(pad))
+        return cache, model(ids, kv_cache=cache, last_only=True)[:, -1]
+
+    cache, logits = prefill(ctx)
+    for step in range(max_new_tokens):
+        next_ids = sample_next_token(
+            logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator
+        ).tolist()
+        for row, tok in enumerate(next_ids):
+            history[row].append(tok)
+            if not done[row]:
+                new_tokens[row].append(tok)
+                done[row] = eos_id is not None and tok == eos_id
+        if all(done) or step == max_new_tokens - 1:
+            break
+        if cache.length == ctx:
+            cache, logits = prefill(ctx - window_shift + 1)
+        else:
+            step_ids = torch.tensor(next_ids, dtype=torch.long, device=device)[:, None]
+            logits = model(step_ids, kv_cache=cache, last_only=True)[:, -1]
+    return new_tokens[0] if single else new_tokens

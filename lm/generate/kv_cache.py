@@ -1,0 +1,99 @@
+"""A preallocated key/value cache for incremental decoding.
+
+Sequences of different lengths share one cache by *left padding*: row ``b`` starts with
+``pad_lengths[b]`` unused slots. Every row then has the same number of slots filled, so one
+forward of the model advances all rows by the same number of positions. Real tokens never
+attend to padding slots, and their positions (for RoPE or position embeddings) start at 0
+after their padding, so a padded row computes what it would compute alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+
+class KVCache:
+    """Keys and values of ``num_layers`` layers, each ``(batch, heads, max_len, head_dim)``."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        pad_lengths: Int[Tensor, " batch"] | None = None,
+        device=None,
+        dtype=torch.float32,
+    ):
+        shape = (num_layers, batch_size, num_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0  # slots filled in every row (padding included)
+        if pad_lengths is None:
+            pad_lengths = torch.zeros(batch_size, dtype=torch.long)
+        self.pad_lengths = torch.as_tensor(pad_lengths, dtype=torch.long, device=device)
+        self._slot = torch.arange(max_len, device=device)
+        self._key_valid = self._slot[None, :] >= self.pad_lengths[:, None]  # (batch, max_len)
+        self._mask: Tensor | None = None
+
+    @classmethod
+    def for_model(cls, model, batch_size: int, max_len: int | None = None, pad_lengths=None) -> KVCache:
+        """A cache shaped for ``model`` (a :class:`lm.model.TransformerLM`), holding up to
+        ``max_len`` (default ``context_length``) positions."""
+        cfg = model.config
+        weight = model.lm_head.weight
+        return cls(
+            cfg.num_layers,
+            batch_size,
+            cfg.num_heads,
+            cfg.context_length if max_len is None else max_len,
+            cfg.head_dim,
+            pad_lengths=pad_lengths,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+
+    def positions(self, seq: int) -> Int[Tensor, "batch seq"]:
+        """Token positions of the next ``seq`` slots (0 at each row's first real token).
+
+        Also prepares the attention mask those slots use in every layer.
+        """
+        if self.length + seq > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.length} cached + {seq} new > max_len={self.max_len}")
+        slots = self._slot[self.length : self.length + seq]
+        end = self.length + seq
+        causal = self._slot[None, :end] <= slots[:, None]  # (seq, end)
+        # A padding slot attends to itself only, so its (unused) output is finite, never NaN.
+        is_self = self._slot[None, :end] == slots[:, None]
+        valid = self._key_valid[:, None, :end] | is_self[None]  # (batch, seq, end)
+        self._mask = (causal[None] & valid)[:, None]  # (batch, 1, seq, end): broadcast over heads
+        return (slots[None, :] - self.pad_lengths[:, None]).clamp_min(0)
+
+    def layer(self, i: int) -> _LayerCache:
+        return _LayerCache(self, i)
+
+    def advance(self, seq: int) -> None:
+        self.length += seq
+
+
+class _LayerCache:
+    """One layer's view: what :class:`lm.nn.MultiHeadSelfAttention` talks to."""
+
+    def __init__(self, cache: KVCache, index: int):
+        self.cache, self.index = cache, index
+
+    def update(
+        self, k: Float[Tensor, "batch h seq d"], v: Float[Tensor, "batch h seq d"]
+    ) -> tuple[
+        Float[Tensor, "batch h total d"], Float[Tensor, "batch h total d"], Bool[Tensor, "batch 1 seq total"]
+    ]:
+        c = self.cache
+        start, end = c.length, c.length + k.shape[-2]
+        c.k[self.index, :, :, start:end] = k
+        c.v[self.index, :, :, start:end] = v
+        return c.k[self.index, :, :, :end], c.v[self.index, :, :, :end], c._mask

@@ -1,0 +1,60 @@
+"""Turning next-token logits into a token: temperature, top-k and top-p (nucleus) sampling."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lm.nn import softmax
+
+
+def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> None:
+    if not temperature >= 0:  # also rejects NaN
+        raise ValueError(f"temperature must be >= 0, got temperature={temperature!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got top_k={top_k!r}")
+
+
+def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tensor, "... vocab"]:
+    """Zero every probability outside the smallest set of most likely tokens whose total
+    mass is ≥ ``top_p``, and renormalise."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep_sorted = mass_before < top_p  # the first token is always kept
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    probs = probs.masked_fill(~keep, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def top_k_filter(logits: Float[Tensor, "... vocab"], top_k: int) -> Float[Tensor, "... vocab"]:
+    """Keep exactly the ``top_k`` largest logits (``-inf`` elsewhere)."""
+    if top_k >= logits.shape[-1]:
+        return logits
+    values, indices = logits.topk(top_k, dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+
+
+def sample_next_token(
+    logits: Float[Tensor, "... vocab"],
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Int[Tensor, "*shape"]:
+    """One token id per row. ``temperature=0`` is greedy (argmax; top-k/top-p are moot)."""
+    check_sampling_args(temperature, top_p, top_k)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    probs = softmax(logits, dim=-1)
+    if top_p < 1.0:
+        probs = top_p_filter(probs, top_p)
+    flat = probs.reshape(-1, probs.shape[-1])
+    ids = torch.multinomial(flat, 1, generator=generator)
+    return ids.reshape(probs.shape[:-1])

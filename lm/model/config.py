@@ -1,0 +1,128 @@
+"""``ModelConfig``: the single source of truth for a model's shape and architecture variant.
+
+Round-trips through JSON and TOML. The defaults give the pre-norm RMSNorm / RoPE /
+SwiGLU model of API.md; the Transformer of "Attention Is All You Need" is
+``ModelConfig(..., norm="layernorm", norm_placement="post", positions="sinusoidal", ffn="relu")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lm.nn import ATTN_IMPLS, FFN_TYPES, NORM_PLACEMENTS, NORM_TYPES, ffn_hidden_dim
+
+POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    context_length: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    # None means the default for the FFN type: 8/3·d_model rounded up to a multiple of 64
+    # for swiglu, else 4·d_model. Resolved to an int on construction.
+    d_ff: int | None = None
+    rope_theta: float = 10000.0
+    norm: str = "rmsnorm"  # rmsnorm | layernorm | none
+    norm_placement: str = "pre"  # pre | post (post: no final norm, as in Vaswani et al.)
+    norm_eps: float = 1e-5
+    positions: str = "rope"  # rope | sinusoidal | learned | none
+    ffn: str = "swiglu"  # swiglu | silu | relu | gelu
+    tie_embeddings: bool = False  # lm_head shares token_embeddings.weight
+    attn_impl: str = "einsum"  # einsum (hand-written reference) | sdpa (torch's fused kernel)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, allowed in (
+            ("norm", NORM_TYPES),
+            ("norm_placement", NORM_PLACEMENTS),
+            ("positions", POSITION_TYPES),
+            ("ffn", FFN_TYPES),
+            ("attn_impl", ATTN_IMPLS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model must be divisible by num_heads, got d_model={self.d_model}, "
+                f"num_heads={self.num_heads}"
+            )
+        if self.positions == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(f"head dimension must be even for RoPE, got d_model/num_heads={self.head_dim}")
+        if self.positions == "sinusoidal" and self.d_model % 2 != 0:
+            raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={self.d_model}")
+        if self.d_ff is None:
+            self.d_ff = ffn_hidden_dim(self.d_model, self.ffn)
+        if not isinstance(self.d_ff, int) or self.d_ff < 1:
+            raise ValueError(f"d_ff must be a positive integer, got {self.d_ff!r}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    # -- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = {k: v for k, v in d.items() if k not in known}
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        return cls.from_dict(json.loads(text))
+
+    def to_toml(self) -> str:
+        """Flat ``key = value`` lines (every field is a scalar, so no TOML library is needed to write)."""
+        lines = []
+        for key, value in self.to_dict().items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, str):
+                lines.append(f"{key} = {json.dumps(value)}")
+            elif isinstance(value, float):
+                lines.append(f"{key} = {value!r}")
+            else:
+                lines.append(f"{key} = {value}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, text: str) -> ModelConfig:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        return cls.from_dict(tomllib.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        """Write ``.json`` or ``.toml`` according to the suffix."""
+        from lm.io import atomic_write
+
+        path = Path(path)
+        text = self.to_toml() if path.suffix == ".toml" else self.to_json()
+        with atomic_write(path) as f:
+            f.write(text)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)

@@ -1,0 +1,187 @@
+"""The decoder-only Transformer language model."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lm.model.config import ModelConfig
+from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, make_norm
+
+
+def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
+    """Vaswani et al.: ``PE[p, 2i] = sin(p / 10000^(2i/d))``, ``PE[p, 2i+1] = cos(...)``."""
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()
+
+
+class TransformerLM(torch.nn.Module):
+    """token_embeddings → (positions) → layers → ln_final → lm_head, returning unnormalised logits.
+
+    The positional arguments are those of API.md; the keyword arguments select the
+    architecture variant (see :class:`ModelConfig`) and their defaults give exactly the
+    API.md model. ``TransformerLM.from_config(cfg)`` builds from a config; ``model.config``
+    returns it.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        context_length: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        d_ff: int | None,
+        rope_theta: float = 10000.0,
+        device=None,
+        dtype=None,
+        **variant,
+    ):
+        super().__init__()
+        cfg = ModelConfig(
+            vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant
+        )
+        self.config = cfg
+        self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
+        if cfg.positions == "learned":
+            self.position_embeddings = Embedding(context_length, d_model, device=device, dtype=dtype)
+        elif cfg.positions == "sinusoidal":
+            self.register_buffer(
+                "position_table", sinusoidal_table(context_length, d_model).to(device), persistent=False
+            )
+        # One RoPE table shared by every layer (a non-persistent buffer: not in the state dict).
+        rope = (
+            RotaryEmbedding(rope_theta, cfg.head_dim, context_length, device=device)
+            if cfg.positions == "rope"
+            else None
+        )
+        self.layers = torch.nn.ModuleList(
+            TransformerBlock(
+                d_model,
+                num_heads,
+                cfg.d_ff,
+                context_length,
+                None,
+                device=device,
+                dtype=dtype,
+                rope=rope,
+                norm=cfg.norm,
+                norm_placement=cfg.norm_placement,
+                norm_eps=cfg.norm_eps,
+                ffn=cfg.ffn,
+                attn_impl=cfg.attn_impl,
+            )
+            for _ in range(num_layers)
+        )
+        # Post-norm layers already end in a norm, so a final one would be redundant.
+        norm = cfg.norm if cfg.norm_placement == "pre" else "none"
+        self.ln_final = make_norm(norm, d_model, cfg.norm_eps, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
+        if cfg.tie_embeddings:
+            # The shared matrix keeps the Linear init (σ² = 2/(vocab+d)): the embedding's σ = 1
+            # would make the initial logits ~sqrt(d_model) times too large.
+            self.token_embeddings.weight = self.lm_head.weight
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, device=None, dtype=None) -> TransformerLM:
+        d = config.to_dict()
+        positional = [
+            d.pop(k) for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
+        ]
+        return cls(*positional, d.pop("rope_theta"), device=device, dtype=dtype, **d)
+
+    def forward(
+        self,
+        ids: Int[Tensor, "batch seq"],
+        token_positions: Int[Tensor, "batch seq"] | None = None,
+        *,
+        kv_cache=None,
+        last_only: bool = False,
+    ) -> Float[Tensor, "batch seq vocab"]:
+        """``kv_cache`` (an :class:`lm.generate.KVCache`) makes ``ids`` the *next* positions of
+        the cached sequences; positions then come from the cache. ``last_only=True`` returns
+        the logits of the last position only (``seq`` = 1), which is all sampling needs."""
+        seq = ids.shape[-1]
+        self._check_input(ids, kv_cache)
+        if token_positions is None:
+            if kv_cache is not None:
+                token_positions = kv_cache.positions(seq)
+            else:
+                token_positions = torch.arange(seq, device=ids.device)
+        x = self.token_embeddings(ids)
+        if self.config.positions == "learned":
+            x = x + self.position_embeddings(token_positions)
+        elif self.config.positions == "sinusoidal":
+            x = x + self.position_table[token_positions].to(x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, token_positions, None if kv_cache is None else kv_cache.layer(i))
+        if kv_cache is not None:
+            kv_cache.advance(seq)
+        if last_only:
+            x = x[..., -1:, :]
+        return self.lm_head(self.ln_final(x))
+
+    def _check_input(self, ids: Tensor, kv_cache) -> None:
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+        seq = ids.shape[-1]
+        total = seq if kv_cache is None else kv_cache.length + seq
+        if total > self.config.context_length:
+            raise ValueError(
+                f"sequence length {total} exceeds context_length={self.config.context_length}"
+                + ("" if kv_cache is None else f" (cached {kv_cache.length} + new {seq})")
+            )
+        if ids.numel() == 0 or torch.compiler.is_compiling():
+            return  # a data-dependent check would break the compiled graph
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"ids must be in [0, vocab_size={self.config.vocab_size}), got id {bad}")
+
+    # -- accounting --------------------------------------------------------------------
+    def num_parameters(self, include_embeddings: bool = True) -> int:
+        """Unique parameters. ``include_embeddings=False`` leaves out the token and learned
+        position embedding tables (lookups, no FLOPs); an untied ``lm_head`` counts as a matmul."""
+        return count_parameters(self, include_embeddings)
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Forward FLOPs per token; see :func:`forward_flops_per_token`."""
+        return forward_flops_per_token(self.config, seq_len)
+
+    def estimate_mfu(self, tokens_per_second: float, peak_flops: float, seq_len: int | None = None) -> float:
+        """Model FLOPs utilisation of a training run: ``3 × forward FLOPs`` (forward + backward) per token."""
+        return 3 * self.flops_per_token(seq_len) * tokens_per_second / peak_flops
+
+
+def count_parameters(model: TransformerLM, include_embeddings: bool = True) -> int:
+    seen: set[int] = set()
+    total = 0
+    excluded = set()
+    if not include_embeddings:
+        excluded.add(id(model.token_embeddings.weight))
+        if hasattr(model, "position_embeddings"):
+            excluded.add(id(model.position_embeddings.weight))
+    for p in model.parameters():  # parameters() already yields a tied tensor once
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if id(p) not in excluded:
+            total += p.numel()
+    return total
+
+
+def forward_flops_per_token(config: ModelConfig, seq_len: int | None = None) -> int:
+    """Matmul FLOPs of one forward pass, per token, at sequence length ``seq_len``
+    (default ``context_length``): ``2 ×`` every weight matrix (q, k, v, output, the FFN
+    matrices, lm_head) plus ``2 × 2 × num_layers × seq_len × d_model`` for ``QKᵀ`` and
+    ``AV`` (counted over the full window, the PaLM/nanoGPT convention, not halved for
+    causality). Norms, softmax and activations are ignored; multiply by 3 for a training step.
+    """
+    seq_len = config.context_length if seq_len is None else seq_len
+    d, L = config.d_model, config.num_layers
+    ffn_matrices = 3 if config.ffn == "swiglu" else 2
+    per_layer = 4 * d * d + ffn_matrices * d * config.d_ff
+    weights = L * per_layer + d * config.vocab_size
+    return 2 * weights + 2 * 2 * L * seq_len * d

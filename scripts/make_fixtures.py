@@ -1,0 +1,82 @@
+"""Write tests/fixtures/model_small.safetensors: reference tensors for a fixed small model.
+
+The weights are drawn from a seeded generator; the logits, loss and greedy continuation are
+computed by the independent formulas of tests/model_reference.py (torch.nn.functional and a
+plain-loop RoPE, in float64), never by ``lm``. tests/test_model.py loads the file and checks
+that ``lm`` reproduces every tensor, so any regression in the model shows.
+
+    python scripts/make_fixtures.py          # rewrites the fixture (only if the formulas change)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from model_reference import transformer_lm_ref  # noqa: E402
+
+CONFIG = dict(
+    vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0
+)
+OUT = ROOT / "tests" / "fixtures" / "model_small.safetensors"
+
+
+def make_state_dict(g: torch.Generator) -> dict[str, torch.Tensor]:
+    c = CONFIG
+    d, f, v = c["d_model"], c["d_ff"], c["vocab_size"]
+
+    def w(*shape, scale):
+        return torch.randn(*shape, generator=g) * scale
+
+    sd = {"token_embeddings.weight": w(v, d, scale=1.0)}
+    for i in range(c["num_layers"]):
+        p = f"layers.{i}."
+        sd[p + "ln1.weight"] = 1 + w(d, scale=0.1)
+        for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
+            sd[p + f"attn.{name}.weight"] = w(d, d, scale=d**-0.5)
+        sd[p + "ln2.weight"] = 1 + w(d, scale=0.1)
+        sd[p + "ffn.w1.weight"] = w(f, d, scale=d**-0.5)
+        sd[p + "ffn.w2.weight"] = w(d, f, scale=f**-0.5)
+        sd[p + "ffn.w3.weight"] = w(f, d, scale=d**-0.5)
+    sd["ln_final.weight"] = 1 + w(d, scale=0.1)
+    sd["lm_head.weight"] = w(v, d, scale=d**-0.5)
+    return sd
+
+
+def main() -> None:
+    g = torch.Generator().manual_seed(1234)
+    c = CONFIG
+    sd = make_state_dict(g)
+    ids = torch.randint(0, c["vocab_size"], (2, c["context_length"]), generator=g)
+    sd64 = {k: t.double() for k, t in sd.items()}
+
+    def logits_of(x):
+        return transformer_lm_ref(sd64, x, c["num_layers"], c["num_heads"], c["rope_theta"])
+
+    logits = logits_of(ids)
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, c["vocab_size"]), ids[:, 1:].reshape(-1))
+    # Greedy continuation by re-running the whole (cropped) prefix every step.
+    seq = ids[0, :5].tolist()
+    for _ in range(20):
+        window = torch.tensor([seq[-c["context_length"] :]])
+        seq.append(int(logits_of(window)[0, -1].argmax()))
+    tensors = {f"weights.{k}": t.contiguous() for k, t in sd.items()}
+    tensors["input_ids"] = ids
+    tensors["logits"] = logits.float()
+    tensors["loss"] = loss.float().reshape(())
+    tensors["greedy_prompt"] = ids[0, :5].clone()
+    tensors["greedy_tokens"] = torch.tensor(seq[5:])
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(OUT), metadata={"config": json.dumps(CONFIG)})
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

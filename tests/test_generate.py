@@ -1,0 +1,188 @@
+"""Generation: KV cache vs full re-runs, batching, sliding window, sampling filters, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lm.generate import KVCache, generate, sample_next_token, top_k_filter, top_p_filter
+from lm.model import TransformerLM
+
+SMALL = dict(vocab_size=50, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def greedy_by_rerun(model, prompt, n):
+    """Greedy decoding the slow way: re-run the last ``context_length`` tokens every step."""
+    ids = list(prompt)
+    ctx = model.config.context_length
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids[-ctx:]]))[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"positions": "learned"},
+        {"positions": "sinusoidal", "norm_placement": "post"},
+        {"attn_impl": "sdpa"},
+    ],
+)
+def test_cached_logits_equal_full_forward(variant):
+    model = TransformerLM(**SMALL, **variant)
+    ids = torch.randint(0, 50, (3, 12))
+    full = model(ids)
+    cache = KVCache.for_model(model, 3)
+    steps = [model(ids[:, :5], kv_cache=cache)]
+    for t in range(5, 12):
+        steps.append(model(ids[:, t : t + 1], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == 12
+
+
+@pytest.mark.parametrize("variant", [{}, {"positions": "learned"}, {"attn_impl": "sdpa"}])
+def test_greedy_with_cache_equals_rerunning_prefix(variant):
+    model = TransformerLM(**SMALL, **variant)
+    prompt = [3, 1, 4, 1, 5]
+    # 30 new tokens: the window slides past context_length=16 as well.
+    assert generate(model, prompt, 30, temperature=0) == greedy_by_rerun(model, prompt, 30)
+
+
+def test_prompt_longer_than_context_is_cropped():
+    model = TransformerLM(**SMALL)
+    prompt = torch.randint(0, 50, (40,)).tolist()
+    assert generate(model, prompt, 5, temperature=0) == greedy_by_rerun(model, prompt, 5)
+
+
+def test_window_shift_rebuilds_less_often_and_stays_in_window():
+    model = TransformerLM(**SMALL)
+    prompt = [1, 2, 3]
+    out = generate(model, prompt, 40, temperature=0, window_shift=8)
+    assert len(out) == 40
+    # Until the window first fills it is plain greedy decoding.
+    assert out[:13] == greedy_by_rerun(model, prompt, 13)
+
+
+def test_batch_of_different_lengths_equals_one_by_one():
+    model = TransformerLM(**SMALL, positions="learned")
+    prompts = [[1, 2, 3], [7], [9, 8, 7, 6, 5, 4, 3], list(range(20))]
+    batched = generate(model, prompts, 25, temperature=0)
+    assert batched == [generate(model, p, 25, temperature=0) for p in prompts]
+    assert batched[1] == greedy_by_rerun(model, [7], 25)
+
+
+def test_tensor_prompts():
+    model = TransformerLM(**SMALL)
+    one = generate(model, torch.tensor([1, 2, 3]), 4, temperature=0)
+    assert one == generate(model, [1, 2, 3], 4, temperature=0)
+    two = generate(model, torch.tensor([[1, 2, 3], [4, 5, 6]]), 4, temperature=0)
+    assert two[0] == one and len(two) == 2
+
+
+def test_stops_after_eos():
+    model = TransformerLM(**SMALL)
+    free = generate(model, [1, 2], 10, temperature=0)
+    eos = free[3]
+    out = generate(model, [1, 2], 10, temperature=0, eos_id=eos)
+    assert out == free[: free.index(eos) + 1]
+    # in a batch, finished rows stop while the others go on
+    batch = generate(model, [[1, 2], [5]], 10, temperature=0, eos_id=eos)
+    assert batch[0] == out and batch[1] == generate(model, [5], 10, temperature=0, eos_id=eos)
+
+
+def test_seeded_sampling_is_reproducible():
+    model = TransformerLM(**SMALL)
+
+    def run(seed, **kw):
+        return generate(model, [1, 2, 3], 20, generator=torch.Generator().manual_seed(seed), **kw)
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+    assert run(3, top_k=5, top_p=0.9, temperature=0.7) == run(3, top_k=5, top_p=0.9, temperature=0.7)
+    assert generate(model, [1], 0) == []
+
+
+def test_sampling_follows_the_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
+    g = torch.Generator().manual_seed(0)
+    draws = sample_next_token(logits.expand(40000, 5), temperature=2.0, generator=g)
+    freq = torch.bincount(draws, minlength=5).float() / 40000
+    torch.testing.assert_close(freq, torch.softmax(logits / 2.0, -1), atol=0.01, rtol=0)
+
+
+def test_greedy_and_top_k_1_are_argmax():
+    logits = torch.randn(7, 30)
+    assert torch.equal(sample_next_token(logits, temperature=0), logits.argmax(-1))
+    assert torch.equal(sample_next_token(logits, top_k=1), logits.argmax(-1))
+
+
+def test_top_k_keeps_exactly_k():
+    logits = torch.randn(4, 20)
+    kept = torch.isfinite(top_k_filter(logits, 6))
+    assert (kept.sum(-1) == 6).all()
+    assert torch.equal(kept, torch.zeros_like(kept).scatter(-1, logits.topk(6).indices, True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=8, unique=True),
+    p=st.floats(min_value=0.01, max_value=1.0),
+)
+def test_top_p_keeps_the_smallest_set_with_mass_p(weights, p):
+    probs = torch.tensor(weights, dtype=torch.float64)
+    probs = probs / probs.sum()
+    n = len(weights)
+    # brute force over every subset: the smallest size reaching mass ≥ p, and among those the heaviest
+    best = None
+    for size in range(1, n + 1):
+        sets = [s for s in itertools.combinations(range(n), size) if probs[list(s)].sum() >= p - 1e-12]
+        if sets:
+            best = max(sets, key=lambda s: probs[list(s)].sum())
+            break
+    cumulative = probs.sort(descending=True).values.cumsum(0)
+    if (cumulative - p).abs().min() < 1e-9:
+        return  # p exactly on a cumulative mass: float rounding decides, nothing to pin
+    filtered = top_p_filter(probs, p)
+    kept = set(torch.nonzero(filtered).flatten().tolist())
+    assert kept == set(best)
+    torch.testing.assert_close(filtered.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -0.5}, "temperature=-0.5"),
+        ({"top_p": 0.0}, "top_p=0.0"),
+        ({"top_p": 1.5}, "top_p=1.5"),
+        ({"top_k": 0}, "top_k=0"),
+        ({"max_new_tokens": -1}, "max_new_tokens=-1"),
+        ({"prompt_ids": []}, "prompt_ids"),
+        ({"prompt_ids": [[1, 2], []]}, "prompt 1 is empty"),
+        ({"prompt_ids": [1, 50]}, "prompt_ids: id 50"),
+        ({"window_shift": 16}, "window_shift=16"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    model = TransformerLM(**SMALL)
+    args = {"prompt_ids": [1, 2], "max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        generate(model, args.pop("prompt_ids"), args.pop("max_new_tokens"), **args)
+
+
+def test_cache_overflow_raises():
+    model = TransformerLM(**SMALL)
+    cache = KVCache.for_model(model, 1, max_len=4)
+    model(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+    with pytest.raises(ValueError, match="overflow"):
+        model(torch.tensor([[1, 2]]), kv_cache=cache)
