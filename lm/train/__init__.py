@@ -1,0 +1,21 @@
+"""Training: a TOML-configured loop with evaluation, checkpoints, exact resume and DDP.
+
+load_config / Config      the run's configuration (dataclasses read from TOML)
+Trainer / train           the loop; ``Trainer(cfg).run()`` returns an exit status
+TrainingDiverged          raised when the loss or gradient norm stops being finite
+plot_runs                 train/validation loss curves of run directories, as a PNG
+"""
+
+from lm.train.config import Config, config_from_dict, load_config
+from lm.train.metrics import read_metrics
+from lm.train.trainer import Trainer, TrainingDiverged, train
+
+__all__ = [
+    "Config",
+    "Trainer",
+    "TrainingDiverged",
+    "config_from_dict",
+    "load_config",
+    "read_metrics",
+    "train",
+]

@@ -1,0 +1,283 @@
+"""The training configuration: dataclasses read from TOML, checked key by key.
+
+One dataclass per TOML table; the dataclasses are the single source of truth for names,
+types and defaults, and ``configs/*.toml`` document every option. ``[model]`` is
+:class:`lm.model.ModelConfig` itself. Unknown keys and values of the wrong type are errors
+that name the key and suggest the closest known one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from lm.model import ModelConfig
+
+
+@dataclass
+class DataConfig:
+    train: str = ""  # token file (.bin with its .json sidecar) written by `lm tokenize`; required
+    val: str | None = None  # validation token file; no evaluation without it
+    tokenizer: str | None = None  # tokenizer folder (vocab.json, merges.txt), copied into the run
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs/default"  # run directory: config, metrics, checkpoints
+    batch_size: int = 32  # sequences per process per micro-step
+    grad_accum_steps: int = 1  # micro-steps per optimizer step
+    max_steps: int | None = None  # stop after this many optimizer steps ...
+    max_time: float | None = None  # ... or after this many seconds, whichever comes first
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # autocast dtype: auto (bfloat16 where supported, else float32) | bfloat16 | float32
+    compile: bool = False  # torch.compile the model
+
+
+@dataclass
+class OptimConfig:
+    max_lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 100  # in schedule iterations (steps when max_steps drives the schedule)
+    cosine_cycle_iters: int | None = None  # default: max_steps; the schedule's length
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # on matrices only; norms, biases and embeddings get none
+    grad_clip: float = 1.0  # max global L2 norm of the gradients; 0 disables clipping
+
+
+@dataclass
+class EvalConfig:
+    interval: int = 500  # steps between evaluations (and at the end); 0 disables
+    batches: int = 20  # fixed validation batches per evaluation
+    batch_size: int | None = None  # default: train.batch_size
+    seed: int = 1234  # picks the fixed validation windows
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 1000  # steps between checkpoints (also at the end and on SIGINT/SIGTERM); 0: end only
+    keep_last: int = 3  # step checkpoints kept; 0 keeps all
+    keep_best: bool = True  # also keep best.pt, the lowest validation loss so far
+    export_safetensors: bool = True  # write RUN_DIR/model.safetensors at the end
+
+
+@dataclass
+class LogConfig:
+    interval: int = 10  # steps between console lines and train records in metrics.jsonl
+    peak_tflops: float | None = None  # device peak for MFU; default: a table of known GPUs / a CPU estimate
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "disabled"  # disabled | offline | online
+    project: str = "lm"
+    name: str | None = None  # default: the run directory's name
+
+
+@dataclass
+class Config:
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_toml(self) -> str:
+        """The resolved configuration as TOML; unset (None) options are written as comments."""
+        out = []
+        for section, values in self.to_dict().items():
+            out.append(f"[{section}]")
+            for key, value in values.items():
+                out.append(f"# {key} = (unset)" if value is None else f"{key} = {_toml_value(value)}")
+            out.append("")
+        return "\n".join(out)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "optim": OptimConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+    "log": LogConfig,
+    "wandb": WandbConfig,
+}
+_REQUIRED = {("data", "train")}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _suggest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _check_type(where: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` (ints widened to float where a float is wanted) or raise a ValueError."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        annotation = inner[0] if len(inner) == 1 else annotation
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    ok = isinstance(value, annotation) and not (annotation is int and isinstance(value, bool))
+    if not ok:
+        raise ValueError(f"config: {where} must be {_type_name(annotation)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _type_name(annotation: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        annotation, str(annotation)
+    )
+
+
+def _build(section: str, cls: type, values: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            # The right key in the wrong table, or a key that is the start of a known one.
+            elsewhere = [k for k in _all_keys() if k.endswith(f".{key}")] or [
+                k for k in _all_keys() if k.split(".")[1].startswith(key) and len(key) >= 4
+            ]
+            hint = (
+                f" (did you mean {elsewhere[0]!r}?)"
+                if elsewhere
+                else _suggest(f"{section}.{key}", [f"{section}.{n}" for n in names])
+                or _suggest(f"{section}.{key}", _all_keys())
+            )
+            raise ValueError(f"config: unknown key {section}.{key}{hint}")
+        kwargs[key] = _check_type(f"{section}.{key}", value, hints[key])
+    for s, k in _REQUIRED:
+        if s == section and k not in kwargs:
+            raise ValueError(f"config: missing required key {s}.{k}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required dataclass field without a default
+        missing = str(e).split("argument")[-1].strip(": ")
+        raise ValueError(f"config: [{section}] is missing {missing}") from None
+    except ValueError as e:
+        raise ValueError(f"config: [{section}] {e}") from None
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """``"optim.max_lr=3e-4"`` -> ``("optim", "max_lr", 3e-4)``; a value that is not TOML is a string."""
+    if "=" not in item:
+        raise ValueError(f"--set {item!r}: expected section.key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if key.count(".") != 1:
+        raise ValueError(f"--set {item!r}: the key must be section.key, e.g. optim.max_lr")
+    section, name = key.split(".")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # bare strings such as paths: --set train.out_dir=runs/x
+    return section, name, value
+
+
+def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
+    """Build and check a :class:`Config` from parsed TOML plus ``section.key=value`` overrides."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for item in overrides:
+        section, name, value = parse_override(item)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ValueError(f"config: {section} must be a table ([{section}])")
+        raw[section][name] = value
+    sections = {}
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise ValueError(f"config: unknown section [{section}]{_suggest(section, list(SECTIONS))}")
+        if not isinstance(values, dict):
+            raise ValueError(f"config: {section} must be a table ([{section}]), got {values!r}")
+        sections[section] = _build(section, SECTIONS[section], values)
+    if "model" not in sections:
+        raise ValueError("config: missing section [model]")
+    for section, cls in SECTIONS.items():
+        if section not in sections:
+            sections[section] = _build(section, cls, {})
+    cfg = Config(**sections)
+    _check_values(cfg)
+    return cfg
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
+    """Read a TOML config file, apply ``--set`` overrides, and check everything."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"config file not found: {str(path)!r}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{str(path)!r} is not valid TOML: {e}") from None
+    return config_from_dict(raw, overrides)
+
+
+def _check_values(cfg: Config) -> None:
+    t, o = cfg.train, cfg.optim
+
+    def positive(where: str, value: float | None, allow_zero: bool = False) -> None:
+        if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+            raise ValueError(f"config: {where} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+    if t.max_steps is None and t.max_time is None:
+        raise ValueError("config: set train.max_steps or train.max_time (or both)")
+    positive("train.max_steps", t.max_steps)
+    positive("train.max_time", t.max_time)
+    positive("train.batch_size", t.batch_size)
+    positive("train.grad_accum_steps", t.grad_accum_steps)
+    positive("optim.max_lr", o.max_lr)
+    positive("optim.min_lr", o.min_lr, allow_zero=True)
+    positive("optim.warmup_iters", o.warmup_iters, allow_zero=True)
+    positive("optim.cosine_cycle_iters", o.cosine_cycle_iters)
+    positive("optim.grad_clip", o.grad_clip, allow_zero=True)
+    positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    positive("eval.interval", cfg.eval.interval, allow_zero=True)
+    positive("eval.batches", cfg.eval.batches)
+    positive("eval.batch_size", cfg.eval.batch_size)
+    positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
+    positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
+    positive("log.interval", cfg.log.interval)
+    positive("log.peak_tflops", cfg.log.peak_tflops)
+    if t.max_steps is None and o.cosine_cycle_iters is None:
+        raise ValueError("config: with train.max_time alone, set optim.cosine_cycle_iters (the schedule's length)")
+    if t.dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"config: train.dtype must be auto, float32 or bfloat16, got {t.dtype!r}")
+    if cfg.wandb.mode not in ("disabled", "offline", "online"):
+        raise ValueError(f"config: wandb.mode must be disabled, offline or online, got {cfg.wandb.mode!r}")
+    if not cfg.data.train:
+        raise ValueError("config: missing required key data.train")

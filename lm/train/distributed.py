@@ -1,0 +1,84 @@
+"""Process-group setup for ``torchrun``: one process per device, gloo on CPU, nccl on CUDA."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of ``value`` over ranks (``value`` itself when there is one process)."""
+        if not self.enabled:
+            return value
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value / self.world_size
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when ``flag`` is true on some rank."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def broadcast_float(self, value: float, device: torch.device) -> float:
+        """Rank 0's ``value`` on every rank (so time-based decisions agree)."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.broadcast(t, src=0)
+        return float(t.item())
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto`` → ``cuda:LOCAL_RANK`` when CUDA is available, else ``mps``, else ``cpu``."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            name = "mps"
+        else:
+            name = "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"train.device is {name!r} but CUDA is not available")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(device_name: str) -> tuple[Dist, torch.device]:
+    """Join the process group ``torchrun`` describes in the environment (if any); pick the device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return Dist(), resolve_device(device_name)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_name, local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank, local_rank, world_size), device
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

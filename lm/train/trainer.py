@@ -1,0 +1,448 @@
+"""The training loop: one :class:`Trainer` owns the model, optimizer, data, run directory and clock.
+
+Order of work in ``Trainer(cfg)`` is chosen so that a bad input fails before anything is
+written: config → token files (checked) → model and optimizer → the checkpoint to resume
+(checked against the model) → only then the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lm.checkpoint import (
+    CheckpointManager,
+    check_state_dict_fits,
+    export_safetensors,
+    get_rng_state,
+    read_checkpoint,
+    set_rng_state,
+    unwrap,
+)
+from lm.data import TokenDataset
+from lm.io import atomic_write
+from lm.model import TransformerLM
+from lm.nn import cross_entropy
+from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups
+from lm.train.config import Config
+from lm.train.distributed import init_distributed, shutdown_distributed
+from lm.train.metrics import MetricsLog, format_duration, peak_flops
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite."""
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``train.dtype``: ``auto`` is bfloat16 on CUDA devices that support it."""
+    if dtype == "float32":
+        return None
+    if dtype == "bfloat16":
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+class Trainer:
+    """Train a :class:`TransformerLM` as ``cfg`` says; ``run()`` returns the process exit status.
+
+    ``on_checkpoint(step, path)`` is called after every checkpoint is written (tests use it to
+    kill the process at a known point).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        resume: bool = False,
+        on_checkpoint: Callable[[int, Path], None] | None = None,
+        print_fn: Callable[[str], None] = print,
+    ):
+        self.cfg = cfg
+        self.on_checkpoint = on_checkpoint
+        self._print = print_fn
+        self.dist, self.device = init_distributed(cfg.train.device)
+        self.run_dir = Path(cfg.train.out_dir)
+        self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
+        t, m = cfg.train, cfg.model
+
+        # Data: both files checked (sidecar, dtype, size, ids < vocab, length) before any output.
+        self.train_data = TokenDataset(
+            cfg.data.train,
+            m.context_length,
+            vocab_size=m.vocab_size,
+            seed=t.seed,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
+        self.val_data = None
+        if cfg.data.val:
+            self.val_data = TokenDataset(
+                cfg.data.val, m.context_length, vocab_size=m.vocab_size, rank=self.dist.rank,
+                world_size=self.dist.world_size,
+            )  # fmt: skip
+            shas = {self.train_data.tokenizer_sha256, self.val_data.tokenizer_sha256} - {""}
+            if len(shas) > 1:
+                raise ValueError(
+                    f"{cfg.data.train!r} and {cfg.data.val!r} were written by different tokenizers "
+                    "(their sidecars' tokenizer_sha256 differ)"
+                )
+        self.tokenizer_sha256 = self.train_data.tokenizer_sha256
+
+        # Model and optimizer: the same seed gives every rank the same initial weights.
+        torch.manual_seed(t.seed)
+        self.model = TransformerLM.from_config(m).to(self.device)
+        self.optimizer = AdamW(
+            param_groups(self.model, cfg.optim.weight_decay),
+            lr=cfg.optim.max_lr,
+            betas=(cfg.optim.beta1, cfg.optim.beta2),
+            eps=cfg.optim.eps,
+        )
+        self.step = 0
+        self.elapsed = 0.0  # training wall-clock seconds, carried across resumes
+        self.tokens_seen = 0
+        self.best_val_loss = math.inf
+        self._resumed_from: Path | None = None
+        if resume:
+            self._load_latest()
+        elif self.ckpts.latest() is not None or (self.run_dir / "metrics.jsonl").exists():
+            raise ValueError(
+                f"{str(self.run_dir)!r} already holds a run; pass --resume to continue it, or set "
+                "train.out_dir to a new folder (or delete that one)"
+            )
+
+        self.train_model: torch.nn.Module = self.model
+        if self.dist.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        if t.compile:
+            self.train_model = torch.compile(self.train_model)
+        dtype = autocast_dtype(t.dtype, self.device)
+        self._autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
+        )
+        self.tokens_per_step = t.batch_size * m.context_length * t.grad_accum_steps * self.dist.world_size
+        self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops)
+        self._signal: int | None = None
+        self._val_starts = (
+            self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size, seed=cfg.eval.seed)
+            if self.val_data is not None
+            else []
+        )
+        self.metrics: MetricsLog | None = None
+        if self.dist.is_main:
+            self._prepare_run_dir()
+
+    # -- setup ---------------------------------------------------------------------------
+    def _load_latest(self) -> None:
+        path = self.ckpts.latest()
+        if path is None:
+            raise ValueError(f"--resume: no checkpoint in {str(self.ckpts.dir)!r}")
+        state = read_checkpoint(path)
+        saved_model = (state.get("config") or {}).get("model")
+        if saved_model is not None and saved_model != self.cfg.model.to_dict():
+            diff = next(
+                f"model.{k} is {saved_model.get(k)!r} in the checkpoint but {v!r} in the config"
+                for k, v in self.cfg.model.to_dict().items()
+                if saved_model.get(k) != v
+            )
+            raise ValueError(f"--resume: {str(path)!r} is another model: {diff}")
+        check_state_dict_fits(self.model, state["model"], repr(str(path)))
+        saved_sha = state.get("tokenizer_sha256", "")
+        if saved_sha and self.tokenizer_sha256 and saved_sha != self.tokenizer_sha256:
+            raise ValueError(
+                f"--resume: {str(path)!r} was trained on data of another tokenizer than {self.cfg.data.train!r}"
+            )
+        for key in ("optimizer", "rng", "data", "schedule"):
+            if key not in state:
+                raise ValueError(f"--resume: {str(path)!r} holds no {key} state; it is not a training checkpoint")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_data.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.step = int(state["iteration"])
+        self.elapsed = float(state["schedule"]["elapsed"])
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.best_val_loss = float(state.get("best_val_loss", math.inf))
+        self._resumed_from = path
+
+    def _prepare_run_dir(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.run_dir / "config.toml") as f:
+            f.write(self.cfg.to_toml())
+        tok = self.cfg.data.tokenizer
+        if tok:
+            for name in ("vocab.json", "merges.txt"):
+                if (Path(tok) / name).is_file():
+                    (self.run_dir / "tokenizer").mkdir(exist_ok=True)
+                    shutil.copyfile(Path(tok) / name, self.run_dir / "tokenizer" / name)
+        if self._resumed_from is not None:
+            MetricsLog.truncate(self.run_dir, self.step)
+        self.metrics = MetricsLog(
+            self.run_dir, self.cfg.wandb, self.cfg.to_dict(), resume=self._resumed_from is not None
+        )
+
+    # -- schedule --------------------------------------------------------------------------
+    def schedule_position(self) -> float:
+        """Where the run is on the learning-rate schedule, in iterations.
+
+        With ``max_steps`` alone it is the step. With ``max_time`` it is the elapsed fraction of
+        that time scaled to the schedule's length, or the step if that is further along: the
+        schedule follows whichever limit will stop the run first.
+        """
+        t = self.cfg.train
+        if t.max_time is None:
+            return float(self.step)
+        length = t.max_steps or self.cfg.optim.cosine_cycle_iters
+        return max(float(self.step), self.elapsed / t.max_time * length)
+
+    def learning_rate(self) -> float:
+        o, t = self.cfg.optim, self.cfg.train
+        cycle = o.cosine_cycle_iters or t.max_steps
+        return cosine_lr_schedule(self.schedule_position(), o.max_lr, o.min_lr, o.warmup_iters, cycle)
+
+    def _done(self) -> bool:
+        t = self.cfg.train
+        if t.max_steps is not None and self.step >= t.max_steps:
+            return True
+        return t.max_time is not None and self.elapsed >= t.max_time
+
+    # -- steps -------------------------------------------------------------------------------
+    def train_step(self, lr: float) -> tuple[torch.Tensor, float | None]:
+        """One optimizer step over ``grad_accum_steps`` micro-batches; returns (mean loss, grad norm)."""
+        t = self.cfg.train
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = torch.zeros((), device=self.device)
+        for micro in range(t.grad_accum_steps):
+            x, y = self.train_data.sample(t.batch_size, self.device)
+            # DDP all-reduces gradients on the last micro-batch only.
+            last = micro == t.grad_accum_steps - 1
+            sync = contextlib.nullcontext() if last or not self.dist.enabled else self.train_model.no_sync()
+            with sync:
+                with self._autocast():
+                    loss = cross_entropy(self.train_model(x), y)
+                (loss / t.grad_accum_steps).backward()
+            total += loss.detach()
+        norm = None
+        if self.cfg.optim.grad_clip > 0:
+            norm = clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+            if not math.isfinite(norm):
+                raise self._diverged(f"the gradient norm is {norm} at step {self.step + 1}")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total / t.grad_accum_steps, norm
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float] | None:
+        """Mean loss over the fixed validation batches (all ranks), perplexity and bits per byte."""
+        if self.val_data is None:
+            return None
+        self.train_model.eval()
+        total = torch.zeros((), device=self.device)
+        for starts in self._val_starts:
+            x, y = self.val_data.batch(starts, self.device)
+            with self._autocast():
+                total += cross_entropy(self.train_model(x), y)
+        self.train_model.train()
+        loss = float(self.dist.all_mean(total / len(self._val_starts)).item())
+        bpt = self.val_data.bytes_per_token
+        return {
+            "loss": loss,
+            "ppl": math.exp(min(loss, 700.0)),
+            "bpb": loss / math.log(2) / bpt if bpt else None,
+        }
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def training_state(self) -> dict[str, Any]:
+        return {
+            "iteration": self.step,
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "config": self.cfg.to_dict(),
+            "schedule": {
+                "position": self.schedule_position(),
+                "elapsed": self.elapsed,
+                "lr": self.learning_rate(),
+            },
+            "rng": get_rng_state(),
+            "data": self.train_data.state_dict(),
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "tokens_seen": self.tokens_seen,
+            "best_val_loss": self.best_val_loss,
+        }
+
+    def save_checkpoint(self) -> Path | None:
+        if not self.dist.is_main:
+            return None
+        path = self.ckpts.save(self.training_state(), self.step)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self.step, path)
+        return path
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        """Train until ``max_steps``/``max_time`` or a signal; return 0, or 128 + the signal number."""
+        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._loop()
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            if self.metrics is not None:
+                self.metrics.close()
+            shutdown_distributed()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._signal is not None:  # a second Ctrl-C: stop now, without a checkpoint
+            raise KeyboardInterrupt
+        self._signal = signum
+        self._log(f"{signal.Signals(signum).name}: saving a checkpoint after this step (again to abort)")
+
+    def _log(self, line: str) -> None:
+        if self.dist.is_main:
+            self._print(line)
+
+    def _loop(self) -> int:
+        cfg, t = self.cfg, self.cfg.train
+        if self._resumed_from is not None:
+            self._log(f"resumed from {self._resumed_from} at step {self.step}")
+        n_params = unwrap(self.model).num_parameters()
+        self._log(
+            f"model {n_params / 1e6:.2f}M parameters | {self.tokens_per_step:,} tokens/step | "
+            f"device {self.device} | world {self.dist.world_size} | run dir {self.run_dir}"
+        )
+        flops_per_token = 3 * unwrap(self.model).flops_per_token()
+        last_saved = self.step if self._resumed_from is not None else -1
+        last_eval = -1
+        loss_sum = torch.zeros((), device=self.device)
+        window_steps, window_time = 0, 0.0
+        clock = time.perf_counter()
+        while True:
+            # Every rank must agree on stopping: time and signals are rank 0's / anyone's.
+            if t.max_time is not None:
+                self.elapsed = self.dist.broadcast_float(self.elapsed, self.device)
+            if self.dist.any(self._signal is not None, self.device):
+                if self.step != last_saved:
+                    self._check_finite(loss_sum)
+                    path = self.save_checkpoint()
+                    self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume")
+                signum = self._signal or signal.SIGTERM
+                return 128 + int(signum)
+            if self._done():
+                break
+            lr = self.learning_rate()
+            loss, norm = self.train_step(lr)
+            self.step += 1
+            self.tokens_seen += self.tokens_per_step
+            loss_sum += loss
+            window_steps += 1
+            now = time.perf_counter()
+            window_time += now - clock
+            self.elapsed += now - clock
+            clock = now
+
+            final = self._done()
+            if self.step % cfg.log.interval == 0 or final:
+                mean = self._check_finite(loss_sum) / window_steps
+                tok_s = window_steps * self.tokens_per_step / max(window_time, 1e-9)
+                mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
+                self._report_train(mean, lr, norm, tok_s, mfu, window_time / window_steps)
+                loss_sum.zero_()
+                window_steps, window_time = 0, 0.0
+            if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or final):
+                self._run_eval()
+                last_eval = self.step
+            if cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and not final:
+                self._check_finite(loss_sum)
+                self.save_checkpoint()
+                last_saved = self.step
+            clock = time.perf_counter()  # evaluation and checkpoints are not training time
+
+        if self.val_data is not None and last_eval != self.step and cfg.eval.interval:
+            self._run_eval()
+        if self.step != last_saved:
+            self._check_finite(loss_sum)
+            path = self.save_checkpoint()
+            self._log(f"done: step {self.step}, checkpoint {path}")
+        if self.dist.is_main and cfg.checkpoint.export_safetensors:
+            meta = {"step": str(self.step), "tokenizer_sha256": self.tokenizer_sha256}
+            export_safetensors(self.model, self.run_dir / "model.safetensors", meta)
+        return 0
+
+    def _check_finite(self, loss_sum: torch.Tensor) -> float:
+        """The summed loss as a float; TrainingDiverged (before anything is saved) if it is not finite."""
+        value = float(self.dist.all_mean(loss_sum).item())
+        if not math.isfinite(value):
+            raise self._diverged(f"the loss became {value} by step {self.step}")
+        return value
+
+    def _diverged(self, what: str) -> TrainingDiverged:
+        latest = self.ckpts.latest()
+        kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
+        return TrainingDiverged(f"{what}; {kept}. Lower optim.max_lr, raise optim.warmup_iters or set optim.grad_clip")
+
+    def _report_train(self, loss: float, lr: float, norm: float | None, tok_s: float, mfu: float, step_s: float):
+        t = self.cfg.train
+        remaining = []
+        if t.max_steps is not None:
+            remaining.append((t.max_steps - self.step) * step_s)
+        if t.max_time is not None:
+            remaining.append(t.max_time - self.elapsed)
+        eta = max(0.0, min(remaining))
+        total = f"/{t.max_steps}" if t.max_steps is not None else ""
+        self._log(
+            f"step {self.step}{total} | loss {loss:.4f} | lr {lr:.2e} | {tok_s:,.0f} tok/s | "
+            f"MFU {100 * mfu:.1f}% | ETA {format_duration(eta)}"
+        )
+        if self.metrics is not None:
+            self.metrics.write(
+                {
+                    "step": self.step,
+                    "split": "train",
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": norm,
+                    "tokens": self.tokens_seen,
+                    "time": round(self.elapsed, 3),
+                    "tok_per_s": tok_s,
+                    "mfu": mfu,
+                }
+            )
+
+    def _run_eval(self) -> None:
+        result = self.evaluate()
+        if result is None:
+            return
+        if not math.isfinite(result["loss"]):
+            self._check_finite(torch.tensor(result["loss"]))
+        bpb = f" | bpb {result['bpb']:.4f}" if result["bpb"] is not None else ""
+        self._log(f"eval step {self.step} | val loss {result['loss']:.4f} | ppl {result['ppl']:.2f}{bpb}")
+        if self.metrics is not None:
+            self.metrics.write(
+                {
+                    "step": self.step,
+                    "split": "val",
+                    **result,
+                    "tokens": self.tokens_seen,
+                    "time": round(self.elapsed, 3),
+                }
+            )
+        if result["loss"] < self.best_val_loss:
+            self.best_val_loss = result["loss"]
+            if self.cfg.checkpoint.keep_best and self.dist.is_main:
+                self.ckpts.save_best(self.training_state())
+
+
+def train(cfg: Config, *, resume: bool = False) -> int:
+    """Build a :class:`Trainer` and run it; the exit status (0, or 128 + a signal number)."""
+    return Trainer(cfg, resume=resume).run()

@@ -1,0 +1,390 @@
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lm.checkpoint import load_model, read_checkpoint
+from lm.data import write_token_file
+from lm.model import TransformerLM
+from lm.nn import cross_entropy
+from lm.optim import AdamW, param_groups
+from lm.train import Trainer, TrainingDiverged, config_from_dict, load_config, read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 64
+
+
+def _token_files(folder: Path, n: int = 20_000) -> tuple[Path, Path]:
+    """A learnable stream (a repeating ramp with 10% noise) as train and validation token files."""
+    rng = np.random.default_rng(0)
+    ramp = np.arange(n) % VOCAB
+    ids = np.where(rng.random(n) < 0.1, rng.integers(0, VOCAB, n), ramp)
+    train, val = folder / "train.bin", folder / "val.bin"
+    write_token_file(train, ids, vocab_size=VOCAB, source_bytes=3 * n, tokenizer_sha256="abc")
+    write_token_file(val, ids[: n // 4], vocab_size=VOCAB, source_bytes=3 * (n // 4), tokenizer_sha256="abc")
+    return train, val
+
+
+def _raw_config(folder: Path, **sections) -> dict:
+    train, val = _token_files(folder) if not (folder / "train.bin").exists() else (
+        folder / "train.bin", folder / "val.bin")  # fmt: skip
+    raw = {
+        "model": dict(vocab_size=VOCAB, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64),
+        "data": dict(train=str(train), val=str(val)),
+        "train": dict(out_dir=str(folder / "run"), batch_size=4, max_steps=20, device="cpu", dtype="float32"),
+        "optim": dict(max_lr=1e-2, min_lr=1e-3, warmup_iters=5),
+        "eval": dict(interval=10, batches=2),
+        "checkpoint": dict(interval=10, keep_last=2),
+        "log": dict(interval=1),
+    }
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return raw
+
+
+def _write_toml(path: Path, raw: dict) -> Path:
+    def value(v):
+        return json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false" if v is False else repr(v))
+
+    lines = []
+    for section, values in raw.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {value(v)}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _lm(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "lm", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def _quiet(*_args) -> None:
+    pass
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if r["split"] == "train"}
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+def test_config_errors_name_the_key_and_suggest(tmp_path):
+    raw = _raw_config(tmp_path)
+    cases = [
+        ({"optim": {"max_lrr": 1.0}}, "unknown key optim.max_lrr (did you mean 'optim.max_lr'?)"),
+        ({"train": {"max_lr": 1.0}}, "unknown key train.max_lr (did you mean 'optim.max_lr'?)"),
+        ({"model": {"dmodel": 8}}, "unknown key model.dmodel (did you mean 'model.d_model'?)"),
+        ({"modle": {"x": 1}}, "unknown section [modle] (did you mean 'model'?)"),
+        ({"train": {"batch_size": "8"}}, "train.batch_size must be an integer, got str '8'"),
+        ({"train": {"batch_size": True}}, "train.batch_size must be an integer, got bool True"),
+        ({"train": {"compile": 1}}, "train.compile must be true or false, got int 1"),
+        ({"optim": {"max_lr": -1.0}}, "optim.max_lr must be > 0"),
+        ({"wandb": {"mode": "cloud"}}, "wandb.mode must be disabled, offline or online"),
+        ({"model": {"num_heads": 3}}, "d_model must be divisible by num_heads"),
+    ]
+    for extra, message in cases:
+        bad = json.loads(json.dumps(raw))
+        for section, values in extra.items():
+            bad.setdefault(section, {}).update(values)
+        with pytest.raises(ValueError) as e:
+            config_from_dict(bad)
+        assert message in str(e.value), (extra, str(e.value))
+        assert "\n" not in str(e.value)
+    no_limit = json.loads(json.dumps(raw))
+    del no_limit["train"]["max_steps"]
+    with pytest.raises(ValueError, match="set train.max_steps or train.max_time"):
+        config_from_dict(no_limit)
+
+
+def test_config_overrides_and_resolved_toml_round_trip(tmp_path):
+    path = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
+    cfg = load_config(path, ["optim.max_lr=3e-4", "train.out_dir=runs/x y", "train.compile=true", "eval.batches=7"])
+    assert cfg.optim.max_lr == 3e-4 and cfg.train.out_dir == "runs/x y" and cfg.train.compile is True
+    assert cfg.eval.batches == 7 and cfg.optim.beta2 == 0.95  # a default
+    (tmp_path / "r.toml").write_text(cfg.to_toml())
+    assert load_config(tmp_path / "r.toml") == cfg
+    with pytest.raises(ValueError, match="unknown key optim.lr_max"):
+        load_config(path, ["optim.lr_max=1"])
+    with pytest.raises(ValueError, match="expected section.key=value"):
+        load_config(path, ["optim.max_lr"])
+
+
+@pytest.mark.parametrize("name", ["tinystories-17m", "cpu-small"])
+def test_shipped_configs_load(name):
+    cfg = load_config(REPO / "configs" / f"{name}.toml")
+    if name == "tinystories-17m":
+        m = cfg.model
+        assert (m.vocab_size, m.context_length, m.d_model, m.d_ff, m.num_layers, m.num_heads, m.rope_theta) == (
+            10000, 256, 512, 1344, 4, 16, 10000.0)  # fmt: skip
+        model = TransformerLM.from_config(m, device="meta")
+        assert 17.5e6 < model.num_parameters(include_embeddings=False) < 17.6e6  # lm_head counted
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+def test_training_run_writes_metrics_checkpoints_and_weights(tmp_path):
+    cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 30}, checkpoint={"interval": 10}))
+    lines = []
+    assert Trainer(cfg, print_fn=lines.append).run() == 0
+    run = tmp_path / "run"
+    records = read_metrics(run)
+    train = [r for r in records if r["split"] == "train"]
+    val = [r for r in records if r["split"] == "val"]
+    assert [r["step"] for r in train] == list(range(1, 31))
+    assert [r["step"] for r in val] == [10, 20, 30]
+    assert train[-1]["loss"] < 0.6 * train[0]["loss"]  # it learns the ramp
+    assert val[-1]["ppl"] == pytest.approx(math.exp(val[-1]["loss"]))
+    assert val[-1]["bpb"] == pytest.approx(val[-1]["loss"] / math.log(2) / 3)  # 3 source bytes per token
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "best.pt", "step_00000020.pt", "step_00000030.pt"]  # fmt: skip
+    state = read_checkpoint(run / "checkpoints" / "step_00000030.pt")
+    assert state["iteration"] == 30 and state["tokenizer_sha256"] == "abc"
+    assert set(state["rng"]) >= {"python", "numpy", "torch"} and "generator" in state["data"]
+    assert state["config"]["optim"]["max_lr"] == 1e-2
+    assert load_config(run / "config.toml") == cfg
+    model, info = load_model(run / "model.safetensors")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state["model"][k])
+    assert any(line.startswith("step 30/30 | loss") and "tok/s | MFU" in line and "ETA" in line for line in lines)
+    # A second run into the same folder is refused rather than overwriting it.
+    with pytest.raises(ValueError, match="already holds a run; pass --resume"):
+        Trainer(cfg, print_fn=_quiet)
+
+
+def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
+    def final_weights(folder, batch, accum):
+        folder.mkdir()
+        raw = _raw_config(folder, train={"batch_size": batch, "grad_accum_steps": accum, "max_steps": 5})
+        raw["eval"]["interval"] = 0
+        trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+        trainer.run()
+        return trainer.model.state_dict()
+
+    big, small = final_weights(tmp_path / "a", 8, 1), final_weights(tmp_path / "b", 4, 2)
+    for k in big:
+        torch.testing.assert_close(big[k], small[k], rtol=1e-4, atol=1e-5)
+
+
+def test_max_time_drives_the_schedule(tmp_path):
+    raw = _raw_config(tmp_path, train={"max_time": 100.0}, optim={"cosine_cycle_iters": 1000, "warmup_iters": 0})
+    del raw["train"]["max_steps"]
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    trainer.elapsed = 50.0
+    assert trainer.schedule_position() == 500.0
+    assert trainer.learning_rate() == pytest.approx(0.5 * (1e-2 + 1e-3))  # half-way down the cosine
+    trainer.elapsed = 100.0
+    assert trainer._done()
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 30}))
+    holder = {}
+
+    def poison(step, path):
+        if step == 10:
+            with torch.no_grad():
+                holder["trainer"].model.ln_final.weight.fill_(float("nan"))
+
+    trainer = Trainer(cfg, on_checkpoint=poison, print_fn=_quiet)
+    holder["trainer"] = trainer
+    with pytest.raises(TrainingDiverged, match=r"nan at step 11") as e:
+        trainer.run()
+    assert "the last good checkpoint is" in str(e.value) and "step_00000010.pt" in str(e.value)
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts == ["best.pt", "step_00000010.pt"]
+    good = read_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000010.pt")
+    assert all(torch.isfinite(v).all() for v in good["model"].values())
+
+
+def test_single_batch_overfits_transformer():
+    torch.manual_seed(0)
+    model = TransformerLM(VOCAB, 16, 32, 2, 2, 64)
+    opt = AdamW(param_groups(model, 0.0), lr=1e-2)
+    ids = torch.randint(0, VOCAB, (4, 17))
+    for _ in range(150):
+        opt.zero_grad()
+        loss = cross_entropy(model(ids[:, :-1]), ids[:, 1:])
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+# -- exact resume, signals, and bad input through the command line ------------------------------------
+
+
+def test_exact_resume_after_sigkill(tmp_path):
+    straight = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "straight")})
+    resumed = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "resumed")})
+    straight_toml = _write_toml(tmp_path / "straight.toml", straight)
+    resumed_toml = _write_toml(tmp_path / "resumed.toml", resumed)
+
+    assert _lm("train", "--config", str(straight_toml)).returncode == 0
+    # The same run, killed with SIGKILL (no handler can run) right after its step-10 checkpoint.
+    killer = (
+        "import os, signal, sys\n"
+        "from lm.train import Trainer, load_config\n"
+        "def kill(step, path):\n"
+        "    if step == 10: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "Trainer(load_config(sys.argv[1]), on_checkpoint=kill).run()\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    killed = subprocess.run([sys.executable, "-c", killer, str(resumed_toml)], env=env, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == [
+        "best.pt", "step_00000010.pt"]  # fmt: skip
+    done = _lm("train", "--config", str(resumed_toml), "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "resumed from" in done.stdout
+
+    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")
+    assert len(_losses(tmp_path / "straight")) == 20
+    a = read_checkpoint(tmp_path / "straight" / "checkpoints" / "step_00000020.pt")
+    b = read_checkpoint(tmp_path / "resumed" / "checkpoints" / "step_00000020.pt")
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
+    raw = _raw_config(tmp_path, train={"max_steps": 100_000}, checkpoint={"interval": 0}, log={"interval": 5})
+    toml = _write_toml(tmp_path / "c.toml", raw)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lm", "train", "--config", str(toml)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    steps = [int(p.stem.split("_")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step_*.pt")]
+    assert len(steps) == 1 and steps[0] >= 10
+    assert f"stopped at step {steps[0]}" in out
+    again = _lm("train", "--config", str(toml), "--resume", "--set", f"train.max_steps={steps[0] + 3}")
+    assert again.returncode == 0, again.stderr
+    assert (
+        read_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{steps[0] + 3:08d}.pt")["iteration"] == steps[0] + 3
+    )
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str]:
+    from lm.cli import main
+
+    rc = main(args)
+    return rc, capsys.readouterr().err
+
+
+def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
+    raw = _raw_config(tmp_path, train={"max_steps": 10})
+    good = _write_toml(tmp_path / "good.toml", raw)
+    assert _cli(["train", "--config", str(good)], capsys)[0] == 0
+    run = tmp_path / "run"
+    before = _snapshot(tmp_path)
+
+    big_ids = tmp_path / "big.bin"
+    write_token_file(big_ids, np.arange(200) % 100, vocab_size=100)
+    short = tmp_path / "short.bin"
+    write_token_file(short, np.arange(10), vocab_size=VOCAB)
+    wrong_dtype = tmp_path / "wrong.bin"
+    write_token_file(wrong_dtype, np.arange(200) % VOCAB, vocab_size=VOCAB)
+    side = tmp_path / "wrong.bin.json"
+    side.write_text(json.dumps({**json.loads(side.read_text()), "dtype": "uint32"}))
+    no_sidecar = tmp_path / "nosidecar.bin"
+    no_sidecar.write_bytes(np.arange(200, dtype=np.uint16).tobytes())
+    made = _snapshot(tmp_path)
+
+    fresh = str(tmp_path / "fresh")
+    cases = [
+        (["--set", f"data.train={big_ids}", "--set", f"train.out_dir={fresh}"], "vocab_size 100, larger than"),
+        (["--set", f"data.val={short}", "--set", f"train.out_dir={fresh}"], "fewer than context_length + 1"),
+        (["--set", f"data.train={wrong_dtype}", "--set", f"train.out_dir={fresh}"], "does not match vocab_size"),
+        (["--set", f"data.train={no_sidecar}", "--set", f"train.out_dir={fresh}"], "has no sidecar"),
+        (["--set", "optim.max_lrr=1"], "did you mean 'optim.max_lr'"),
+        (["--set", "train.batch_size=big"], "train.batch_size must be an integer"),
+        (["--resume", "--set", "model.d_model=48"], "is another model: model.d_model is 32 in the checkpoint"),
+        ([], "already holds a run; pass --resume"),
+    ]
+    for extra, message in cases:
+        rc, err = _cli(["train", "--config", str(good), *extra], capsys)
+        assert rc == 2 and message in err, (extra, err)
+        assert err.count("\n") == 1 and err.startswith("lm train: error: ")
+    assert not Path(fresh).exists()
+    assert _snapshot(tmp_path) == made
+
+    # A truncated latest checkpoint: --resume refuses it and leaves everything as it was.
+    latest = run / "checkpoints" / "step_00000010.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])
+    truncated = _snapshot(tmp_path)
+    rc, err = _cli(["train", "--config", str(good), "--resume"], capsys)
+    assert rc == 2 and "is not a readable checkpoint (truncated or corrupt?)" in err and err.count("\n") == 1
+    assert _snapshot(tmp_path) == truncated
+    assert before.keys() <= truncated.keys()
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 10}))
+    Trainer(cfg, print_fn=_quiet).run()
+    rc, err = _cli(["plot", str(tmp_path / "run"), str(tmp_path / "run"), "--out", str(tmp_path / "p.png")], capsys)
+    assert rc == 0, err
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, err = _cli(["plot", str(tmp_path)], capsys)
+    assert rc == 2 and "has no metrics.jsonl" in err
+
+
+# -- several processes ----------------------------------------------------------------------------------
+
+
+def test_two_gloo_processes_match_one_process(tmp_path):
+    one = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "one"), "batch_size": 8, "max_steps": 6})
+    two = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "two"), "batch_size": 4, "max_steps": 6})
+    for raw in (one, two):
+        raw["eval"]["interval"] = 3
+    assert _lm("train", "--config", str(_write_toml(tmp_path / "one.toml", one))).returncode == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "lm", "train", "--config", str(_write_toml(tmp_path / "two.toml", two))]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "world 2" in done.stdout and done.stdout.count("step 6/6") == 1  # rank 0 alone logs
+    a = read_checkpoint(tmp_path / "one" / "checkpoints" / "step_00000006.pt")["model"]
+    b = read_checkpoint(tmp_path / "two" / "checkpoints" / "step_00000006.pt")["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    la, lb = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert la.keys() == lb.keys() and all(abs(la[s] - lb[s]) < 1e-4 for s in la)
+    va = [r["loss"] for r in read_metrics(tmp_path / "one") if r["split"] == "val"]
+    vb = [r["loss"] for r in read_metrics(tmp_path / "two") if r["split"] == "val"]
+    assert va == pytest.approx(vb, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_wandb_offline_needs_no_network(tmp_path):
+    raw = _raw_config(tmp_path, train={"max_steps": 3}, wandb={"mode": "offline", "project": "lm-test"})
+    env = {"WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    done = _lm("train", "--config", str(_write_toml(tmp_path / "c.toml", raw)), env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
