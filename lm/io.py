@@ -21,6 +21,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual mode
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
@@ -30,6 +31,12 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def check_readable_file(path: str | os.PathLike, argument: str) -> Path:

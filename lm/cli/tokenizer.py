@@ -1,0 +1,178 @@
+"""``lm tokenizer train`` and ``lm tokenize``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+from lm.io import atomic_write, check_readable_file
+
+TRAIN_EXAMPLES = """examples:
+  lm tokenizer train --input data/TinyStoriesV2-GPT4-train.txt --vocab-size 10000 \\
+      --special-token '<|endoftext|>' --out data/tok-tinystories
+  lm tokenizer train --input a.txt b.txt --vocab-size 4096 --out data/tok --num-workers 2
+"""
+
+TOKENIZE_EXAMPLES = """examples:
+  lm tokenize --tokenizer data/tok-tinystories --input data/TinyStoriesV2-GPT4-valid.txt \\
+      --out data/tinystories-valid.bin
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer",
+                         description="Byte-level BPE tokenizers.")
+    tsub = tok.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
+    p = tsub.add_parser(
+        "train",
+        help="train BPE on text files",
+        description="Train a byte-level BPE tokenizer (GPT-2 pre-tokenizer) and write DIR/vocab.json, "
+        "DIR/merges.txt, DIR/tokenizer.json (Hugging Face) and DIR/summary.json.",
+        epilog=TRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="UTF-8 text file(s)")
+    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="total vocabulary size")
+    p.add_argument("--special-token", action="append", default=[], metavar="TOK",
+                   help="a special token, e.g. '<|endoftext|>' (repeatable); documents are cut at it")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--num-workers", type=int, default=None, metavar="N", help="processes (default: CPU count)")
+    p.add_argument("--holdout-bytes", type=int, default=1_000_000, metavar="B",
+                   help="hold out about this many bytes at the end of the last input (at most 10%% of "
+                   "the input) to measure bytes/token; 0 measures nothing (default: 1,000,000)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)
+
+    q = sub.add_parser(
+        "tokenize",
+        help="encode a text file to a token file for training",
+        description="Encode a UTF-8 text file into a flat token file (uint16 while the vocab fits, else uint32) "
+        "plus a JSON sidecar FILE.bin.json, in parallel, in constant memory.",
+        epilog=TOKENIZE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.add_argument("--tokenizer", required=True, metavar="DIR", help="directory written by `lm tokenizer train`")
+    q.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text file")
+    q.add_argument("--out", required=True, metavar="FILE.bin", help="token file to write")
+    q.add_argument("--num-workers", type=int, default=None, metavar="N", help="processes (default: CPU count)")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
+    q.set_defaults(func=cmd_tokenize)
+
+
+def _peak_rss_mb() -> float:
+    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+
+
+def _holdout_split(paths: list[Path], specials: list[str], holdout: int) -> tuple[list[tuple[str, int, int]], tuple]:
+    """Training byte ranges, and the held-out tail ``(path, start, end)`` of the last file (or None)."""
+    from lm.tokenizer.pretokenize import next_safe_cut
+
+    ranges = [(str(p), 0, p.stat().st_size) for p in paths]
+    total = sum(e for _, _, e in ranges)
+    holdout = min(holdout, total // 10)
+    last, _, size = ranges[-1]
+    if holdout <= 0 or size <= holdout:
+        return ranges, None
+    with open(last, "rb") as f:
+        cut = next_safe_cut(f, size - holdout, size, [s.encode() for s in specials])
+    if cut <= 0:
+        return ranges, None
+    return ranges[:-1] + [(last, 0, cut)], (last, cut, size)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lm.tokenizer.tokenizer import Tokenizer
+    from lm.tokenizer.train import TrainStats, train_bpe
+
+    paths = [check_readable_file(p, "--input") for p in args.input]
+    for p in paths:
+        if p.stat().st_size == 0:
+            raise ValueError(f"--input: file is empty: {str(p)!r}")
+    if args.holdout_bytes < 0:
+        raise ValueError(f"--holdout-bytes: must be >= 0, got {args.holdout_bytes}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: exists and is not a directory: {str(out)!r}")
+    train_ranges, heldout = _holdout_split(paths, args.special_token, args.holdout_bytes)
+
+    stats = TrainStats()
+    t0 = time.perf_counter()
+    vocab, merges = train_bpe(
+        [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
+        num_workers=args.num_workers, progress=not args.quiet, stats=stats, _ranges=train_ranges,
+    )
+    tok = Tokenizer(vocab, merges, args.special_token)
+    t1 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(out / "vocab.json", out / "merges.txt")
+    tok.save_hf(out / "tokenizer.json")
+    with atomic_write(out / "tokenizer_config.json") as f:
+        json.dump({"special_tokens": args.special_token, "pre_tokenizer": "gpt2"}, f, indent=1)
+    t2 = time.perf_counter()
+
+    bytes_per_token = None
+    if heldout is not None:
+        path, a, b = heldout
+        with open(path, "rb") as f:
+            f.seek(a)
+            text = f.read(b - a).decode("utf-8", errors="replace")
+        bytes_per_token = (b - a) / max(1, len(tok.encode(text)))
+    t3 = time.perf_counter()
+    longest = max(vocab.values(), key=len)
+    summary = {
+        "vocab_size": len(vocab),
+        "num_merges": len(merges),
+        "special_tokens": args.special_token,
+        "inputs": [str(p) for p in paths],
+        "train_bytes": stats.input_bytes,
+        "heldout_bytes": 0 if heldout is None else heldout[2] - heldout[1],
+        "distinct_pretokens": stats.distinct_pretokens,
+        "seconds": {
+            "pretokenize": round(stats.seconds["pretokenize"], 3),
+            "merge": round(stats.seconds["merge"], 3),
+            "save": round(t2 - t1, 3),
+            "heldout_eval": round(t3 - t2, 3),
+            "total": round(t3 - t0, 3),
+        },
+        "pretokenize_mb_per_s": round(stats.input_bytes / 1e6 / max(stats.seconds["pretokenize"], 1e-9), 2),
+        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "longest_token": {"bytes": len(longest), "text": longest.decode("utf-8", errors="replace")},
+        "bytes_per_token_heldout": None if bytes_per_token is None else round(bytes_per_token, 4),
+        "invalid_utf8_chunks": stats.invalid_utf8_chunks,
+    }
+    with atomic_write(out / "summary.json") as f:
+        json.dump(summary, f, indent=1, ensure_ascii=False)
+    if len(merges) < args.vocab_size - 256 - len(args.special_token):
+        print(f"note: the input ran out of pairs after {len(merges)} merges; vocab size is {len(vocab)}",
+              file=sys.stderr)
+    bpt = "n/a" if bytes_per_token is None else f"{bytes_per_token:.3f}"
+    print(
+        f"trained {len(vocab)} tokens on {stats.input_bytes / 1e6:.1f} MB in {t3 - t0:.1f}s "
+        f"(pre-tokenize {stats.seconds['pretokenize']:.1f}s, merge {stats.seconds['merge']:.1f}s); "
+        f"held-out bytes/token {bpt}; peak RSS {summary['peak_rss_mb']:.0f} MB -> {out}{os.sep}"
+    )
+    return 0
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from lm.tokenizer.encode_file import tokenize_file
+    from lm.tokenizer.tokenizer import load_tokenizer_dir
+
+    if args.num_workers is not None and args.num_workers < 1:
+        raise ValueError(f"--num-workers: must be >= 1, got {args.num_workers}")
+    tok = load_tokenizer_dir(args.tokenizer)
+    t0 = time.perf_counter()
+    meta = tokenize_file(tok, args.input, args.out, num_workers=args.num_workers, progress=not args.quiet)
+    dt = time.perf_counter() - t0
+    print(
+        f"{meta['num_tokens']:,} tokens ({meta['dtype']}) from {meta['source_bytes'] / 1e6:.1f} MB in {dt:.1f}s "
+        f"({meta['source_bytes'] / 1e6 / dt:.1f} MB/s, {meta['source_bytes'] / max(1, meta['num_tokens']):.3f} "
+        f"bytes/token) -> {args.out}"
+    )
+    return 0

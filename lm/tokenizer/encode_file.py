@@ -1,0 +1,104 @@
+"""Encode a text file of any size into a flat token file, in parallel and in order.
+
+The file is cut at safe points (see :mod:`lm.tokenizer.pretokenize`), so the chunks
+encode to exactly the ids of the whole text. Worker processes each hold the tokenizer
+(and its cache) and return their chunk as a packed array; the parent writes the chunks in
+order through :func:`lm.data.write_token_file`, which writes atomically. Memory stays
+bounded by a few chunks whatever the file size.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from lm.data.token_file import token_dtype, write_token_file
+from lm.io import check_readable_file
+from lm.tokenizer.pretokenize import chunk_boundaries
+from lm.tokenizer.tokenizer import Tokenizer
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer: Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, bool]:
+    path, start, end, dtype = args
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    try:
+        text, invalid = data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, invalid = data.decode("utf-8", errors="replace"), True
+    assert _worker_tokenizer is not None
+    ids = _worker_tokenizer.encode(text)
+    return np.array(ids, dtype=dtype).tobytes(), end - start, invalid
+
+
+def tokenize_file(
+    tokenizer: Tokenizer,
+    input_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    *,
+    num_workers: int | None = None,
+    chunk_bytes: int = 1 << 21,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Encode ``input_path`` (UTF-8 text) to the token file ``out_path``; return its sidecar.
+
+    Invalid UTF-8 is replaced by U+FFFD with a warning. ``num_workers`` defaults to the CPU
+    count; the output is identical for any number of workers.
+    """
+    path = check_readable_file(input_path, "input")
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"input: file is empty: {str(path)!r}")
+    workers = max(1, num_workers if num_workers is not None else (os.cpu_count() or 1))
+    dtype = token_dtype(tokenizer.vocab_size)
+    tasks = [(str(path), a, b, dtype.str) for a, b in chunk_boundaries(path, tokenizer.special_tokens, chunk_bytes)]
+    invalid = 0
+
+    def chunks() -> Iterator[np.ndarray]:
+        nonlocal invalid
+        bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=not progress, file=sys.stderr)
+        pool = None
+        try:
+            if workers == 1 or len(tasks) == 1:
+                _init_worker(tokenizer)
+                results = map(_encode_chunk, tasks)
+            else:
+                ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+                pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer,))
+                results = pool.imap(_encode_chunk, tasks)
+            for data, nbytes, bad in results:
+                invalid += bad
+                bar.update(nbytes)
+                yield np.frombuffer(data, dtype=dtype)
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.terminate()
+
+    meta = write_token_file(
+        out_path,
+        chunks(),
+        vocab_size=tokenizer.vocab_size,
+        source_bytes=size,
+        tokenizer_sha256=tokenizer.checksum(),
+        source=str(path),
+    )
+    if invalid:
+        warnings.warn(f"input: {invalid} chunk(s) of {str(path)!r} hold invalid UTF-8, replaced by U+FFFD",
+                      stacklevel=2)
+    return meta

@@ -1,0 +1,359 @@
+"""Encoding and decoding with a trained byte-level BPE, and its files.
+
+Encoding a text: split out special tokens (the longest wins where two overlap), cut the
+rest into pre-tokens with the GPT-2 regex, and apply the merges to each pre-token in
+rank order. Pre-tokens repeat a lot in natural text, so their ids are cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from lm.io import atomic_write, check_readable_file
+from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
+from lm.tokenizer.pretokenize import (
+    GPT2_PATTERN,
+    GPT2_REGEX,
+    check_special_tokens,
+    pretokenize,
+    special_tokens_regex,
+)
+
+# Bound on cached pre-tokens, so that encoding an endless stream runs in constant memory.
+_CACHE_LIMIT = 1 << 20
+# encode_iterable emits ids once this much text has been buffered.
+_STREAM_BUFFER_CHARS = 1 << 16
+# rank entry of a pair that has no merge: greater than every real ``rank << 32 | id``
+_NO_MERGE = 1 << 80
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer.
+
+    Args:
+        vocab: id -> token bytes.
+        merges: the merged pairs in rank order (earlier merges apply first).
+        special_tokens: strings that are always encoded as one token; those not yet in
+            ``vocab`` are appended to it.
+    """
+
+    def __init__(
+        self,
+        vocab: dict[int, bytes],
+        merges: Sequence[tuple[bytes, bytes]],
+        special_tokens: Sequence[str] | None = None,
+    ):
+        self.vocab: dict[int, bytes] = dict(vocab)
+        self.merges: list[tuple[bytes, bytes]] = [(bytes(a), bytes(b)) for a, b in merges]
+        self.special_tokens: list[str] = check_special_tokens(special_tokens)
+        self.token_to_id: dict[bytes, int] = {}
+        for i, tok in self.vocab.items():
+            if not isinstance(i, int) or i < 0:
+                raise ValueError(f"vocab: ids must be non-negative integers, got {i!r}")
+            self.token_to_id.setdefault(tok, i)
+        for t in self.special_tokens:
+            b = t.encode("utf-8")
+            if b not in self.token_to_id:
+                i = max(self.vocab, default=-1) + 1
+                self.vocab[i] = b
+                self.token_to_id[b] = i
+        missing = [bytes([i]) for i in range(256) if bytes([i]) not in self.token_to_id]
+        if missing:
+            raise ValueError(f"vocab: {len(missing)} single bytes are missing (e.g. {missing[0]!r}); "
+                             "a byte-level vocab holds all 256")
+        # (left id, right id) -> (rank, merged id)
+        self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
+        for rank, (a, b) in enumerate(self.merges):
+            try:
+                ia, ib, ic = self.token_to_id[a], self.token_to_id[b], self.token_to_id[a + b]
+            except KeyError as e:
+                raise ValueError(
+                    f"merges: merge {rank} ({a!r}, {b!r}) needs token {e.args[0]!r}, which is not in the vocab; "
+                    "vocab and merges do not belong together"
+                ) from None
+            self._ranks.setdefault((ia, ib), (rank, ic))
+        self._packed_ranks = {a << 32 | b: rank << 32 | c for (a, b), (rank, c) in self._ranks.items()}
+        self._byte_ids = [self.token_to_id[bytes([i])] for i in range(256)]
+        self._special_ids = {t: self.token_to_id[t.encode("utf-8")] for t in self.special_tokens}
+        self._special_re = special_tokens_regex(self.special_tokens)
+        # cache of encoded pre-tokens: one token, and several tokens
+        self._single: dict[str, int] = {}
+        self._multi: dict[str, list[int]] = {}
+
+    # ------------------------------------------------------------ files
+
+    @classmethod
+    def from_files(
+        cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, special_tokens: Sequence[str] | None = None
+    ) -> Tokenizer:
+        """Read a GPT-2 style ``vocab.json`` + ``merges.txt`` (also GPT-2's ``encoder.json`` + ``vocab.bpe``)."""
+        vocab_path = check_readable_file(vocab_path, "vocab_path")
+        merges_path = check_readable_file(merges_path, "merges_path")
+        try:
+            raw = json.loads(vocab_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"vocab_path: {str(vocab_path)!r} is not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"vocab_path: {str(vocab_path)!r} must hold a JSON object {{token: id}}")
+        specials = set(special_tokens or [])
+        vocab: dict[int, bytes] = {}
+        for s, i in raw.items():
+            if not isinstance(i, int):
+                raise ValueError(f"vocab_path: id of token {s!r} is {i!r}, not an integer")
+            if i in vocab:
+                raise ValueError(f"vocab_path: id {i} is used twice")
+            # special tokens are stored as plain text; every other token in the byte mapping
+            vocab[i] = s.encode("utf-8") if s in specials else _token_from_str(s)
+        merges: list[tuple[bytes, bytes]] = []
+        with open(merges_path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.rstrip("\r\n")
+                if (lineno == 1 and line.startswith("#version")) or not line:
+                    continue
+                parts = line.split(" ")
+                if len(parts) != 2:
+                    raise ValueError(
+                        f"merges_path: line {lineno} of {str(merges_path)!r} is not 'left right': {line!r}"
+                    )
+                merges.append((unicode_str_to_bytes(parts[0]), unicode_str_to_bytes(parts[1])))
+        return cls(vocab, merges, special_tokens)
+
+    def save(self, vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> None:
+        """Write GPT-2 style files: ``{token_string: id}`` JSON and one merge per line."""
+        specials = {t.encode("utf-8") for t in self.special_tokens}
+        obj = {
+            (tok.decode("utf-8") if tok in specials else bytes_to_unicode_str(tok)): i
+            for i, tok in sorted(self.vocab.items())
+        }
+        with atomic_write(vocab_path) as f:
+            json.dump(obj, f, ensure_ascii=False, indent=0)
+            f.write("\n")
+        with atomic_write(merges_path) as f:
+            f.write("#version: 0.2\n")
+            for a, b in self.merges:
+                f.write(f"{bytes_to_unicode_str(a)} {bytes_to_unicode_str(b)}\n")
+
+    def checksum(self) -> str:
+        """SHA-256 over the vocab, merges and special tokens: identifies the tokenizer in token files."""
+        h = hashlib.sha256()
+        for i, tok in sorted(self.vocab.items()):
+            h.update(f"{i}:".encode() + tok.hex().encode() + b"\n")
+        for a, b in self.merges:
+            h.update(a.hex().encode() + b" " + b.hex().encode() + b"\n")
+        h.update(json.dumps(self.special_tokens).encode())
+        return h.hexdigest()
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self.vocab) + 1
+
+    # ------------------------------------------------------------ encoding
+
+    def _bpe(self, word: str) -> list[int]:
+        """Apply the merges to one pre-token: repeatedly merge the leftmost adjacent pair of lowest rank.
+
+        ``rank[i]`` describes the pair at positions (i, i+1) as ``rank << 32 | merged id``
+        (one int, so ``min`` compares fast); after a merge only its two neighbours change.
+        """
+        ids = [self._byte_ids[b] for b in word.encode("utf-8")]
+        get = self._packed_ranks.get
+        rank = [get(a << 32 | b, _NO_MERGE) for a, b in zip(ids, ids[1:])]
+        while rank:
+            best = min(rank)
+            if best == _NO_MERGE:
+                break
+            i = rank.index(best)
+            ids[i] = best & 0xFFFFFFFF
+            del ids[i + 1]
+            del rank[i]
+            if i > 0:
+                rank[i - 1] = get(ids[i - 1] << 32 | ids[i], _NO_MERGE)
+            if i < len(rank):
+                rank[i] = get(ids[i] << 32 | ids[i + 1], _NO_MERGE)
+        return ids
+
+    def _encode_ordinary(self, text: str, out: list[int]) -> None:
+        """Encode text that holds no special tokens, appending to ``out``.
+
+        Pre-tokens seen before are looked up: ``_single`` holds those that are one token
+        (most of them), ``_multi`` the others. The lookup of single tokens runs as one
+        ``map`` at C speed; only the remaining positions take a Python step each.
+        """
+        words = pretokenize(text)
+        ids = list(map(self._single.get, words))
+        try:
+            i = ids.index(None)
+        except ValueError:
+            out += ids
+            return
+        single, multi = self._single, self._multi
+        if len(single) + len(multi) > _CACHE_LIMIT:
+            single.clear()
+            multi.clear()
+        j = 0
+        while True:
+            out += ids[j:i]
+            w = words[i]
+            m = multi.get(w)
+            if m is None:
+                t = single.get(w)  # met earlier in this same text
+                if t is None:
+                    m = self._bpe(w)
+                    if len(m) == 1:
+                        single[w] = m[0]
+                    else:
+                        multi[w] = m
+                else:
+                    m = (t,)
+            out += m
+            j = i + 1
+            try:
+                i = ids.index(None, j)
+            except ValueError:
+                break
+        out += ids[j:]
+
+    def encode(self, text: str) -> list[int]:
+        """Encode a string into token ids."""
+        out: list[int] = []
+        if self._special_re is None:
+            self._encode_ordinary(text, out)
+            return out
+        for i, seg in enumerate(self._special_re.split(text)):
+            if i % 2:
+                out.append(self._special_ids[seg])
+            elif seg:
+                self._encode_ordinary(seg, out)
+        return out
+
+    def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
+        """Encode a stream of strings (e.g. a file's lines) lazily, in constant memory.
+
+        Gives the same ids as ``encode("".join(iterable))``: text is held back until it is
+        certain that no pre-token or special token crosses the point where it is cut.
+        """
+        buf = ""
+        for piece in iterable:
+            buf += piece
+            if len(buf) < _STREAM_BUFFER_CHARS:
+                continue
+            cut = self._safe_prefix_len(buf)
+            if cut > 0:
+                yield from self.encode(buf[:cut])
+                buf = buf[cut:]
+        if buf:
+            yield from self.encode(buf)
+
+    def _safe_prefix_len(self, text: str) -> int:
+        """Length of a prefix of ``text`` whose ids cannot change whatever text follows."""
+        # Hold back a tail that could be the start of a special token (or of a longer one).
+        hold = 0
+        for t in self.special_tokens:
+            for k in range(min(len(t), len(text)), 0, -1):
+                if k > hold and t.startswith(text[-k:]):
+                    hold = k
+                    break
+        head = text[: len(text) - hold]
+        start = 0
+        if self._special_re is not None:
+            last = None
+            for last in self._special_re.finditer(head):  # noqa: B007
+                pass
+            if last is not None:
+                start = last.end()
+        # Every pre-token but the last is final: the regex decides where a token ends by
+        # looking at most one character past it.
+        last_word = None
+        for last_word in GPT2_REGEX.finditer(head, start):  # noqa: B007
+            pass
+        return start if last_word is None else last_word.start()
+
+    # ------------------------------------------------------------ decoding
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Decode token ids to text; byte sequences that are not valid UTF-8 become U+FFFD."""
+        vocab = self.vocab
+        try:
+            data = b"".join([vocab[i] for i in ids])
+        except (KeyError, TypeError):
+            ids = list(ids) if not isinstance(ids, list) else ids
+            bad = next(i for i in ids if not isinstance(i, int) or i not in vocab)
+            raise ValueError(f"ids: {bad!r} is not a token id of this vocab (size {self.vocab_size})") from None
+        return data.decode("utf-8", errors="replace")
+
+    # ------------------------------------------------------------ interop
+
+    def to_hf_json(self) -> dict:
+        """A Hugging Face ``tokenizer.json`` document that encodes exactly like this tokenizer."""
+        specials = {t.encode("utf-8") for t in self.special_tokens}
+        model_vocab = {
+            bytes_to_unicode_str(tok): i for i, tok in sorted(self.vocab.items()) if tok not in specials
+        }
+        return {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": [
+                {"id": self._special_ids[t], "content": t, "single_word": False, "lstrip": False,
+                 "rstrip": False, "normalized": False, "special": True}
+                for t in self.special_tokens
+            ],
+            "normalizer": None,
+            "pre_tokenizer": {
+                "type": "Sequence",
+                "pretokenizers": [
+                    {"type": "Split", "pattern": {"Regex": GPT2_PATTERN}, "behavior": "Isolated", "invert": False},
+                    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+                ],
+            },
+            "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            "model": {
+                "type": "BPE",
+                "dropout": None,
+                "unk_token": None,
+                "continuing_subword_prefix": None,
+                "end_of_word_suffix": None,
+                "fuse_unk": False,
+                "byte_fallback": False,
+                "ignore_merges": False,
+                "vocab": model_vocab,
+                "merges": [[bytes_to_unicode_str(a), bytes_to_unicode_str(b)] for a, b in self.merges],
+            },
+        }
+
+    def save_hf(self, path: str | os.PathLike) -> None:
+        """Write a Hugging Face ``tokenizer.json`` (loadable with ``tokenizers.Tokenizer.from_file``)."""
+        with atomic_write(path) as f:
+            json.dump(self.to_hf_json(), f, ensure_ascii=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+            f"special_tokens={self.special_tokens})"
+        )
+
+
+def _token_from_str(s: str) -> bytes:
+    try:
+        return unicode_str_to_bytes(s)
+    except ValueError as e:
+        raise ValueError(f"vocab_path: {e}") from None
+
+
+def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[str] | None = None) -> Tokenizer:
+    """Load ``DIR/vocab.json`` + ``DIR/merges.txt`` as written by ``lm tokenizer train``.
+
+    Special tokens default to those listed in ``DIR/tokenizer_config.json``.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise ValueError(f"tokenizer: not a directory: {str(d)!r}")
+    if special_tokens is None:
+        cfg = d / "tokenizer_config.json"
+        special_tokens = json.loads(cfg.read_text())["special_tokens"] if cfg.exists() else []
+    return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)

@@ -1,0 +1,291 @@
+"""Byte-level BPE training.
+
+Two phases:
+
+1. Pre-tokenization. The input is read in chunks cut at document boundaries (special
+   tokens) so that no pre-token crosses a cut; worker processes split out special tokens,
+   run the GPT-2 regex and count pre-tokens. Memory grows with the number of *distinct*
+   pre-tokens, never with the corpus size.
+2. Merging. Each distinct pre-token becomes a list of byte ids with its count. Pair counts
+   are kept up to date incrementally: merging a pair touches only the words that hold it
+   (found through an index from pair to words), and a lazy max-heap of counts gives the
+   next pair without re-scanning all pairs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import multiprocessing as mp
+import os
+import sys
+import time
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from lm.io import check_readable_file
+from lm.tokenizer.pretokenize import check_special_tokens, chunk_boundaries, pretokenize, special_tokens_regex
+
+PathLike = str | os.PathLike
+
+
+@dataclass
+class TrainStats:
+    """What a training run measured: filled in by :func:`train_bpe` when passed ``stats=``."""
+
+    input_bytes: int = 0
+    distinct_pretokens: int = 0
+    num_merges: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    invalid_utf8_chunks: int = 0
+
+
+# ---------------------------------------------------------------- phase 1: counting pre-tokens
+
+
+def _read_text(path: str, start: int, end: int) -> tuple[str, bool]:
+    """Decode a byte range as UTF-8; invalid bytes become U+FFFD (second value: any were found)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace"), True
+
+
+def _count_chunk(args: tuple[str, int, int, tuple[str, ...]]) -> tuple[Counter, int, bool]:
+    path, start, end, specials = args
+    text, invalid = _read_text(path, start, end)
+    special_re = special_tokens_regex(specials)
+    segments = special_re.split(text)[::2] if special_re is not None else [text]
+    words: list[str] = []
+    for seg in segments:
+        if seg:
+            words += pretokenize(seg)
+    return Counter(words), end - start, invalid
+
+
+def count_pretokens(
+    ranges: Sequence[tuple[str, int, int]],
+    special_tokens: Sequence[str],
+    *,
+    num_workers: int | None = None,
+    chunk_bytes: int | None = None,
+    progress: bool = False,
+    stats: TrainStats | None = None,
+) -> Counter:
+    """Count the GPT-2 pre-tokens in byte ranges of files, in parallel (special tokens excluded)."""
+    total = sum(e - s for _, s, e in ranges)
+    workers = max(1, num_workers if num_workers is not None else (os.cpu_count() or 1))
+    if chunk_bytes is None:
+        # enough chunks to balance the workers and show progress, few enough to merge cheaply
+        chunk_bytes = min(16 << 20, max(1 << 20, total // (workers * 8) + 1))
+    tasks = [
+        (str(path), a, b, tuple(special_tokens))
+        for path, start, end in ranges
+        for a, b in chunk_boundaries(path, special_tokens, chunk_bytes, start, end)
+    ]
+    counts: Counter = Counter()
+    invalid = 0
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress,
+               file=sys.stderr)
+    if workers == 1 or len(tasks) == 1 or total < (4 << 20):
+        results = map(_count_chunk, tasks)
+        pool = None
+    else:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        pool = ctx.Pool(min(workers, len(tasks)))
+        results = pool.imap_unordered(_count_chunk, tasks)
+    try:
+        for c, nbytes, bad in results:
+            counts.update(c)
+            invalid += bad
+            bar.update(nbytes)
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+    if invalid:
+        warnings.warn(
+            f"input: {invalid} chunk(s) hold invalid UTF-8; the bad bytes were replaced by U+FFFD",
+            stacklevel=2,
+        )
+    if stats is not None:
+        stats.invalid_utf8_chunks = invalid
+        stats.input_bytes = total
+    return counts
+
+
+# ---------------------------------------------------------------- phase 2: merging
+
+
+def merge_counts(
+    word_counts: dict[bytes, int] | Counter,
+    num_merges: int,
+    *,
+    progress: bool = False,
+) -> list[tuple[bytes, bytes]]:
+    """Learn up to ``num_merges`` BPE merges from pre-token counts.
+
+    ``word_counts`` maps a pre-token (``str`` or ``bytes``) to its count. Each step merges
+    the most frequent adjacent pair; ties go to the lexicographically greater pair of
+    ``bytes``. Stops early when no pair is left.
+
+    >>> merge_counts({b"low": 5, b"lower": 2, b"newest": 6, b"widest": 3}, 3)
+    [(b's', b't'), (b'e', b'st'), (b'o', b'w')]
+    """
+    tokens: list[bytes] = [bytes([i]) for i in range(256)]
+    words: list[list[int]] = []
+    freqs: list[int] = []
+    for w, c in word_counts.items():
+        b = w.encode("utf-8") if isinstance(w, str) else w
+        if len(b) >= 2:
+            words.append(list(b))
+            freqs.append(c)
+
+    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for wi, (w, f) in enumerate(zip(words, freqs)):
+        for p in zip(w, w[1:]):
+            pair_counts[p] += f
+            where[p].add(wi)
+    heap = [(-c, a, b) for (a, b), c in pair_counts.items()]
+    heapq.heapify(heap)
+
+    merges: list[tuple[bytes, bytes]] = []
+    bar = tqdm(total=num_merges, unit="merge", desc="merge", disable=not progress, file=sys.stderr,
+               mininterval=0.5)
+    while len(merges) < num_merges:
+        # Lazy heap: entries whose count is stale are dropped when they reach the top.
+        while heap and pair_counts.get((heap[0][1], heap[0][2])) != -heap[0][0]:
+            heapq.heappop(heap)
+        if not heap:
+            break
+        top = heap[0][0]
+        tied = set()
+        while heap and heap[0][0] == top:
+            _, a, b = heapq.heappop(heap)
+            if pair_counts.get((a, b)) == -top:
+                tied.add((a, b))
+        a, b = max(tied, key=lambda p: (tokens[p[0]], tokens[p[1]]))
+        for p in tied:
+            if p != (a, b):
+                heapq.heappush(heap, (top, p[0], p[1]))
+
+        new = len(tokens)
+        tokens.append(tokens[a] + tokens[b])
+        merges.append((tokens[a], tokens[b]))
+        del pair_counts[(a, b)]
+        delta: dict[tuple[int, int], int] = defaultdict(int)
+        for wi in where.pop((a, b)):
+            w = words[wi]
+            n = len(w)
+            nw: list[int] = []
+            i = 0
+            while i < n:
+                x = w[i]
+                if x == a and i + 1 < n and w[i + 1] == b:
+                    nw.append(new)
+                    i += 2
+                else:
+                    nw.append(x)
+                    i += 1
+            if len(nw) == n:  # stale index entry: the pair left this word earlier
+                continue
+            f = freqs[wi]
+            for p in zip(w, w[1:]):
+                delta[p] -= f
+            for p in zip(nw, nw[1:]):
+                delta[p] += f
+                if p[0] == new or p[1] == new:
+                    where[p].add(wi)
+            words[wi] = nw
+        for p, d in delta.items():
+            if d and p != (a, b):
+                c = pair_counts.get(p, 0) + d
+                if c > 0:
+                    pair_counts[p] = c
+                    heapq.heappush(heap, (-c, p[0], p[1]))
+                else:
+                    pair_counts.pop(p, None)
+        if len(merges) % 64 == 0:
+            bar.update(64)
+    bar.update(len(merges) - bar.n)
+    bar.close()
+    return merges
+
+
+# ---------------------------------------------------------------- the public entry point
+
+
+def _input_ranges(input_path: PathLike | Sequence[PathLike]) -> list[tuple[str, int, int]]:
+    paths = [input_path] if isinstance(input_path, (str, os.PathLike)) else list(input_path)
+    if not paths:
+        raise ValueError("input_path: no input file given")
+    ranges = []
+    for p in paths:
+        p = check_readable_file(p, "input_path")
+        ranges.append((str(p), 0, p.stat().st_size))
+    if sum(e for _, _, e in ranges) == 0:
+        raise ValueError(f"input_path: input is empty: {', '.join(str(p) for p, _, _ in ranges)}")
+    return ranges
+
+
+def build_vocab(special_tokens: Sequence[str], merges: Sequence[tuple[bytes, bytes]]) -> dict[int, bytes]:
+    """Ids: special tokens first, then the 256 bytes, then one per merge in order."""
+    vocab: dict[int, bytes] = {}
+    for t in special_tokens:
+        vocab[len(vocab)] = t.encode("utf-8")
+    for i in range(256):
+        vocab[len(vocab)] = bytes([i])
+    for a, b in merges:
+        vocab[len(vocab)] = a + b
+    return vocab
+
+
+def train_bpe(
+    input_path: PathLike | Sequence[PathLike],
+    vocab_size: int,
+    special_tokens: Sequence[str],
+    *,
+    num_workers: int | None = None,
+    progress: bool = False,
+    stats: TrainStats | None = None,
+    _ranges: Sequence[tuple[str, int, int]] | None = None,
+) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """Train a byte-level BPE tokenizer on one or more UTF-8 text files.
+
+    Returns ``(vocab, merges)``: ``vocab`` maps id -> token bytes (special tokens first,
+    then the 256 single bytes, then the merges in order); ``merges`` lists the merged pairs
+    in the order they were learned. Special tokens are split out before pre-tokenization,
+    so no merge crosses them. ``num_workers`` defaults to the CPU count.
+    """
+    special_tokens = check_special_tokens(special_tokens)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise ValueError(f"vocab_size: expected an integer, got {vocab_size!r}")
+    minimum = 256 + len(special_tokens)
+    if vocab_size < minimum:
+        raise ValueError(
+            f"vocab_size: {vocab_size} is below 256 bytes + {len(special_tokens)} special token(s) = {minimum}"
+        )
+    if num_workers is not None and (isinstance(num_workers, bool) or num_workers < 1):
+        raise ValueError(f"num_workers: expected a positive integer, got {num_workers!r}")
+    ranges = list(_ranges) if _ranges is not None else _input_ranges(input_path)
+    stats = stats if stats is not None else TrainStats()
+
+    t0 = time.perf_counter()
+    counts = count_pretokens(ranges, special_tokens, num_workers=num_workers, progress=progress, stats=stats)
+    t1 = time.perf_counter()
+    merges = merge_counts(counts, vocab_size - minimum, progress=progress)
+    t2 = time.perf_counter()
+    stats.distinct_pretokens = len(counts)
+    stats.num_merges = len(merges)
+    stats.seconds.update(pretokenize=t1 - t0, merge=t2 - t1)
+    return build_vocab(special_tokens, merges), merges
+
+
+__all__ = ["train_bpe", "count_pretokens", "merge_counts", "build_vocab", "TrainStats"]
