@@ -122,3 +122,14 @@ def test_ranks_split_one_global_batch(tmp_path):
     evals = [r.fixed_batches(2, 3, seed=5) for r in ranks]
     assert np.array_equal(np.concatenate([evals[0][1], evals[1][1]]), single.fixed_batches(2, 6, seed=5)[1])
     assert np.array_equal(evals[0][0], ranks[0].fixed_batches(2, 3, seed=5)[0])
+
+
+def test_dataset_windows_read_the_file(tmp_path):
+    ids = (np.arange(3000) * 7) % 1000
+    write_token_file(tmp_path / "t.bin", ids, vocab_size=1000)
+    ds = TokenDataset(tmp_path / "t.bin", 16, vocab_size=1000)
+    starts = np.array([0, 5, 3000 - 17])
+    np.testing.assert_array_equal(ds.windows(starts), np.stack([ids[s : s + 17] for s in starts]))
+    x, y = ds.batch(starts, "cpu")
+    assert torch.equal(x, torch.from_numpy(np.stack([ids[s : s + 16] for s in starts])))
+    assert torch.equal(y, torch.from_numpy(np.stack([ids[s + 1 : s + 17] for s in starts])))

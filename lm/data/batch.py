@@ -13,9 +13,7 @@ def random_starts(
 ) -> np.ndarray:
     """``batch_size`` uniform start positions such that ``context_length + 1`` ids fit after each."""
     if num_tokens <= context_length:
-        raise ValueError(
-            f"the token array has {num_tokens} ids; it needs more than context_length={context_length}"
-        )
+        raise ValueError(f"the token array has {num_tokens} ids; it needs more than context_length={context_length}")
     high = num_tokens - context_length  # exclusive: the last start still has its target
     if generator is None:
         return np.random.randint(0, high, size=batch_size)
@@ -28,6 +26,13 @@ def batch_at(
     """Inputs and next-token targets for windows beginning at ``starts``."""
     # One contiguous slice per row reads just the pages a window covers from a memmap.
     rows = np.stack([np.asarray(dataset[s : s + context_length + 1]) for s in starts])
+    return windows_to_xy(rows, device)
+
+
+def windows_to_xy(
+    rows: np.ndarray, device: str | torch.device
+) -> tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]:
+    """``(batch, context_length + 1)`` ids -> ``int64`` inputs ``x = rows[:, :-1]`` and targets ``y = rows[:, 1:]``."""
     xy = torch.from_numpy(rows.astype(np.int64))
     device = torch.device(device)
     if device.type == "cuda":

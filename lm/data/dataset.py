@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.data.batch import batch_at
+from lm.data.batch import windows_to_xy
 from lm.data.token_file import max_token_id, read_token_file
 
 
@@ -39,9 +39,7 @@ class TokenDataset:
         self.rank, self.world_size = rank, world_size
         n = len(self.tokens)
         if n <= context_length:
-            raise ValueError(
-                f"{str(self.path)!r} has {n} tokens, fewer than context_length + 1 = {context_length + 1}"
-            )
+            raise ValueError(f"{str(self.path)!r} has {n} tokens, fewer than context_length + 1 = {context_length + 1}")
         if vocab_size is not None:
             if self.meta["vocab_size"] > vocab_size:
                 raise ValueError(
@@ -52,10 +50,13 @@ class TokenDataset:
                 top = max_token_id(self.path, self.tokens.dtype)
                 if top >= vocab_size:
                     raise ValueError(
-                        f"{str(self.path)!r} contains token id {top}, outside the model's vocabulary "
-                        f"[0, {vocab_size})"
+                        f"{str(self.path)!r} contains token id {top}, outside the model's vocabulary [0, {vocab_size})"
                     )
         self.generator = np.random.Generator(np.random.PCG64(seed))
+        # Windows are read with pread, not through the memmap: on kernels that map whole large
+        # page-cache folios (up to 2 MB) on a fault, each random window through a memmap adds
+        # megabytes of resident memory, so a long run would map most of the file.
+        self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 (lives as long as the dataset)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -80,7 +81,7 @@ class TokenDataset:
         """This rank's ``batch_size`` rows of the next global batch, as ``(x, y)`` on ``device``."""
         starts = self.global_starts(batch_size)
         mine = starts[self.rank * batch_size : (self.rank + 1) * batch_size]
-        return batch_at(self.tokens, mine, self.context_length, device)
+        return self.batch(mine, device)
 
     def fixed_batches(self, num_batches: int, batch_size: int, seed: int) -> list[np.ndarray]:
         """This rank's starts for ``num_batches`` batches that are the same at every call (evaluation)."""
@@ -92,7 +93,23 @@ class TokenDataset:
         return out
 
     def batch(self, starts: np.ndarray, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return batch_at(self.tokens, starts, self.context_length, device)
+        """``(x, y)`` for the windows beginning at ``starts``."""
+        return windows_to_xy(self.windows(starts), device)
+
+    def windows(self, starts: np.ndarray) -> np.ndarray:
+        """The ``context_length + 1`` ids from each start, shape ``(len(starts), context_length + 1)``."""
+        width = self.context_length + 1
+        itemsize = self.tokens.dtype.itemsize
+        out = np.empty((len(starts), width), dtype=self.tokens.dtype)
+        if not hasattr(os, "preadv"):  # Windows: fall back to the memmap
+            for i, s in enumerate(starts):
+                out[i] = self.tokens[s : s + width]
+            return out
+        fd = self._file.fileno()
+        for i, s in enumerate(starts):
+            if os.preadv(fd, [out[i]], int(s) * itemsize) != width * itemsize:
+                raise OSError(f"short read from {str(self.path)!r}: was the file changed during training?")
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's position: the numpy bit-generator state (plain ints, safe to checkpoint)."""

@@ -108,9 +108,7 @@ def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar")
     if meta.get("version") != VERSION:
-        raise ValueError(
-            f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}"
-        )
+        raise ValueError(f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}")
     for key, kind in (("dtype", str), ("vocab_size", int), ("num_tokens", int)):
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
             raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not a {kind.__name__}")
