@@ -290,8 +290,11 @@ class Tokenizer:
     def to_hf_json(self) -> dict:
         """A Hugging Face ``tokenizer.json`` document that encodes exactly like this tokenizer."""
         specials = {t.encode("utf-8") for t in self.special_tokens}
+        # Special tokens sit in the model vocab under their own text too, as in GPT-2's file:
+        # `tokenizers` gives an added token the id it has there (else a new id past the end).
         model_vocab = {
-            bytes_to_unicode_str(tok): i for i, tok in sorted(self.vocab.items()) if tok not in specials
+            (tok.decode("utf-8") if tok in specials else bytes_to_unicode_str(tok)): i
+            for i, tok in sorted(self.vocab.items())
         }
         return {
             "version": "1.0",

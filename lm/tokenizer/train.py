@@ -30,6 +30,8 @@ from lm.io import check_readable_file
 from lm.tokenizer.pretokenize import check_special_tokens, chunk_boundaries, pretokenize, special_tokens_regex
 
 PathLike = str | os.PathLike
+# below this many input bytes, starting worker processes costs more than it saves
+MIN_PARALLEL_BYTES = 4 << 20
 
 
 @dataclass
@@ -93,7 +95,7 @@ def count_pretokens(
     invalid = 0
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress,
                file=sys.stderr)
-    if workers == 1 or len(tasks) == 1 or total < (4 << 20):
+    if workers == 1 or len(tasks) == 1 or total < MIN_PARALLEL_BYTES:
         results = map(_count_chunk, tasks)
         pool = None
     else:

@@ -1,0 +1,116 @@
+"""`lm tokenizer train` and `lm tokenize`: outputs, sidecar, parallel = serial, and one-line errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lm.cli import main
+from lm.data import read_token_file
+from lm.tokenizer import Tokenizer, load_tokenizer_dir
+from lm.tokenizer.encode_file import tokenize_file
+
+EOT = "<|endoftext|>"
+STORY = (
+    "Tom had a red ball. He liked to throw it high. One day the ball went over the fence!\n"
+    "\"Oh no,\" said Tom. His friend Mia helped him find it — under a big tree. Café time.\n"
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    path = d / "stories.txt"
+    path.write_text("".join(f"{STORY}Story {i}.\n{EOT}\n" for i in range(3000)), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok") / "tok"
+    rc = main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "350", "--special-token", EOT,
+               "--out", str(out), "--quiet", "--holdout-bytes", "20000"])
+    assert rc == 0
+    return out
+
+
+def test_train_writes_files_and_summary(trained, corpus):
+    for name in ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "summary.json"]:
+        assert (trained / name).is_file(), name
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["vocab_size"] == 350
+    assert set(summary["seconds"]) >= {"pretokenize", "merge", "total"}
+    assert summary["peak_rss_mb"] > 0
+    assert summary["heldout_bytes"] > 0 and summary["bytes_per_token_heldout"] > 1.5
+    assert summary["train_bytes"] + summary["heldout_bytes"] == corpus.stat().st_size
+    tok = load_tokenizer_dir(trained)
+    assert tok.special_tokens == [EOT] and tok.vocab[0] == EOT.encode()
+    assert tok.decode(tok.encode(STORY)) == STORY
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers):
+    tok = load_tokenizer_dir(trained)
+    meta = tokenize_file(tok, corpus, tmp_path / "t.bin", num_workers=workers, chunk_bytes=10_000)
+    ids, meta2 = read_token_file(tmp_path / "t.bin")
+    assert meta == meta2
+    expected = tok.encode(corpus.read_text(encoding="utf-8"))
+    assert ids.dtype == np.uint16 and ids.tolist() == expected
+    assert meta["num_tokens"] == len(expected)
+    assert meta["source_bytes"] == corpus.stat().st_size
+    assert meta["tokenizer_sha256"] == tok.checksum() and meta["vocab_size"] == tok.vocab_size
+
+
+def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
+    assert main(["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out",
+                 str(tmp_path / "c.bin"), "--quiet"]) == 0
+    assert "tokens (uint16)" in capsys.readouterr().out
+    big = Tokenizer({i: bytes([i]) for i in range(256)} | {70000: b"zz"}, [])
+    tokenize_file(big, corpus, tmp_path / "u32.bin")
+    ids, meta = read_token_file(tmp_path / "u32.bin")
+    assert meta["dtype"] == "uint32" and ids.dtype == np.uint32
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tokenizer", "train", "--input", "MISSING", "--vocab-size", "300", "--out", "OUT"],
+         "--input: file not found: 'MISSING'"),
+        (["tokenizer", "train", "--input", "EMPTY", "--vocab-size", "300", "--out", "OUT"], "--input: file is empty"),
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "100", "--out", "OUT"],
+         "vocab_size: 100 is below 256 bytes + 0 special token(s) = 256"),
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "<s>",
+          "--special-token", "<s>", "--out", "OUT"], "duplicate special token '<s>'"),
+        (["tokenize", "--tokenizer", "NODIR", "--input", "CORPUS", "--out", "OUT/x.bin"], "tokenizer: not a directory"),
+        (["tokenize", "--tokenizer", "TOK", "--input", "MISSING", "--out", "OUT/x.bin"],
+         "input: file not found: 'MISSING'"),
+    ],
+)
+def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "EMPTY").write_text("")
+    argv = [{"CORPUS": str(corpus), "TOK": str(trained)}.get(a, a) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "OUT").exists() or not any((tmp_path / "OUT").iterdir())
+
+
+def test_interrupted_tokenize_leaves_no_output(trained, corpus, tmp_path, monkeypatch):
+    import lm.tokenizer.encode_file as ef
+
+    def boom(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ef, "_encode_chunk", boom)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_file(load_tokenizer_dir(trained), corpus, tmp_path / "x.bin", num_workers=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_invalid_utf8_in_tokenize_warns(trained, tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"Tom had a ball \xff\xfe.\n" * 10)
+    with pytest.warns(UserWarning, match="invalid UTF-8"):
+        meta = tokenize_file(load_tokenizer_dir(trained), path, tmp_path / "b.bin", num_workers=1)
+    assert meta["num_tokens"] > 0
