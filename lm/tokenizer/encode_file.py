@@ -9,6 +9,7 @@ bounded by a few chunks whatever the file size.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import sys
@@ -79,6 +80,9 @@ def tokenize_file(
                 results = map(_encode_chunk, tasks)
             else:
                 ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+                # Objects that exist before the fork go to a permanent GC generation: the children's
+                # collections then never touch (and copy) the parent's pages.
+                gc.freeze()
                 pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer,))
                 results = pool.imap(_encode_chunk, tasks)
             for data, nbytes, bad in results:
@@ -89,6 +93,7 @@ def tokenize_file(
             bar.close()
             if pool is not None:
                 pool.terminate()
+                gc.unfreeze()
 
     meta = write_token_file(
         out_path,

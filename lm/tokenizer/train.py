@@ -14,6 +14,7 @@ Two phases:
 
 from __future__ import annotations
 
+import gc
 import heapq
 import multiprocessing as mp
 import os
@@ -100,6 +101,9 @@ def count_pretokens(
         pool = None
     else:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        # Objects that exist before the fork go to a permanent GC generation: the children's
+        # collections then never touch (and copy) the parent's pages.
+        gc.freeze()
         pool = ctx.Pool(min(workers, len(tasks)))
         results = pool.imap_unordered(_count_chunk, tasks)
     try:
@@ -111,6 +115,7 @@ def count_pretokens(
         bar.close()
         if pool is not None:
             pool.terminate()
+            gc.unfreeze()
     if invalid:
         warnings.warn(
             f"input: {invalid} chunk(s) hold invalid UTF-8; the bad bytes were replaced by U+FFFD",

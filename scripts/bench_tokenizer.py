@@ -1,0 +1,166 @@
+"""Tokenizer speed against the libraries a user would pick instead, in one process, interleaved.
+
+    python scripts/bench_tokenizer.py                      # uses $LM_TEST_DATA/gutenberg.txt
+    python scripts/bench_tokenizer.py --text FILE --reps 3
+
+Rows:
+  train      lm.train_bpe vs Hugging Face `tokenizers` BpeTrainer (byte-level, the same GPT-2
+             regex, vocab size and special token), both on all cores, on the text minus a
+             held-out tail; bytes/token of each on that tail.
+  encode     Tokenizer.encode, one thread, GPT-2 vocab, vs tiktoken's GPT-2 encoding built
+             from the same files; "cold" starts from an empty pre-token cache, "warm" encodes
+             the text a second time. Ids must be identical.
+  tokenize   `lm tokenize` (tokenize_file, all cores, text file -> token file) vs tiktoken
+             single-thread on the same text read from the file.
+Speed ratios are lm / reference (higher is better for lm); for training the wall-time
+ratio lm / reference is printed as well (the target is <= 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+EOT = "<|endoftext|>"
+
+
+def hf_train(path: str, vocab_size: int):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from lm.tokenizer.pretokenize import GPT2_PATTERN
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GPT2_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train([path], trainer)
+    return tk
+
+
+def tiktoken_gpt2(data: Path):
+    import tiktoken
+
+    from lm.tokenizer.byte_unicode import unicode_str_to_bytes
+    from lm.tokenizer.pretokenize import GPT2_PATTERN
+
+    vocab = json.loads((data / "gpt2_vocab.json").read_text(encoding="utf-8"))
+    ranks = {unicode_str_to_bytes(s): i for s, i in vocab.items() if s != EOT}
+    return tiktoken.Encoding("gpt2-local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: 50256})
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"), help="folder with gutenberg.txt and gpt2_*")
+    ap.add_argument("--text", default=None, help="text file (default: DATA/gutenberg.txt)")
+    ap.add_argument("--vocab-size", type=int, default=10_000)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--holdout-bytes", type=int, default=1_000_000)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["train", "encode", "tokenize"])
+    args = ap.parse_args()
+    if not args.data:
+        sys.exit("bench_tokenizer: --data or LM_TEST_DATA must name the shared data folder")
+    data = Path(args.data)
+    text_path = Path(args.text) if args.text else data / "gutenberg.txt"
+
+    from lm.tokenizer import Tokenizer, train_bpe
+    from lm.tokenizer.encode_file import tokenize_file
+    from lm.tokenizer.pretokenize import next_safe_cut
+
+    raw = text_path.read_bytes()
+    size = len(raw)
+    rows = []
+    cpus = os.cpu_count()
+    print(f"text: {text_path} ({size / 1e6:.1f} MB), cpus: {cpus}", file=sys.stderr)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if "train" not in args.skip:
+            with open(text_path, "rb") as f:
+                cut = next_safe_cut(f, size - args.holdout_bytes, size, [EOT.encode()])
+            train_file, heldout = tmp / "train.txt", raw[cut:].decode("utf-8", errors="replace")
+            train_file.write_bytes(raw[:cut])
+            lm_t, hf_t = [], []
+            for _ in range(args.reps):
+                dt, (vocab, merges) = timed(lambda: train_bpe(train_file, args.vocab_size, [EOT]))
+                lm_t.append(dt)
+                dt, hf = timed(lambda: hf_train(str(train_file), args.vocab_size))
+                hf_t.append(dt)
+            tok = Tokenizer(vocab, merges, [EOT])
+            hb = len(heldout.encode("utf-8"))
+            lm_bpt = hb / len(tok.encode(heldout))
+            hf_bpt = hb / len(hf.encode(heldout).ids)
+            lm_s, hf_s = statistics.median(lm_t), statistics.median(hf_t)
+            rows.append((f"train BPE, vocab {args.vocab_size} (wall s)", f"{lm_s:.2f}", f"{hf_s:.2f}",
+                         f"{lm_s / hf_s:.2f}x time", "<= 2x time"))
+            rows.append(("  held-out bytes/token", f"{lm_bpt:.4f}", f"{hf_bpt:.4f}",
+                         f"{(lm_bpt / hf_bpt - 1) * 100:+.2f}%", "within 1%"))
+            print(f"train: lm {lm_t} tokenizers {hf_t}", file=sys.stderr)
+
+        if "encode" not in args.skip or "tokenize" not in args.skip:
+            enc = tiktoken_gpt2(data)
+            gpt2 = Tokenizer.from_files(data / "gpt2_vocab.json", data / "gpt2_merges.txt", [EOT])
+            text = raw.decode("utf-8")
+        if "encode" not in args.skip:
+            cold, warm, tik = [], [], []
+            for _ in range(args.reps):
+                fresh = Tokenizer(gpt2.vocab, gpt2.merges, [EOT])  # empty cache
+                dt, ours = timed(fresh.encode, text)
+                cold.append(dt)
+                dt, ours_warm = timed(fresh.encode, text)
+                warm.append(dt)
+                dt, ref = timed(lambda: enc.encode(text, allowed_special="all"))
+                tik.append(dt)
+                assert ours == ref and ours_warm == ref, "ids differ from tiktoken"
+            mb = size / 1e6
+            t_ref = mb / statistics.median(tik)
+            for name, ts in (("cold cache", cold), ("warm cache", warm)):
+                v = mb / statistics.median(ts)
+                rows.append((f"encode 1 thread, GPT-2 vocab, {name} (MB/s)", f"{v:.1f}", f"{t_ref:.1f}",
+                             f"{v / t_ref:.2f}x", ">= 0.5x"))
+            print(f"encode: cold {cold} warm {warm} tiktoken {tik}", file=sys.stderr)
+            del ours, ours_warm, ref  # 9M-element lists would slow the forks below
+
+        if "tokenize" not in args.skip:
+            ours_t, tik = [], []
+            for _ in range(args.reps):
+                dt, meta = timed(lambda: tokenize_file(gpt2, text_path, tmp / "out.bin"))
+                ours_t.append(dt)
+                dt, ref = timed(lambda: enc.encode(text_path.read_text(encoding="utf-8"), allowed_special="all"))
+                tik.append(dt)
+                assert meta["num_tokens"] == len(ref)
+            import numpy as np
+
+            assert np.fromfile(tmp / "out.bin", dtype=np.uint16).tolist() == ref, "ids differ from tiktoken"
+            mb = size / 1e6
+            v, t_ref = mb / statistics.median(ours_t), mb / statistics.median(tik)
+            rows.append((f"lm tokenize, {cpus} processes, GPT-2 vocab (MB/s)", f"{v:.1f}", f"{t_ref:.1f}",
+                         f"{v / t_ref:.2f}x", ">= 1.0x"))
+            print(f"tokenize: lm {ours_t} tiktoken {tik}", file=sys.stderr)
+
+    ref_names = {"train": "tokenizers", "encode": "tiktoken", "lm tokenize": "tiktoken 1 thread"}
+    print("| task | lm | reference | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+    for name, a, b, r, target in rows:
+        ref = next((v for k, v in ref_names.items() if name.startswith(k)), "")
+        print(f"| {name}{' vs ' + ref if ref else ''} | {a} | {b} | {r} | {target} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
