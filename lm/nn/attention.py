@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from einops import einsum, rearrange
+from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lm.nn.functional import scaled_dot_product_attention
+from lm.nn.functional import linear, scaled_dot_product_attention
 from lm.nn.linear import Linear
 from lm.nn.rope import RotaryEmbedding
 
@@ -33,9 +33,7 @@ class MultiHeadSelfAttention(torch.nn.Module):
     ):
         super().__init__()
         if num_heads < 1 or d_model % num_heads != 0:
-            raise ValueError(
-                f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}"
-            )
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
@@ -60,7 +58,7 @@ class MultiHeadSelfAttention(torch.nn.Module):
         # q, k and v from one matmul over the concatenated weights: one pass over x, one
         # kernel launch; the parameters remain the three separate projections of the API.
         w_qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        qkv = einsum(x, w_qkv, "... seq d_model, three_d d_model -> ... seq three_d")
+        qkv = linear(x, w_qkv)
         q, k, v = rearrange(qkv, "... seq (three h d) -> three ... h seq d", three=3, h=self.num_heads)
         if self.rope is not None:
             if token_positions is None:

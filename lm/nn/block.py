@@ -55,16 +55,12 @@ class TransformerBlock(torch.nn.Module):
             raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {norm_placement!r}")
         if rope is None and theta is not None:
             if d_model % num_heads == 0 and (d_model // num_heads) % 2 != 0:
-                raise ValueError(
-                    f"head dimension d_model/num_heads must be even for RoPE, got {d_model}/{num_heads}"
-                )
+                raise ValueError(f"head dimension d_model/num_heads must be even for RoPE, got {d_model}/{num_heads}")
             if d_model % num_heads == 0:
                 rope = RotaryEmbedding(theta, d_model // num_heads, max_seq_len, device=device)
         self.pre_norm = norm_placement == "pre"
         self.ln1 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
-        self.attn = MultiHeadSelfAttention(
-            d_model, num_heads, rope, device=device, dtype=dtype, attn_impl=attn_impl
-        )
+        self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device=device, dtype=dtype, attn_impl=attn_impl)
         self.ln2 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
 

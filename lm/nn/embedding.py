@@ -11,9 +11,7 @@ class Embedding(torch.nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = torch.nn.Parameter(
-            torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype)
-        )
+        self.weight = torch.nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
-from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
 
-from lm.nn.functional import gelu, relu, silu
+from lm.nn.functional import gelu, linear, relu, silu
 from lm.nn.linear import Linear
 
 FFN_TYPES = ("swiglu", "silu", "relu", "gelu")
@@ -42,7 +41,7 @@ class SwiGLU(torch.nn.Module):
         # One matmul for both input projections (concatenated at forward time, so the
         # parameters stay the separate w1 and w3 of the API): it reads x once instead of twice.
         w13 = torch.cat([self.w1.weight, self.w3.weight])
-        gate, up = einsum(x, w13, "... d_model, d_ff2 d_model -> ... d_ff2").chunk(2, dim=-1)
+        gate, up = linear(x, w13).chunk(2, dim=-1)
         return self.w2(silu(gate) * up)
 
 

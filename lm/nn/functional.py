@@ -16,14 +16,34 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 
+def linear(x: Float[Tensor, "... d_in"], weight: Float[Tensor, "d_out d_in"]) -> Float[Tensor, "... d_out"]:
+    """``x Wᵀ`` with ``W`` stored ``(d_out, d_in)``."""
+    return einsum(x, weight, "... d_in, d_out d_in -> ... d_out")
+
+
 def softmax(x: Float[Tensor, "*shape"], dim: int) -> Float[Tensor, "*shape"]:
     """Softmax along ``dim``; subtracting the max first keeps ``exp`` from overflowing.
 
     A slice that is entirely ``-inf`` (every position masked) gives NaN, as in torch.
+    The backward pass is written out (:class:`_Softmax`): ``p ⊙ (g - Σ g ⊙ p)``.
     """
-    x_max = x.amax(dim=dim, keepdim=True).detach()
-    e = torch.exp(x - x_max)
-    return e / e.sum(dim=dim, keepdim=True)
+    return _Softmax.apply(x, dim)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int) -> Tensor:
+        p = torch.sub(x, x.amax(dim=dim, keepdim=True)).exp_()
+        p = p.div_(p.sum(dim=dim, keepdim=True))
+        ctx.save_for_backward(p)
+        ctx.dim = dim
+        return p
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (p,) = ctx.saved_tensors
+        gp = grad * p
+        return gp.sub_(p * gp.sum(dim=ctx.dim, keepdim=True)), None
 
 
 def silu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
@@ -66,12 +86,13 @@ def scaled_dot_product_attention(
         return _fused_sdpa(Q, K, V, mask, is_causal)
     if impl != "einsum":
         raise ValueError(f"impl must be 'einsum' or 'sdpa', got {impl!r}")
-    scores = einsum(Q, K, "... q d, ... k d -> ... q k") / math.sqrt(Q.shape[-1])
+    # Scaling Q (q × d) is cheaper than scaling the scores (q × k).
+    scores = einsum(Q * (1.0 / math.sqrt(Q.shape[-1])), K, "... q d, ... k d -> ... q k")
     if is_causal:
         causal = causal_mask(Q.shape[-2], K.shape[-2], device=Q.device)
         mask = causal if mask is None else mask & causal
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill_(~mask, float("-inf"))  # in place: nothing else reads the raw scores
     # Softmax in float32 so bfloat16 inputs keep their precision in the normaliser.
     probs = softmax(scores.float(), dim=-1).to(V.dtype)
     return einsum(probs, V, "... q k, ... k d -> ... q d")
@@ -89,13 +110,39 @@ def _fused_sdpa(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, is_causal:
     return sdpa(Q, K, V, attn_mask=mask, is_causal=is_causal)
 
 
-def cross_entropy(logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "*shape"]) -> Float[Tensor, ""]:
+def cross_entropy(logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "*batch"]) -> Float[Tensor, ""]:
     """Mean of ``-log softmax(logits)[target]`` over every position, computed in float32.
 
-    Uses ``logsumexp`` (max-subtracted) so very large logits neither overflow nor
-    cancel catastrophically.
+    Stable for large logits: ``log Σ exp`` is taken after subtracting the row max. The
+    gradient is the textbook ``(softmax(logits) - onehot(target)) / N``, written out by hand
+    (:class:`_CrossEntropy`) because autograd through ``logsumexp`` and ``gather`` makes about
+    twice as many passes over the (tokens × vocab) logits, the largest tensor of a training step.
     """
-    logits = logits.float()
-    log_z = torch.logsumexp(logits, dim=-1)
-    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return (log_z - target_logit).mean()
+    return _CrossEntropy.apply(logits, targets)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:
+        in_dtype = logits.dtype
+        targets = targets.long()
+        logits = logits.float()
+        row_max = logits.amax(dim=-1, keepdim=True)
+        probs = torch.sub(logits, row_max).exp_()
+        total = probs.sum(dim=-1, keepdim=True)
+        log_z = total.log() + row_max
+        target_logit = logits.gather(-1, targets.unsqueeze(-1))
+        loss = (log_z - target_logit).mean()
+        probs.div_(total)  # softmax, kept for the backward pass
+        ctx.save_for_backward(probs, targets)
+        ctx.in_dtype = in_dtype
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None]:
+        probs, targets = ctx.saved_tensors
+        scale = grad_loss / targets.numel()
+        grad = probs * scale
+        grad.scatter_add_(-1, targets.unsqueeze(-1), (-scale).expand(targets.unsqueeze(-1).shape).contiguous())
+        return grad.to(ctx.in_dtype), None

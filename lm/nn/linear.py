@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
-from einops import einsum
 from jaxtyping import Float
 from torch import Tensor
+
+from lm.nn.functional import linear
 
 
 class Linear(torch.nn.Module):
@@ -23,7 +24,7 @@ class Linear(torch.nn.Module):
         torch.nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        return einsum(x, self.weight, "... d_in, d_out d_in -> ... d_out")
+        return linear(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

@@ -24,6 +24,7 @@ class RotaryEmbedding(torch.nn.Module):
     def forward(
         self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
     ) -> Float[Tensor, "... seq d_k"]:
+        """``(x[2i], x[2i+1]) ↦ (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)``, in float32."""
         cos, sin = self.cos[token_positions], self.sin[token_positions]
         pairs = rearrange(x.float(), "... seq (half two) -> ... seq half two", two=2)
         x_even, x_odd = pairs.unbind(-1)

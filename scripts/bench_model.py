@@ -1,0 +1,216 @@
+"""Speed of lm's TransformerLM against Hugging Face Llama with the same shapes and weights.
+
+Two measurements, each interleaved round by round in one process so that both sides see the
+same machine state:
+
+* training step (forward + backward + AdamW) tokens/s, eager and optionally torch.compile;
+* greedy generation with the KV cache, new tokens/s, checking that the tokens are identical.
+
+    python scripts/bench_model.py                    # eager training + generation
+    python scripts/bench_model.py --compile          # also torch.compile training rows
+    python scripts/bench_model.py --rounds 5 --steps 5
+
+Both sides use torch.optim.AdamW (foreach) so the optimizer is not what is compared; the loss is
+each side's own: lm.nn.cross_entropy for lm, torch's F.cross_entropy (as in transformers) for Llama.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from model_reference import interleaved_to_half  # noqa: E402
+
+from lm.generate import generate  # noqa: E402
+from lm.model import TransformerLM  # noqa: E402
+from lm.nn import cross_entropy  # noqa: E402
+
+SHAPE = dict(vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
+
+
+def llama_like(model: TransformerLM, attn_implementation: str = "sdpa"):
+    import transformers
+
+    c = model.config
+    cfg = transformers.LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=c.d_ff,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_heads,
+        max_position_embeddings=c.context_length,
+        rms_norm_eps=c.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+        tie_word_embeddings=False,
+        attn_implementation=attn_implementation,
+    )
+    hf = transformers.LlamaForCausalLM(cfg)
+    sd = model.state_dict()
+    mapped = {
+        "model.embed_tokens.weight": sd["token_embeddings.weight"],
+        "model.norm.weight": sd["ln_final.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
+    for i in range(c.num_layers):
+        a, b = f"layers.{i}.", f"model.layers.{i}."
+        mapped[b + "self_attn.q_proj.weight"] = interleaved_to_half(sd[a + "attn.q_proj.weight"], c.num_heads)
+        mapped[b + "self_attn.k_proj.weight"] = interleaved_to_half(sd[a + "attn.k_proj.weight"], c.num_heads)
+        mapped[b + "self_attn.v_proj.weight"] = sd[a + "attn.v_proj.weight"]
+        mapped[b + "self_attn.o_proj.weight"] = sd[a + "attn.output_proj.weight"]
+        mapped[b + "mlp.gate_proj.weight"] = sd[a + "ffn.w1.weight"]
+        mapped[b + "mlp.up_proj.weight"] = sd[a + "ffn.w3.weight"]
+        mapped[b + "mlp.down_proj.weight"] = sd[a + "ffn.w2.weight"]
+        mapped[b + "input_layernorm.weight"] = sd[a + "ln1.weight"]
+        mapped[b + "post_attention_layernorm.weight"] = sd[a + "ln2.weight"]
+    hf.load_state_dict(mapped)
+    return hf
+
+
+def train_step_fn(model, hf: bool):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+    def step(x, y):
+        if hf:  # what transformers' ForCausalLMLoss computes: float32 logits, torch's fused cross-entropy
+            logits = model(x).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        else:
+            loss = cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def bench_training(args) -> list[tuple[str, float]]:
+    torch.manual_seed(0)
+    base = TransformerLM(**SHAPE)
+    contestants = {}
+    for impl in args.attn_impls:
+        m = TransformerLM(**SHAPE, attn_impl=impl)
+        m.load_state_dict(base.state_dict())
+        contestants[f"lm TransformerLM (attn_impl={impl})"] = (m, False)
+    contestants["transformers LlamaForCausalLM (sdpa)"] = (llama_like(base), True)
+    if args.compile:
+        for name, (m, hf) in list(contestants.items()):
+            contestants[name + " + torch.compile"] = (torch.compile(m), hf)
+    steps = {name: train_step_fn(m, hf) for name, (m, hf) in contestants.items()}
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, SHAPE["vocab_size"], (args.batch, SHAPE["context_length"] + 1), generator=g)
+    x, y = x[:, :-1], x[:, 1:]
+    tokens = x.numel()
+    for name, step in steps.items():  # warm-up (and compilation)
+        t0 = time.perf_counter()
+        for _ in range(args.warmup):
+            step(x, y)
+        print(f"  warm-up {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(args.rounds):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step(x, y)
+            rates[name].append(tokens * args.steps / (time.perf_counter() - t0))
+        print(f"  round {r + 1}/{args.rounds} done", flush=True)
+    return [(name, statistics.median(v)) for name, v in rates.items()]
+
+
+def bench_generation(args) -> tuple[list[tuple[str, float]], bool]:
+    torch.manual_seed(0)
+    shape = {**SHAPE, "context_length": 512}  # prompt + 256 new tokens must fit Llama's window too
+    ours = {impl: TransformerLM(**shape, attn_impl=impl).eval() for impl in args.attn_impls}
+    first = next(iter(ours.values()))
+    for m in ours.values():
+        m.load_state_dict(first.state_dict())
+    hf = llama_like(first).eval()
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, shape["vocab_size"], (args.prompt_len,), generator=g)
+    n = args.new_tokens
+
+    def run_ours(m):
+        return generate(m, prompt.tolist(), n, temperature=0)
+
+    def run_hf():
+        with torch.no_grad():
+            out = hf.generate(prompt[None], max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        return out[0, len(prompt) :].tolist()
+
+    runners = {f"lm generate (attn_impl={impl})": (lambda m=m: run_ours(m)) for impl, m in ours.items()}
+    runners["transformers generate (sdpa)"] = run_hf
+    outputs = {name: fn() for name, fn in runners.items()}  # warm-up, and the tokens to compare
+    identical = all(o == outputs["transformers generate (sdpa)"] for o in outputs.values())
+    rates: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(args.gen_rounds):
+        for name, fn in runners.items():
+            t0 = time.perf_counter()
+            fn()
+            rates[name].append(n / (time.perf_counter() - t0))
+    return [(name, statistics.median(v)) for name, v in rates.items()], identical
+
+
+def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference: str) -> None:
+    ref = dict(rows)[reference]
+    print(f"\n{title}\n")
+    print(f"| implementation | {unit} | vs transformers |")
+    print("|---|---:|---:|")
+    for name, rate in rows:
+        print(f"| {name} | {rate:,.0f} | {rate / ref:.2f}× |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
+    p.add_argument("--steps", type=int, default=3, help="training steps per round")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--compile", action="store_true", help="add torch.compile training rows")
+    p.add_argument("--attn-impls", nargs="+", default=["sdpa", "einsum"], choices=["sdpa", "einsum"])
+    p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--gen-rounds", type=int, default=3)
+    args = p.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, cpu")
+    if not args.skip_train:
+        rows = bench_training(args)
+        print_table(
+            f"Training step (fwd+bwd+AdamW), batch {args.batch} × ctx {SHAPE['context_length']}, "
+            f"vocab 10k, d 256, 4 layers, 8 heads, d_ff 688",
+            rows,
+            "tokens/s",
+            "transformers LlamaForCausalLM (sdpa)",
+        )
+        if args.compile:
+            compiled_ref = "transformers LlamaForCausalLM (sdpa) + torch.compile"
+            print_table(
+                "torch.compile rows against compiled transformers",
+                [r for r in rows if "compile" in r[0]],
+                "tokens/s",
+                compiled_ref,
+            )
+    if not args.skip_generate:
+        rows, identical = bench_generation(args)
+        print_table(
+            f"Greedy generation, prompt {args.prompt_len}, {args.new_tokens} new tokens, batch 1 (ctx 512 model)",
+            rows,
+            "new tokens/s",
+            "transformers generate (sdpa)",
+        )
+        print(f"\nidentical tokens: {identical}")
+
+
+if __name__ == "__main__":
+    main()
