@@ -368,7 +368,7 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "lm", "train", "--config", str(_write_toml(tmp_path / "two.toml", two))]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "world 2" in done.stdout and done.stdout.count("step 6/6") == 1  # rank 0 alone logs
     a = read_checkpoint(tmp_path / "one" / "checkpoints" / "step_00000006.pt")["model"]
     b = read_checkpoint(tmp_path / "two" / "checkpoints" / "step_00000006.pt")["model"]

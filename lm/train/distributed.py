@@ -39,6 +39,10 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
     def broadcast_float(self, value: float, device: torch.device) -> float:
         """Rank 0's ``value`` on every rank (so time-based decisions agree)."""
         if not self.enabled:

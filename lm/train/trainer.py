@@ -294,7 +294,11 @@ class Trainer:
         """Train until ``max_steps``/``max_time`` or a signal; return 0, or 128 + the signal number."""
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            return self._loop()
+            status = self._loop()
+            # Rank 0 may still be writing its last checkpoint: tearing the process group down
+            # under it makes gloo abort the other ranks ("terminate called without an active exception").
+            self.dist.barrier()
+            return status
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
