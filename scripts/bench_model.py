@@ -17,6 +17,7 @@ each side's own: lm.nn.cross_entropy for lm, torch's F.cross_entropy (as in tran
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -75,15 +76,20 @@ def llama_like(model: TransformerLM, attn_implementation: str = "sdpa"):
     return hf
 
 
-def train_step_fn(model, hf: bool):
+def train_step_fn(model, kind: str):
+    """``kind``: "hf" (Llama logits + torch's cross-entropy, as transformers computes its loss),
+    "logits" (lm: ``cross_entropy(model(x), y)``) or "loss" (lm: ``model.loss(x, y)``, the fused
+    lm_head + cross-entropy that never materialises the logits)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    loss_fn = model.loss if kind == "loss" else None
 
     def step(x, y):
-        if hf:  # what transformers' ForCausalLMLoss computes: float32 logits, torch's fused cross-entropy
-            logits = model(x).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        else:
+        if kind == "hf":
+            loss = F.cross_entropy(model(x).logits.float().flatten(0, 1), y.flatten())
+        elif kind == "logits":
             loss = cross_entropy(model(x), y)
+        else:
+            loss = loss_fn(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -92,19 +98,30 @@ def train_step_fn(model, hf: bool):
     return step
 
 
+HF_ROW = "transformers LlamaForCausalLM (sdpa), logits + F.cross_entropy"
+
+
 def bench_training(args) -> list[tuple[str, float]]:
     torch.manual_seed(0)
     base = TransformerLM(**SHAPE)
     contestants = {}
     for impl in args.attn_impls:
-        m = TransformerLM(**SHAPE, attn_impl=impl)
-        m.load_state_dict(base.state_dict())
-        contestants[f"lm TransformerLM (attn_impl={impl})"] = (m, False)
-    contestants["transformers LlamaForCausalLM (sdpa)"] = (llama_like(base), True)
-    if args.compile:
-        for name, (m, hf) in list(contestants.items()):
-            contestants[name + " + torch.compile"] = (torch.compile(m), hf)
-    steps = {name: train_step_fn(m, hf) for name, (m, hf) in contestants.items()}
+        for kind, how in (("loss", "model.loss (fused lm_head + CE)"), ("logits", "model(x) + cross_entropy")):
+            m = TransformerLM(**SHAPE, attn_impl=impl)
+            m.load_state_dict(base.state_dict())
+            contestants[f"lm, attn_impl={impl}, {how}"] = (m, kind)
+    contestants[HF_ROW] = (llama_like(base), "hf")
+    if args.compile:  # separate copies, so the eager rows stay eager
+        for name, (m, kind) in list(contestants.items()):
+            if "einsum" in name:
+                continue  # compile time on a small CPU box: the sdpa rows and Llama only
+            m = copy.deepcopy(m)
+            if kind == "loss":
+                m.loss = torch.compile(m.loss)
+            else:
+                m = torch.compile(m)
+            contestants[name + " + torch.compile"] = (m, kind)
+    steps = {name: train_step_fn(m, kind) for name, (m, kind) in contestants.items()}
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, SHAPE["vocab_size"], (args.batch, SHAPE["context_length"] + 1), generator=g)
     x, y = x[:, :-1], x[:, 1:]
@@ -172,8 +189,8 @@ def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (median reported)")
-    p.add_argument("--steps", type=int, default=3, help="training steps per round")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds (median reported)")
+    p.add_argument("--steps", type=int, default=1, help="training steps per round")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="add torch.compile training rows")
     p.add_argument("--attn-impls", nargs="+", default=["sdpa", "einsum"], choices=["sdpa", "einsum"])
@@ -189,12 +206,12 @@ def main() -> None:
         print_table(
             f"Training step (fwd+bwd+AdamW), batch {args.batch} × ctx {SHAPE['context_length']}, "
             f"vocab 10k, d 256, 4 layers, 8 heads, d_ff 688",
-            rows,
+            [r for r in rows if "compile" not in r[0]],
             "tokens/s",
-            "transformers LlamaForCausalLM (sdpa)",
+            HF_ROW,
         )
         if args.compile:
-            compiled_ref = "transformers LlamaForCausalLM (sdpa) + torch.compile"
+            compiled_ref = HF_ROW + " + torch.compile"
             print_table(
                 "torch.compile rows against compiled transformers",
                 [r for r in rows if "compile" in r[0]],

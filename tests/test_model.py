@@ -15,9 +15,7 @@ from lm.model import ModelConfig, TransformerLM
 from lm.nn import cross_entropy
 
 FIXTURE = Path(__file__).parent / "fixtures" / "model_small.safetensors"
-SMALL = dict(
-    vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0
-)
+SMALL = dict(vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0)
 
 
 @pytest.fixture(autouse=True)
@@ -108,9 +106,7 @@ def test_variants_match_independent_formula(variant, attn_impl):
     model = small_model(attn_impl=attn_impl, **variant)
     randomise_norms(model)
     ids = torch.randint(0, 64, (3, 16))
-    expected = transformer_lm_ref(
-        dict(model.state_dict()), ids, 2, 4, 10000.0, **{k: v for k, v in variant.items()}
-    )
+    expected = transformer_lm_ref(dict(model.state_dict()), ids, 2, 4, 10000.0, **{k: v for k, v in variant.items()})
     torch.testing.assert_close(model(ids), expected, atol=2e-5, rtol=2e-5)
 
 
@@ -133,9 +129,7 @@ def test_tied_embeddings_share_one_matrix():
 
 
 def test_config_round_trips_json_and_toml(tmp_path):
-    cfg = ModelConfig(
-        1000, 128, 64, 2, 4, norm="layernorm", positions="learned", ffn="gelu", tie_embeddings=True
-    )
+    cfg = ModelConfig(1000, 128, 64, 2, 4, norm="layernorm", positions="learned", ffn="gelu", tie_embeddings=True)
     assert cfg.d_ff == 256
     assert ModelConfig.from_json(cfg.to_json()) == cfg
     assert ModelConfig.from_toml(cfg.to_toml()) == cfg
@@ -283,12 +277,8 @@ def to_llama_state_dict(sd, num_layers, num_heads):
     }
     for i in range(num_layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        out[theirs + "self_attn.q_proj.weight"] = interleaved_to_half(
-            sd[ours + "attn.q_proj.weight"], num_heads
-        )
-        out[theirs + "self_attn.k_proj.weight"] = interleaved_to_half(
-            sd[ours + "attn.k_proj.weight"], num_heads
-        )
+        out[theirs + "self_attn.q_proj.weight"] = interleaved_to_half(sd[ours + "attn.q_proj.weight"], num_heads)
+        out[theirs + "self_attn.k_proj.weight"] = interleaved_to_half(sd[ours + "attn.k_proj.weight"], num_heads)
         out[theirs + "self_attn.v_proj.weight"] = sd[ours + "attn.v_proj.weight"]
         out[theirs + "self_attn.o_proj.weight"] = sd[ours + "attn.output_proj.weight"]
         out[theirs + "mlp.gate_proj.weight"] = sd[ours + "ffn.w1.weight"]
@@ -320,3 +310,20 @@ def test_logits_and_gradients_match_hf_llama(attn_impl):
     # and back: the permutation is its own check
     q = model.layers[0].attn.q_proj.weight
     assert torch.equal(half_to_interleaved(interleaved_to_half(q, 4), 4), q)
+
+
+@pytest.mark.parametrize("variant", [{}, {"tie_embeddings": True}, {"attn_impl": "einsum", "positions": "learned"}])
+def test_fused_loss_equals_logits_loss(variant):
+    a = small_model(**variant)
+    b = small_model(**variant)
+    b.load_state_dict(a.state_dict())
+    ids, targets = torch.randint(0, 64, (3, 16)), torch.randint(0, 64, (3, 16))
+    loss_a = cross_entropy(a(ids), targets)
+    loss_b = b.loss(ids, targets)
+    torch.testing.assert_close(loss_b, loss_a)
+    loss_a.backward()
+    loss_b.backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, atol=1e-6, rtol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="targets"):
+        a.loss(ids, targets[:, :5])

@@ -25,6 +25,7 @@ from lm.nn import (
     cross_entropy,
     ffn_hidden_dim,
     gelu,
+    linear_cross_entropy,
     scaled_dot_product_attention,
     silu,
     softmax,
@@ -44,9 +45,7 @@ def test_no_torch_nn_layers_or_functional():
         src = path.read_text()
         layers = re.findall(r"torch\.nn\.(?!Module\b|Parameter\b|ModuleList\b|init\b)([A-Z]\w+)", src)
         assert layers == [], f"{path.name} uses torch.nn layers {layers}"
-        uses = [
-            line for line in src.splitlines() if "torch.nn.functional" in line or re.search(r"\bF\.", line)
-        ]
+        uses = [line for line in src.splitlines() if "torch.nn.functional" in line or re.search(r"\bF\.", line)]
         uses = [u for u in uses if "import scaled_dot_product_attention as sdpa" not in u and "``" not in u]
         assert uses == [], f"{path.name} uses torch.nn.functional: {uses}"
 
@@ -155,9 +154,7 @@ def test_sdpa_large_scores_are_stable():
     v = torch.randn(1, 4, 16)
     out = scaled_dot_product_attention(q, k, v)
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(
-        out, F.scaled_dot_product_attention(q.double(), k.double(), v.double()).float()
-    )
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q.double(), k.double(), v.double()).float())
 
 
 def test_cross_entropy_matches_torch():
@@ -190,9 +187,7 @@ def test_rope_matches_plain_loop(dtype):
     x = torch.randn(2, 3, 10, 16).to(dtype)
     positions = torch.randint(0, 64, (2, 3, 10))
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.03, "rtol": 0.02}
-    torch.testing.assert_close(
-        rope(x, positions).float(), rope_loop(x.double(), positions, 10000.0).float(), **tol
-    )
+    torch.testing.assert_close(rope(x, positions).float(), rope_loop(x.double(), positions, 10000.0).float(), **tol)
 
 
 def test_rope_broadcasts_positions_and_has_no_state():
@@ -230,11 +225,7 @@ def test_ffn_hidden_dim_rule():
 
 def test_swiglu_matches_formula():
     ffn = SwiGLU(16, 40)
-    assert (
-        ffn.w1.weight.shape == (40, 16)
-        and ffn.w2.weight.shape == (16, 40)
-        and ffn.w3.weight.shape == (40, 16)
-    )
+    assert ffn.w1.weight.shape == (40, 16) and ffn.w2.weight.shape == (16, 40) and ffn.w3.weight.shape == (40, 16)
     x = torch.randn(2, 3, 5, 16)
     torch.testing.assert_close(ffn(x), swiglu_ref(x, ffn.w1.weight, ffn.w2.weight, ffn.w3.weight))
 
@@ -322,3 +313,37 @@ def test_block_submodules_and_errors():
         TransformerBlock(32, 4, 48, 16, norm_placement="middle")
     with pytest.raises(ValueError, match="'tanh'"):
         TransformerBlock(32, 4, 48, 16, ffn="tanh")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 256])
+def test_linear_cross_entropy_matches_unfused(chunk_size):
+    x = torch.randn(3, 10, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    t = torch.randint(0, 50, (3, 10))
+    loss = linear_cross_entropy(x, w, t, chunk_size=chunk_size)
+    gx, gw = torch.autograd.grad(loss * 3.0, (x, w))
+    ref = F.cross_entropy((x @ w.T).reshape(-1, 50), t.reshape(-1))
+    rgx, rgw = torch.autograd.grad(ref * 3.0, (x, w))
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(gx, rgx)
+    torch.testing.assert_close(gw, rgw)
+
+
+def test_linear_cross_entropy_without_grad_and_large_logits():
+    x = torch.randn(4, 8) * 1e3
+    w = torch.randn(20, 8)
+    t = torch.randint(0, 20, (4,))
+    with torch.no_grad():
+        out = linear_cross_entropy(x, w, t)
+    assert torch.isfinite(out)
+    torch.testing.assert_close(out, F.cross_entropy((x @ w.T).double(), t).float())
+
+
+def test_cross_entropy_bfloat16_logits():
+    logits = (torch.randn(6, 30) * 5).bfloat16().requires_grad_()
+    t = torch.randint(0, 30, (6,))
+    loss = cross_entropy(logits, t)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float(), t))
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16

@@ -55,8 +55,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.d_model % self.num_heads != 0:
             raise ValueError(
-                f"d_model must be divisible by num_heads, got d_model={self.d_model}, "
-                f"num_heads={self.num_heads}"
+                f"d_model must be divisible by num_heads, got d_model={self.d_model}, num_heads={self.num_heads}"
             )
         if self.positions == "rope" and self.head_dim % 2 != 0:
             raise ValueError(f"head dimension must be even for RoPE, got d_model/num_heads={self.head_dim}")

@@ -7,7 +7,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.model.config import ModelConfig
-from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, make_norm
+from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, linear_cross_entropy, make_norm
 
 
 def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
@@ -40,9 +40,7 @@ class TransformerLM(torch.nn.Module):
         **variant,
     ):
         super().__init__()
-        cfg = ModelConfig(
-            vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant
-        )
+        cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant)
         self.config = cfg
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         if cfg.positions == "learned":
@@ -87,9 +85,7 @@ class TransformerLM(torch.nn.Module):
     @classmethod
     def from_config(cls, config: ModelConfig, device=None, dtype=None) -> TransformerLM:
         d = config.to_dict()
-        positional = [
-            d.pop(k) for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
-        ]
+        positional = [d.pop(k) for k in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")]
         return cls(*positional, d.pop("rope_theta"), device=device, dtype=dtype, **d)
 
     def forward(
@@ -103,6 +99,32 @@ class TransformerLM(torch.nn.Module):
         """``kv_cache`` (an :class:`lm.generate.KVCache`) makes ``ids`` the *next* positions of
         the cached sequences; positions then come from the cache. ``last_only=True`` returns
         the logits of the last position only (``seq`` = 1), which is all sampling needs."""
+        h = self.hidden_states(ids, token_positions, kv_cache=kv_cache)
+        if last_only:
+            h = h[..., -1:, :]
+        return self.lm_head(h)
+
+    def loss(
+        self,
+        ids: Int[Tensor, "batch seq"],
+        targets: Int[Tensor, "batch seq"],
+        token_positions: Int[Tensor, "batch seq"] | None = None,
+    ) -> Float[Tensor, ""]:
+        """Mean next-token cross-entropy, ``cross_entropy(self(ids), targets)``, computed with
+        :func:`lm.nn.linear_cross_entropy` so the full logits tensor is never materialised
+        (faster and smaller; same value and gradients)."""
+        if targets.shape != ids.shape:
+            raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
+        return linear_cross_entropy(self.hidden_states(ids, token_positions), self.lm_head.weight, targets)
+
+    def hidden_states(
+        self,
+        ids: Int[Tensor, "batch seq"],
+        token_positions: Int[Tensor, "batch seq"] | None = None,
+        *,
+        kv_cache=None,
+    ) -> Float[Tensor, "batch seq d_model"]:
+        """Everything before ``lm_head``: the final (normalised) residual stream."""
         seq = ids.shape[-1]
         self._check_input(ids, kv_cache)
         if token_positions is None:
@@ -119,9 +141,7 @@ class TransformerLM(torch.nn.Module):
             x = layer(x, token_positions, None if kv_cache is None else kv_cache.layer(i))
         if kv_cache is not None:
             kv_cache.advance(seq)
-        if last_only:
-            x = x[..., -1:, :]
-        return self.lm_head(self.ln_final(x))
+        return self.ln_final(x)
 
     def _check_input(self, ids: Tensor, kv_cache) -> None:
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
