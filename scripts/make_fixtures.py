@@ -22,9 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from model_reference import transformer_lm_ref  # noqa: E402
 
-CONFIG = dict(
-    vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0
-)
+CONFIG = dict(vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0)
 OUT = ROOT / "tests" / "fixtures" / "model_small.safetensors"
 
 

@@ -186,3 +186,10 @@ def test_cache_overflow_raises():
     model(torch.tensor([[1, 2, 3]]), kv_cache=cache)
     with pytest.raises(ValueError, match="overflow"):
         model(torch.tensor([[1, 2]]), kv_cache=cache)
+
+
+def test_bfloat16_model_generates():
+    model = TransformerLM(**SMALL, dtype=torch.bfloat16)
+    out = generate(model, [[1, 2, 3], [4]], 25, temperature=0)
+    assert [len(o) for o in out] == [25, 25]
+    assert out[1] == generate(model, [4], 25, temperature=0)

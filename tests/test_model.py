@@ -327,3 +327,37 @@ def test_fused_loss_equals_logits_loss(variant):
         torch.testing.assert_close(pb.grad, pa.grad, atol=1e-6, rtol=1e-5, msg=name)
     with pytest.raises(ValueError, match="targets"):
         a.loss(ids, targets[:, :5])
+
+
+@pytest.mark.slow
+def test_torch_compile_fused_loss_matches_eager():
+    model = small_model()
+    ids, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    eager = model.loss(ids, targets)
+    compiled = torch.compile(model.loss)(ids, targets)
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=1e-6)
+
+
+def _accelerators() -> list[str]:
+    devices = []
+    if torch.cuda.is_available():
+        devices.append("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        devices.append("mps")
+    return devices
+
+
+@pytest.mark.parametrize("device", _accelerators() or [pytest.param("cuda", marks=pytest.mark.skip("no cuda/mps"))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_accelerator_matches_cpu(device, dtype):
+    from lm.generate import generate
+
+    cpu = small_model()
+    model = small_model(device=device, dtype=dtype)
+    model.load_state_dict(cpu.state_dict())
+    ids = torch.randint(0, 64, (2, 16))
+    out = model(ids.to(device)).float().cpu()
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.15, "rtol": 0.05}
+    torch.testing.assert_close(out, cpu(ids), **tol)
+    assert len(generate(model, [1, 2, 3], 20, temperature=0.8, top_p=0.9)) == 20
+    model.loss(ids.to(device), ids.to(device)).backward()
