@@ -31,8 +31,9 @@ _GPU_PEAK_FLOPS = {
 def peak_flops(device: torch.device, override_tflops: float | None = None) -> float:
     """The device's peak FLOP/s for MFU: the override, a table of GPUs, or a nominal CPU figure.
 
-    The CPU figure assumes 32 float32 FLOPs per cycle per core (two AVX2 FMA units) at 2.5 GHz.
-    It is a yardstick for comparing runs on one machine, not a measured peak.
+    The CPU figure is threads x clock x float32 FLOPs per cycle: 64 with AVX-512 (two 16-lane
+    FMA units), 32 with AVX2 + FMA, 8 otherwise, with the clock from /proc/cpuinfo (2.5 GHz
+    when unknown). It is a yardstick for comparing runs on one machine, not a measured peak.
     """
     if override_tflops:
         return override_tflops * 1e12
@@ -42,7 +43,26 @@ def peak_flops(device: torch.device, override_tflops: float | None = None) -> fl
             if key in name:
                 return flops
         return 100e12
-    return torch.get_num_threads() * 32 * 2.5e9
+    return torch.get_num_threads() * _cpu_flops_per_cycle_and_hz()
+
+
+def _cpu_flops_per_cycle_and_hz() -> float:
+    flags, mhz = "", 2500.0
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags" and not flags:
+                    flags = value
+                elif key.strip() == "cpu MHz":
+                    mhz = float(value)
+                if flags and key.strip() == "cpu MHz":
+                    break
+    except (OSError, ValueError):
+        pass
+    words = set(flags.split())
+    per_cycle = 64 if "avx512f" in words else 32 if {"avx2", "fma"} <= words else 8
+    return per_cycle * mhz * 1e6
 
 
 def format_duration(seconds: float) -> str:
