@@ -10,6 +10,7 @@ bounded by a few chunks whatever the file size.
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing as mp
 import os
 import sys
@@ -75,16 +76,19 @@ def tokenize_file(
         bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=not progress, file=sys.stderr)
         pool = None
         try:
+            _init_worker(tokenizer)
             if workers == 1 or len(tasks) == 1:
-                _init_worker(tokenizer)
                 results = map(_encode_chunk, tasks)
             else:
+                # The first chunk is encoded here, before the fork: the workers then start with
+                # the pre-token cache warm for the commonest words instead of each filling it.
+                first = _encode_chunk(tasks[0])
                 ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
                 # Objects that exist before the fork go to a permanent GC generation: the children's
                 # collections then never touch (and copy) the parent's pages.
                 gc.freeze()
-                pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer,))
-                results = pool.imap(_encode_chunk, tasks)
+                pool = ctx.Pool(min(workers, len(tasks) - 1), initializer=_init_worker, initargs=(tokenizer,))
+                results = itertools.chain([first], pool.imap(_encode_chunk, tasks[1:]))
             for data, nbytes, bad in results:
                 invalid += bad
                 bar.update(nbytes)

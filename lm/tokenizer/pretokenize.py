@@ -28,7 +28,11 @@ _WS = r"\t\n\x0b\x0c\r "
 GPT2_ASCII_REGEX = re.compile(
     rf"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^{_WS}A-Za-z0-9]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"""
 )
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+# Common non-ASCII punctuation and symbols: none is a letter, number or space, so the ASCII
+# pattern (whose "other" class is a negated one) already treats them as the Unicode one does.
+_SAFE_NON_ASCII = "‘’‚“”„–—―…«»‹›¡¿·•°§¶†‡′″©®™€£¥¢¤×÷±¦¨¯´¸¬"
+# A character that only the Unicode pattern classifies correctly.
+_NON_ASCII = re.compile(f"[^\\x00-\\x7f{_SAFE_NON_ASCII}]")
 _SAFE_NEWLINE = re.compile(r"(?<=[!-~])\n")
 # a non-ASCII stretch is extended over ASCII gaps shorter than this, to keep calls few
 _ASCII_GAP = 512
@@ -37,13 +41,13 @@ _ASCII_GAP = 512
 def pretokenize(text: str) -> list[str]:
     r"""The GPT-2 pre-tokens of ``text`` (exactly ``GPT2_REGEX.findall(text)``), faster.
 
-    ASCII stretches, cut at safe points, go through the ASCII-only pattern; stretches that
-    hold other characters go through the Unicode pattern.
+    Stretches of ASCII (and common punctuation), cut at safe points, go through the
+    ASCII-only pattern; stretches that hold other characters go through the Unicode pattern.
 
     >>> pretokenize("Hello world's  café\n")
     ['Hello', ' world', "'s", ' ', ' café', '\n']
     """
-    if text.isascii():
+    if text.isascii() or _NON_ASCII.search(text) is None:
         return GPT2_ASCII_REGEX.findall(text)
     ascii_findall, findall = GPT2_ASCII_REGEX.findall, GPT2_REGEX.findall
     out: list[str] = []
