@@ -13,7 +13,9 @@ Rows:
   tokenize   `lm tokenize` (tokenize_file, all cores, text file -> token file) vs tiktoken
              single-thread on the same text read from the file.
 Speed ratios are lm / reference (higher is better for lm); for training the wall-time
-ratio lm / reference is printed as well (the target is <= 2).
+ratio lm / reference is printed as well (the target is <= 2). Each row's lm and reference
+runs alternate in one process; each task gets a fresh process, so that one task's heap
+(or the `tokenizers` thread pool) does not slow the next.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 EOT = "<|endoftext|>"
+TASKS = ["train", "encode", "tokenize"]
 
 
 def hf_train(path: str, vocab_size: int):
@@ -72,10 +76,25 @@ def main() -> int:
     ap.add_argument("--vocab-size", type=int, default=10_000)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--holdout-bytes", type=int, default=1_000_000)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["train", "encode", "tokenize"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=TASKS)
+    ap.add_argument("--task", choices=TASKS, default=None, help=argparse.SUPPRESS)  # one task, rows as JSON
     args = ap.parse_args()
     if not args.data:
         sys.exit("bench_tokenizer: --data or LM_TEST_DATA must name the shared data folder")
+    if args.task is None:
+        rows = []
+        for task in TASKS:
+            if task in args.skip:
+                continue
+            argv = [sys.executable, __file__, "--task", task, "--vocab-size", str(args.vocab_size),
+                    "--reps", str(args.reps), "--holdout-bytes", str(args.holdout_bytes)]
+            argv += ["--data", args.data] if args.data else []
+            argv += ["--text", args.text] if args.text else []
+            done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
+            rows += [tuple(r) for r in json.loads(done.stdout)]
+        print_table(rows)
+        return 0
+    args.skip = [t for t in TASKS if t != args.task]
     data = Path(args.data)
     text_path = Path(args.text) if args.text else data / "gutenberg.txt"
 
@@ -157,13 +176,17 @@ def main() -> int:
                          f"{v / t_ref:.2f}x", ">= 1.0x"))
             print(f"tokenize: lm {ours_t} tiktoken {tik}", file=sys.stderr)
 
+    print(json.dumps(rows))
+    return 0
+
+
+def print_table(rows) -> None:
     ref_names = {"train": "tokenizers", "encode": "tiktoken", "lm tokenize": "tiktoken 1 thread"}
     print("| task | lm | reference | ratio | target |")
     print("|---|---:|---:|---:|---|")
     for name, a, b, r, target in rows:
         ref = next((v for k, v in ref_names.items() if name.startswith(k)), "")
         print(f"| {name}{' vs ' + ref if ref else ''} | {a} | {b} | {r} | {target} |")
-    return 0
 
 
 if __name__ == "__main__":
