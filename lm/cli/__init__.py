@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _tokenizer.register(sub)
     __import__("lm.cli.train", fromlist=["register"]).register(sub)  # lm train, lm plot
+    __import__("lm.cli.data", fromlist=["register"]).register(sub)  # lm data download
     return parser
 
 

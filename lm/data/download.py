@@ -1,0 +1,180 @@
+"""Resumable HTTP downloads with a size and checksum check, and the TinyStories files.
+
+A download goes to ``FILE.part`` and is renamed to ``FILE`` only once its size (and its
+SHA-256, when the server states one) is right, so a file under the final name is always
+complete. An interrupted or dropped download resumes from the bytes already on disk with
+an HTTP range request.
+
+Hugging Face serves large files from LFS: the ``/resolve/`` URL answers with a redirect
+that carries the file's size (``X-Linked-Size``) and SHA-256 (``X-Linked-ETag``); they are
+read before the redirect is followed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from http.client import HTTPException
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
+TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
+_BLOCK = 1 << 20
+
+
+@dataclass
+class RemoteFile:
+    url: str  # where the bytes are (after a redirect)
+    size: int | None
+    sha256: str | None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D401
+        return None
+
+
+def _clean_etag(value: str | None) -> str | None:
+    if not value:
+        return None
+    v = value.strip().removeprefix("W/").strip('"')
+    return v.lower() if len(v) == 64 and all(c in "0123456789abcdefABCDEF" for c in v) else None
+
+
+def probe(url: str, timeout: float = 30.0) -> RemoteFile:
+    """HEAD the URL without following redirects; read size and checksum from the first answer."""
+    opener = urllib.request.build_opener(_NoRedirect)
+    seen = set()
+    size = sha = None
+    for _ in range(10):
+        req = urllib.request.Request(url, method="HEAD", headers={"Accept-Encoding": "identity"})
+        try:
+            resp = opener.open(req, timeout=timeout)
+            code, headers = resp.status, resp.headers
+            resp.close()
+        except urllib.error.HTTPError as e:  # 3xx arrive here when redirects are not followed
+            code, headers = e.code, e.headers
+            if code not in (301, 302, 303, 307, 308):
+                raise OSError(f"url: {url} answered HTTP {code} {e.reason}") from None
+        size = size or _int(headers.get("X-Linked-Size"))
+        sha = sha or _clean_etag(headers.get("X-Linked-ETag"))
+        if code in (301, 302, 303, 307, 308):
+            url = urllib.parse.urljoin(url, headers["Location"])
+            if url in seen:
+                raise OSError(f"url: redirect loop at {url}")
+            seen.add(url)
+            continue
+        return RemoteFile(url, size or _int(headers.get("Content-Length")), sha)
+    raise OSError(f"url: too many redirects from {url}")
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _sha256_of(path: Path) -> hashlib._Hash:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_BLOCK), b""):
+            h.update(block)
+    return h
+
+
+def download(
+    url: str,
+    dest: str | os.PathLike,
+    *,
+    expected_size: int | None = None,
+    expected_sha256: str | None = None,
+    retries: int = 5,
+    timeout: float = 30.0,
+    progress: bool = True,
+) -> Path:
+    """Download ``url`` to ``dest``, resuming ``dest.part`` if present; verify size and checksum.
+
+    Returns ``dest``. A file already at ``dest`` with the right size is kept as it is. Raises
+    ``OSError`` with one line on failure (the partial file stays, for the next attempt).
+    """
+    dest = Path(dest)
+    part = dest.with_name(dest.name + ".part")
+    try:
+        remote = probe(url, timeout)
+    except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
+        reason = getattr(e, "reason", e)
+        raise OSError(f"cannot reach {urllib.parse.urlsplit(url).netloc}: {reason} (offline?)") from None
+    size = expected_size or remote.size
+    sha = (expected_sha256 or remote.sha256 or "").lower() or None
+    if dest.exists() and (size is None or dest.stat().st_size == size):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+
+    attempt = 0
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc=dest.name, disable=not progress, file=sys.stderr)
+    try:
+        while True:
+            have = part.stat().st_size if part.exists() else 0
+            if size is not None and have > size:
+                part.unlink()
+                have = 0
+            bar.n = have
+            bar.refresh()
+            if size is not None and have == size:
+                break
+            headers = {"Accept-Encoding": "identity"}
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            try:
+                with urllib.request.urlopen(urllib.request.Request(remote.url, headers=headers), timeout=timeout) as r:
+                    mode = "ab" if have and r.status == 206 else "wb"  # 200: the server ignored the range
+                    if mode == "wb":
+                        bar.n = 0
+                    with open(part, mode) as f:
+                        while block := r.read(_BLOCK):
+                            f.write(block)
+                            bar.update(len(block))
+                if size is None:
+                    break
+                if part.stat().st_size == have:  # the server closed without sending anything
+                    raise ConnectionError("no data received")
+            except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
+                attempt += 1
+                if attempt > retries:
+                    reason = getattr(e, "reason", e)
+                    raise OSError(f"download of {url} failed after {retries} retries: {reason}; "
+                                  f"run again to resume from {part}") from None
+                time.sleep(min(2.0**attempt * 0.1, 5.0))
+    finally:
+        bar.close()
+    got = part.stat().st_size
+    if size is not None and got != size:
+        raise OSError(f"{dest.name}: got {got} bytes, expected {size}")
+    if sha is not None:
+        digest = _sha256_of(part).hexdigest()
+        if digest != sha:
+            part.unlink()
+            raise OSError(f"{dest.name}: SHA-256 {digest} does not match the expected {sha}; removed, run again")
+    with open(part, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(part, dest)
+    return dest
+
+
+def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "data", *,
+                         base_url: str | None = None, progress: bool = True) -> Path:
+    """Fetch TinyStoriesV2-GPT4 ``train`` (2.2 GB) or ``valid`` (22 MB) text into ``out_dir``."""
+    if split not in TINYSTORIES_FILES:
+        raise ValueError(f"split: {split!r} is not one of {sorted(TINYSTORIES_FILES)}")
+    base = (base_url or os.environ.get("LM_TINYSTORIES_URL") or TINYSTORIES_URL).rstrip("/")
+    name = TINYSTORIES_FILES[split]
+    return download(f"{base}/{name}", Path(out_dir) / name, progress=progress)

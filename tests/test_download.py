@@ -1,0 +1,130 @@
+"""Resumable downloads against a local HTTP server on 127.0.0.1 (drops, redirects, checksums)."""
+
+import hashlib
+import http.server
+import threading
+
+import pytest
+
+from lm.cli import main
+from lm.data.download import download
+
+PAYLOAD = b"".join(f"Once upon a time there was story number {i}.\n".encode() for i in range(20000))  # ~900 KB
+SHA = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    drops_left = 0  # GETs that die half-way
+    sha = SHA
+    requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _redirect(self):
+        # like Hugging Face /resolve/: a redirect that states the LFS size and sha256
+        self.send_response(302)
+        self.send_header("Location", self.path.replace("/resolve/", "/files/"))
+        self.send_header("X-Linked-Size", str(len(PAYLOAD)))
+        self.send_header("X-Linked-ETag", f'"{Handler.sha}"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_HEAD(self):
+        Handler.requests.append(("HEAD", self.path, self.headers.get("Range")))
+        if "/resolve/" in self.path:
+            return self._redirect()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+
+    def do_GET(self):
+        Handler.requests.append(("GET", self.path, self.headers.get("Range")))
+        if "/resolve/" in self.path:
+            return self._redirect()
+        start = 0
+        rng = self.headers.get("Range")
+        if rng:
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(PAYLOAD) - 1}/{len(PAYLOAD)}")
+        else:
+            self.send_response(200)
+        body = PAYLOAD[start:]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if Handler.drops_left > 0:
+            Handler.drops_left -= 1
+            self.wfile.write(body[: len(body) // 3])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)  # drop the connection mid-body
+            return
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def server():
+    Handler.requests = []
+    Handler.drops_left = 0
+    Handler.sha = SHA
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_download_resumes_after_dropped_connection(server, tmp_path):
+    Handler.drops_left = 2
+    path = download(f"{server}/resolve/main/stories.txt", tmp_path / "stories.txt", progress=False)
+    assert path.read_bytes() == PAYLOAD
+    ranges = [r for m, p, r in Handler.requests if m == "GET" and "/files/" in p]
+    assert ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:]) and len(ranges) == 3
+    assert not (tmp_path / "stories.txt.part").exists()
+
+
+def test_download_resumes_an_earlier_partial_file(server, tmp_path):
+    (tmp_path / "s.txt.part").write_bytes(PAYLOAD[:123_456])
+    download(f"{server}/resolve/main/s.txt", tmp_path / "s.txt", progress=False)
+    assert (tmp_path / "s.txt").read_bytes() == PAYLOAD
+    assert ("GET", "/files/main/s.txt", "bytes=123456-") in Handler.requests
+
+
+def test_checksum_mismatch_is_an_error_and_nothing_is_final(server, tmp_path):
+    Handler.sha = "0" * 64
+    with pytest.raises(OSError, match="SHA-256 .* does not match"):
+        download(f"{server}/resolve/main/s.txt", tmp_path / "s.txt", progress=False)
+    assert not (tmp_path / "s.txt").exists()
+
+
+def test_size_from_content_length_without_redirect(server, tmp_path):
+    download(f"{server}/files/plain.txt", tmp_path / "plain.txt", progress=False)
+    assert (tmp_path / "plain.txt").read_bytes() == PAYLOAD
+
+
+def test_cli_download_tinystories(server, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    assert main(["data", "download", "tinystories", "--split", "valid", "--out-dir", str(tmp_path), "--quiet"]) == 0
+    assert (tmp_path / "TinyStoriesV2-GPT4-valid.txt").read_bytes() == PAYLOAD
+    # a second run finds the complete file and does not fetch it again
+    n = len(Handler.requests)
+    assert main(["data", "download", "tinystories", "--out-dir", str(tmp_path), "--quiet"]) == 0
+    assert not [r for r in Handler.requests[n:] if r[0] == "GET"]
+
+
+def test_offline_is_one_line(tmp_path, monkeypatch, capsys):
+    # a port on loopback where nothing listens: the connection is refused at once
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"http://127.0.0.1:{port}/resolve/main")
+    assert main(["data", "download", "tinystories", "--out-dir", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot reach 127.0.0.1" in err and "(offline?)" in err and len(err.splitlines()) == 1
