@@ -181,7 +181,7 @@ class Trainer:
             f.write(self.cfg.to_toml())
         tok = self.cfg.data.tokenizer
         if tok:
-            for name in ("vocab.json", "merges.txt"):
+            for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
                 if (Path(tok) / name).is_file():
                     (self.run_dir / "tokenizer").mkdir(exist_ok=True)
                     shutil.copyfile(Path(tok) / name, self.run_dir / "tokenizer" / name)
