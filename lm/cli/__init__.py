@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tokenizer.register(sub)
     __import__("lm.cli.train", fromlist=["register"]).register(sub)  # lm train, lm plot
     __import__("lm.cli.data", fromlist=["register"]).register(sub)  # lm data download
+    __import__("lm.cli.evaluate", fromlist=["register"]).register(sub)  # lm eval
     return parser
 
 

@@ -1,0 +1,89 @@
+"""`lm eval` and evaluate_tokens against a loss computed window by window with torch's cross_entropy."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lm.checkpoint import export_safetensors
+from lm.cli import main
+from lm.data import write_token_file
+from lm.evaluate import evaluate_tokens
+from lm.model import TransformerLM
+from lm.tokenizer import Tokenizer, train_bpe
+
+TEXT = "The cat sat on the mat. The dog ran to the park and back again.\n" * 60
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run directory as `lm train` leaves it: model.safetensors and tokenizer/."""
+    d = tmp_path_factory.mktemp("run")
+    (d / "corpus.txt").write_text(TEXT + "<|endoftext|>" + TEXT)
+    vocab, merges = train_bpe(d / "corpus.txt", 300, ["<|endoftext|>"])
+    tok = Tokenizer(vocab, merges, ["<|endoftext|>"])
+    (d / "tokenizer").mkdir()
+    tok.save(d / "tokenizer" / "vocab.json", d / "tokenizer" / "merges.txt")
+    (d / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"special_tokens": ["<|endoftext|>"]}))
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    export_safetensors(model, d / "model.safetensors")
+    return d, model.eval(), tok
+
+
+def reference_loss(model, ids):
+    """Every token but the first predicted once, in consecutive windows of context_length inputs."""
+    ctx = model.config.context_length
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, ctx):
+            x = torch.tensor(ids[s : s + ctx + 1][:-1])[None]
+            y = torch.tensor(ids[s + 1 : s + ctx + 1])[None]
+            logits = model(x)
+            total += torch.nn.functional.cross_entropy(logits[0], y[0], reduction="sum").item()
+            count += y.numel()
+    return total / count, count
+
+
+def test_evaluate_tokens_matches_reference(run):
+    _, model, tok = run
+    ids = tok.encode(TEXT[:1000])
+    expected, count = reference_loss(model, ids)
+    for bs in (1, 3):
+        r = evaluate_tokens(model, np.array(ids), batch_size=bs, bytes_per_token=2.0)
+        assert r["tokens"] == count == len(ids) - 1
+        assert r["loss"] == pytest.approx(expected, rel=1e-5)
+        assert r["perplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
+        assert r["bits_per_byte"] == pytest.approx(expected / math.log(2) / 2.0, rel=1e-5)
+
+
+def test_cli_eval_token_file_and_text(run, tmp_path, capsys):
+    d, model, tok = run
+    text = TEXT[:1500]
+    (tmp_path / "v.txt").write_text(text)
+    ids = tok.encode(text)
+    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=len(text.encode()),
+                     tokenizer_sha256=tok.checksum())
+    expected, _ = reference_loss(model, ids)
+    bpb = expected / math.log(2) / (len(text.encode()) / len(ids))
+    for data in ("v.bin", "v.txt"):
+        assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / data), "--json", "--quiet"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert r["loss"] == pytest.approx(expected, rel=1e-5), data
+        assert r["bits_per_byte"] == pytest.approx(bpb, rel=1e-5), data
+
+
+def test_cli_eval_errors(run, tmp_path, capsys):
+    d, _, tok = run
+    write_token_file(tmp_path / "big.bin", np.array([1, 2, 3]), vocab_size=5000)
+    cases = [
+        (["--checkpoint", str(tmp_path / "nope.pt"), "--data", str(tmp_path / "big.bin")], "file not found"),
+        (["--checkpoint", str(d), "--data", str(tmp_path / "missing.bin")], "--data: file not found"),
+        (["--checkpoint", str(d), "--data", str(tmp_path / "big.bin")], "more than the model's vocab_size 300"),
+    ]
+    for argv, msg in cases:
+        assert main(["eval", *argv, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err
