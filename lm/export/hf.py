@@ -1,0 +1,120 @@
+"""Export to a Hugging Face folder that ``transformers.AutoModelForCausalLM`` loads as Llama.
+
+The default ``TransformerLM`` is Llama's architecture (pre-norm RMSNorm, RoPE, SwiGLU, no
+biases) with one difference in layout: lm rotates *interleaved* pairs ``(x[2i], x[2i+1])``
+while Llama rotates halves ``(x[i], x[i + d/2])``. Permuting the rows of each head of the q
+and k projections (evens first, then odds) turns one into the other; the attention scores,
+and so the logits, are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from lm.tokenizer import Tokenizer
+
+
+def interleaved_to_half(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Reorder the rows of each head from RoPE pairs (2i, 2i+1) to rotate-half pairs (i, i + d/2)."""
+    hd = w.shape[0] // num_heads
+    perm = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+    return w.reshape(num_heads, hd, -1)[:, perm].reshape(w.shape)
+
+
+def to_llama_state_dict(sd: dict[str, torch.Tensor], num_layers: int, num_heads: int) -> dict[str, torch.Tensor]:
+    """Our state-dict keys (API.md) to ``LlamaForCausalLM``'s, q/k rows permuted."""
+    out = {
+        "model.embed_tokens.weight": sd["token_embeddings.weight"],
+        "model.norm.weight": sd["ln_final.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
+    for i in range(num_layers):
+        a, b = f"layers.{i}.", f"model.layers.{i}."
+        out[b + "self_attn.q_proj.weight"] = interleaved_to_half(sd[a + "attn.q_proj.weight"], num_heads)
+        out[b + "self_attn.k_proj.weight"] = interleaved_to_half(sd[a + "attn.k_proj.weight"], num_heads)
+        out[b + "self_attn.v_proj.weight"] = sd[a + "attn.v_proj.weight"]
+        out[b + "self_attn.o_proj.weight"] = sd[a + "attn.output_proj.weight"]
+        out[b + "mlp.gate_proj.weight"] = sd[a + "ffn.w1.weight"]
+        out[b + "mlp.up_proj.weight"] = sd[a + "ffn.w3.weight"]
+        out[b + "mlp.down_proj.weight"] = sd[a + "ffn.w2.weight"]
+        out[b + "input_layernorm.weight"] = sd[a + "ln1.weight"]
+        out[b + "post_attention_layernorm.weight"] = sd[a + "ln2.weight"]
+    return out
+
+
+def _check_llama_compatible(cfg) -> None:
+    wanted = {"norm": "rmsnorm", "norm_placement": "pre", "positions": "rope", "ffn": "swiglu"}
+    for key, value in wanted.items():
+        got = getattr(cfg, key)
+        if got != value:
+            raise ValueError(f"model: {key}={got!r} has no Llama equivalent (Llama needs {key}={value!r})")
+
+
+def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None,
+              *, overwrite: bool = False) -> Path:
+    """Write ``config.json``, ``model.safetensors`` and (with a tokenizer) ``tokenizer.json`` to ``out_dir``.
+
+    The folder is built under a temporary name and renamed, so it appears complete or not at all.
+    """
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    _check_llama_compatible(cfg)
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"out_dir: {str(out)!r} exists and is not empty")
+    eos = None
+    if tokenizer is not None and "<|endoftext|>" in tokenizer.special_tokens:
+        eos = tokenizer.token_to_id[b"<|endoftext|>"]
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_heads,
+        "head_dim": cfg.d_model // cfg.num_heads,
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": bool(cfg.tie_embeddings),
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "torch_dtype": "float32",
+    }
+    sd = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+    tensors = to_llama_state_dict(sd, cfg.num_layers, cfg.num_heads)
+    if cfg.tie_embeddings:
+        del tensors["lm_head.weight"]
+    tensors = {k: v.clone().contiguous() for k, v in tensors.items()}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_hf(tmp / "tokenizer.json")
+            tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length}
+            if eos is not None:
+                tok_cfg.update(eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

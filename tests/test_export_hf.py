@@ -1,0 +1,74 @@
+"""`lm export hf`: transformers loads the folder as Llama with equal logits and equal token ids."""
+
+import json
+
+import pytest
+import torch
+
+from lm.checkpoint import export_safetensors
+from lm.cli import main
+from lm.export import export_hf
+from lm.model import TransformerLM
+from lm.tokenizer import Tokenizer, train_bpe
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = "Lily found a red ball in the park. \"Is it yours?\" she asked the dog. Café naïve 123!\n"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    (d / "c.txt").write_text((TEXT + "<|endoftext|>") * 30)
+    vocab, merges = train_bpe(d / "c.txt", 320, ["<|endoftext|>"])
+    tok = Tokenizer(vocab, merges, ["<|endoftext|>"])
+    (d / "tokenizer").mkdir()
+    tok.save(d / "tokenizer" / "vocab.json", d / "tokenizer" / "merges.txt")
+    (d / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"special_tokens": ["<|endoftext|>"]}))
+    torch.manual_seed(0)
+    model = TransformerLM(320, 32, 64, 2, 4, 128, 10000.0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("ln1.weight") or name.endswith("ln2.weight") or name == "ln_final.weight":
+                p.uniform_(0.5, 1.5)  # norms away from 1, so a misplaced norm weight shows
+    export_safetensors(model, d / "model.safetensors")
+    return d, model.eval(), tok
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_loads_as_llama_with_equal_logits(tmp_path, tied):
+    torch.manual_seed(1)
+    model = TransformerLM(300, 32, 64, 2, 4, 128, 500.0, tie_embeddings=tied).eval()
+    export_hf(model, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    ids = torch.randint(0, 300, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=1e-4)
+
+
+def test_cli_export_with_tokenizer(run, tmp_path, capsys):
+    d, model, tok = run
+    assert main(["export", "hf", str(d), str(tmp_path / "hf")]) == 0
+    out = tmp_path / "hf"
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                               "tokenizer_config.json"}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = TEXT + "<|endoftext|>" + TEXT.upper()
+    ids = tok.encode(text)
+    assert hf_tok(text)["input_ids"] == ids
+    x = torch.tensor([ids[:32]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=1e-4)
+    assert hf.config.eos_token_id == tok.token_to_id[b"<|endoftext|>"]
+    # an existing non-empty folder is not overwritten without --overwrite
+    assert main(["export", "hf", str(d), str(out)]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+
+
+def test_variants_without_llama_equivalent_are_refused(tmp_path):
+    model = TransformerLM(300, 32, 64, 2, 4, 128, 10000.0, norm="layernorm")
+    with pytest.raises(ValueError, match="norm='layernorm' has no Llama equivalent"):
+        export_hf(model, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
