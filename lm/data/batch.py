@@ -56,6 +56,11 @@ def get_batch(
     integer array; a ``np.memmap`` is the normal case. Starts come from ``generator`` when given,
     else from numpy's global random state.
 
+    Every window read through a memmap faults its pages into this process, and recent Linux
+    kernels map a whole large page-cache folio (up to 2 MB) per fault, so resident memory grows
+    towards the file size over a long run. :class:`lm.data.TokenDataset` reads windows with
+    ``preadv`` instead and stays flat.
+
     >>> x, y = get_batch(np.arange(100), 4, 8, "cpu")
     >>> x.shape, bool((y[:, :-1] == x[:, 1:]).all())
     (torch.Size([4, 8]), True)
