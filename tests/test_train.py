@@ -129,6 +129,8 @@ def test_shipped_configs_load(name):
             10000, 256, 512, 1344, 4, 16, 10000.0)  # fmt: skip
         model = TransformerLM.from_config(m, device="meta")
         assert 17.5e6 < model.num_parameters(include_embeddings=False) < 17.6e6  # lm_head counted
+    else:
+        assert cfg.train.device == "cpu" and cfg.train.max_steps * cfg.train.batch_size * cfg.model.context_length > 1e6
 
 
 # -- the loop ----------------------------------------------------------------------------------

@@ -147,7 +147,12 @@ class Trainer:
         path = self.ckpts.latest()
         if path is None:
             raise ValueError(f"--resume: no checkpoint in {str(self.ckpts.dir)!r}")
-        state = read_checkpoint(path)
+        try:
+            state = read_checkpoint(path)
+        except ValueError as e:
+            older = [s for s in self.ckpts.steps() if self.ckpts.step_path(s) != path]
+            hint = f"; move it aside to resume from step {older[-1]}" if older else ""
+            raise ValueError(f"--resume: {e}{hint}") from None
         saved_model = (state.get("config") or {}).get("model")
         if saved_model is not None and saved_model != self.cfg.model.to_dict():
             diff = next(
