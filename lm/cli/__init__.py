@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("lm.cli.data", fromlist=["register"]).register(sub)  # lm data download
     __import__("lm.cli.evaluate", fromlist=["register"]).register(sub)  # lm eval
     __import__("lm.cli.export", fromlist=["register"]).register(sub)  # lm export hf
+    __import__("lm.cli.demo", fromlist=["register"]).register(sub)  # lm demo
     return parser
 
 
