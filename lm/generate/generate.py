@@ -14,7 +14,7 @@ forward); a larger shift rebuilds less often, and a token is then conditioned on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -48,12 +48,15 @@ def generate(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     window_shift: int = 1,
+    on_token: Callable[[int, int], None] | None = None,
 ) -> list[int] | list[list[int]]:
     """Sample up to ``max_new_tokens`` new tokens after ``prompt_ids`` and return them
     (the new tokens only, ending with ``eos_id`` if it was emitted).
 
     ``prompt_ids`` is one prompt (a list of ids or a 1-D tensor) → ``list[int]``, or a
-    batch of prompts of any lengths (a list of lists) → ``list[list[int]]``.
+    batch of prompts of any lengths (a list of lists) → ``list[list[int]]``. ``on_token``,
+    when given, is called with ``(row, token)`` for every new token as soon as it is chosen,
+    so a caller can stream text while the rest is generated.
     """
     check_sampling_args(temperature, top_p, top_k)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -101,6 +104,8 @@ def generate(
             history[row].append(tok)
             if not done[row]:
                 new_tokens[row].append(tok)
+                if on_token is not None:  # streaming: called with (row, token) as each token is chosen
+                    on_token(row, tok)
                 done[row] = eos_id is not None and tok == eos_id
         if all(done) or step == max_new_tokens - 1:
             break
