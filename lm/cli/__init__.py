@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tokenizer.register(sub)
     __import__("lm.cli.train", fromlist=["register"]).register(sub)  # lm train, lm plot
     __import__("lm.cli.data", fromlist=["register"]).register(sub)  # lm data download
+    __import__("lm.cli.sample", fromlist=["register"]).register(sub)  # lm sample
     __import__("lm.cli.evaluate", fromlist=["register"]).register(sub)  # lm eval
     __import__("lm.cli.export", fromlist=["register"]).register(sub)  # lm export hf
     __import__("lm.cli.demo", fromlist=["register"]).register(sub)  # lm demo

@@ -1,0 +1,69 @@
+"""`lm sample`: streamed text equals the decoded tokens of `generate` with the same seed."""
+
+import json
+
+import pytest
+import torch
+
+from lm.checkpoint import export_safetensors
+from lm.cli import main
+from lm.generate import generate
+from lm.model import TransformerLM
+from lm.tokenizer import Tokenizer, train_bpe
+
+TEXT = "Lily had a red ball. She threw it to Tom. Tom said, \"Thank you!\" Café. 😀\n"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    (d / "c.txt").write_text((TEXT + "<|endoftext|>") * 40)
+    vocab, merges = train_bpe(d / "c.txt", 300, ["<|endoftext|>"])
+    tok = Tokenizer(vocab, merges, ["<|endoftext|>"])
+    (d / "tokenizer").mkdir()
+    tok.save(d / "tokenizer" / "vocab.json", d / "tokenizer" / "merges.txt")
+    (d / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"special_tokens": ["<|endoftext|>"]}))
+    torch.manual_seed(0)
+    model = TransformerLM(300, 16, 32, 2, 2, 64, 10000.0).eval()
+    export_safetensors(model, d / "model.safetensors")
+    return d, model, tok
+
+
+@pytest.mark.parametrize("prompt", ["Lily had", "", "Tom said " * 20])  # empty, and longer than the context
+def test_streamed_text_equals_generate(run, capsys, prompt):
+    d, model, tok = run
+    argv = ["sample", "--checkpoint", str(d), "--prompt", prompt, "--max-new-tokens", "30", "--seed", "7",
+            "--temperature", "0.9", "--top-k", "50"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    eos = tok.token_to_id[b"<|endoftext|>"]
+    ids = tok.encode(prompt) or [eos]
+    gen = torch.Generator().manual_seed(7)
+    new = generate(model, ids, 30, temperature=0.9, top_k=50, eos_id=eos, generator=gen)
+    expected = prompt + tok.decode([t for t in new if t != eos]) + "\n"
+    assert out == expected
+
+
+def test_greedy_is_repeatable_and_samples_are_separated(run, capsys):
+    d, _, _ = run
+    argv = ["sample", "--checkpoint", str(d), "--prompt", "Lily", "--temperature", "0", "--max-new-tokens", "10",
+            "--num-samples", "2"]
+    assert main(argv) == 0
+    a, b = capsys.readouterr().out.split("\n" + "-" * 40 + "\n")
+    assert a.strip() == b.strip() and a.startswith("Lily")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--top-k", "0"], "top_k"),
+        (["--num-samples", "0"], "--num-samples: must be >= 1, got 0"),
+    ],
+)
+def test_bad_arguments(run, capsys, extra, message):
+    d, _, _ = run
+    assert main(["sample", "--checkpoint", str(d), "--prompt", "x", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
