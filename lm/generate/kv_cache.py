@@ -39,6 +39,7 @@ class KVCache:
         self.pad_lengths = torch.as_tensor(pad_lengths, dtype=torch.long, device=device)
         self._slot = torch.arange(max_len, device=device)
         self._key_valid = self._slot[None, :] >= self.pad_lengths[:, None]  # (batch, max_len)
+        self._padded = bool((self.pad_lengths > 0).any())
         self._mask: Tensor | None = None
 
     @classmethod
@@ -66,6 +67,11 @@ class KVCache:
         if self.length + seq > self.max_len:
             raise ValueError(f"KV cache overflow: {self.length} cached + {seq} new > max_len={self.max_len}")
         slots = self._slot[self.length : self.length + seq]
+        if not self._padded:
+            # No padding: attention is plain causal over the cache, which the fused kernel does
+            # without a mask tensor.
+            self._mask = None
+            return slots[None, :].expand(len(self.pad_lengths), seq)
         end = self.length + seq
         causal = self._slot[None, :end] <= slots[:, None]  # (seq, end)
         # A padding slot attends to itself only, so its (unused) output is finite, never NaN.
@@ -89,9 +95,7 @@ class _LayerCache:
 
     def update(
         self, k: Float[Tensor, "batch h seq d"], v: Float[Tensor, "batch h seq d"]
-    ) -> tuple[
-        Float[Tensor, "batch h total d"], Float[Tensor, "batch h total d"], Bool[Tensor, "batch 1 seq total"]
-    ]:
+    ) -> tuple[Float[Tensor, "batch h total d"], Float[Tensor, "batch h total d"], Bool[Tensor, "batch 1 seq total"]]:
         c = self.cache
         start, end = c.length, c.length + k.shape[-2]
         c.k[self.index, :, :, start:end] = k

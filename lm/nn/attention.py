@@ -69,8 +69,8 @@ class MultiHeadSelfAttention(torch.nn.Module):
         if kv_cache is None:
             out = scaled_dot_product_attention(q, k, v, is_causal=True, impl=self.attn_impl)
         else:
-            k, v, mask = kv_cache.update(k, v)
-            out = scaled_dot_product_attention(q, k, v, mask, impl=self.attn_impl)
+            k, v, mask = kv_cache.update(k, v)  # mask None: plain causal, no padding to hide
+            out = scaled_dot_product_attention(q, k, v, mask, is_causal=mask is None, impl=self.attn_impl)
         return self.output_proj(rearrange(out, "... h seq d -> ... seq (h d)"))
 
     def extra_repr(self) -> str:

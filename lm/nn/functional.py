@@ -104,7 +104,9 @@ def _fused_sdpa(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, is_causal:
     if is_causal and mask is not None:
         mask = mask & causal_mask(Q.shape[-2], K.shape[-2], device=Q.device)
         is_causal = False
-    if is_causal and Q.shape[-2] != K.shape[-2]:
+    if is_causal and Q.shape[-2] == 1:
+        is_causal = False  # one query at the end of the keys sees them all
+    elif is_causal and Q.shape[-2] != K.shape[-2]:
         # torch aligns its causal mask to the top-left; ours is aligned to the end of the keys.
         mask, is_causal = causal_mask(Q.shape[-2], K.shape[-2], device=Q.device), False
     return sdpa(Q, K, V, attn_mask=mask, is_causal=is_causal)
