@@ -669,10 +669,11 @@ def broken_toy(rng: random.Random, hero: Character, friend: Character, parent: P
           f"Crack! The {noun} broke into two pieces.",
           say(rng, h.name, f"Oh no! My {noun} is broken!", "cried"),
           f"Big tears rolled down {h.his} face."]
+    fixer = rng.choice(["glue", "tape"])
     p3 = [f"{h.His} {parent.role} came and looked at the pieces.",
           say(rng, parent.title, rng.choice(["Let me see. Maybe we can fix it.", "Don't cry. We can fix it."])),
-          f"They got some glue. {h.name} held the pieces very still, and {h.his} {parent.role} put them together.",
-          "They waited for the glue to dry.",
+          f"They got some {fixer}. {h.name} held the pieces very still, and {h.his} {parent.role} put them together.",
+          "They waited for the glue to dry." if fixer == "glue" else "They wrapped the tape round and round.",
           say(rng, parent.title, "There! It is as good as new.")]
     p4 = [f"{h.name} hugged {h.his} {parent.role}. " + say(rng, h.he, f"Thank you, {parent.title}!"),
           rng.choice([f"From then on, {h.name} was very gentle with {h.his} {noun}.",
@@ -683,21 +684,33 @@ def broken_toy(rng: random.Random, hero: Character, friend: Character, parent: P
 
 def cannot_sleep(rng: random.Random, hero: Character, friend: Character, parent: Parent) -> Story:
     h = hero
-    p1 = [opening(rng, h), f"One night, {h.name} could not sleep.",
+    why = rng.choice([f"{h.He} was thinking about the trip to the {rng.choice(['zoo', 'beach', 'farm'])} tomorrow.",
+                      "Outside, the wind went whoo, whoo.", f"{h.His} room was too dark and too quiet.",
+                      f"{h.His} tummy felt funny.", "A little owl was hooting outside the window."])
+    p1 = [opening(rng, h), f"One night, {h.name} could not sleep. {why}",
           f"{h.He} turned to the left. {h.He} turned to the right. {h.His} eyes stayed wide open."]
     p2 = [f"{h.He} got out of bed and went to find {h.his} {parent.role}.",
-          say(rng, h.name, f"{parent.title}, I can't sleep.", "said"),
-          say(rng, parent.title, "Let's look at the sky together.")]
-    p3 = ["They looked out the window. The moon was big and round, and the sky was full of stars.",
-          say(rng, h.name, "Hello, moon!", "whispered"),
-          "They counted the stars. One, two, three, four, five..."]
+          say(rng, h.name, f"{parent.title}, I can't sleep.", "said")]
     if rng.random() < 0.5:
-        p3.append(f"Then {h.his} {parent.role} sang a soft song about a sleepy "
+        dream = "the moon and the stars"
+        p2.append(say(rng, parent.title, "Let's look at the sky together."))
+        p3 = ["They looked out the window. The moon was big and round, and the sky was full of stars.",
+              say(rng, h.name, "Hello, moon!", "whispered"),
+              "They counted the stars. One, two, three, four, five..."]
+    else:
+        animal = rng.choice(["bunny", "bear", "owl", "elephant", "little fish"])
+        dream = rng.choice([f"a big trip with the {animal}", f"the {animal} and its big trip"])
+        p2.append(say(rng, parent.title, "Come here. I will make you some warm milk."))
+        p3 = [f"{h.name} sat on {h.his} {parent.role}'s lap and drank the warm milk.",
+              f"Then {h.his} {parent.role} read {h.him} a story about {a(animal)} who went on a big trip.",
+              say(rng, h.name, "Read it again, please!", "whispered")]
+    if rng.random() < 0.5:
+        p3.append(f"After that, {h.his} {parent.role} sang a soft song about a sleepy "
                   f"{rng.choice(['bunny', 'bear', 'duck', 'owl', 'sheep'])}.")
     p3.append(f"{h.name}'s eyes got heavy, and {h.he} gave a big yawn.")
     p4 = [f"{h.His} {parent.role} carried {h.him} back to bed and tucked {h.him} in.",
-          say(rng, parent.title, f"Good night, {h.name}.", "whispered"),
-          f"Soon {h.name} was fast asleep, dreaming about the moon and the stars."]
+          say(rng, parent.title, f"Good night, {h.name}. Sweet dreams.", "whispered"),
+          f"Soon {h.name} was fast asleep, dreaming about {dream}."]
     return [p1, p2, p3, p4]
 
 
