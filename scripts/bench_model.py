@@ -198,7 +198,7 @@ def main() -> None:
     p.add_argument("--skip-generate", action="store_true")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--gen-rounds", type=int, default=3)
+    p.add_argument("--gen-rounds", type=int, default=5)
     args = p.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, cpu")
     if not args.skip_train:
