@@ -16,7 +16,7 @@ from lm.checkpoint import load_model, read_checkpoint
 from lm.data import write_token_file
 from lm.model import TransformerLM
 from lm.nn import cross_entropy
-from lm.optim import AdamW, param_groups
+from lm.optim import AdamW, cosine_lr_schedule, param_groups
 from lm.train import Trainer, TrainingDiverged, config_from_dict, load_config, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,6 +188,32 @@ def test_max_time_drives_the_schedule(tmp_path):
     assert trainer.learning_rate() == pytest.approx(0.5 * (1e-2 + 1e-3))  # half-way down the cosine
     trainer.elapsed = 100.0
     assert trainer._done()
+
+
+def test_max_time_stops_the_run_and_drives_the_schedule(tmp_path):
+    raw = _raw_config(tmp_path, train={"max_time": 1.0}, optim={"cosine_cycle_iters": 100})
+    del raw["train"]["max_steps"]
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    ticks = iter(range(1_000_000))
+    trainer.clock = lambda: next(ticks) * 0.01  # every training step takes exactly 10 ms
+    assert trainer.run() == 0
+    assert trainer.step == 100 and trainer.elapsed == pytest.approx(1.0)
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    # 1% of the time per step is 1 of the 100 schedule iterations per step.
+    assert lrs == pytest.approx([cosine_lr_schedule(i, 1e-2, 1e-3, 5, 100) for i in range(100)])
+    assert (tmp_path / "run" / "checkpoints" / "step_00000100.pt").exists()
+
+
+def test_bfloat16_autocast_on_cpu_trains_like_float32(tmp_path):
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        (tmp_path / dtype).mkdir()
+        raw = _raw_config(tmp_path / dtype, train={"dtype": dtype, "max_steps": 15})
+        Trainer(config_from_dict(raw), print_fn=_quiet).run()
+        losses[dtype] = [r["loss"] for r in read_metrics(tmp_path / dtype / "run") if r["split"] == "train"]
+    assert losses["bfloat16"] != losses["float32"]  # autocast was on
+    assert losses["bfloat16"][-1] < 0.7 * losses["bfloat16"][0]
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], abs=0.1)
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

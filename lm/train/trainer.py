@@ -133,6 +133,7 @@ class Trainer:
         self.tokens_per_step = t.batch_size * m.context_length * t.grad_accum_steps * self.dist.world_size
         self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops)
         self._signal: int | None = None
+        self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
         self._val_starts = (
             self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size, seed=cfg.eval.seed)
             if self.val_data is not None
@@ -335,7 +336,7 @@ class Trainer:
         last_eval = -1
         loss_sum = torch.zeros((), device=self.device)
         window_steps, window_time = 0, 0.0
-        clock = time.perf_counter()
+        clock = self.clock()
         while True:
             # Every rank must agree on stopping: time and signals are rank 0's / anyone's.
             if t.max_time is not None:
@@ -355,7 +356,7 @@ class Trainer:
             self.tokens_seen += self.tokens_per_step
             loss_sum += loss
             window_steps += 1
-            now = time.perf_counter()
+            now = self.clock()
             window_time += now - clock
             self.elapsed += now - clock
             clock = now
@@ -375,7 +376,7 @@ class Trainer:
                 self._check_finite(loss_sum)
                 self.save_checkpoint()
                 last_saved = self.step
-            clock = time.perf_counter()  # evaluation and checkpoints are not training time
+            clock = self.clock()  # evaluation and checkpoints are not training time
 
         if self.val_data is not None and last_eval != self.step and cfg.eval.interval:
             self._run_eval()
