@@ -347,3 +347,11 @@ def test_cross_entropy_bfloat16_logits():
     torch.testing.assert_close(loss, F.cross_entropy(logits.float(), t))
     loss.backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+def test_rope_tables_stay_float32_when_the_model_is_cast():
+    block = TransformerBlock(32, 4, 48, 64, 10000.0)
+    block.to(torch.bfloat16)
+    assert block.attn.rope.cos.dtype == torch.float32 and block.attn.rope.sin.dtype == torch.float32
+    torch.testing.assert_close(block.attn.rope.cos, RotaryEmbedding(10000.0, 8, 64).cos)
+    assert block(torch.randn(2, 5, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16

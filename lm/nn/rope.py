@@ -15,11 +15,22 @@ class RotaryEmbedding(torch.nn.Module):
         if d_k % 2 != 0:
             raise ValueError(f"d_k must be even for RoPE (it rotates pairs), got d_k={d_k}")
         self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
-        inv_freq = theta ** (-torch.arange(0, d_k, 2, device=device, dtype=torch.float64) / d_k)
-        angles = torch.arange(max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        self._build_tables(device)
+
+    def _build_tables(self, device) -> None:
+        inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, device=device, dtype=torch.float64) / self.d_k)
+        angles = torch.arange(self.max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq[None, :]
         # Tables are derived from (theta, d_k, max_seq_len), so they are not saved in the state dict.
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # model.to(torch.bfloat16) would round the tables too; rebuild them in float32 instead,
+        # on whatever device they were moved to.
+        super()._apply(fn, recurse)
+        if self.cos.dtype != torch.float32:
+            self._build_tables(self.cos.device)
+        return self
 
     def forward(
         self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
