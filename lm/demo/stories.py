@@ -165,7 +165,7 @@ OBJECTS = {
     "doll": ["pretty", "small", "old", "pink", "little"],
     "toy car": ["red", "fast", "blue", "shiny", "little"],
     "hat": ["blue", "big", "funny", "green", "warm"],
-    "book": ["new", "big", "old", "blue", "favorite"],
+    "book": ["new", "big", "old", "blue", "picture"],
     "blanket": ["soft", "warm", "pink", "blue", "old"],
     "toy boat": ["red", "little", "wooden", "blue", "white"],
     "drum": ["loud", "red", "little", "shiny", "new"],
@@ -520,8 +520,12 @@ def trip(rng: random.Random, hero: Character, friend: Character, parent: Parent)
         p3 = [f"Later, {h.his} {parent.role} got {h.him} {a(food)}.",
               f"But oh no! {h.name} dropped the {food} on the ground.",
               f"{h.His} eyes filled with tears.",
-              say(rng, parent.title, rng.choice(["It is okay. We can share mine.", "Don't be sad. Accidents happen."])),
-              f"{h.name} smiled again. Sharing made the {food} taste even better."]
+              *rng.choice([
+                  [say(rng, parent.title, "It is okay. We can share mine."),
+                   f"{h.name} smiled again. Sharing made the {food} taste even better."],
+                  [say(rng, parent.title, "Don't be sad. Accidents happen."),
+                   f"{parent.title} got {h.him} a new {food}, and {h.name} held it with both hands."],
+              ])]
     else:
         p3 = [f"After a while, {h.name} felt very tired. {h.His} legs hurt.",
               say(rng, h.name, "I can't walk anymore.", "said"),
