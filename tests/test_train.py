@@ -397,8 +397,12 @@ def test_plot_writes_a_png(tmp_path, capsys):
 
 
 def test_two_gloo_processes_match_one_process(tmp_path):
-    one = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "one"), "batch_size": 8, "max_steps": 6})
-    two = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "two"), "batch_size": 4, "max_steps": 6})
+    # Global batch 4 x 2 micro-steps either way; the two ranks skip the all-reduce on the first
+    # micro-step (no_sync) and average their gradients on the second.
+    one = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "one"), "batch_size": 4, "grad_accum_steps": 2})
+    two = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "two"), "batch_size": 2, "grad_accum_steps": 2})
+    for raw in (one, two):
+        raw["train"]["max_steps"] = 6
     for raw in (one, two):
         raw["eval"]["interval"] = 3
     assert _lm("train", "--config", str(_write_toml(tmp_path / "one.toml", one))).returncode == 0
