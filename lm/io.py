@@ -49,3 +49,14 @@ def check_readable_file(path: str | os.PathLike, argument: str) -> Path:
     if not os.access(p, os.R_OK):
         raise ValueError(f"{argument}: file is not readable: {str(p)!r}")
     return p
+
+
+def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str, bool]:
+    """Bytes ``[start, end)`` of a file as UTF-8 text; invalid bytes become U+FFFD (then the flag is True)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace"), True

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lm.data.token_file import token_dtype, write_token_file
-from lm.io import check_readable_file
+from lm.io import check_readable_file, read_text_range
 from lm.tokenizer.pretokenize import chunk_boundaries
 from lm.tokenizer.tokenizer import Tokenizer
 
@@ -36,13 +36,7 @@ def _init_worker(tokenizer: Tokenizer) -> None:
 
 def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, bool]:
     path, start, end, dtype = args
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    try:
-        text, invalid = data.decode("utf-8"), False
-    except UnicodeDecodeError:
-        text, invalid = data.decode("utf-8", errors="replace"), True
+    text, invalid = read_text_range(path, start, end)
     assert _worker_tokenizer is not None
     ids = _worker_tokenizer.encode(text)
     return np.array(ids, dtype=dtype).tobytes(), end - start, invalid

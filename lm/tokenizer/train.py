@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from lm.io import check_readable_file
+from lm.io import check_readable_file, read_text_range
 from lm.tokenizer.pretokenize import check_special_tokens, chunk_boundaries, pretokenize, special_tokens_regex
 
 PathLike = str | os.PathLike
@@ -49,20 +49,9 @@ class TrainStats:
 # ---------------------------------------------------------------- phase 1: counting pre-tokens
 
 
-def _read_text(path: str, start: int, end: int) -> tuple[str, bool]:
-    """Decode a byte range as UTF-8; invalid bytes become U+FFFD (second value: any were found)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    try:
-        return data.decode("utf-8"), False
-    except UnicodeDecodeError:
-        return data.decode("utf-8", errors="replace"), True
-
-
 def _count_chunk(args: tuple[str, int, int, tuple[str, ...]]) -> tuple[Counter, int, bool]:
     path, start, end, specials = args
-    text, invalid = _read_text(path, start, end)
+    text, invalid = read_text_range(path, start, end)
     special_re = special_tokens_regex(specials)
     segments = special_re.split(text)[::2] if special_re is not None else [text]
     words: list[str] = []
