@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from lm.io import atomic_write, check_readable_file
+from lm.io import atomic_write, check_readable_file, read_text_range
 
 TRAIN_EXAMPLES = """examples:
   lm tokenizer train --input data/TinyStoriesV2-GPT4-train.txt --vocab-size 10000 \\
@@ -119,9 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     bytes_per_token = None
     if heldout is not None:
         path, a, b = heldout
-        with open(path, "rb") as f:
-            f.seek(a)
-            text = f.read(b - a).decode("utf-8", errors="replace")
+        text, _ = read_text_range(path, a, b)
         bytes_per_token = (b - a) / max(1, len(tok.encode(text)))
     t3 = time.perf_counter()
     longest = max(vocab.values(), key=len)
