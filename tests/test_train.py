@@ -17,6 +17,7 @@ from lm.data import write_token_file
 from lm.model import TransformerLM
 from lm.nn import cross_entropy
 from lm.optim import AdamW, cosine_lr_schedule, param_groups
+from lm.tokenizer import Tokenizer
 from lm.train import Trainer, TrainingDiverged, config_from_dict, load_config, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -353,6 +354,9 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
     side.write_text(json.dumps({**json.loads(side.read_text()), "dtype": "uint32"}))
     no_sidecar = tmp_path / "nosidecar.bin"
     no_sidecar.write_bytes(np.arange(200, dtype=np.uint16).tobytes())
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    Tokenizer({i: bytes([i]) for i in range(256)}, []).save(tok_dir / "vocab.json", tok_dir / "merges.txt")
     made = _snapshot(tmp_path)
 
     fresh = str(tmp_path / "fresh")
@@ -361,6 +365,12 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
         (["--set", f"data.val={short}", "--set", f"train.out_dir={fresh}"], "fewer than context_length + 1"),
         (["--set", f"data.train={wrong_dtype}", "--set", f"train.out_dir={fresh}"], "does not match vocab_size"),
         (["--set", f"data.train={no_sidecar}", "--set", f"train.out_dir={fresh}"], "has no sidecar"),
+        (["--set", f"data.tokenizer={tok_dir}", "--set", f"train.out_dir={fresh}"], "has 256 tokens, more than"),
+        (
+            ["--set", f"data.tokenizer={tok_dir}", "--set", "model.vocab_size=300", "--set", f"train.out_dir={fresh}"],
+            "is not the tokenizer that wrote",
+        ),
+        (["--set", f"data.tokenizer={tmp_path / 'nope'}", "--set", f"train.out_dir={fresh}"], "data.tokenizer: "),
         (["--set", "optim.max_lrr=1"], "did you mean 'optim.max_lr'"),
         (["--set", "train.batch_size=big"], "train.batch_size must be an integer"),
         (["--resume", "--set", "model.d_model=48"], "is another model: model.d_model is 32 in the checkpoint"),

@@ -97,6 +97,8 @@ class Trainer:
                     "(their sidecars' tokenizer_sha256 differ)"
                 )
         self.tokenizer_sha256 = self.train_data.tokenizer_sha256
+        if cfg.data.tokenizer:
+            self._check_tokenizer(cfg.data.tokenizer)
 
         # Model and optimizer: the same seed gives every rank the same initial weights.
         torch.manual_seed(t.seed)
@@ -180,6 +182,25 @@ class Trainer:
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.best_val_loss = float(state.get("best_val_loss", math.inf))
         self._resumed_from = path
+
+    def _check_tokenizer(self, directory: str) -> None:
+        """The tokenizer copied into the run must be the one that wrote the token files."""
+        from lm.tokenizer import load_tokenizer_dir
+
+        try:
+            tok = load_tokenizer_dir(directory)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"data.tokenizer: {e}") from None
+        if tok.vocab_size > self.cfg.model.vocab_size:
+            raise ValueError(
+                f"data.tokenizer {directory!r} has {tok.vocab_size} tokens, more than model.vocab_size "
+                f"{self.cfg.model.vocab_size}"
+            )
+        if self.tokenizer_sha256 and tok.checksum() != self.tokenizer_sha256:
+            raise ValueError(
+                f"data.tokenizer {directory!r} is not the tokenizer that wrote {self.cfg.data.train!r} "
+                "(the checksum in its sidecar differs)"
+            )
 
     def _prepare_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
