@@ -8,6 +8,7 @@ plot_runs                 train/validation loss curves of run directories, as a 
 
 from lm.train.config import Config, config_from_dict, load_config
 from lm.train.metrics import read_metrics
+from lm.train.plot import plot_runs
 from lm.train.trainer import Trainer, TrainingDiverged, train
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "TrainingDiverged",
     "config_from_dict",
     "load_config",
+    "plot_runs",
     "read_metrics",
     "train",
 ]
