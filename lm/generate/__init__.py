@@ -1,6 +1,6 @@
 """Sampling from a trained model: a KV cache, a next-token sampler and the generation loop."""
 
-from lm.generate.generate import generate
+from lm.generate.engine import generate
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import sample_next_token, top_k_filter, top_p_filter
 

@@ -10,6 +10,11 @@ from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, linear_cross_entropy, make_norm
 
 
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)  # torch.compiler.is_compiling: torch >= 2.3
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
 def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
     """Vaswani et al.: ``PE[p, 2i] = sin(p / 10000^(2i/d))``, ``PE[p, 2i+1] = cos(...)``."""
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
@@ -153,7 +158,7 @@ class TransformerLM(torch.nn.Module):
                 f"sequence length {total} exceeds context_length={self.config.context_length}"
                 + ("" if kv_cache is None else f" (cached {kv_cache.length} + new {seq})")
             )
-        if ids.numel() == 0 or torch.compiler.is_compiling():
+        if ids.numel() == 0 or _is_compiling():
             return  # a data-dependent check would break the compiled graph
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
