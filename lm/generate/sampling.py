@@ -56,5 +56,7 @@ def sample_next_token(
     if top_p < 1.0:
         probs = top_p_filter(probs, top_p)
     flat = probs.reshape(-1, probs.shape[-1])
-    ids = torch.multinomial(flat, 1, generator=generator)
-    return ids.reshape(probs.shape[:-1])
+    if generator is not None and generator.device != flat.device:
+        # A CPU generator with a GPU model: draw on the CPU, so a seed gives the same tokens anywhere.
+        return torch.multinomial(flat.cpu(), 1, generator=generator).to(probs.device).reshape(probs.shape[:-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
