@@ -393,6 +393,24 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
     assert before.keys() <= truncated.keys()
 
 
+def test_diverging_run_exits_non_zero_with_one_line(tmp_path, capsys, monkeypatch):
+    import lm.train.trainer as trainer_module
+
+    calls = {"n": 0}
+
+    def poisoned(logits, targets):
+        calls["n"] += 1
+        loss = cross_entropy(logits, targets)
+        return loss * float("inf") if calls["n"] > 12 else loss  # train steps 1-12 are fine
+
+    monkeypatch.setattr(trainer_module, "cross_entropy", poisoned)
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 30}, eval={"interval": 0}))
+    rc, err = _cli(["train", "--config", str(toml)], capsys)
+    assert rc == 3 and err.count("\n") == 1
+    assert err.startswith("lm train: error: the gradient norm is nan at step 13; the last good checkpoint is")
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000010.pt"]
+
+
 def test_plot_writes_a_png(tmp_path, capsys):
     cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 10}))
     Trainer(cfg, print_fn=_quiet).run()
