@@ -6,30 +6,20 @@ import math
 import numpy as np
 import pytest
 import torch
+from run_dir import make_run_dir, save_model
 
-from lm.checkpoint import export_safetensors
 from lm.cli import main
 from lm.data import write_token_file
 from lm.evaluate import evaluate_tokens
-from lm.model import TransformerLM
-from lm.tokenizer import Tokenizer, train_bpe
 
 TEXT = "The cat sat on the mat. The dog ran to the park and back again.\n" * 60
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A run directory as `lm train` leaves it: model.safetensors and tokenizer/."""
-    d = tmp_path_factory.mktemp("run")
-    (d / "corpus.txt").write_text(TEXT + "<|endoftext|>" + TEXT)
-    vocab, merges = train_bpe(d / "corpus.txt", 300, ["<|endoftext|>"])
-    tok = Tokenizer(vocab, merges, ["<|endoftext|>"])
-    (d / "tokenizer").mkdir()
-    tok.save(d / "tokenizer" / "vocab.json", d / "tokenizer" / "merges.txt")
-    (d / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"special_tokens": ["<|endoftext|>"]}))
-    torch.manual_seed(0)
-    model = TransformerLM(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
-    export_safetensors(model, d / "model.safetensors")
+    d, model, tok = make_run_dir(tmp_path_factory.mktemp("run"), TEXT + "<|endoftext|>" + TEXT, 300,
+                                 context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    save_model(d, model)
     return d, model.eval(), tok
 
 

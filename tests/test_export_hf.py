@@ -1,15 +1,12 @@
 """`lm export hf`: transformers loads the folder as Llama with equal logits and equal token ids."""
 
-import json
-
 import pytest
 import torch
+from run_dir import make_run_dir, save_model
 
-from lm.checkpoint import export_safetensors
 from lm.cli import main
 from lm.export import export_hf
 from lm.model import TransformerLM
-from lm.tokenizer import Tokenizer, train_bpe
 
 transformers = pytest.importorskip("transformers")
 
@@ -18,20 +15,13 @@ TEXT = "Lily found a red ball in the park. \"Is it yours?\" she asked the dog. C
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("run")
-    (d / "c.txt").write_text((TEXT + "<|endoftext|>") * 30)
-    vocab, merges = train_bpe(d / "c.txt", 320, ["<|endoftext|>"])
-    tok = Tokenizer(vocab, merges, ["<|endoftext|>"])
-    (d / "tokenizer").mkdir()
-    tok.save(d / "tokenizer" / "vocab.json", d / "tokenizer" / "merges.txt")
-    (d / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"special_tokens": ["<|endoftext|>"]}))
-    torch.manual_seed(0)
-    model = TransformerLM(320, 32, 64, 2, 4, 128, 10000.0)
+    d, model, tok = make_run_dir(tmp_path_factory.mktemp("run"), (TEXT + "<|endoftext|>") * 30, 320,
+                                 context_length=32, d_model=64, num_layers=2, num_heads=4, d_ff=128)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("ln1.weight") or name.endswith("ln2.weight") or name == "ln_final.weight":
                 p.uniform_(0.5, 1.5)  # norms away from 1, so a misplaced norm weight shows
-    export_safetensors(model, d / "model.safetensors")
+    save_model(d, model)
     return d, model.eval(), tok
 
 

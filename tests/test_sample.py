@@ -1,32 +1,21 @@
 """`lm sample`: streamed text equals the decoded tokens of `generate` with the same seed."""
 
-import json
-
 import pytest
 import torch
+from run_dir import make_run_dir, save_model
 
-from lm.checkpoint import export_safetensors
 from lm.cli import main
 from lm.generate import generate
-from lm.model import TransformerLM
-from lm.tokenizer import Tokenizer, train_bpe
 
 TEXT = "Lily had a red ball. She threw it to Tom. Tom said, \"Thank you!\" Café. 😀\n"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("run")
-    (d / "c.txt").write_text((TEXT + "<|endoftext|>") * 40)
-    vocab, merges = train_bpe(d / "c.txt", 300, ["<|endoftext|>"])
-    tok = Tokenizer(vocab, merges, ["<|endoftext|>"])
-    (d / "tokenizer").mkdir()
-    tok.save(d / "tokenizer" / "vocab.json", d / "tokenizer" / "merges.txt")
-    (d / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({"special_tokens": ["<|endoftext|>"]}))
-    torch.manual_seed(0)
-    model = TransformerLM(300, 16, 32, 2, 2, 64, 10000.0).eval()
-    export_safetensors(model, d / "model.safetensors")
-    return d, model, tok
+    d, model, tok = make_run_dir(tmp_path_factory.mktemp("run"), (TEXT + "<|endoftext|>") * 40, 300,
+                                 context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    save_model(d, model)
+    return d, model.eval(), tok
 
 
 @pytest.mark.parametrize("prompt", ["Lily had", "", "Tom said " * 20])  # empty, and longer than the context

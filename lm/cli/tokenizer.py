@@ -87,7 +87,7 @@ def _holdout_split(paths: list[Path], specials: list[str], holdout: int) -> tupl
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from lm.tokenizer.tokenizer import Tokenizer
+    from lm.tokenizer.tokenizer import Tokenizer, save_tokenizer_dir
     from lm.tokenizer.train import TrainStats, train_bpe
 
     paths = [check_readable_file(p, "--input") for p in args.input]
@@ -109,11 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     tok = Tokenizer(vocab, merges, args.special_token)
     t1 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(out / "vocab.json", out / "merges.txt")
-    tok.save_hf(out / "tokenizer.json")
-    with atomic_write(out / "tokenizer_config.json") as f:
-        json.dump({"special_tokens": args.special_token, "pre_tokenizer": "gpt2"}, f, indent=1)
+    save_tokenizer_dir(tok, out, hf=True)
     t2 = time.perf_counter()
 
     bytes_per_token = None

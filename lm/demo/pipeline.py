@@ -138,7 +138,7 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     from lm.data import read_token_file
     from lm.evaluate import evaluate_tokens
     from lm.generate import generate
-    from lm.tokenizer import Tokenizer, train_bpe
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
     from lm.tokenizer.encode_file import tokenize_file
     from lm.train import Trainer, config_from_dict
     from lm.train.plot import plot_runs
@@ -163,10 +163,7 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     _say(f"training a {settings.vocab_size}-token BPE tokenizer", settings.progress)
     vocab, merges = train_bpe(train_txt, settings.vocab_size, [EOT], progress=settings.progress)
     tok = Tokenizer(vocab, merges, [EOT])
-    tok_dir = out / "tokenizer"
-    tok_dir.mkdir(exist_ok=True)
-    tok.save(tok_dir / "vocab.json", tok_dir / "merges.txt")
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps({"special_tokens": [EOT]}))
+    tok_dir = save_tokenizer_dir(tok, out / "tokenizer")
     lap("tokenizer")
 
     tokenize_file(tok, train_txt, work / "train.bin", progress=settings.progress)

@@ -348,6 +348,19 @@ def _token_from_str(s: str) -> bytes:
         raise ValueError(f"vocab_path: {e}") from None
 
 
+def save_tokenizer_dir(tokenizer: Tokenizer, directory: str | os.PathLike, *, hf: bool = False) -> Path:
+    """Write ``DIR/vocab.json``, ``DIR/merges.txt`` and ``DIR/tokenizer_config.json`` (the special
+    tokens), plus ``DIR/tokenizer.json`` for Hugging Face when ``hf``; :func:`load_tokenizer_dir` reads it."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(d / "vocab.json", d / "merges.txt")
+    if hf:
+        tokenizer.save_hf(d / "tokenizer.json")
+    with atomic_write(d / "tokenizer_config.json") as f:
+        json.dump({"special_tokens": tokenizer.special_tokens, "pre_tokenizer": "gpt2"}, f, indent=1)
+    return d
+
+
 def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[str] | None = None) -> Tokenizer:
     """Load ``DIR/vocab.json`` + ``DIR/merges.txt`` as written by ``lm tokenizer train``.
 
