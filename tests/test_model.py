@@ -361,3 +361,19 @@ def test_accelerator_matches_cpu(device, dtype):
     torch.testing.assert_close(out, cpu(ids), **tol)
     assert len(generate(model, [1, 2, 3], 20, temperature=0.8, top_p=0.9)) == 20
     model.loss(ids.to(device), ids.to(device)).backward()
+
+
+def test_bfloat16_autocast_fused_and_plain_loss_agree():
+    model = small_model()
+    ids, targets = torch.randint(0, 64, (3, 16)), torch.randint(0, 64, (3, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = cross_entropy(model(ids), targets)
+        fused = model.loss(ids, targets)
+    assert fused.dtype == torch.float32
+    torch.testing.assert_close(fused, plain, atol=1e-3, rtol=1e-3)
+    plain.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    fused.backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(p.grad, g, atol=2e-2 * g.abs().max().item(), rtol=0)
