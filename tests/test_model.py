@@ -377,3 +377,10 @@ def test_bfloat16_autocast_fused_and_plain_loss_agree():
     fused.backward()
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(p.grad, g, atol=2e-2 * g.abs().max().item(), rtol=0)
+
+
+def test_forward_with_targets_is_the_fused_loss():
+    model = small_model()
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    y = torch.randint(0, model.config.vocab_size, (2, 16))
+    torch.testing.assert_close(model(ids, targets=y), F.cross_entropy(model(ids).flatten(0, 1), y.flatten()))

@@ -100,10 +100,15 @@ class TransformerLM(torch.nn.Module):
         *,
         kv_cache=None,
         last_only: bool = False,
-    ) -> Float[Tensor, "batch seq vocab"]:
+        targets: Int[Tensor, "batch seq"] | None = None,
+    ) -> Float[Tensor, "batch seq vocab"] | Float[Tensor, ""]:
         """``kv_cache`` (an :class:`lm.generate.KVCache`) makes ``ids`` the *next* positions of
         the cached sequences; positions then come from the cache. ``last_only=True`` returns
-        the logits of the last position only (``seq`` = 1), which is all sampling needs."""
+        the logits of the last position only (``seq`` = 1), which is all sampling needs.
+        With ``targets``, returns :meth:`loss` instead of the logits: the way to get the fused
+        loss through a wrapper such as DistributedDataParallel, which only sees ``forward``."""
+        if targets is not None:
+            return self.loss(ids, targets, token_positions)
         h = self.hidden_states(ids, token_positions, kv_cache=kv_cache)
         if last_only:
             h = h[..., -1:, :]

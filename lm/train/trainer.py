@@ -30,7 +30,6 @@ from lm.checkpoint import (
 from lm.data import TokenDataset
 from lm.io import atomic_write
 from lm.model import TransformerLM
-from lm.nn import cross_entropy
 from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups
 from lm.train.config import Config
 from lm.train.distributed import init_distributed, shutdown_distributed
@@ -257,7 +256,8 @@ class Trainer:
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.train_model.no_sync()
             with sync:
                 with self._autocast():
-                    loss = cross_entropy(self.train_model(x), y)
+                    # the fused lm_head + cross-entropy: never holds the batch x seq x vocab logits
+                    loss = self.train_model(x, targets=y)
                 (loss / t.grad_accum_steps).backward()
             total += loss.detach()
         norm = None
@@ -279,7 +279,7 @@ class Trainer:
         for starts in self._val_starts:
             x, y = self.val_data.batch(starts, self.device)
             with self._autocast():
-                total += cross_entropy(self.train_model(x), y)
+                total += self.train_model(x, targets=y)
         self.train_model.train()
         loss = float(self.dist.all_mean(total / len(self._val_starts)).item())
         bpt = self.val_data.bytes_per_token
