@@ -11,6 +11,10 @@ over every validation token.
 
 For comparison on this machine: nanoGPT's documented CPU recipe (character level, 2,000
 iterations) takes about 95 s and ends at 1.886 nats/char = 2.72 bits per byte.
+
+The defaults are the best of a small sweep (README): vocab 1,024, d_model 128, 4 layers of 4
+heads, context 128, batch 16, peak learning rate 5e-3. Larger models, a larger vocabulary,
+longer contexts, dropout and tied embeddings all measured worse in 100 s.
 """
 
 from __future__ import annotations
@@ -30,14 +34,16 @@ def main() -> int:
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"))
     ap.add_argument("--out", default="runs/shakespeare")
     ap.add_argument("--budget", type=float, default=100.0, help="total wall-clock seconds")
-    ap.add_argument("--vocab-size", type=int, default=512)
-    ap.add_argument("--context-length", type=int, default=256)
-    ap.add_argument("--d-model", type=int, default=192)
+    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--context-length", type=int, default=128)
+    ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--num-layers", type=int, default=4)
-    ap.add_argument("--num-heads", type=int, default=6)
+    ap.add_argument("--num-heads", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--max-lr", type=float, default=4e-3)
+    ap.add_argument("--max-lr", type=float, default=5e-3)
     ap.add_argument("--warmup-fraction", type=float, default=0.03, help="of the training time")
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--tie-embeddings", action="store_true")
     ap.add_argument("--eval-margin", type=float, default=6.0, help="seconds kept for the final evaluation")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -69,14 +75,15 @@ def main() -> int:
     cfg = config_from_dict({
         "model": {"vocab_size": tok.vocab_size, "context_length": args.context_length, "d_model": d,
                   "num_layers": args.num_layers, "num_heads": args.num_heads,
-                  "d_ff": 64 * math.ceil(8 * d / 3 / 64), "rope_theta": 10000.0},
+                  "d_ff": 64 * math.ceil(8 * d / 3 / 64), "rope_theta": 10000.0,
+                  "tie_embeddings": args.tie_embeddings},
         "data": {"train": str(out / "data" / "train.bin"), "val": str(out / "data" / "val.bin"),
                  "tokenizer": str(tok_dir)},
         "train": {"out_dir": str(out / "run"), "batch_size": args.batch_size, "max_time": train_seconds,
                   "seed": args.seed, "device": "cpu", "dtype": "float32"},
         # the schedule runs on elapsed time: 10,000 "iterations" stand for the whole training time
         "optim": {"max_lr": args.max_lr, "min_lr": args.max_lr / 10, "warmup_iters": int(args.warmup_fraction * 10_000),
-                  "cosine_cycle_iters": 10_000, "beta2": 0.95, "weight_decay": 0.1},
+                  "cosine_cycle_iters": 10_000, "beta2": 0.95, "weight_decay": args.weight_decay},
         "eval": {"interval": 0},
         "checkpoint": {"interval": 0, "keep_last": 1, "keep_best": False, "export_safetensors": False},
         "log": {"interval": 50},
