@@ -15,6 +15,7 @@ Runs alternate (bare, train, train without eval, bare, ...); the best and median
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import tempfile
 import time
@@ -46,10 +47,13 @@ def bare_tokens_per_second(cfg, steps: int, warmup: int = 3) -> float:
     x, y = ids[:, :-1], ids[:, 1:]
     dtype = autocast_dtype(cfg.train.dtype, device)
 
+    # The loss exactly as the trainer computes it: the model's fused loss when it has one.
+    fused = "targets" in inspect.signature(TransformerLM.forward).parameters
+
     def step():
         for _ in range(cfg.train.grad_accum_steps):
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = cross_entropy(model(x), y)
+                loss = model(x, targets=y) if fused else cross_entropy(model(x), y)
             (loss / cfg.train.grad_accum_steps).backward()
         clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
         opt.step()

@@ -396,14 +396,17 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
 def test_diverging_run_exits_non_zero_with_one_line(tmp_path, capsys, monkeypatch):
     import lm.train.trainer as trainer_module
 
-    calls = {"n": 0}
+    class Poisoned(TransformerLM):
+        """Finite for the first 12 training steps, infinite from the 13th."""
 
-    def poisoned(logits, targets):
-        calls["n"] += 1
-        loss = cross_entropy(logits, targets)
-        return loss * float("inf") if calls["n"] > 12 else loss  # train steps 1-12 are fine
+        calls = 0
 
-    monkeypatch.setattr(trainer_module, "cross_entropy", poisoned)
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            Poisoned.calls += 1
+            return out * float("inf") if Poisoned.calls > 12 else out
+
+    monkeypatch.setattr(trainer_module, "TransformerLM", Poisoned)
     toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 30}, eval={"interval": 0}))
     rc, err = _cli(["train", "--config", str(toml)], capsys)
     assert rc == 3 and err.count("\n") == 1
