@@ -19,20 +19,15 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from model_reference import interleaved_to_half  # noqa: E402
-
-from lm.generate import generate  # noqa: E402
-from lm.model import TransformerLM  # noqa: E402
-from lm.nn import cross_entropy  # noqa: E402
+from lm.export import to_llama_state_dict
+from lm.generate import generate
+from lm.model import TransformerLM
+from lm.nn import cross_entropy
 
 SHAPE = dict(vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
 
@@ -55,24 +50,7 @@ def llama_like(model: TransformerLM, attn_implementation: str = "sdpa"):
         attn_implementation=attn_implementation,
     )
     hf = transformers.LlamaForCausalLM(cfg)
-    sd = model.state_dict()
-    mapped = {
-        "model.embed_tokens.weight": sd["token_embeddings.weight"],
-        "model.norm.weight": sd["ln_final.weight"],
-        "lm_head.weight": sd["lm_head.weight"],
-    }
-    for i in range(c.num_layers):
-        a, b = f"layers.{i}.", f"model.layers.{i}."
-        mapped[b + "self_attn.q_proj.weight"] = interleaved_to_half(sd[a + "attn.q_proj.weight"], c.num_heads)
-        mapped[b + "self_attn.k_proj.weight"] = interleaved_to_half(sd[a + "attn.k_proj.weight"], c.num_heads)
-        mapped[b + "self_attn.v_proj.weight"] = sd[a + "attn.v_proj.weight"]
-        mapped[b + "self_attn.o_proj.weight"] = sd[a + "attn.output_proj.weight"]
-        mapped[b + "mlp.gate_proj.weight"] = sd[a + "ffn.w1.weight"]
-        mapped[b + "mlp.up_proj.weight"] = sd[a + "ffn.w3.weight"]
-        mapped[b + "mlp.down_proj.weight"] = sd[a + "ffn.w2.weight"]
-        mapped[b + "input_layernorm.weight"] = sd[a + "ln1.weight"]
-        mapped[b + "post_attention_layernorm.weight"] = sd[a + "ln2.weight"]
-    hf.load_state_dict(mapped)
+    hf.load_state_dict(to_llama_state_dict(model.state_dict(), c.num_layers, c.num_heads))
     return hf
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from model_reference import half_to_interleaved, interleaved_to_half, transformer_lm_ref
 
+from lm.export import to_llama_state_dict
 from lm.model import ModelConfig, TransformerLM
 from lm.nn import cross_entropy
 
@@ -267,26 +268,6 @@ def llama_from(model: TransformerLM):
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
     hf.load_state_dict(to_llama_state_dict(model.state_dict(), c.num_layers, c.num_heads))
     return hf
-
-
-def to_llama_state_dict(sd, num_layers, num_heads):
-    out = {
-        "model.embed_tokens.weight": sd["token_embeddings.weight"],
-        "model.norm.weight": sd["ln_final.weight"],
-        "lm_head.weight": sd["lm_head.weight"],
-    }
-    for i in range(num_layers):
-        ours, theirs = f"layers.{i}.", f"model.layers.{i}."
-        out[theirs + "self_attn.q_proj.weight"] = interleaved_to_half(sd[ours + "attn.q_proj.weight"], num_heads)
-        out[theirs + "self_attn.k_proj.weight"] = interleaved_to_half(sd[ours + "attn.k_proj.weight"], num_heads)
-        out[theirs + "self_attn.v_proj.weight"] = sd[ours + "attn.v_proj.weight"]
-        out[theirs + "self_attn.o_proj.weight"] = sd[ours + "attn.output_proj.weight"]
-        out[theirs + "mlp.gate_proj.weight"] = sd[ours + "ffn.w1.weight"]
-        out[theirs + "mlp.up_proj.weight"] = sd[ours + "ffn.w3.weight"]
-        out[theirs + "mlp.down_proj.weight"] = sd[ours + "ffn.w2.weight"]
-        out[theirs + "input_layernorm.weight"] = sd[ours + "ln1.weight"]
-        out[theirs + "post_attention_layernorm.weight"] = sd[ours + "ln2.weight"]
-    return out
 
 
 @pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
