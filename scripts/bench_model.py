@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lm.export import to_llama_state_dict
+from lm.export import to_transformers
 from lm.generate import generate
 from lm.model import TransformerLM
 from lm.nn import cross_entropy
@@ -33,25 +33,7 @@ SHAPE = dict(vocab_size=10_000, context_length=256, d_model=256, num_layers=4, n
 
 
 def llama_like(model: TransformerLM, attn_implementation: str = "sdpa"):
-    import transformers
-
-    c = model.config
-    cfg = transformers.LlamaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.d_model,
-        intermediate_size=c.d_ff,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_heads,
-        max_position_embeddings=c.context_length,
-        rms_norm_eps=c.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-        tie_word_embeddings=False,
-        attn_implementation=attn_implementation,
-    )
-    hf = transformers.LlamaForCausalLM(cfg)
-    hf.load_state_dict(to_llama_state_dict(model.state_dict(), c.num_layers, c.num_heads))
-    return hf
+    return to_transformers(model, attn_implementation=attn_implementation).train()
 
 
 def train_step_fn(model, kind: str):

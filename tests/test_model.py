@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from model_reference import half_to_interleaved, interleaved_to_half, transformer_lm_ref
 
-from lm.export import to_llama_state_dict
+from lm.export import to_llama_state_dict, to_transformers
 from lm.model import ModelConfig, TransformerLM
 from lm.nn import cross_entropy
 
@@ -249,25 +249,8 @@ def test_torch_compile_inductor_matches_eager(attn_impl):
 
 
 def llama_from(model: TransformerLM):
-    transformers = pytest.importorskip("transformers")
-    c = model.config
-    hf_cfg = transformers.LlamaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.d_model,
-        intermediate_size=c.d_ff,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_heads,
-        max_position_embeddings=c.context_length,
-        rms_norm_eps=c.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
-    hf.load_state_dict(to_llama_state_dict(model.state_dict(), c.num_layers, c.num_heads))
-    return hf
+    pytest.importorskip("transformers")
+    return to_transformers(model)
 
 
 @pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])

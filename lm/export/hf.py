@@ -56,23 +56,9 @@ def _check_llama_compatible(cfg) -> None:
             raise ValueError(f"model: {key}={got!r} has no Llama equivalent (Llama needs {key}={value!r})")
 
 
-def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None,
-              *, overwrite: bool = False) -> Path:
-    """Write ``config.json``, ``model.safetensors`` and (with a tokenizer) ``tokenizer.json`` to ``out_dir``.
-
-    The folder is built under a temporary name and renamed, so it appears complete or not at all.
-    """
-    from safetensors.torch import save_file
-
-    cfg = model.config
-    _check_llama_compatible(cfg)
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"out_dir: {str(out)!r} exists and is not empty")
-    eos = None
-    if tokenizer is not None and "<|endoftext|>" in tokenizer.special_tokens:
-        eos = tokenizer.token_to_id[b"<|endoftext|>"]
-    config = {
+def llama_config(cfg, eos_token_id: int | None = None) -> dict:
+    """The ``config.json`` of ``LlamaForCausalLM`` for a :class:`lm.model.ModelConfig`."""
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": cfg.vocab_size,
@@ -90,10 +76,46 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": bool(cfg.tie_embeddings),
-        "bos_token_id": eos,
-        "eos_token_id": eos,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
         "torch_dtype": "float32",
     }
+
+
+def to_transformers(model: torch.nn.Module, **config_overrides):
+    """A ``transformers.LlamaForCausalLM`` in memory with ``model``'s weights (needs transformers)."""
+    import transformers
+
+    cfg = model.config
+    _check_llama_compatible(cfg)
+    fields = llama_config(cfg)
+    for key in ("architectures", "model_type", "torch_dtype", "rope_theta"):
+        fields.pop(key)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields, **config_overrides))
+    sd = to_llama_state_dict(model.state_dict(), cfg.num_layers, cfg.num_heads)
+    if cfg.tie_embeddings:
+        del sd["lm_head.weight"]
+    hf.load_state_dict(sd, strict=not cfg.tie_embeddings)
+    return hf.eval()
+
+
+def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None,
+              *, overwrite: bool = False) -> Path:
+    """Write ``config.json``, ``model.safetensors`` and (with a tokenizer) ``tokenizer.json`` to ``out_dir``.
+
+    The folder is built under a temporary name and renamed, so it appears complete or not at all.
+    """
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    _check_llama_compatible(cfg)
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"out_dir: {str(out)!r} exists and is not empty")
+    eos = None
+    if tokenizer is not None and "<|endoftext|>" in tokenizer.special_tokens:
+        eos = tokenizer.token_to_id[b"<|endoftext|>"]
+    config = llama_config(cfg, eos_token_id=eos)
     sd = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
     tensors = to_llama_state_dict(sd, cfg.num_layers, cfg.num_heads)
     if cfg.tie_embeddings:
