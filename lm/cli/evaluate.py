@@ -32,17 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import numpy as np
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.data import read_token_file
+    from lm.data.token_file import sidecar_path
     from lm.evaluate import evaluate_tokens
     from lm.io import check_readable_file
 
     data = check_readable_file(args.data, "--data")
-    is_tokens = Path(str(data) + ".json").is_file()
+    is_tokens = sidecar_path(data).is_file()
     model, tok, info = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device,
                                                 need_tokenizer=not is_tokens)
     if is_tokens:

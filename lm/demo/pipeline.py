@@ -138,6 +138,7 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     from lm.data import read_token_file
     from lm.evaluate import evaluate_tokens
     from lm.generate import generate
+    from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
     from lm.tokenizer.encode_file import tokenize_file
     from lm.train import Trainer, config_from_dict
@@ -225,7 +226,8 @@ def run_demo(settings: DemoSettings) -> DemoReport:
         "steps": trainer.step,
         "tokens_seen": trainer.tokens_seen,
     }
-    (out / "report.json").write_text(json.dumps(report.__dict__, indent=1, default=str))
+    with atomic_write(out / "report.json") as f:
+        json.dump(report.__dict__, f, indent=1, default=str)
     return report
 
 

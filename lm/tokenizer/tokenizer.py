@@ -21,6 +21,7 @@ from lm.tokenizer.pretokenize import (
     check_special_tokens,
     pretokenize,
     special_tokens_regex,
+    split_on_special,
 )
 
 # Bound on cached pre-tokens, so that encoding an endless stream runs in constant memory.
@@ -220,10 +221,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Encode a string into token ids."""
         out: list[int] = []
-        if self._special_re is None:
-            self._encode_ordinary(text, out)
-            return out
-        for i, seg in enumerate(self._special_re.split(text)):
+        for i, seg in enumerate(split_on_special(text, self._special_re)):
             if i % 2:
                 out.append(self._special_ids[seg])
             elif seg:

@@ -28,7 +28,13 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from lm.io import check_readable_file, read_text_range
-from lm.tokenizer.pretokenize import check_special_tokens, chunk_boundaries, pretokenize, special_tokens_regex
+from lm.tokenizer.pretokenize import (
+    check_special_tokens,
+    chunk_boundaries,
+    pretokenize,
+    special_tokens_regex,
+    split_on_special,
+)
 
 PathLike = str | os.PathLike
 # below this many input bytes, starting worker processes costs more than it saves
@@ -53,7 +59,7 @@ def _count_chunk(args: tuple[str, int, int, tuple[str, ...]]) -> tuple[Counter, 
     path, start, end, specials = args
     text, invalid = read_text_range(path, start, end)
     special_re = special_tokens_regex(specials)
-    segments = special_re.split(text)[::2] if special_re is not None else [text]
+    segments = split_on_special(text, special_re)[::2]
     words: list[str] = []
     for seg in segments:
         if seg:
