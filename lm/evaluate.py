@@ -1,7 +1,12 @@
 """Evaluate a language model on a whole token sequence: loss, perplexity and bits per byte.
 
-The sequence is cut into consecutive windows of ``context_length`` inputs, so every token
-but the first is predicted exactly once, with as much left context as its window gives.
+Every token but the first is predicted exactly once. By default the sequence is cut into
+consecutive windows of ``context_length`` inputs, so a token sees as much left context as its
+window gives (none at a window's start). With ``stride`` < ``context_length`` the windows slide
+by ``stride`` tokens and each scores only the tokens the previous one did not, so every token
+after the first window sees at least ``context_length - stride`` tokens of context: the
+sliding-window evaluation of Hugging Face's perplexity guide, at ``context_length / stride``
+times the compute.
 Bits per byte divide the loss (nats per token) by ``ln 2`` and by the bytes per token of
 the source text, which makes tokenizers of different vocabularies comparable.
 """
@@ -24,32 +29,46 @@ def evaluate_tokens(
     batch_size: int = 8,
     max_tokens: int | None = None,
     bytes_per_token: float | None = None,
+    stride: int | None = None,
     progress: bool = False,
 ) -> dict[str, float | int | None]:
-    """Mean next-token loss of ``model`` over ``tokens`` (a 1-D id array, a memmap is fine)."""
+    """Mean next-token loss of ``model`` over ``tokens`` (a 1-D id array, a memmap is fine).
+
+    ``stride`` (default ``context_length``): how far each window moves on (see the module doc)."""
     if batch_size < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
     ctx = model.config.context_length
+    stride = ctx if stride is None else stride
+    if not 1 <= stride <= ctx:
+        raise ValueError(f"stride: must be between 1 and the context length {ctx}, got {stride}")
     n = len(tokens) if max_tokens is None else min(len(tokens), max_tokens + 1)
     if n < 2:
         raise ValueError(f"data: needs at least 2 tokens to predict one, got {n}")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    starts = list(range(0, n - 1, ctx))
+    # (begin, end, first): inputs tokens[begin:end], targets tokens[begin + 1 : end + 1], of
+    # which those from offset `first` on are scored (the earlier ones were, by the previous window)
+    windows, begin, done = [], 0, 0
+    while done < n - 1:
+        end = min(begin + ctx, n - 1)
+        windows.append((begin, end, done - begin))
+        done, begin = end, begin + stride
     total, count = 0.0, 0
     bar = tqdm(total=n - 1, unit="tok", unit_scale=True, desc="eval", disable=not progress, file=sys.stderr)
     try:
-        full = [s for s in starts if s + ctx + 1 <= n]
-        tail = [s for s in starts if s + ctx + 1 > n]
-        for i in range(0, len(full), batch_size):
-            rows = np.stack([np.asarray(tokens[s : s + ctx + 1], dtype=np.int64) for s in full[i : i + batch_size]])
-            total, count = _add(model, rows, device, total, count)
-            bar.update(rows.shape[0] * ctx)
-        for s in tail:  # the last, shorter window
-            rows = np.asarray(tokens[s:n], dtype=np.int64)[None]
-            total, count = _add(model, rows, device, total, count)
-            bar.update(rows.shape[1] - 1)
+        i = 0
+        while i < len(windows):  # a batch: up to batch_size consecutive windows of one shape
+            _, _, first = windows[i]
+            length = windows[i][1] - windows[i][0]
+            j = i + 1
+            while j < min(i + batch_size, len(windows)) and windows[j][1] - windows[j][0] == length \
+                    and windows[j][2] == first:
+                j += 1
+            rows = np.stack([np.asarray(tokens[b : e + 1], dtype=np.int64) for b, e, _ in windows[i:j]])
+            total, count = _add(model, rows, first, device, total, count)
+            bar.update(rows.shape[0] * (length - first))
+            i = j
     finally:
         bar.close()
         model.train(was_training)
@@ -63,10 +82,16 @@ def evaluate_tokens(
     }
 
 
-def _add(model, rows: np.ndarray, device, total: float, count: int) -> tuple[float, int]:
+def _add(model, rows: np.ndarray, first: int, device, total: float, count: int) -> tuple[float, int]:
+    """Add the summed loss of the targets from offset ``first`` on of a batch of windows."""
     xy = torch.from_numpy(rows).to(device)
-    x, y = xy[:, :-1], xy[:, 1:]
-    loss = model.loss(x, y) if hasattr(model, "loss") else _ce(model(x), y)
+    x, y = xy[:, :-1], xy[:, first + 1 :]
+    if hasattr(model, "hidden_states") and hasattr(model, "lm_head"):
+        from lm.nn import linear_cross_entropy
+
+        loss = linear_cross_entropy(model.hidden_states(x)[:, first:], model.lm_head.weight, y)
+    else:
+        loss = _ce(model(x)[:, first:], y)
     k = y.numel()
     return total + float(loss) * k, count + k
 

@@ -49,6 +49,48 @@ def test_evaluate_tokens_matches_reference(run):
         assert r["bits_per_byte"] == pytest.approx(expected / math.log(2) / 2.0, rel=1e-5)
 
 
+def sliding_reference(model, ids, stride):
+    """Token by token: target t is predicted from tokens[begin:t], begin = stride * k for the
+    first window k (of context_length inputs) that reaches t."""
+    ctx = model.config.context_length
+    total = 0.0
+    with torch.no_grad():
+        for t in range(1, len(ids)):
+            begin = stride * max(0, math.ceil((t - ctx) / stride))
+            assert t - begin <= ctx and (begin == 0 or t - begin > ctx - stride)
+            logits = model(torch.tensor(ids[begin:t])[None])[0, -1]
+            total += torch.nn.functional.cross_entropy(logits, torch.tensor(ids[t])).item()
+    return total / (len(ids) - 1)
+
+
+@pytest.mark.parametrize("stride", [1, 5, 16])
+def test_evaluate_tokens_sliding_window(run, stride):
+    _, model, tok = run
+    ids = tok.encode(TEXT[:400])  # ctx 16; for stride 5 and 16 the last window is a short one
+    expected = sliding_reference(model, ids, stride)
+    for bs in (1, 4):
+        r = evaluate_tokens(model, np.array(ids), batch_size=bs, stride=stride)
+        assert r["tokens"] == len(ids) - 1
+        assert r["loss"] == pytest.approx(expected, rel=1e-5)
+    if stride < 16:  # more context per token: a trained model's loss goes down
+        assert expected < reference_loss(model, ids)[0]
+    with pytest.raises(ValueError, match="stride: must be between 1 and the context length 16, got 17"):
+        evaluate_tokens(model, np.array(ids), stride=17)
+
+
+def test_cli_eval_stride(run, tmp_path, capsys):
+    d, model, tok = run
+    text = TEXT[:400]
+    (tmp_path / "v.txt").write_text(text)
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--stride", "4", "--json",
+                 "--quiet"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["loss"] == pytest.approx(sliding_reference(model, tok.encode(text), 4), rel=1e-5)
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--stride", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "stride: must be between 1 and the context length 16, got 0" in err and len(err.splitlines()) == 1
+
+
 def test_cli_eval_token_file_and_text(run, tmp_path, capsys):
     d, model, tok = run
     text = TEXT[:1500]

@@ -8,6 +8,7 @@ import json
 EXAMPLES = """examples:
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
   lm eval --checkpoint runs/cpu-small/checkpoints/best.pt --data stories.txt   # tokenized on the fly
+  lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin --stride 64   # sliding window
 """
 
 
@@ -25,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="evaluate the first N tokens only")
+    p.add_argument("--stride", type=int, default=None, metavar="N",
+                   help="slide the window by N tokens and score only the new ones, so each token sees at least "
+                        "context_length - N tokens of context (default: the context length, windows do not overlap)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -60,7 +64,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tokens = np.asarray(tok.encode(text), dtype=np.int64)
         bpt = data.stat().st_size / max(1, len(tokens))
     result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                             bytes_per_token=bpt, progress=not args.quiet)
+                             bytes_per_token=bpt, stride=args.stride, progress=not args.quiet)
     if args.json:
         print(json.dumps(result))
     else:
