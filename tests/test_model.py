@@ -348,3 +348,39 @@ def test_forward_with_targets_is_the_fused_loss():
     ids = torch.randint(0, model.config.vocab_size, (2, 16))
     y = torch.randint(0, model.config.vocab_size, (2, 16))
     torch.testing.assert_close(model(ids, targets=y), F.cross_entropy(model(ids).flatten(0, 1), y.flatten()))
+
+
+def test_dropout_only_in_training_and_where_nanogpt_puts_it():
+    """Dropout on the embeddings and on each branch's output, in training mode only; the same
+    weights with dropout 0 give the eval-mode logits."""
+    cfg = ModelConfig(**{**SMALL, "dropout": 0.3})
+    model = TransformerLM.from_config(cfg)
+    plain = TransformerLM.from_config(ModelConfig(**SMALL))
+    plain.load_state_dict(model.state_dict())
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 8))
+    model.eval()
+    assert torch.equal(model(ids), plain(ids))
+    model.train()
+    torch.manual_seed(5)
+    got = model(ids)
+    # the same forward written out, drawing the same dropout masks in the same order
+    torch.manual_seed(5)
+    x = F.dropout(plain.token_embeddings(ids), 0.3, training=True)
+    pos = torch.arange(ids.shape[1])
+    for layer in plain.layers:
+        h = x + F.dropout(layer.attn(layer.ln1(x), pos), 0.3, training=True)
+        x = h + F.dropout(layer.ffn(layer.ln2(h)), 0.3, training=True)
+    torch.testing.assert_close(got, plain.lm_head(plain.ln_final(x)))
+    assert not torch.allclose(got, plain(ids))
+    assert ModelConfig.from_json(cfg.to_json()).dropout == 0.3
+    for bad in (1.0, -0.1, "0.1"):
+        with pytest.raises(ValueError, match=f"dropout must be a number in \\[0, 1\\), got {bad!r}"):
+            ModelConfig(**{**SMALL, "dropout": bad})
+
+
+def test_generate_turns_dropout_off():
+    from lm.generate import generate
+
+    model = TransformerLM.from_config(ModelConfig(**{**SMALL, "dropout": 0.5})).train()
+    runs = [generate(model, [1, 2, 3], 6, temperature=0.0) for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2] and model.training

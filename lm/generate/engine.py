@@ -14,6 +14,7 @@ forward); a larger shift rebuilds less often, and a token is then conditioned on
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -36,6 +37,22 @@ def _as_prompt_list(prompt_ids) -> tuple[list[list[int]], bool]:
     return [list(map(int, prompt_ids))], True
 
 
+def _in_eval_mode(fn):
+    """Run ``fn(model, ...)`` with ``model`` in eval mode (no dropout), then restore its mode."""
+
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        was_training = model.training
+        model.eval()
+        try:
+            return fn(model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+
+    return wrapper
+
+
+@_in_eval_mode
 @torch.inference_mode()  # like no_grad, and it skips autograd's version counting: ~15% faster decoding here
 def generate(
     model,

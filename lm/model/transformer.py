@@ -75,6 +75,7 @@ class TransformerLM(torch.nn.Module):
                 norm_eps=cfg.norm_eps,
                 ffn=cfg.ffn,
                 attn_impl=cfg.attn_impl,
+                dropout=cfg.dropout,
             )
             for _ in range(num_layers)
         )
@@ -147,6 +148,8 @@ class TransformerLM(torch.nn.Module):
             x = x + self.position_embeddings(token_positions)
         elif self.config.positions == "sinusoidal":
             x = x + self.position_table[token_positions].to(x.dtype)
+        if self.config.dropout and self.training:
+            x = torch.nn.functional.dropout(x, self.config.dropout, training=True)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, None if kv_cache is None else kv_cache.layer(i))
         if kv_cache is not None:

@@ -30,7 +30,8 @@ class TransformerBlock(torch.nn.Module):
     Post-norm (Vaswani et al.): ``h = ln1(x + attn(x)); y = ln2(h + ffn(h))``.
 
     ``theta=None`` builds the block without RoPE; pass ``rope`` to share one table
-    between layers.
+    between layers. ``dropout`` > 0 applies dropout to each branch's output (``attn(...)``,
+    ``ffn(...)``) in training mode.
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class TransformerBlock(torch.nn.Module):
         norm_eps: float = 1e-5,
         ffn: str = "swiglu",
         attn_impl: str = "einsum",
+        dropout: float = 0.0,
     ):
         super().__init__()
         if norm_placement not in NORM_PLACEMENTS:
@@ -63,6 +65,7 @@ class TransformerBlock(torch.nn.Module):
         self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device=device, dtype=dtype, attn_impl=attn_impl)
         self.ln2 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
+        self.dropout = dropout
 
     def forward(
         self,
@@ -70,8 +73,17 @@ class TransformerBlock(torch.nn.Module):
         token_positions: Int[Tensor, "... seq"] | None = None,
         kv_cache=None,
     ) -> Float[Tensor, "... seq d_model"]:
+        drop = self._drop if self.dropout and self.training else _identity
         if self.pre_norm:
-            h = x + self.attn(self.ln1(x), token_positions, kv_cache)
-            return h + self.ffn(self.ln2(h))
-        h = self.ln1(x + self.attn(x, token_positions, kv_cache))
-        return self.ln2(h + self.ffn(h))
+            h = x + drop(self.attn(self.ln1(x), token_positions, kv_cache))
+            return h + drop(self.ffn(self.ln2(h)))
+        h = self.ln1(x + drop(self.attn(x, token_positions, kv_cache)))
+        return self.ln2(h + drop(self.ffn(h)))
+
+    def _drop(self, y: Tensor) -> Tensor:
+        """Residual dropout: zero each element with probability ``dropout``, scale the rest by 1/(1-p)."""
+        return torch.nn.functional.dropout(y, self.dropout, training=True)
+
+
+def _identity(y: Tensor) -> Tensor:
+    return y
