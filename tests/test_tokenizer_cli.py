@@ -48,10 +48,11 @@ def test_train_writes_files_and_summary(trained, corpus):
     assert tok.decode(tok.encode(STORY)) == STORY
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers):
+@pytest.mark.parametrize(("workers", "warm_bytes"), [(1, 3000), (2, 3000), (2, 1 << 30)])
+def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers, warm_bytes):
     tok = load_tokenizer_dir(trained)
-    meta = tokenize_file(tok, corpus, tmp_path / "t.bin", num_workers=workers, chunk_bytes=10_000)
+    meta = tokenize_file(tok, corpus, tmp_path / "t.bin", num_workers=workers, chunk_bytes=10_000,
+                         warm_bytes=warm_bytes)
     ids, meta2 = read_token_file(tmp_path / "t.bin")
     assert meta == meta2
     expected = tok.encode(corpus.read_text(encoding="utf-8"))

@@ -49,6 +49,7 @@ def tokenize_file(
     *,
     num_workers: int | None = None,
     chunk_bytes: int = 1 << 21,
+    warm_bytes: int = 1 << 18,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Encode ``input_path`` (UTF-8 text) to the token file ``out_path``; return its sidecar.
@@ -62,7 +63,15 @@ def tokenize_file(
         raise ValueError(f"input: file is empty: {str(path)!r}")
     workers = max(1, num_workers if num_workers is not None else (os.cpu_count() or 1))
     dtype = token_dtype(tokenizer.vocab_size)
-    tasks = [(str(path), a, b, dtype.str) for a, b in chunk_boundaries(path, tokenizer.special_tokens, chunk_bytes)]
+    # With several workers the parent first encodes a short head of the file (``warm_bytes``)
+    # before it forks: the workers then start with the cache warm for the commonest words
+    # instead of each filling it, and the other core idles only briefly.
+    bounds = []
+    if workers > 1 and size > 2 * warm_bytes:
+        head = chunk_boundaries(path, tokenizer.special_tokens, warm_bytes, end=2 * warm_bytes)
+        bounds = head[:1] if len(head) > 1 else []  # one chunk: no safe cut before 2 * warm_bytes
+    bounds += chunk_boundaries(path, tokenizer.special_tokens, chunk_bytes, start=bounds[0][1] if bounds else 0)
+    tasks = [(str(path), a, b, dtype.str) for a, b in bounds]
     invalid = 0
 
     def chunks() -> Iterator[np.ndarray]:
