@@ -363,13 +363,17 @@ def test_dropout_only_in_training_and_where_nanogpt_puts_it():
     model.train()
     torch.manual_seed(5)
     got = model(ids)
-    # the same forward written out, drawing the same dropout masks in the same order
+
+    def drop(y):  # inverted dropout, drawing the mask as lm.nn.dropout does
+        return y * (torch.rand(y.shape) >= 0.3) / 0.7
+
+    # the same forward written out, drawing the same masks in the same order
     torch.manual_seed(5)
-    x = F.dropout(plain.token_embeddings(ids), 0.3, training=True)
+    x = drop(plain.token_embeddings(ids))
     pos = torch.arange(ids.shape[1])
     for layer in plain.layers:
-        h = x + F.dropout(layer.attn(layer.ln1(x), pos), 0.3, training=True)
-        x = h + F.dropout(layer.ffn(layer.ln2(h)), 0.3, training=True)
+        h = x + drop(layer.attn(layer.ln1(x), pos))
+        x = h + drop(layer.ffn(layer.ln2(h)))
     torch.testing.assert_close(got, plain.lm_head(plain.ln_final(x)))
     assert not torch.allclose(got, plain(ids))
     assert ModelConfig.from_json(cfg.to_json()).dropout == 0.3

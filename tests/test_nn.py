@@ -355,3 +355,17 @@ def test_rope_tables_stay_float32_when_the_model_is_cast():
     assert block.attn.rope.cos.dtype == torch.float32 and block.attn.rope.sin.dtype == torch.float32
     torch.testing.assert_close(block.attn.rope.cos, RotaryEmbedding(10000.0, 8, 64).cos)
     assert block(torch.randn(2, 5, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_dropout_statistics():
+    from lm.nn import dropout
+
+    torch.manual_seed(0)
+    x = torch.randn(200_000)
+    y = dropout(x, 0.25)
+    zeroed = (y == 0).float().mean().item()
+    assert abs(zeroed - 0.25) < 0.005  # 5 sigma is about 0.005 at n = 200,000
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] / 0.75)
+    assert abs(y.mean().item() - x.mean().item()) < 0.01  # expectation kept
+    assert dropout(x, 0.25, training=False) is x and dropout(x, 0.0) is x

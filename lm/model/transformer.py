@@ -7,7 +7,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.model.config import ModelConfig
-from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, linear_cross_entropy, make_norm
+from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy, make_norm
 
 
 def _is_compiling() -> bool:
@@ -149,7 +149,7 @@ class TransformerLM(torch.nn.Module):
         elif self.config.positions == "sinusoidal":
             x = x + self.position_table[token_positions].to(x.dtype)
         if self.config.dropout and self.training:
-            x = torch.nn.functional.dropout(x, self.config.dropout, training=True)
+            x = dropout(x, self.config.dropout)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, None if kv_cache is None else kv_cache.layer(i))
         if kv_cache is not None:

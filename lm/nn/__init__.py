@@ -7,6 +7,7 @@ from lm.nn.ffn import FFN_TYPES, MLP, SwiGLU, ffn_hidden_dim, make_ffn
 from lm.nn.functional import (
     causal_mask,
     cross_entropy,
+    dropout,
     gelu,
     linear_cross_entropy,
     relu,
@@ -35,6 +36,7 @@ __all__ = [
     "TransformerBlock",
     "causal_mask",
     "cross_entropy",
+    "dropout",
     "ffn_hidden_dim",
     "gelu",
     "linear_cross_entropy",

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from lm.nn.attention import MultiHeadSelfAttention
 from lm.nn.ffn import make_ffn
+from lm.nn.functional import dropout
 from lm.nn.norm import Identity, LayerNorm, RMSNorm
 from lm.nn.rope import RotaryEmbedding
 
@@ -82,7 +83,7 @@ class TransformerBlock(torch.nn.Module):
 
     def _drop(self, y: Tensor) -> Tensor:
         """Residual dropout: zero each element with probability ``dropout``, scale the rest by 1/(1-p)."""
-        return torch.nn.functional.dropout(y, self.dropout, training=True)
+        return dropout(y, self.dropout)
 
 
 def _identity(y: Tensor) -> Tensor:

@@ -112,6 +112,15 @@ def _fused_sdpa(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, is_causal:
     return sdpa(Q, K, V, attn_mask=mask, is_causal=is_causal)
 
 
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Zero each element with probability ``p`` and scale the others by ``1 / (1 - p)``, so the
+    expectation is unchanged (inverted dropout); the identity when not ``training`` or ``p == 0``."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.rand(x.shape, device=x.device) >= p
+    return x * keep / (1.0 - p)
+
+
 def cross_entropy(logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "*batch"]) -> Float[Tensor, ""]:
     """Mean of ``-log softmax(logits)[target]`` over every position, computed in float32.
 
