@@ -245,6 +245,9 @@ def test_param_groups_of_the_transformer():
     assert {names[id(p)] for p in no_decay["params"]} == {"token_embeddings.weight", "ln_final.weight", *norms}
     assert "lm_head.weight" in {names[id(p)] for p in decay["params"]}
     assert len(decay["params"]) == 1 + 2 * 7  # lm_head and 7 matrices per block
+    decay, no_decay = param_groups(model, 0.1, decay_embeddings=True)  # as nanoGPT: every matrix
+    assert {names[id(p)] for p in no_decay["params"]} == {"ln_final.weight", *norms}
+    assert "token_embeddings.weight" in {names[id(p)] for p in decay["params"]}
 
 
 def test_single_batch_overfits_transformer():

@@ -76,7 +76,7 @@ class AdamW(torch.optim.Optimizer):
         return loss
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict[str, Any]]:
     """Split ``model``'s trainable parameters into a decayed group and a no-decay group.
 
     Weight decay pulls a weight towards zero, which is a prior that suits the matrices of linear
@@ -84,6 +84,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     a gain shrinks the activations, and decaying embeddings penalises rare tokens that receive
     few gradients. Matrices are told apart by dimension (≥ 2) and embeddings by module type or by
     the name of the parameter (``...embed...``), so it works for any module tree.
+    ``decay_embeddings=True`` decays the embedding tables too, as nanoGPT does: on a small
+    corpus read for many epochs that is a useful regulariser.
     """
     no_decay_ids = set()
     for module in model.modules():
@@ -97,7 +99,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if p.ndim < 2 or id(p) in no_decay_ids or "embed" in name.lower():
+        if p.ndim < 2 or (not decay_embeddings and (id(p) in no_decay_ids or "embed" in name.lower())):
             no_decay.append(p)
         else:
             decay.append(p)

@@ -56,6 +56,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices only; norms, biases and embeddings get none
+    decay_embeddings: bool = False  # also decay the embedding tables (nanoGPT does)
     grad_clip: float = 1.0  # max global L2 norm of the gradients; 0 disables clipping
 
 

@@ -103,7 +103,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         self.model = TransformerLM.from_config(m).to(self.device)
         self.optimizer = AdamW(
-            param_groups(self.model, cfg.optim.weight_decay),
+            param_groups(self.model, cfg.optim.weight_decay, cfg.optim.decay_embeddings),
             lr=cfg.optim.max_lr,
             betas=(cfg.optim.beta1, cfg.optim.beta2),
             eps=cfg.optim.eps,
