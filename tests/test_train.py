@@ -300,7 +300,8 @@ def test_exact_resume_after_sigkill(tmp_path):
         assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_a_checkpoint_and_resume_finishes(tmp_path, sig):
     raw = _raw_config(tmp_path, train={"max_steps": 100_000}, checkpoint={"interval": 0}, log={"interval": 5})
     toml = _write_toml(tmp_path / "c.toml", raw)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -312,9 +313,9 @@ def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + sig, err
     steps = [int(p.stem.split("_")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step_*.pt")]
     assert len(steps) == 1 and steps[0] >= 10
     assert f"stopped at step {steps[0]}" in out
