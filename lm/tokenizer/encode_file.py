@@ -55,7 +55,9 @@ def tokenize_file(
     """Encode ``input_path`` (UTF-8 text) to the token file ``out_path``; return its sidecar.
 
     Invalid UTF-8 is replaced by U+FFFD with a warning. ``num_workers`` defaults to the CPU
-    count; the output is identical for any number of workers.
+    count; the output is identical for any number of workers. The file goes to the workers in
+    chunks of about ``chunk_bytes``; with several workers the parent first encodes about
+    ``warm_bytes`` itself, so that every worker starts with the commonest words cached.
     """
     path = check_readable_file(input_path, "input")
     size = path.stat().st_size
