@@ -431,6 +431,13 @@ def test_plot_writes_a_png(tmp_path, capsys):
 # -- several processes ----------------------------------------------------------------------------------
 
 
+def _torchrun(toml: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "lm", "train", "--config", str(toml), *extra]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_two_gloo_processes_match_one_process(tmp_path):
     # Global batch 4 x 2 micro-steps either way; the two ranks skip the all-reduce on the first
     # micro-step (no_sync) and average their gradients on the second.
@@ -441,10 +448,7 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     for raw in (one, two):
         raw["eval"]["interval"] = 3
     assert _lm("train", "--config", str(_write_toml(tmp_path / "one.toml", one))).returncode == 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "lm", "train", "--config", str(_write_toml(tmp_path / "two.toml", two))]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = _torchrun(_write_toml(tmp_path / "two.toml", two))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "world 2" in done.stdout and done.stdout.count("step 6/6") == 1  # rank 0 alone logs
     a = read_checkpoint(tmp_path / "one" / "checkpoints" / "step_00000006.pt")["model"]
@@ -456,13 +460,6 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     va = [r["loss"] for r in read_metrics(tmp_path / "one") if r["split"] == "val"]
     vb = [r["loss"] for r in read_metrics(tmp_path / "two") if r["split"] == "val"]
     assert va == pytest.approx(vb, abs=1e-4)
-
-
-def _torchrun(toml: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "lm", "train", "--config", str(toml), *extra]  # fmt: skip
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_resume_under_two_gloo_processes_is_exact(tmp_path):
