@@ -148,8 +148,7 @@ class TransformerLM(torch.nn.Module):
             x = x + self.position_embeddings(token_positions)
         elif self.config.positions == "sinusoidal":
             x = x + self.position_table[token_positions].to(x.dtype)
-        if self.config.dropout and self.training:
-            x = dropout(x, self.config.dropout)
+        x = dropout(x, self.config.dropout, self.training)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, None if kv_cache is None else kv_cache.layer(i))
         if kv_cache is not None:

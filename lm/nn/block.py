@@ -74,17 +74,9 @@ class TransformerBlock(torch.nn.Module):
         token_positions: Int[Tensor, "... seq"] | None = None,
         kv_cache=None,
     ) -> Float[Tensor, "... seq d_model"]:
-        drop = self._drop if self.dropout and self.training else _identity
+        p, training = self.dropout, self.training  # residual dropout (the identity when p = 0 or in eval)
         if self.pre_norm:
-            h = x + drop(self.attn(self.ln1(x), token_positions, kv_cache))
-            return h + drop(self.ffn(self.ln2(h)))
-        h = self.ln1(x + drop(self.attn(x, token_positions, kv_cache)))
-        return self.ln2(h + drop(self.ffn(h)))
-
-    def _drop(self, y: Tensor) -> Tensor:
-        """Residual dropout: zero each element with probability ``dropout``, scale the rest by 1/(1-p)."""
-        return dropout(y, self.dropout)
-
-
-def _identity(y: Tensor) -> Tensor:
-    return y
+            h = x + dropout(self.attn(self.ln1(x), token_positions, kv_cache), p, training)
+            return h + dropout(self.ffn(self.ln2(h)), p, training)
+        h = self.ln1(x + dropout(self.attn(x, token_positions, kv_cache), p, training))
+        return self.ln2(h + dropout(self.ffn(h), p, training))
