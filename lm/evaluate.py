@@ -13,6 +13,7 @@ the source text, which makes tokenizers of different vocabularies comparable.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 
@@ -57,18 +58,13 @@ def evaluate_tokens(
     total, count = 0.0, 0
     bar = tqdm(total=n - 1, unit="tok", unit_scale=True, desc="eval", disable=not progress, file=sys.stderr)
     try:
-        i = 0
-        while i < len(windows):  # a batch: up to batch_size consecutive windows of one shape
-            _, _, first = windows[i]
-            length = windows[i][1] - windows[i][0]
-            j = i + 1
-            while j < min(i + batch_size, len(windows)) and windows[j][1] - windows[j][0] == length \
-                    and windows[j][2] == first:
-                j += 1
-            rows = np.stack([np.asarray(tokens[b : e + 1], dtype=np.int64) for b, e, _ in windows[i:j]])
-            total, count = _add(model, rows, first, device, total, count)
-            bar.update(rows.shape[0] * (length - first))
-            i = j
+        # a batch: up to batch_size consecutive windows of one shape (length, first)
+        for (length, first), same in itertools.groupby(windows, key=lambda w: (w[1] - w[0], w[2])):
+            same = list(same)
+            for i in range(0, len(same), batch_size):
+                rows = np.stack([np.asarray(tokens[b : e + 1], dtype=np.int64) for b, e, _ in same[i : i + batch_size]])
+                total, count = _add(model, rows, first, device, total, count)
+                bar.update(rows.shape[0] * (length - first))
     finally:
         bar.close()
         model.train(was_training)
