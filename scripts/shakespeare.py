@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -83,12 +82,11 @@ def main() -> int:
         tokenize_file(tok, out / "data" / f"{split}.txt", out / "data" / f"{split}.bin", num_workers=1)
     t_tok = time.perf_counter() - t_start
 
-    d = args.d_model
     train_seconds = args.budget - (time.perf_counter() - t_start) - args.eval_margin
     cfg = config_from_dict({
-        "model": {"vocab_size": tok.vocab_size, "context_length": args.context_length, "d_model": d,
+        "model": {"vocab_size": tok.vocab_size, "context_length": args.context_length, "d_model": args.d_model,
                   "num_layers": args.num_layers, "num_heads": args.num_heads,
-                  "d_ff": 64 * math.ceil(8 * d / 3 / 64), "rope_theta": 10000.0,
+                  "rope_theta": 10000.0,  # d_ff: the SwiGLU default, 8/3·d_model up to a multiple of 64
                   "tie_embeddings": args.tie_embeddings, "dropout": args.dropout},
         "data": {"train": str(out / "data" / "train.bin"), "val": str(out / "data" / "val.bin"),
                  "tokenizer": str(tok_dir)},
@@ -119,7 +117,7 @@ def main() -> int:
               "bits_per_byte_no_overlap": round(flat["bits_per_byte"], 4),
               "wall_seconds": round(total, 1), "tokenizer_seconds": round(t_tok, 1),
               "train_seconds": round(t_train, 1), "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
-              "vocab_size": tok.vocab_size, "parameters": sum(p.numel() for p in trainer.model.parameters())}
+              "vocab_size": tok.vocab_size, "parameters": trainer.model.num_parameters()}
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0
