@@ -4,6 +4,7 @@ import io
 import json
 import tracemalloc
 
+import numpy as np
 import pytest
 from conftest import data_file
 from hypothesis import given, settings
@@ -84,6 +85,35 @@ def test_decode_malformed_utf8_and_bad_ids(small_tokenizer):
         small_tokenizer.decode([1, 999999])
     with pytest.raises(ValueError, match="ids: -1 is not a token id"):
         small_tokenizer.decode([-1])
+
+
+def test_encode_to_numpy_equals_encode(small_tokenizer):
+    text = (SAMPLE + EOT) * 3
+    ids = small_tokenizer.encode(text)
+    for dtype in (np.uint16, np.uint32, "uint16", np.dtype(">u4")):
+        arr = small_tokenizer.encode_to_numpy(text, dtype)
+        assert arr.dtype == np.dtype(dtype) and arr.tolist() == ids
+    assert small_tokenizer.encode_to_numpy("").tolist() == []
+    with pytest.raises(ValueError, match="dtype: must be uint16 or uint32, got float32"):
+        small_tokenizer.encode_to_numpy(text, np.float32)
+
+
+def test_ids_in_the_surrogate_range_and_beyond_uint16(small_tokenizer):
+    """Ids travel through the cache as characters: ids that are UTF-16 surrogates, or above
+    65,535, must come back exactly (the same tokenizer with its ids moved there)."""
+    n = small_tokenizer.vocab_size
+    moved = {i: (0xD7F0 + i if i % 2 else 0x10FF00 - i) for i in range(n)}
+    tok = Tokenizer({moved[i]: b for i, b in small_tokenizer.vocab.items()}, small_tokenizer.merges, [EOT])
+    text = (SAMPLE + EOT) * 2
+    expected = [moved[i] for i in small_tokenizer.encode(text)]
+    assert any(0xD800 <= i < 0xE000 for i in expected) and any(i > 0xFFFF for i in expected)
+    assert tok.encode(text) == expected
+    assert tok.encode_to_numpy(text, np.uint32).tolist() == expected
+    assert tok.decode(expected) == text
+    with pytest.raises(ValueError, match="dtype: uint16 cannot hold the ids of a vocab of size"):
+        tok.encode_to_numpy(text, np.uint16)
+    with pytest.raises(ValueError, match=r"vocab: ids must be integers in \[0, 1114111\], got 1114112"):
+        Tokenizer({**small_tokenizer.vocab, 0x110000: b"zz"}, [], [])
 
 
 def test_encode_iterable_equals_encode_on_multi_mb_input(small_tokenizer, tmp_path):

@@ -38,8 +38,7 @@ def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, bool]:
     path, start, end, dtype = args
     text, invalid = read_text_range(path, start, end)
     assert _worker_tokenizer is not None
-    ids = _worker_tokenizer.encode(text)
-    return np.array(ids, dtype=dtype).tobytes(), end - start, invalid
+    return _worker_tokenizer.encode_to_numpy(text, dtype).tobytes(), end - start, invalid
 
 
 def tokenize_file(
@@ -69,49 +68,51 @@ def tokenize_file(
     # before it forks: the workers then start with the cache warm for the commonest words
     # instead of each filling it, and the other core idles only briefly.
     bounds = []
-    if workers > 1 and size > 2 * warm_bytes:
+    if workers > 1 and 0 < warm_bytes and 2 * warm_bytes < size:
         head = chunk_boundaries(path, tokenizer.special_tokens, warm_bytes, end=2 * warm_bytes)
         bounds = head[:1] if len(head) > 1 else []  # one chunk: no safe cut before 2 * warm_bytes
     bounds += chunk_boundaries(path, tokenizer.special_tokens, chunk_bytes, start=bounds[0][1] if bounds else 0)
     tasks = [(str(path), a, b, dtype.str) for a, b in bounds]
     invalid = 0
+    pool = None
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=not progress, file=sys.stderr)
+    try:
+        _init_worker(tokenizer)
+        if workers == 1 or len(tasks) == 1:
+            results = map(_encode_chunk, tasks)
+        else:
+            # The first chunk is encoded here, before the fork: the workers then start with
+            # the pre-token cache warm for the commonest words instead of each filling it.
+            first = _encode_chunk(tasks[0])
+            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            # Objects that exist before the fork go to a permanent GC generation: the children's
+            # collections then never touch (and copy) the parent's pages.
+            gc.freeze()
+            pool = ctx.Pool(min(workers, len(tasks) - 1), initializer=_init_worker, initargs=(tokenizer,))
+            results = itertools.chain([first], pool.imap(_encode_chunk, tasks[1:]))
+        # computed while the workers run (it takes a moment for a large vocab)
+        checksum = tokenizer.checksum()
 
-    def chunks() -> Iterator[np.ndarray]:
-        nonlocal invalid
-        bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=not progress, file=sys.stderr)
-        pool = None
-        try:
-            _init_worker(tokenizer)
-            if workers == 1 or len(tasks) == 1:
-                results = map(_encode_chunk, tasks)
-            else:
-                # The first chunk is encoded here, before the fork: the workers then start with
-                # the pre-token cache warm for the commonest words instead of each filling it.
-                first = _encode_chunk(tasks[0])
-                ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-                # Objects that exist before the fork go to a permanent GC generation: the children's
-                # collections then never touch (and copy) the parent's pages.
-                gc.freeze()
-                pool = ctx.Pool(min(workers, len(tasks) - 1), initializer=_init_worker, initargs=(tokenizer,))
-                results = itertools.chain([first], pool.imap(_encode_chunk, tasks[1:]))
+        def chunks() -> Iterator[np.ndarray]:
+            nonlocal invalid
             for data, nbytes, bad in results:
                 invalid += bad
                 bar.update(nbytes)
                 yield np.frombuffer(data, dtype=dtype)
-        finally:
-            bar.close()
-            if pool is not None:
-                pool.terminate()
-                gc.unfreeze()
 
-    meta = write_token_file(
-        out_path,
-        chunks(),
-        vocab_size=tokenizer.vocab_size,
-        source_bytes=size,
-        tokenizer_sha256=tokenizer.checksum(),
-        source=str(path),
-    )
+        meta = write_token_file(
+            out_path,
+            chunks(),
+            vocab_size=tokenizer.vocab_size,
+            source_bytes=size,
+            tokenizer_sha256=checksum,
+            source=str(path),
+        )
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+            gc.unfreeze()
     if invalid:
         warnings.warn(f"input: {invalid} chunk(s) of {str(path)!r} hold invalid UTF-8, replaced by U+FFFD",
                       stacklevel=2)

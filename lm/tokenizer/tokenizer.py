@@ -10,8 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
 
 from lm.io import atomic_write, check_readable_file
 from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
@@ -28,6 +32,9 @@ from lm.tokenizer.pretokenize import (
 _CACHE_LIMIT = 1 << 20
 # encode_iterable emits ids once this much text has been buffered.
 _STREAM_BUFFER_CHARS = 1 << 16
+# the largest id a character can stand for (see Tokenizer._encode_chars)
+_MAX_ID = sys.maxunicode
+_LITTLE = sys.byteorder == "little"
 # rank entry of a pair that has no merge: greater than every real ``rank << 32 | id``
 _NO_MERGE = 1 << 80
 
@@ -53,8 +60,8 @@ class Tokenizer:
         self.special_tokens: list[str] = check_special_tokens(special_tokens)
         self.token_to_id: dict[bytes, int] = {}
         for i, tok in self.vocab.items():
-            if not isinstance(i, int) or i < 0:
-                raise ValueError(f"vocab: ids must be non-negative integers, got {i!r}")
+            if not isinstance(i, int) or not 0 <= i <= _MAX_ID:
+                raise ValueError(f"vocab: ids must be integers in [0, {_MAX_ID}], got {i!r}")
             self.token_to_id.setdefault(tok, i)
         for t in self.special_tokens:
             b = t.encode("utf-8")
@@ -81,9 +88,8 @@ class Tokenizer:
         self._byte_ids = [self.token_to_id[bytes([i])] for i in range(256)]
         self._special_ids = {t: self.token_to_id[t.encode("utf-8")] for t in self.special_tokens}
         self._special_re = special_tokens_regex(self.special_tokens)
-        # cache of encoded pre-tokens: one token, and several tokens
-        self._single: dict[str, int] = {}
-        self._multi: dict[str, list[int]] = {}
+        # cache: pre-token -> its ids as a string of chr(id) (see _encode_chars)
+        self._cache: dict[str, str] = {}
 
     # ------------------------------------------------------------ files
 
@@ -177,56 +183,66 @@ class Tokenizer:
                 rank[i] = get(ids[i] << 32 | ids[i + 1], _NO_MERGE)
         return ids
 
-    def _encode_ordinary(self, text: str, out: list[int]) -> None:
-        """Encode text that holds no special tokens, appending to ``out``.
+    def _encode_ordinary(self, text: str) -> str:
+        """Encode text that holds no special tokens, as a string of ``chr(id)`` (see ``_encode_chars``).
 
-        Pre-tokens seen before are looked up: ``_single`` holds those that are one token
-        (most of them), ``_multi`` the others. The lookup of single tokens runs as one
-        ``map`` at C speed; only the remaining positions take a Python step each.
+        The pre-tokens are looked up in the cache with one ``map`` and joined with one
+        ``str.join``, both at C speed; only pre-tokens not seen before take a Python step.
         """
         words = pretokenize(text)
-        ids = list(map(self._single.get, words))
+        pieces = list(map(self._cache.get, words))
         try:
-            i = ids.index(None)
-        except ValueError:
-            out += ids
-            return
-        single, multi = self._single, self._multi
-        if len(single) + len(multi) > _CACHE_LIMIT:
-            single.clear()
-            multi.clear()
-        j = 0
+            return "".join(pieces)
+        except TypeError:  # a None: some pre-tokens are not cached yet
+            pass
+        cache = self._cache
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()
+        i = pieces.index(None)
         while True:
-            out += ids[j:i]
             w = words[i]
-            m = multi.get(w)
-            if m is None:
-                t = single.get(w)  # met earlier in this same text
-                if t is None:
-                    m = self._bpe(w)
-                    if len(m) == 1:
-                        single[w] = m[0]
-                    else:
-                        multi[w] = m
-                else:
-                    m = (t,)
-            out += m
-            j = i + 1
+            p = cache.get(w)  # met earlier in this same text
+            if p is None:
+                p = cache[w] = "".join(map(chr, self._bpe(w)))
+            pieces[i] = p
             try:
-                i = ids.index(None, j)
+                i = pieces.index(None, i + 1)
             except ValueError:
-                break
-        out += ids[j:]
+                return "".join(pieces)
+
+    def _encode_chars(self, text: str) -> str:
+        """The ids of ``text`` as a string whose characters are ``chr(id)``.
+
+        Strings join and convert at C speed (``str.join``, ``str.encode``), so the cache maps
+        each pre-token to such a string, and a whole text's ids never exist as Python ints
+        unless :meth:`encode` asks for a list. Ids in the surrogate range stay single
+        characters here and are written with ``surrogatepass``.
+        """
+        parts: list[str] = []
+        for i, seg in enumerate(split_on_special(text, self._special_re)):
+            if i % 2:
+                parts.append(chr(self._special_ids[seg]))
+            elif seg:
+                parts.append(self._encode_ordinary(seg))
+        return "".join(parts)
 
     def encode(self, text: str) -> list[int]:
         """Encode a string into token ids."""
-        out: list[int] = []
-        for i, seg in enumerate(split_on_special(text, self._special_re)):
-            if i % 2:
-                out.append(self._special_ids[seg])
-            elif seg:
-                self._encode_ordinary(seg, out)
-        return out
+        return self.encode_to_numpy(text, np.uint32).tolist()
+
+    def encode_to_numpy(self, text: str, dtype: npt.DTypeLike = np.uint32) -> np.ndarray:
+        """Encode a string into a 1-D array of ids of ``dtype`` (``uint16`` or ``uint32``).
+
+        Faster than ``np.array(encode(text))``: the ids go from the cache to the array
+        without becoming Python ints. ``uint16`` needs every id below 65,536.
+        """
+        dt = np.dtype(dtype)
+        if dt.kind != "u" or dt.itemsize not in (2, 4):
+            raise ValueError(f"dtype: must be uint16 or uint32, got {dt}")
+        if dt.itemsize == 2 and self.vocab_size > 1 << 16:
+            raise ValueError(f"dtype: uint16 cannot hold the ids of a vocab of size {self.vocab_size}")
+        codec = f"utf-{8 * dt.itemsize}-{'le' if dt.byteorder == '<' or (dt.byteorder == '=' and _LITTLE) else 'be'}"
+        return np.frombuffer(self._encode_chars(text).encode(codec, "surrogatepass"), dtype=dt)
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """Encode a stream of strings (e.g. a file's lines) lazily, in constant memory.
