@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import regex
 
@@ -38,25 +38,31 @@ _SAFE_NEWLINE = re.compile(r"(?<=[!-~])\n")
 _ASCII_GAP = 512
 
 
-def pretokenize(text: str) -> list[str]:
-    r"""The GPT-2 pre-tokens of ``text`` (exactly ``GPT2_REGEX.findall(text)``), faster.
+def is_plain(text: str) -> bool:
+    """Whether ``text`` holds only ASCII and common punctuation (see :func:`plain_stretches`)."""
+    return text.isascii() or _NON_ASCII.search(text) is None
 
-    Stretches of ASCII (and common punctuation), cut at safe points, go through the
-    ASCII-only pattern; stretches that hold other characters go through the Unicode pattern.
 
-    >>> pretokenize("Hello world's  café\n")
-    ['Hello', ' world', "'s", ' ', ' café', '\n']
+def plain_stretches(text: str) -> Iterator[tuple[bool, int, int]]:
+    r"""Cut ``text`` into stretches ``(plain, start, end)`` at safe cuts.
+
+    A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``); the others
+    hold the characters that only the Unicode pattern classifies correctly (short ASCII gaps
+    between them are kept with them, to keep the stretches few).
+
+    >>> list(plain_stretches("Hello.\ncafé\nbye"))
+    [(True, 0, 6), (False, 6, 15)]
     """
-    if text.isascii() or _NON_ASCII.search(text) is None:
-        return GPT2_ASCII_REGEX.findall(text)
-    ascii_findall, findall = GPT2_ASCII_REGEX.findall, GPT2_REGEX.findall
-    out: list[str] = []
+    if is_plain(text):
+        if text:
+            yield True, 0, len(text)
+        return
     pos, n = 0, len(text)
     while pos < n:
         m = _NON_ASCII.search(text, pos)
         if m is None:
-            out += ascii_findall(text, pos)
-            break
+            yield True, pos, n
+            return
         s = m.start()
         # the last safe cut before the first non-ASCII character
         cut = pos
@@ -67,7 +73,7 @@ def pretokenize(text: str) -> list[str]:
                 break
             i = text.rfind("\n", pos + 1, i)
         if cut > pos:
-            out += ascii_findall(text, pos, cut)
+            yield True, pos, cut
         # the first safe cut after it, skipping over short ASCII gaps
         end = s
         while True:
@@ -77,8 +83,24 @@ def pretokenize(text: str) -> list[str]:
             if nxt is None:
                 break
             end = nxt.start()
-        out += findall(text, cut, stop)
+        yield False, cut, stop
         pos = stop
+
+
+def pretokenize(text: str) -> list[str]:
+    r"""The GPT-2 pre-tokens of ``text`` (exactly ``GPT2_REGEX.findall(text)``), faster.
+
+    Plain stretches (ASCII and common punctuation, see :func:`plain_stretches`) go through the
+    ASCII-only pattern; stretches that hold other characters go through the Unicode pattern.
+
+    >>> pretokenize("Hello world's  café\n")
+    ['Hello', ' world', "'s", ' ', ' café', '\n']
+    """
+    if is_plain(text):
+        return GPT2_ASCII_REGEX.findall(text)
+    out: list[str] = []
+    for plain, a, b in plain_stretches(text):
+        out += (GPT2_ASCII_REGEX if plain else GPT2_REGEX).findall(text, a, b)
     return out
 
 

@@ -2,7 +2,10 @@
 
 Encoding a text: split out special tokens (the longest wins where two overlap), cut the
 rest into pre-tokens with the GPT-2 regex, and apply the merges to each pre-token in
-rank order. Pre-tokens repeat a lot in natural text, so their ids are cached.
+rank order. Pre-tokens repeat a lot in natural text, so their ids are cached. That is the
+reference path (``Tokenizer._encode_chars``). Stretches of plain text (ASCII and common
+punctuation) take a vectorised path that gives the same ids without a Python step per
+pre-token (:mod:`lm.tokenizer.vectorized`); tests check the two against each other.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -23,10 +27,13 @@ from lm.tokenizer.pretokenize import (
     GPT2_PATTERN,
     GPT2_REGEX,
     check_special_tokens,
+    is_plain,
+    plain_stretches,
     pretokenize,
     special_tokens_regex,
     split_on_special,
 )
+from lm.tokenizer.vectorized import HashedEncoder
 
 # Bound on cached pre-tokens, so that encoding an endless stream runs in constant memory.
 _CACHE_LIMIT = 1 << 20
@@ -34,7 +41,7 @@ _CACHE_LIMIT = 1 << 20
 _STREAM_BUFFER_CHARS = 1 << 16
 # the largest id a character can stand for (see Tokenizer._encode_chars)
 _MAX_ID = sys.maxunicode
-_LITTLE = sys.byteorder == "little"
+_UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # native uint32
 # rank entry of a pair that has no merge: greater than every real ``rank << 32 | id``
 _NO_MERGE = 1 << 80
 
@@ -90,6 +97,13 @@ class Tokenizer:
         self._special_re = special_tokens_regex(self.special_tokens)
         # cache: pre-token -> its ids as a string of chr(id) (see _encode_chars)
         self._cache: dict[str, str] = {}
+        # the fast path for plain text (see lm.tokenizer.vectorized), with its own cache
+        self._fast = HashedEncoder(self._bpe, _CACHE_LIMIT)
+        toks = sorted(self._special_ids, key=lambda t: (-len(t), t))  # the longest wins
+        self._special_bytes_re = re.compile(b"|".join(re.escape(t.encode("utf-8")) for t in toks)) if toks else None
+        self._special_ids_bytes = {t.encode("utf-8"): i for t, i in self._special_ids.items()}
+        # plain_stretches may cut before a newline, which must not fall inside a special token
+        self._cut_stretches = not any("\n" in t for t in self.special_tokens)
 
     # ------------------------------------------------------------ files
 
@@ -160,13 +174,13 @@ class Tokenizer:
 
     # ------------------------------------------------------------ encoding
 
-    def _bpe(self, word: str) -> list[int]:
+    def _bpe(self, word: bytes) -> list[int]:
         """Apply the merges to one pre-token: repeatedly merge the leftmost adjacent pair of lowest rank.
 
         ``rank[i]`` describes the pair at positions (i, i+1) as ``rank << 32 | merged id``
         (one int, so ``min`` compares fast); after a merge only its two neighbours change.
         """
-        ids = [self._byte_ids[b] for b in word.encode("utf-8")]
+        ids = list(map(self._byte_ids.__getitem__, word))
         get = self._packed_ranks.get
         rank = [get(a << 32 | b, _NO_MERGE) for a, b in zip(ids, ids[1:])]
         while rank:
@@ -203,7 +217,7 @@ class Tokenizer:
             w = words[i]
             p = cache.get(w)  # met earlier in this same text
             if p is None:
-                p = cache[w] = "".join(map(chr, self._bpe(w)))
+                p = cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
             pieces[i] = p
             try:
                 i = pieces.index(None, i + 1)
@@ -211,12 +225,11 @@ class Tokenizer:
                 return "".join(pieces)
 
     def _encode_chars(self, text: str) -> str:
-        """The ids of ``text`` as a string whose characters are ``chr(id)``.
+        """The ids of ``text`` as a string whose characters are ``chr(id)``: the regex path.
 
         Strings join and convert at C speed (``str.join``, ``str.encode``), so the cache maps
-        each pre-token to such a string, and a whole text's ids never exist as Python ints
-        unless :meth:`encode` asks for a list. Ids in the surrogate range stay single
-        characters here and are written with ``surrogatepass``.
+        each pre-token to such a string, and a text's ids never exist as Python ints. Ids in
+        the surrogate range stay single characters here and are converted with ``surrogatepass``.
         """
         parts: list[str] = []
         for i, seg in enumerate(split_on_special(text, self._special_re)):
@@ -226,23 +239,47 @@ class Tokenizer:
                 parts.append(self._encode_ordinary(seg))
         return "".join(parts)
 
+    def _encode_array(self, text: str) -> np.ndarray:
+        """The ids of ``text`` as native ``uint32``: plain stretches through the vectorised
+        path, the rest (and any stretch where a hash collided) through the regex path."""
+        parts: list[np.ndarray] = []
+        if self._cut_stretches:
+            stretches = plain_stretches(text)
+        else:
+            stretches = [(is_plain(text), 0, len(text))]
+        for plain, a, b in stretches:
+            piece = text[a:b]
+            ids = None
+            if plain:
+                data = piece.encode("utf-8")
+                specials = []
+                if self._special_bytes_re is not None:
+                    specials = [(m.start(), m.end(), self._special_ids_bytes[m.group()])
+                                for m in self._special_bytes_re.finditer(data)]
+                ids = self._fast.encode(data, specials)
+            if ids is None:
+                ids = np.frombuffer(self._encode_chars(piece).encode(_UTF32, "surrogatepass"), dtype=np.uint32)
+            parts.append(ids)
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
     def encode(self, text: str) -> list[int]:
         """Encode a string into token ids."""
-        return self.encode_to_numpy(text, np.uint32).tolist()
+        return self._encode_array(text).tolist()
 
     def encode_to_numpy(self, text: str, dtype: npt.DTypeLike = np.uint32) -> np.ndarray:
         """Encode a string into a 1-D array of ids of ``dtype`` (``uint16`` or ``uint32``).
 
-        Faster than ``np.array(encode(text))``: the ids go from the cache to the array
-        without becoming Python ints. ``uint16`` needs every id below 65,536.
+        Faster than ``np.array(encode(text))``: the ids never become Python ints.
+        ``uint16`` needs every id below 65,536.
         """
         dt = np.dtype(dtype)
         if dt.kind != "u" or dt.itemsize not in (2, 4):
             raise ValueError(f"dtype: must be uint16 or uint32, got {dt}")
         if dt.itemsize == 2 and self.vocab_size > 1 << 16:
             raise ValueError(f"dtype: uint16 cannot hold the ids of a vocab of size {self.vocab_size}")
-        codec = f"utf-{8 * dt.itemsize}-{'le' if dt.byteorder == '<' or (dt.byteorder == '=' and _LITTLE) else 'be'}"
-        return np.frombuffer(self._encode_chars(text).encode(codec, "surrogatepass"), dtype=dt)
+        return self._encode_array(text).astype(dt, copy=False)
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """Encode a stream of strings (e.g. a file's lines) lazily, in constant memory.

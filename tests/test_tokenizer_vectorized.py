@@ -1,0 +1,126 @@
+"""The vectorised fast path of encoding against the regex path it replaces on plain text."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lm.tokenizer.vectorized as vz
+from lm.tokenizer import Tokenizer, train_bpe
+from lm.tokenizer.pretokenize import _SAFE_NON_ASCII, GPT2_REGEX, is_plain, plain_stretches
+
+EOT = "<|endoftext|>"
+# plain text, weighted towards what the rules care about: contractions, runs of whitespace
+PLAIN = st.text(
+    alphabet=st.sampled_from(list("abcABZ019 '''sdmtlverSDLVE.,!?-\"\n\n  \t\r\x0b\x0c") + list(_SAFE_NON_ASCII[:8])),
+    max_size=60,
+)
+
+
+def regex_starts(text: str) -> list[int]:
+    """Byte offsets where the GPT-2 regex's pre-tokens start."""
+    out, pos = [], 0
+    for tok in GPT2_REGEX.findall(text):
+        out.append(pos)
+        pos += len(tok.encode("utf-8"))
+    return out
+
+
+def starts_of(text: str) -> list[int]:
+    return vz.pretoken_starts(np.frombuffer(text.encode("utf-8"), dtype=np.uint8)).tolist()
+
+
+@settings(max_examples=2000, deadline=None)
+@given(PLAIN)
+def test_pretoken_starts_equal_the_regex(text):
+    assert is_plain(text)
+    assert starts_of(text) == regex_starts(text)
+
+
+@pytest.mark.parametrize("text", [
+    "don't I'll we've they're 's 'S 'lls 'ss ''s ' 's", "a  b", "a \nb", "a\n b", "a  \n\n  b  ", "x'", "'",
+    "1990's", "end.\u201d He said\u2014no.", "\t\t x", "  ", "\n", "a'll'", "'ll've're", "it’s",
+])
+def test_pretoken_starts_on_corner_cases(text):
+    assert starts_of(text) == regex_starts(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(PLAIN, min_size=1, max_size=5),
+       st.lists(st.sampled_from(["<s>", "<|x|>", "l"]), min_size=5, max_size=5))
+def test_special_tokens_cut_the_text_like_separate_texts(pieces, specials):
+    """Around a special token the text splits as if it ended (or began) there."""
+    text, mask, sp_starts, expected = "", [], [], []
+    for i, piece in enumerate(pieces):
+        if i:
+            sp = specials[i]
+            sp_starts.append(len(text.encode()))
+            expected.append(len(text.encode()))
+            text += sp
+            mask += [True] * len(sp.encode())
+        base = len(text.encode())
+        expected += [base + s for s in regex_starts(piece)]
+        text += piece
+        mask += [False] * len(piece.encode())
+    b = np.frombuffer(text.encode(), dtype=np.uint8)
+    got = vz.pretoken_starts(b, np.array(mask, dtype=bool), np.array(sp_starts, dtype=np.intp))
+    assert got.tolist() == expected
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Tokenizer:
+    path = tmp_path_factory.mktemp("vz") / "corpus.txt"
+    path.write_text(("Tom's dog can't run. \"We'll see,\" she said.\n\n  It’s 1990’s—end.\t" + EOT) * 30)
+    vocab, merges = train_bpe(path, 350, [EOT, "<pad>"])
+    return Tokenizer(vocab, merges, [EOT, "<pad>"])
+
+
+def regex_path(tok: Tokenizer, text: str) -> list[int]:
+    return [ord(c) for c in tok._encode_chars(text)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(PLAIN, st.sampled_from([EOT, "<pad>", EOT + EOT, "é", "東京"])), max_size=8))
+def test_fast_path_equals_regex_path(tok, parts):
+    text = "".join(parts)
+    assert tok.encode(text) == regex_path(tok, text)
+    assert tok.encode_to_numpy(text, np.uint16).tolist() == regex_path(tok, text)
+
+
+def test_a_hash_collision_falls_back_to_the_regex_path(tok, monkeypatch):
+    """With a hash that only sees the length, every word of one length collides: the check
+    against the stored bytes must catch it, and the ids must still be right."""
+    fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    monkeypatch.setattr(vz, "_HASH_TABLE", np.ones_like(vz._HASH_TABLE))
+    text = "cat dog pig cow. Tom ran far away, far far away.\n" * 3
+    assert fresh._fast.encode(text.encode()) is None
+    assert fresh.encode(text) == regex_path(tok, text)
+
+
+def letters(i: int) -> str:
+    out = "q"
+    while i:
+        i, d = divmod(i, 26)
+        out += chr(97 + d)
+    return out
+
+
+def test_table_grows_and_starts_again_at_its_limit(tok):
+    fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    words = " ".join(letters(i) for i in range(6000))  # 6,000 distinct pre-tokens: the table grows
+    assert fresh.encode(words) == regex_path(tok, words)
+    assert fresh._fast.n == 6000
+    assert fresh.encode(words) == regex_path(tok, words)  # all found this time
+    fresh._fast.limit = 6050
+    more = " ".join(letters(i) for i in range(6000, 6060))  # would pass the limit: the table starts again
+    assert fresh.encode(more) == regex_path(tok, more)
+    assert fresh._fast.n == 60
+    assert fresh.encode(words) == regex_path(tok, words)
+
+
+def test_mixed_text_splits_into_plain_and_other_stretches(tok):
+    text = "Plain line.\nCafé au lait.\nPlain again.\n" * 5
+    stretches = list(plain_stretches(text))
+    assert {p for p, _, _ in stretches} == {True, False}
+    assert "".join(text[a:b] for _, a, b in stretches) == text
+    assert tok.encode(text) == regex_path(tok, text)
