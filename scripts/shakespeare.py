@@ -42,9 +42,12 @@ def main() -> int:
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--num-layers", type=int, default=3)
     ap.add_argument("--num-heads", type=int, default=4)
+    ap.add_argument("--d-ff", type=int, default=None, help="feed-forward width (default: the SwiGLU default)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-lr", type=float, default=7e-3)
     ap.add_argument("--warmup-fraction", type=float, default=0.03, help="of the training time")
+    ap.add_argument("--schedule", default="cosine", choices=["cosine", "wsd"])
+    ap.add_argument("--decay-fraction", type=float, default=0.2, help="wsd: share of the time spent decaying")
     ap.add_argument("--min-lr-ratio", type=float, default=0.0, help="final learning rate / peak")
     ap.add_argument("--beta2", type=float, default=0.95)
     ap.add_argument("--weight-decay", type=float, default=1.0)
@@ -87,7 +90,8 @@ def main() -> int:
         "model": {"vocab_size": tok.vocab_size, "context_length": args.context_length, "d_model": args.d_model,
                   "num_layers": args.num_layers, "num_heads": args.num_heads,
                   "rope_theta": 10000.0,  # d_ff: the SwiGLU default, 8/3·d_model up to a multiple of 64
-                  "tie_embeddings": args.tie_embeddings, "dropout": args.dropout},
+                  "tie_embeddings": args.tie_embeddings, "dropout": args.dropout,
+                  **({"d_ff": args.d_ff} if args.d_ff else {})},
         "data": {"train": str(out / "data" / "train.bin"), "val": str(out / "data" / "val.bin"),
                  "tokenizer": str(tok_dir)},
         "train": {"out_dir": str(out / "run"), "batch_size": args.batch_size, "max_time": train_seconds,
@@ -95,6 +99,7 @@ def main() -> int:
         # the schedule runs on elapsed time: 10,000 "iterations" stand for the whole training time
         "optim": {"max_lr": args.max_lr, "min_lr": args.max_lr * args.min_lr_ratio,
                   "warmup_iters": int(args.warmup_fraction * 10_000), "cosine_cycle_iters": 10_000,
+                  "schedule": args.schedule, "decay_fraction": args.decay_fraction,
                   "beta2": args.beta2, "weight_decay": args.weight_decay, "grad_clip": args.grad_clip,
                   "decay_embeddings": args.decay_embeddings},
         "eval": {"interval": 0},

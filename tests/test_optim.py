@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups
+from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
 
 
 class _Tiny(nn.Module):
@@ -92,6 +92,19 @@ def test_cosine_schedule_values():
     assert cosine_lr_schedule(1000, **args) == 0.1
     lrs = [cosine_lr_schedule(i, **args) for i in range(10, 111)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+
+
+def test_wsd_schedule_values():
+    args = dict(max_learning_rate=1.0, min_learning_rate=0.1, warmup_iters=10, total_iters=110, decay_fraction=0.5)
+    assert wsd_lr_schedule(0, **args) == 0.0
+    assert wsd_lr_schedule(5, **args) == pytest.approx(0.5)
+    assert wsd_lr_schedule(10, **args) == 1.0 and wsd_lr_schedule(55, **args) == 1.0  # stable
+    assert wsd_lr_schedule(82.5, **args) == pytest.approx(0.55)  # half-way down the linear decay
+    assert wsd_lr_schedule(110, **args) == pytest.approx(0.1) and wsd_lr_schedule(500, **args) == 0.1
+    lrs = [wsd_lr_schedule(i, **args) for i in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    # a decay longer than what follows the warm-up starts right after it
+    assert wsd_lr_schedule(10, 1.0, 0.0, 10, 20, 1.0) == 1.0 and wsd_lr_schedule(15, 1.0, 0.0, 10, 20, 1.0) == 0.5
 
 
 def test_cosine_schedule_matches_cs336_reference_values():

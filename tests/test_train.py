@@ -93,6 +93,8 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"optim": {"max_lr": -1.0}}, "optim.max_lr must be > 0"),
         ({"wandb": {"mode": "cloud"}}, "wandb.mode must be disabled, offline or online"),
         ({"model": {"num_heads": 3}}, "d_model must be divisible by num_heads"),
+        ({"optim": {"schedule": "linear"}}, "optim.schedule must be cosine or wsd, got 'linear'"),
+        ({"optim": {"decay_fraction": 0.0}}, "optim.decay_fraction must be in (0, 1], got 0.0"),
     ]
     for extra, message in cases:
         bad = json.loads(json.dumps(raw))
@@ -189,6 +191,16 @@ def test_max_time_drives_the_schedule(tmp_path):
     assert trainer.learning_rate() == pytest.approx(0.5 * (1e-2 + 1e-3))  # half-way down the cosine
     trainer.elapsed = 100.0
     assert trainer._done()
+
+
+def test_wsd_schedule_in_the_trainer(tmp_path):
+    raw = _raw_config(tmp_path, optim={"schedule": "wsd", "decay_fraction": 0.25, "cosine_cycle_iters": 100,
+                                       "warmup_iters": 10, "min_lr": 0.0})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    max_lr = raw["optim"]["max_lr"]
+    for step, lr in [(5, 0.5 * max_lr), (50, max_lr), (75, max_lr), (90, 0.4 * max_lr), (100, 0.0)]:
+        trainer.step = step
+        assert trainer.learning_rate() == pytest.approx(lr)
 
 
 def test_max_time_stops_the_run_and_drives_the_schedule(tmp_path):

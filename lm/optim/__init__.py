@@ -2,6 +2,6 @@
 
 from lm.optim.adamw import AdamW, param_groups
 from lm.optim.clip import clip_grad_norm_
-from lm.optim.schedule import cosine_lr_schedule
+from lm.optim.schedule import cosine_lr_schedule, wsd_lr_schedule
 
-__all__ = ["AdamW", "clip_grad_norm_", "cosine_lr_schedule", "param_groups"]
+__all__ = ["AdamW", "clip_grad_norm_", "cosine_lr_schedule", "param_groups", "wsd_lr_schedule"]

@@ -52,6 +52,8 @@ class OptimConfig:
     min_lr: float = 1e-4
     warmup_iters: int = 100  # in schedule iterations (steps when max_steps drives the schedule)
     cosine_cycle_iters: int | None = None  # default: max_steps; the schedule's length
+    schedule: str = "cosine"  # cosine | wsd (warm-up, stable, then a linear decay)
+    decay_fraction: float = 0.2  # wsd: the final share of the schedule that decays to min_lr
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -278,6 +280,10 @@ def _check_values(cfg: Config) -> None:
         raise ValueError("config: with train.max_time alone, set optim.cosine_cycle_iters (the schedule's length)")
     if t.dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"config: train.dtype must be auto, float32 or bfloat16, got {t.dtype!r}")
+    if cfg.optim.schedule not in ("cosine", "wsd"):
+        raise ValueError(f"config: optim.schedule must be cosine or wsd, got {cfg.optim.schedule!r}")
+    if not 0 < cfg.optim.decay_fraction <= 1:
+        raise ValueError(f"config: optim.decay_fraction must be in (0, 1], got {cfg.optim.decay_fraction}")
     if cfg.wandb.mode not in ("disabled", "offline", "online"):
         raise ValueError(f"config: wandb.mode must be disabled, offline or online, got {cfg.wandb.mode!r}")
     if not cfg.data.train:

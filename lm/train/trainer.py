@@ -30,7 +30,7 @@ from lm.checkpoint import (
 from lm.data import TokenDataset
 from lm.io import atomic_write
 from lm.model import TransformerLM
-from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups
+from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
 from lm.train.config import Config
 from lm.train.distributed import init_distributed, shutdown_distributed
 from lm.train.metrics import MetricsLog, format_duration, peak_flops
@@ -234,6 +234,9 @@ class Trainer:
     def learning_rate(self) -> float:
         o, t = self.cfg.optim, self.cfg.train
         cycle = o.cosine_cycle_iters or t.max_steps
+        if o.schedule == "wsd":
+            return wsd_lr_schedule(self.schedule_position(), o.max_lr, o.min_lr, o.warmup_iters, cycle,
+                                   o.decay_fraction)
         return cosine_lr_schedule(self.schedule_position(), o.max_lr, o.min_lr, o.warmup_iters, cycle)
 
     def _done(self) -> bool:
