@@ -115,6 +115,14 @@ def test_table_grows_and_starts_again_at_its_limit(tok):
     more = " ".join(letters(i) for i in range(6000, 6060))  # would pass the limit: the table starts again
     assert fresh.encode(more) == regex_path(tok, more)
     assert fresh._fast.n == 60
+    # known and new words in one text that passes the limit: the table starts again with all of them,
+    # and the fast path (not the fallback) gives the ids
+    fresh._fast.limit = 100
+    mixed = more + " " + " ".join(letters(i) for i in range(7000, 7050))
+    ids = fresh._fast.encode(mixed.encode())
+    assert ids is not None and ids.tolist() == regex_path(tok, mixed)
+    assert fresh._fast.n == len(set(GPT2_REGEX.findall(mixed))) == 110
+    fresh._fast.limit = 10**6
     assert fresh.encode(words) == regex_path(tok, words)
 
 

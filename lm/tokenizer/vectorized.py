@@ -129,7 +129,7 @@ class HashedEncoder:
             memory stays bounded on an endless stream.
     """
 
-    def __init__(self, bpe: Callable[[str], list[int]], limit: int):
+    def __init__(self, bpe: Callable[[bytes], list[int]], limit: int):
         self.bpe = bpe
         self.limit = limit
         self.clear()
@@ -177,8 +177,6 @@ class HashedEncoder:
 
     def _add(self, words: list[bytes], h: np.ndarray) -> None:
         """Add new pre-tokens (distinct, not in the table) with their hashes."""
-        if self.n + len(words) > self.limit:
-            self.clear()
         ids = list(map(self.bpe, words))
         n_ids = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         n_bytes = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
@@ -236,6 +234,11 @@ class HashedEncoder:
             miss &= ~is_special
         if miss.any():
             new_h, first = np.unique(h[miss], return_index=True)
+            if self.n + len(new_h) > self.limit:
+                # start again empty, with every word of this text (the hits' entries are gone)
+                self.clear()
+                miss = np.ones(len(h), dtype=bool) if is_special is None else ~is_special
+                new_h, first = np.unique(h[miss], return_index=True)
             at = np.flatnonzero(miss)[first]
             self._add([data[s : s + n] for s, n in zip(starts[at].tolist(), lengths[at].tolist())], new_h)
             entry[miss] = self._find(h[miss])
