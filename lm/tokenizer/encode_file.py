@@ -81,9 +81,7 @@ def tokenize_file(
         if workers == 1 or len(tasks) == 1:
             results = map(_encode_chunk, tasks)
         else:
-            # The first chunk is encoded here, before the fork: the workers then start with
-            # the pre-token cache warm for the commonest words instead of each filling it.
-            first = _encode_chunk(tasks[0])
+            first = _encode_chunk(tasks[0])  # the head, before the fork (see above)
             ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
             # Objects that exist before the fork go to a permanent GC generation: the children's
             # collections then never touch (and copy) the parent's pages.

@@ -104,8 +104,10 @@ def pretokenize(text: str) -> list[str]:
     return out
 
 
-def special_tokens_regex(special_tokens: Iterable[str]) -> regex.Pattern | None:
+def special_tokens_regex(special_tokens: Iterable[str], *, as_bytes: bool = False) -> regex.Pattern | None:
     """A regex matching any special token; where two overlap, the longest wins.
+
+    ``as_bytes`` gives the same pattern over UTF-8 bytes, for searching encoded text.
 
     >>> special_tokens_regex(["<a>", "<a><b>"]).findall("x<a><b>y<a>")
     ['<a><b>', '<a>']
@@ -114,6 +116,8 @@ def special_tokens_regex(special_tokens: Iterable[str]) -> regex.Pattern | None:
     if not toks:
         return None
     # one capturing group, so that ``split`` keeps the special tokens
+    if as_bytes:
+        return regex.compile(b"(" + b"|".join(regex.escape(t.encode("utf-8")) for t in toks) + b")")
     return regex.compile("(" + "|".join(regex.escape(t) for t in toks) + ")")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -99,9 +98,7 @@ class Tokenizer:
         self._cache: dict[str, str] = {}
         # the fast path for plain text (see lm.tokenizer.vectorized), with its own cache
         self._fast = HashedEncoder(self._bpe, _CACHE_LIMIT)
-        toks = sorted(self._special_ids, key=lambda t: (-len(t), t))  # the longest wins
-        self._special_bytes_re = re.compile(b"|".join(re.escape(t.encode("utf-8")) for t in toks)) if toks else None
-        self._special_ids_bytes = {t.encode("utf-8"): i for t, i in self._special_ids.items()}
+        self._special_bytes_re = special_tokens_regex(self.special_tokens, as_bytes=True)
         # plain_stretches may cut before a newline, which must not fall inside a special token
         self._cut_stretches = not any("\n" in t for t in self.special_tokens)
 
@@ -254,7 +251,7 @@ class Tokenizer:
                 data = piece.encode("utf-8")
                 specials = []
                 if self._special_bytes_re is not None:
-                    specials = [(m.start(), m.end(), self._special_ids_bytes[m.group()])
+                    specials = [(m.start(), m.end(), self.token_to_id[m.group()])
                                 for m in self._special_bytes_re.finditer(data)]
                 ids = self._fast.encode(data, specials)
             if ids is None:
