@@ -1,13 +1,52 @@
-"""Atomic file output: a file either appears complete under its final name or not at all."""
+"""Safe output: every file and folder that lm writes goes through this module.
+
+The rules, which every command follows:
+
+- a file appears complete under its final name or not at all (:func:`atomic_write`: a
+  temporary name beside it, fsync, rename);
+- no command writes over one of its own inputs (:func:`check_not_input`: resolved paths and
+  inodes are compared, and a folder output may not contain an input or the working directory);
+- an existing output is replaced only with ``--overwrite``, and only when it is recognisably a
+  previous output of the same command (:func:`check_output_file`, :func:`check_output_dir`):
+  a folder carries a marker file :data:`MARKER` naming the command that made it; a folder that
+  holds anything else is never replaced;
+- a folder output is built beside its final name and swapped in only once it is complete
+  (:func:`replace_dir`), so a failed or interrupted command leaves the previous output as it was.
+
+Files and folders get the modes the user's umask gives (not ``mkstemp``'s 0600/0700).
+"""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
+
+MARKER = ".lm-output.json"  # in every folder lm makes as a command's output: {"command": ..., "complete": ...}
+
+Inputs = Iterable[tuple[str, str | os.PathLike]]  # (argument, path) pairs, e.g. ("--input", "a.txt")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open``: 0666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    """The mode a new folder gets from ``mkdir``: 0777 less the umask."""
+    return 0o777 & ~_umask()
 
 
 @contextlib.contextmanager
@@ -21,7 +60,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual mode
+        os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
@@ -31,12 +70,6 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def check_readable_file(path: str | os.PathLike, argument: str) -> Path:
@@ -51,12 +84,255 @@ def check_readable_file(path: str | os.PathLike, argument: str) -> Path:
     return p
 
 
-def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str, bool]:
-    """Bytes ``[start, end)`` of a file as UTF-8 text; invalid bytes become U+FFFD (then the flag is True)."""
+# -- text --------------------------------------------------------------------------------------
+
+def _count_replace(err: UnicodeDecodeError) -> tuple[str, int]:
+    _count_replace.count += err.end - err.start  # type: ignore[attr-defined]
+    return "\ufffd", err.end
+
+
+_count_replace.count = 0  # type: ignore[attr-defined]
+codecs.register_error("lm-count-replace", _count_replace)
+
+
+def decode_utf8(data: bytes) -> tuple[str, int]:
+    """``data`` as text and the number of bytes that were not valid UTF-8 (each run became U+FFFD).
+
+    >>> decode_utf8(b"caf\\xc3\\xa9 \\xff\\xfe!")
+    ('café \\ufffd\\ufffd!', 2)
+    """
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        _count_replace.count = 0  # type: ignore[attr-defined]
+        text = data.decode("utf-8", errors="lm-count-replace")
+        return text, _count_replace.count  # type: ignore[attr-defined]
+
+
+def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str, int]:
+    """Bytes ``[start, end)`` of a file as UTF-8 text, and how many of them were invalid (now U+FFFD)."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
+    return decode_utf8(data)
+
+
+def looks_like_text(path: str | os.PathLike, sample: int = 1 << 16) -> bool:
+    """True when the first ``sample`` bytes hold no NUL byte and are (almost all) valid UTF-8.
+
+    Token files are full of NUL bytes (every id below 256 has a zero high byte); text never is.
+    """
+    with open(path, "rb") as f:
+        head = f.read(sample)
+    if b"\0" in head:
+        return False
+    _, bad = decode_utf8(head[: len(head) - 3] if len(head) == sample else head)  # a cut character is fine
+    return bad <= len(head) // 100
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+def _same(a: Path, b: Path) -> bool:
+    """The same file or folder: equal resolved paths, or (both existing) the same inode."""
+    if a.resolve() == b.resolve():
+        return True
     try:
-        return data.decode("utf-8"), False
-    except UnicodeDecodeError:
-        return data.decode("utf-8", errors="replace"), True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _inside(inner: Path, outer: Path) -> bool:
+    """``inner`` is ``outer`` or lies somewhere below it (after resolving links)."""
+    inner, outer = inner.resolve(), outer.resolve()
+    return inner == outer or outer in inner.parents
+
+
+def check_not_input(out: str | os.PathLike, inputs: Inputs, argument: str = "--out", *, folder: bool = False) -> None:
+    """Refuse an output that is one of the inputs, or (a folder) holds an input or the working directory."""
+    out = Path(out)
+    for arg, inp in inputs:
+        inp = Path(inp)
+        if _same(out, inp):
+            raise ValueError(f"{argument}: {str(out)!r} is the input {arg} itself; choose another output")
+        if folder and _inside(inp, out):
+            raise ValueError(f"{argument}: {str(out)!r} contains the input {arg} {str(inp)!r}; choose another output")
+    if folder and _inside(Path.cwd(), out):
+        raise ValueError(f"{argument}: {str(out)!r} contains the current directory; choose a folder below it")
+
+
+def check_output_file(
+    out: str | os.PathLike,
+    *,
+    argument: str = "--out",
+    overwrite: bool = False,
+    inputs: Inputs = (),
+    recognise=None,
+    what: str = "an output of this command",
+) -> Path:
+    """Check that ``out`` may be written; return it as a Path.
+
+    A missing file is fine. An existing one is replaced only with ``overwrite`` and only when
+    ``recognise(path)`` says it is ``what`` (a previous output of the same command).
+    """
+    out = Path(out)
+    check_not_input(out, inputs, argument)
+    if out.is_dir():
+        raise ValueError(f"{argument}: {str(out)!r} is a folder; give a file name")
+    if out.exists() or out.is_symlink():
+        if recognise is not None and not recognise(out):
+            raise ValueError(f"{argument}: {str(out)!r} exists and is not {what}; refusing to replace it")
+        if not overwrite:
+            raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
+    return out
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The marker of a folder that lm made as a command's output, or None."""
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and isinstance(marker.get("command"), str) else None
+
+
+def write_marker(folder: Path, command: str, complete: bool = True) -> None:
+    with atomic_write(folder / MARKER) as f:
+        json.dump({"format": "lm-output", "command": command, "complete": complete}, f)
+        f.write("\n")
+
+
+def check_output_dir(
+    out: str | os.PathLike,
+    *,
+    command: str,
+    argument: str = "--out",
+    overwrite: bool = False,
+    inputs: Inputs = (),
+    files: Iterable[str] = (),
+) -> bool:
+    """Check that the folder ``out`` may be made (or replaced); True when there is one to replace.
+
+    A missing or empty folder is fine. A folder is replaced only with ``overwrite``, and only when
+    it is an output of ``command``: its marker says so or, for outputs of older versions without
+    a marker, every entry in it is one of ``files``, the names ``command`` writes.
+    """
+    out = Path(out)
+    check_not_input(out, inputs, argument, folder=True)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(f"{argument}: {str(out)!r} exists and is not a folder")
+    if not out.exists():
+        return False
+    entries = {p.name for p in out.iterdir()}
+    if not entries:
+        return False
+    marker = read_marker(out)
+    ours = marker["command"] == command if marker else entries <= set(files)
+    if not ours:
+        made_by = f" (it is an output of `{marker['command']}`)" if marker else ""
+        raise ValueError(
+            f"{argument}: {str(out)!r} holds files that `{command}` did not write{made_by}; "
+            "refusing to replace it: choose a new or empty folder"
+        )
+    if not overwrite:
+        raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
+    return True
+
+
+def make_dir(path: str | os.PathLike) -> Path:
+    """``mkdir -p`` with the usual modes."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def replace_dir(
+    out: str | os.PathLike,
+    *,
+    command: str,
+    argument: str = "--out",
+    overwrite: bool = False,
+    inputs: Inputs = (),
+    files: Iterable[str] = (),
+) -> Iterator[Path]:
+    """Build a folder output beside ``out`` and swap it in when the block ends without an error.
+
+    Yields the temporary folder to write into. The checks of :func:`check_output_dir` come
+    first, so nothing is written when they refuse. On success the folder gets the marker and
+    the usual mode, the previous output (if any) is moved aside, the new one renamed into
+    place, and the old one deleted; on failure the temporary folder goes and ``out`` is as it was.
+    """
+    out = Path(out)
+    replacing = check_output_dir(
+        out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
+    )
+    make_dir(out.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        os.chmod(tmp, dir_mode())
+        yield tmp
+        write_marker(tmp, command)
+        _fsync_dir(tmp)
+        if replacing:
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, old)  # a folder onto an empty folder: allowed, atomic
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)  # onto a missing or empty folder
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def claim_dir(
+    out: str | os.PathLike,
+    *,
+    command: str,
+    argument: str = "--out",
+    overwrite: bool = False,
+    inputs: Inputs = (),
+    files: Iterable[str] = (),
+) -> Iterator[Path]:
+    """Like :func:`replace_dir` for an output that must be built in place (its files record their paths).
+
+    After the checks, a previous output is moved aside to a hidden sibling and ``out`` is made
+    anew, marked incomplete. When the block succeeds the marker says complete and the old
+    output is deleted; when it fails the new folder is removed and the old one put back.
+    """
+    out = Path(out)
+    replacing = check_output_dir(
+        out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
+    )
+    old = None
+    if replacing:
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.replace(out, old)
+    try:
+        make_dir(out)
+        write_marker(out, command, complete=False)
+        yield out
+        write_marker(out, command, complete=True)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

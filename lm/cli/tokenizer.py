@@ -138,7 +138,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "peak_rss_mb": round(_peak_rss_mb(), 1),
         "longest_token": {"bytes": len(longest), "text": longest.decode("utf-8", errors="replace")},
         "bytes_per_token_heldout": None if bytes_per_token is None else round(bytes_per_token, 4),
-        "invalid_utf8_chunks": stats.invalid_utf8_chunks,
+        "invalid_utf8_bytes": stats.invalid_utf8_bytes,
     }
     with atomic_write(out / "summary.json") as f:
         json.dump(summary, f, indent=1, ensure_ascii=False)

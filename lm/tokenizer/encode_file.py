@@ -9,9 +9,7 @@ bounded by a few chunks whatever the file size.
 
 from __future__ import annotations
 
-import gc
 import itertools
-import multiprocessing as mp
 import os
 import sys
 import warnings
@@ -21,10 +19,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from lm.data.token_file import token_dtype, write_token_file
-from lm.io import check_readable_file, read_text_range
+from lm.data.token_file import sidecar_path, token_dtype, write_token_file
+from lm.io import check_not_input, check_readable_file, read_text_range
 from lm.tokenizer.pretokenize import chunk_boundaries
 from lm.tokenizer.tokenizer import Tokenizer
+from lm.tokenizer.workers import WorkerPool
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -34,7 +33,7 @@ def _init_worker(tokenizer: Tokenizer) -> None:
     _worker_tokenizer = tokenizer
 
 
-def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, bool]:
+def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, int]:
     path, start, end, dtype = args
     text, invalid = read_text_range(path, start, end)
     assert _worker_tokenizer is not None
@@ -59,6 +58,8 @@ def tokenize_file(
     ``warm_bytes`` itself, so that every worker starts with the commonest words cached.
     """
     path = check_readable_file(input_path, "input")
+    check_not_input(out_path, [("input", path)], "out_path")
+    check_not_input(sidecar_path(out_path), [("input", path)], "out_path")
     size = path.stat().st_size
     if size == 0:
         raise ValueError(f"input: file is empty: {str(path)!r}")
@@ -82,12 +83,8 @@ def tokenize_file(
             results = map(_encode_chunk, tasks)
         else:
             first = _encode_chunk(tasks[0])  # the head, before the fork (see above)
-            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-            # Objects that exist before the fork go to a permanent GC generation: the children's
-            # collections then never touch (and copy) the parent's pages.
-            gc.freeze()
-            pool = ctx.Pool(min(workers, len(tasks) - 1), initializer=_init_worker, initargs=(tokenizer,))
-            results = itertools.chain([first], pool.imap(_encode_chunk, tasks[1:]))
+            pool = WorkerPool(min(workers, len(tasks) - 1), _encode_chunk, _init_worker, (tokenizer,))
+            results = itertools.chain([first], pool.map(tasks[1:]))
         # computed while the workers run (it takes a moment for a large vocab)
         checksum = tokenizer.checksum()
 
@@ -109,9 +106,8 @@ def tokenize_file(
     finally:
         bar.close()
         if pool is not None:
-            pool.terminate()
-            gc.unfreeze()
+            pool.close()
     if invalid:
-        warnings.warn(f"input: {invalid} chunk(s) of {str(path)!r} hold invalid UTF-8, replaced by U+FFFD",
+        warnings.warn(f"input: {invalid:,} bytes of {str(path)!r} are not valid UTF-8; they were replaced by U+FFFD",
                       stacklevel=2)
     return meta

@@ -14,9 +14,7 @@ Two phases:
 
 from __future__ import annotations
 
-import gc
 import heapq
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -35,6 +33,7 @@ from lm.tokenizer.pretokenize import (
     special_tokens_regex,
     split_on_special,
 )
+from lm.tokenizer.workers import WorkerPool
 
 PathLike = str | os.PathLike
 # below this many input bytes, starting worker processes costs more than it saves
@@ -49,13 +48,13 @@ class TrainStats:
     distinct_pretokens: int = 0
     num_merges: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
-    invalid_utf8_chunks: int = 0
+    invalid_utf8_bytes: int = 0
 
 
 # ---------------------------------------------------------------- phase 1: counting pre-tokens
 
 
-def _count_chunk(args: tuple[str, int, int, tuple[str, ...]]) -> tuple[Counter, int, bool]:
+def _count_chunk(args: tuple[str, int, int, tuple[str, ...]]) -> tuple[Counter, int, int]:
     path, start, end, specials = args
     text, invalid = read_text_range(path, start, end)
     special_re = special_tokens_regex(specials)
@@ -91,17 +90,13 @@ def count_pretokens(
     invalid = 0
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress,
                file=sys.stderr)
-    if workers == 1 or len(tasks) == 1 or total < MIN_PARALLEL_BYTES:
-        results = map(_count_chunk, tasks)
-        pool = None
-    else:
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        # Objects that exist before the fork go to a permanent GC generation: the children's
-        # collections then never touch (and copy) the parent's pages.
-        gc.freeze()
-        pool = ctx.Pool(min(workers, len(tasks)))
-        results = pool.imap_unordered(_count_chunk, tasks)
+    pool = None
     try:
+        if workers == 1 or len(tasks) == 1 or total < MIN_PARALLEL_BYTES:
+            results = map(_count_chunk, tasks)
+        else:
+            pool = WorkerPool(min(workers, len(tasks)), _count_chunk)
+            results = pool.map(tasks, ordered=False)
         for c, nbytes, bad in results:
             counts.update(c)
             invalid += bad
@@ -109,15 +104,11 @@ def count_pretokens(
     finally:
         bar.close()
         if pool is not None:
-            pool.terminate()
-            gc.unfreeze()
+            pool.close()
     if invalid:
-        warnings.warn(
-            f"input: {invalid} chunk(s) hold invalid UTF-8; the bad bytes were replaced by U+FFFD",
-            stacklevel=2,
-        )
+        warnings.warn(f"input: {invalid:,} bytes are not valid UTF-8; they were replaced by U+FFFD", stacklevel=2)
     if stats is not None:
-        stats.invalid_utf8_chunks = invalid
+        stats.invalid_utf8_bytes = invalid
         stats.input_bytes = total
     return counts
 

@@ -1,0 +1,117 @@
+"""Worker processes for the tokenizer's parallel passes (``train_bpe`` counting, ``tokenize_file``).
+
+:class:`WorkerPool` forks ``n`` workers and feeds each through a pipe of its own. Unlike
+``multiprocessing.Pool`` the workers share no lock with the parent: a worker killed at any
+moment cannot leave the parent waiting on a semaphore it held, so Ctrl-C stops the command at
+once (the workers ignore SIGINT; the parent kills them). Objects that exist before the fork
+go to a permanent GC generation, so the children's collections never copy the parent's pages.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import signal
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+_IN_FLIGHT = 2  # tasks queued per worker: one running, one waiting
+
+
+def _serve(conn: Connection, func: Callable, initializer: Callable | None, initargs: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
+    if initializer is not None:
+        initializer(*initargs)
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:
+            return
+        if item is None:
+            return
+        index, task = item
+        try:
+            conn.send((index, True, func(task)))
+        except BaseException as e:  # noqa: BLE001 (sent to the parent, which raises it)
+            conn.send((index, False, e))
+
+
+class WorkerPool:
+    """``n`` forked workers that run ``func`` on tasks; ``map`` yields the results in task order.
+
+    Use as a context manager: leaving the block (normally, by an error or by Ctrl-C) ends
+    every worker without waiting on any of them.
+    """
+
+    def __init__(self, n: int, func: Callable, initializer: Callable | None = None, initargs: tuple = ()):
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        gc.freeze()
+        self._frozen = True
+        self._workers: list[tuple[Any, Connection]] = []
+        try:
+            for _ in range(max(1, n)):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_serve, args=(child, func, initializer, initargs), daemon=True)
+                p.start()
+                child.close()
+                self._workers.append((p, parent))
+        except BaseException:
+            self.close()
+            raise
+
+    def map(self, tasks: Iterable[Any], ordered: bool = True) -> Iterator[Any]:
+        """Results of ``func(task)`` for every task, in task order (or as they finish when not ``ordered``)."""
+        pending = iter(enumerate(tasks))
+        busy: dict[Connection, int] = {conn: 0 for _, conn in self._workers}
+        done: dict[int, Any] = {}
+        next_out, exhausted = 0, False
+
+        def feed(conn: Connection) -> None:
+            nonlocal exhausted
+            while not exhausted and busy[conn] < _IN_FLIGHT:
+                item = next(pending, None)
+                if item is None:
+                    exhausted = True
+                    return
+                conn.send(item)
+                busy[conn] += 1
+
+        for conn in busy:
+            feed(conn)
+        while any(busy.values()):
+            for conn in wait([c for c, k in busy.items() if k]):
+                try:
+                    index, ok, result = conn.recv()
+                except EOFError:
+                    raise RuntimeError("a tokenizer worker process died") from None
+                if not ok:
+                    raise result
+                busy[conn] -= 1
+                feed(conn)
+                if not ordered:
+                    yield result
+                    continue
+                done[index] = result
+                while next_out in done:
+                    yield done.pop(next_out)
+                    next_out += 1
+
+    def close(self) -> None:
+        """End every worker now (they hold no lock of ours, so killing them is safe)."""
+        for p, conn in self._workers:
+            if p.is_alive():
+                p.kill()
+            conn.close()
+        for p, _ in self._workers:
+            p.join()
+        self._workers = []
+        if self._frozen:
+            gc.unfreeze()
+            self._frozen = False
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
