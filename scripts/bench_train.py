@@ -34,7 +34,7 @@ from lm.train.trainer import autocast_dtype
 
 def bare_tokens_per_second(cfg, steps: int, warmup: int = 3) -> float:
     """Tokens/s of forward + backward + clip + AdamW on one fixed batch."""
-    from lm.train.distributed import resolve_device
+    from lm.device import resolve_device
 
     device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)

@@ -112,8 +112,8 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
 
 def test_config_overrides_and_resolved_toml_round_trip(tmp_path):
     path = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
-    cfg = load_config(path, ["optim.max_lr=3e-4", "train.out_dir=runs/x y", "train.compile=true", "eval.batches=7"])
-    assert cfg.optim.max_lr == 3e-4 and cfg.train.out_dir == "runs/x y" and cfg.train.compile is True
+    cfg = load_config(path, ["optim.max_lr=3e-3", "train.out_dir=runs/x y", "train.compile=true", "eval.batches=7"])
+    assert cfg.optim.max_lr == 3e-3 and cfg.train.out_dir == "runs/x y" and cfg.train.compile is True
     assert cfg.eval.batches == 7 and cfg.optim.beta2 == 0.95  # a default
     (tmp_path / "r.toml").write_text(cfg.to_toml())
     assert load_config(tmp_path / "r.toml") == cfg
@@ -384,7 +384,7 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
         (["--set", f"data.tokenizer={tok_dir}", "--set", f"train.out_dir={fresh}"], "has 256 tokens, more than"),
         (
             ["--set", f"data.tokenizer={tok_dir}", "--set", "model.vocab_size=300", "--set", f"train.out_dir={fresh}"],
-            "is not the tokenizer that wrote",
+            "is not the tokenizer of data.train",
         ),
         (["--set", f"data.tokenizer={tmp_path / 'nope'}", "--set", f"train.out_dir={fresh}"], "data.tokenizer: "),
         (["--set", "optim.max_lrr=1"], "did you mean 'optim.max_lr'"),

@@ -4,13 +4,15 @@ save_checkpoint / load_checkpoint   model + optimizer + iteration (API.md)
 write_checkpoint / read_checkpoint  any checkpoint dictionary (the trainer's full state)
 CheckpointManager                   RUN_DIR/checkpoints/step_*.pt (last K) and best.pt
 get_rng_state / set_rng_state       python, numpy, torch and CUDA generator states
-export_safetensors / load_model     shareable weights; a TransformerLM rebuilt from a file
+load_model                          a TransformerLM rebuilt from a checkpoint or safetensors file
+export_safetensors                  shareable weights
 """
 
-from lm.checkpoint.export import export_safetensors, load_model
+from lm.checkpoint.export import export_safetensors
 from lm.checkpoint.io import (
     check_state_dict_fits,
     load_checkpoint,
+    load_model,
     read_checkpoint,
     save_checkpoint,
     unwrap,

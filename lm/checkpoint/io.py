@@ -9,11 +9,13 @@ A checkpoint is a ``torch.save`` dictionary holding only tensors and plain Pytho
 so ``torch.load(..., weights_only=True)`` reads it and a file received from someone else cannot
 run code. ``save_checkpoint`` / ``load_checkpoint`` are the minimal API; the trainer stores its
 full state in the same format, so every checkpoint of a run also loads with ``load_checkpoint``.
+:func:`load_model` rebuilds a model from a checkpoint or from exported safetensors.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import zipfile
@@ -118,3 +120,61 @@ def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Op
             raise ValueError(f"{name} holds no optimizer state")
         optimizer.load_state_dict(state["optimizer"])
     return int(state["iteration"])
+
+
+def load_model(
+    path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild a ``TransformerLM`` from a checkpoint (``.pt``) or an exported ``.safetensors`` file.
+
+    Returns ``(model, info)``, the model in eval mode. ``info`` has the same keys for both
+    kinds of file: ``model_config`` (a dict), ``iteration`` (None when not recorded), ``config``
+    (the run's config dict, None for safetensors), ``tokenizer_sha256`` ("" when not recorded)
+    and ``metadata`` (the safetensors metadata, {} for checkpoints).
+    """
+    from lm.model import ModelConfig, TransformerLM
+
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        try:
+            with safe_open(str(path), "pt") as f:
+                meta = f.metadata() or {}
+            state_dict = load_file(str(path))
+        except (OSError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
+        if "model_config" not in meta:
+            raise ValueError(f"{str(path)!r} has no 'model_config' metadata; it was not written by lm")
+        try:
+            model_cfg = json.loads(meta["model_config"])
+        except ValueError as e:
+            raise ValueError(f"{str(path)!r}: its 'model_config' metadata is not valid JSON: {e}") from None
+        step = meta.get("step")
+        info = {
+            "model_config": model_cfg,
+            "iteration": int(step) if step and step.isdigit() else None,
+            "config": None,
+            "tokenizer_sha256": meta.get("tokenizer_sha256", ""),
+            "metadata": meta,
+        }
+    else:
+        state = read_checkpoint(path)
+        model_cfg = (state.get("config") or {}).get("model")
+        if model_cfg is None:
+            raise ValueError(
+                f"{str(path)!r} records no model config; load it with load_checkpoint into a model"
+            )
+        state_dict = state["model"]
+        info = {
+            "model_config": model_cfg,
+            "iteration": state.get("iteration"),
+            "config": state.get("config"),
+            "tokenizer_sha256": state.get("tokenizer_sha256", ""),
+            "metadata": {},
+        }
+    model = TransformerLM.from_config(ModelConfig.from_dict(model_cfg), device=device)
+    check_state_dict_fits(model, state_dict, repr(str(path)))
+    model.load_state_dict(state_dict)
+    return model.eval(), info

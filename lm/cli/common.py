@@ -1,14 +1,89 @@
-"""What `lm sample`, `lm eval` and `lm export` share: a trained model and its tokenizer from a path."""
+"""The grammar every ``lm`` subcommand follows, and what `sample`, `eval` and `export` share.
+
+One convention (README, "The command line"):
+
+- inputs are named options: ``--input FILE`` (text), ``--data FILE``, ``--tokenizer DIR``,
+  ``--checkpoint PATH`` (a checkpoint file or a run folder), ``--config FILE``;
+- every output is ``--out PATH`` (a file or a folder, as the command makes); an existing output
+  is replaced only with ``--overwrite``, and only when it is an output of the same command;
+- positionals only name the things a command acts on (``lm plot RUN_DIR...``, ``lm data
+  download DATASET``);
+- ``--quiet`` on every command: no progress bars or progress lines (results and errors still print);
+- commands that run a model take ``--device`` (default ``auto``: CUDA, then MPS, then CPU),
+  ``--dtype`` (``auto``, ``float32``, ``bfloat16``) and ``--threads N`` (torch's CPU threads);
+- every ``--help`` shows the defaults and ends with examples.
+
+Old spellings (``--out-dir``, the positional checkpoint and folder of ``lm export hf``) still
+work for one release and print a deprecation line.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 
-def resolve_checkpoint(path: str) -> Path:
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Examples kept as written; every option's default shown (except where it is None or a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default == [] or action.nargs == 0:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, description: str,
+                examples: str) -> argparse.ArgumentParser:
+    """A subcommand parser with the shared formatter and an ``examples:`` epilog."""
+    return sub.add_parser(name, help=help, description=description, epilog="examples:\n" + examples.strip("\n"),
+                          formatter_class=HelpFormatter)
+
+
+class Deprecated(argparse.Action):
+    """An old spelling: stores into the new option's ``dest`` and prints one deprecation line."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        old = option_string or self.metavar or self.dest
+        print(f"{parser.prog}: warning: {old} is deprecated and will be removed; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_out(p: argparse.ArgumentParser, what: str, *, required: bool = True, default: str | None = None,
+            metavar: str = "PATH", old: str | None = None) -> None:
+    """``--out`` (and ``--overwrite``); ``old`` is a deprecated spelling of ``--out``."""
+    p.add_argument("--out", required=required and default is None and old is None, default=default,
+                   metavar=metavar, help=what)
+    if old:
+        p.add_argument(old, dest="out", action=Deprecated, new="--out", metavar=metavar, help=argparse.SUPPRESS)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output of this command (never anything else)")
+
+
+def add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
+
+
+def add_compute(p: argparse.ArgumentParser, *, device: str | None = "auto", dtype: str | None = "auto") -> None:
+    """``--device``, ``--dtype`` and ``--threads`` for a command that runs a model."""
+    p.add_argument("--device", default=device, metavar="DEVICE",
+                   help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default=dtype, choices=["auto", "float32", "bfloat16"],
+                   help="compute dtype (autocast); auto is bfloat16 on CUDA GPUs that support it, else float32")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's choice, usually the core count)")
+
+
+# -- models and tokenizers from a path ---------------------------------------------------------
+
+def resolve_checkpoint(path: str, argument: str = "--checkpoint") -> Path:
     """A checkpoint file, or a run directory (its ``model.safetensors``, else its newest checkpoint)."""
     from lm.checkpoint import CheckpointManager
 
@@ -18,10 +93,10 @@ def resolve_checkpoint(path: str) -> Path:
             return p / "model.safetensors"
         latest = CheckpointManager(p).latest()
         if latest is None:
-            raise ValueError(f"--checkpoint: run directory {str(p)!r} holds no model.safetensors and no checkpoints/")
+            raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no checkpoints/")
         return latest
     if not p.is_file():
-        raise ValueError(f"--checkpoint: file not found: {str(p)!r}")
+        raise ValueError(f"{argument}: file not found: {str(p)!r}")
     return p
 
 
@@ -36,18 +111,28 @@ def find_run_tokenizer(checkpoint: Path) -> Path | None:
 def load_model_and_tokenizer(
     checkpoint: str, tokenizer: str | None = None, device: str = "cpu", need_tokenizer: bool = True
 ) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
-    """``(model, tokenizer or None, info)`` for a checkpoint path; the tokenizer checksum is checked."""
-    from lm.checkpoint import load_model
-    from lm.tokenizer import load_tokenizer_dir
+    """``(model, tokenizer or None, info)`` for a checkpoint path; the tokenizer must be the model's.
 
+    ``device`` is a name (``auto`` included), checked against what this machine has.
+    """
+    from lm.checkpoint import load_model
+    from lm.device import resolve_device
+    from lm.tokenizer import check_tokenizer_checksum, load_tokenizer_dir
+
+    dev = resolve_device(device, "--device")
     path = resolve_checkpoint(checkpoint)
-    model, info = load_model(path, device=device)
+    model, info = load_model(path, device=dev)
     tok_dir = Path(tokenizer) if tokenizer else find_run_tokenizer(path)
     if tok_dir is None:
         if need_tokenizer:
             raise ValueError(f"--tokenizer: no tokenizer/ beside {str(path)!r}; pass --tokenizer DIR")
         return model, None, info
-    tok = load_tokenizer_dir(tok_dir)
+    try:
+        tok = load_tokenizer_dir(tok_dir)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--tokenizer: {e}") from None
+    check_tokenizer_checksum(tok.checksum(), info["tokenizer_sha256"], argument="--tokenizer",
+                             what=f"{str(tok_dir)!r}", against=f"the model {str(path)!r}")
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(
             f"--tokenizer: {str(tok_dir)!r} has {tok.vocab_size} tokens, more than the model's "

@@ -419,5 +419,27 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
         raise ValueError(f"tokenizer: not a directory: {str(d)!r}")
     if special_tokens is None:
         cfg = d / "tokenizer_config.json"
-        special_tokens = json.loads(cfg.read_text())["special_tokens"] if cfg.exists() else []
+        special_tokens = []
+        if cfg.exists():
+            try:
+                special_tokens = json.loads(cfg.read_text(encoding="utf-8"))["special_tokens"]
+            except (ValueError, KeyError, TypeError) as e:
+                what = f"has no {e}" if isinstance(e, KeyError) else f"is not valid JSON: {e}"
+                raise ValueError(f"tokenizer: {str(cfg)!r} {what}") from None
+            if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
+                raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
     return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)
+
+
+def check_tokenizer_checksum(got: str, expected: str, *, argument: str, what: str, against: str) -> None:
+    """Raise a one-line ValueError when two recorded tokenizer checksums differ.
+
+    ``got`` is the checksum of ``what`` (a tokenizer, a token file's sidecar), ``expected`` that
+    recorded by ``against`` (a checkpoint, another token file). An empty checksum means "not
+    recorded" and is not checked. The one check behind training, evaluation and sampling.
+    """
+    if got and expected and got != expected:
+        raise ValueError(
+            f"{argument}: {what} is not the tokenizer of {against} "
+            f"(tokenizer checksum {got[:12]}… instead of {expected[:12]}…)"
+        )

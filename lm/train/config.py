@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import types
 import typing
@@ -254,7 +255,11 @@ def _check_values(cfg: Config) -> None:
     t, o = cfg.train, cfg.optim
 
     def positive(where: str, value: float | None, allow_zero: bool = False) -> None:
-        if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        if value is None:
+            return
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"config: {where} must be a finite number, got {value}")
+        if value < 0 or (value == 0 and not allow_zero):
             raise ValueError(f"config: {where} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
     if t.max_steps is None and t.max_time is None:
@@ -268,6 +273,12 @@ def _check_values(cfg: Config) -> None:
     positive("optim.warmup_iters", o.warmup_iters, allow_zero=True)
     positive("optim.cosine_cycle_iters", o.cosine_cycle_iters)
     positive("optim.grad_clip", o.grad_clip, allow_zero=True)
+    positive("optim.eps", o.eps)
+    if o.min_lr > o.max_lr:
+        raise ValueError(f"config: optim.min_lr ({o.min_lr}) must not exceed optim.max_lr ({o.max_lr})")
+    for name, beta in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2)):
+        if not (math.isfinite(beta) and 0 <= beta < 1):
+            raise ValueError(f"config: {name} must be in [0, 1), got {beta}")
     positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     positive("eval.interval", cfg.eval.interval, allow_zero=True)
     positive("eval.batches", cfg.eval.batches)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lm.device import resolve_device
+
 
 @dataclass
 class Dist:
@@ -52,32 +54,13 @@ class Dist:
         return float(t.item())
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` → ``cuda:LOCAL_RANK`` when CUDA is available, else ``mps``, else ``cpu``."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            name = "mps"
-        else:
-            name = "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"train.device is {name!r} but CUDA is not available")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    return device
-
-
 def init_distributed(device_name: str) -> tuple[Dist, torch.device]:
     """Join the process group ``torchrun`` describes in the environment (if any); pick the device."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
-        return Dist(), resolve_device(device_name)
+        return Dist(), resolve_device(device_name, "train.device")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_name, local_rank)
+    device = resolve_device(device_name, "train.device", local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return Dist(rank, local_rank, world_size), device

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -28,12 +28,16 @@ from lm.checkpoint import (
     unwrap,
 )
 from lm.data import TokenDataset
+from lm.device import resolve_dtype
 from lm.io import atomic_write
 from lm.model import TransformerLM
 from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
+from lm.tokenizer import check_tokenizer_checksum
 from lm.train.config import Config
 from lm.train.distributed import init_distributed, shutdown_distributed
+from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, format_duration, peak_flops
+from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside_metrics
 
 
 class TrainingDiverged(RuntimeError):
@@ -42,13 +46,7 @@ class TrainingDiverged(RuntimeError):
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``train.dtype``: ``auto`` is bfloat16 on CUDA devices that support it."""
-    if dtype == "float32":
-        return None
-    if dtype == "bfloat16":
-        return torch.bfloat16
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
+    return resolve_dtype(dtype, device, "train.dtype")
 
 
 class Trainer:
@@ -62,13 +60,15 @@ class Trainer:
         self,
         cfg: Config,
         *,
-        resume: bool = False,
+        resume: bool | str | os.PathLike = False,
         on_checkpoint: Callable[[int, Path], None] | None = None,
         print_fn: Callable[[str], None] = print,
+        quiet: bool = False,
     ):
         self.cfg = cfg
         self.on_checkpoint = on_checkpoint
         self._print = print_fn
+        self._quiet = quiet
         self.dist, self.device = init_distributed(cfg.train.device)
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
@@ -89,15 +89,13 @@ class Trainer:
                 cfg.data.val, m.context_length, vocab_size=m.vocab_size, rank=self.dist.rank,
                 world_size=self.dist.world_size,
             )  # fmt: skip
-            shas = {self.train_data.tokenizer_sha256, self.val_data.tokenizer_sha256} - {""}
-            if len(shas) > 1:
-                raise ValueError(
-                    f"{cfg.data.train!r} and {cfg.data.val!r} were written by different tokenizers "
-                    "(their sidecars' tokenizer_sha256 differ)"
-                )
+            check_tokenizer_checksum(self.val_data.tokenizer_sha256, self.train_data.tokenizer_sha256,
+                                     argument="data.val", what=f"the tokenizer of {cfg.data.val!r}",
+                                     against=f"data.train {cfg.data.train!r}")
         self.tokenizer_sha256 = self.train_data.tokenizer_sha256
         if cfg.data.tokenizer:
             self._check_tokenizer(cfg.data.tokenizer)
+        check_step_memory(cfg, self.device)
 
         # Model and optimizer: the same seed gives every rank the same initial weights.
         torch.manual_seed(t.seed)
@@ -113,13 +111,21 @@ class Trainer:
         self.tokens_seen = 0
         self.best_val_loss = math.inf
         self._resumed_from: Path | None = None
-        if resume:
-            self._load_latest()
-        elif self.ckpts.latest() is not None or (self.run_dir / "metrics.jsonl").exists():
-            raise ValueError(
-                f"{str(self.run_dir)!r} already holds a run; pass --resume to continue it, or set "
-                "train.out_dir to a new folder (or delete that one)"
-            )
+        self._restarted = False
+        # The run folder: locked first (rank 0), then checked, then (if resuming) read.
+        self._lock = RunLock(self.run_dir)
+        made_dir = not self.run_dir.exists()
+        try:
+            if self.dist.is_main:
+                check_run_folder(self.run_dir)
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self._lock.acquire(self._print)
+            self._open_run(resume)
+        except BaseException:
+            self._lock.release()
+            if made_dir and self.dist.is_main and not any(self.run_dir.iterdir()):
+                self.run_dir.rmdir()
+            raise
 
         self.train_model: torch.nn.Module = self.model
         if self.dist.enabled:
@@ -145,15 +151,54 @@ class Trainer:
             self._prepare_run_dir()
 
     # -- setup ---------------------------------------------------------------------------
-    def _load_latest(self) -> None:
-        path = self.ckpts.latest()
-        if path is None:
-            raise ValueError(f"--resume: no checkpoint in {str(self.ckpts.dir)!r}")
+    def _open_run(self, resume: bool | str | os.PathLike) -> None:
+        """Decide from the folder and ``resume`` whether the run starts, restarts or continues."""
+        has_run = holds_run(self.run_dir)
+        latest = self.ckpts.latest()
+        if not resume:
+            if latest is not None:
+                raise ValueError(
+                    f"train.out_dir: {str(self.run_dir)!r} already holds a run; pass --resume to continue it, "
+                    "or choose another train.out_dir"
+                )
+            if has_run:
+                raise ValueError(
+                    f"train.out_dir: {str(self.run_dir)!r} holds a run that stopped before its first checkpoint; "
+                    "pass --resume to start it again from step 0 (its metrics.jsonl is kept), or choose "
+                    "another train.out_dir"
+                )
+            return
+        if resume is True:
+            if latest is None:
+                if not has_run:
+                    raise ValueError(f"--resume: {str(self.run_dir)!r} holds no run to resume")
+                self._restarted = True
+                return
+            self._load(latest)
+            return
+        path = Path(resume)
+        if not path.is_file():
+            raise ValueError(f"--resume: checkpoint not found: {str(path)!r}")
+        same_run = path.resolve().parent == self.ckpts.dir.resolve()
+        if not same_run and has_run:
+            raise ValueError(
+                f"--resume: {str(path)!r} is not a checkpoint of the run in {str(self.run_dir)!r}; to continue it "
+                "in a new run, set train.out_dir to a new folder"
+            )
+        if same_run and latest is not None and path.resolve() != latest.resolve() and path.resolve() != \
+                self.ckpts.best_path.resolve():
+            raise ValueError(
+                f"--resume: {str(path)!r} is older than the run's latest checkpoint {latest.name!r}; continuing "
+                "from it would mix two histories in one folder: set train.out_dir to a new folder"
+            )
+        self._load(path)
+
+    def _load(self, path: Path) -> None:
         try:
             state = read_checkpoint(path)
         except ValueError as e:
             older = [s for s in self.ckpts.steps() if self.ckpts.step_path(s) != path]
-            hint = f"; move it aside to resume from step {older[-1]}" if older else ""
+            hint = f"; resume from step {older[-1]} with --resume {self.ckpts.step_path(older[-1])}" if older else ""
             raise ValueError(f"--resume: {e}{hint}") from None
         saved_model = (state.get("config") or {}).get("model")
         if saved_model is not None and saved_model != self.cfg.model.to_dict():
@@ -164,11 +209,9 @@ class Trainer:
             )
             raise ValueError(f"--resume: {str(path)!r} is another model: {diff}")
         check_state_dict_fits(self.model, state["model"], repr(str(path)))
-        saved_sha = state.get("tokenizer_sha256", "")
-        if saved_sha and self.tokenizer_sha256 and saved_sha != self.tokenizer_sha256:
-            raise ValueError(
-                f"--resume: {str(path)!r} was trained on data of another tokenizer than {self.cfg.data.train!r}"
-            )
+        check_tokenizer_checksum(self.tokenizer_sha256, state.get("tokenizer_sha256", ""), argument="--resume",
+                                 what=f"the tokenizer of data.train {self.cfg.data.train!r}",
+                                 against=f"the checkpoint {str(path)!r}")
         for key in ("optimizer", "rng", "data", "schedule"):
             if key not in state:
                 raise ValueError(f"--resume: {str(path)!r} holds no {key} state; it is not a training checkpoint")
@@ -195,11 +238,8 @@ class Trainer:
                 f"data.tokenizer {directory!r} has {tok.vocab_size} tokens, more than model.vocab_size "
                 f"{self.cfg.model.vocab_size}"
             )
-        if self.tokenizer_sha256 and tok.checksum() != self.tokenizer_sha256:
-            raise ValueError(
-                f"data.tokenizer {directory!r} is not the tokenizer that wrote {self.cfg.data.train!r} "
-                "(the checksum in its sidecar differs)"
-            )
+        check_tokenizer_checksum(tok.checksum(), self.tokenizer_sha256, argument="data.tokenizer",
+                                 what=repr(directory), against=f"data.train {self.cfg.data.train!r}")
 
     def _prepare_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -208,9 +248,14 @@ class Trainer:
         tok = self.cfg.data.tokenizer
         if tok:
             for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
-                if (Path(tok) / name).is_file():
-                    (self.run_dir / "tokenizer").mkdir(exist_ok=True)
-                    shutil.copyfile(Path(tok) / name, self.run_dir / "tokenizer" / name)
+                src, dst = Path(tok) / name, self.run_dir / "tokenizer" / name
+                if src.is_file() and not (dst.exists() and os.path.samefile(src, dst)):
+                    with atomic_write(dst, "wb") as f:
+                        f.write(src.read_bytes())
+        if self._restarted:
+            kept = set_aside_metrics(self.run_dir)
+            self._log(f"no checkpoint in {str(self.run_dir)!r}: starting again from step 0"
+                      + (f" (the earlier metrics are in {kept.name})" if kept else ""), always=True)
         if self._resumed_from is not None:
             MetricsLog.truncate(self.run_dir, self.step)
         self.metrics = MetricsLog(
@@ -334,22 +379,24 @@ class Trainer:
                 signal.signal(s, h)
             if self.metrics is not None:
                 self.metrics.close()
+            self._lock.release()
             shutdown_distributed()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._signal is not None:  # a second Ctrl-C: stop now, without a checkpoint
             raise KeyboardInterrupt
         self._signal = signum
-        self._log(f"{signal.Signals(signum).name}: saving a checkpoint after this step (again to abort)")
+        self._log(f"{signal.Signals(signum).name}: saving a checkpoint after this step (again to abort)", always=True)
 
-    def _log(self, line: str) -> None:
-        if self.dist.is_main:
+    def _log(self, line: str, always: bool = False) -> None:
+        """A console line from rank 0; with ``quiet`` only the ``always`` ones (start, stop, end)."""
+        if self.dist.is_main and (always or not self._quiet):
             self._print(line)
 
     def _loop(self) -> int:
         cfg, t = self.cfg, self.cfg.train
         if self._resumed_from is not None:
-            self._log(f"resumed from {self._resumed_from} at step {self.step}")
+            self._log(f"resumed from {self._resumed_from} at step {self.step}", always=True)
         n_params = unwrap(self.model).num_parameters()
         self._log(
             f"model {n_params / 1e6:.2f}M parameters | {self.tokens_per_step:,} tokens/step | "
@@ -369,7 +416,7 @@ class Trainer:
                 if self.step != last_saved:
                     self._check_finite(loss_sum)
                     path = self.save_checkpoint()
-                    self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume")
+                    self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
                 signum = self._signal or signal.SIGTERM
                 return 128 + int(signum)
             if self._done():
@@ -407,7 +454,7 @@ class Trainer:
         if self.step != last_saved:
             self._check_finite(loss_sum)
             path = self.save_checkpoint()
-            self._log(f"done: step {self.step}, checkpoint {path}")
+            self._log(f"done: step {self.step}, checkpoint {path}", always=True)
         if self.dist.is_main and cfg.checkpoint.export_safetensors:
             meta = {"step": str(self.step), "tokenizer_sha256": self.tokenizer_sha256}
             export_safetensors(self.model, self.run_dir / "model.safetensors", meta)

@@ -1,0 +1,71 @@
+"""Devices and dtypes by name, checked: one line naming the option when a device is missing."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def available_devices() -> list[str]:
+    """The device names that work on this machine, e.g. ``['cpu', 'cuda:0', 'cuda:1']``."""
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if _mps_available():
+        names.append("mps")
+    return names
+
+
+def resolve_device(name: str, argument: str = "--device", local_rank: int = 0) -> torch.device:
+    """``auto`` → ``cuda:LOCAL_RANK`` when CUDA is available, else ``mps``, else ``cpu``.
+
+    Any other name must be a device this machine has, or a ValueError names ``argument``, the
+    value and what is available.
+    """
+    have = ", ".join(available_devices())
+    if not isinstance(name, str) or not _DEVICE.match(name):
+        raise ValueError(f"{argument}: unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps (here: {have})")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{argument}: {name!r} is not available on this machine (available: {have})")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"{argument}: {name!r} is not available on this machine (available: {have})")
+        torch.cuda.set_device(device)
+    elif device.type == "mps" and not _mps_available():
+        raise ValueError(f"{argument}: 'mps' is not available on this machine (available: {have})")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device, argument: str = "--dtype") -> torch.dtype | None:
+    """The autocast dtype for a dtype name: None for float32; ``auto`` is bfloat16 on CUDA devices that support it."""
+    if name not in DTYPES:
+        raise ValueError(f"{argument}: must be one of {', '.join(DTYPES)}, got {name!r}")
+    if name == "float32":
+        return None
+    if name == "bfloat16":
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def set_threads(threads: int | None, argument: str = "--threads") -> None:
+    """Use ``threads`` CPU threads for torch's intra-op work (None: torch's default)."""
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"{argument}: must be a whole number >= 1, got {threads!r}")
+    torch.set_num_threads(threads)

@@ -1,0 +1,83 @@
+"""How much memory a training step needs, estimated before anything is allocated.
+
+A batch size that cannot fit should be refused in a second with the numbers, not found out by a
+MemoryError minutes later. The estimate counts what a step must hold at its peak: the weights,
+their gradients and AdamW's two moments (float32), the activations the backward pass keeps per
+token, and one chunk of the fused loss's logits. It leaves out allocator slack and temporary
+buffers, so it errs low: it refuses only steps that certainly do not fit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from lm.model import ModelConfig
+
+
+def parameter_count(m: ModelConfig) -> int:
+    """The number of parameters of the model ``m`` describes, without building it."""
+    from lm.model import TransformerLM
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in TransformerLM.from_config(m).parameters())
+
+
+def step_bytes(m: ModelConfig, batch_size: int, *, train: bool = True) -> dict[str, int]:
+    """Bytes a step of ``batch_size`` sequences needs: ``weights`` (and optimizer state), ``activations``, ``total``."""
+    d, f, h, n_layers, ctx = m.d_model, m.d_ff or 4 * m.d_model, m.num_heads, m.num_layers, m.context_length
+    tokens = batch_size * ctx
+    # kept per token and layer for the backward pass: the norms' inputs, q, k, v, the attention
+    # output and its projection, the residual stream, and the feed-forward's hidden activations;
+    # the einsum attention also keeps the seq x seq probabilities of every head
+    per_layer = 10 * d + 3 * f + (2 * h * ctx if m.attn_impl == "einsum" else 2 * h)
+    per_token = (n_layers * per_layer + 4 * d) if train else 2 * d + (h * ctx if m.attn_impl == "einsum" else 0)
+    activations = 4 * tokens * per_token + 2 * 8 * tokens  # float32, plus the int64 inputs and targets
+    activations += 4 * min(tokens, 256) * m.vocab_size * (2 if train else 1)  # a chunk of logits (and its grad)
+    params = parameter_count(m)
+    weights = 4 * params * (4 if train else 1)  # weights, gradients, exp_avg, exp_avg_sq
+    return {"weights": weights, "activations": activations, "total": weights + activations}
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a step can use on ``device``: free GPU memory, or the OS's MemAvailable; None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
+
+
+def check_step_memory(cfg, device: torch.device) -> None:
+    """Raise a one-line ValueError when a training or evaluation step of ``cfg`` cannot fit on ``device``."""
+    have = available_bytes(device)
+    if have is None:
+        return
+    t, m = cfg.train, cfg.model
+    checks = [("train.batch_size", t.batch_size, True)]
+    if cfg.data.val and cfg.eval.batch_size:
+        checks.append(("eval.batch_size", cfg.eval.batch_size, False))
+    for key, batch, train in checks:
+        need = step_bytes(m, batch, train=train)
+        if need["total"] > have:
+            raise ValueError(
+                f"{key}: a {'training' if train else 'evaluation'} step of {batch:,} x {m.context_length} tokens "
+                f"needs at least {_gb(need['total'])} (weights and optimizer {_gb(need['weights'])}, activations "
+                f"{_gb(need['activations'])}) but {device} has {_gb(have)} free; lower {key}"
+                + (" and raise train.grad_accum_steps" if train else "")
+            )
