@@ -82,11 +82,14 @@ def test_rmsnorm_matches_torch(dtype):
     with torch.no_grad():
         norm.weight.copy_(torch.randn(16))
     x = (torch.randn(2, 3, 5, 16) * 10).to(dtype)
-    expected = F.rms_norm(x.float(), (16,), norm.weight, 1e-5)
+    expected = F.rms_norm(x.float(), (16,), norm.weight, 1e-5).to(dtype)
     out = norm(x)
     assert out.dtype == dtype
-    tol = {} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.01}
-    torch.testing.assert_close(out.float(), expected, **tol)
+    # Computed in float32 and rounded once: bitwise equal to torch's float32 RMSNorm rounded to the
+    # input dtype (measured over 50 seeds, float32 too). bfloat16 is tested exactly, so a norm that
+    # computed in bfloat16 fails; float32 keeps torch's default tolerance against kernel differences.
+    tol = {} if dtype == torch.float32 else {"atol": 0, "rtol": 0}
+    torch.testing.assert_close(out, expected, **tol)
 
 
 def test_rmsnorm_bfloat16_params_compute_in_float32():
@@ -94,7 +97,7 @@ def test_rmsnorm_bfloat16_params_compute_in_float32():
     x = torch.randn(4, 64, dtype=torch.bfloat16) * 1000
     out = norm(x)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out, F.rms_norm(x.float(), (64,), eps=1e-5).bfloat16())
+    torch.testing.assert_close(out, F.rms_norm(x.float(), (64,), eps=1e-5).bfloat16(), atol=0, rtol=0)
 
 
 def test_layernorm_matches_torch():
