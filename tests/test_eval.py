@@ -11,14 +11,31 @@ from run_dir import make_run_dir, save_model
 from lm.cli import main
 from lm.data import write_token_file
 from lm.evaluate import evaluate_tokens
+from lm.optim import AdamW
 
 TEXT = "The cat sat on the mat. The dog ran to the park and back again.\n" * 60
+
+
+def train_briefly(model, ids, steps=60):
+    """60 AdamW steps on random windows of ``ids``: enough for the repeated text to be learnt, so that
+    claims about trained models (more context, lower loss) hold; a random model has no such property."""
+    g = torch.Generator().manual_seed(0)
+    data, ctx = torch.tensor(ids), model.config.context_length
+    opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - ctx - 1, (8,), generator=g).tolist()
+        x = torch.stack([data[s : s + ctx] for s in starts])
+        y = torch.stack([data[s + 1 : s + ctx + 1] for s in starts])
+        opt.zero_grad()
+        model.loss(x, y).backward()
+        opt.step()
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     d, model, tok = make_run_dir(tmp_path_factory.mktemp("run"), TEXT + "<|endoftext|>" + TEXT, 300,
                                  context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    train_briefly(model, tok.encode(TEXT))
     save_model(d, model)
     return d, model.eval(), tok
 
@@ -72,8 +89,10 @@ def test_evaluate_tokens_sliding_window(run, stride):
         r = evaluate_tokens(model, np.array(ids), batch_size=bs, stride=stride)
         assert r["tokens"] == len(ids) - 1
         assert r["loss"] == pytest.approx(expected, rel=1e-5)
-    if stride < 16:  # more context per token: a trained model's loss goes down
-        assert expected < reference_loss(model, ids)[0]
+    if stride < 16:
+        # More context per token: a trained model's loss goes down. Measured over 8 training seeds:
+        # 9-20% lower (0.114-0.126 against 0.129-0.146); on the untrained model it held for 4 of 8.
+        assert expected < 0.95 * reference_loss(model, ids)[0]
     with pytest.raises(ValueError, match="stride: must be between 1 and the context length 16, got 17"):
         evaluate_tokens(model, np.array(ids), stride=17)
 
