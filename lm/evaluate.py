@@ -38,6 +38,8 @@ def evaluate_tokens(
     ``stride`` (default ``context_length``): how far each window moves on (see the module doc)."""
     if batch_size < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
     ctx = model.config.context_length
     stride = ctx if stride is None else stride
     if not 1 <= stride <= ctx:

@@ -108,11 +108,11 @@ def test_size_from_content_length_without_redirect(server, tmp_path):
 
 def test_cli_download_tinystories(server, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
-    assert main(["data", "download", "tinystories", "--split", "valid", "--out-dir", str(tmp_path), "--quiet"]) == 0
+    assert main(["data", "download", "tinystories", "--split", "valid", "--out", str(tmp_path), "--quiet"]) == 0
     assert (tmp_path / "TinyStoriesV2-GPT4-valid.txt").read_bytes() == PAYLOAD
     # a second run finds the complete file and does not fetch it again
     n = len(Handler.requests)
-    assert main(["data", "download", "tinystories", "--out-dir", str(tmp_path), "--quiet"]) == 0
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 0
     assert not [r for r in Handler.requests[n:] if r[0] == "GET"]
 
 
@@ -125,6 +125,6 @@ def test_offline_is_one_line(tmp_path, monkeypatch, capsys):
     port = s.getsockname()[1]
     s.close()
     monkeypatch.setenv("LM_TINYSTORIES_URL", f"http://127.0.0.1:{port}/resolve/main")
-    assert main(["data", "download", "tinystories", "--out-dir", str(tmp_path), "--quiet"]) == 2
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot reach 127.0.0.1" in err and "(offline?)" in err and len(err.splitlines()) == 1

@@ -105,9 +105,12 @@ def test_cli_eval_stride(run, tmp_path, capsys):
                  "--quiet"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["loss"] == pytest.approx(sliding_reference(model, tok.encode(text), 4), rel=1e-5)
-    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--stride", "0", "--quiet"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "stride: must be between 1 and the context length 16, got 0" in err and len(err.splitlines()) == 1
+    for stride, message in (("0", "--stride: must be >= 1, got 0"),
+                            ("17", "--stride: must be between 1 and the context length 16, got 17")):
+        assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--stride", stride,
+                     "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
 
 
 def test_cli_eval_token_file_and_text(run, tmp_path, capsys):

@@ -39,10 +39,10 @@ def test_export_loads_as_llama_with_equal_logits(tmp_path, tied):
 
 def test_cli_export_with_tokenizer(run, tmp_path, capsys):
     d, model, tok = run
-    assert main(["export", "hf", str(d), str(tmp_path / "hf")]) == 0
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(tmp_path / "hf")]) == 0
     out = tmp_path / "hf"
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
-                                               "tokenizer_config.json"}
+                                               "tokenizer_config.json", ".lm-output.json"}
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     text = TEXT + "<|endoftext|>" + TEXT.upper()
@@ -52,9 +52,10 @@ def test_cli_export_with_tokenizer(run, tmp_path, capsys):
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=1e-4)
     assert hf.config.eos_token_id == tok.token_to_id[b"<|endoftext|>"]
-    # an existing non-empty folder is not overwritten without --overwrite
+    # an earlier export is not replaced without --overwrite (the 0.1 positional spelling still works)
     assert main(["export", "hf", str(d), str(out)]) == 2
-    assert "exists and is not empty" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "CHECKPOINT is deprecated" in err and "exists; pass --overwrite to replace it" in err
 
 
 def test_variants_without_llama_equivalent_are_refused(tmp_path):

@@ -1,42 +1,74 @@
 """The ``lm`` command line: a thin layer over functions a user can call from Python.
 
-Every subcommand module exposes ``register(subparsers)``; errors that a user can fix
-(bad arguments, missing files, malformed data) are raised as ``ValueError`` or ``OSError``
-and printed here as one line, with a non-zero exit status.
+Every subcommand module exposes ``register(subparsers)`` and follows the grammar written down
+in :mod:`lm.cli.common`. Errors that a user can fix (bad arguments, missing files, malformed
+data) are raised as ``ValueError`` or ``OSError`` and printed here as one line, with exit
+status 2; a library warning is printed as one ``lm CMD: warning: ...`` line; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
-from lm.cli import tokenizer as _tokenizer
+from lm import __version__
+from lm.cli.common import HelpFormatter
+
+EXAMPLES = """examples:
+  lm demo                                          # the whole pipeline in a few minutes, offline
+  lm tokenizer train --input corpus.txt --vocab-size 10000 --special-token '<|endoftext|>' --out tok
+  lm tokenize --tokenizer tok --input corpus.txt --out corpus.bin
+  lm train --config configs/cpu-small.toml
+  lm sample --checkpoint runs/cpu-small --prompt "Once upon a time"
+  lm COMMAND --help                                # options, defaults and examples of one command
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lm",
         description="Train byte-level BPE tokenizers and small Transformer language models.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"lm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    _tokenizer.register(sub)
-    __import__("lm.cli.train", fromlist=["register"]).register(sub)  # lm train, lm plot
-    __import__("lm.cli.data", fromlist=["register"]).register(sub)  # lm data download
-    __import__("lm.cli.sample", fromlist=["register"]).register(sub)  # lm sample
-    __import__("lm.cli.evaluate", fromlist=["register"]).register(sub)  # lm eval
-    __import__("lm.cli.export", fromlist=["register"]).register(sub)  # lm export hf
-    __import__("lm.cli.demo", fromlist=["register"]).register(sub)  # lm demo
+    from lm.cli import data, demo, evaluate, export, sample, tokenizer, train
+
+    tokenizer.register(sub)  # lm tokenizer train, lm tokenize
+    train.register(sub)  # lm train, lm plot
+    data.register(sub)  # lm data download
+    sample.register(sub)  # lm sample
+    evaluate.register(sub)  # lm eval
+    export.register(sub)  # lm export hf
+    demo.register(sub)  # lm demo
     return parser
+
+
+def _one_line_warnings(command: str):
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"lm {command}: warning: {message}", file=sys.stderr)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    command = " ".join(
+        x for x in (args.command, getattr(args, "tokenizer_command", None), getattr(args, "data_command", None),
+                    getattr(args, "export_format", None)) if x
+    )
+    previous = warnings.showwarning
+    warnings.showwarning = _one_line_warnings(command)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("lm: interrupted", file=sys.stderr)
+        print(f"lm {command}: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError) as e:
-        print(f"lm {args.command}: error: {e}", file=sys.stderr)
+        print(f"lm {command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = previous

@@ -22,9 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -51,6 +52,9 @@ class Deprecated(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        if values is None or values == []:  # an optional positional that was not given
+            setattr(namespace, self.dest, None)
+            return
         old = option_string or self.metavar or self.dest
         print(f"{parser.prog}: warning: {old} is deprecated and will be removed; use {self.new}", file=sys.stderr)
         setattr(namespace, self.dest, values)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-EXAMPLES = """examples:
+from lm.cli.common import add_command, add_compute, add_quiet
+
+EXAMPLES = """
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
   lm eval --checkpoint runs/cpu-small/checkpoints/best.pt --data stories.txt   # tokenized on the fly
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin --stride 64   # sliding window
@@ -13,58 +16,96 @@ EXAMPLES = """examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "eval",
         help="evaluate a model: loss, perplexity, bits per byte",
-        description="Evaluate a checkpoint on every token of a token file (from `lm tokenize`) or of a text "
-        "file, which is tokenized on the fly with the run's tokenizer.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Evaluate a checkpoint on every token of a token file (from `lm tokenize`, with its sidecar) "
+        "or of a UTF-8 text file, which is tokenized on the fly with the run's tokenizer.",
+        examples=EXAMPLES,
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
     p.add_argument("--data", required=True, metavar="FILE", help="FILE.bin token file, or a UTF-8 text file")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, metavar="N")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="evaluate the first N tokens only")
     p.add_argument("--stride", type=int, default=None, metavar="N",
                    help="slide the window by N tokens and score only the new ones, so each token sees at least "
                         "context_length - N tokens of context (default: the context length, windows do not overlap)")
-    p.add_argument("--device", default="cpu")
+    add_compute(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet(p)
     p.set_defaults(func=cmd_eval)
 
 
+def data_kind(path: Path) -> str:
+    """``"tokens"`` or ``"text"``, from the sidecar and the content together; ambiguous files are refused."""
+    from lm.data.token_file import sidecar_path
+    from lm.io import looks_like_text
+
+    side = sidecar_path(path)
+    text_like = looks_like_text(path)
+    if side.is_file():
+        if text_like and path.stat().st_size > 0:
+            raise ValueError(f"--data: {str(path)!r} reads as UTF-8 text but has a token-file sidecar {side.name!r}; "
+                             "if it is text, move the sidecar away")
+        return "tokens"
+    if path.suffix == ".bin" or not text_like:
+        raise ValueError(f"--data: {str(path)!r} has no sidecar {side.name!r} and is not UTF-8 text; pass a token "
+                         "file written by `lm tokenize` (with its sidecar) or a text file")
+    return "text"
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    import contextlib
+    import warnings
+
     import numpy as np
+    import torch
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.data import read_token_file
-    from lm.data.token_file import sidecar_path
+    from lm.device import resolve_dtype, set_threads
     from lm.evaluate import evaluate_tokens
-    from lm.io import check_readable_file
+    from lm.io import check_readable_file, decode_utf8
+    from lm.tokenizer import check_tokenizer_checksum
 
+    for name in ("batch_size", "max_tokens", "stride"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+    set_threads(args.threads)
     data = check_readable_file(args.data, "--data")
-    is_tokens = sidecar_path(data).is_file()
+    kind = data_kind(data)
     model, tok, info = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device,
-                                                need_tokenizer=not is_tokens)
-    if is_tokens:
-        tokens, meta = read_token_file(data)
+                                                need_tokenizer=kind == "text")
+    ctx = model.config.context_length
+    if args.stride is not None and args.stride > ctx:
+        raise ValueError(f"--stride: must be between 1 and the context length {ctx}, got {args.stride}")
+    if kind == "tokens":
+        try:
+            tokens, meta = read_token_file(data)
+        except ValueError as e:
+            raise ValueError(f"--data: {e}") from None
         if meta["vocab_size"] > model.config.vocab_size:
             raise ValueError(f"--data: {str(data)!r} was tokenized with {meta['vocab_size']} tokens, more than "
                              f"the model's vocab_size {model.config.vocab_size}")
-        want = info.get("tokenizer_sha256") or (info.get("metadata") or {}).get("tokenizer_sha256")
-        if want and meta.get("tokenizer_sha256") and meta["tokenizer_sha256"] != want:
-            raise ValueError(f"--data: {str(data)!r} was tokenized with another tokenizer than the model was "
-                             "trained with (sidecar checksum differs)")
+        check_tokenizer_checksum(meta["tokenizer_sha256"], info["tokenizer_sha256"], argument="--data",
+                                 what=f"the tokenizer of {str(data)!r}", against=f"the model {args.checkpoint!r}")
         source_bytes = meta.get("source_bytes") or 0
         bpt = source_bytes / meta["num_tokens"] if source_bytes else None
     else:
-        text = data.read_bytes().decode("utf-8", errors="replace")
+        text, bad = decode_utf8(data.read_bytes())
+        if bad:
+            warnings.warn(f"--data: {bad:,} bytes of {str(data)!r} are not valid UTF-8; they were replaced by "
+                          "U+FFFD, and bits/byte counts the file's bytes", stacklevel=1)
         tokens = np.asarray(tok.encode(text), dtype=np.int64)
         bpt = data.stat().st_size / max(1, len(tokens))
-    result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                             bytes_per_token=bpt, stride=args.stride, progress=not args.quiet)
+    device = next(model.parameters()).device
+    dtype = resolve_dtype(args.dtype, device)
+    with torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
+        result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
+                                 bytes_per_token=bpt, stride=args.stride, progress=not args.quiet)
     if args.json:
         print(json.dumps(result))
     else:

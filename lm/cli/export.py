@@ -4,36 +4,53 @@ from __future__ import annotations
 
 import argparse
 
-EXAMPLES = """examples:
-  lm export hf runs/cpu-small hf/cpu-small
+from lm.cli.common import Deprecated, add_command, add_out, add_quiet
+
+EXAMPLES = """
+  lm export hf --checkpoint runs/cpu-small --out hf/cpu-small
+  lm export hf --checkpoint runs/cpu-small --out hf/cpu-small --overwrite   # replace an earlier export
   python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf/cpu-small')"
 """
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export a model to another format",
-                       description="Export a trained model.")
+    p = add_command(sub, "export", help="export a model to another format", description="Export a trained model.",
+                    examples=EXAMPLES)
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", required=True)
-    h = esub.add_parser(
+    h = add_command(
+        esub,
         "hf",
         help="a folder that transformers loads as LlamaForCausalLM",
         description="Write config.json, model.safetensors (q/k rows permuted to Llama's rotate-half RoPE) and "
-        "tokenizer.json into OUT_DIR, which transformers.AutoModelForCausalLM.from_pretrained loads as Llama.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "tokenizer.json into the --out folder, which transformers.AutoModelForCausalLM.from_pretrained loads as "
+        "Llama. The folder is built beside --out and renamed into place when complete; --overwrite replaces "
+        "only an earlier export.",
+        examples=EXAMPLES,
     )
-    h.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint file or run directory")
-    h.add_argument("out_dir", metavar="OUT_DIR")
+    h.add_argument("--checkpoint", metavar="PATH", help="checkpoint file or run directory")
+    add_out(h, "the folder to write", metavar="DIR", required=False)
     h.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
-    h.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    add_quiet(h)
+    # the 0.1 spelling: lm export hf CHECKPOINT OUT_DIR
+    h.add_argument("old_checkpoint", nargs="?", metavar="CHECKPOINT", action=Deprecated, new="--checkpoint PATH",
+                   help=argparse.SUPPRESS)
+    h.add_argument("old_out", nargs="?", metavar="OUT_DIR", action=Deprecated, new="--out DIR", help=argparse.SUPPRESS)
     h.set_defaults(func=cmd_export_hf)
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    from lm.cli.common import load_model_and_tokenizer
+    from lm.cli.common import load_model_and_tokenizer, resolve_checkpoint
     from lm.export import export_hf
 
-    model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, need_tokenizer=False)
-    out = export_hf(model, args.out_dir, tok, overwrite=args.overwrite)
+    checkpoint = args.checkpoint or args.old_checkpoint
+    out = args.out or args.old_out
+    if checkpoint is None:
+        raise ValueError("--checkpoint: required (a checkpoint file or a run directory)")
+    if out is None:
+        raise ValueError("--out: required (the folder to write)")
+    path = resolve_checkpoint(checkpoint)
+    model, tok, _ = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
+    inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
+    out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
     print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json' if tok else ''})")
     return 0

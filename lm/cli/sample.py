@@ -4,44 +4,74 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import sys
 import time
 
-EXAMPLES = """examples:
+from lm.cli.common import add_command, add_compute, add_quiet
+
+EXAMPLES = """
   lm sample --checkpoint runs/cpu-small --prompt "Once upon a time"
   lm sample --checkpoint runs/cpu-small/checkpoints/best.pt --prompt "Tom and Lily" \\
       --num-samples 3 --temperature 0.8 --top-p 0.95 --seed 1
-  lm sample --checkpoint runs/cpu-small --prompt ""      # start a new document
+  lm sample --checkpoint runs/cpu-small --prompt ""              # start a new document
+  lm sample --checkpoint runs/cpu-small --prompt-file story.txt  # the prompt from a file
+  echo "Once upon a time" | lm sample --checkpoint runs/cpu-small --prompt-file -   # or from stdin
 """
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "sample",
         help="stream text from a trained model",
         description="Complete a prompt with a trained model, printing text as it is generated. Generation stops "
         "at <|endoftext|> or after --max-new-tokens; a prompt longer than the context keeps its last "
         "context_length tokens (the window slides).",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
-    p.add_argument("--prompt", required=True, help="text to continue; '' starts a new document")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="text to continue; '' starts a new document")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-': standard input)")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 = greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K likeliest tokens only")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="for repeatable samples")
     p.add_argument("--num-samples", type=int, default=1, metavar="N")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
-    p.add_argument("--device", default="cpu")
+    add_compute(p)
+    add_quiet(p)
     p.set_defaults(func=cmd_sample)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt from ``--prompt`` or ``--prompt-file`` (``-`` is stdin), checked to be valid text."""
+    from lm.io import check_readable_file
+
+    if args.prompt is not None:
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # bytes the shell could not decode arrive as lone surrogates
+            raise ValueError(f"--prompt: not valid UTF-8 (at character {e.start}); pass the text as UTF-8 "
+                             "or use --prompt-file") from None
+        return args.prompt
+    if args.prompt_file == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        data = check_readable_file(args.prompt_file, "--prompt-file").read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt-file: not valid UTF-8 (byte {e.start})") from None
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from lm.cli.common import load_model_and_tokenizer
+    from lm.device import resolve_dtype, set_threads
     from lm.generate import generate
     from lm.generate.sampling import check_sampling_args
 
@@ -50,14 +80,19 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-samples: must be >= 1, got {args.num_samples}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: must be >= 1, got {args.max_new_tokens}")
+    set_threads(args.threads)
+    prompt = read_prompt(args)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    device = next(model.parameters()).device
+    dtype = resolve_dtype(args.dtype, device)
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
     eos = tok.token_to_id.get(b"<|endoftext|>")
-    prompt_ids = tok.encode(args.prompt)
+    prompt_ids = tok.encode(prompt)
     if not prompt_ids:
         if eos is None:
             raise ValueError("--prompt: empty, and the tokenizer has no <|endoftext|> to start a document with")
         prompt_ids = [eos]
-    gen = torch.Generator(device=next(model.parameters()).device)
+    gen = torch.Generator(device=device)
     if args.seed is not None:
         gen.manual_seed(args.seed)
     else:
@@ -67,7 +102,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     for i in range(args.num_samples):
         if i:
             out.write("\n" + "-" * 40 + "\n")
-        out.write(args.prompt)
+        out.write(prompt)
         out.flush()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -77,10 +112,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
             out.write(decoder.decode(tok.vocab[token]))
             out.flush()
 
-        new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                       top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit)
+        with autocast():
+            new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                           top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit)
         out.write(decoder.decode(b"", final=True) + "\n")
         total += len(new)
     dt = time.perf_counter() - t0
-    print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s]", file=sys.stderr)
+    if not args.quiet:
+        print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s]", file=sys.stderr)
+    with contextlib.suppress(BrokenPipeError):
+        out.flush()
     return 0

@@ -10,57 +10,69 @@ import sys
 import time
 from pathlib import Path
 
-from lm.io import atomic_write, check_readable_file, read_text_range
+from lm.cli.common import add_command, add_out, add_quiet
+from lm.io import (
+    atomic_write,
+    check_output_dir,
+    check_output_file,
+    check_readable_file,
+    read_text_range,
+    replace_dir,
+)
 
-TRAIN_EXAMPLES = """examples:
+TRAIN_EXAMPLES = """
   lm tokenizer train --input data/TinyStoriesV2-GPT4-train.txt --vocab-size 10000 \\
       --special-token '<|endoftext|>' --out data/tok-tinystories
   lm tokenizer train --input a.txt b.txt --vocab-size 4096 --out data/tok --num-workers 2
+  lm tokenizer train --input a.txt --vocab-size 4096 --out data/tok --overwrite   # replace data/tok
 """
 
-TOKENIZE_EXAMPLES = """examples:
+TOKENIZE_EXAMPLES = """
   lm tokenize --tokenizer data/tok-tinystories --input data/TinyStoriesV2-GPT4-valid.txt \\
       --out data/tinystories-valid.bin
 """
 
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "summary.json")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    tok = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer",
-                         description="Byte-level BPE tokenizers.")
+    tok = add_command(sub, "tokenizer", help="train a byte-level BPE tokenizer",
+                      description="Byte-level BPE tokenizers.", examples=TRAIN_EXAMPLES)
     tsub = tok.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
-    p = tsub.add_parser(
+    p = add_command(
+        tsub,
         "train",
         help="train BPE on text files",
         description="Train a byte-level BPE tokenizer (GPT-2 pre-tokenizer) and write DIR/vocab.json, "
-        "DIR/merges.txt, DIR/tokenizer.json (Hugging Face) and DIR/summary.json.",
-        epilog=TRAIN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "DIR/merges.txt, DIR/tokenizer.json (Hugging Face) and DIR/summary.json. The folder is built beside "
+        "DIR and renamed into place when complete.",
+        examples=TRAIN_EXAMPLES,
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="UTF-8 text file(s)")
     p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="total vocabulary size")
     p.add_argument("--special-token", action="append", default=[], metavar="TOK",
                    help="a special token, e.g. '<|endoftext|>' (repeatable); documents are cut at it")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    add_out(p, "the tokenizer folder to write", metavar="DIR")
     p.add_argument("--num-workers", type=int, default=None, metavar="N", help="processes (default: CPU count)")
     p.add_argument("--holdout-bytes", type=int, default=1_000_000, metavar="B",
                    help="hold out about this many bytes at the end of the last input (at most 10%% of "
-                   "the input) to measure bytes/token; 0 measures nothing (default: 1,000,000)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+                   "the input) to measure bytes/token; 0 measures nothing")
+    add_quiet(p)
     p.set_defaults(func=cmd_train)
 
-    q = sub.add_parser(
+    q = add_command(
+        sub,
         "tokenize",
         help="encode a text file to a token file for training",
         description="Encode a UTF-8 text file into a flat token file (uint16 while the vocab fits, else uint32) "
         "plus a JSON sidecar FILE.bin.json, in parallel, in constant memory.",
-        epilog=TOKENIZE_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=TOKENIZE_EXAMPLES,
     )
     q.add_argument("--tokenizer", required=True, metavar="DIR", help="directory written by `lm tokenizer train`")
     q.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text file")
-    q.add_argument("--out", required=True, metavar="FILE.bin", help="token file to write")
+    add_out(q, "the token file to write (its sidecar goes to FILE.bin.json)", metavar="FILE.bin")
     q.add_argument("--num-workers", type=int, default=None, metavar="N", help="processes (default: CPU count)")
-    q.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet(q)
     q.set_defaults(func=cmd_tokenize)
 
 
@@ -97,8 +109,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.holdout_bytes < 0:
         raise ValueError(f"--holdout-bytes: must be >= 0, got {args.holdout_bytes}")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out: exists and is not a directory: {str(out)!r}")
+    inputs = [("--input", p) for p in paths]
+    output = dict(command="lm tokenizer train", overwrite=args.overwrite, inputs=inputs, files=TOKENIZER_FILES)
+    check_output_dir(out, **output)  # before the work: a refusal costs nothing
     train_ranges, heldout = _holdout_split(paths, args.special_token, args.holdout_bytes)
 
     stats = TrainStats()
@@ -107,10 +120,32 @@ def cmd_train(args: argparse.Namespace) -> int:
         [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
         num_workers=args.num_workers, progress=not args.quiet, stats=stats, _ranges=train_ranges,
     )
+    if len(vocab) < args.vocab_size:
+        raise ValueError(
+            f"--vocab-size: the input gives at most {len(vocab):,} tokens (it ran out of pairs to merge after "
+            f"{len(merges):,} merges), not {args.vocab_size:,}; pass --vocab-size {len(vocab)} or less, or more text"
+        )
     tok = Tokenizer(vocab, merges, args.special_token)
     t1 = time.perf_counter()
-    save_tokenizer_dir(tok, out, hf=True)
-    t2 = time.perf_counter()
+    with replace_dir(out, **output) as tmp:
+        save_tokenizer_dir(tok, tmp, hf=True)
+        t2 = time.perf_counter()
+        summary = _summary(args, paths, stats, tok, heldout, t0, t1, t2)
+        with atomic_write(tmp / "summary.json") as f:
+            json.dump(summary, f, indent=1, ensure_ascii=False)
+    bpt = summary["bytes_per_token_heldout"]
+    print(
+        f"trained {len(vocab)} tokens on {stats.input_bytes / 1e6:.1f} MB in {summary['seconds']['total']:.1f}s "
+        f"(pre-tokenize {stats.seconds['pretokenize']:.1f}s, merge {stats.seconds['merge']:.1f}s); "
+        f"held-out bytes/token {'n/a' if bpt is None else f'{bpt:.3f}'}; peak RSS {summary['peak_rss_mb']:.0f} MB "
+        f"-> {out}{os.sep}"
+    )
+    return 0
+
+
+def _summary(args, paths, stats, tok, heldout, t0: float, t1: float, t2: float) -> dict:
+    """The ``summary.json`` of a trained tokenizer, with the bytes/token of the held-out text."""
+    vocab, merges = tok.vocab, tok.merges
 
     bytes_per_token = None
     if heldout is not None:
@@ -140,27 +175,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         "bytes_per_token_heldout": None if bytes_per_token is None else round(bytes_per_token, 4),
         "invalid_utf8_bytes": stats.invalid_utf8_bytes,
     }
-    with atomic_write(out / "summary.json") as f:
-        json.dump(summary, f, indent=1, ensure_ascii=False)
-    if len(merges) < args.vocab_size - 256 - len(args.special_token):
-        print(f"note: the input ran out of pairs after {len(merges)} merges; vocab size is {len(vocab)}",
-              file=sys.stderr)
-    bpt = "n/a" if bytes_per_token is None else f"{bytes_per_token:.3f}"
-    print(
-        f"trained {len(vocab)} tokens on {stats.input_bytes / 1e6:.1f} MB in {t3 - t0:.1f}s "
-        f"(pre-tokenize {stats.seconds['pretokenize']:.1f}s, merge {stats.seconds['merge']:.1f}s); "
-        f"held-out bytes/token {bpt}; peak RSS {summary['peak_rss_mb']:.0f} MB -> {out}{os.sep}"
-    )
-    return 0
+    return summary
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    from lm.data.token_file import is_token_file, sidecar_path
     from lm.tokenizer.encode_file import tokenize_file
     from lm.tokenizer.tokenizer import load_tokenizer_dir
 
     if args.num_workers is not None and args.num_workers < 1:
         raise ValueError(f"--num-workers: must be >= 1, got {args.num_workers}")
-    tok = load_tokenizer_dir(args.tokenizer)
+    src = check_readable_file(args.input, "--input")
+    check_output_file(args.out, overwrite=args.overwrite, inputs=[("--input", src)], recognise=is_token_file,
+                      what="a token file written by `lm tokenize` (it has no valid sidecar)")
+    check_output_file(sidecar_path(args.out), overwrite=args.overwrite, inputs=[("--input", src)])
+    try:
+        tok = load_tokenizer_dir(args.tokenizer)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--tokenizer: {e}") from None
     t0 = time.perf_counter()
     meta = tokenize_file(tok, args.input, args.out, num_workers=args.num_workers, progress=not args.quiet)
     dt = time.perf_counter() - t0

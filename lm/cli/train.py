@@ -6,30 +6,36 @@ import argparse
 import sys
 from pathlib import Path
 
-TRAIN_EXAMPLES = """examples:
+from lm.cli.common import add_command, add_compute, add_out, add_quiet
+
+TRAIN_EXAMPLES = """
   lm train --config configs/cpu-small.toml
   lm train --config configs/tinystories-17m.toml --set train.max_steps=2000 --set optim.max_lr=6e-4
   lm train --config configs/cpu-small.toml --resume        # continue the run's latest checkpoint
+  lm train --config configs/cpu-small.toml --resume runs/cpu-small/checkpoints/best.pt --set train.out_dir=runs/b
+  lm train --config configs/cpu-small.toml --threads 1     # one CPU thread (faster on a busy machine)
   torchrun --nproc_per_node 4 -m lm train --config configs/tinystories-17m.toml   # DDP
 
 A run writes RUN_DIR (train.out_dir): config.toml (resolved), metrics.jsonl,
 checkpoints/step_*.pt (the last checkpoint.keep_last) and best.pt, model.safetensors.
 SIGINT/SIGTERM save a checkpoint and exit; --resume continues exactly where it stopped.
+One `lm train` at a time holds a run folder (RUN_DIR/.lock).
 """
 
-PLOT_EXAMPLES = """examples:
+PLOT_EXAMPLES = """
   lm plot runs/cpu-small                       # writes runs/cpu-small/loss.png
   lm plot runs/a runs/b --out compare.png      # overlay two runs
+  lm plot runs/cpu-small --overwrite           # redraw an existing loss.png
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "train",
         help="train a Transformer LM from a TOML config",
         description="Train a Transformer language model on token files written by `lm tokenize`.",
-        epilog=TRAIN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=TRAIN_EXAMPLES,
     )
     p.add_argument("--config", required=True, metavar="FILE.toml", help="the run's configuration")
     p.add_argument(
@@ -40,38 +46,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="overrides",
         help="override one config value (TOML syntax; bare strings allowed); repeatable",
     )
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="CHECKPOINT",
+                   help="continue the latest checkpoint in train.out_dir, or the CHECKPOINT given")
+    add_compute(p, device=None, dtype=None)
+    add_quiet(p)
     p.set_defaults(func=run_train)
 
-    q = subparsers.add_parser(
+    q = add_command(
+        subparsers,
         "plot",
         help="plot train/validation loss of runs to a PNG",
         description="Plot train and validation loss against steps and wall-clock time, runs overlaid.",
-        epilog=PLOT_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=PLOT_EXAMPLES,
     )
     q.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of `lm train`")
-    q.add_argument(
-        "--out", metavar="FILE.png", help="output PNG (default: RUN_DIR/loss.png, or ./loss.png for several)"
-    )
+    add_out(q, "output PNG (default: RUN_DIR/loss.png, or ./loss.png for several runs)", required=False,
+            metavar="FILE.png")
+    add_quiet(q)
     q.set_defaults(func=run_plot)
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from lm.device import set_threads
     from lm.train import Trainer, TrainingDiverged, load_config
 
-    cfg = load_config(args.config, args.overrides)
+    set_threads(args.threads)
+    overrides = list(args.overrides)
+    overrides += [f"train.device={args.device}"] if args.device else []
+    overrides += [f"train.dtype={args.dtype}"] if args.dtype else []
+    cfg = load_config(args.config, overrides)
     try:
-        return Trainer(cfg, resume=args.resume).run()
+        return Trainer(cfg, resume=args.resume, quiet=args.quiet).run()
     except TrainingDiverged as e:
         print(f"lm train: error: {e}", file=sys.stderr)
         return 3
 
 
+def _is_png(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 def run_plot(args: argparse.Namespace) -> int:
+    from lm.io import check_output_file
     from lm.train.plot import plot_runs
 
     out = args.out or (Path(args.run_dirs[0]) / "loss.png" if len(args.run_dirs) == 1 else Path("loss.png"))
+    if Path(out).suffix.lower() != ".png":
+        raise ValueError(f"--out: {str(out)!r} must end in .png")
+    inputs = [("RUN_DIR", Path(d) / "metrics.jsonl") for d in args.run_dirs]
+    check_output_file(out, overwrite=args.overwrite, inputs=inputs, recognise=_is_png, what="a PNG")
     path = plot_runs(args.run_dirs, out)
     print(path)
     return 0

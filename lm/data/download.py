@@ -100,11 +100,13 @@ def download(
     retries: int = 5,
     timeout: float = 30.0,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Path:
     """Download ``url`` to ``dest``, resuming ``dest.part`` if present; verify size and checksum.
 
-    Returns ``dest``. A file already at ``dest`` with the right size is kept as it is. Raises
-    ``OSError`` with one line on failure (the partial file stays, for the next attempt).
+    Returns ``dest``. A file already at ``dest`` with the right size is kept as it is; one of
+    another size is replaced only with ``overwrite``. Raises ``OSError`` with one line on
+    failure (the partial file stays, for the next attempt).
     """
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
@@ -117,6 +119,9 @@ def download(
     sha = (expected_sha256 or remote.sha256 or "").lower() or None
     if dest.exists() and (size is None or dest.stat().st_size == size):
         return dest
+    if dest.exists() and not overwrite:
+        raise ValueError(f"--out: {str(dest)!r} exists with {dest.stat().st_size:,} bytes, not the {size:,} of "
+                         f"{dest.name}; pass --overwrite to download it again")
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     attempt = 0
@@ -171,10 +176,10 @@ def download(
 
 
 def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "data", *,
-                         base_url: str | None = None, progress: bool = True) -> Path:
+                         base_url: str | None = None, progress: bool = True, overwrite: bool = False) -> Path:
     """Fetch TinyStoriesV2-GPT4 ``train`` (2.2 GB) or ``valid`` (22 MB) text into ``out_dir``."""
     if split not in TINYSTORIES_FILES:
         raise ValueError(f"split: {split!r} is not one of {sorted(TINYSTORIES_FILES)}")
     base = (base_url or os.environ.get("LM_TINYSTORIES_URL") or TINYSTORIES_URL).rstrip("/")
     name = TINYSTORIES_FILES[split]
-    return download(f"{base}/{name}", Path(out_dir) / name, progress=progress)
+    return download(f"{base}/{name}", Path(out_dir) / name, progress=progress, overwrite=overwrite)

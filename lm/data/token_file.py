@@ -93,6 +93,15 @@ def write_token_file(
     return meta
 
 
+def is_token_file(path: str | os.PathLike) -> bool:
+    """``path`` has a sidecar of this format: it was written by :func:`write_token_file` (``lm tokenize``)."""
+    try:
+        meta = json.loads(sidecar_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
 def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of ``path`` against the file itself (dtype, size); return it."""
     path = Path(path)

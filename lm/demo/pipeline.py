@@ -45,6 +45,12 @@ class DemoSettings:
     temperature: float = 0.8
     top_p: float = 0.95
     progress: bool = True
+    overwrite: bool = False  # replace an earlier demo output in out_dir (never anything else)
+    device: str = "auto"
+    dtype: str = "float32"
+
+
+DEMO_FILES = ("data", "tokenizer", "run", "loss.png", "report.json")
 
 
 @dataclass
@@ -133,6 +139,24 @@ def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray, vocab_size: int, v
 
 
 def run_demo(settings: DemoSettings) -> DemoReport:
+    """Run the whole pipeline into ``settings.out_dir``; the checks come before anything is written.
+
+    The folder is claimed as a whole (:func:`lm.io.claim_dir`): a missing or empty one, or with
+    ``overwrite`` an earlier demo output, which is put back if this run fails.
+    """
+    from lm.io import check_readable_file, claim_dir
+
+    out = Path(settings.out_dir)
+    if settings.data:
+        check_readable_file(settings.data, "--data")
+    if not settings.train_seconds > 0:
+        raise ValueError(f"--train-seconds: must be > 0, got {settings.train_seconds}")
+    inputs = [("--data", settings.data)] if settings.data else []
+    with claim_dir(out, command="lm demo", overwrite=settings.overwrite, inputs=inputs, files=DEMO_FILES):
+        return _run(settings, out)
+
+
+def _run(settings: DemoSettings, out: Path) -> DemoReport:
     import torch
 
     from lm.data import read_token_file
@@ -144,7 +168,6 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     from lm.train import Trainer, config_from_dict
     from lm.train.plot import plot_runs
 
-    out = Path(settings.out_dir)
     work = out / "data"
     work.mkdir(parents=True, exist_ok=True)
     report = DemoReport()
@@ -180,8 +203,8 @@ def run_demo(settings: DemoSettings) -> DemoReport:
                   "d_ff": 64 * math.ceil(8 * d / 3 / 64), "rope_theta": 10000.0},
         "data": {"train": str(work / "train.bin"), "val": str(work / "val.bin"), "tokenizer": str(tok_dir)},
         "train": {"out_dir": str(out / "run"), "batch_size": settings.batch_size, "max_steps": settings.max_steps,
-                  "max_time": settings.train_seconds, "seed": settings.seed, "device": "auto",
-                  "dtype": "float32"},
+                  "max_time": settings.train_seconds, "seed": settings.seed, "device": settings.device,
+                  "dtype": settings.dtype},
         "optim": {"max_lr": settings.max_lr, "min_lr": settings.max_lr / 10, "warmup_iters": 100,
                   "beta2": 0.95},
         "eval": {"interval": 250, "batches": 4},

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
+from lm.io import atomic_write, replace_dir
 from lm.tokenizer import Tokenizer
 
 
@@ -99,19 +99,21 @@ def to_transformers(model: torch.nn.Module, **config_overrides):
     return hf.eval()
 
 
+HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
 def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None,
-              *, overwrite: bool = False) -> Path:
+              *, overwrite: bool = False, inputs: Iterable[tuple[str, str | os.PathLike]] = ()) -> Path:
     """Write ``config.json``, ``model.safetensors`` and (with a tokenizer) ``tokenizer.json`` to ``out_dir``.
 
-    The folder is built under a temporary name and renamed, so it appears complete or not at all.
+    The folder is built beside ``out_dir`` and renamed into place when complete
+    (:func:`lm.io.replace_dir`): ``overwrite`` replaces only an earlier export, never a folder
+    that holds anything else, the ``inputs`` or a folder that contains them.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     cfg = model.config
     _check_llama_compatible(cfg)
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"out_dir: {str(out)!r} exists and is not empty")
     eos = None
     if tokenizer is not None and "<|endoftext|>" in tokenizer.special_tokens:
         eos = tokenizer.token_to_id[b"<|endoftext|>"]
@@ -122,21 +124,17 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
         del tensors["lm_head.weight"]
     tensors = {k: v.clone().contiguous() for k, v in tensors.items()}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    out = Path(out_dir)
+    with replace_dir(out, command="lm export hf", overwrite=overwrite, inputs=inputs, files=HF_FILES) as tmp:
+        with atomic_write(tmp / "config.json") as f:
+            f.write(json.dumps(config, indent=2) + "\n")
+        with atomic_write(tmp / "model.safetensors", "wb") as f:
+            f.write(save(tensors, metadata={"format": "pt"}))
         if tokenizer is not None:
             tokenizer.save_hf(tmp / "tokenizer.json")
             tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length}
             if eos is not None:
                 tok_cfg.update(eos_token="<|endoftext|>", bos_token="<|endoftext|>")
-            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            with atomic_write(tmp / "tokenizer_config.json") as f:
+                f.write(json.dumps(tok_cfg, indent=2) + "\n")
     return out
