@@ -24,3 +24,18 @@ def data_file(name: str) -> Path:
     if d is None or not (d / name).exists():
         pytest.skip(f"LM_TEST_DATA/{name} not available")
     return d / name
+
+
+# GPT-2's pre-tokenization pattern as published in openai/gpt-2, src/encoder.py (copied verbatim).
+GPT2_ENCODER_PY_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def gpt2_published_pattern() -> str:
+    """The reference for lm's ``GPT2_PATTERN``, never lm's own constant: tiktoken's published GPT-2
+    pattern (``r50k_pat_str``, the one its "gpt2" encoding uses; it ships with tiktoken, no download),
+    or, without tiktoken, the pattern of GPT-2's encoder.py above."""
+    try:
+        from tiktoken_ext.openai_public import r50k_pat_str
+    except ImportError:
+        return GPT2_ENCODER_PY_PATTERN
+    return r50k_pat_str

@@ -4,15 +4,16 @@ from collections import Counter
 
 import pytest
 import regex
+from conftest import GPT2_ENCODER_PY_PATTERN, gpt2_published_pattern
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lm.tokenizer.train as train_mod
 from lm.tokenizer import train_bpe
-from lm.tokenizer.pretokenize import GPT2_PATTERN, chunk_boundaries, pretokenize
+from lm.tokenizer.pretokenize import chunk_boundaries, pretokenize
 from lm.tokenizer.train import count_pretokens, merge_counts
 
-REFERENCE_REGEX = regex.compile(GPT2_PATTERN)
+REFERENCE_REGEX = regex.compile(gpt2_published_pattern())  # not lm's GPT2_PATTERN
 
 
 def brute_force_bpe(text: str, vocab_size: int, special_tokens: list[str]):
@@ -97,6 +98,13 @@ def test_sennrich_example():
 @given(st.text(alphabet=st.sampled_from(list("ab ZZ\n\t\r.,'s1²éü€’“—\u00a0\u2028\u3000 😀")), max_size=200))
 def test_pretokenize_equals_regex(text):
     assert pretokenize(text) == REFERENCE_REGEX.findall(text)
+
+
+def test_pretokenize_non_ascii_equals_the_published_patterns():
+    text = "Café and Über Straße, naïve façade: ½ cup, 東京 2024年 — l'été's ÆØÅ\u00a0x  \n"
+    for pattern in (gpt2_published_pattern(), GPT2_ENCODER_PY_PATTERN):
+        assert pretokenize(text) == regex.findall(pattern, text)
+    assert pretokenize("Café and Über Straße") == ["Café", " and", " Über", " Straße"]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
