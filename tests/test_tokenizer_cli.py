@@ -66,10 +66,14 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
     assert main(["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out",
                  str(tmp_path / "c.bin"), "--quiet"]) == 0
     assert "tokens (uint16)" in capsys.readouterr().out
+    ids, _ = read_token_file(tmp_path / "c.bin")
+    assert ids.tolist() == load_tokenizer_dir(trained).encode(corpus.read_text(encoding="utf-8"))
     big = Tokenizer({i: bytes([i]) for i in range(256)} | {70000: b"zz"}, [])
     tokenize_file(big, corpus, tmp_path / "u32.bin")
     ids, meta = read_token_file(tmp_path / "u32.bin")
     assert meta["dtype"] == "uint32" and ids.dtype == np.uint32
+    # no merges: one id per byte, the same ids encode gives
+    assert ids.tolist() == big.encode(corpus.read_text(encoding="utf-8")) == list(corpus.read_bytes())
 
 
 @pytest.mark.parametrize(
@@ -114,4 +118,10 @@ def test_invalid_utf8_in_tokenize_warns(trained, tmp_path):
     path.write_bytes(b"Tom had a ball \xff\xfe.\n" * 10)
     with pytest.warns(UserWarning, match="20 bytes .* not valid UTF-8"):  # 2 bad bytes x 10 lines
         meta = tokenize_file(load_tokenizer_dir(trained), path, tmp_path / "b.bin", num_workers=1)
-    assert meta["num_tokens"] > 0
+    # each invalid byte becomes U+FFFD, as bytes.decode(errors="replace") does, and the rest is encoded as usual
+    tok = load_tokenizer_dir(trained)
+    expected = tok.encode("Tom had a ball \ufffd\ufffd.\n" * 10)
+    assert expected == tok.encode(path.read_bytes().decode("utf-8", errors="replace"))
+    ids, _ = read_token_file(tmp_path / "b.bin")
+    assert ids.tolist() == expected and meta["num_tokens"] == len(expected)
+    assert tok.decode(ids.tolist()) == "Tom had a ball \ufffd\ufffd.\n" * 10
