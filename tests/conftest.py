@@ -5,8 +5,14 @@ import pytest
 
 
 def _test_data_dir() -> Path | None:
+    """LM_TEST_DATA's folder; None when it is unset. Set to something that is not a folder, it is an
+    error rather than a skip: a typo must not quietly turn the parity tests off."""
     d = os.environ.get("LM_TEST_DATA")
-    return Path(d) if d and Path(d).is_dir() else None
+    if not d:
+        return None
+    if not Path(d).is_dir():
+        pytest.fail(f"LM_TEST_DATA={d!r} is not a folder", pytrace=False)
+    return Path(d)
 
 
 @pytest.fixture
@@ -19,10 +25,13 @@ def test_data() -> Path:
 
 
 def data_file(name: str) -> Path:
-    """A file from LM_TEST_DATA, or skip the calling test."""
+    """A file from LM_TEST_DATA: skips the calling test when LM_TEST_DATA is unset, fails when it is
+    set and the file is missing (an incomplete data folder would otherwise hide the parity tests)."""
     d = _test_data_dir()
-    if d is None or not (d / name).exists():
-        pytest.skip(f"LM_TEST_DATA/{name} not available")
+    if d is None:
+        pytest.skip(f"LM_TEST_DATA is not set (the test needs {name})")
+    if not (d / name).exists():
+        pytest.fail(f"LM_TEST_DATA/{name} is missing (LM_TEST_DATA={str(d)!r})", pytrace=False)
     return d / name
 
 
