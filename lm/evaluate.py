@@ -58,7 +58,8 @@ def evaluate_tokens(
         windows.append((begin, end, done - begin))
         done, begin = end, begin + stride
     total, count = 0.0, 0
-    bar = tqdm(total=n - 1, unit="tok", unit_scale=True, desc="eval", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=n - 1, unit="tok", unit_scale=True, desc="eval",
+               disable=None if progress else True, file=sys.stderr)
     try:
         # a batch: up to batch_size consecutive windows of one shape (length, first)
         for (length, first), same in itertools.groupby(windows, key=lambda w: (w[1] - w[0], w[2])):

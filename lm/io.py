@@ -118,16 +118,17 @@ def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str,
 
 
 def looks_like_text(path: str | os.PathLike, sample: int = 1 << 16) -> bool:
-    """True when the first ``sample`` bytes hold no NUL byte and are (almost all) valid UTF-8.
+    """True when the first ``sample`` bytes hold no NUL byte and are mostly (75%) valid UTF-8.
 
     Token files are full of NUL bytes (every id below 256 has a zero high byte); text never is.
+    Text in another encoding (Latin-1, say) still counts as text: its readers warn about it.
     """
     with open(path, "rb") as f:
         head = f.read(sample)
     if b"\0" in head:
         return False
     _, bad = decode_utf8(head[: len(head) - 3] if len(head) == sample else head)  # a cut character is fine
-    return bad <= len(head) // 100
+    return bad <= len(head) // 4
 
 
 # -- outputs -----------------------------------------------------------------------------------

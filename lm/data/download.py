@@ -125,7 +125,8 @@ def download(
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     attempt = 0
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc=dest.name, disable=not progress, file=sys.stderr)
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc=dest.name,
+               disable=None if progress else True, file=sys.stderr)
     try:
         while True:
             have = part.stat().st_size if part.exists() else 0

@@ -76,7 +76,8 @@ def tokenize_file(
     tasks = [(str(path), a, b, dtype.str) for a, b in bounds]
     invalid = 0
     pool = None
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenize",
+               disable=None if progress else True, file=sys.stderr)
     try:
         _init_worker(tokenizer)
         if workers == 1 or len(tasks) == 1:

@@ -88,7 +88,7 @@ def count_pretokens(
     ]
     counts: Counter = Counter()
     invalid = 0
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress,
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
                file=sys.stderr)
     pool = None
     try:
@@ -150,7 +150,7 @@ def merge_counts(
     heapq.heapify(heap)
 
     merges: list[tuple[bytes, bytes]] = []
-    bar = tqdm(total=num_merges, unit="merge", desc="merge", disable=not progress, file=sys.stderr,
+    bar = tqdm(total=num_merges, unit="merge", desc="merge", disable=None if progress else True, file=sys.stderr,
                mininterval=0.5)
     while len(merges) < num_merges:
         # Lazy heap: entries whose count is stale are dropped when they reach the top.

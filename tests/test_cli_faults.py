@@ -1,0 +1,380 @@
+"""Bad inputs and faults against the real command line, one row a case, each in a subprocess.
+
+Each row is something a new user did that used to destroy a file, print a plausible wrong
+number with exit 0, or end in a traceback. Every row checks the exit status, that stderr is one
+line (or the lines it should be) naming the argument, and that nothing it must not touch changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EOT = "<|endoftext|>"
+STORY = "Tom had a red ball. He liked to throw it high. One day the ball went over the fence!\n"
+
+
+def lm(*args, cwd: Path, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    argv = [a if isinstance(a, bytes) else str(a) for a in args]  # bytes go through as they are (not UTF-8)
+    return subprocess.run([sys.executable, "-m", "lm", *argv], cwd=cwd, capture_output=True,
+                          env=env, timeout=timeout, **kwargs)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file below ``folder`` (dotfiles too) with its SHA-256: what must not change."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def err_of(r: subprocess.CompletedProcess) -> str:
+    return r.stderr.decode(errors="replace").strip()
+
+
+def one_line_error(r: subprocess.CompletedProcess, *needles: str, rc: int = 2) -> None:
+    err = err_of(r)
+    assert r.returncode == rc, (r.returncode, err)
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A corpus, a tokenizer, token files and a trained run, made through the CLI once."""
+    from lm.train import Trainer, config_from_dict
+
+    w = tmp_path_factory.mktemp("faults")
+    (w / "corpus.txt").write_text("".join(f"{STORY}Story {i}.\n{EOT}\n" for i in range(400)), encoding="utf-8")
+    for args in (
+        ["tokenizer", "train", "--input", "corpus.txt", "--vocab-size", "300", "--special-token", EOT, "--out", "tok",
+         "--quiet", "--holdout-bytes", "0"],
+        ["tokenize", "--tokenizer", "tok", "--input", "corpus.txt", "--out", "corpus.bin", "--quiet"],
+        ["tokenizer", "train", "--input", "corpus.txt", "--vocab-size", "290", "--special-token", EOT, "--out",
+         "tok-other", "--quiet", "--holdout-bytes", "0"],
+    ):
+        r = lm(*args, cwd=w)
+        assert r.returncode == 0, err_of(r)
+    cfg = config_from_dict(run_config(w, "run", max_steps=4))
+    assert Trainer(cfg, print_fn=lambda *a: None).run() == 0
+    return w
+
+
+def run_config(w: Path, out: str, **train) -> dict:
+    return {
+        "model": dict(vocab_size=300, context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64),
+        "data": dict(train=str(w / "corpus.bin"), val=str(w / "corpus.bin"), tokenizer=str(w / "tok")),
+        "train": dict(out_dir=str(w / out), batch_size=4, device="cpu", dtype="float32", **train),
+        "optim": dict(max_lr=1e-2, min_lr=1e-3, warmup_iters=2),
+        "eval": dict(interval=2, batches=1),
+        "checkpoint": dict(interval=2, keep_last=2),
+        "log": dict(interval=1),
+    }
+
+
+def write_toml(path: Path, raw: dict) -> Path:
+    def value(v):
+        return json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false" if v is False else repr(v))
+
+    path.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in vals.items())
+                            for s, vals in raw.items()))
+    return path
+
+
+# -- data loss -------------------------------------------------------------------------------------
+
+def test_export_never_replaces_the_input_a_parent_or_a_foreign_folder(work, tmp_path):
+    here = tmp_path / "cwd"
+    here.mkdir()
+    (here / "notes.txt").write_text("mine")
+    before, run_before = snapshot(here), snapshot(work / "run")
+    for out, message in [
+        (here, "contains the current directory"),  # `--out .`
+        (work / "run", "contains the input --checkpoint"),
+        (work, "contains the input --checkpoint"),  # the run's parent
+        (work / "tok", "holds files that `lm export hf` did not write"),
+    ]:
+        r = lm("export", "hf", "--checkpoint", work / "run", "--out", out, "--overwrite", cwd=here)
+        one_line_error(r, "--out: ", message)
+    assert snapshot(here) == before and snapshot(work / "run") == run_before
+    # an earlier export is replaced only with --overwrite, and then completely
+    out = tmp_path / "hf"
+    assert lm("export", "hf", "--checkpoint", work / "run", "--out", out, cwd=here).returncode == 0
+    one_line_error(lm("export", "hf", "--checkpoint", work / "run", "--out", out, cwd=here),
+                   "exists; pass --overwrite")
+    (out / "config.json").write_text("{}")
+    assert lm("export", "hf", "--checkpoint", work / "run", "--out", out, "--overwrite", cwd=here).returncode == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf.")]  # no temporary left beside
+    # the modes every other output has (item 16): the umask's, not mkdtemp's 0700 / 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~umask
+
+
+def test_no_command_writes_over_its_input(work, tmp_path):
+    src = tmp_path / "text.txt"
+    src.write_text(STORY * 50)
+    os.link(src, tmp_path / "hardlink.bin")
+    before = snapshot(tmp_path)
+    for out, message in [(src, "is the input --input itself"), (tmp_path / "hardlink.bin", "is the input --input")]:
+        r = lm("tokenize", "--tokenizer", work / "tok", "--input", src, "--out", out, "--overwrite", cwd=tmp_path)
+        one_line_error(r, "--out: ", message)
+    r = lm("tokenizer", "train", "--input", src, "--vocab-size", "260", "--out", tmp_path, "--overwrite",
+           cwd=work)
+    one_line_error(r, "--out: ", "contains the input --input")
+    r = lm("plot", work / "run", "--out", work / "run" / "metrics.jsonl", "--overwrite", cwd=tmp_path)
+    one_line_error(r, "--out: ", "must end in .png")
+    assert snapshot(tmp_path) == before
+
+
+def test_existing_outputs_need_overwrite_and_must_be_ours(work, tmp_path):
+    tok_before = snapshot(work / "tok")
+    r = lm("tokenizer", "train", "--input", "corpus.txt", "--vocab-size", "280", "--out", "tok", cwd=work)
+    one_line_error(r, "--out: 'tok' exists; pass --overwrite")
+    assert snapshot(work / "tok") == tok_before
+    (tmp_path / "other.bin").write_bytes(b"not ours")
+    r = lm("tokenize", "--tokenizer", work / "tok", "--input", work / "corpus.txt", "--out", tmp_path / "other.bin",
+           "--overwrite", cwd=tmp_path)
+    one_line_error(r, "is not a token file written by `lm tokenize`")
+    out = tmp_path / "c.bin"
+    assert lm("tokenize", "--tokenizer", work / "tok", "--input", work / "corpus.txt", "--out", out, "--quiet",
+              cwd=tmp_path).returncode == 0
+    one_line_error(lm("tokenize", "--tokenizer", work / "tok", "--input", work / "corpus.txt", "--out", out,
+                      cwd=tmp_path), "exists; pass --overwrite")
+    assert lm("tokenize", "--tokenizer", work / "tok", "--input", work / "corpus.txt", "--out", out, "--quiet",
+              "--overwrite", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "other.bin").read_bytes() == b"not ours"
+
+
+def test_a_refused_demo_writes_nothing(work, tmp_path):
+    earlier = tmp_path / "demo"
+    earlier.mkdir()
+    (earlier / ".lm-output.json").write_text(json.dumps({"command": "lm demo", "complete": True}))
+    (earlier / "report.json").write_text("{}")
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
+    before = snapshot(tmp_path)
+    one_line_error(lm("demo", "--out", earlier, "--train-seconds", "1", cwd=tmp_path), "exists; pass --overwrite")
+    one_line_error(lm("demo", "--out", foreign, "--train-seconds", "1", "--overwrite", cwd=tmp_path),
+                   "holds files that `lm demo` did not write")
+    r = lm("demo", "--out-dir", earlier, "--train-seconds", "1", cwd=tmp_path)  # the old spelling
+    assert r.returncode == 2 and "--out-dir is deprecated" in err_of(r) and "--resume" not in err_of(r)
+    assert snapshot(tmp_path) == before
+
+
+def test_one_process_per_run_folder_and_stale_locks(work, tmp_path):
+    toml = write_toml(tmp_path / "c.toml", run_config(work, "locked", max_steps=100_000))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "lm", "train", "--config", toml, "--quiet"], cwd=tmp_path,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ckpt = work / "locked" / "checkpoints"
+        deadline = time.time() + 120
+        while not (ckpt.is_dir() and any(ckpt.glob("step_*.pt"))) and time.time() < deadline:
+            time.sleep(0.2)
+        assert (work / "locked" / ".lock").read_text().strip() == str(first.pid)
+        r = lm("train", "--config", toml, "--resume", cwd=tmp_path)
+        one_line_error(r, "train.out_dir: ", "is in use by another `lm train`", f"pid {first.pid}")
+    finally:
+        first.kill()
+        first.wait()
+    assert (work / "locked" / ".lock").exists()  # SIGKILL left it behind
+    r = lm("train", "--config", toml, "--resume", "--set", "train.max_steps=1", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, err_of(r)
+    assert f"took over the lock of {str(work / 'locked')!r} from pid {first.pid}" in r.stdout.decode()
+    assert not (work / "locked" / ".lock").exists()
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_can_start_over(work, tmp_path):
+    raw = run_config(work, "diverged", max_steps=20)
+    raw["optim"].update(max_lr=1e30, warmup_iters=0)
+    raw["checkpoint"]["interval"] = 10
+    toml = write_toml(tmp_path / "c.toml", raw)
+    r = lm("train", "--config", toml, cwd=tmp_path)
+    assert r.returncode == 3 and "no checkpoint was written" in err_of(r), err_of(r)
+    one_line_error(lm("train", "--config", toml, cwd=tmp_path), "stopped before its first checkpoint",
+                   "pass --resume to start it again")
+    r = lm("train", "--config", toml, "--resume", "--set", "optim.max_lr=1e-2", "--set", "train.max_steps=2",
+           cwd=tmp_path)
+    assert r.returncode == 0, err_of(r)
+    assert "starting again from step 0 (the earlier metrics are in metrics.jsonl.1)" in r.stdout.decode()
+    assert (work / "diverged" / "metrics.jsonl.1").exists()
+
+
+# -- wrong numbers with exit 0 --------------------------------------------------------------------
+
+def test_eval_refuses_what_it_cannot_tell_apart(work, tmp_path):
+    ids = np.fromfile(work / "corpus.bin", dtype=np.uint16)
+    ids.tofile(tmp_path / "nosidecar.bin")
+    (tmp_path / "text.bin").write_text(STORY)  # text named like a token file, no sidecar
+    for data in ("nosidecar.bin", "text.bin"):
+        r = lm("eval", "--checkpoint", work / "run", "--data", tmp_path / data, cwd=tmp_path)
+        one_line_error(r, "--data: ", "has no sidecar")
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused(work, tmp_path):
+    (tmp_path / "v.txt").write_text(STORY * 4)
+    for cmd in (["eval", "--data", tmp_path / "v.txt"], ["sample", "--prompt", "Tom"]):
+        r = lm(*cmd, "--checkpoint", work / "run", "--tokenizer", work / "tok-other", cwd=tmp_path)
+        one_line_error(r, "--tokenizer: ", "is not the tokenizer of the model")
+
+
+def test_eval_on_text_that_is_not_utf8_warns_and_counts(work, tmp_path):
+    (tmp_path / "bad.txt").write_bytes((STORY.encode() + b"\xff\xfe\n") * 20)
+    r = lm("eval", "--checkpoint", work / "run", "--data", tmp_path / "bad.txt", "--quiet", cwd=tmp_path)
+    err = err_of(r)
+    assert r.returncode == 0 and len(err.splitlines()) == 1, err
+    assert err.startswith("lm eval: warning: --data: 40 bytes of") and "not valid UTF-8" in err
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("optim.max_lr=nan", "optim.max_lr must be a finite number, got nan"),
+    ("optim.max_lr=inf", "optim.max_lr must be a finite number, got inf"),
+    ("optim.max_lr=0", "optim.max_lr must be > 0, got 0"),
+    ("optim.eps=0", "optim.eps must be > 0, got 0"),
+    ("optim.eps=nan", "optim.eps must be a finite number"),
+    ("optim.min_lr=0.5", "optim.min_lr (0.5) must not exceed optim.max_lr (0.01)"),
+    ("optim.beta1=1.0", "optim.beta1 must be in [0, 1), got 1.0"),
+    ("optim.beta2=-0.1", "optim.beta2 must be in [0, 1), got -0.1"),
+    ("train.device=mps", "train.device: 'mps' is not available on this machine (available: cpu"),
+    ("train.device=tpu", "train.device: unknown device 'tpu'"),
+    ("train.batch_size=100000000", "train.batch_size: a training step of 100,000,000 x 16 tokens needs at least"),
+])
+def test_config_values_that_cannot_train(work, tmp_path, setting, message):
+    toml = write_toml(tmp_path / "c.toml", run_config(work, "never", max_steps=2))
+    r = lm("train", "--config", toml, "--set", setting, cwd=tmp_path, timeout=60)
+    one_line_error(r, message)
+    assert not (work / "never").exists()
+
+
+def test_vocab_size_beyond_the_corpus_says_what_it_got(work, tmp_path):
+    r = lm("tokenizer", "train", "--input", work / "corpus.txt", "--vocab-size", "100000", "--out", tmp_path / "t",
+           cwd=tmp_path)
+    one_line_error(r, "--vocab-size: the input gives at most", "not 100,000")
+    assert not (tmp_path / "t").exists()
+
+
+# -- one line instead of a traceback ------------------------------------------------------------
+
+@pytest.mark.parametrize("device, message", [
+    ("cuda", "--device: 'cuda' is not available on this machine (available: cpu"),
+    ("mps", "--device: 'mps' is not available"),
+    ("tpu", "--device: unknown device 'tpu'"),
+])
+def test_missing_devices_are_one_line(work, tmp_path, device, message):
+    if device in ("cuda", "mps"):
+        import torch
+
+        if device == "cuda" and torch.cuda.is_available() or device == "mps" and torch.backends.mps.is_available():
+            pytest.skip(f"{device} is available here")
+    (tmp_path / "v.txt").write_text(STORY)
+    for cmd in (["sample", "--prompt", "Tom"], ["eval", "--data", tmp_path / "v.txt"]):
+        one_line_error(lm(*cmd, "--checkpoint", work / "run", "--device", device, cwd=tmp_path), message)
+
+
+def test_bad_files_and_values_name_themselves(work, tmp_path):
+    bad_tok = tmp_path / "badtok"
+    bad_tok.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (bad_tok / name).write_bytes((work / "tok" / name).read_bytes())
+    (bad_tok / "tokenizer_config.json").write_text("")
+    r = lm("tokenize", "--tokenizer", bad_tok, "--input", work / "corpus.txt", "--out", tmp_path / "x.bin",
+           cwd=tmp_path)
+    one_line_error(r, "--tokenizer: ", "tokenizer_config.json", "is not valid JSON")
+    r = lm("sample", "--checkpoint", work / "run", "--prompt", b"Tom \xff", cwd=tmp_path)
+    one_line_error(r, "--prompt: not valid UTF-8")
+    r = lm("eval", "--checkpoint", work / "run", "--data", work / "corpus.bin", "--max-tokens", "0", cwd=tmp_path)
+    one_line_error(r, "--max-tokens: must be >= 1, got 0")
+
+
+def test_ctrl_c_during_tokenize_ends_quietly_at_once(work, tmp_path):
+    """SIGINT at a random moment: exit 130 within a second, no traceback, nothing that looks complete."""
+    big = tmp_path / "big.txt"
+    big.write_text("".join(f"{STORY}Story number {i} is here.\n{EOT}\n" for i in range(120_000)))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rng = np.random.default_rng(0)
+    for attempt in range(8):
+        out = tmp_path / f"out{attempt}.bin"
+        p = subprocess.Popen([sys.executable, "-m", "lm", "tokenize", "--tokenizer", work / "tok", "--input", big,
+                              "--out", out, "--num-workers", "2", "--quiet"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(0.8 + rng.uniform(0, 1.5))  # the import takes about a second; then anywhere in the work
+        p.send_signal(signal.SIGINT)
+        t0 = time.time()
+        try:
+            _, err = p.communicate(timeout=10)
+        finally:
+            p.kill()
+        waited = time.time() - t0
+        err = err.decode()
+        if p.returncode == 0:  # finished before the signal: a complete output is fine
+            assert out.exists()
+            continue
+        assert p.returncode == 130 and waited < 1.5, (attempt, p.returncode, waited, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+        assert not out.exists() and not [q for q in tmp_path.iterdir() if q.name.startswith(f".out{attempt}")]
+
+
+# -- one grammar ------------------------------------------------------------------------------------
+
+def _subcommands():
+    import argparse
+
+    from lm.cli import build_parser
+
+    def walk(parser, path):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield path, parser
+        for action in subs:
+            for name, child in action.choices.items():
+                yield from walk(child, [*path, name])
+
+    return list(walk(build_parser(), []))
+
+
+MODEL_COMMANDS = {"sample", "eval", "train", "demo"}
+OUTPUT_COMMANDS = {"tokenizer train", "tokenize", "export hf", "demo", "data download", "plot"}
+
+
+@pytest.mark.parametrize("path, parser", _subcommands(), ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_every_subcommand_follows_the_grammar(path, parser):
+    name = " ".join(path)
+    options = {s for a in parser._actions for s in a.option_strings}
+    helps = {s: a for a in parser._actions for s in a.option_strings}
+    assert "--quiet" in options, name
+    assert parser.epilog and parser.epilog.startswith("examples:") and f"lm {name}" in parser.epilog, name
+    text = parser.format_help()
+    formatter = parser._get_formatter()
+    for a in parser._actions:
+        if a.option_strings and a.help != "==SUPPRESS==" and a.default not in (None, False, [], "==SUPPRESS=="):
+            assert "%(default)s" in formatter._get_help_string(a), (name, a.dest)  # the default is shown
+    assert "--out-dir" not in text and "OUT_DIR" not in text, name  # old spellings are hidden
+    if name in OUTPUT_COMMANDS:
+        assert "--out" in options and "--overwrite" in options, name
+    if name in MODEL_COMMANDS:
+        assert {"--device", "--dtype", "--threads"} <= options, name
+    if "--checkpoint" in options:
+        assert helps["--checkpoint"].metavar == "PATH", name
+
+
+def test_top_level_help_version_and_examples(tmp_path):
+    r = lm("--version", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.decode().startswith("lm ")
+    for cmd in ([], ["tokenizer"], ["data"], ["export"]):
+        r = lm(*cmd, "--help", cwd=tmp_path)
+        assert r.returncode == 0 and "examples:" in r.stdout.decode(), cmd
