@@ -37,7 +37,8 @@ def main() -> int:
     t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"))
-    ap.add_argument("--out", default="runs/shakespeare")
+    ap.add_argument("--out", default="runs/shakespeare", help="the run's folder: data, tokenizer, run, result.json")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier output of this script in --out")
     ap.add_argument("--budget", type=float, default=100.0, help="total wall-clock seconds")
     ap.add_argument("--vocab-size", type=int, default=1024)
     ap.add_argument("--context-length", type=int, default=128)
@@ -69,13 +70,25 @@ def main() -> int:
     if not args.data or not (Path(args.data) / "tinyshakespeare.txt").is_file():
         sys.exit("shakespeare.py: --data or LM_TEST_DATA must name a folder holding tinyshakespeare.txt")
 
+    from lm.io import claim_dir
+
+    out = Path(args.out)
+    try:
+        with claim_dir(out, command="scripts/shakespeare.py", overwrite=args.overwrite, argument="--out",
+                       files=("data", "tokenizer", "run", "result.json")):
+            return run(args, out, t_start)
+    except ValueError as e:
+        sys.exit(f"shakespeare.py: error: {e}")
+
+
+def run(args, out: Path, t_start: float) -> int:
     from lm.data import read_token_file
     from lm.evaluate import evaluate_tokens
+    from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
     from lm.tokenizer.encode_file import tokenize_file
     from lm.train import Trainer, config_from_dict
 
-    out = Path(args.out)
     (out / "data").mkdir(parents=True, exist_ok=True)
     raw = (Path(args.data) / "tinyshakespeare.txt").read_bytes()
     cut = int(len(raw) * 0.9)
@@ -127,7 +140,8 @@ def main() -> int:
               "wall_seconds": round(total, 1), "tokenizer_seconds": round(t_tok, 1),
               "train_seconds": round(t_train, 1), "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
               "vocab_size": tok.vocab_size, "parameters": trainer.model.num_parameters()}
-    (out / "result.json").write_text(json.dumps(result, indent=1))
+    with atomic_write(out / "result.json") as f:
+        f.write(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0
 
