@@ -1,7 +1,7 @@
 """Hand-written layers: einops and plain tensor ops, no ``torch.nn`` layers or ``torch.nn.functional``."""
 
-from lm.nn.attention import ATTN_IMPLS, MultiHeadSelfAttention
-from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES, TransformerBlock, make_norm
+from lm.nn.attention import ATTN_IMPLS, CrossKVCache, LayerKVCache, MultiHeadAttention, MultiHeadSelfAttention
+from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES, DecoderBlock, TransformerBlock, make_norm
 from lm.nn.embedding import Embedding
 from lm.nn.ffn import FFN_TYPES, MLP, SwiGLU, ffn_hidden_dim, make_ffn
 from lm.nn.functional import (
@@ -23,6 +23,10 @@ __all__ = [
     "ATTN_IMPLS",
     "FFN_TYPES",
     "MLP",
+    "CrossKVCache",
+    "DecoderBlock",
+    "LayerKVCache",
+    "MultiHeadAttention",
     "NORM_PLACEMENTS",
     "NORM_TYPES",
     "Embedding",

@@ -1,10 +1,20 @@
-"""Causal multi-head self-attention, optionally with RoPE and a KV cache."""
+"""Multi-head attention: self-attention (causal or not) and cross-attention, one module.
+
+The same module serves the decoder-only LM (:class:`MultiHeadSelfAttention`: causal
+self-attention with RoPE and a KV cache), the encoder (self-attention over the whole source,
+padding masked out) and the decoder of an encoder–decoder (cross-attention: queries from the
+decoder, keys and values from the encoder output, computed once per sentence at inference).
+
+Caches talk to attention through the two protocols below, defined here and nowhere else.
+"""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from einops import rearrange
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.nn.functional import scaled_dot_product_attention
@@ -14,11 +24,119 @@ from lm.nn.rope import RotaryEmbedding
 ATTN_IMPLS = ("einsum", "sdpa")
 
 
-class MultiHeadSelfAttention(torch.nn.Module):
+class LayerKVCache(Protocol):
+    """One layer's self-attention cache (:class:`lm.generate.KVCache` hands these out).
+
+    ``update`` stores the keys and values of the new positions and returns every cached key and
+    value so far with the mask the new queries use (None: plain causal, nothing to hide).
+    """
+
+    def update(
+        self, k: Float[Tensor, "batch h seq d"], v: Float[Tensor, "batch h seq d"]
+    ) -> tuple[Float[Tensor, "batch h total d"], Float[Tensor, "batch h total d"], Bool[Tensor, "batch 1 seq total"]
+               | None]: ...
+
+
+class CrossKVCache(Protocol):
+    """One layer's cross-attention keys and values, computed from the encoder output once."""
+
+    def get(self, layer: int) -> tuple[Tensor, Tensor] | None: ...
+
+    def put(self, layer: int, k: Tensor, v: Tensor) -> None: ...
+
+
+class MultiHeadAttention(torch.nn.Module):
     """Heads are consecutive row blocks of ``q_proj``/``k_proj``/``v_proj``.
 
-    ``attn_impl="einsum"`` is the hand-written reference; ``"sdpa"`` calls torch's fused
-    attention kernel (same result, less memory, faster).
+    ``forward(x)`` is self-attention (``causal`` by default); ``forward(x, context=memory)`` is
+    cross-attention, never causal, without RoPE. ``key_padding_mask`` (``True`` = a real token)
+    hides padded keys. ``attn_impl="einsum"`` is the hand-written reference; ``"sdpa"`` calls
+    torch's fused kernel (same result, less memory).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        rope: RotaryEmbedding | None = None,
+        device=None,
+        dtype=None,
+        *,
+        attn_impl: str = "einsum",
+        causal: bool = True,
+    ):
+        super().__init__()
+        if num_heads < 1 or d_model % num_heads != 0:
+            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
+        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
+        if rope is not None and rope.d_k != self.head_dim:
+            raise ValueError(f"rope.d_k must equal the head dimension {self.head_dim}, got {rope.d_k}")
+        self.rope = rope
+        self.attn_impl = attn_impl
+        self.causal = causal
+        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+
+    def _heads(self, t: Tensor) -> Tensor:
+        return rearrange(t, "... seq (h d) -> ... h seq d", h=self.num_heads)
+
+    def forward(
+        self,
+        x: Float[Tensor, "... seq d_model"],
+        token_positions: Int[Tensor, "... seq"] | None = None,
+        kv_cache: LayerKVCache | None = None,
+        *,
+        context: Float[Tensor, "... ctx d_model"] | None = None,
+        key_padding_mask: Bool[Tensor, "... keys"] | None = None,
+        cross_cache: CrossKVCache | None = None,
+        layer: int = 0,
+    ) -> Float[Tensor, "... seq d_model"]:
+        """Self-attention over ``x`` (with ``kv_cache``: over everything cached so far too), or
+        cross-attention to ``context``, whose projected keys and values ``cross_cache`` keeps
+        under ``layer`` after the first call."""
+        # Three matmuls on the separate weights: concatenating them into one q/k/v matmul
+        # copies the weights every call, which costs more than it saves on CPU.
+        q = self._heads(self.q_proj(x))
+        if context is not None or cross_cache is not None:
+            kv = cross_cache.get(layer) if cross_cache is not None else None
+            if kv is None:
+                kv = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
+                if cross_cache is not None:
+                    cross_cache.put(layer, *kv)
+            k, v = kv
+            out = scaled_dot_product_attention(q, k, v, _padding(key_padding_mask), impl=self.attn_impl)
+            return self.output_proj(rearrange(out, "... h seq d -> ... seq (h d)"))
+        k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        if self.rope is not None:
+            if token_positions is None:
+                token_positions = torch.arange(x.shape[-2], device=x.device)
+            positions = rearrange(token_positions, "... seq -> ... 1 seq")  # the same for every head
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        mask = _padding(key_padding_mask)
+        if kv_cache is not None:
+            k, v, cache_mask = kv_cache.update(k, v)  # None: plain causal, no padding to hide
+            mask = cache_mask if mask is None else (mask if cache_mask is None else mask & cache_mask)
+        out = scaled_dot_product_attention(q, k, v, mask, is_causal=self.causal, impl=self.attn_impl)
+        return self.output_proj(rearrange(out, "... h seq d -> ... seq (h d)"))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}, " \
+               f"causal={self.causal}"
+
+
+def _padding(key_padding_mask: Tensor | None) -> Tensor | None:
+    """``(batch, keys)`` → ``(batch, 1, 1, keys)``: the same keys hidden for every head and query."""
+    return None if key_padding_mask is None else key_padding_mask[..., None, None, :]
+
+
+class MultiHeadSelfAttention(MultiHeadAttention):
+    """Causal multi-head self-attention (the decoder-only LM's attention), optionally with RoPE.
+
+    ``forward(x, token_positions=None, kv_cache=None)``; the parameters are those of API.md.
     """
 
     def __init__(
@@ -31,47 +149,4 @@ class MultiHeadSelfAttention(torch.nn.Module):
         *,
         attn_impl: str = "einsum",
     ):
-        super().__init__()
-        if num_heads < 1 or d_model % num_heads != 0:
-            raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
-        if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
-        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
-        if rope is not None and rope.d_k != self.head_dim:
-            raise ValueError(f"rope.d_k must equal the head dimension {self.head_dim}, got {rope.d_k}")
-        self.rope = rope
-        self.attn_impl = attn_impl
-        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-
-    def forward(
-        self,
-        x: Float[Tensor, "... seq d_model"],
-        token_positions: Int[Tensor, "... seq"] | None = None,
-        kv_cache=None,
-    ) -> Float[Tensor, "... seq d_model"]:
-        """``kv_cache`` is one layer of :class:`lm.generate.KVCache`: the new keys and values
-        are written into it and attention runs over everything cached so far."""
-        seq = x.shape[-2]
-        # Three matmuls on the separate weights: concatenating them into one q/k/v matmul
-        # measured slower on CPU (the weight copy outweighs the saved pass over x).
-        q, k, v = (
-            rearrange(proj(x), "... seq (h d) -> ... h seq d", h=self.num_heads)
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
-        if self.rope is not None:
-            if token_positions is None:
-                token_positions = torch.arange(seq, device=x.device)
-            positions = rearrange(token_positions, "... seq -> ... 1 seq")  # the same for every head
-            q, k = self.rope(q, positions), self.rope(k, positions)
-        if kv_cache is None:
-            out = scaled_dot_product_attention(q, k, v, is_causal=True, impl=self.attn_impl)
-        else:
-            k, v, mask = kv_cache.update(k, v)  # mask None: plain causal, no padding to hide
-            out = scaled_dot_product_attention(q, k, v, mask, is_causal=mask is None, impl=self.attn_impl)
-        return self.output_proj(rearrange(out, "... h seq d -> ... seq (h d)"))
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, attn_impl={self.attn_impl!r}"
+        super().__init__(d_model, num_heads, rope, device, dtype, attn_impl=attn_impl, causal=True)

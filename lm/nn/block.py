@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lm.nn.attention import MultiHeadSelfAttention
+from lm.nn.attention import CrossKVCache, LayerKVCache, MultiHeadAttention
 from lm.nn.ffn import make_ffn
 from lm.nn.functional import dropout
 from lm.nn.norm import Identity, LayerNorm, RMSNorm
@@ -32,7 +32,8 @@ class TransformerBlock(torch.nn.Module):
 
     ``theta=None`` builds the block without RoPE; pass ``rope`` to share one table
     between layers. ``dropout`` > 0 applies dropout to each branch's output (``attn(...)``,
-    ``ffn(...)``) in training mode.
+    ``ffn(...)``) in training mode. ``causal=False`` makes it an encoder layer, whose
+    ``key_padding_mask`` (``True`` = a real token) hides the padding.
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class TransformerBlock(torch.nn.Module):
         ffn: str = "swiglu",
         attn_impl: str = "einsum",
         dropout: float = 0.0,
+        causal: bool = True,
     ):
         super().__init__()
         if norm_placement not in NORM_PLACEMENTS:
@@ -63,7 +65,8 @@ class TransformerBlock(torch.nn.Module):
                 rope = RotaryEmbedding(theta, d_model // num_heads, max_seq_len, device=device)
         self.pre_norm = norm_placement == "pre"
         self.ln1 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
-        self.attn = MultiHeadSelfAttention(d_model, num_heads, rope, device=device, dtype=dtype, attn_impl=attn_impl)
+        self.attn = MultiHeadAttention(d_model, num_heads, rope, device=device, dtype=dtype, attn_impl=attn_impl,
+                                       causal=causal)
         self.ln2 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
         self.dropout = dropout
@@ -72,11 +75,89 @@ class TransformerBlock(torch.nn.Module):
         self,
         x: Float[Tensor, "... seq d_model"],
         token_positions: Int[Tensor, "... seq"] | None = None,
-        kv_cache=None,
+        kv_cache: LayerKVCache | None = None,
+        *,
+        key_padding_mask: Bool[Tensor, "... seq"] | None = None,
     ) -> Float[Tensor, "... seq d_model"]:
         p, training = self.dropout, self.training  # residual dropout (the identity when p = 0 or in eval)
+
+        def attn(h: Tensor) -> Tensor:
+            return dropout(self.attn(h, token_positions, kv_cache, key_padding_mask=key_padding_mask), p, training)
+
         if self.pre_norm:
-            h = x + dropout(self.attn(self.ln1(x), token_positions, kv_cache), p, training)
+            h = x + attn(self.ln1(x))
             return h + dropout(self.ffn(self.ln2(h)), p, training)
-        h = self.ln1(x + dropout(self.attn(x, token_positions, kv_cache), p, training))
+        h = self.ln1(x + attn(x))
         return self.ln2(h + dropout(self.ffn(h), p, training))
+
+
+class DecoderBlock(torch.nn.Module):
+    """A decoder layer of an encoder–decoder: masked self-attention, cross-attention, feed-forward.
+
+    Post-norm (Vaswani et al., the default here): ``a = ln1(x + self_attn(x)); c = ln2(a +
+    cross_attn(a, memory)); y = ln3(c + ffn(c))``; pre-norm puts each norm at the branch's
+    input instead. Submodules ``.ln1 .self_attn .ln2 .cross_attn .ln3 .ffn``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        device=None,
+        dtype=None,
+        *,
+        rope: RotaryEmbedding | None = None,
+        norm: str = "layernorm",
+        norm_placement: str = "post",
+        norm_eps: float = 1e-5,
+        ffn: str = "relu",
+        attn_impl: str = "einsum",
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        if norm_placement not in NORM_PLACEMENTS:
+            raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {norm_placement!r}")
+        self.pre_norm = norm_placement == "pre"
+        self.ln1 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, rope, device=device, dtype=dtype,
+                                            attn_impl=attn_impl, causal=True)
+        self.ln2 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, None, device=device, dtype=dtype,
+                                             attn_impl=attn_impl, causal=False)
+        self.ln3 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
+        self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
+        self.dropout = dropout
+
+    def forward(
+        self,
+        x: Float[Tensor, "... seq d_model"],
+        memory: Float[Tensor, "... src d_model"] | None,
+        *,
+        memory_mask: Bool[Tensor, "... src"] | None = None,
+        tgt_mask: Bool[Tensor, "... seq"] | None = None,
+        token_positions: Int[Tensor, "... seq"] | None = None,
+        kv_cache: LayerKVCache | None = None,
+        cross_cache: CrossKVCache | None = None,
+        layer: int = 0,
+    ) -> Float[Tensor, "... seq d_model"]:
+        """``memory_mask``/``tgt_mask``: ``True`` = a real token. With ``cross_cache`` the keys and
+        values of ``memory`` are projected once and reused (``memory`` may then be None)."""
+        p, training = self.dropout, self.training
+
+        def self_attn(h: Tensor) -> Tensor:
+            out = self.self_attn(h, token_positions, kv_cache, key_padding_mask=tgt_mask)
+            return dropout(out, p, training)
+
+        def cross_attn(h: Tensor) -> Tensor:
+            out = self.cross_attn(h, context=memory, key_padding_mask=memory_mask, cross_cache=cross_cache,
+                                  layer=layer)
+            return dropout(out, p, training)
+
+        if self.pre_norm:
+            h = x + self_attn(self.ln1(x))
+            h = h + cross_attn(self.ln2(h))
+            return h + dropout(self.ffn(self.ln3(h)), p, training)
+        h = self.ln1(x + self_attn(x))
+        h = self.ln2(h + cross_attn(h))
+        return self.ln3(h + dropout(self.ffn(h), p, training))

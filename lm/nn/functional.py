@@ -121,42 +121,83 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return x * keep / (1.0 - p)
 
 
-def cross_entropy(logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "*batch"]) -> Float[Tensor, ""]:
+def cross_entropy(
+    logits: Float[Tensor, "... vocab"],
+    targets: Int[Tensor, "*batch"],
+    *,
+    label_smoothing: float = 0.0,
+    ignore_index: int | None = None,
+) -> Float[Tensor, ""]:
     """Mean of ``-log softmax(logits)[target]`` over every position, computed in float32.
 
     Stable for large logits: ``log Σ exp`` is taken after subtracting the row max. The
     gradient is the textbook ``(softmax(logits) - onehot(target)) / N``, written out by hand
     (:class:`_CrossEntropy`) because autograd through ``logsumexp`` and ``gather`` makes about
     twice as many passes over the (tokens × vocab) logits, the largest tensor of a training step.
+
+    ``label_smoothing`` ε mixes the one-hot target with the uniform distribution:
+    ``(1 - ε) · nll + ε · mean_j(-log p_j)``; positions whose target is ``ignore_index`` (the
+    padding of a batch of sentences) are left out of the loss and of the mean. Both as in
+    ``torch.nn.functional.cross_entropy``.
     """
-    return _CrossEntropy.apply(logits, targets)
+    _check_smoothing(label_smoothing)
+    return _CrossEntropy.apply(logits, targets, float(label_smoothing), ignore_index)
+
+
+def _check_smoothing(label_smoothing: float) -> None:
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+
+
+def _nll_terms(logits: Tensor, row_max: Tensor, sums: Tensor, targets: Tensor, eps: float) -> Tensor:
+    """Per-position ``(1 - ε)(log Z - x_t) + ε(log Z - mean_j x_j)``."""
+    log_z = sums.log() + row_max
+    per = log_z - logits.gather(-1, targets.unsqueeze(-1))
+    if eps:
+        per = (1.0 - eps) * per + eps * (log_z - logits.mean(dim=-1, keepdim=True))
+    return per.squeeze(-1)
+
+
+def _dlogits(probs: Tensor, targets: Tensor, eps: float, valid: Tensor | None) -> Tensor:
+    """``softmax - (1 - ε) onehot - ε / V`` (in place in ``probs``), zero on ignored positions."""
+    grad = probs.scatter_add_(-1, targets.unsqueeze(-1), probs.new_full((*targets.shape, 1), -(1.0 - eps)))
+    if eps:
+        grad.sub_(eps / probs.shape[-1])
+    if valid is not None:
+        grad.mul_(valid.unsqueeze(-1))
+    return grad
 
 
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:
+    def forward(ctx, logits: Tensor, targets: Tensor, eps: float, ignore_index: int | None) -> Tensor:
         in_dtype = logits.dtype
         targets = targets.long()
         logits = logits.float()
+        valid = None if ignore_index is None else targets != ignore_index
+        if valid is not None:
+            targets = targets.masked_fill(~valid, 0)
         row_max = logits.amax(dim=-1, keepdim=True)
         probs = torch.sub(logits, row_max).exp_()
         total = probs.sum(dim=-1, keepdim=True)
-        log_z = total.log() + row_max
-        target_logit = logits.gather(-1, targets.unsqueeze(-1))
-        loss = (log_z - target_logit).mean()
+        per = _nll_terms(logits, row_max, total, targets, eps)
+        if valid is None:
+            count = torch.tensor(float(targets.numel()), device=logits.device)
+            loss = per.mean()
+        else:
+            count = valid.sum().float()
+            loss = (per * valid).sum() / count
         probs.div_(total)  # softmax, kept for the backward pass
-        ctx.save_for_backward(probs, targets)
-        ctx.in_dtype = in_dtype
+        ctx.save_for_backward(probs, targets, count, valid if valid is not None else count)
+        ctx.in_dtype, ctx.eps, ctx.has_valid = in_dtype, eps, valid is not None
         return loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None]:
-        probs, targets = ctx.saved_tensors
-        scale = grad_loss / targets.numel()
-        grad = probs * scale
-        grad.scatter_add_(-1, targets.unsqueeze(-1), (-scale).expand(targets.unsqueeze(-1).shape).contiguous())
-        return grad.to(ctx.in_dtype), None
+    def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None, None]:
+        probs, targets, count, valid = ctx.saved_tensors
+        grad = _dlogits(probs.clone(), targets, ctx.eps, valid if ctx.has_valid else None)
+        return grad.mul_(grad_loss / count).to(ctx.in_dtype), None, None, None
 
 
 def linear_cross_entropy(
@@ -164,23 +205,32 @@ def linear_cross_entropy(
     weight: Float[Tensor, "vocab d"],
     targets: Int[Tensor, "*batch"],
     chunk_size: int = 256,
+    *,
+    label_smoothing: float = 0.0,
+    ignore_index: int | None = None,
 ) -> Float[Tensor, ""]:
-    """``cross_entropy(linear(x, weight), targets)`` without ever holding all the logits.
+    """``cross_entropy(linear(x, weight), targets, ...)`` without ever holding all the logits.
 
     The (tokens × vocab) logits are the largest tensor of a training step (80 MB for 2,048
     tokens and a 10k vocabulary). Here they are made ``chunk_size`` tokens at a time, and the
     gradients of ``x`` and ``weight`` are computed in the same pass while the chunk is still in
     cache, as in Liger-Kernel's fused linear cross-entropy. The result and gradients equal the
     unfused ones up to float rounding; in ``no_grad`` mode no gradient work is done.
+    ``label_smoothing`` and ``ignore_index`` are those of :func:`cross_entropy`.
     """
-    return _LinearCrossEntropy.apply(x, weight, targets, chunk_size)
+    _check_smoothing(label_smoothing)
+    return _LinearCrossEntropy.apply(x, weight, targets, chunk_size, float(label_smoothing), ignore_index)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, targets: Tensor, chunk_size: int) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, targets: Tensor, chunk_size: int, eps: float,
+                ignore_index: int | None) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         t = targets.reshape(-1).long()
+        valid = None if ignore_index is None else t != ignore_index
+        if valid is not None:
+            t = t.masked_fill(~valid, 0)
         n = x2.shape[0]
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_x = torch.empty_like(x2) if want_x else None
@@ -188,27 +238,30 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         for start in range(0, n, chunk_size):
             xc, tc = x2[start : start + chunk_size], t[start : start + chunk_size]
+            vc = None if valid is None else valid[start : start + chunk_size]
             logits = einsum(xc, weight, "n d, v d -> n v").float()
             row_max = logits.amax(dim=-1, keepdim=True)
             probs = torch.sub(logits, row_max).exp_()
             sums = probs.sum(dim=-1, keepdim=True)
-            total += (sums.log() + row_max - logits.gather(-1, tc[:, None])).sum()
+            per = _nll_terms(logits, row_max, sums, tc, eps)
+            total += (per if vc is None else per * vc).sum()
             if want_x or want_w:
-                # d loss_i / d logits_i = softmax_i - onehot(target_i)   (the 1/n comes in backward)
-                dlogits = probs.div_(sums).scatter_add_(-1, tc[:, None], probs.new_full((len(tc), 1), -1.0))
+                # d loss_i / d logits_i = softmax_i - (1 - ε) onehot(target_i) - ε / V  (1 / n in backward)
+                dlogits = _dlogits(probs.div_(sums), tc, eps, vc)
                 if want_x:
                     grad_x[start : start + chunk_size] = einsum(dlogits.to(weight.dtype), weight, "n v, v d -> n d")
                 if want_w:
                     grad_w.addmm_(dlogits.mT, xc.float())
-        ctx.save_for_backward(grad_x if want_x else None, grad_w if want_w else None)
-        ctx.x_shape, ctx.n, ctx.w_dtype = x.shape, n, weight.dtype
-        return total / n
+        count = torch.tensor(float(n), device=x.device) if valid is None else valid.sum().float()
+        ctx.save_for_backward(grad_x if want_x else None, grad_w if want_w else None, count)
+        ctx.x_shape, ctx.w_dtype = x.shape, weight.dtype
+        return total / count
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor):
-        grad_x, grad_w = ctx.saved_tensors
-        scale = grad_loss / ctx.n
+        grad_x, grad_w, count = ctx.saved_tensors
+        scale = grad_loss / count
         gx = None if grad_x is None else (grad_x * scale).reshape(ctx.x_shape)
         gw = None if grad_w is None else (grad_w * scale).to(ctx.w_dtype)
-        return gx, gw, None, None
+        return gx, gw, None, None, None, None
