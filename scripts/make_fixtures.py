@@ -1,9 +1,9 @@
-"""Write tests/fixtures/model_small.safetensors: reference tensors for a fixed small model.
+"""Write tests/fixtures/model_small.safetensors and seq2seq_small.safetensors: reference tensors.
 
 The weights are drawn from a seeded generator; the logits, loss and greedy continuation are
 computed by the independent formulas of tests/model_reference.py (torch.nn.functional and a
-plain-loop RoPE, in float64), never by ``lm``. tests/test_model.py loads the file and checks
-that ``lm`` reproduces every tensor, so any regression in the model shows.
+plain-loop RoPE, in float64), never by ``lm``. tests/test_model.py and tests/test_seq2seq.py
+load the files and check that ``lm`` reproduces every tensor, so any regression in a model shows.
 
     python scripts/make_fixtures.py          # rewrites the fixture (only if the formulas change)
 """
@@ -20,10 +20,13 @@ from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from model_reference import transformer_lm_ref  # noqa: E402
+from model_reference import encoder_decoder_ref, transformer_lm_ref  # noqa: E402
 
 CONFIG = dict(vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0)
 OUT = ROOT / "tests" / "fixtures" / "model_small.safetensors"
+SEQ2SEQ = dict(vocab_size=40, context_length=16, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4,
+               d_ff=64, dropout=0.0, label_smoothing=0.1)
+SEQ2SEQ_OUT = ROOT / "tests" / "fixtures" / "seq2seq_small.safetensors"
 
 
 def make_state_dict(g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -76,5 +79,47 @@ def main() -> None:
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
 
 
+def make_seq2seq() -> None:
+    """A post-norm encoder–decoder on a ragged, padded batch: memory, hidden states, logits, loss."""
+    g = torch.Generator().manual_seed(4321)
+    c = SEQ2SEQ
+    d, f, v = c["d_model"], c["d_ff"], c["vocab_size"]
+
+    def w(*shape, scale):
+        return torch.randn(*shape, generator=g) * scale
+
+    sd = {"embeddings.weight": w(v, d, scale=d**-0.5)}
+    blocks = [(f"encoder.{i}.", ["attn"], 2) for i in range(c["encoder_layers"])]
+    blocks += [(f"decoder.{i}.", ["self_attn", "cross_attn"], 3) for i in range(c["decoder_layers"])]
+    for p, attns, norms in blocks:
+        for a in attns:
+            for name in ("q_proj", "k_proj", "v_proj", "output_proj"):
+                sd[p + f"{a}.{name}.weight"] = w(d, d, scale=d**-0.5)
+        for j in range(1, norms + 1):
+            sd[p + f"ln{j}.weight"], sd[p + f"ln{j}.bias"] = 1 + w(d, scale=0.1), w(d, scale=0.1)
+        sd[p + "ffn.w1.weight"] = w(f, d, scale=d**-0.5)
+        sd[p + "ffn.w2.weight"] = w(d, f, scale=f**-0.5)
+    for name in ("encoder_norm", "decoder_norm"):
+        sd[name + ".weight"], sd[name + ".bias"] = 1 + w(d, scale=0.1), w(d, scale=0.1)
+    src = torch.randint(3, v, (2, 9), generator=g)
+    tgt_in = torch.randint(3, v, (2, 7), generator=g)
+    tgt_out = torch.randint(3, v, (2, 7), generator=g)
+    src_mask = torch.arange(9)[None] < torch.tensor([9, 5])[:, None]
+    tgt_mask = torch.arange(7)[None] < torch.tensor([7, 4])[:, None]
+    src, tgt_in, tgt_out = src.masked_fill(~src_mask, 0), tgt_in.masked_fill(~tgt_mask, 0), tgt_out.masked_fill(
+        ~tgt_mask, 0)
+    sd64 = {k: t.double() for k, t in sd.items()}
+    memory, hidden, logits = encoder_decoder_ref(sd64, src, src_mask, tgt_in, tgt_mask, num_heads=c["num_heads"],
+                                                 encoder_layers=c["encoder_layers"],
+                                                 decoder_layers=c["decoder_layers"])
+    loss = F.cross_entropy(logits[tgt_mask], tgt_out[tgt_mask], label_smoothing=c["label_smoothing"])
+    tensors = {f"weights.{k}": t.contiguous() for k, t in sd.items()}
+    tensors.update(src=src, src_mask=src_mask, tgt_in=tgt_in, tgt_out=tgt_out, tgt_mask=tgt_mask,
+                   memory=memory.float(), hidden=hidden.float(), logits=logits.float(), loss=loss.float().reshape(()))
+    save_file(tensors, str(SEQ2SEQ_OUT), metadata={"config": json.dumps(SEQ2SEQ)})
+    print(f"wrote {SEQ2SEQ_OUT} ({SEQ2SEQ_OUT.stat().st_size} bytes)")
+
+
 if __name__ == "__main__":
     main()
+    make_seq2seq()

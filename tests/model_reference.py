@@ -119,3 +119,54 @@ def sinusoid_ref(num_positions: int, d: int) -> torch.Tensor:
             pe[p, i] = math.sin(p / 10000 ** (i / d))
             pe[p, i + 1] = math.cos(p / 10000 ** (i / d))
     return pe.float()
+
+
+def encoder_decoder_ref(sd, src, src_mask, tgt, tgt_mask, *, num_heads, encoder_layers, decoder_layers,
+                        eps=1e-5, norm_first=False):
+    """The post-norm (or pre-norm) encoder–decoder of Vaswani et al. from a state dict with a tied
+    ``embeddings.weight``, sinusoidal positions, ReLU, LayerNorm and final norms, no biases in the
+    projections. One head at a time with torch's sdpa; masks are True at real tokens."""
+    emb = sd["embeddings.weight"]
+    d = emb.shape[1]
+
+    def embed(ids):
+        return emb[ids] * math.sqrt(d) + sinusoid_ref(ids.shape[-1], d).to(emb.dtype)
+
+    def ln(t, name):
+        return F.layer_norm(t, (d,), sd[name + ".weight"], sd[name + ".bias"], eps)
+
+    def mha(x, ctx, p, mask):
+        hd = d // num_heads
+        outs = []
+        for h in range(num_heads):
+            rows = slice(h * hd, (h + 1) * hd)
+            q = x @ sd[p + "q_proj.weight"][rows].T
+            k, v = ctx @ sd[p + "k_proj.weight"][rows].T, ctx @ sd[p + "v_proj.weight"][rows].T
+            outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        return torch.cat(outs, dim=-1) @ sd[p + "output_proj.weight"].T
+
+    def mlp(x, p):
+        return F.relu(x @ sd[p + "ffn.w1.weight"].T) @ sd[p + "ffn.w2.weight"].T
+
+    def residual(x, f, name):
+        return x + f(ln(x, name)) if norm_first else ln(x + f(x), name)
+
+    s, t = src.shape[-1], tgt.shape[-1]
+    enc_mask = src_mask[:, None, :].expand(-1, s, s)  # (batch, queries, keys): one head at a time
+    x = embed(src)
+    for i in range(encoder_layers):
+        p = f"encoder.{i}."
+        x = residual(x, lambda h, p=p: mha(h, h, p + "attn.", enc_mask), p + "ln1")
+        x = residual(x, lambda h, p=p: mlp(h, p), p + "ln2")
+    memory = ln(x, "encoder_norm")
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    self_mask = causal[None] & tgt_mask[:, None, :]
+    cross_mask = src_mask[:, None, :].expand(-1, t, s)
+    y = embed(tgt)
+    for i in range(decoder_layers):
+        p = f"decoder.{i}."
+        y = residual(y, lambda h, p=p: mha(h, h, p + "self_attn.", self_mask), p + "ln1")
+        y = residual(y, lambda h, p=p: mha(h, memory, p + "cross_attn.", cross_mask), p + "ln2")
+        y = residual(y, lambda h, p=p: mlp(h, p), p + "ln3")
+    hidden = ln(y, "decoder_norm")
+    return memory, hidden, hidden @ emb.T

@@ -1,13 +1,49 @@
-"""The Transformer language model, its configuration, and parameter / FLOP accounting."""
+"""The models (the decoder-only LM and the encoder–decoder), their configurations, and accounting.
+
+A model is built from its config by :func:`build_model`, keyed on the config's architecture:
+``decoder_lm`` (:class:`ModelConfig` → :class:`TransformerLM`) or ``encoder_decoder``
+(:class:`Seq2SeqConfig` → :class:`EncoderDecoder`). The trainer, checkpoint loader, evaluation
+and generation go through it and through what a model offers (``loss(batch)``,
+``output_weight``, ``device``), never through one class's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 from lm.model.config import POSITION_TYPES, ModelConfig
+from lm.model.seq2seq import EncoderDecoder, Seq2SeqConfig
 from lm.model.transformer import TransformerLM, count_parameters, forward_flops_per_token, sinusoidal_table
 
+ARCHITECTURES = {"decoder_lm": (ModelConfig, TransformerLM), "encoder_decoder": (Seq2SeqConfig, EncoderDecoder)}
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig | Seq2SeqConfig:
+    """The config a dict describes: ``architecture`` picks the class (default ``decoder_lm``)."""
+    d = dict(d)
+    arch = d.get("architecture", "decoder_lm")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {tuple(ARCHITECTURES)}, got {arch!r}")
+    if arch == "decoder_lm":
+        d.pop("architecture", None)
+    return ARCHITECTURES[arch][0].from_dict(d)
+
+
+def build_model(config: ModelConfig | Seq2SeqConfig, device=None, dtype=None):
+    """The model of ``config``, by its architecture."""
+    return ARCHITECTURES[config.architecture][1].from_config(config, device=device, dtype=dtype)
+
+
 __all__ = [
+    "ARCHITECTURES",
     "POSITION_TYPES",
+    "EncoderDecoder",
     "ModelConfig",
+    "Seq2SeqConfig",
     "TransformerLM",
+    "build_model",
     "count_parameters",
     "forward_flops_per_token",
+    "model_config_from_dict",
     "sinusoidal_table",
 ]

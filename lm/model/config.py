@@ -11,15 +11,78 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from lm.nn import ATTN_IMPLS, FFN_TYPES, NORM_PLACEMENTS, NORM_TYPES, ffn_hidden_dim
 
 POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 
 
+class ConfigIO:
+    """JSON and TOML round trips for a flat dataclass config (every field a scalar)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = {k: v for k, v in d.items() if k not in known}
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str):
+        return cls.from_dict(json.loads(text))
+
+    def to_toml(self) -> str:
+        """Flat ``key = value`` lines (every field is a scalar, so no TOML library is needed to write)."""
+        lines = []
+        for key, value in self.to_dict().items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, str):
+                lines.append(f"{key} = {json.dumps(value)}")
+            elif isinstance(value, float):
+                lines.append(f"{key} = {value!r}")
+            else:
+                lines.append(f"{key} = {value}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, text: str):
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        return cls.from_dict(tomllib.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        """Write ``.json`` or ``.toml`` according to the suffix."""
+        from lm.io import atomic_write
+
+        path = Path(path)
+        text = self.to_toml() if path.suffix == ".toml" else self.to_json()
+        with atomic_write(path) as f:
+            f.write(text)
+
+    @classmethod
+    def load(cls, path: str | Path):
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)
+
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(ConfigIO):
+    """The decoder-only LM (architecture ``decoder_lm``)."""
+
+    architecture: ClassVar[str] = "decoder_lm"
     vocab_size: int
     context_length: int
     d_model: int
@@ -77,59 +140,3 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
-
-    # -- serialisation ---------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = {k: v for k, v in d.items() if k not in known}
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
-        return cls(**d)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelConfig:
-        return cls.from_dict(json.loads(text))
-
-    def to_toml(self) -> str:
-        """Flat ``key = value`` lines (every field is a scalar, so no TOML library is needed to write)."""
-        lines = []
-        for key, value in self.to_dict().items():
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, str):
-                lines.append(f"{key} = {json.dumps(value)}")
-            elif isinstance(value, float):
-                lines.append(f"{key} = {value!r}")
-            else:
-                lines.append(f"{key} = {value}")
-        return "\n".join(lines) + "\n"
-
-    @classmethod
-    def from_toml(cls, text: str) -> ModelConfig:
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        return cls.from_dict(tomllib.loads(text))
-
-    def save(self, path: str | Path) -> None:
-        """Write ``.json`` or ``.toml`` according to the suffix."""
-        from lm.io import atomic_write
-
-        path = Path(path)
-        text = self.to_toml() if path.suffix == ".toml" else self.to_json()
-        with atomic_write(path) as f:
-            f.write(text)
-
-    @classmethod
-    def load(cls, path: str | Path) -> ModelConfig:
-        path = Path(path)
-        text = path.read_text(encoding="utf-8")
-        return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)

@@ -1,0 +1,275 @@
+"""The encoder–decoder Transformer of "Attention Is All You Need", from the same ``lm.nn`` layers.
+
+source ids → embeddings · √d_model + positions → encoder layers (self-attention over the whole
+source, padding masked) → ``encoder_norm`` = memory;
+target ids → embeddings · √d_model + positions → decoder layers (masked self-attention,
+cross-attention to the memory, feed-forward) → ``decoder_norm`` → the shared embedding
+matrix as the pre-softmax projection → logits.
+
+The defaults are the paper's: post-norm LayerNorm blocks, sinusoidal positions, a ReLU
+feed-forward, one matrix for both embeddings and the output projection, dropout 0.1 and label
+smoothing 0.1. Like ``torch.nn.Transformer`` the encoder and the decoder each end in a
+LayerNorm (whatever the norm placement), so weights copied into it give the same outputs;
+the tests hold the two to 1e-5. No layer has a bias.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from lm.model.config import POSITION_TYPES, ConfigIO
+from lm.model.transformer import sinusoidal_table
+from lm.nn import (
+    ATTN_IMPLS,
+    FFN_TYPES,
+    NORM_PLACEMENTS,
+    NORM_TYPES,
+    DecoderBlock,
+    Embedding,
+    Linear,
+    RotaryEmbedding,
+    TransformerBlock,
+    dropout,
+    ffn_hidden_dim,
+    linear_cross_entropy,
+    make_norm,
+)
+
+IGNORE = -100  # the target of a padding position: left out of the loss
+
+
+@dataclass
+class Seq2SeqConfig(ConfigIO):
+    """An encoder–decoder (architecture ``encoder_decoder``); the defaults are Vaswani et al.'s."""
+
+    vocab_size: int
+    context_length: int  # the longest source or target, in tokens (with <bos>/<eos>)
+    d_model: int
+    encoder_layers: int
+    decoder_layers: int
+    num_heads: int
+    d_ff: int | None = None  # default: 4 · d_model (8/3 · d_model up to a multiple of 64 for swiglu)
+    dropout: float = 0.1  # on the embeddings and every residual branch, in training only
+    label_smoothing: float = 0.1  # the training loss's; evaluation reports the plain loss
+    norm: str = "layernorm"  # layernorm | rmsnorm | none
+    norm_placement: str = "post"  # post (the paper) | pre
+    norm_eps: float = 1e-5
+    positions: str = "sinusoidal"  # sinusoidal | learned | rope | none
+    rope_theta: float = 10000.0
+    ffn: str = "relu"  # relu | gelu | silu | swiglu
+    tie_embeddings: bool = True  # one matrix: source and target embeddings and the output projection
+    embed_scale: bool = True  # embeddings · √d_model
+    attn_impl: str = "sdpa"  # sdpa | einsum: the same results
+    pad_id: int = 0  # the ids of the tokenizer's <pad>, <bos> and <eos>
+    bos_id: int = 1
+    eos_id: int = 2
+    architecture: str = "encoder_decoder"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "context_length", "d_model", "encoder_layers", "decoder_layers", "num_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name, allowed in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS),
+                              ("positions", POSITION_TYPES), ("ffn", FFN_TYPES), ("attn_impl", ATTN_IMPLS),
+                              ("architecture", ("encoder_decoder",))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model must be divisible by num_heads, got d_model={self.d_model}, num_heads={self.num_heads}"
+            )
+        if self.positions == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(f"head dimension must be even for RoPE, got d_model/num_heads={self.head_dim}")
+        if self.positions == "sinusoidal" and self.d_model % 2 != 0:
+            raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={self.d_model}")
+        if self.d_ff is None:
+            self.d_ff = ffn_hidden_dim(self.d_model, self.ffn)
+        if not isinstance(self.d_ff, int) or self.d_ff < 1:
+            raise ValueError(f"d_ff must be a positive integer, got {self.d_ff!r}")
+        for name in ("dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name} must be an id in [0, vocab_size={self.vocab_size}), got {value!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+class EncoderDecoder(torch.nn.Module):
+    """``encode(src, src_mask)`` → memory; ``decode(tgt, memory, memory_mask)`` → hidden states;
+    ``logits(hidden)``; ``loss(batch)``. Masks are ``True`` at real tokens, ``False`` at padding.
+
+    State-dict keys: ``embeddings.weight`` (tied; else ``src_embeddings``, ``tgt_embeddings``,
+    ``lm_head``), ``encoder.{i}.{ln1,attn,ln2,ffn}``, ``encoder_norm``,
+    ``decoder.{i}.{ln1,self_attn,ln2,cross_attn,ln3,ffn}``, ``decoder_norm``, and
+    ``src_positions``/``tgt_positions`` for learned positions.
+    """
+
+    def __init__(self, config: Seq2SeqConfig, device=None, dtype=None):
+        super().__init__()
+        self.config = cfg = config
+        d = cfg.d_model
+        if cfg.tie_embeddings:
+            self.embeddings = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
+            # σ = d^-0.5 (as fairseq): the √d scale makes the embedded tokens unit-sized, and as the
+            # output projection the same matrix gives logits of unit size too.
+            torch.nn.init.normal_(self.embeddings.weight, 0.0, d**-0.5)
+        else:
+            self.src_embeddings = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
+            self.tgt_embeddings = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
+            for e in (self.src_embeddings, self.tgt_embeddings):
+                torch.nn.init.normal_(e.weight, 0.0, d**-0.5)
+            self.lm_head = Linear(d, cfg.vocab_size, device=device, dtype=dtype)
+        if cfg.positions == "learned":
+            self.src_positions = Embedding(cfg.context_length, d, device=device, dtype=dtype)
+            self.tgt_positions = Embedding(cfg.context_length, d, device=device, dtype=dtype)
+        elif cfg.positions == "sinusoidal":
+            table = sinusoidal_table(cfg.context_length, d).to(device)
+            self.register_buffer("position_table", table, persistent=False)
+        rope = RotaryEmbedding(cfg.rope_theta, cfg.head_dim, cfg.context_length, device=device) \
+            if cfg.positions == "rope" else None
+        common = dict(device=device, dtype=dtype, norm=cfg.norm, norm_placement=cfg.norm_placement,
+                      norm_eps=cfg.norm_eps, ffn=cfg.ffn, attn_impl=cfg.attn_impl, dropout=cfg.dropout)
+        self.encoder = torch.nn.ModuleList(
+            TransformerBlock(d, cfg.num_heads, cfg.d_ff, cfg.context_length, None, rope=rope, causal=False, **common)
+            for _ in range(cfg.encoder_layers)
+        )
+        self.encoder_norm = make_norm(cfg.norm, d, cfg.norm_eps, device=device, dtype=dtype)
+        self.decoder = torch.nn.ModuleList(
+            DecoderBlock(d, cfg.num_heads, cfg.d_ff, rope=rope, **common) for _ in range(cfg.decoder_layers)
+        )
+        self.decoder_norm = make_norm(cfg.norm, d, cfg.norm_eps, device=device, dtype=dtype)
+
+    @classmethod
+    def from_config(cls, config: Seq2SeqConfig, device=None, dtype=None) -> EncoderDecoder:
+        return cls(config, device=device, dtype=dtype)
+
+    # -- the parts ------------------------------------------------------------------------------
+    @property
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection ``(vocab, d_model)``: the shared embedding matrix when tied."""
+        return self.embeddings.weight if self.config.tie_embeddings else self.lm_head.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.output_weight.device
+
+    def _embed(self, ids: Tensor, side: str, positions: Tensor) -> Tensor:
+        cfg = self.config
+        table = self.embeddings if cfg.tie_embeddings else getattr(self, f"{side}_embeddings")
+        x = table(ids)
+        if cfg.embed_scale:
+            x = x * math.sqrt(cfg.d_model)
+        if cfg.positions == "sinusoidal":
+            x = x + self.position_table[positions].to(x.dtype)
+        elif cfg.positions == "learned":
+            x = x + getattr(self, f"{side}_positions")(positions)
+        return dropout(x, cfg.dropout, self.training)
+
+    def _check(self, ids: Tensor, what: str, offset: int = 0) -> None:
+        if ids.shape[-1] + offset > self.config.context_length:
+            length = ids.shape[-1] + offset
+            raise ValueError(f"{what} length {length} exceeds context_length={self.config.context_length}")
+
+    def encode(
+        self, src: Int[Tensor, "batch src"], src_mask: Bool[Tensor, "batch src"] | None = None
+    ) -> Float[Tensor, "batch src d_model"]:
+        """The memory: the encoder's output for every source position."""
+        self._check(src, "source")
+        positions = torch.arange(src.shape[-1], device=src.device)
+        x = self._embed(src, "src", positions)
+        for layer in self.encoder:
+            x = layer(x, positions, key_padding_mask=src_mask)
+        return self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt: Int[Tensor, "batch tgt"],
+        memory: Float[Tensor, "batch src d_model"] | None,
+        memory_mask: Bool[Tensor, "batch src"] | None = None,
+        tgt_mask: Bool[Tensor, "batch tgt"] | None = None,
+        *,
+        cache=None,
+    ) -> Float[Tensor, "batch tgt d_model"]:
+        """Hidden states of the target positions (before the output projection).
+
+        With ``cache`` (a :class:`lm.generate.Seq2SeqCache`) ``tgt`` holds the *next* positions:
+        the decoder's self-attention keys and values are kept, and the memory's keys and values
+        are projected on the first call and reused after (``memory`` may then be None).
+        """
+        offset = 0 if cache is None else cache.length
+        self._check(tgt, "target", offset)
+        positions = torch.arange(offset, offset + tgt.shape[-1], device=tgt.device)
+        x = self._embed(tgt, "tgt", positions)
+        for i, layer in enumerate(self.decoder):
+            x = layer(x, memory, memory_mask=memory_mask, tgt_mask=tgt_mask, token_positions=positions,
+                      kv_cache=None if cache is None else cache.layer(i), cross_cache=cache, layer=i)
+        if cache is not None:
+            cache.advance(tgt.shape[-1])
+        return self.decoder_norm(x)
+
+    def logits(self, hidden: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
+        return torch.matmul(hidden, self.output_weight.T)
+
+    # -- the model seam: what the trainer, evaluation and generation ask for -----------------------
+    def forward(
+        self,
+        src: Int[Tensor, "batch src"] | None = None,
+        tgt: Int[Tensor, "batch tgt"] | None = None,
+        src_mask: Bool[Tensor, "batch src"] | None = None,
+        tgt_mask: Bool[Tensor, "batch tgt"] | None = None,
+        *,
+        batch=None,
+    ) -> Float[Tensor, "batch tgt vocab"] | Float[Tensor, ""]:
+        """Logits of ``tgt`` given ``src`` (teacher forcing); with ``batch`` (a
+        :class:`lm.data.pairs.PairBatch`), its training loss: the way the fused loss gets through
+        a wrapper such as DistributedDataParallel, which only sees ``forward``."""
+        if batch is not None:
+            return self.loss(batch)
+        memory = self.encode(src, src_mask)
+        return self.logits(self.decode(tgt, memory, src_mask, tgt_mask))
+
+    def loss(self, batch, label_smoothing: float | None = None) -> Float[Tensor, ""]:
+        """Mean cross-entropy over the real target tokens of ``batch`` (padding ignored), with the
+        config's label smoothing unless given; the logits are never all held at once."""
+        eps = self.config.label_smoothing if label_smoothing is None else label_smoothing
+        memory = self.encode(batch.src, batch.src_mask)
+        hidden = self.decode(batch.tgt_in, memory, batch.src_mask, batch.tgt_mask)
+        targets = batch.tgt_out.masked_fill(~batch.tgt_mask, IGNORE)
+        return linear_cross_entropy(hidden, self.output_weight, targets, label_smoothing=eps, ignore_index=IGNORE)
+
+    def num_parameters(self, include_embeddings: bool = True) -> int:
+        """Unique parameters; ``include_embeddings=False`` leaves out the embedding tables (a tied
+        matrix counts once, as the output projection)."""
+        excluded = set()
+        if not include_embeddings and not self.config.tie_embeddings:
+            excluded |= {id(self.src_embeddings.weight), id(self.tgt_embeddings.weight)}
+        if not include_embeddings and self.config.positions == "learned":
+            excluded |= {id(self.src_positions.weight), id(self.tgt_positions.weight)}
+        return sum(p.numel() for p in self.parameters() if id(p) not in excluded)
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Forward matmul FLOPs per target token, with a source as long as the target: the encoder
+        (4d² + 2·d·d_ff per layer), the decoder (8d² + 2·d·d_ff: two attentions), the output
+        projection, and the attention scores over ``seq_len`` (default ``context_length``)."""
+        cfg = self.config
+        s = cfg.context_length if seq_len is None else seq_len
+        d, f = cfg.d_model, cfg.d_ff
+        mats = 3 if cfg.ffn == "swiglu" else 2
+        enc = cfg.encoder_layers * (4 * d * d + mats * d * f)
+        dec = cfg.decoder_layers * (8 * d * d + mats * d * f)
+        weights = enc + dec + d * cfg.vocab_size
+        scores = 2 * s * d * (cfg.encoder_layers + 2 * cfg.decoder_layers)
+        return 2 * weights + 2 * scores
+

@@ -1,0 +1,230 @@
+"""The encoder–decoder against torch.nn.Transformer, an independent formula and a stored fixture."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lm.model import EncoderDecoder, Seq2SeqConfig, build_model, model_config_from_dict
+from lm.nn import cross_entropy, linear_cross_entropy
+
+FIXTURE = Path(__file__).parent / "fixtures" / "seq2seq_small.safetensors"
+
+
+def _config(**kw) -> Seq2SeqConfig:
+    base = dict(vocab_size=53, context_length=24, d_model=32, encoder_layers=2, decoder_layers=2, num_heads=4,
+                d_ff=64, dropout=0.0)
+    return Seq2SeqConfig(**{**base, **kw})
+
+
+def _ragged(batch_lengths, width, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (len(batch_lengths), width), generator=g)
+    mask = torch.arange(width)[None] < torch.tensor(batch_lengths)[:, None]
+    return ids.masked_fill(~mask, 0), mask
+
+
+def _copy_into_torch(model: EncoderDecoder, pre: bool) -> torch.nn.Transformer:
+    """A torch.nn.Transformer holding ``model``'s weights (its biases zero: lm's layers have none)."""
+    c = model.config
+    ref = torch.nn.Transformer(c.d_model, c.num_heads, c.encoder_layers, c.decoder_layers, c.d_ff, dropout=0.0,
+                               activation="relu", batch_first=True, norm_first=pre)
+    ref.encoder.enable_nested_tensor = False
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.zero_()
+
+        def attn(dst, src):
+            dst.in_proj_weight.copy_(torch.cat([src.q_proj.weight, src.k_proj.weight, src.v_proj.weight]))
+            dst.out_proj.weight.copy_(src.output_proj.weight)
+
+        def norm(dst, src):
+            dst.weight.copy_(src.weight)
+            dst.bias.copy_(src.bias)
+
+        for theirs, ours in zip(ref.encoder.layers, model.encoder):
+            attn(theirs.self_attn, ours.attn)
+            theirs.linear1.weight.copy_(ours.ffn.w1.weight)
+            theirs.linear2.weight.copy_(ours.ffn.w2.weight)
+            norm(theirs.norm1, ours.ln1)
+            norm(theirs.norm2, ours.ln2)
+        for theirs, ours in zip(ref.decoder.layers, model.decoder):
+            attn(theirs.self_attn, ours.self_attn)
+            attn(theirs.multihead_attn, ours.cross_attn)
+            theirs.linear1.weight.copy_(ours.ffn.w1.weight)
+            theirs.linear2.weight.copy_(ours.ffn.w2.weight)
+            for j in (1, 2, 3):
+                norm(getattr(theirs, f"norm{j}"), getattr(ours, f"ln{j}"))
+        norm(ref.encoder.norm, model.encoder_norm)
+        norm(ref.decoder.norm, model.decoder_norm)
+    return ref.train()  # training mode: the plain path (eval may take the nested-tensor fast path)
+
+
+def _grads_by_torch_name(model: EncoderDecoder) -> dict[str, torch.Tensor]:
+    """Our parameter gradients under the names of the torch.nn.Transformer parameters they map to."""
+    out = {}
+
+    def attn(prefix, a):
+        out[prefix + "in_proj_weight"] = torch.cat([a.q_proj.weight.grad, a.k_proj.weight.grad, a.v_proj.weight.grad])
+        out[prefix + "out_proj.weight"] = a.output_proj.weight.grad
+
+    for i, layer in enumerate(model.encoder):
+        p = f"encoder.layers.{i}."
+        attn(p + "self_attn.", layer.attn)
+        out[p + "linear1.weight"], out[p + "linear2.weight"] = layer.ffn.w1.weight.grad, layer.ffn.w2.weight.grad
+        for j in (1, 2):
+            ln = getattr(layer, f"ln{j}")
+            out[p + f"norm{j}.weight"], out[p + f"norm{j}.bias"] = ln.weight.grad, ln.bias.grad
+    for i, layer in enumerate(model.decoder):
+        p = f"decoder.layers.{i}."
+        attn(p + "self_attn.", layer.self_attn)
+        attn(p + "multihead_attn.", layer.cross_attn)
+        out[p + "linear1.weight"], out[p + "linear2.weight"] = layer.ffn.w1.weight.grad, layer.ffn.w2.weight.grad
+        for j in (1, 2, 3):
+            ln = getattr(layer, f"ln{j}")
+            out[p + f"norm{j}.weight"], out[p + f"norm{j}.bias"] = ln.weight.grad, ln.bias.grad
+    for name in ("encoder", "decoder"):
+        ln = getattr(model, f"{name}_norm")
+        out[f"{name}.norm.weight"], out[f"{name}.norm.bias"] = ln.weight.grad, ln.bias.grad
+    return out
+
+
+@pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
+@pytest.mark.parametrize("pre", [False, True], ids=["post-norm", "pre-norm"])
+def test_matches_torch_nn_transformer_on_ragged_padded_batches(pre, attn_impl):
+    torch.manual_seed(0)
+    model = build_model(_config(norm_placement="pre" if pre else "post", attn_impl=attn_impl))
+    with torch.no_grad():  # non-trivial norms, so a swapped weight and bias would show
+        for n, p in model.named_parameters():
+            if ".ln" in n or "_norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    ref = _copy_into_torch(model, pre)
+    src, src_mask = _ragged([9, 4, 7], 9, 53, seed=1)
+    tgt, tgt_mask = _ragged([6, 6, 2], 6, 53, seed=2)
+    d = model.config.d_model
+    # the embedded inputs (their formula is checked in test_embedding_formula): torch's model starts there
+    x_src = model._embed(src, "src", torch.arange(9)).detach().requires_grad_()
+    x_tgt = model._embed(tgt, "tgt", torch.arange(6)).detach().requires_grad_()
+    causal = torch.ones(6, 6, dtype=torch.bool).triu(1)  # torch's convention: True = may not attend
+    memory_ref = ref.encoder(x_src, src_key_padding_mask=~src_mask)
+    hidden_ref = ref.decoder(x_tgt, memory_ref, tgt_mask=causal, tgt_is_causal=True,
+                             tgt_key_padding_mask=~tgt_mask, memory_key_padding_mask=~src_mask)
+    memory = model.encode(src, src_mask)
+    hidden = model.decode(tgt, memory, src_mask, tgt_mask)
+    torch.testing.assert_close(memory, memory_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden, hidden_ref, atol=1e-5, rtol=0)
+    # gradients of every weight, through a loss on the real target positions only
+    weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(3)) * tgt_mask[..., None]
+    (hidden * weights).sum().backward()
+    (hidden_ref * weights).sum().backward()
+    ours = _grads_by_torch_name(model)
+    theirs = dict(ref.named_parameters())
+    assert set(ours) == {n for n in theirs if not n.endswith("bias") or "norm" in n}
+    for name, grad in ours.items():
+        torch.testing.assert_close(grad, theirs[name].grad, atol=1e-5, rtol=0, msg=name)
+    # the embedding gradient: the inputs' gradients, scaled by √d, summed into the rows of their ids
+    expected = torch.zeros_like(model.embeddings.weight)
+    expected.index_add_(0, src.reshape(-1), x_src.grad.reshape(-1, d) * math.sqrt(d))
+    expected.index_add_(0, tgt.reshape(-1), x_tgt.grad.reshape(-1, d) * math.sqrt(d))
+    # the tied matrix got no gradient through the output projection here (the loss is on hidden states)
+    torch.testing.assert_close(model.embeddings.weight.grad, expected, atol=1e-5, rtol=0)
+
+
+def test_embedding_formula():
+    model = build_model(_config())
+    ids = torch.tensor([[5, 9, 3, 0]])
+    table = model.embeddings.weight
+    pos = torch.arange(4)[:, None] / 10000 ** (torch.arange(0, 32, 2)[None] / 32)
+    pe = torch.stack([pos.sin(), pos.cos()], dim=-1).flatten(-2)
+    torch.testing.assert_close(model._embed(ids, "src", torch.arange(4)), table[ids] * math.sqrt(32) + pe,
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
+def test_a_sentence_is_unchanged_by_longer_neighbours(attn_impl):
+    torch.manual_seed(0)
+    model = build_model(_config(attn_impl=attn_impl)).eval()
+    src, src_mask = _ragged([5, 11, 8], 11, 53, seed=4)
+    tgt, tgt_mask = _ragged([4, 9, 7], 9, 53, seed=5)
+    batched = model(src, tgt, src_mask, tgt_mask)
+    alone = model(src[:1, :5], tgt[:1, :4])
+    # Only the shapes of the matmuls differ: measured max difference 5e-7
+    torch.testing.assert_close(batched[0, :4], alone[0], atol=2e-6, rtol=0)
+
+
+def test_matches_the_stored_fixture():
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    t = load_file(str(FIXTURE))
+    with safe_open(str(FIXTURE), "pt") as f:
+        cfg = Seq2SeqConfig(**json.loads(f.metadata()["config"]))
+    for attn_impl in ("einsum", "sdpa"):
+        cfg.attn_impl = attn_impl
+        model = EncoderDecoder(cfg).eval()
+        model.load_state_dict({k.removeprefix("weights."): v for k, v in t.items() if k.startswith("weights.")})
+        memory = model.encode(t["src"], t["src_mask"])
+        hidden = model.decode(t["tgt_in"], memory, t["src_mask"], t["tgt_mask"])
+        # the reference ran in float64; measured differences in float32: 1e-6
+        torch.testing.assert_close(memory, t["memory"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.logits(hidden), t["logits"], atol=1e-5, rtol=0)
+        batch = SimpleNamespace(**{k: t[k] for k in ("src", "src_mask", "tgt_in", "tgt_out", "tgt_mask")})
+        torch.testing.assert_close(model.loss(batch), t["loss"], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("ignore", [None, 7])
+def test_cross_entropy_smoothing_and_ignore_match_torch(eps, ignore):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 11, (6, 5), generator=g)
+    if ignore is not None:
+        t[0, :3] = ignore
+        t[4, 1] = ignore
+    ref = F.cross_entropy((x @ w.T).reshape(-1, 11), t.reshape(-1), label_smoothing=eps,
+                          ignore_index=-100 if ignore is None else ignore)
+    ref_grads = torch.autograd.grad(ref, (x, w))
+    for fn in (lambda: cross_entropy(x @ w.T, t, label_smoothing=eps, ignore_index=ignore),
+               lambda: linear_cross_entropy(x, w, t, 4, label_smoothing=eps, ignore_index=ignore)):
+        loss = fn()
+        # lm computes in float32: the float64 reference agrees to float32 rounding (measured 8e-7)
+        assert loss.item() == pytest.approx(ref.item(), abs=2e-6)
+        for a, b in zip(torch.autograd.grad(loss, (x, w)), ref_grads):
+            torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
+
+
+def test_config_round_trip_and_the_architecture_key():
+    cfg = _config(positions="rope", ffn="gelu", tie_embeddings=False)
+    assert model_config_from_dict(cfg.to_dict()) == cfg
+    assert Seq2SeqConfig.from_toml(cfg.to_toml()) == cfg
+    model = build_model(cfg)
+    assert {"src_embeddings.weight", "tgt_embeddings.weight", "lm_head.weight"} <= set(model.state_dict())
+    with pytest.raises(ValueError, match="architecture must be one of"):
+        model_config_from_dict({**cfg.to_dict(), "architecture": "rnn"})
+    with pytest.raises(ValueError, match="pad_id must be an id"):
+        _config(pad_id=99)
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope", "none"])
+def test_variants_train(positions):
+    torch.manual_seed(0)
+    model = build_model(_config(positions=positions, ffn="swiglu" if positions == "rope" else "relu"))
+    src, src_mask = _ragged([6, 3], 6, 53, seed=6)
+    tgt, tgt_mask = _ragged([5, 2], 5, 53, seed=7)
+    batch = SimpleNamespace(src=src, src_mask=src_mask, tgt_in=tgt, tgt_out=tgt, tgt_mask=tgt_mask)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    first = None
+    for _ in range(30):
+        loss = model(batch=batch)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.5 * first
