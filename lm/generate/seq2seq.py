@@ -1,0 +1,255 @@
+"""Decoding an encoder–decoder: batched greedy or sampled decoding, and beam search.
+
+The source is encoded once. The decoder keeps its self-attention keys and values in a
+:class:`Seq2SeqCache` and projects the memory's cross-attention keys and values on the first
+step only, so each new target token costs one position of decoder compute. Like
+:func:`lm.generate.generate` the functions know nothing of text: ids in, ids out, without the
+``<bos>`` that starts every target and without the ``<eos>`` that ends it; ``<pad>`` and
+``<bos>`` are never chosen.
+
+Beam search follows Wu et al. (GNMT) as Vaswani et al. used it: hypotheses are ranked by
+``log P(y) / lp(y)`` with ``lp(y) = ((5 + |y|) / 6) ** alpha`` (``|y|`` counts the tokens of
+``y`` including its ``<eos>``); a hypothesis that emits ``<eos>`` is set apart as finished,
+and a sentence stops once no live hypothesis can still beat its ``beam_size``-th finished one.
+A target may be ``len(source) + 50`` tokens long at most (and never past the context).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from lm.generate.kv_cache import KVCache
+from lm.generate.sampling import check_sampling_args, sample_next_token
+
+
+class Seq2SeqCache(KVCache):
+    """The decoder's self-attention cache plus each layer's cross-attention keys and values."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cross: dict[int, tuple[Tensor, Tensor]] = {}
+
+    @classmethod
+    def for_model(cls, model, batch_size: int, max_len: int | None = None, pad_lengths=None) -> Seq2SeqCache:
+        cfg = model.config
+        w = model.output_weight
+        return cls(cfg.decoder_layers, batch_size, cfg.num_heads, cfg.context_length if max_len is None else max_len,
+                   cfg.head_dim, pad_lengths=pad_lengths, device=w.device, dtype=w.dtype)
+
+    def get(self, layer: int) -> tuple[Tensor, Tensor] | None:
+        return self.cross.get(layer)
+
+    def put(self, layer: int, k: Tensor, v: Tensor) -> None:
+        self.cross[layer] = (k, v)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep (and reorder, repeat) the batch rows ``rows``: beam search's reshuffle of hypotheses."""
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.cross = {i: (k[rows], v[rows]) for i, (k, v) in self.cross.items()}
+        self.pad_lengths = self.pad_lengths[rows]
+
+
+def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -> tuple[Tensor, Tensor]:
+    """Right-padded sources, each ending in ``<eos>`` (as in training), and their masks."""
+    rows = [list(s) + [eos_id] for s in src_ids]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+    mask = torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]
+    return ids.to(device), mask.to(device)
+
+
+def _check(model, src_ids) -> list[list[int]]:
+    cfg = model.config
+    src = [list(map(int, s)) for s in src_ids]
+    for i, s in enumerate(src):
+        if not s:
+            raise ValueError(f"source {i} is empty")
+        if len(s) + 1 > cfg.context_length:
+            raise ValueError(f"source {i} has {len(s)} tokens: with <eos> more than context_length "
+                             f"{cfg.context_length}")
+        bad = [t for t in s if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"source {i}: id {bad[0]} is outside [0, vocab_size={cfg.vocab_size})")
+    return src
+
+
+def _never_pad_or_bos(logits: Tensor, cfg) -> Tensor:
+    """A target never holds ``<pad>`` or a second ``<bos>`` (as in fairseq): their logits are -inf."""
+    logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+    return logits
+
+
+def max_target_length(model, src_len: int, extra: int = 50) -> int:
+    """``src_len + extra`` new tokens, within the context (which also holds ``<bos>``)."""
+    return min(src_len + extra, model.config.context_length - 1)
+
+
+@torch.inference_mode()
+def greedy_decode(
+    model,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    max_extra: int = 50,
+) -> list[list[int]]:
+    """Translate a batch of sources token by token: greedy (``temperature=0``) or sampled.
+
+    ``use_cache=False`` re-runs the decoder over the whole prefix at every step (the reference
+    the tests compare the cached loop with). Returns each row's tokens without ``<bos>``/``<eos>``.
+    """
+    check_sampling_args(temperature, top_p, top_k)
+    was_training = model.training
+    model.eval()
+    try:
+        cfg = model.config
+        src = _check(model, src_ids)
+        ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, model.device)
+        memory = model.encode(ids, mask)
+        limits = [max_target_length(model, len(s), max_extra) for s in src]
+        rows = len(src)
+        out: list[list[int]] = [[] for _ in src]
+        done = [False] * rows
+        prefix = torch.full((rows, 1), cfg.bos_id, dtype=torch.long, device=model.device)
+        cache = Seq2SeqCache.for_model(model, rows, max_len=max(limits) + 1) if use_cache else None
+        step_ids = prefix
+        for step in range(max(limits)):
+            if use_cache:
+                hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
+            else:
+                hidden = model.decode(prefix, memory, mask)
+            logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg)
+            next_ids = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                                         generator=generator)
+            tokens = next_ids.tolist()
+            for r, t in enumerate(tokens):
+                if done[r]:
+                    continue
+                if t == cfg.eos_id:
+                    done[r] = True
+                else:
+                    out[r].append(t)
+                    done[r] = len(out[r]) >= limits[r]
+            if all(done):
+                break
+            step_ids = next_ids[:, None]
+            prefix = torch.cat([prefix, step_ids], dim=1)
+        return out
+    finally:
+        model.train(was_training)
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's ``((5 + length) / 6) ** alpha``."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.inference_mode()
+def beam_search(
+    model,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_extra: int = 50,
+    on_sentence: Callable[[int, list[int]], None] | None = None,
+) -> list[list[int]]:
+    """The best hypothesis of each source by ``log P / lp`` (see the module doc), batched.
+
+    Every sentence keeps ``beam_size`` live hypotheses in one cache (``sentences × beam`` rows,
+    reordered by :meth:`Seq2SeqCache.select` after each step). ``on_sentence(i, tokens)`` is called
+    as soon as sentence ``i`` is decided.
+    """
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    if not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    was_training = model.training
+    model.eval()
+    try:
+        return _beam_search(model, _check(model, src_ids), beam_size, alpha, max_extra, on_sentence)
+    finally:
+        model.train(was_training)
+
+
+def _beam_search(model, src, k, alpha, max_extra, on_sentence) -> list[list[int]]:
+    cfg = model.config
+    dev = model.device
+    ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, dev)
+    memory = model.encode(ids, mask)
+    n = len(src)
+    limits = [max_target_length(model, len(s), max_extra) for s in src]
+    # live hypotheses: sentence i owns rows [i*k, (i+1)*k); at the start only its first row is real
+    rows = torch.arange(n, device=dev).repeat_interleave(k)
+    memory, mask = memory[rows], mask[rows]
+    cache = Seq2SeqCache.for_model(model, n * k, max_len=max(limits) + 1)
+    scores = torch.full((n, k), float("-inf"), device=dev)
+    scores[:, 0] = 0.0
+    tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+    active = [True] * n
+    results: list[list[int] | None] = [None] * n
+    step_ids = torch.full((n * k, 1), cfg.bos_id, dtype=torch.long, device=dev)
+    for step in range(max(limits)):
+        hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
+        logp = torch.log_softmax(_never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg), dim=-1).view(n, k, -1)
+        vocab = logp.shape[-1]
+        cand = (scores[..., None] + logp).view(n, -1)  # (n, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, cand.shape[-1]), dim=-1)
+        top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
+        new_rows, new_tokens, new_scores, new_lists = [], [], [], []
+        length = step + 1  # tokens of a hypothesis after this step, its <eos> included
+        for i in range(n):
+            picked: list[tuple[int, int, float]] = []
+            if active[i]:
+                for score, idx in zip(top_scores[i], top_idx[i]):
+                    if score == float("-inf"):
+                        break
+                    beam, tok = divmod(idx, vocab)
+                    if tok == cfg.eos_id or length >= limits[i]:
+                        seq = tokens[i][beam] + ([] if tok == cfg.eos_id else [tok])
+                        finished[i].append((score / length_penalty(length, alpha), seq))
+                    else:
+                        picked.append((beam, tok, score))
+                    if len(picked) == k:
+                        break
+                finished[i].sort(key=lambda f: -f[0])
+                del finished[i][k:]
+                best_live = picked[0][2] if picked else float("-inf")
+                # the best any live hypothesis can still reach: its log-probability only falls, and
+                # lp is largest at the longest allowed length
+                bound = best_live / length_penalty(limits[i], alpha) if best_live < 0 else best_live
+                if not picked or length >= limits[i] or (len(finished[i]) == k and finished[i][-1][0] >= bound):
+                    active[i] = False
+                    results[i] = finished[i][0][1] if finished[i] else []
+                    if on_sentence is not None:
+                        on_sentence(i, results[i])
+            picked += [(0, cfg.pad_id, float("-inf"))] * (k - len(picked))  # dead rows keep a slot
+            for beam, tok, score in picked:
+                new_rows.append(i * k + beam)
+                new_tokens.append(tok)
+                new_scores.append(score)
+                new_lists.append(tokens[i][beam] + [tok])
+        if not any(active):
+            break
+        cache.select(torch.tensor(new_rows, device=dev))
+        scores = torch.tensor(new_scores, device=dev).view(n, k)
+        tokens = [new_lists[i * k : (i + 1) * k] for i in range(n)]
+        step_ids = torch.tensor(new_tokens, dtype=torch.long, device=dev)[:, None]
+    return [r if r is not None else (finished[i][0][1] if finished[i] else []) for i, r in enumerate(results)]
+
+
+def translate(model, src_ids: Sequence[Sequence[int]], *, beam_size: int = 1, **kwargs) -> list[list[int]]:
+    """Beam search for ``beam_size`` > 1, else greedy (or sampled, with ``temperature``) decoding."""
+    if beam_size > 1:
+        return beam_search(model, src_ids, beam_size=beam_size, **kwargs)
+    return greedy_decode(model, src_ids, **kwargs)

@@ -1,0 +1,93 @@
+"""Decoding an encoder–decoder: the cache changes nothing, beam 1 is greedy, beam search is exact."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from lm.generate import beam_search, greedy_decode
+from lm.generate.seq2seq import length_penalty
+from lm.model import Seq2SeqConfig, build_model
+
+
+def _model(vocab=40, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = Seq2SeqConfig(vocab_size=vocab, context_length=32, d_model=32, encoder_layers=2, decoder_layers=2,
+                        num_heads=4, d_ff=64, dropout=0.0, **kw)
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # sharper distributions than the init's, so decoding paths differ
+        model.embeddings.weight.mul_(6.0)
+    return model
+
+
+SOURCES = [[5, 9, 12, 7], [30, 4], [8, 8, 8, 21, 22, 3, 17]]
+
+
+@pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
+def test_the_cache_changes_nothing(attn_impl):
+    model = _model(attn_impl=attn_impl)
+    cached = greedy_decode(model, SOURCES, max_extra=12)
+    uncached = greedy_decode(model, SOURCES, max_extra=12, use_cache=False)
+    assert cached == uncached
+    assert any(len(t) > 3 for t in cached)  # it decoded for real, past a few tokens
+    # one at a time gives the same (a row is not changed by its neighbours' padding)
+    assert [greedy_decode(model, [s], max_extra=12)[0] for s in SOURCES] == cached
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    sampled = greedy_decode(model, SOURCES, temperature=1.0, top_p=0.9, generator=g1, max_extra=12)
+    assert sampled == greedy_decode(model, SOURCES, temperature=1.0, top_p=0.9, generator=g2, max_extra=12,
+                                    use_cache=False)
+
+
+def test_beam_of_one_is_greedy():
+    model = _model()
+    assert beam_search(model, SOURCES, beam_size=1, alpha=0.0, max_extra=12) == greedy_decode(
+        model, SOURCES, max_extra=12)
+
+
+def _log_prob(model, src, seq):
+    """log P(seq) by teacher forcing, re-running the whole model (no cache)."""
+    cfg = model.config
+    src_ids = torch.tensor([src + [cfg.eos_id]])
+    tgt = torch.tensor([[cfg.bos_id] + seq[:-1]])
+    with torch.no_grad():
+        logits = model(src_ids, tgt).float()
+        logits[..., [cfg.pad_id, cfg.bos_id]] = float("-inf")  # never chosen in decoding
+        logp = torch.log_softmax(logits, dim=-1)[0]
+    return sum(logp[t, tok].item() for t, tok in enumerate(seq))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_a_large_beam_finds_the_brute_force_best(alpha):
+    """Every sequence over a 3-token vocabulary up to the length limit, scored by log P / lp."""
+    model = _model(vocab=6, seed=1)
+    cfg = model.config
+    src, extra = [3, 4], 2  # targets of at most 4 tokens
+    limit = len(src) + extra
+    words = (3, 4, 5)
+    candidates = []
+    for n in range(limit):  # n words then <eos> (n + 1 <= limit tokens)
+        candidates += [list(w) + [cfg.eos_id] for w in itertools.product(words, repeat=n)]
+    candidates += [list(w) for w in itertools.product(words, repeat=limit)]  # cut at the limit
+    scored = [(_log_prob(model, src, seq) / length_penalty(len(seq), alpha), seq) for seq in candidates]
+    best_score, best = max(scored, key=lambda s: s[0])
+    expected = [t for t in best if t != cfg.eos_id]
+    got = beam_search(model, [src], beam_size=len(words) ** limit, alpha=alpha, max_extra=extra)[0]
+    assert got == expected, (got, expected, best_score)
+    # and a small beam finds something no better than that
+    small = beam_search(model, [src], beam_size=2, alpha=alpha, max_extra=extra)[0]
+    small_seq = small + ([cfg.eos_id] if len(small) < limit else [])
+    assert _log_prob(model, src, small_seq) / length_penalty(len(small_seq), alpha) <= best_score + 1e-6
+
+
+def test_bad_arguments():
+    model = _model()
+    with pytest.raises(ValueError, match="beam_size must be a positive integer"):
+        beam_search(model, SOURCES, beam_size=0)
+    with pytest.raises(ValueError, match="source 0 is empty"):
+        greedy_decode(model, [[]])
+    with pytest.raises(ValueError, match="outside"):
+        greedy_decode(model, [[99]])
+    assert not math.isnan(length_penalty(3, 0.6))
