@@ -198,3 +198,24 @@ def test_single_batch_overfits():
         opt.step()
     assert first > 2.5
     assert loss.item() < 0.05
+
+
+def test_inverse_sqrt_schedule_is_the_papers_formula():
+    import math
+
+    from lm.optim import inverse_sqrt_lr_schedule, inverse_sqrt_scale
+
+    d, warmup = 512, 4000
+    for step in (1, 10, 1000, 3999, 4000, 4001, 10_000, 100_000):
+        paper = d**-0.5 * min(step**-0.5, step * warmup**-1.5)  # Vaswani et al., eq. (3)
+        assert inverse_sqrt_lr_schedule(step, d, warmup) == pytest.approx(paper, rel=1e-12)
+        assert inverse_sqrt_lr_schedule(step, d, warmup, scale=2.0) == pytest.approx(2 * paper, rel=1e-12)
+    assert inverse_sqrt_lr_schedule(0, d, warmup) == 0.0
+    # linear up to the peak, then 1/sqrt(step): the peak is at the end of the warm-up
+    peak = inverse_sqrt_lr_schedule(warmup, d, warmup)
+    assert inverse_sqrt_lr_schedule(warmup / 2, d, warmup) == pytest.approx(peak / 2)
+    assert inverse_sqrt_lr_schedule(4 * warmup, d, warmup) == pytest.approx(peak / 2)
+    assert max(inverse_sqrt_lr_schedule(s, d, warmup) for s in range(1, 20_000)) == pytest.approx(peak)
+    scale = inverse_sqrt_scale(2e-3, 256, 200)
+    assert inverse_sqrt_lr_schedule(200, 256, 200, scale) == pytest.approx(2e-3)
+    assert scale == pytest.approx(2e-3 * math.sqrt(256 * 200))

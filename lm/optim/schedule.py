@@ -64,3 +64,25 @@ def wsd_lr_schedule(
         return min_learning_rate
     frac = (it - decay_start) / (total_iters - decay_start)
     return max_learning_rate + frac * (min_learning_rate - max_learning_rate)
+
+
+def inverse_sqrt_lr_schedule(it: float, d_model: int, warmup_iters: float, scale: float = 1.0) -> float:
+    """The learning rate of "Attention Is All You Need" at iteration ``it``:
+    ``scale · d_model^-0.5 · min(it^-0.5, it · warmup_iters^-1.5)``.
+
+    A linear warm-up to the peak ``scale · (d_model · warmup_iters)^-0.5`` at ``warmup_iters``,
+    then a decay with the inverse square root of the step (0 at ``it = 0``, like the other
+    schedules here). The paper uses ``scale = 1``, ``warmup_iters = 4000``; the trainer picks
+    ``scale`` so that the peak is ``optim.max_lr`` (:func:`inverse_sqrt_scale`).
+
+    >>> round(inverse_sqrt_lr_schedule(4000, 512, 4000), 6), inverse_sqrt_lr_schedule(0, 512, 4000)
+    (0.000699, 0.0)
+    """
+    if it <= 0:
+        return 0.0
+    return scale * d_model**-0.5 * min(it**-0.5, it * warmup_iters**-1.5)
+
+
+def inverse_sqrt_scale(peak: float, d_model: int, warmup_iters: float) -> float:
+    """The ``scale`` that makes :func:`inverse_sqrt_lr_schedule` peak at ``peak`` (at ``warmup_iters``)."""
+    return peak * math.sqrt(d_model * warmup_iters)
