@@ -125,14 +125,15 @@ def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Op
 def load_model(
     path: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Rebuild a ``TransformerLM`` from a checkpoint (``.pt``) or an exported ``.safetensors`` file.
+    """Rebuild a model (the one its config's architecture names) from a checkpoint (``.pt``) or an
+    exported ``.safetensors`` file.
 
     Returns ``(model, info)``, the model in eval mode. ``info`` has the same keys for both
     kinds of file: ``model_config`` (a dict), ``iteration`` (None when not recorded), ``config``
     (the run's config dict, None for safetensors), ``tokenizer_sha256`` ("" when not recorded)
     and ``metadata`` (the safetensors metadata, {} for checkpoints).
     """
-    from lm.model import ModelConfig, TransformerLM
+    from lm.model import build_model, model_config_from_dict
 
     path = Path(path)
     if path.suffix == ".safetensors":
@@ -174,7 +175,7 @@ def load_model(
             "tokenizer_sha256": state.get("tokenizer_sha256", ""),
             "metadata": {},
         }
-    model = TransformerLM.from_config(ModelConfig.from_dict(model_cfg), device=device)
+    model = build_model(model_config_from_dict(model_cfg), device=device)
     check_state_dict_fits(model, state_dict, repr(str(path)))
     model.load_state_dict(state_dict)
     return model.eval(), info

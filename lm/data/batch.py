@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
+
+
+@dataclass
+class LMBatch:
+    """A language-modelling batch: ``ids`` and the next-token ``targets`` (both ``(batch, seq)``).
+
+    Batches are objects the model knows how to take the loss of (``model(batch=b)``), so the
+    trainer's loop is the same for this and for :class:`lm.data.pairs.PairBatch`.
+    """
+
+    ids: Int[Tensor, "batch seq"]
+    targets: Int[Tensor, "batch seq"]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.targets.numel()
 
 
 def random_starts(

@@ -96,7 +96,7 @@ def generate(
         if bad:
             raise ValueError(f"prompt_ids: id {bad[0]} is outside [0, vocab_size={cfg.vocab_size})")
 
-    device = model.lm_head.weight.device
+    device = model.device
     history = [list(p) for p in prompts]  # every row's full token sequence
     new_tokens: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)

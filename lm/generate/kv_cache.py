@@ -47,7 +47,7 @@ class KVCache:
         """A cache shaped for ``model`` (a :class:`lm.model.TransformerLM`), holding up to
         ``max_len`` (default ``context_length``) positions."""
         cfg = model.config
-        weight = model.lm_head.weight
+        weight = model.output_weight
         return cls(
             cfg.num_layers,
             batch_size,

@@ -88,6 +88,15 @@ class TransformerLM(torch.nn.Module):
             # would make the initial logits ~sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
 
+    @property
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection ``(vocab, d_model)`` (``lm_head.weight``)."""
+        return self.lm_head.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
     @classmethod
     def from_config(cls, config: ModelConfig, device=None, dtype=None) -> TransformerLM:
         d = config.to_dict()
@@ -96,18 +105,22 @@ class TransformerLM(torch.nn.Module):
 
     def forward(
         self,
-        ids: Int[Tensor, "batch seq"],
+        ids: Int[Tensor, "batch seq"] | None = None,
         token_positions: Int[Tensor, "batch seq"] | None = None,
         *,
         kv_cache=None,
         last_only: bool = False,
         targets: Int[Tensor, "batch seq"] | None = None,
+        batch=None,
     ) -> Float[Tensor, "batch seq vocab"] | Float[Tensor, ""]:
         """``kv_cache`` (an :class:`lm.generate.KVCache`) makes ``ids`` the *next* positions of
         the cached sequences; positions then come from the cache. ``last_only=True`` returns
         the logits of the last position only (``seq`` = 1), which is all sampling needs.
         With ``targets``, returns :meth:`loss` instead of the logits: the way to get the fused
-        loss through a wrapper such as DistributedDataParallel, which only sees ``forward``."""
+        loss through a wrapper such as DistributedDataParallel, which only sees ``forward``;
+        ``batch`` (an :class:`lm.data.batch.LMBatch`) does the same with its ids and targets."""
+        if batch is not None:
+            return self.loss(batch.ids, batch.targets)
         if targets is not None:
             return self.loss(ids, targets, token_positions)
         h = self.hidden_states(ids, token_positions, kv_cache=kv_cache)
