@@ -99,3 +99,56 @@ def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     from lm.nn import cross_entropy
 
     return cross_entropy(logits.float(), targets)
+
+
+# -- translation ----------------------------------------------------------------------------------
+
+def collate_pairs(sources, targets, *, pad_id: int, bos_id: int, eos_id: int, device="cpu"):
+    """A :class:`lm.data.pairs.PairBatch` from lists of source and target ids (``<eos>``/``<bos>`` added)."""
+    from lm.data.pairs import PairBatch
+
+    src = [list(s) + [eos_id] for s in sources]
+    t_in = [[bos_id] + list(t) for t in targets]
+    t_out = [list(t) + [eos_id] for t in targets]
+
+    def pad(rows):
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask = torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]
+        return ids, mask
+
+    (s, s_mask), (ti, t_mask), (to, _) = pad(src), pad(t_in), pad(t_out)
+    return PairBatch(src=s, src_mask=s_mask, tgt_in=ti, tgt_out=to, tgt_mask=t_mask).to(device)
+
+
+@torch.no_grad()
+def evaluate_pairs(model: torch.nn.Module, batches) -> dict[str, float | int]:
+    """Mean cross-entropy per target token (no label smoothing) over :class:`PairBatch` es, and perplexity."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for batch in batches:
+            n = batch.num_tokens
+            total += float(model.loss(batch, label_smoothing=0.0)) * n
+            count += n
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("data: no target tokens to evaluate")
+    loss = total / count
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": count}
+
+
+def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float | str]:
+    """Corpus BLEU and chrF of detokenized text with sacrebleu's defaults, and their signatures."""
+    import sacrebleu
+
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    b = bleu.corpus_score(hypotheses, [references])
+    c = chrf.corpus_score(hypotheses, [references])
+    return {"bleu": b.score, "chrf": c.score, "bleu_signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature())}

@@ -347,7 +347,7 @@ def _subcommands():
     return list(walk(build_parser(), []))
 
 
-MODEL_COMMANDS = {"sample", "eval", "train", "demo"}
+MODEL_COMMANDS = {"sample", "eval", "train", "demo", "translate"}
 OUTPUT_COMMANDS = {"tokenizer train", "tokenize", "export hf", "demo", "data download", "plot"}
 
 

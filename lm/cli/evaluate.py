@@ -12,6 +12,7 @@ EXAMPLES = """
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
   lm eval --checkpoint runs/cpu-small/checkpoints/best.pt --data stories.txt   # tokenized on the fly
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin --stride 64   # sliding window
+  lm eval --checkpoint runs/multi30k --data test_2016_flickr.en.gz --target test_2016_flickr.de.gz  # BLEU, chrF
 """
 
 
@@ -25,7 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         examples=EXAMPLES,
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
-    p.add_argument("--data", required=True, metavar="FILE", help="FILE.bin token file, or a UTF-8 text file")
+    p.add_argument("--data", required=True, metavar="FILE",
+                   help="FILE.bin token file, or a UTF-8 text file; for a translation model the source sentences")
+    p.add_argument("--target", default=None, metavar="FILE",
+                   help="translation models: the reference translations, one a line (plain or .gz)")
+    p.add_argument("--beam", type=int, default=4, metavar="K", help="translation models: beam size for BLEU")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--batch-size", type=int, default=8, metavar="N")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="evaluate the first N tokens only")
@@ -75,10 +80,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
     set_threads(args.threads)
+    if args.target is not None:
+        return eval_translation(args)
     data = check_readable_file(args.data, "--data")
     kind = data_kind(data)
     model, tok, info = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device,
                                                 need_tokenizer=kind == "text")
+    if model.config.architecture != "decoder_lm":
+        raise ValueError(f"--target: {args.checkpoint!r} is a translation model: pass the source sentences as "
+                         "--data and the reference translations as --target")
     ctx = model.config.context_length
     if args.stride is not None and args.stride > ctx:
         raise ValueError(f"--stride: must be between 1 and the context length {ctx}, got {args.stride}")
@@ -112,4 +122,58 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bpb = "n/a (no source byte count)" if result["bits_per_byte"] is None else f"{result['bits_per_byte']:.4f}"
         print(f"loss {result['loss']:.4f}  perplexity {result['perplexity']:.3f}  bits/byte {bpb}  "
               f"({result['tokens']:,} tokens)")
+    return 0
+
+
+def eval_translation(args: argparse.Namespace) -> int:
+    """Loss and perplexity by teacher forcing, BLEU and chrF of the translations, on a file pair."""
+    import contextlib
+    import sys
+
+    import torch
+
+    from lm.cli.common import load_model_and_tokenizer
+    from lm.data.pairs import read_parallel
+    from lm.device import resolve_dtype
+    from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
+    from lm.generate import translate
+
+    if args.beam < 1:
+        raise ValueError(f"--beam: must be >= 1, got {args.beam}")
+    pairs = list(read_parallel(args.data, args.target))
+    if args.max_tokens is not None:
+        pairs = pairs[: args.max_tokens]  # sentences, for a translation model
+    model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    cfg = model.config
+    if cfg.architecture != "encoder_decoder":
+        raise ValueError(f"--target: {args.checkpoint!r} is a language model; evaluate it on --data alone")
+    src = [tok.encode(s) for s, _ in pairs]
+    ref = [tok.encode(t) for _, t in pairs]
+    fits = cfg.context_length - 1  # room for <eos> (source) and <bos> (target)
+    keep = [i for i in range(len(pairs)) if len(src[i]) <= fits and len(ref[i]) <= fits]
+    if len(keep) < len(pairs):
+        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} pairs are longer than the context "
+              f"({cfg.context_length} tokens) and are left out of the loss (not of BLEU)", file=sys.stderr)
+    dtype = resolve_dtype(args.dtype, model.device)
+    autocast = (lambda: torch.autocast(model.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+    size = args.batch_size
+    with autocast():
+        batches = (collate_pairs([src[i] for i in keep[j : j + size]], [ref[i] for i in keep[j : j + size]],
+                                 pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, device=model.device)
+                   for j in range(0, len(keep), size))
+        result = evaluate_pairs(model, batches)
+        order = sorted(range(len(src)), key=lambda i: len(src[i]))  # similar lengths decode together
+        hyps = [""] * len(src)
+        for j in range(0, len(order), size):
+            rows = [i for i in order[j : j + size] if 0 < len(src[i]) < cfg.context_length]
+            if rows:
+                for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=args.beam)):
+                    hyps[i] = tok.decode(ids).strip()
+    result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=args.beam)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"loss {result['loss']:.4f}  perplexity {result['perplexity']:.3f}  BLEU {result['bleu']:.2f}  "
+              f"chrF {result['chrf']:.2f}  ({len(pairs):,} sentences, beam {args.beam})")
+        print(f"  {result['bleu_signature']}\n  {result['chrf_signature']}")
     return 0

@@ -71,6 +71,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from lm.cli.common import load_model_and_tokenizer
+    from lm.cli.translate import require_architecture
     from lm.device import resolve_dtype, set_threads
     from lm.generate import generate
     from lm.generate.sampling import check_sampling_args
@@ -83,7 +84,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     prompt = read_prompt(args)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
-    device = next(model.parameters()).device
+    require_architecture(model, "decoder_lm", args.checkpoint)
+    device = model.device
     dtype = resolve_dtype(args.dtype, device)
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
     eos = tok.token_to_id.get(b"<|endoftext|>")

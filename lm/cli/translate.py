@@ -1,0 +1,104 @@
+"""``lm translate``: translate sentences with an encoder–decoder checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lm.cli.common import add_command, add_compute, add_quiet
+
+EXAMPLES = """
+  lm translate --checkpoint runs/multi30k "A man is riding a bicycle." "Two dogs play in the snow."
+  lm translate --checkpoint runs/multi30k --input test.en --beam 4 > test.hyp.de
+  zcat test.en.gz | lm translate --checkpoint runs/multi30k --input - --beam 1   # greedy
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub,
+        "translate",
+        help="translate sentences with an encoder-decoder checkpoint",
+        description="Translate sentences, one per line, with a model trained on parallel text (architecture "
+        "encoder_decoder). Prints one translation a line, in the input's order, as each batch is done. "
+        "Beam search ranks hypotheses by log-probability over GNMT's length penalty.",
+        examples=EXAMPLES,
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
+    p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (or use --input)")
+    p.add_argument("--input", metavar="FILE", help="a file of sentences, one a line ('-': standard input)")
+    p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size; 1 is greedy decoding")
+    p.add_argument("--alpha", type=float, default=0.6, metavar="A", help="length penalty exponent (GNMT)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences decoded together")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
+    add_compute(p)
+    add_quiet(p)
+    p.set_defaults(func=cmd_translate)
+
+
+def require_architecture(model, want: str, checkpoint: str) -> None:
+    """One line pointing to the right command when a checkpoint is of the other kind."""
+    arch = model.config.architecture
+    if arch == want:
+        return
+    hint = "`lm translate`" if arch == "encoder_decoder" else "`lm sample`"
+    kind = "a translation model (encoder_decoder)" if arch == "encoder_decoder" else "a language model (decoder_lm)"
+    raise ValueError(f"--checkpoint: {checkpoint!r} is {kind}; use {hint}")
+
+
+def read_lines(args: argparse.Namespace) -> list[str]:
+    from lm.io import check_readable_file, decode_utf8
+
+    if args.text and args.input:
+        raise ValueError("--input: give sentences as TEXT or in --input FILE, not both")
+    if args.text:
+        return list(args.text)
+    if not args.input:
+        raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
+    data = sys.stdin.buffer.read() if args.input == "-" else check_readable_file(args.input, "--input").read_bytes()
+    text, bad = decode_utf8(data)
+    if bad:
+        raise ValueError(f"--input: {bad:,} bytes are not valid UTF-8")
+    return text.splitlines()
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    import contextlib
+
+    import torch
+
+    from lm.cli.common import load_model_and_tokenizer
+    from lm.device import resolve_dtype, set_threads
+    from lm.generate import translate
+
+    if args.beam < 1:
+        raise ValueError(f"--beam: must be >= 1, got {args.beam}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    set_threads(args.threads)
+    lines = read_lines(args)
+    model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    require_architecture(model, "encoder_decoder", args.checkpoint)
+    cfg = model.config
+    dtype = resolve_dtype(args.dtype, model.device)
+    autocast = torch.autocast(model.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    sources = [tok.encode(line.strip()) for line in lines]
+    for i, s in enumerate(sources):
+        if len(s) + 1 > cfg.context_length:
+            raise ValueError(f"--input: line {i + 1} has {len(s)} tokens, more than the model's context "
+                             f"{cfg.context_length - 1}")
+    out = sys.stdout
+    with autocast:
+        for start in range(0, len(sources), args.batch_size):
+            chunk = sources[start : start + args.batch_size]
+            todo = [j for j, s in enumerate(chunk) if s]  # an empty line translates to an empty line
+            result = [[] for _ in chunk]
+            if todo:
+                done = translate(model, [chunk[j] for j in todo], beam_size=args.beam,
+                                 **({"alpha": args.alpha} if args.beam > 1 else {}))
+                for j, ids in zip(todo, done):
+                    result[j] = ids
+            for ids in result:
+                out.write(tok.decode(ids).strip() + "\n")
+            out.flush()
+    return 0
