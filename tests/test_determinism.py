@@ -2,6 +2,7 @@
 two runs and SIGKILL + --resume, are in test_train.py)."""
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from lm.model import TransformerLM
 from lm.nn import Embedding
 from lm.optim import AdamW, clip_grad_norm_, param_groups
+from lm.train.determinism import CUBLAS_WORKSPACE_CONFIG, configure_determinism
 
 
 @contextlib.contextmanager
@@ -98,3 +100,36 @@ def test_training_steps_with_clipping_and_adamw_are_bitwise_repeatable():
                 assert torch.equal(weights[k], weights2[k]), k
             for s1, s2 in zip(opt_state["state"].values(), opt_state2["state"].values()):
                 assert torch.equal(s1["exp_avg_sq"], s2["exp_avg_sq"])
+
+
+def test_configure_determinism_on_cpu_switches_nothing_global():
+    before = torch.are_deterministic_algorithms_enabled()
+    line = configure_determinism(True, torch.device("cpu"))
+    assert line.startswith("deterministic: yes at ") and f"{torch.get_num_threads()} CPU threads" in line
+    assert torch.are_deterministic_algorithms_enabled() == before
+    assert "off" in configure_determinism(False, torch.device("cpu"))
+
+
+def test_configure_determinism_on_cuda_sets_torch_and_cublas(monkeypatch):
+    # The CUDA path without a GPU: the calls it makes are recorded, not made.
+    calls = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    line = configure_determinism(True, torch.device("cuda", 0))
+    assert calls == [((True,), {})]  # strict: warn_only would keep flash attention's atomic backward
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE_CONFIG == ":4096:8"
+    assert "deterministic algorithms on" in line and "none on the training path" in line
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the other accepted setting is kept
+    configure_determinism(True, torch.device("cuda", 0))
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    with pytest.raises(ValueError, match="CUBLAS_WORKSPACE_CONFIG is ':0:0'"):
+        configure_determinism(True, torch.device("cuda", 0))
+
+    calls.clear()
+    assert configure_determinism(False, torch.device("cuda", 0)).startswith("deterministic: off")
+    assert calls == []  # off leaves torch's global switch as it was

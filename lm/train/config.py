@@ -45,6 +45,10 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where supported, else float32) | bfloat16 | float32
     compile: bool = False  # torch.compile the model
+    # Bitwise-reproducible training (same config and seed, same thread count: same weights, and
+    # an exact --resume). CPU kernels are deterministic anyway; on CUDA this turns on torch's
+    # deterministic algorithms and CUBLAS_WORKSPACE_CONFIG=:4096:8 (see lm/train/determinism.py).
+    deterministic: bool = True
 
 
 @dataclass

@@ -34,6 +34,7 @@ from lm.model import TransformerLM
 from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
 from lm.tokenizer import check_tokenizer_checksum
 from lm.train.config import Config
+from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
 from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, format_duration, peak_flops
@@ -70,6 +71,7 @@ class Trainer:
         self._print = print_fn
         self._quiet = quiet
         self.dist, self.device = init_distributed(cfg.train.device)
+        self._determinism = configure_determinism(cfg.train.deterministic, self.device)  # before any CUDA work
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
         t, m = cfg.train, cfg.model
@@ -131,6 +133,8 @@ class Trainer:
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            if t.deterministic:
+                deterministic_ddp(self.train_model, self.dist.world_size)
         if t.compile:
             self.train_model = torch.compile(self.train_model)
         dtype = autocast_dtype(t.dtype, self.device)
@@ -402,6 +406,7 @@ class Trainer:
             f"model {n_params / 1e6:.2f}M parameters | {self.tokens_per_step:,} tokens/step | "
             f"device {self.device} | world {self.dist.world_size} | run dir {self.run_dir}"
         )
+        self._log(self._determinism)
         flops_per_token = 3 * unwrap(self.model).flops_per_token()
         last_saved = self.step if self._resumed_from is not None else -1
         last_eval = -1
