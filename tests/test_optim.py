@@ -105,6 +105,74 @@ def test_param_groups_put_norms_biases_embeddings_in_no_decay():
     ]
 
 
+class _Unnamed(nn.Module):
+    """Embeddings under names without "embed", a table class named like one, a frozen parameter."""
+
+    class PositionEmbedding(nn.Module):  # not an nn.Embedding: found by its class name
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(16, 8))
+
+    def __init__(self):
+        super().__init__()
+        self.frozen = nn.Parameter(torch.randn(8, 8), requires_grad=False)  # first: nothing after it is lost
+        self.wte = nn.Embedding(17, 8)  # found by its type
+        self.wpe = self.PositionEmbedding()
+        self.proj = nn.Linear(8, 8, bias=False)
+        self.block = nn.Sequential(nn.Linear(8, 8))
+        self.scale_embed = nn.Parameter(torch.ones(8, 8))  # a matrix found by its name
+
+
+def test_param_groups_find_embeddings_by_type_class_name_and_name_and_skip_frozen():
+    model = _Unnamed()
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = param_groups(model, 0.1)
+    assert sorted(names[id(p)] for p in decay["params"]) == ["block.0.weight", "proj.weight"]
+    no_decay_names = sorted(names[id(p)] for p in no_decay["params"])
+    assert no_decay_names == ["block.0.bias", "scale_embed", "wpe.table", "wte.weight"]  # frozen: in neither
+    decay, no_decay = param_groups(model, 0.1, decay_embeddings=True)
+    assert sorted(names[id(p)] for p in decay["params"]) == [
+        "block.0.weight", "proj.weight", "scale_embed", "wpe.table", "wte.weight"]  # fmt: skip
+    assert [names[id(p)] for p in no_decay["params"]] == ["block.0.bias"]
+
+
+def test_adamw_defaults_and_argument_checks():
+    params = [nn.Parameter(torch.zeros(3))]
+    assert AdamW(params).defaults == {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+    for ok in (dict(lr=0.0), dict(betas=(0.0, 0.0)), dict(eps=0.0), dict(weight_decay=0.0)):
+        AdamW(params, **ok)  # the edges of each range are allowed
+    bad = [
+        (dict(lr=-1e-3), "invalid learning rate: -0.001"),
+        (dict(betas=(1.0, 0.9)), r"invalid betas: \(1.0, 0.9\)"),
+        (dict(betas=(0.9, 1.0)), r"invalid betas: \(0.9, 1.0\)"),
+        (dict(betas=(-0.1, 0.9)), "invalid betas"),
+        (dict(betas=(0.9, -0.1)), "invalid betas"),
+        (dict(eps=-1e-8), "invalid eps: -1e-08"),
+        (dict(weight_decay=-0.1), "invalid weight_decay: -0.1"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            AdamW(params, **kwargs)
+
+
+def test_adamw_weight_decay_from_the_constructor_matches_torch():
+    """Plain parameters (no groups): the constructor's weight_decay is the one applied."""
+    torch.manual_seed(0)
+    ours, ref = _Tiny(), _Tiny()
+    ref.load_state_dict(ours.state_dict())
+    opt_ours = AdamW(ours.parameters(), lr=1e-2, weight_decay=0.5)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.5, foreach=False)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        ids = torch.randint(0, 17, (4, 9), generator=gen)
+        for model, opt in ((ours, opt_ours), (ref, opt_ref)):
+            opt.zero_grad()
+            _loss(model, ids).backward()
+            opt.step()
+    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)  # measured bitwise equal
+
+
 def test_param_groups_count_tied_weights_once():
     model = _Tiny(vocab=17, d=8)
     model.lm_head.weight = model.token_embeddings.weight
@@ -136,6 +204,18 @@ def test_wsd_schedule_values():
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
     # a decay longer than what follows the warm-up starts right after it
     assert wsd_lr_schedule(10, 1.0, 0.0, 10, 20, 1.0) == 1.0 and wsd_lr_schedule(15, 1.0, 0.0, 10, 20, 1.0) == 0.5
+
+
+def test_schedule_edges():
+    # no warm-up: the peak from iteration 0 (and no division by zero)
+    assert cosine_lr_schedule(0, 1.0, 0.1, 0, 100) == 1.0 and wsd_lr_schedule(0, 1.0, 0.1, 0, 100) == 1.0
+    # a cycle no longer than the warm-up: the peak at its end, then the floor
+    assert cosine_lr_schedule(10, 1.0, 0.1, 10, 10) == 1.0 and cosine_lr_schedule(10.5, 1.0, 0.1, 10, 10) == 0.1
+    # the end of the decay is the floor exactly, not max + (min - max), which rounds (0.0007000000000000001)
+    assert wsd_lr_schedule(100, 0.007, 0.0007, 10, 100, 0.2) == 0.0007
+    assert cosine_lr_schedule(100, 0.007, 0.0007, 10, 100) == 0.0007
+    # wsd's default decays over the last 20%
+    assert wsd_lr_schedule(80, 1.0, 0.0, 10, 100) == 1.0 and wsd_lr_schedule(90, 1.0, 0.0, 10, 100) == 0.5
 
 
 def test_cosine_schedule_matches_cs336_reference_values():
