@@ -28,19 +28,10 @@ from lm.checkpoint import (
     unwrap,
 )
 from lm.data import TokenDataset
-from lm.data.batch import LMBatch
 from lm.device import resolve_dtype
 from lm.io import atomic_write
-from lm.model import build_model
-from lm.optim import (
-    AdamW,
-    clip_grad_norm_,
-    cosine_lr_schedule,
-    inverse_sqrt_lr_schedule,
-    inverse_sqrt_scale,
-    param_groups,
-    wsd_lr_schedule,
-)
+from lm.model import TransformerLM
+from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
 from lm.tokenizer import check_tokenizer_checksum
 from lm.train.config import Config
 from lm.train.determinism import configure_determinism, deterministic_ddp
@@ -86,8 +77,20 @@ class Trainer:
         t, m = cfg.train, cfg.model
 
         # Data: both files checked (sidecar, dtype, size, ids < vocab, length) before any output.
-        self.train_data, self.val_data = self._open_data()
-        if self.val_data is not None:
+        self.train_data = TokenDataset(
+            cfg.data.train,
+            m.context_length,
+            vocab_size=m.vocab_size,
+            seed=t.seed,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
+        self.val_data = None
+        if cfg.data.val:
+            self.val_data = TokenDataset(
+                cfg.data.val, m.context_length, vocab_size=m.vocab_size, rank=self.dist.rank,
+                world_size=self.dist.world_size,
+            )  # fmt: skip
             check_tokenizer_checksum(self.val_data.tokenizer_sha256, self.train_data.tokenizer_sha256,
                                      argument="data.val", what=f"the tokenizer of {cfg.data.val!r}",
                                      against=f"data.train {cfg.data.train!r}")
@@ -138,39 +141,20 @@ class Trainer:
         self._autocast = (
             (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
         )
-        self.pairs = m.architecture == "encoder_decoder"
-        per_rank = t.batch_tokens if self.pairs else t.batch_size * m.context_length  # nominal for pairs
-        self.tokens_per_step = per_rank * t.grad_accum_steps * self.dist.world_size
+        self.tokens_per_step = t.batch_size * m.context_length * t.grad_accum_steps * self.dist.world_size
         self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops)
         self._signal: int | None = None
         self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
-        self._val_starts = []  # token windows' starts, or pair batches' indices
-        if self.val_data is not None and self.pairs:
-            self._val_starts = self.val_data.fixed_batches(cfg.eval.batch_tokens or t.batch_tokens)[: cfg.eval.batches]
-        elif self.val_data is not None:
-            self._val_starts = self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size,
-                                                           seed=cfg.eval.seed)
+        self._val_starts = (
+            self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size, seed=cfg.eval.seed)
+            if self.val_data is not None
+            else []
+        )
         self.metrics: MetricsLog | None = None
         if self.dist.is_main:
             self._prepare_run_dir()
 
     # -- setup ---------------------------------------------------------------------------
-    def _open_data(self):
-        """The training and validation datasets: token windows, or sentence pairs for an encoder–decoder."""
-        cfg, t, m = self.cfg, self.cfg.train, self.cfg.model
-        ranks = dict(rank=self.dist.rank, world_size=self.dist.world_size)
-        if m.architecture == "encoder_decoder":
-            from lm.data.pairs import PairDataset
-
-            say = self._print if self.dist.is_main else (lambda *_: None)
-            kw = dict(max_len=m.context_length, vocab_size=m.vocab_size, pad_id=m.pad_id, bos_id=m.bos_id,
-                      eos_id=m.eos_id, print_fn=say, **ranks)
-            train = PairDataset(cfg.data.train, seed=t.seed, **kw)
-            return train, PairDataset(cfg.data.val, **kw) if cfg.data.val else None
-        train = TokenDataset(cfg.data.train, m.context_length, vocab_size=m.vocab_size, seed=t.seed, **ranks)
-        val = TokenDataset(cfg.data.val, m.context_length, vocab_size=m.vocab_size, **ranks) if cfg.data.val else None
-        return train, val
-
     def _open_run(self, resume: bool | str | os.PathLike) -> None:
         """Decide from the folder and ``resume`` whether the run starts, restarts or continues."""
         has_run = holds_run(self.run_dir)
@@ -427,7 +411,7 @@ class Trainer:
         last_saved = self.step if self._resumed_from is not None else -1
         last_eval = -1
         loss_sum = torch.zeros((), device=self.device)
-        window_steps, window_tokens, window_time = 0, 0, 0.0
+        window_steps, window_time = 0, 0.0
         clock = self.clock()
         while True:
             # Every rank must agree on stopping: time and signals are rank 0's / anyone's.
