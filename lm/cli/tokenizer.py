@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import json
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from lm.cli.common import add_command, add_out, add_quiet
@@ -25,11 +30,15 @@ TRAIN_EXAMPLES = """
       --special-token '<|endoftext|>' --out data/tok-tinystories
   lm tokenizer train --input a.txt b.txt --vocab-size 4096 --out data/tok --num-workers 2
   lm tokenizer train --input a.txt --vocab-size 4096 --out data/tok --overwrite   # replace data/tok
+  lm tokenizer train --input data/multi30k/train.en.gz data/multi30k/train.de.gz --vocab-size 8000 \\
+      --special-token '<pad>' --special-token '<bos>' --special-token '<eos>' --out data/tok-multi30k
 """
 
 TOKENIZE_EXAMPLES = """
   lm tokenize --tokenizer data/tok-tinystories --input data/TinyStoriesV2-GPT4-valid.txt \\
       --out data/tinystories-valid.bin
+  lm tokenize --tokenizer data/tok-multi30k --input data/multi30k/train.en.gz \\
+      --target data/multi30k/train.de.gz --out data/multi30k-train.bin      # a pair file
 """
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "summary.json")
@@ -48,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "DIR and renamed into place when complete.",
         examples=TRAIN_EXAMPLES,
     )
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="UTF-8 text file(s)")
+    p.add_argument("--input", nargs="+", required=True, metavar="FILE",
+                   help="UTF-8 text file(s); FILE.gz is decompressed to a temporary file first")
     p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="total vocabulary size")
     p.add_argument("--special-token", action="append", default=[], metavar="TOK",
                    help="a special token, e.g. '<|endoftext|>' (repeatable); documents are cut at it")
@@ -65,12 +75,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tokenize",
         help="encode a text file to a token file for training",
         description="Encode a UTF-8 text file into a flat token file (uint16 while the vocab fits, else uint32) "
-        "plus a JSON sidecar FILE.bin.json, in parallel, in constant memory.",
+        "plus a JSON sidecar FILE.bin.json, in parallel, in constant memory. With --target, encode a parallel "
+        "corpus (two files aligned line by line) into a pair file for translation: FILE.bin (the ids), "
+        "FILE.bin.idx (offsets) and FILE.bin.json.",
         examples=TOKENIZE_EXAMPLES,
     )
     q.add_argument("--tokenizer", required=True, metavar="DIR", help="directory written by `lm tokenizer train`")
-    q.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text file")
-    add_out(q, "the token file to write (its sidecar goes to FILE.bin.json)", metavar="FILE.bin")
+    q.add_argument("--input", required=True, metavar="FILE",
+                   help="UTF-8 text file; with --target, the source side of a parallel corpus (plain or .gz)")
+    q.add_argument("--target", default=None, metavar="FILE",
+                   help="the target side of a parallel corpus, aligned line by line with --input (plain or .gz): "
+                   "writes a pair file (FILE.bin, FILE.bin.idx, FILE.bin.json) for translation")
+    add_out(q, "the token file (or with --target the pair file) to write; its sidecar goes to FILE.bin.json",
+            metavar="FILE.bin")
     q.add_argument("--num-workers", type=int, default=None, metavar="N", help="processes (default: CPU count)")
     add_quiet(q)
     q.set_defaults(func=cmd_tokenize)
@@ -98,7 +115,31 @@ def _holdout_split(paths: list[Path], specials: list[str], holdout: int) -> tupl
     return ranges[:-1] + [(last, 0, cut)], (last, cut, size)
 
 
+def _decompressed(paths: list[Path], stack: contextlib.ExitStack) -> list[Path]:
+    """``paths`` with every ``.gz`` file decompressed into a private temporary folder (removed with ``stack``)."""
+    out, tmp = [], None
+    for i, p in enumerate(paths):
+        if p.suffix != ".gz":
+            out.append(p)
+            continue
+        if tmp is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lm-tokenizer-")))
+        text = tmp / f"{i}-{p.stem}"
+        try:
+            with gzip.open(p, "rb") as src, open(text, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"--input: {str(p)!r} is not a valid gzip file: {e}") from None
+        out.append(text)
+    return out
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:  # holds the decompressed copies of .gz inputs
+        return _cmd_train(args, stack)
+
+
+def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from lm.tokenizer.tokenizer import Tokenizer, save_tokenizer_dir
     from lm.tokenizer.train import TrainStats, train_bpe
 
@@ -112,7 +153,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     inputs = [("--input", p) for p in paths]
     output = dict(command="lm tokenizer train", overwrite=args.overwrite, inputs=inputs, files=TOKENIZER_FILES)
     check_output_dir(out, **output)  # before the work: a refusal costs nothing
-    train_ranges, heldout = _holdout_split(paths, args.special_token, args.holdout_bytes)
+    texts = _decompressed(paths, stack)  # the files themselves, or for .gz their decompressed text
+    for p, text in zip(paths, texts):
+        if text.stat().st_size == 0:
+            raise ValueError(f"--input: file is empty once decompressed: {str(p)!r}")
+    train_ranges, heldout = _holdout_split(texts, args.special_token, args.holdout_bytes)
 
     stats = TrainStats()
     t0 = time.perf_counter()
@@ -179,26 +224,69 @@ def _summary(args, paths, stats, tok, heldout, t0: float, t1: float, t2: float) 
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    from lm.data.pairs import index_path, is_pair_file
     from lm.data.token_file import is_token_file, sidecar_path
     from lm.tokenizer.encode_file import tokenize_file
     from lm.tokenizer.tokenizer import load_tokenizer_dir
 
     if args.num_workers is not None and args.num_workers < 1:
         raise ValueError(f"--num-workers: must be >= 1, got {args.num_workers}")
+    if args.target is not None:
+        return _tokenize_pairs(args)
     src = check_readable_file(args.input, "--input")
-    check_output_file(args.out, overwrite=args.overwrite, inputs=[("--input", src)], recognise=is_token_file,
+    if src.suffix == ".gz":
+        raise ValueError(f"--input: {str(src)!r} is gzip-compressed; decompress it first (only parallel text, "
+                         "with --target, is read from .gz)")
+    ours = lambda p: is_token_file(p) or is_pair_file(p)  # an earlier output of `lm tokenize`
+    check_output_file(args.out, overwrite=args.overwrite, inputs=[("--input", src)], recognise=ours,
                       what="a token file written by `lm tokenize` (it has no valid sidecar)")
     check_output_file(sidecar_path(args.out), overwrite=args.overwrite, inputs=[("--input", src)])
+    stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced
     try:
         tok = load_tokenizer_dir(args.tokenizer)
     except (ValueError, OSError) as e:
         raise ValueError(f"--tokenizer: {e}") from None
     t0 = time.perf_counter()
     meta = tokenize_file(tok, args.input, args.out, num_workers=args.num_workers, progress=not args.quiet)
+    if stale_index is not None:
+        stale_index.unlink(missing_ok=True)
     dt = time.perf_counter() - t0
     print(
         f"{meta['num_tokens']:,} tokens ({meta['dtype']}) from {meta['source_bytes'] / 1e6:.1f} MB in {dt:.1f}s "
         f"({meta['source_bytes'] / 1e6 / dt:.1f} MB/s, {meta['source_bytes'] / max(1, meta['num_tokens']):.3f} "
         f"bytes/token) -> {args.out}"
+    )
+    return 0
+
+
+def _tokenize_pairs(args: argparse.Namespace) -> int:
+    """``lm tokenize --target``: a parallel corpus to a pair file (serially; such corpora are small)."""
+    from lm.data.pairs import index_path, is_pair_file, tokenize_pairs
+    from lm.data.token_file import is_token_file, sidecar_path
+    from lm.tokenizer.tokenizer import load_tokenizer_dir
+
+    src = check_readable_file(args.input, "--input")
+    tgt = check_readable_file(args.target, "--target")
+    inputs = [("--input", src), ("--target", tgt)]
+    ours = lambda p: is_pair_file(p) or is_token_file(p)  # an earlier output of `lm tokenize`
+    check_output_file(args.out, overwrite=args.overwrite, inputs=inputs, recognise=ours,
+                      what="a pair or token file written by `lm tokenize` (it has no valid sidecar)")
+    for extra in (sidecar_path(args.out), index_path(args.out)):
+        check_output_file(extra, overwrite=args.overwrite, inputs=inputs)
+    try:
+        tok = load_tokenizer_dir(args.tokenizer)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--tokenizer: {e}") from None
+    t0 = time.perf_counter()
+    try:
+        meta = tokenize_pairs(tok, src, tgt, args.out, progress=not args.quiet)
+    except ValueError as e:  # name the argument: the message starts with the file it is about
+        msg = str(e)
+        arg = "--input" if msg.startswith(repr(str(src))) else "--target" if msg.startswith(repr(str(tgt))) else None
+        raise ValueError(f"{arg or '--input/--target'}: {msg}") from None
+    dt = time.perf_counter() - t0
+    print(
+        f"{meta['num_pairs']:,} pairs, {meta['num_tokens']:,} tokens ({meta['dtype']}) from "
+        f"{(meta['source_bytes'] + meta['target_bytes']) / 1e6:.1f} MB in {dt:.1f}s -> {args.out}"
     )
     return 0

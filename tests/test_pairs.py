@@ -1,0 +1,490 @@
+"""Parallel text for translation: reading aligned files, the pair file, length-bucketed batches, and the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import data_file
+
+from lm.cli import main
+from lm.data import PairBatch, PairDataset, is_pair_file, read_pair_file, read_parallel, write_pair_file
+from lm.data.pairs import _encode_lines, index_path, tokenize_pairs
+from lm.data.token_file import is_token_file, sidecar_path, write_token_file
+from lm.tokenizer import load_tokenizer_dir
+
+SPECIALS = ["<pad>", "<bos>", "<eos>"]
+PAD, BOS, EOS = 0, 1, 2
+EN = "a dog man woman child runs sits plays in the park with red blue ball street water near".split()
+DE = "ein Hund Mann Frau Kind läuft sitzt spielt im dem Park mit rotem blauen Ball Straße Wasser nahe".split()
+
+
+def parallel_text(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """``n`` aligned sentence pairs of 1-30 words (German with umlauts and ß)."""
+    rng = np.random.default_rng(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        k = int(rng.integers(1, 31))
+        words = rng.integers(0, len(EN), size=k)
+        src.append(" ".join(EN[w] for w in words).capitalize() + ".")
+        tgt.append(" ".join(DE[w] for w in words[::-1]).capitalize() + ".")
+    return src, tgt
+
+
+def write_lines(path: Path, lines: list[str] | bytes) -> Path:
+    data = lines if isinstance(lines, bytes) else "".join(f"{x}\n" for x in lines).encode("utf-8")
+    if path.suffix == ".gz":
+        data = gzip.compress(data, mtime=0)
+    path.write_bytes(data)
+    return path
+
+
+def random_pairs(n: int, vocab: int, seed: int = 0, longest: int = 40) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Pairs of random ids; the target about as long as the source (as translations are)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(1, longest))
+        m = int(np.clip(k + rng.integers(-3, 4), 1, longest))
+        out.append((rng.integers(3, vocab, size=k), rng.integers(3, vocab, size=m)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("parallel")
+    src, tgt = parallel_text(600)
+    return {"src": write_lines(d / "train.en.gz", src), "tgt": write_lines(d / "train.de.gz", tgt),
+            "src_txt": write_lines(d / "train.en", src), "tgt_txt": write_lines(d / "train.de", tgt), "dir": d}
+
+
+@pytest.fixture(scope="module")
+def tok_dir(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "tok"
+    argv = ["tokenizer", "train", "--input", str(corpus["src"]), str(corpus["tgt"]), "--vocab-size", "320",
+            "--out", str(out), "--quiet", "--holdout-bytes", "2000"]
+    for s in SPECIALS:
+        argv += ["--special-token", s]
+    assert main(argv) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pairs") / "p.bin"
+    write_pair_file(path, random_pairs(500, 100), vocab_size=100, target_bytes=12345)
+    return path
+
+
+def dataset(path: Path, **kw) -> PairDataset:
+    kw = {"max_len": 30, "pad_id": PAD, "bos_id": BOS, "eos_id": EOS, "print_fn": None, **kw}
+    return PairDataset(path, **kw)
+
+
+# -- reading parallel text -------------------------------------------------------------------------
+
+def test_read_parallel_plain_gz_and_line_endings(tmp_path):
+    src, tgt = parallel_text(50)
+    a = write_lines(tmp_path / "a.en.gz", src)
+    b = write_lines(tmp_path / "b.de", "".join(f"{t}\r\n" for t in tgt[:-1]).encode() + tgt[-1].encode())  # CRLF,
+    assert list(read_parallel(a, b)) == list(zip(src, tgt))  # and no newline at the end
+
+
+@pytest.mark.parametrize("side", ["src", "tgt"])
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_parallel_errors_name_file_and_line(tmp_path, side, gz):
+    src, tgt = parallel_text(10)
+    ext = ".gz" if gz else ""
+    good = dict(src=src, tgt=tgt)
+    cases = {
+        "empty": ([*good[side][:6], "", *good[side][7:]], "line 7: empty line"),
+        "blank": ([*good[side][:2], "  \t", *good[side][3:]], "line 3: empty line"),
+        "utf8": ("\n".join(good[side][:4]).encode() + b"\nKaf\xe9e bitte\n" + "\n".join(good[side][5:]).encode(),
+                 "line 5: not valid UTF-8 (byte 0xe9 at column 4)"),
+    }
+    for name, (lines, message) in cases.items():
+        paths = {k: write_lines(tmp_path / f"{name}.{k}{ext}", good[k]) for k in good}
+        write_lines(paths[side], lines)
+        with pytest.raises(ValueError) as e:
+            list(read_parallel(paths["src"], paths["tgt"]))
+        msg = str(e.value)
+        assert msg.startswith(repr(str(paths[side]))) and message in msg and "\n" not in msg, msg
+
+
+def test_read_parallel_mismatched_counts_names_both_files(tmp_path):
+    src, tgt = parallel_text(10)
+    for short, long in [("src", "tgt"), ("tgt", "src")]:
+        lines = {"src": src, "tgt": tgt}
+        lines[short] = lines[short][:7]
+        a = write_lines(tmp_path / "x.en", lines["src"])
+        b = write_lines(tmp_path / "x.de.gz", lines["tgt"])
+        paths = {"src": a, "tgt": b}
+        with pytest.raises(ValueError) as e:
+            list(read_parallel(a, b))
+        msg = str(e.value)
+        assert f"{str(paths[short])!r} ends after line 7" in msg and f"{str(paths[long])!r} goes on at line 8" in msg
+        assert "\n" not in msg
+
+
+def test_read_parallel_bad_gzip_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.en.gz"
+    bad.write_bytes(b"this is not gzip\n")
+    good = write_lines(tmp_path / "ok.de", ["Hallo."])
+    with pytest.raises(ValueError, match=r"bad.en.gz' line 1: cannot read it as gzip"):
+        list(read_parallel(bad, good))
+    with pytest.raises(ValueError, match="nothing.en': file not found"):
+        list(read_parallel(tmp_path / "nothing.en", good))
+
+
+# -- the pair file ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vocab, dtype", [(1000, np.uint16), (1 << 16, np.uint16), (70_000, np.uint32)])
+def test_pair_file_round_trip(tmp_path, vocab, dtype):
+    pairs = random_pairs(100, vocab, seed=vocab)
+    pairs[5] = (pairs[5][0], np.zeros(0, dtype=np.int64))  # an empty side is representable
+    pairs[6] = (np.array([vocab - 1]), np.array([0]))  # the ends of the range
+    path = tmp_path / "p.bin"
+    meta = write_pair_file(path, iter(pairs), vocab_size=vocab, tokenizer_sha256="ab" * 32, source_bytes=11,
+                           target_bytes=22, source="s.en", target="t.de")
+    f = read_pair_file(path)
+    assert f.meta == meta == json.loads(sidecar_path(path).read_text())
+    assert meta["format"] == "lm-pairs" and meta["version"] == 1 and meta["dtype"] == np.dtype(dtype).name
+    assert (meta["num_pairs"], meta["vocab_size"], meta["source_bytes"], meta["target_bytes"]) == (100, vocab, 11, 22)
+    assert meta["num_tokens"] == sum(len(s) + len(t) for s, t in pairs) == path.stat().st_size // f.ids.itemsize
+    assert (meta["tokenizer_sha256"], meta["source"], meta["target"]) == ("ab" * 32, "s.en", "t.de")
+    assert len(f) == 100 and f.ids.dtype == dtype and isinstance(f.ids, np.memmap)
+    for i, (s, t) in enumerate(pairs):
+        assert f.src(i).tolist() == s.tolist() and f.tgt(i).tolist() == t.tolist()
+    assert f.src_lengths.tolist() == [len(s) for s, _ in pairs]
+    assert f.tgt_lengths.tolist() == [len(t) for _, t in pairs]
+    # the layout the docstring states: ids back to back, offsets of every segment
+    flat = np.concatenate([x for p in pairs for x in p])
+    assert np.fromfile(path, dtype=dtype).tolist() == flat.tolist()
+    assert np.fromfile(index_path(path), dtype="<i8").tolist() == [0, *np.cumsum([len(x) for p in pairs for x in p])]
+    assert is_pair_file(path) and not is_token_file(path)
+
+
+def test_write_pair_file_refuses_bad_ids_and_leaves_nothing(tmp_path):
+    with pytest.raises(ValueError, match=r"token id 100 is outside the vocabulary \[0, 100\)"):
+        write_pair_file(tmp_path / "p.bin", [(np.array([1, 2]), np.array([100]))], vocab_size=100)
+    with pytest.raises(ValueError, match="token id -1"):
+        write_pair_file(tmp_path / "p.bin", [(np.array([-1]), np.array([1]))], vocab_size=100)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_pair_file_checks_the_files_against_the_sidecar(tmp_path):
+    path = tmp_path / "p.bin"
+    write_pair_file(path, random_pairs(20, 100), vocab_size=100)
+    ids, idx, side = path.read_bytes(), index_path(path).read_bytes(), sidecar_path(path).read_text()
+
+    def fails(message: str) -> None:
+        with pytest.raises(ValueError) as e:
+            read_pair_file(path)
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+        path.write_bytes(ids)
+        index_path(path).write_bytes(idx)
+        sidecar_path(path).write_text(side)
+
+    path.write_bytes(ids[:-2])
+    fails("the file is truncated or not the one the sidecar describes")
+    index_path(path).write_bytes(idx[:-8])
+    fails("p.bin.idx' has 320 bytes but the sidecar's 20 pairs need 328")
+    index_path(path).unlink()
+    fails("has no offsets file 'p.bin.idx'")
+    sidecar_path(path).write_text(side.replace('"uint16"', '"uint32"'))
+    fails("dtype 'uint32' does not match vocab_size 100")
+    sidecar_path(path).write_text("{")
+    fails("is not valid JSON")
+    bad = np.frombuffer(idx, dtype="<i8").copy()
+    bad[3], bad[4] = bad[4], bad[3] - 1
+    index_path(path).write_bytes(bad.tobytes())
+    fails("the offsets do not run from 0 to the sidecar's")
+    write_token_file(tmp_path / "t.bin", np.arange(10), vocab_size=100)
+    with pytest.raises(ValueError, match="is not an 'lm-pairs' sidecar .it is a token file"):
+        read_pair_file(tmp_path / "t.bin")
+    assert not is_pair_file(tmp_path / "t.bin") and not is_pair_file(tmp_path / "missing.bin")
+
+
+# -- batches ---------------------------------------------------------------------------------------
+
+def test_dropping_says_how_many_in_one_line(pair_path, tmp_path):
+    lines = []
+    ds = dataset(pair_path, max_len=20, print_fn=lines.append, name="data.train")
+    f = read_pair_file(pair_path)
+    fits = (f.src_lengths + 1 <= 20) & (f.tgt_lengths + 1 <= 20)
+    assert len(ds) == fits.sum() and ds.num_dropped == 500 - fits.sum() > 0
+    assert lines == [f"data.train: dropped {500 - fits.sum():,} of 500 pairs longer than the context (20 tokens)"]
+    assert set(ds.kept.tolist()) == set(np.flatnonzero(fits).tolist())
+    quiet = []
+    dataset(pair_path, max_len=64, print_fn=quiet.append)
+    assert quiet == []  # nothing dropped, nothing said
+    write_pair_file(tmp_path / "long.bin", [(np.arange(3, 9), np.arange(3, 6))] * 3, vocab_size=10)
+    with pytest.raises(ValueError, match="none of its 3 pairs fits the context .5 tokens."):
+        dataset(tmp_path / "long.bin", max_len=5)
+
+
+def check_batch(ds: PairDataset, b: PairBatch, max_tokens: int) -> None:
+    f = ds.file
+    rows = len(b.index)
+    assert b.src.dtype == b.tgt_in.dtype == b.tgt_out.dtype == torch.int64
+    assert b.src_mask.dtype == b.tgt_mask.dtype == torch.bool
+    assert b.src.shape[0] == b.tgt_in.shape[0] == rows and b.tgt_in.shape == b.tgt_out.shape == b.tgt_mask.shape
+    assert rows * max(b.src.shape[1], b.tgt_in.shape[1]) <= max_tokens  # the budget, padding included
+    s_len = torch.tensor([len(f.src(i)) + 1 for i in b.index])
+    t_len = torch.tensor([len(f.tgt(i)) + 1 for i in b.index])
+    assert b.src.shape[1] == s_len.max() and b.tgt_in.shape[1] == t_len.max()  # padded to the longest
+    assert b.src_mask.sum(1).tolist() == s_len.tolist() and b.tgt_mask.sum(1).tolist() == t_len.tolist()
+    assert b.num_tokens == int(t_len.sum())
+    for r, i in enumerate(b.index):
+        s, t = f.src(i).tolist(), f.tgt(i).tolist()
+        assert b.src[r].tolist() == s + [EOS] + [PAD] * (b.src.shape[1] - len(s) - 1)
+        assert b.tgt_in[r].tolist() == [BOS] + t + [PAD] * (b.tgt_in.shape[1] - len(t) - 1)
+        assert b.tgt_out[r].tolist() == t + [EOS] + [PAD] * (b.tgt_in.shape[1] - len(t) - 1)
+        assert b.src_mask[r].tolist() == [True] * (len(s) + 1) + [False] * (b.src.shape[1] - len(s) - 1)
+
+
+def test_budget_padding_and_every_pair_once_per_epoch(pair_path):
+    ds = dataset(pair_path, seed=3)
+    budget = 200
+    n = ds.batches_per_epoch(budget)
+    epochs = []
+    for _ in range(2):
+        seen = []
+        for _ in range(n):
+            b = ds.sample(budget)
+            check_batch(ds, b, budget)
+            seen += b.index.tolist()
+        assert sorted(seen) == sorted(ds.kept.tolist())  # every kept pair exactly once
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]  # a new order each epoch
+    assert ds.state_dict()["epoch"] == 2 and ds.state_dict()["position"] == 0
+    # batches are bucketed: far less padding than batches of the pairs in random order, cut the same way
+    def waste(batches: list[np.ndarray]) -> float:
+        bs = [ds.batch(ix) for ix in batches]
+        return 1 - sum(int(b.src_mask.sum() + b.tgt_mask.sum()) for b in bs) / sum(b.src.numel() + b.tgt_in.numel()
+                                                                                   for b in bs)
+
+    shuffled = ds._cut(np.random.default_rng(0).permutation(ds.kept), budget)
+    assert waste(ds.epoch_batches(0, budget)) < 0.5 * waste(shuffled)
+    # the same seed gives the same order; another seed another
+    assert [x.tolist() for x in dataset(pair_path, seed=3).epoch_batches(1, budget)] == \
+        [x.tolist() for x in ds.epoch_batches(1, budget)]
+    assert [x.tolist() for x in dataset(pair_path, seed=4).epoch_batches(1, budget)] != \
+        [x.tolist() for x in ds.epoch_batches(1, budget)]
+
+
+def test_resume_gives_exactly_the_following_batches(pair_path, tmp_path):
+    budget = 150
+    ref = dataset(pair_path, seed=1)
+    n = ref.batches_per_epoch(budget)
+    stream = [ref.sample(budget).index.tolist() for _ in range(2 * n + 5)]
+    for stop in (1, n - 1, n, n + 3):  # mid-epoch, at the last batch, at the boundary, in the next epoch
+        a = dataset(pair_path, seed=1)
+        for _ in range(stop):
+            a.sample(budget)
+        torch.save({"data": a.state_dict()}, tmp_path / "ckpt.pt")
+        state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["data"]  # plain ints: loads under weights_only
+        b = dataset(pair_path, seed=0)  # the seed comes from the state
+        b.load_state_dict(state)
+        assert [b.sample(budget).index.tolist() for _ in range(5)] == stream[stop : stop + 5]
+    with pytest.raises(ValueError, match="with max_tokens 150, not 151"):
+        b.sample(151)
+    other = dataset(pair_path, max_len=12)
+    with pytest.raises(ValueError, match="sampler ran over .* pairs but .* keeps"):
+        other.load_state_dict(state)
+
+
+def test_two_ranks_partition_the_global_batch(pair_path):
+    budget = 170
+    one = dataset(pair_path, seed=2)
+    n = one.batches_per_epoch(budget)
+    stream = [one.sample(budget).index.tolist() for _ in range(2 * n + 2)]
+    ranks = [dataset(pair_path, seed=2, rank=r, world_size=2) for r in range(2)]
+    for step in range(n + 1):  # across the epoch boundary, whatever the parity of n
+        got = [ranks[r].sample(budget).index.tolist() for r in range(2)]
+        assert got == stream[2 * step : 2 * step + 2]
+        assert ranks[0].state_dict() == ranks[1].state_dict()
+    # the ranks' evaluation batches together hold every kept pair once
+    ev = [ix.tolist() for r in range(2) for ix in ranks[r].fixed_batches(budget)]
+    assert sorted(sum(ev, [])) == sorted(one.kept.tolist())
+    assert [ix.tolist() for ix in ranks[0].fixed_batches(budget)] == \
+        [ix.tolist() for ix in one.fixed_batches(budget)[0::2]]
+
+
+def test_evaluation_batches_are_fixed_and_complete(pair_path):
+    ds = dataset(pair_path)
+    first = [ix.tolist() for ix in ds.fixed_batches(300)]
+    ds.sample(300)
+    assert [ix.tolist() for ix in ds.fixed_batches(300)] == first  # independent of the training stream
+    batches = list(ds.batches(300))
+    assert [b.index.tolist() for b in batches] == first
+    assert sorted(sum(first, [])) == sorted(ds.kept.tolist())
+    for b in batches:
+        check_batch(ds, b, 300)
+    assert ds.bytes_per_token == 12345 / (ds.file.tgt_lengths.sum() + len(ds.file))
+    assert batches[0].to("cpu").src.equal(batches[0].src) and len(batches[0]) == len(first[0])
+
+
+def test_dataset_errors_are_one_line(pair_path, tmp_path):
+    # ids beyond the vocabulary the sidecar states (a damaged file) are found too
+    for suffix in ("", ".idx"):
+        (tmp_path / f"p.bin{suffix}").write_bytes(Path(f"{pair_path}{suffix}").read_bytes())
+    side = sidecar_path(pair_path).read_text()
+    (tmp_path / "p.bin.json").write_text(side.replace('"vocab_size": 100', '"vocab_size": 90'))
+    with pytest.raises(ValueError, match=r"contains token id 99, outside the model's vocabulary \[0, 90\)"):
+        dataset(tmp_path / "p.bin", vocab_size=90)
+    with pytest.raises(ValueError, match="tokenized with vocab_size 100, larger than the model's 50"):
+        PairDataset(pair_path, max_len=30, vocab_size=50, pad_id=0, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match=r"eos_id 100 is outside the vocabulary \[0, 100\)"):
+        dataset(pair_path, eos_id=100)
+    ds = dataset(pair_path)
+    with pytest.raises(ValueError, match="max_tokens 20 is less than the longest pair kept .30 tokens"):
+        ds.sample(20)
+    with pytest.raises(ValueError, match="pair file not found"):
+        dataset(tmp_path / "missing.bin")
+
+
+# -- lm tokenize --target, lm tokenizer train on .gz -----------------------------------------------
+
+def test_tokenizer_train_reads_gz_like_plain_text(corpus, tok_dir, tmp_path):
+    plain = tmp_path / "tok-plain"
+    argv = ["tokenizer", "train", "--input", str(corpus["src_txt"]), str(corpus["tgt_txt"]), "--vocab-size", "320",
+            "--out", str(plain), "--quiet", "--holdout-bytes", "2000"]
+    for s in SPECIALS:
+        argv += ["--special-token", s]
+    assert main(argv) == 0
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        assert (plain / name).read_bytes() == (tok_dir / name).read_bytes(), name
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (plain, tok_dir))
+    assert b["inputs"] == [str(corpus["src"]), str(corpus["tgt"])]  # the user's files, not the temporary copies
+    for key in ("train_bytes", "heldout_bytes", "bytes_per_token_heldout"):
+        assert a[key] == b[key], key
+    assert b["train_bytes"] + b["heldout_bytes"] == corpus["src_txt"].stat().st_size + corpus["tgt_txt"].stat().st_size
+    tok = load_tokenizer_dir(tok_dir)
+    assert [tok.token_to_id[s.encode()] for s in SPECIALS] == [PAD, BOS, EOS]
+
+
+def test_tokenizer_train_bad_gzip_is_one_line(tmp_path, capsys):
+    (tmp_path / "x.en.gz").write_bytes(b"plain text, not gzip\n")
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "x.en.gz"), "--vocab-size", "260",
+                 "--out", str(tmp_path / "tok")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--input: " in err and "x.en.gz' is not a valid gzip file" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "tok").exists()
+
+
+def test_tokenize_target_writes_a_pair_file(corpus, tok_dir, tmp_path, capsys):
+    out = tmp_path / "train.bin"
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(corpus["src"]), "--target",
+                 str(corpus["tgt"]), "--out", str(out), "--quiet"]) == 0
+    assert "600 pairs" in capsys.readouterr().out
+    tok = load_tokenizer_dir(tok_dir)
+    f = read_pair_file(out)
+    src, tgt = parallel_text(600)
+    assert len(f) == 600
+    for i in range(600):
+        assert f.src(i).tolist() == tok.encode(src[i]) and f.tgt(i).tolist() == tok.encode(tgt[i])
+    m = f.meta
+    assert m["source_bytes"] == corpus["src_txt"].stat().st_size
+    assert m["target_bytes"] == corpus["tgt_txt"].stat().st_size
+    assert m["tokenizer_sha256"] == tok.checksum() and m["vocab_size"] == tok.vocab_size
+    assert m["special_tokens"] == {"<pad>": PAD, "<bos>": BOS, "<eos>": EOS}
+    assert (m["source"], m["target"]) == (str(corpus["src"]), str(corpus["tgt"]))
+    ds = PairDataset(out, max_len=64, vocab_size=tok.vocab_size, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    b = ds.sample(256)
+    assert tok.decode(b.tgt_out[0][b.tgt_mask[0]].tolist()[:-1]) == tgt[int(b.index[0])]
+    # plain files give the same pair file
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(corpus["src_txt"]), "--target",
+                 str(corpus["tgt_txt"]), "--out", str(tmp_path / "plain.bin"), "--quiet"]) == 0
+    assert (tmp_path / "plain.bin").read_bytes() == out.read_bytes()
+    assert index_path(tmp_path / "plain.bin").read_bytes() == index_path(out).read_bytes()
+
+
+def test_tokenize_target_outputs_and_errors(corpus, tok_dir, tmp_path, capsys):
+    def run(*extra: str, src=corpus["src"], tgt=corpus["tgt"], out=tmp_path / "p.bin") -> tuple[int, str]:
+        rc = main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(src), "--target", str(tgt),
+                   "--out", str(out), "--quiet", *extra])
+        return rc, capsys.readouterr().err.strip()
+
+    assert run()[0] == 0
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    rc, err = run()
+    assert rc == 2 and "--out: " in err and "exists; pass --overwrite" in err
+    src, tgt = parallel_text(600)
+    bad = {
+        "short.de": (tgt[:599], "--input/--target: mismatched line counts: ", "short.de' ends after line 599"),
+        "empty.de": ([*tgt[:9], "", *tgt[10:]], "--target: ", "empty.de' line 10: empty line"),
+        "latin1.en": ("\n".join(src).encode("latin-1", errors="replace").replace(b"a dog", b"a d\xf6g", 1),
+                      "--input: ", "line"),
+    }
+    for name, (lines, *needles) in bad.items():
+        path = write_lines(tmp_path.parent / name, lines)
+        kw = {"src": path} if name.endswith(".en") else {"tgt": path}
+        rc, err = run("--overwrite", **kw)
+        assert rc == 2 and len(err.splitlines()) == 1 and all(n in err for n in needles), err
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before  # a failed run changes nothing
+    (tmp_path / "notes.bin").write_text("mine")
+    rc, err = run("--overwrite", out=tmp_path / "notes.bin")
+    assert rc == 2 and "is not a pair or token file written by `lm tokenize`" in err
+    rc, err = run("--overwrite", out=corpus["tgt"])
+    assert rc == 2 and "--out: " in err and "is the input --target itself" in err
+    rc, err = run(tgt=tmp_path / "missing.de")
+    assert rc == 2 and "--target: file not found" in err
+    # an earlier pair file is replaced with --overwrite, and a token file over it drops the offsets
+    assert run("--overwrite")[0] == 0
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(corpus["src_txt"]), "--out",
+                 str(tmp_path / "p.bin"), "--overwrite", "--quiet"]) == 0
+    assert is_token_file(tmp_path / "p.bin") and not index_path(tmp_path / "p.bin").exists()
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(corpus["src"]), "--out",
+                 str(tmp_path / "q.bin"), "--quiet"]) == 2
+    assert "is gzip-compressed; decompress it first" in capsys.readouterr().err
+
+
+def test_bulk_encoding_equals_one_call_per_line(tok_dir, tmp_path):
+    tok = load_tokenizer_dir(tok_dir)
+    lines = ["A dog runs.", " leading space", "trailing space ", "tabs\tand  two spaces  ", "Straße, 3 Hunde!",
+             "ends with <", "eos> starts", "holds <eos> itself", "<pad>", "x'", "s is next", "   "]
+    got = _encode_lines(tok, lines, np.dtype(np.uint16), SPECIALS)
+    assert [g.tolist() for g in got] == [tok.encode(x) for x in lines]
+    got = _encode_lines(tok, lines, np.dtype(np.uint16), [])
+    assert [g.tolist() for g in got] == [tok.encode(x) for x in lines]
+    src = write_lines(tmp_path / "s.en", ["Says <eos> aloud.", "fine"])
+    tgt = write_lines(tmp_path / "t.de", ["Sagt es.", "gut"])
+    with pytest.warns(UserWarning, match="1 pairs hold the text of a special token"):
+        tokenize_pairs(tok, src, tgt, tmp_path / "w.bin")
+    assert EOS in read_pair_file(tmp_path / "w.bin").src(0).tolist()
+
+
+# -- the real Multi30k copy ------------------------------------------------------------------------
+
+def test_multi30k_reads_and_tokenizes(tmp_path):
+    splits = {"train": 29_000, "val": 1_014, "test_2016_flickr": 1_000}
+    for split, n in splits.items():
+        src, tgt = data_file(f"multi30k/{split}.en.gz"), data_file(f"multi30k/{split}.de.gz")
+        assert sum(1 for _ in read_parallel(src, tgt)) == n, split
+    # a small joint BPE on the validation split, then its pair file: each pair decodes to its lines
+    val = [data_file("multi30k/val.en.gz"), data_file("multi30k/val.de.gz")]
+    argv = ["tokenizer", "train", "--input", *map(str, val), "--vocab-size", "600", "--out", str(tmp_path / "tok"),
+            "--quiet", "--holdout-bytes", "0", "--num-workers", "1"]
+    for s in SPECIALS:
+        argv += ["--special-token", s]
+    assert main(argv) == 0
+    assert main(["tokenize", "--tokenizer", str(tmp_path / "tok"), "--input", str(val[0]), "--target", str(val[1]),
+                 "--out", str(tmp_path / "val.bin"), "--quiet"]) == 0
+    tok = load_tokenizer_dir(tmp_path / "tok")
+    f = read_pair_file(tmp_path / "val.bin")
+    pairs = list(read_parallel(*val))
+    assert len(f) == 1_014
+    assert all(tok.decode(f.src(i).tolist()) == s and tok.decode(f.tgt(i).tolist()) == t
+               for i, (s, t) in enumerate(pairs))
+    with gzip.open(val[1], "rb") as g:
+        assert f.meta["target_bytes"] == len(g.read())
+    ds = PairDataset(tmp_path / "val.bin", max_len=256, vocab_size=600, pad_id=PAD, bos_id=BOS, eos_id=EOS,
+                     print_fn=None)
+    assert len(ds) == 1_014 and 2 < ds.bytes_per_token < 6
+    assert ds.bytes_per_token == f.meta["target_bytes"] / (f.tgt_lengths.sum() + 1_014)  # <eos> counts
+
