@@ -10,6 +10,7 @@ EXAMPLES = """
   lm data download tinystories                 # the 22 MB validation split, into data/
   lm data download tinystories --split train   # the 2.2 GB training split (resumable)
   lm data download tinystories --out /scratch/data
+  lm data download multi30k                    # En-De translation, 6 files (1.3 MB), into data/multi30k/
 """
 
 
@@ -21,21 +22,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         dsub,
         "download",
         help="download a data set",
-        description="Download TinyStoriesV2-GPT4 text from the Hugging Face dataset roneneldan/TinyStories. "
-        "Resumable: run again after an interruption. The size and SHA-256 are checked before the file "
-        "gets its final name; a complete file already there is kept.",
+        description="Download TinyStoriesV2-GPT4 text from the Hugging Face dataset roneneldan/TinyStories, or "
+        "Multi30k En-De (task 1, raw: {train,val,test_2016_flickr}.{en,de}.gz) from the GitHub repository "
+        "multi30k/dataset. Resumable: run again after an interruption. The size and SHA-256 are checked before "
+        "a file gets its final name; a complete file already there is kept.",
         examples=EXAMPLES,
     )
-    d.add_argument("dataset", choices=["tinystories"])
-    d.add_argument("--split", choices=["valid", "train"], default="valid")
-    add_out(d, "the folder to put the file in", default="data", metavar="DIR", old="--out-dir")
+    d.add_argument("dataset", choices=["tinystories", "multi30k"])
+    d.add_argument("--split", choices=["valid", "train"], default=None,
+                   help="tinystories only: which split (default: valid); multi30k downloads all its splits")
+    add_out(d, "the folder to put the files in (default: data, or data/multi30k for multi30k)", required=False,
+            metavar="DIR", old="--out-dir")
     add_quiet(d)
     d.set_defaults(func=cmd_download)
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from lm.data.download import download_tinystories
+    from lm.data.download import download_multi30k, download_tinystories
 
-    path = download_tinystories(args.split, args.out, progress=not args.quiet, overwrite=args.overwrite)
-    print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
+    if args.dataset == "multi30k":
+        if args.split is not None:
+            raise ValueError(f"--split: multi30k has no --split (it downloads all of its 6 files, 1.3 MB), "
+                             f"got {args.split!r}")
+        out = args.out if args.out is not None else "data/multi30k"
+        paths = download_multi30k(out, progress=not args.quiet, overwrite=args.overwrite)
+    else:
+        out = args.out if args.out is not None else "data"
+        paths = [download_tinystories(args.split or "valid", out, progress=not args.quiet, overwrite=args.overwrite)]
+    for path in paths:
+        print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0

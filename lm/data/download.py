@@ -27,6 +27,17 @@ from tqdm.auto import tqdm
 
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
+# Multi30k task 1 (En-De image captions), raw, at a fixed commit of its public repository
+MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
+MULTI30K_URL = f"https://github.com/multi30k/dataset/raw/{MULTI30K_COMMIT}/data/task1/raw"
+MULTI30K_FILES = {  # name: (bytes, SHA-256)
+    "train.en.gz": (568929, "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f"),
+    "train.de.gz": (637044, "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6"),
+    "val.en.gz": (21650, "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28"),
+    "val.de.gz": (24681, "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a"),
+    "test_2016_flickr.en.gz": (21077, "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9"),
+    "test_2016_flickr.de.gz": (22890, "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8"),
+}
 _BLOCK = 1 << 20
 
 
@@ -184,3 +195,27 @@ def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "dat
     base = (base_url or os.environ.get("LM_TINYSTORIES_URL") or TINYSTORIES_URL).rstrip("/")
     name = TINYSTORIES_FILES[split]
     return download(f"{base}/{name}", Path(out_dir) / name, progress=progress, overwrite=overwrite)
+
+
+def download_multi30k(out_dir: str | os.PathLike = "data/multi30k", *, base_url: str | None = None,
+                      progress: bool = True, overwrite: bool = False) -> list[Path]:
+    """Fetch Multi30k task 1 En-De (train 29,000, val 1,014, test_2016_flickr 1,000 pairs; 1.3 MB) into ``out_dir``.
+
+    Six files, ``{train,val,test_2016_flickr}.{en,de}.gz``, from the GitHub repository
+    multi30k/dataset at commit :data:`MULTI30K_COMMIT` (``LM_MULTI30K_URL`` overrides the base URL);
+    each one's size and SHA-256 are checked. A complete file already there is kept; one whose
+    checksum is wrong is replaced only with ``overwrite``.
+    """
+    base = (base_url or os.environ.get("LM_MULTI30K_URL") or MULTI30K_URL).rstrip("/")
+    out_dir = Path(out_dir)
+    paths = []
+    for name, (size, sha) in MULTI30K_FILES.items():
+        dest = out_dir / name
+        if dest.is_file() and dest.stat().st_size == size and _sha256_of(dest).hexdigest() != sha:
+            if not overwrite:
+                raise ValueError(f"--out: {str(dest)!r} exists with the size of {name} but another SHA-256; "
+                                 "pass --overwrite to download it again")
+            dest.unlink()
+        paths.append(download(f"{base}/{name}", dest, expected_size=size, expected_sha256=sha,
+                              progress=progress, overwrite=overwrite))
+    return paths

@@ -1,0 +1,152 @@
+"""`lm data download multi30k` against a local HTTP server on 127.0.0.1 (redirects, drops, checksums)."""
+
+import gzip
+import hashlib
+import http.server
+import random
+import threading
+
+import pytest
+from conftest import data_file
+
+import lm.data.download as dl
+from lm.cli import main
+
+PREFIX = f"/multi30k/dataset/raw/{dl.MULTI30K_COMMIT}/data/task1/raw/"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    """Serves ``files`` like GitHub: ``/raw/`` redirects to the file, which answers range requests."""
+
+    protocol_version = "HTTP/1.1"
+    files: dict = {}
+    drops_left = 0
+    requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, body_too: bool):
+        Handler.requests.append((self.command, self.path, self.headers.get("Range")))
+        if self.path.startswith("/multi30k/"):  # github.com/.../raw/... -> raw.githubusercontent.com/...
+            self.send_response(302)
+            self.send_header("Location", self.path.replace("/multi30k/", "/content/", 1))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        name = self.path.rsplit("/", 1)[-1]
+        if not self.path.startswith("/content/") or name not in Handler.files:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = Handler.files[name]
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and body_too:
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        body = data[start:]
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+        if not body_too:
+            return
+        if Handler.drops_left > 0 and len(body) > 3:
+            Handler.drops_left -= 1
+            self.wfile.write(body[: len(body) // 3])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(body)
+
+    def do_HEAD(self):
+        self._answer(False)
+
+    def do_GET(self):
+        self._answer(True)
+
+
+@pytest.fixture
+def server(monkeypatch):
+    Handler.requests, Handler.drops_left, Handler.files = [], 0, {}
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}{PREFIX}".rstrip("/")
+    monkeypatch.setenv("LM_MULTI30K_URL", base)
+    yield base
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def fake_files(monkeypatch) -> dict[str, bytes]:
+    """Small stand-ins for the six files, with their sizes and checksums as the expected ones."""
+    files = {name: gzip.compress(random.Random(i).randbytes(3000), mtime=0) for i, name in
+             enumerate(dl.MULTI30K_FILES)}
+    monkeypatch.setattr(dl, "MULTI30K_FILES",
+                        {n: (len(b), hashlib.sha256(b).hexdigest()) for n, b in files.items()})
+    Handler.files = files
+    return files
+
+
+def test_the_expected_sizes_and_checksums_are_the_shared_copies():
+    for name, (size, sha) in dl.MULTI30K_FILES.items():
+        data = data_file(f"multi30k/{name}").read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (size, sha), name
+    assert dl.MULTI30K_URL == ("https://github.com/multi30k/dataset/raw/a3d2e0d26b56f3846f66a952536ffed4e401d05a"
+                               "/data/task1/raw")
+
+
+def test_cli_downloads_the_real_files_and_resumes(server, tmp_path, capsys):
+    Handler.files = {name: data_file(f"multi30k/{name}").read_bytes() for name in dl.MULTI30K_FILES}
+    Handler.drops_left = 3  # three connections die half-way: each download resumes with a range request
+    out = tmp_path / "m30k"
+    assert main(["data", "download", "multi30k", "--out", str(out), "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(dl.MULTI30K_FILES)
+    for name, data in Handler.files.items():
+        assert (out / name).read_bytes() == data, name
+    assert [r for m, p, r in Handler.requests if m == "GET" and r] and Handler.drops_left == 0
+    assert len(capsys.readouterr().out.splitlines()) == 6
+    n = len(Handler.requests)  # a second run finds the files complete and fetches nothing
+    assert main(["data", "download", "multi30k", "--out", str(out), "--quiet"]) == 0
+    assert not [r for r in Handler.requests[n:] if r[0] == "GET"]
+
+
+def test_default_folder_partial_files_and_wrong_checksums(server, tmp_path, monkeypatch, capsys):
+    files = fake_files(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "data" / "multi30k"
+    out.mkdir(parents=True)
+    (out / "train.de.gz.part").write_bytes(files["train.de.gz"][:100])  # an earlier, interrupted run
+    assert main(["data", "download", "multi30k", "--quiet"]) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    assert [r for r in Handler.requests if r[0] == "GET" and r[1].endswith("train.de.gz")] == [
+        ("GET", "/content" + PREFIX.removeprefix("/multi30k") + "train.de.gz", "bytes=100-")]
+    # a file of the right size whose bytes are not Multi30k's is kept without --overwrite, replaced with it
+    (out / "val.en.gz").write_bytes(b"x" * len(files["val.en.gz"]))
+    assert main(["data", "download", "multi30k", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "val.en.gz' exists with the size of val.en.gz but another SHA-256; pass --overwrite" in err
+    assert len(err.splitlines()) == 1 and (out / "val.en.gz").read_bytes() == b"x" * len(files["val.en.gz"])
+    assert main(["data", "download", "multi30k", "--quiet", "--overwrite"]) == 0
+    assert (out / "val.en.gz").read_bytes() == files["val.en.gz"]
+
+
+def test_a_served_file_with_another_checksum_is_refused(server, tmp_path, monkeypatch, capsys):
+    files = fake_files(monkeypatch)
+    Handler.files = {**files, "val.de.gz": files["val.de.gz"][::-1]}  # same size, other bytes
+    assert main(["data", "download", "multi30k", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "val.de.gz: SHA-256" in err and "does not match the expected" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "val.de.gz").exists() and not (tmp_path / "val.de.gz.part").exists()
+
+
+def test_split_is_for_tinystories_only(tmp_path, capsys):
+    assert main(["data", "download", "multi30k", "--split", "train", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lm data download: error: --split: multi30k has no --split") and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
