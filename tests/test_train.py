@@ -69,6 +69,16 @@ def _lm(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lm", *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+def _default_threads_env() -> dict:
+    """The environment of an `lm` process at torch's default thread count (the machine's cores),
+    not the one thread the other tests use: the reproducibility tests must hold there. At least
+    two threads, so that kernels split their work even on a one-core machine."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if (os.cpu_count() or 1) < 2:
+        env["OMP_NUM_THREADS"] = "2"
+    return {**env, "PYTHONPATH": str(REPO)}
+
+
 def _quiet(*_args) -> None:
     pass
 
@@ -301,38 +311,117 @@ def test_single_batch_overfits_transformer():
 # -- exact resume, signals, and bad input through the command line ------------------------------------
 
 
-def test_exact_resume_after_sigkill(tmp_path):
-    straight = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "straight")})
-    resumed = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "resumed")})
-    straight_toml = _write_toml(tmp_path / "straight.toml", straight)
-    resumed_toml = _write_toml(tmp_path / "resumed.toml", resumed)
+# Runs `lm train` and kills it with SIGKILL (no handler can run) at step KILL_AT: WHERE is
+# "checkpoint" (right after that step's checkpoint is written) or "step" (after the optimizer
+# step, before anything of it is logged or saved). Under torchrun, rank 0 kills the launcher,
+# the other ranks and itself, as a machine that dies would.
+KILLER = """
+import os, signal, sys
+from pathlib import Path
+from lm.train import Trainer, load_config
 
-    assert _lm("train", "--config", str(straight_toml)).returncode == 0
-    # The same run, killed with SIGKILL (no handler can run) right after its step-10 checkpoint.
-    killer = (
-        "import os, signal, sys\n"
-        "from lm.train import Trainer, load_config\n"
-        "def kill(step, path):\n"
-        "    if step == 10: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "Trainer(load_config(sys.argv[1]), on_checkpoint=kill).run()\n"
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    killed = subprocess.run([sys.executable, "-c", killer, str(resumed_toml)], env=env, capture_output=True)
-    assert killed.returncode == -signal.SIGKILL
-    assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == [
-        "best.pt", "step_00000010.pt"]  # fmt: skip
-    done = _lm("train", "--config", str(resumed_toml), "--resume")
-    assert done.returncode == 0, done.stderr
-    assert "resumed from" in done.stdout
+config, kill_at, where, pids = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+with pids.open("a") as f:
+    f.write(f"{os.getpid()}\\n")
 
-    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")
-    assert len(_losses(tmp_path / "straight")) == 20
-    a = read_checkpoint(tmp_path / "straight" / "checkpoints" / "step_00000020.pt")
-    b = read_checkpoint(tmp_path / "resumed" / "checkpoints" / "step_00000020.pt")
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
-    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
-        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+def kill_everything():
+    if "LOCAL_RANK" in os.environ:
+        os.kill(os.getppid(), signal.SIGKILL)
+    for pid in map(int, pids.read_text().split()):
+        if pid != os.getpid():
+            os.kill(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def on_checkpoint(step, path):
+    if where == "checkpoint" and step == kill_at:
+        kill_everything()
+
+trainer = Trainer(load_config(config), resume="--resume" in sys.argv, on_checkpoint=on_checkpoint)
+train_step = trainer.train_step
+
+def killing_train_step(lr):
+    out = train_step(lr)
+    if where == "step" and trainer.step + 1 == kill_at and trainer.dist.is_main:
+        kill_everything()
+    return out
+
+trainer.train_step = killing_train_step
+sys.exit(trainer.run())
+"""
+
+
+def _kill_at(toml: Path, step: int, where: str, *extra: str, procs: int = 1) -> None:
+    script, pids = toml.parent / "killer.py", toml.parent / "pids"
+    script.write_text(KILLER)
+    pids.unlink(missing_ok=True)
+    launch = [sys.executable] if procs == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)]  # fmt: skip
+    env = _default_threads_env() if procs == 1 else _gloo_env()
+    done = subprocess.run([*launch, str(script), str(toml), str(step), where, str(pids), *extra], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def _gloo_env() -> dict:
+    """Two threads per process (torchrun's default is one); waiting threads sleep instead of
+    spinning, which on a 2-core machine made 2 x 2 threads about 10x slower per step."""
+    return {**_default_threads_env(), "OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def _assert_same_run(a: Path, b: Path, step: int) -> None:
+    """Bitwise the same weights and AdamW moments at ``step``, and the same losses up to it."""
+    sa = read_checkpoint(a / "checkpoints" / f"step_{step:08d}.pt")
+    sb = read_checkpoint(b / "checkpoints" / f"step_{step:08d}.pt")
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), (step, k)
+    for ma, mb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values()):
+        assert torch.equal(ma["exp_avg"], mb["exp_avg"]) and torch.equal(ma["exp_avg_sq"], mb["exp_avg_sq"]), step
+    la, lb = _losses(a), _losses(b)
+    assert {s: la[s] for s in la if s <= step} == {s: lb[s] for s in lb if s <= step}
+
+
+def _reproducibility_config(tmp_path: Path, name: str, attn_impl: str = "sdpa", **train) -> Path:
+    """16 steps, a checkpoint every 4; big enough (16 x 32 tokens x 64 dims) for CPU kernels
+    to split their work across threads; dropout on, so its masks must replay too."""
+    model = dict(context_length=32, d_model=64, num_heads=4, d_ff=128, dropout=0.1, attn_impl=attn_impl)
+    train = {"out_dir": str(tmp_path / name), "batch_size": 16, "max_steps": 16, **train}
+    raw = _raw_config(tmp_path, model=model, train=train, optim={"cosine_cycle_iters": 16},
+                      eval={"interval": 4}, checkpoint={"interval": 4, "keep_last": 0})  # fmt: skip
+    return _write_toml(tmp_path / f"{name}.toml", raw)
+
+
+@pytest.mark.parametrize(
+    "dtype, attn_impl",
+    [("float32", "sdpa"), pytest.param("bfloat16", "einsum", marks=pytest.mark.slow)],
+)
+def test_runs_are_bitwise_reproducible_and_sigkill_resume_is_exact(tmp_path, dtype, attn_impl):
+    """At the default thread count (not OMP_NUM_THREADS=1), with dropout: a second run equals the
+    first bitwise; killed with SIGKILL between two checkpoints and resumed, then killed right
+    after a checkpoint and resumed again, it ends with the losses, weights and AdamW state of the
+    uninterrupted run. The steps are drawn from a seeded random."""
+    import random
+
+    rng = random.Random(f"{dtype}-{attn_impl}")
+    between = rng.choice([s for s in range(5, 12) if s % 4])  # after the first checkpoint
+    after = rng.choice([c for c in (8, 12) if c > between])  # a checkpoint before the last step
+    straight = _reproducibility_config(tmp_path, "straight", attn_impl, dtype=dtype)
+    killed = _reproducibility_config(tmp_path, "killed", attn_impl, dtype=dtype)
+
+    done = subprocess.run([sys.executable, "-m", "lm", "train", "--config", str(straight)],
+                          env=_default_threads_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "deterministic: yes at" in done.stdout
+    _kill_at(killed, between, "step")
+    last = between // 4 * 4
+    assert max(int(p.stem[5:]) for p in (tmp_path / "killed" / "checkpoints").glob("step_*.pt")) == last
+    _assert_same_run(tmp_path / "straight", tmp_path / "killed", last)  # two runs, the same bits
+    _kill_at(killed, after, "checkpoint", "--resume")
+    done = subprocess.run([sys.executable, "-m", "lm", "train", "--config", str(killed), "--resume"],
+                          env=_default_threads_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'killed' / 'checkpoints' / f'step_{after:08d}.pt'}" in done.stdout
+    assert set(_losses(tmp_path / "straight")) == set(range(1, 17))
+    _assert_same_run(tmp_path / "straight", tmp_path / "killed", 16)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -532,26 +621,50 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     assert va == pytest.approx(vb, abs=1e-4)
 
 
-def test_resume_under_two_gloo_processes_is_exact(tmp_path):
-    """Stop a 2-process run at step 3, resume it to step 6: the weights, optimizer state and
-    losses equal those of an uninterrupted 2-process run (each rank's sampler resumes too)."""
-    runs = {}
-    for name, steps in (("straight", 6), ("stopped", 3)):
-        raw = _raw_config(tmp_path, train={"out_dir": str(tmp_path / name), "batch_size": 2, "max_steps": steps},
-                          optim={"cosine_cycle_iters": 6}, eval={"interval": 0}, checkpoint={"interval": 0})
-        runs[name] = _write_toml(tmp_path / f"{name}.toml", raw)
-        done = _torchrun(runs[name])
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    done = _torchrun(runs["stopped"], "--resume", "--set", "train.max_steps=6")
+@pytest.mark.slow
+def test_sigkill_under_two_gloo_processes_then_resume_is_exact(tmp_path):
+    """Two gloo processes of two threads each (torchrun's default is one), dropout on: the whole
+    job killed with SIGKILL between two checkpoints, resumed, killed right after a checkpoint,
+    resumed again, ends bitwise where an uninterrupted 2-process run does (weights, AdamW
+    state, losses; each rank's sampler and RNG resume too)."""
+    import random
+
+    rng = random.Random("gloo")
+    between = rng.choice([5, 6, 7])
+    after = rng.choice([8, 12])
+    straight = _reproducibility_config(tmp_path, "straight")
+    killed = _reproducibility_config(tmp_path, "killed")
+    env = _gloo_env()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lm", "train"]
+    done = subprocess.run([*cmd, "--config", str(straight)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    a = read_checkpoint(tmp_path / "straight" / "checkpoints" / "step_00000006.pt")
-    b = read_checkpoint(tmp_path / "stopped" / "checkpoints" / "step_00000006.pt")
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
-    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
-        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
-    la, lb = _losses(tmp_path / "straight"), _losses(tmp_path / "stopped")
-    assert set(la) == set(range(1, 7)) and la == lb
+    assert "world 2" in done.stdout
+    _kill_at(killed, between, "step", procs=2)
+    _assert_same_run(tmp_path / "straight", tmp_path / "killed", 4)
+    _kill_at(killed, after, "checkpoint", "--resume", procs=2)
+    done = subprocess.run([*cmd, "--config", str(killed), "--resume"], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert f"step_{after:08d}.pt at step {after}" in done.stdout
+    assert set(_losses(tmp_path / "straight")) == set(range(1, 17))
+    _assert_same_run(tmp_path / "straight", tmp_path / "killed", 16)
+
+
+@pytest.mark.slow
+def test_resume_under_three_gloo_processes_is_exact(tmp_path):
+    """Three processes: DDP re-packs its gradient buckets after a process's first step, and the
+    all-reduce's order of summation depended on the packing, so a resumed run (its first step on
+    the first packing) ended a few ulps away from the uninterrupted one. train.deterministic sums
+    the ranks in rank order instead (lm.train.determinism.rank_ordered_mean)."""
+    straight = _reproducibility_config(tmp_path, "straight", batch_size=4, max_steps=6)
+    stopped = _reproducibility_config(tmp_path, "stopped", batch_size=4, max_steps=3)
+    env = {**_default_threads_env(), "OMP_NUM_THREADS": "1"}  # three processes on two cores
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "-m", "lm", "train"]
+    for args in (["--config", str(straight)], ["--config", str(stopped)],
+                 ["--config", str(stopped), "--resume", "--set", "train.max_steps=6"]):  # fmt: skip
+        done = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    _assert_same_run(tmp_path / "straight", tmp_path / "stopped", 6)
 
 
 @pytest.mark.slow
