@@ -24,7 +24,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from lm.model import ModelConfig
+from lm.model import ModelConfig, Seq2SeqConfig
 
 
 @dataclass
@@ -37,7 +37,8 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     out_dir: str = "runs/default"  # run directory: config, metrics, checkpoints
-    batch_size: int = 32  # sequences per process per micro-step
+    batch_size: int = 32  # sequences per process per micro-step (language models)
+    batch_tokens: int | None = None  # encoder-decoder: padded tokens per process per micro-step
     grad_accum_steps: int = 1  # micro-steps per optimizer step
     max_steps: int | None = None  # stop after this many optimizer steps ...
     max_time: float | None = None  # ... or after this many seconds, whichever comes first
@@ -57,7 +58,7 @@ class OptimConfig:
     min_lr: float = 1e-4
     warmup_iters: int = 100  # in schedule iterations (steps when max_steps drives the schedule)
     cosine_cycle_iters: int | None = None  # default: max_steps; the schedule's length
-    schedule: str = "cosine"  # cosine | wsd (warm-up, stable, then a linear decay)
+    schedule: str = "cosine"  # cosine | wsd (warm-up, stable, linear decay) | inverse_sqrt (Vaswani et al.)
     decay_fraction: float = 0.2  # wsd: the final share of the schedule that decays to min_lr
     beta1: float = 0.9
     beta2: float = 0.95
@@ -72,6 +73,7 @@ class EvalConfig:
     interval: int = 500  # steps between evaluations (and at the end); 0 disables
     batches: int = 20  # fixed validation batches per evaluation
     batch_size: int | None = None  # default: train.batch_size
+    batch_tokens: int | None = None  # encoder-decoder: default train.batch_tokens
     seed: int = 1234  # picks the fixed validation windows
 
 
@@ -98,7 +100,7 @@ class WandbConfig:
 
 @dataclass
 class Config:
-    model: ModelConfig
+    model: ModelConfig | Seq2SeqConfig
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -232,7 +234,16 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
             raise ValueError(f"config: unknown section [{section}]{_suggest(section, list(SECTIONS))}")
         if not isinstance(values, dict):
             raise ValueError(f"config: {section} must be a table ([{section}]), got {values!r}")
-        sections[section] = _build(section, SECTIONS[section], values)
+        cls = SECTIONS[section]
+        if section == "model":  # the architecture picks the config class
+            values = dict(values)
+            arch = values.get("architecture", "decoder_lm")
+            if arch not in ("decoder_lm", "encoder_decoder"):
+                raise ValueError(f"config: model.architecture must be decoder_lm or encoder_decoder, got {arch!r}")
+            cls = Seq2SeqConfig if arch == "encoder_decoder" else ModelConfig
+            if arch == "decoder_lm":
+                values.pop("architecture", None)
+        sections[section] = _build(section, cls, values)
     if "model" not in sections:
         raise ValueError("config: missing section [model]")
     for section, cls in SECTIONS.items():
@@ -291,12 +302,18 @@ def _check_values(cfg: Config) -> None:
     positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
     positive("log.interval", cfg.log.interval)
     positive("log.peak_tflops", cfg.log.peak_tflops)
-    if t.max_steps is None and o.cosine_cycle_iters is None:
+    if t.max_steps is None and o.cosine_cycle_iters is None and o.schedule != "inverse_sqrt":
         raise ValueError("config: with train.max_time alone, set optim.cosine_cycle_iters (the schedule's length)")
+    positive("train.batch_tokens", t.batch_tokens)
+    positive("eval.batch_tokens", cfg.eval.batch_tokens)
+    if cfg.model.architecture == "encoder_decoder" and t.batch_tokens is None:
+        raise ValueError("config: an encoder_decoder model trains on batches of sentence pairs: set train.batch_tokens")
+    if o.schedule == "inverse_sqrt" and o.warmup_iters < 1:
+        raise ValueError(f"config: optim.schedule = inverse_sqrt needs optim.warmup_iters >= 1, got {o.warmup_iters}")
     if t.dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"config: train.dtype must be auto, float32 or bfloat16, got {t.dtype!r}")
-    if cfg.optim.schedule not in ("cosine", "wsd"):
-        raise ValueError(f"config: optim.schedule must be cosine or wsd, got {cfg.optim.schedule!r}")
+    if cfg.optim.schedule not in ("cosine", "wsd", "inverse_sqrt"):
+        raise ValueError(f"config: optim.schedule must be cosine, wsd or inverse_sqrt, got {cfg.optim.schedule!r}")
     if not 0 < cfg.optim.decay_fraction <= 1:
         raise ValueError(f"config: optim.decay_fraction must be in (0, 1], got {cfg.optim.decay_fraction}")
     if cfg.wandb.mode not in ("disabled", "offline", "online"):

@@ -18,16 +18,23 @@ from lm.model import ModelConfig
 
 def parameter_count(m: ModelConfig) -> int:
     """The number of parameters of the model ``m`` describes, without building it."""
-    from lm.model import TransformerLM
+    from lm.model import build_model
 
     with torch.device("meta"):
-        return sum(p.numel() for p in TransformerLM.from_config(m).parameters())
+        return sum(p.numel() for p in build_model(m).parameters())
 
 
-def step_bytes(m: ModelConfig, batch_size: int, *, train: bool = True) -> dict[str, int]:
-    """Bytes a step of ``batch_size`` sequences needs: ``weights`` (and optimizer state), ``activations``, ``total``."""
-    d, f, h, n_layers, ctx = m.d_model, m.d_ff or 4 * m.d_model, m.num_heads, m.num_layers, m.context_length
-    tokens = batch_size * ctx
+def step_bytes(m: ModelConfig, batch_size: int, *, train: bool = True, tokens: int | None = None) -> dict[str, int]:
+    """Bytes a step of ``batch_size`` sequences (or ``tokens`` tokens) needs: ``weights`` (and
+    optimizer state), ``activations``, ``total``. For an encoder–decoder ``tokens`` is the batch's
+    padded target tokens; the source is counted as long, and a decoder layer as two."""
+    d, f, h, ctx = m.d_model, m.d_ff or 4 * m.d_model, m.num_heads, m.context_length
+    if m.architecture == "encoder_decoder":
+        n_layers = m.encoder_layers + 2 * m.decoder_layers
+        tokens = 2 * (tokens if tokens is not None else batch_size * ctx)
+    else:
+        n_layers = m.num_layers
+        tokens = batch_size * ctx
     # kept per token and layer for the backward pass: the norms' inputs, q, k, v, the attention
     # output and its projection, the residual stream, and the feed-forward's hidden activations;
     # the einsum attention also keeps the seq x seq probabilities of every head
@@ -69,14 +76,19 @@ def check_step_memory(cfg, device: torch.device) -> None:
     if have is None:
         return
     t, m = cfg.train, cfg.model
-    checks = [("train.batch_size", t.batch_size, True)]
-    if cfg.data.val and cfg.eval.batch_size:
-        checks.append(("eval.batch_size", cfg.eval.batch_size, False))
+    if m.architecture == "encoder_decoder":
+        checks = [("train.batch_tokens", t.batch_tokens, True)]
+    else:
+        checks = [("train.batch_size", t.batch_size, True)]
+        if cfg.data.val and cfg.eval.batch_size:
+            checks.append(("eval.batch_size", cfg.eval.batch_size, False))
     for key, batch, train in checks:
-        need = step_bytes(m, batch, train=train)
+        pairs = m.architecture == "encoder_decoder"
+        need = step_bytes(m, 1 if pairs else batch, train=train, tokens=batch if pairs else None)
+        size = f"{batch:,} tokens" if pairs else f"{batch:,} x {m.context_length} tokens"
         if need["total"] > have:
             raise ValueError(
-                f"{key}: a {'training' if train else 'evaluation'} step of {batch:,} x {m.context_length} tokens "
+                f"{key}: a {'training' if train else 'evaluation'} step of {size} "
                 f"needs at least {_gb(need['total'])} (weights and optimizer {_gb(need['weights'])}, activations "
                 f"{_gb(need['activations'])}) but {device} has {_gb(have)} free; lower {key}"
                 + (" and raise train.grad_accum_steps" if train else "")

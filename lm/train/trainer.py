@@ -28,10 +28,19 @@ from lm.checkpoint import (
     unwrap,
 )
 from lm.data import TokenDataset
+from lm.data.batch import LMBatch
 from lm.device import resolve_dtype
 from lm.io import atomic_write
-from lm.model import TransformerLM
-from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
+from lm.model import build_model
+from lm.optim import (
+    AdamW,
+    clip_grad_norm_,
+    cosine_lr_schedule,
+    inverse_sqrt_lr_schedule,
+    inverse_sqrt_scale,
+    param_groups,
+    wsd_lr_schedule,
+)
 from lm.tokenizer import check_tokenizer_checksum
 from lm.train.config import Config
 from lm.train.determinism import configure_determinism, deterministic_ddp
@@ -77,20 +86,8 @@ class Trainer:
         t, m = cfg.train, cfg.model
 
         # Data: both files checked (sidecar, dtype, size, ids < vocab, length) before any output.
-        self.train_data = TokenDataset(
-            cfg.data.train,
-            m.context_length,
-            vocab_size=m.vocab_size,
-            seed=t.seed,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
-        )
-        self.val_data = None
-        if cfg.data.val:
-            self.val_data = TokenDataset(
-                cfg.data.val, m.context_length, vocab_size=m.vocab_size, rank=self.dist.rank,
-                world_size=self.dist.world_size,
-            )  # fmt: skip
+        self.train_data, self.val_data = self._open_data()
+        if self.val_data is not None:
             check_tokenizer_checksum(self.val_data.tokenizer_sha256, self.train_data.tokenizer_sha256,
                                      argument="data.val", what=f"the tokenizer of {cfg.data.val!r}",
                                      against=f"data.train {cfg.data.train!r}")
@@ -101,7 +98,7 @@ class Trainer:
 
         # Model and optimizer: the same seed gives every rank the same initial weights.
         torch.manual_seed(t.seed)
-        self.model = TransformerLM.from_config(m).to(self.device)
+        self.model = build_model(m).to(self.device)
         self.optimizer = AdamW(
             param_groups(self.model, cfg.optim.weight_decay, cfg.optim.decay_embeddings),
             lr=cfg.optim.max_lr,
@@ -141,20 +138,39 @@ class Trainer:
         self._autocast = (
             (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
         )
-        self.tokens_per_step = t.batch_size * m.context_length * t.grad_accum_steps * self.dist.world_size
+        self.pairs = m.architecture == "encoder_decoder"
+        per_rank = t.batch_tokens if self.pairs else t.batch_size * m.context_length  # nominal for pairs
+        self.tokens_per_step = per_rank * t.grad_accum_steps * self.dist.world_size
         self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops)
         self._signal: int | None = None
         self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
-        self._val_starts = (
-            self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size, seed=cfg.eval.seed)
-            if self.val_data is not None
-            else []
-        )
+        self._val_starts = []  # token windows' starts, or pair batches' indices
+        if self.val_data is not None and self.pairs:
+            self._val_starts = self.val_data.fixed_batches(cfg.eval.batch_tokens or t.batch_tokens)[: cfg.eval.batches]
+        elif self.val_data is not None:
+            self._val_starts = self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size,
+                                                           seed=cfg.eval.seed)
         self.metrics: MetricsLog | None = None
         if self.dist.is_main:
             self._prepare_run_dir()
 
     # -- setup ---------------------------------------------------------------------------
+    def _open_data(self):
+        """The training and validation datasets: token windows, or sentence pairs for an encoder–decoder."""
+        cfg, t, m = self.cfg, self.cfg.train, self.cfg.model
+        ranks = dict(rank=self.dist.rank, world_size=self.dist.world_size)
+        if m.architecture == "encoder_decoder":
+            from lm.data.pairs import PairDataset
+
+            say = self._print if self.dist.is_main else (lambda *_: None)
+            kw = dict(max_len=m.context_length, vocab_size=m.vocab_size, pad_id=m.pad_id, bos_id=m.bos_id,
+                      eos_id=m.eos_id, print_fn=say, **ranks)
+            train = PairDataset(cfg.data.train, seed=t.seed, name="data.train", **kw)
+            return train, PairDataset(cfg.data.val, name="data.val", **kw) if cfg.data.val else None
+        train = TokenDataset(cfg.data.train, m.context_length, vocab_size=m.vocab_size, seed=t.seed, **ranks)
+        val = TokenDataset(cfg.data.val, m.context_length, vocab_size=m.vocab_size, **ranks) if cfg.data.val else None
+        return train, val
+
     def _open_run(self, resume: bool | str | os.PathLike) -> None:
         """Decide from the folder and ``resume`` whether the run starts, restarts or continues."""
         has_run = holds_run(self.run_dir)
@@ -275,13 +291,17 @@ class Trainer:
         schedule follows whichever limit will stop the run first.
         """
         t = self.cfg.train
-        if t.max_time is None:
+        if t.max_time is None or self.cfg.optim.schedule == "inverse_sqrt":  # inverse_sqrt runs by step
             return float(self.step)
         length = t.max_steps or self.cfg.optim.cosine_cycle_iters
         return max(float(self.step), self.elapsed / t.max_time * length)
 
     def learning_rate(self) -> float:
         o, t = self.cfg.optim, self.cfg.train
+        if o.schedule == "inverse_sqrt":  # by step, whatever stops the run
+            d = self.cfg.model.d_model
+            scale = inverse_sqrt_scale(o.max_lr, d, o.warmup_iters)
+            return inverse_sqrt_lr_schedule(self.step, d, o.warmup_iters, scale)
         cycle = o.cosine_cycle_iters or t.max_steps
         if o.schedule == "wsd":
             return wsd_lr_schedule(self.schedule_position(), o.max_lr, o.min_lr, o.warmup_iters, cycle,
@@ -295,21 +315,31 @@ class Trainer:
         return t.max_time is not None and self.elapsed >= t.max_time
 
     # -- steps -------------------------------------------------------------------------------
+    def _next_batch(self):
+        """The next training batch: an :class:`LMBatch` of windows, or a :class:`PairBatch` under the token budget."""
+        t = self.cfg.train
+        if self.pairs:
+            return self.train_data.sample(t.batch_tokens, self.device)
+        return LMBatch(*self.train_data.sample(t.batch_size, self.device))
+
     def train_step(self, lr: float) -> tuple[torch.Tensor, float | None]:
         """One optimizer step over ``grad_accum_steps`` micro-batches; returns (mean loss, grad norm)."""
         t = self.cfg.train
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
+        self.step_tokens = 0
         for micro in range(t.grad_accum_steps):
-            x, y = self.train_data.sample(t.batch_size, self.device)
+            batch = self._next_batch()
+            self.step_tokens += batch.num_tokens * self.dist.world_size
             # DDP all-reduces gradients on the last micro-batch only.
             last = micro == t.grad_accum_steps - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.train_model.no_sync()
             with sync:
                 with self._autocast():
-                    # the fused lm_head + cross-entropy: never holds the batch x seq x vocab logits
-                    loss = self.train_model(x, targets=y)
+                    # the model's loss of the batch (the fused lm_head + cross-entropy: never holds the
+                    # batch x seq x vocab logits), through forward so that DDP sees it
+                    loss = self.train_model(batch=batch)
                 (loss / t.grad_accum_steps).backward()
             total += loss.detach()
         norm = None
@@ -328,10 +358,19 @@ class Trainer:
             return None
         self.train_model.eval()
         total = torch.zeros((), device=self.device)
-        for starts in self._val_starts:
-            x, y = self.val_data.batch(starts, self.device)
-            with self._autocast():
-                total += self.train_model(x, targets=y)
+        if self.pairs:  # the plain loss (no label smoothing) per real target token
+            count = 0
+            for indices in self._val_starts:
+                batch = self.val_data.batch(indices, self.device)
+                with self._autocast():
+                    total += self.model.loss(batch, label_smoothing=0.0) * batch.num_tokens
+                count += batch.num_tokens
+            total = total * len(self._val_starts) / max(count, 1)
+        else:
+            for starts in self._val_starts:
+                x, y = self.val_data.batch(starts, self.device)
+                with self._autocast():
+                    total += self.train_model(x, targets=y)
         self.train_model.train()
         loss = float(self.dist.all_mean(total / len(self._val_starts)).item())
         bpt = self.val_data.bytes_per_token
@@ -411,7 +450,7 @@ class Trainer:
         last_saved = self.step if self._resumed_from is not None else -1
         last_eval = -1
         loss_sum = torch.zeros((), device=self.device)
-        window_steps, window_time = 0, 0.0
+        window_steps, window_tokens, window_time = 0, 0, 0.0
         clock = self.clock()
         while True:
             # Every rank must agree on stopping: time and signals are rank 0's / anyone's.
@@ -429,9 +468,10 @@ class Trainer:
             lr = self.learning_rate()
             loss, norm = self.train_step(lr)
             self.step += 1
-            self.tokens_seen += self.tokens_per_step
+            self.tokens_seen += self.step_tokens
             loss_sum += loss
             window_steps += 1
+            window_tokens += self.step_tokens
             now = self.clock()
             window_time += now - clock
             self.elapsed += now - clock
@@ -440,11 +480,11 @@ class Trainer:
             final = self._done()
             if self.step % cfg.log.interval == 0 or final:
                 mean = self._check_finite(loss_sum) / window_steps
-                tok_s = window_steps * self.tokens_per_step / max(window_time, 1e-9)
+                tok_s = window_tokens / max(window_time, 1e-9)
                 mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
                 self._report_train(mean, lr, norm, tok_s, mfu, window_time / window_steps)
                 loss_sum.zero_()
-                window_steps, window_time = 0, 0.0
+                window_steps, window_tokens, window_time = 0, 0, 0.0
             if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or final):
                 self._run_eval()
                 last_eval = self.step
