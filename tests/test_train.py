@@ -103,7 +103,7 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"optim": {"max_lr": -1.0}}, "optim.max_lr must be > 0"),
         ({"wandb": {"mode": "cloud"}}, "wandb.mode must be disabled, offline or online"),
         ({"model": {"num_heads": 3}}, "d_model must be divisible by num_heads"),
-        ({"optim": {"schedule": "linear"}}, "optim.schedule must be cosine or wsd, got 'linear'"),
+        ({"optim": {"schedule": "linear"}}, "optim.schedule must be cosine, wsd or inverse_sqrt, got 'linear'"),
         ({"optim": {"decay_fraction": 0.0}}, "optim.decay_fraction must be in (0, 1], got 0.0"),
     ]
     for extra, message in cases:
@@ -534,7 +534,7 @@ def test_diverging_run_exits_non_zero_with_one_line(tmp_path, capsys, monkeypatc
             Poisoned.calls += 1
             return out * float("inf") if Poisoned.calls > 12 else out
 
-    monkeypatch.setattr(trainer_module, "TransformerLM", Poisoned)
+    monkeypatch.setattr(trainer_module, "build_model", lambda cfg, **kw: Poisoned.from_config(cfg, **kw))
     toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 30}, eval={"interval": 0}))
     rc, err = _cli(["train", "--config", str(toml)], capsys)
     assert rc == 3 and err.count("\n") == 1
