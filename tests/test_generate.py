@@ -199,6 +199,26 @@ def test_temperature_top_k_and_top_p_together_follow_the_filtered_distribution(t
     torch.testing.assert_close(freq, expected, atol=0.006, rtol=0)
 
 
+def test_sampling_shapes_and_defaults():
+    """One token per row for any number of leading dimensions (here batch x beam, and a single
+    row), rows filtered and renormalised independently, and temperature 1 by default."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5], [0.0, 0.0, 3.0, 0.0, 0.0]])
+    n = 20_000
+    g = torch.Generator().manual_seed(0)
+    draws = sample_next_token(logits.repeat(n, 2, 1).reshape(n, 4, 5), generator=g)  # default temperature
+    assert draws.shape == (n, 4)
+    for col in range(4):
+        freq = torch.bincount(draws[:, col], minlength=5).float() / n
+        torch.testing.assert_close(freq, torch.softmax(logits[col % 2], -1), atol=0.015, rtol=0)  # 4.5 sigma
+    one = sample_next_token(logits[0], generator=torch.Generator().manual_seed(1))
+    assert one.shape == () and 0 <= int(one) < 5
+    # top_p_filter renormalises each row on its own
+    probs = torch.softmax(logits, -1)
+    filtered = top_p_filter(probs, 0.7)
+    torch.testing.assert_close(filtered.sum(-1), torch.ones(2))
+    assert filtered[0].nonzero().flatten().tolist() == [0, 1] and filtered[1].nonzero().flatten().tolist() == [2]
+
+
 def test_greedy_and_top_k_1_are_argmax():
     logits = torch.randn(7, 30)
     assert torch.equal(sample_next_token(logits, temperature=0), logits.argmax(-1))
