@@ -1,0 +1,290 @@
+"""Mutation testing of the modules whose correctness is the product, with mutmut.
+
+    pip install -e ".[mutation]"
+    python scripts/mutation.py                          # every target, HEAD's code and tests
+    python scripts/mutation.py --targets sampling optim # some of them
+    python scripts/mutation.py --tests-rev 2d3fe2d --sample 40 --out before.json  # today's code, older tests
+    python scripts/mutation.py --list                   # the targets and the tests each one runs
+
+mutmut changes the code one small edit at a time (a ``<`` made ``<=``, a constant changed, an
+argument dropped...) and runs the tests against each such *mutant*: a mutant that no test fails
+on has *survived*, and is either a blind spot of the tests or an edit that changes nothing
+observable (an *equivalent* mutant). docs/mutation.md lists the survivors and what became of
+each.
+
+Nothing here touches the working tree. Each target gets its own copy of the repository at
+``--rev`` (``git archive``; ``--rev WORKTREE`` copies the tracked files as they are on disk), a
+``[tool.mutmut]`` section naming the file(s) to mutate (``--tests-rev`` takes ``tests/`` from another
+revision, to measure what a change of the tests alone did) and a subset of the tests that exercise
+them, and its own mutmut run. mutmut forks each mutant's test run from a process that has
+already imported torch and collected the tests, and runs only the tests that call the mutated
+function, so a mutant costs well under a second to a few seconds. Still, the whole list takes
+tens of minutes on two cores: it is not part of CI. ``--sample N`` draws N mutants per target
+(seeded), ``--time-limit`` caps each target's run, and mutants left unchecked are reported as
+such, never as killed.
+
+Exit status: 0, whatever survived (the report is the result); 2 on a usage or setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Target:
+    files: list[str]  # the modules to mutate
+    tests: list[str]  # pytest arguments that select the tests run against them
+    functions: list[str] = field(default_factory=list)  # only these functions' mutants (default: all);
+    # a method is Class.method
+    note: str = ""
+
+
+TARGETS: dict[str, Target] = {
+    "functional": Target(["lm/nn/functional.py"], ["tests/test_nn.py"],
+                         note="softmax, activations, attention, dropout and the losses (hand-written backwards)"),
+    "layers": Target(["lm/nn/norm.py", "lm/nn/rope.py", "lm/nn/attention.py", "lm/nn/ffn.py", "lm/nn/linear.py"],
+                     ["tests/test_nn.py"]),
+    "optim": Target(["lm/optim/adamw.py", "lm/optim/clip.py", "lm/optim/schedule.py"],
+                    ["tests/test_optim.py", "-k", "not overfits"]),
+    "sampling": Target(["lm/generate/sampling.py"], ["tests/test_generate.py"]),
+    "bpe": Target(["lm/tokenizer/train.py"],
+                  ["tests/test_tokenizer_train.py", "-k", "brute_force or sennrich or order"],
+                  functions=["merge_counts"], note="the BPE merge loop"),
+    "train_step": Target(["lm/train/trainer.py"],
+                         ["tests/test_train.py", "-k", "accumulation or training_run_writes or bfloat16_autocast"],
+                         functions=["Trainer.train_step"], note="the trainer's optimizer step"),
+}
+
+# mutmut's verdict for a mutant's test-run exit code (mutmut.stats.status_by_exit_code, 3.x)
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+          37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
+          -11: "segfault", -9: "segfault", None: "not checked"}
+
+PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
+
+
+def export_tree(rev: str, dest: Path, tests_rev: str | None = None) -> None:
+    """The repository at ``rev`` (or the tracked files on disk for WORKTREE) into ``dest``, with
+    ``tests/`` from ``tests_rev`` when it is given."""
+    _export(rev, dest)
+    if tests_rev is not None:
+        shutil.rmtree(dest / "tests")
+        _export(tests_rev, dest, ["tests"])
+
+
+def _export(rev: str, dest: Path, paths: list[str] | None = None) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    if rev == "WORKTREE":
+        files = subprocess.run(["git", "ls-files", "-z", *(paths or [])], cwd=REPO, check=True,
+                               capture_output=True).stdout  # fmt: skip
+        for name in filter(None, files.decode().split("\0")):
+            src = REPO / name
+            if src.is_file():
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / name)
+        return
+    archive = subprocess.run(["git", "archive", "--format=tar", rev, *(paths or [])], cwd=REPO, check=True,
+                             capture_output=True)  # fmt: skip
+    with tempfile.TemporaryFile() as f:
+        f.write(archive.stdout)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            tar.extractall(dest, filter="data")
+
+
+def toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def configure(copy: Path, target: Target) -> None:
+    pyproject = copy / "pyproject.toml"
+    text = pyproject.read_text()
+    if "[tool.mutmut]" in text:
+        raise SystemExit(f"{pyproject} already has a [tool.mutmut] section; this script writes its own")
+    pyproject.write_text(
+        text
+        + "\n[tool.mutmut]\n"
+        + 'source_paths = ["lm"]\n'
+        + f"only_mutate = {toml_list(target.files)}\n"
+        + f"pytest_add_cli_args_test_selection = {toml_list(target.tests)}\n"
+        + f"pytest_add_cli_args = {toml_list(PYTEST_ARGS)}\n"
+        + 'process_isolation = "forkserver"\n'  # torch is not fork-safe once it has run
+        + "use_git_change_detection = false\n"
+    )
+
+
+def mutmut(copy: Path, args: list[str], timeout: float | None, log) -> int | None:
+    """Run ``python -m mutmut ARGS`` in ``copy``; None when it ran out of time (it is then stopped)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": "", "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=copy, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        return None
+    except BaseException:  # Ctrl-C or SIGTERM: take mutmut and its workers down too
+        stop(proc)
+        raise
+
+
+def stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def read_verdicts(copy: Path, target: Target) -> dict[str, int | None]:
+    codes: dict[str, int | None] = {}
+    for name in target.files:
+        meta = copy / "mutants" / (name + ".meta")
+        if meta.exists():
+            codes.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return codes
+
+
+def function_of(mutant: str) -> str:
+    """``lm.optim.schedule.x_cosine_lr_schedule__mutmut_3`` → ``cosine_lr_schedule``;
+    ``lm.nn.functional.xǁ_Softmaxǁbackward__mutmut_2`` → ``_Softmax.backward``."""
+    head = mutant.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1]
+    return ".".join(head.split("ǁ")[1:]) if "ǁ" in head else head.removeprefix("x_")
+
+
+def show(copy: Path, mutant: str) -> str:
+    env = {**os.environ, "PYTHONPATH": ""}
+    out = subprocess.run([sys.executable, "-m", "mutmut", "show", mutant], cwd=copy, env=env, capture_output=True,
+                         text=True).stdout  # fmt: skip
+    return "\n".join(line for line in out.splitlines() if line[:1] in "+-" and line[:3] not in ("---", "+++"))
+
+
+def run_target(name: str, target: Target, args, workdir: Path) -> dict:
+    copy = workdir / name
+    export_tree(args.rev, copy, args.tests_rev)
+    configure(copy, target)
+    log_path = workdir / f"{name}.log"
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        # 1. generate the mutants (the filter matches none, so nothing runs yet) and list them
+        mutmut(copy, ["run", "__list_mutants_only__"], timeout=600, log=log)
+        names = sorted(read_verdicts(copy, target))
+        wanted = args.functions or target.functions
+        if wanted:
+            names = [m for m in names if function_of(m) in wanted]
+        if not names:
+            print(f"   no mutants{' of ' + ', '.join(wanted) if wanted else ''} (log: {log_path})", flush=True)
+        chosen = sorted(random.Random(args.seed).sample(names, args.sample)) if 0 < args.sample < len(names) else names
+        # 2. run them
+        left = None if args.time_limit is None else max(1.0, args.time_limit - (time.monotonic() - t0))
+        rc = mutmut(copy, ["run", "--max-children", str(args.max_children), *chosen], timeout=left, log=log) \
+            if chosen else 0
+    codes = read_verdicts(copy, target)
+    verdicts = {m: STATUS.get(codes.get(m), "suspicious") for m in chosen}
+    counts: dict[str, int] = {}
+    for v in verdicts.values():
+        counts[v] = counts.get(v, 0) + 1
+    checked = sum(n for v, n in counts.items() if v not in ("not checked", "skipped", "no tests"))
+    survived = [m for m, v in verdicts.items() if v == "survived"]
+    return {
+        "files": target.files,
+        "tests": target.tests,
+        "mutants_generated": len(names),
+        "mutants_chosen": len(chosen),
+        "counts": counts,
+        "checked": checked,
+        "survival_rate": round(len(survived) / checked, 4) if checked else None,
+        "survivors": {m: show(copy, m) for m in survived} if args.show_survivors else survived,
+        "timed_out": rc is None,
+        "seconds": round(time.monotonic() - t0, 1),
+        "log": str(log_path),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=sorted(TARGETS))
+    ap.add_argument("--rev", default="HEAD", help="git revision to test (default HEAD); WORKTREE: the files on disk")
+    ap.add_argument("--tests-rev", default=None, help="take tests/ from this revision instead (default: --rev)")
+    ap.add_argument("--functions", nargs="+", default=None,
+                    help="only the mutants of these functions (a method is Class.method), in every target")
+    ap.add_argument("--sample", type=int, default=0, help="draw this many mutants per target (default: all)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
+    ap.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds per target (unchecked mutants reported)")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the copies and logs here (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=None, help="write the summary as JSON here")
+    ap.add_argument("--show-survivors", action="store_true", help="include each survivor's diff")
+    ap.add_argument("--list", action="store_true", help="list the targets and exit")
+    args = ap.parse_args()
+    if args.list:
+        for name, t in TARGETS.items():
+            only = f" (functions: {', '.join(t.functions)})" if t.functions else ""
+            print(f"{name:12s} {' '.join(t.files)}{only}\n{'':12s} tests: {' '.join(t.tests)}")
+        return 0
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        print('mutation.py: mutmut is not installed; pip install -e ".[mutation]"', file=sys.stderr)
+        return 2
+    if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
+        print(f"mutation.py: --workdir {args.workdir} is not empty", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through mutmut(), which stops its group
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lm-mutation-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    def short(rev):
+        if rev in (None, "WORKTREE"):
+            return rev
+        return subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    args.rev, args.tests_rev = short(args.rev), short(args.tests_rev)  # fixed now, however HEAD moves meanwhile
+    summary = {"rev": args.rev, "tests_rev": args.tests_rev or args.rev, "sample": args.sample, "seed": args.seed,
+               "functions": args.functions, "targets": {}}  # fmt: skip
+    try:
+        for name in args.targets:
+            print(f"== {name}: {' '.join(TARGETS[name].files)}", flush=True)
+            r = run_target(name, TARGETS[name], args, workdir)
+            summary["targets"][name] = r
+            rate = "n/a" if r["survival_rate"] is None else f"{100 * r['survival_rate']:.1f}%"
+            print(f"   {r['mutants_chosen']} of {r['mutants_generated']} mutants, {r['checked']} checked: "
+                  f"{r['counts']}; survival {rate}; {r['seconds']} s" + (" (time limit hit)" if r["timed_out"] else ""),
+                  flush=True)  # fmt: skip
+            for m in r["survivors"]:
+                print(f"   survived: {m}")
+                if args.show_survivors:
+                    print("      " + r["survivors"][m].replace("\n", "\n      "))
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    checked = sum(r["checked"] for r in summary["targets"].values())
+    survived = sum(r["counts"].get("survived", 0) for r in summary["targets"].values())
+    summary["total"] = {"checked": checked, "survived": survived,
+                        "survival_rate": round(survived / checked, 4) if checked else None}  # fmt: skip
+    print(f"== total: {survived} of {checked} checked mutants survived"
+          + (f" ({100 * survived / checked:.1f}%)" if checked else ""))  # fmt: skip
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
