@@ -10,8 +10,9 @@ nbformat = pytest.importorskip("nbformat")
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_three_notebooks_exist():
-    assert [p.name for p in NOTEBOOKS] == ["01_tokenizer.ipynb", "02_model.ipynb", "03_train_and_sample.ipynb"]
+def test_four_notebooks_exist():
+    assert [p.name for p in NOTEBOOKS] == ["01_tokenizer.ipynb", "02_model.ipynb", "03_train_and_sample.ipynb",
+                                          "04_translation.ipynb"]
 
 
 @pytest.mark.slow
