@@ -66,7 +66,8 @@ TARGETS: dict[str, Target] = {
                   ["tests/test_tokenizer_train.py", "-k", "brute_force or sennrich or order"],
                   functions=["merge_counts"], note="the BPE merge loop"),
     "train_step": Target(["lm/train/trainer.py"],
-                         ["tests/test_train.py", "-k", "accumulation or training_run_writes or bfloat16_autocast"],
+                         ["tests/test_train.py", "-k",
+                          "accumulation or training_run_writes or bfloat16_autocast or diverging"],
                          functions=["Trainer.train_step"], note="the trainer's optimizer step"),
 }
 

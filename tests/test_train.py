@@ -198,8 +198,8 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
 
         trainer.optimizer.step = recording_step
         trainer.run()
-        norms = [r["grad_norm"] for r in read_metrics(folder / "run") if r["split"] == "train"]
-        return trainer.model.state_dict(), grads, norms
+        records = [r for r in read_metrics(folder / "run") if r["split"] == "train"]
+        return trainer.model.state_dict(), grads, [r["grad_norm"] for r in records], [r["loss"] for r in records]
 
     for grad_clip in (1.0, 0.0):  # with clipping the norm is logged; without, the optimizer sees the raw gradients
         big = train(tmp_path / f"big{grad_clip}", 8, 1, grad_clip)
@@ -212,6 +212,10 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
                 torch.testing.assert_close(a, b, rtol=0, atol=2e-7)
         if grad_clip:
             assert len(big[2]) == 5 and small[2] == pytest.approx(big[2], rel=1e-6)
+        else:
+            assert big[2] == small[2] == [None] * 5  # no clipping: no norm is computed or logged
+        # the logged loss is the mean over the micro-batches: the big batch's loss (measured 9.5e-7 apart, 5 seeds)
+        assert len(big[3]) == 5 and small[3] == pytest.approx(big[3], rel=0, abs=5e-6)
 
 
 def test_max_time_drives_the_schedule(tmp_path):
