@@ -52,6 +52,21 @@ class Target:
     functions: list[str] = field(default_factory=list)  # only these functions' mutants (default: all);
     # a method is Class.method
     note: str = ""
+    # (file, old, new) edits of the copy before mutmut reads it: mutmut leaves alone every function
+    # with a decorator other than @staticmethod/@classmethod, so those decorators are taken off and,
+    # where they matter, re-applied after the class (see UNDECORATE)
+    prepare: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+# once_differentiable only forbids a second backward, which no test takes: dropping it changes nothing
+# else. torch.no_grad() on AdamW.step is needed (in-place updates of leaves), so it is applied again
+# to the class attribute, i.e. around mutmut's trampoline.
+UNDECORATE = {
+    "functional": [("lm/nn/functional.py", "    @torch.autograd.function.once_differentiable\n", "")],
+    "optim": [("lm/optim/adamw.py", "    @torch.no_grad()\n    def step(", "    def step("),
+              ("lm/optim/adamw.py", "\n\ndef param_groups(",
+               "\n\nAdamW.step = torch.no_grad()(AdamW.step)  # for mutmut\n\n\ndef param_groups(")],
+}
 
 
 TARGETS: dict[str, Target] = {
@@ -71,6 +86,9 @@ TARGETS: dict[str, Target] = {
                           "accumulation or training_run_writes or bfloat16_autocast or diverging"],
                          functions=["Trainer.train_step"], note="the trainer's optimizer step"),
 }
+
+for _name, _edits in UNDECORATE.items():
+    TARGETS[_name].prepare = _edits
 
 # mutmut's verdict for a mutant's test-run exit code (mutmut.stats.status_by_exit_code, 3.x)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
@@ -186,6 +204,12 @@ def show(copy: Path, mutant: str) -> str:
 def run_target(name: str, target: Target, args, workdir: Path) -> dict:
     copy = workdir / name
     export_tree(args.rev, copy, args.tests_rev)
+    for file, old, new in target.prepare:
+        path = copy / file
+        text = path.read_text()
+        if old not in text:
+            raise SystemExit(f"{name}: {file} no longer contains {old!r}; update UNDECORATE in {__file__}")
+        path.write_text(text.replace(old, new))
     tests = configure(copy, target)
     log_path = workdir / f"{name}.log"
     t0 = time.monotonic()
