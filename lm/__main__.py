@@ -1,4 +1,4 @@
-from lm.cli import main
+from lm.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -233,12 +233,17 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(work, tmp_path):
         one_line_error(r, "--tokenizer: ", "is not the tokenizer of the model")
 
 
-def test_eval_on_text_that_is_not_utf8_warns_and_counts(work, tmp_path):
+def test_text_that_is_not_utf8_warns_in_one_line_and_counts(work, tmp_path):
     (tmp_path / "bad.txt").write_bytes((STORY.encode() + b"\xff\xfe\n") * 20)
     r = lm("eval", "--checkpoint", work / "run", "--data", tmp_path / "bad.txt", "--quiet", cwd=tmp_path)
     err = err_of(r)
     assert r.returncode == 0 and len(err.splitlines()) == 1, err
     assert err.startswith("lm eval: warning: --data: 40 bytes of") and "not valid UTF-8" in err
+    r = lm("tokenize", "--tokenizer", work / "tok", "--input", tmp_path / "bad.txt", "--out", tmp_path / "b.bin",
+           "--quiet", cwd=tmp_path)
+    err = err_of(r)
+    assert r.returncode == 0 and len(err.splitlines()) == 1, err  # no Python warning format, no source line
+    assert err.startswith("lm tokenize: warning: input: 40 bytes of") and "not valid UTF-8" in err
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -301,6 +306,38 @@ def test_bad_files_and_values_name_themselves(work, tmp_path):
     one_line_error(r, "--max-tokens: must be >= 1, got 0")
 
 
+def test_prompt_file_stdin_threads_and_dtype(work, tmp_path):
+    (tmp_path / "p.txt").write_text("Tom had")
+    outs = []
+    for args, stdin in ((["--prompt-file", tmp_path / "p.txt"], None), (["--prompt-file", "-"], b"Tom had"),
+                        (["--prompt", "Tom had", "--threads", "1", "--dtype", "float32"], None)):
+        r = lm("sample", "--checkpoint", work / "run", *args, "--seed", "3", "--max-new-tokens", "8", "--quiet",
+               cwd=tmp_path, input=stdin)
+        assert r.returncode == 0 and err_of(r) == "", err_of(r)
+        outs.append(r.stdout)
+    assert outs[0] == outs[1] == outs[2] and outs[0].startswith(b"Tom had")
+    one_line_error(lm("sample", "--checkpoint", work / "run", "--prompt", "x", "--threads", "0", cwd=tmp_path),
+                   "--threads: must be a whole number >= 1, got 0")
+
+
+def test_resume_from_a_named_checkpoint(work, tmp_path):
+    from lm.train import Trainer, config_from_dict
+
+    steps = sorted((work / "run" / "checkpoints").glob("step_*.pt"))
+    assert steps
+    raw = run_config(work, "branch", max_steps=5)
+    # a checkpoint of another run continues in a new folder; into a folder that holds a run it is refused
+    trainer = Trainer(config_from_dict(raw), resume=str(steps[0]), print_fn=lambda *a: None)
+    assert trainer.step == int(steps[0].stem.split("_")[1]) and trainer.run() == 0
+    raw["train"]["max_steps"] = 6
+    with pytest.raises(ValueError, match="is not a checkpoint of the run in"):
+        Trainer(config_from_dict(raw), resume=str(steps[0]), print_fn=lambda *a: None)
+    toml = write_toml(tmp_path / "c.toml", raw)
+    r = lm("train", "--config", toml, "--resume", work / "branch" / "checkpoints" / "step_00000005.pt", "--quiet",
+           cwd=tmp_path)
+    assert r.returncode == 0 and "resumed from" in r.stdout.decode(), err_of(r)
+
+
 def test_ctrl_c_during_tokenize_ends_quietly_at_once(work, tmp_path):
     """SIGINT at a random moment: exit 130 within a second, no traceback, nothing that looks complete."""
     big = tmp_path / "big.txt"
@@ -312,7 +349,10 @@ def test_ctrl_c_during_tokenize_ends_quietly_at_once(work, tmp_path):
         p = subprocess.Popen([sys.executable, "-m", "lm", "tokenize", "--tokenizer", work / "tok", "--input", big,
                               "--out", out, "--num-workers", "2", "--quiet"], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.8 + rng.uniform(0, 1.5))  # the import takes about a second; then anywhere in the work
+        deadline = time.time() + 60  # until the work has begun (its temporary output exists), then a while
+        while p.poll() is None and not list(tmp_path.glob(f".out{attempt}.bin.*")) and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 1.0))
         p.send_signal(signal.SIGINT)
         t0 = time.time()
         try:

@@ -73,3 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         warnings.showwarning = previous
+
+
+def entry() -> None:
+    """The ``lm`` executable: :func:`main`, then exit. After Ctrl-C (status 130) the process ends at
+    once, without the interpreter's teardown of torch and its threads, which can take a second:
+    every output was already cleaned up while the interrupt unwound."""
+    import os
+
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status == 130:
+        os._exit(130)
+    sys.exit(status)
