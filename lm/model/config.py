@@ -18,6 +18,33 @@ from lm.nn import ATTN_IMPLS, FFN_TYPES, NORM_PLACEMENTS, NORM_TYPES, ffn_hidden
 POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 
 
+def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
+    """The checks every model config shares: positive sizes, known choices, heads that divide
+    ``d_model``, even widths for RoPE and sinusoids, and ``d_ff`` resolved to its default."""
+    for name in sizes:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name, allowed in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS), ("positions", POSITION_TYPES),
+                          ("ffn", FFN_TYPES), ("attn_impl", ATTN_IMPLS)):
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
+    if cfg.d_model % cfg.num_heads != 0:
+        raise ValueError(
+            f"d_model must be divisible by num_heads, got d_model={cfg.d_model}, num_heads={cfg.num_heads}"
+        )
+    if cfg.positions == "rope" and cfg.head_dim % 2 != 0:
+        raise ValueError(f"head dimension must be even for RoPE, got d_model/num_heads={cfg.head_dim}")
+    if cfg.positions == "sinusoidal" and cfg.d_model % 2 != 0:
+        raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={cfg.d_model}")
+    if cfg.d_ff is None:
+        cfg.d_ff = ffn_hidden_dim(cfg.d_model, cfg.ffn)
+    if not isinstance(cfg.d_ff, int) or cfg.d_ff < 1:
+        raise ValueError(f"d_ff must be a positive integer, got {cfg.d_ff!r}")
+    if cfg.rope_theta <= 0:
+        raise ValueError(f"rope_theta must be positive, got {cfg.rope_theta!r}")
+
+
 class ConfigIO:
     """JSON and TOML round trips for a flat dataclass config (every field a scalar)."""
 
@@ -107,33 +134,7 @@ class ModelConfig(ConfigIO):
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "d_model", "num_layers", "num_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, allowed in (
-            ("norm", NORM_TYPES),
-            ("norm_placement", NORM_PLACEMENTS),
-            ("positions", POSITION_TYPES),
-            ("ffn", FFN_TYPES),
-            ("attn_impl", ATTN_IMPLS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.d_model % self.num_heads != 0:
-            raise ValueError(
-                f"d_model must be divisible by num_heads, got d_model={self.d_model}, num_heads={self.num_heads}"
-            )
-        if self.positions == "rope" and self.head_dim % 2 != 0:
-            raise ValueError(f"head dimension must be even for RoPE, got d_model/num_heads={self.head_dim}")
-        if self.positions == "sinusoidal" and self.d_model % 2 != 0:
-            raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={self.d_model}")
-        if self.d_ff is None:
-            self.d_ff = ffn_hidden_dim(self.d_model, self.ffn)
-        if not isinstance(self.d_ff, int) or self.d_ff < 1:
-            raise ValueError(f"d_ff must be a positive integer, got {self.d_ff!r}")
-        if self.rope_theta <= 0:
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        check_architecture(self, ("vocab_size", "context_length", "d_model", "num_layers", "num_heads"))
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
 

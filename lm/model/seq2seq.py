@@ -22,20 +22,15 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lm.model.config import POSITION_TYPES, ConfigIO
+from lm.model.config import ConfigIO, check_architecture
 from lm.model.transformer import sinusoidal_table
 from lm.nn import (
-    ATTN_IMPLS,
-    FFN_TYPES,
-    NORM_PLACEMENTS,
-    NORM_TYPES,
     DecoderBlock,
     Embedding,
     Linear,
     RotaryEmbedding,
     TransformerBlock,
     dropout,
-    ffn_hidden_dim,
     linear_cross_entropy,
     make_norm,
 )
@@ -71,27 +66,10 @@ class Seq2SeqConfig(ConfigIO):
     architecture: str = "encoder_decoder"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "context_length", "d_model", "encoder_layers", "decoder_layers", "num_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name, allowed in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS),
-                              ("positions", POSITION_TYPES), ("ffn", FFN_TYPES), ("attn_impl", ATTN_IMPLS),
-                              ("architecture", ("encoder_decoder",))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.d_model % self.num_heads != 0:
-            raise ValueError(
-                f"d_model must be divisible by num_heads, got d_model={self.d_model}, num_heads={self.num_heads}"
-            )
-        if self.positions == "rope" and self.head_dim % 2 != 0:
-            raise ValueError(f"head dimension must be even for RoPE, got d_model/num_heads={self.head_dim}")
-        if self.positions == "sinusoidal" and self.d_model % 2 != 0:
-            raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={self.d_model}")
-        if self.d_ff is None:
-            self.d_ff = ffn_hidden_dim(self.d_model, self.ffn)
-        if not isinstance(self.d_ff, int) or self.d_ff < 1:
-            raise ValueError(f"d_ff must be a positive integer, got {self.d_ff!r}")
+        check_architecture(self, ("vocab_size", "context_length", "d_model", "encoder_layers", "decoder_layers",
+                                  "num_heads"))
+        if self.architecture != "encoder_decoder":
+            raise ValueError(f"architecture must be 'encoder_decoder' for this config, got {self.architecture!r}")
         for name in ("dropout", "label_smoothing"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
