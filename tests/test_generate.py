@@ -219,6 +219,35 @@ def test_sampling_shapes_and_defaults():
     assert filtered[0].nonzero().flatten().tolist() == [0, 1] and filtered[1].nonzero().flatten().tolist() == [2]
 
 
+def test_filters_and_greedy_work_on_the_last_dimension_of_3d_logits():
+    logits = torch.randn(3, 4, 10)
+    assert torch.equal(sample_next_token(logits, temperature=0), logits.argmax(-1))
+    kept = torch.isfinite(top_k_filter(logits, 3))
+    assert torch.equal(kept, torch.zeros_like(kept).scatter(-1, logits.topk(3, dim=-1).indices, True))
+    probs = torch.softmax(logits, -1)
+    filtered = top_p_filter(probs, 0.6)
+    for b in range(3):
+        for r in range(4):
+            torch.testing.assert_close(filtered[b, r], top_p_filter(probs[b, r], 0.6))
+    draws = sample_next_token(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert draws.shape == (3, 4) and torch.isin(draws[..., None], logits.topk(2, dim=-1).indices).all()
+
+
+def test_top_p_mass_exactly_p_is_enough():
+    """The smallest set whose mass is >= top_p: a first token of mass exactly p is the whole set
+    (binary fractions, so no rounding decides it)."""
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    assert top_p_filter(probs, 0.5).tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert top_p_filter(probs, 0.75).nonzero().flatten().tolist() == [0, 1]
+
+
+def test_sample_next_token_checks_its_arguments():
+    bad = [({"top_k": 0}, "top_k=0"), ({"top_p": 0.0}, "top_p=0.0"), ({"temperature": -1.0}, "temperature")]
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            sample_next_token(torch.randn(2, 5), **kwargs)
+
+
 def test_greedy_and_top_k_1_are_argmax():
     logits = torch.randn(7, 30)
     assert torch.equal(sample_next_token(logits, temperature=0), logits.argmax(-1))
