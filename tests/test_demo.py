@@ -21,8 +21,9 @@ def test_unigram_baseline_formula():
 @pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no TinyStories in ./data: the synthetic corpus is used
+    # bound by steps, not by the clock (300 steps take about 8 s here), so a busy machine only makes it slower
     settings = DemoSettings(out_dir=str(tmp_path / "demo"), corpus_bytes=400_000, vocab_size=600,
-                            train_seconds=8, d_model=64, num_layers=2, num_heads=2, context_length=64,
+                            train_seconds=300, max_steps=300, d_model=64, num_layers=2, num_heads=2, context_length=64,
                             num_samples=2, sample_tokens=40, progress=False)
     report = run_demo(settings)
     assert report.synthetic
