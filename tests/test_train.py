@@ -199,6 +199,7 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
         trainer.optimizer.step = recording_step
         trainer.run()
         records = [r for r in read_metrics(folder / "run") if r["split"] == "train"]
+        assert [r["tokens"] for r in records] == [step * 8 * 16 for step in range(1, 6)]  # 8 x 16 tokens a step
         return trainer.model.state_dict(), grads, [r["grad_norm"] for r in records], [r["loss"] for r in records]
 
     for grad_clip in (1.0, 0.0):  # with clipping the norm is logged; without, the optimizer sees the raw gradients
