@@ -131,3 +131,28 @@ def test_export_safetensors(tmp_path):
     assert loaded.keys() == model.state_dict().keys()
     for k, v in model.state_dict().items():
         assert torch.equal(loaded[k], v)
+
+
+def test_a_flipped_bit_in_the_tensor_data_is_refused(tmp_path):
+    """The checkpoint stores the CRC-32 of its tensors and checks it on load."""
+    import zipfile
+
+    from lm.checkpoint import read_checkpoint, save_checkpoint
+    from lm.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(50, 8, 16, 1, 2, 32)
+    path = tmp_path / "c.pt"
+    save_checkpoint(model, None, 7, path)
+    assert read_checkpoint(path)["iteration"] == 7
+    # flip one bit inside the stored bytes of a tensor (a data record of the zip), keep the zip valid
+    with zipfile.ZipFile(path) as z:
+        infos = [i for i in z.infolist() if "/data/" in i.filename and i.file_size > 0]
+        target = max(infos, key=lambda i: i.file_size)
+        offset = target.header_offset + 30 + len(target.filename.encode()) + len(target.extra)
+    raw = bytearray(path.read_bytes())
+    raw[offset + target.file_size // 2] ^= 0x10
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="is corrupt: the checksum of its tensors does not match"):
+        read_checkpoint(bad)

@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import zipfile
+import zlib
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,9 +45,35 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def tensor_checksum(state: Any) -> int:
+    """CRC-32 over the bytes of every tensor in ``state`` (nested dicts and lists, in key order).
+
+    A flipped bit in a checkpoint's tensor data changes it, so a damaged file is refused on
+    load instead of resuming a run from silently wrong weights. CRC-32 runs at GB/s: about a
+    tenth of a second for a few hundred MB, small beside writing them.
+    """
+    crc = 0
+
+    def walk(x: Any) -> None:
+        nonlocal crc
+        if isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous().reshape(-1)  # 1-D: a 0-d tensor cannot be viewed as bytes
+            crc = zlib.crc32(t.view(torch.uint8).numpy() if t.numel() else b"", crc)
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                walk(x[k])
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+
+    walk(state)
+    return crc
+
+
 def write_checkpoint(state: dict[str, Any], out: PathOrFile) -> None:
-    """``torch.save`` ``state``; to a path atomically (temp file, fsync, rename)."""
+    """``torch.save`` ``state`` with the CRC-32 of its tensors; to a path atomically (temp file, fsync, rename)."""
     state = {"format": FORMAT, "version": VERSION, **state}
+    state["tensor_crc32"] = tensor_checksum({k: v for k, v in state.items() if k != "tensor_crc32"})
     if isinstance(out, str | os.PathLike):
         with atomic_write(out, "wb") as f:
             torch.save(state, f)
@@ -68,6 +95,9 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
         raise ValueError(f"{name} is not an lm checkpoint")
     if state.get("version") != VERSION:
         raise ValueError(f"{name} has checkpoint version {state.get('version')!r}; this lm reads {VERSION}")
+    saved = state.pop("tensor_crc32", None)  # absent in checkpoints of earlier versions: not checked
+    if saved is not None and tensor_checksum(state) != saved:
+        raise ValueError(f"{name} is corrupt: the checksum of its tensors does not match (a damaged file?)")
     return state
 
 
