@@ -28,7 +28,7 @@ def _loss(model, ids):
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1, 1.0])  # 1.0: scripts/shakespeare.py's setting
 def test_adamw_matches_torch_over_100_steps(weight_decay):
     torch.manual_seed(0)
     ours, ref = _Tiny(), _Tiny()
@@ -134,6 +134,26 @@ def test_param_groups_find_embeddings_by_type_class_name_and_name_and_skip_froze
     assert sorted(names[id(p)] for p in decay["params"]) == [
         "block.0.weight", "proj.weight", "scale_embed", "wpe.table", "wte.weight"]  # fmt: skip
     assert [names[id(p)] for p in no_decay["params"]] == ["block.0.bias"]
+
+
+def test_adamw_step_closure_missing_and_sparse_gradients():
+    """step(closure) returns the closure's loss; a parameter without a gradient is skipped and
+    the ones after it still move; sparse gradients are refused by name."""
+    a, b = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3))
+    opt = AdamW([a, b], lr=0.1, weight_decay=0.0)
+
+    def closure():
+        opt.zero_grad()
+        loss = (b**2).sum()  # a gets no gradient
+        loss.backward()
+        return loss
+
+    assert opt.step(closure).item() == 3.0
+    assert torch.equal(a, torch.ones(3)) and (b < 1).all()
+    emb = nn.Embedding(5, 2, sparse=True)
+    emb(torch.tensor([1])).sum().backward()
+    with pytest.raises(RuntimeError, match="AdamW does not support sparse gradients"):
+        AdamW(emb.parameters()).step()
 
 
 def test_adamw_defaults_and_argument_checks():
