@@ -85,10 +85,10 @@ def _add(model, rows: np.ndarray, first: int, device, total: float, count: int) 
     """Add the summed loss of the targets from offset ``first`` on of a batch of windows."""
     xy = torch.from_numpy(rows).to(device)
     x, y = xy[:, :-1], xy[:, first + 1 :]
-    if hasattr(model, "hidden_states") and hasattr(model, "lm_head"):
+    if hasattr(model, "hidden_states") and hasattr(model, "output_weight"):
         from lm.nn import linear_cross_entropy
 
-        loss = linear_cross_entropy(model.hidden_states(x)[:, first:], model.lm_head.weight, y)
+        loss = linear_cross_entropy(model.hidden_states(x)[:, first:], model.output_weight, y)
     else:
         loss = _ce(model(x)[:, first:], y)
     k = y.numel()
