@@ -23,7 +23,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -70,6 +72,45 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+class InterruptGuard:
+    """Ctrl-C as usual, until :meth:`hold`: from then to the end of the ``with`` block an
+    interrupt is remembered and raised when the block ends.
+
+    For outputs that are more than one file (ids and their sidecar): the long work stays
+    interruptible, and the few renames that make the output complete happen together or
+    not at all. Outside the main thread (where no signal handler can be set) it does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._held = False
+        self._pending = False
+        self._previous = None
+
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.getsignal(signal.SIGINT)
+            if self._previous is signal.default_int_handler:  # someone else's handler: leave it alone
+                signal.signal(signal.SIGINT, self._handle)
+            else:
+                self._previous = None
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if not self._held:
+            raise KeyboardInterrupt
+        self._pending = True
+
+    def hold(self) -> None:
+        """From here to the end of the block, a Ctrl-C waits."""
+        self._held = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        if self._pending and exc[0] is None:
+            raise KeyboardInterrupt
 
 
 def check_readable_file(path: str | os.PathLike, argument: str) -> Path:

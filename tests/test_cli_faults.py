@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lm.data.token_file import read_token_file, sidecar_path
+
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
 STORY = "Tom had a red ball. He liked to throw it high. One day the ball went over the fence!\n"
@@ -339,34 +341,47 @@ def test_resume_from_a_named_checkpoint(work, tmp_path):
 
 
 def test_ctrl_c_during_tokenize_ends_quietly_at_once(work, tmp_path):
-    """SIGINT at a random moment: exit 130 within a second, no traceback, nothing that looks complete."""
+    """SIGINT at a random moment, up to and past the end of the work: exit 130 within a second
+    with no traceback and no partial output, or a whole output (exit 0, or 130 when the signal
+    came during the final renames and waited for them); never death by the signal itself."""
     big = tmp_path / "big.txt"
     big.write_text("".join(f"{STORY}Story number {i} is here.\n{EOT}\n" for i in range(120_000)))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def start(out):
+        return subprocess.Popen([sys.executable, "-m", "lm", "tokenize", "--tokenizer", work / "tok", "--input", big,
+                                 "--out", out, "--num-workers", "2", "--quiet"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    t0 = time.time()
+    ref = tmp_path / "ref.bin"
+    assert start(ref).wait(timeout=300) == 0
+    full = time.time() - t0  # one whole run, start-up included; the signals land in its second half and just after
+    reference = ref.read_bytes()
     rng = np.random.default_rng(0)
     for attempt in range(8):
         out = tmp_path / f"out{attempt}.bin"
-        p = subprocess.Popen([sys.executable, "-m", "lm", "tokenize", "--tokenizer", work / "tok", "--input", big,
-                              "--out", out, "--num-workers", "2", "--quiet"], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.time() + 60  # until the work has begun (its temporary output exists), then a while
-        while p.poll() is None and not list(tmp_path.glob(f".out{attempt}.bin.*")) and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0, 1.0))
+        p = start(out)
+        time.sleep(rng.uniform(0.5, 1.05) * full)
         p.send_signal(signal.SIGINT)
-        t0 = time.time()
+        t1 = time.time()
         try:
             _, err = p.communicate(timeout=10)
         finally:
             p.kill()
-        waited = time.time() - t0
+        waited = time.time() - t1
         err = err.decode()
-        if p.returncode == 0:  # finished before the signal: a complete output is fine
-            assert out.exists()
-            continue
-        assert p.returncode == 130 and waited < 1.5, (attempt, p.returncode, waited, err)
+        leftovers = [q for q in tmp_path.iterdir() if q.name.startswith(f".out{attempt}")]
+        assert not leftovers, leftovers  # no temporary file survives, whatever the outcome
+        assert p.returncode in (0, 130), (attempt, p.returncode, err)  # -2 would be death by the signal
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
-        assert not out.exists() and not [q for q in tmp_path.iterdir() if q.name.startswith(f".out{attempt}")]
+        if p.returncode == 130:
+            assert waited < 1.5, (attempt, waited)
+        if p.returncode == 0 or out.exists() or sidecar_path(out).exists():
+            # finished, or the signal came while the ids and the sidecar were being renamed and waited
+            # for both: the output is whole (its sidecar matches the ids) and the same as a full run's
+            ids, meta = read_token_file(out)
+            assert meta["num_tokens"] == len(ids) and out.read_bytes() == reference
 
 
 # -- one grammar ------------------------------------------------------------------------------------

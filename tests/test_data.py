@@ -35,6 +35,50 @@ def test_write_rejects_ids_outside_vocab_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _interrupting(chunks, at):
+    """Yield ``chunks``, delivering a real SIGINT to this process after the chunk numbered ``at``."""
+    import os
+    import signal
+
+    for i, chunk in enumerate(chunks):
+        yield chunk
+        if i == at:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_while_writing_ids_leaves_nothing(tmp_path):
+    chunks = [np.arange(10), np.arange(10, 20), np.arange(20, 30)]
+    with pytest.raises(KeyboardInterrupt):
+        write_token_file(tmp_path / "c.bin", _interrupting(chunks, 0), vocab_size=100)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_once_ids_are_written_waits_for_the_sidecar(tmp_path, monkeypatch):
+    """The interrupt that lands between the ids' rename and the sidecar's waits, then is raised:
+    the ids and the sidecar are both the new ones (before, the ids were new and the sidecar old)."""
+    import os
+    import signal
+
+    import lm.data.token_file as tf
+
+    path = tmp_path / "c.bin"
+    write_token_file(path, np.arange(5), vocab_size=100)  # an earlier output, with its sidecar
+    real = tf.atomic_write
+
+    def interrupted_before_sidecar(p, *a, **k):
+        if str(p).endswith(".json"):
+            os.kill(os.getpid(), signal.SIGINT)  # the ids are in place; the sidecar is not yet
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(tf, "atomic_write", interrupted_before_sidecar)
+    with pytest.raises(KeyboardInterrupt):
+        write_token_file(path, np.arange(30), vocab_size=100)
+    ids, meta = read_token_file(path)
+    assert meta["num_tokens"] == 30 and np.array_equal(ids, np.arange(30))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["c.bin", "c.bin.json"]
+
+
 def _bad_file(tmp_path, mutate):
     path = tmp_path / "d.bin"
     write_token_file(path, np.arange(100), vocab_size=100)

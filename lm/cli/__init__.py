@@ -78,10 +78,19 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The ``lm`` executable: :func:`main`, then exit. After Ctrl-C (status 130) the process ends at
     once, without the interpreter's teardown of torch and its threads, which can take a second:
-    every output was already cleaned up while the interrupt unwound."""
+    every output was already cleaned up while the interrupt unwound. Once :func:`main` has
+    returned, Ctrl-C is ignored: there is nothing left to interrupt."""
     import os
+    import signal
 
-    status = main()
+    try:
+        status = main()
+    except KeyboardInterrupt:  # in the instant between main's own handler and its return
+        print("lm: interrupted", file=sys.stderr)
+        status = 130
+    # The work is over. A Ctrl-C from here on would land in the interpreter's teardown, which
+    # restores the default handler and would die by the signal (status -2) after a clean run.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
     if status == 130:

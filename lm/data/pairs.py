@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from lm.data.token_file import _DTYPES, max_token_id, sidecar_path, token_dtype
-from lm.io import atomic_write
+from lm.io import InterruptGuard, atomic_write
 
 FORMAT = "lm-pairs"
 VERSION = 1
@@ -154,7 +154,8 @@ def write_pair_file(
     """Write ``(source ids, target ids)`` pairs to ``path``, its offsets and its sidecar; return the sidecar.
 
     Each of the three files is written atomically; the ids first, the offsets next, the sidecar
-    last, so an interrupted run leaves an old sidecar that no longer matches and readers refuse it.
+    last, and a Ctrl-C once the ids are written waits until the sidecar is in place, so an
+    interrupted run leaves the old files (or none) or the new ones, never a mixture.
     Every id must lie in ``[0, vocab_size)``.
 
     >>> meta = write_pair_file("/tmp/p.bin", [(np.array([5, 6]), np.array([7]))], vocab_size=10)
@@ -173,32 +174,34 @@ def _write_pair_file(path, pairs, vocab_size: int, extra: Callable[[], dict[str,
     path = Path(path)
     dtype = token_dtype(vocab_size)
     offsets = [0]
-    with atomic_write(path, "wb") as f:
-        for src, tgt in pairs:
-            for side in (src, tgt):
-                ids = _check_ids(side, vocab_size)
-                if ids.size:
-                    f.write(np.ascontiguousarray(ids, dtype=dtype).tobytes())
-                offsets.append(offsets[-1] + int(ids.size))
-    with atomic_write(index_path(path), "wb") as f:
-        f.write(np.asarray(offsets, dtype=_OFFSET_DTYPE).tobytes())
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "dtype": dtype.name,
-        "vocab_size": int(vocab_size),
-        "num_pairs": (len(offsets) - 1) // 2,
-        "num_tokens": int(offsets[-1]),
-        "source_bytes": 0,
-        "target_bytes": 0,
-        "tokenizer_sha256": "",
-        "source": "",
-        "target": "",
-    }
-    meta.update(extra())
-    with atomic_write(sidecar_path(path), "w") as f:
-        json.dump(meta, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    with InterruptGuard() as guard:  # the files' renames happen together: a Ctrl-C waits for the last
+        with atomic_write(path, "wb") as f:
+            for src, tgt in pairs:
+                for side in (src, tgt):
+                    ids = _check_ids(side, vocab_size)
+                    if ids.size:
+                        f.write(np.ascontiguousarray(ids, dtype=dtype).tobytes())
+                    offsets.append(offsets[-1] + int(ids.size))
+            guard.hold()
+        with atomic_write(index_path(path), "wb") as f:
+            f.write(np.asarray(offsets, dtype=_OFFSET_DTYPE).tobytes())
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dtype": dtype.name,
+            "vocab_size": int(vocab_size),
+            "num_pairs": (len(offsets) - 1) // 2,
+            "num_tokens": int(offsets[-1]),
+            "source_bytes": 0,
+            "target_bytes": 0,
+            "tokenizer_sha256": "",
+            "source": "",
+            "target": "",
+        }
+        meta.update(extra())
+        with atomic_write(sidecar_path(path), "w") as f:
+            json.dump(meta, f, indent=1, ensure_ascii=False)
+            f.write("\n")
     return meta
 
 

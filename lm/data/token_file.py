@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lm.io import atomic_write
+from lm.io import InterruptGuard, atomic_write
 
 FORMAT = "lm-tokens"
 VERSION = 1
@@ -62,34 +62,37 @@ def write_token_file(
     dtype = token_dtype(vocab_size)
     chunks = [ids_array] if isinstance(ids_array, np.ndarray) else ids_array
     num_tokens = 0
-    # The ids go first, the sidecar last: a run interrupted in between leaves the old sidecar,
-    # whose num_tokens no longer matches the file size, so readers refuse the pair.
-    with atomic_write(path, "wb") as f:
-        for chunk in chunks:
-            chunk = np.asarray(chunk)
-            if chunk.size == 0:
-                continue
-            if not np.issubdtype(chunk.dtype, np.integer):
-                raise ValueError(f"token ids must be integers, got dtype {chunk.dtype}")
-            lo, hi = int(chunk.min()), int(chunk.max())
-            if lo < 0 or hi >= vocab_size:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-            f.write(np.ascontiguousarray(chunk.reshape(-1), dtype=dtype).tobytes())
-            num_tokens += chunk.size
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "dtype": dtype.name,
-        "vocab_size": int(vocab_size),
-        "num_tokens": int(num_tokens),
-        "source_bytes": int(source_bytes),
-        "tokenizer_sha256": str(tokenizer_sha256),
-        "source": str(source),
-    }
-    with atomic_write(sidecar_path(path), "w") as f:
-        json.dump(meta, f, indent=1)
-        f.write("\n")
+    # The ids go first, the sidecar last, and a Ctrl-C once the ids are written waits for the sidecar:
+    # the two renames happen together. (A crash in between leaves the old sidecar, whose num_tokens
+    # no longer matches the file size, so readers refuse the pair.)
+    with InterruptGuard() as guard:
+        with atomic_write(path, "wb") as f:
+            for chunk in chunks:
+                chunk = np.asarray(chunk)
+                if chunk.size == 0:
+                    continue
+                if not np.issubdtype(chunk.dtype, np.integer):
+                    raise ValueError(f"token ids must be integers, got dtype {chunk.dtype}")
+                lo, hi = int(chunk.min()), int(chunk.max())
+                if lo < 0 or hi >= vocab_size:
+                    bad = lo if lo < 0 else hi
+                    raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+                f.write(np.ascontiguousarray(chunk.reshape(-1), dtype=dtype).tobytes())
+                num_tokens += chunk.size
+            guard.hold()
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dtype": dtype.name,
+            "vocab_size": int(vocab_size),
+            "num_tokens": int(num_tokens),
+            "source_bytes": int(source_bytes),
+            "tokenizer_sha256": str(tokenizer_sha256),
+            "source": str(source),
+        }
+        with atomic_write(sidecar_path(path), "w") as f:
+            json.dump(meta, f, indent=1)
+            f.write("\n")
     return meta
 
 
