@@ -51,6 +51,8 @@ class Seq2SeqCache(KVCache):
         self.k, self.v = self.k[:, rows], self.v[:, rows]
         self.cross = {i: (k[rows], v[rows]) for i, (k, v) in self.cross.items()}
         self.pad_lengths = self.pad_lengths[rows]
+        self._key_valid = self._key_valid[rows]
+        self._padded = bool((self.pad_lengths > 0).any())
 
 
 def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -> tuple[Tensor, Tensor]:
@@ -116,11 +118,10 @@ def greedy_decode(
         ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, model.device)
         memory = model.encode(ids, mask)
         limits = [max_target_length(model, len(s), max_extra) for s in src]
-        rows = len(src)
         out: list[list[int]] = [[] for _ in src]
-        done = [False] * rows
-        prefix = torch.full((rows, 1), cfg.bos_id, dtype=torch.long, device=model.device)
-        cache = Seq2SeqCache.for_model(model, rows, max_len=max(limits) + 1) if use_cache else None
+        alive = list(range(len(src)))  # the source of each batch row; a finished row leaves the batch
+        prefix = torch.full((len(src), 1), cfg.bos_id, dtype=torch.long, device=model.device)
+        cache = Seq2SeqCache.for_model(model, len(src), max_len=max(limits) + 1) if use_cache else None
         step_ids = prefix
         for step in range(max(limits)):
             if use_cache:
@@ -130,17 +131,23 @@ def greedy_decode(
             logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg)
             next_ids = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
                                          generator=generator)
-            tokens = next_ids.tolist()
-            for r, t in enumerate(tokens):
-                if done[r]:
-                    continue
-                if t == cfg.eos_id:
-                    done[r] = True
-                else:
+            keep = []
+            for j, t in enumerate(next_ids.tolist()):
+                r = alive[j]
+                if t != cfg.eos_id:
                     out[r].append(t)
-                    done[r] = len(out[r]) >= limits[r]
-            if all(done):
+                    if len(out[r]) < limits[r]:
+                        keep.append(j)
+            if not keep:
                 break
+            if len(keep) < len(alive):  # drop the finished rows: their cache, memory and mask rows
+                sel = torch.tensor(keep, device=model.device)
+                alive = [alive[j] for j in keep]
+                next_ids, mask, prefix = next_ids[sel], mask[sel], prefix[sel]
+                if use_cache:
+                    cache.select(sel)
+                else:
+                    memory = memory[sel]
             step_ids = next_ids[:, None]
             prefix = torch.cat([prefix, step_ids], dim=1)
         return out
@@ -196,54 +203,58 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence) -> list[list[int]
     scores[:, 0] = 0.0
     tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
-    active = [True] * n
     results: list[list[int] | None] = [None] * n
     step_ids = torch.full((n * k, 1), cfg.bos_id, dtype=torch.long, device=dev)
+    alive = list(range(n))  # the sentence of each block of k rows; a decided sentence leaves the batch
     for step in range(max(limits)):
         hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
-        logp = torch.log_softmax(_never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg), dim=-1).view(n, k, -1)
+        logp = torch.log_softmax(_never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg), dim=-1)
+        logp = logp.view(len(alive), k, -1)
         vocab = logp.shape[-1]
-        cand = (scores[..., None] + logp).view(n, -1)  # (n, k * vocab)
+        cand = (scores[..., None] + logp).view(len(alive), -1)  # (sentences, k * vocab)
         top_scores, top_idx = cand.topk(min(2 * k, cand.shape[-1]), dim=-1)
         top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
-        new_rows, new_tokens, new_scores, new_lists = [], [], [], []
+        new_rows, new_tokens, new_scores, new_lists, still = [], [], [], [], []
         length = step + 1  # tokens of a hypothesis after this step, its <eos> included
-        for i in range(n):
+        for j, i in enumerate(alive):
             picked: list[tuple[int, int, float]] = []
-            if active[i]:
-                for score, idx in zip(top_scores[i], top_idx[i]):
-                    if score == float("-inf"):
-                        break
-                    beam, tok = divmod(idx, vocab)
-                    if tok == cfg.eos_id or length >= limits[i]:
-                        seq = tokens[i][beam] + ([] if tok == cfg.eos_id else [tok])
-                        finished[i].append((score / length_penalty(length, alpha), seq))
-                    else:
-                        picked.append((beam, tok, score))
-                    if len(picked) == k:
-                        break
-                finished[i].sort(key=lambda f: -f[0])
-                del finished[i][k:]
-                best_live = picked[0][2] if picked else float("-inf")
-                # the best any live hypothesis can still reach: its log-probability only falls, and
-                # lp is largest at the longest allowed length
-                bound = best_live / length_penalty(limits[i], alpha) if best_live < 0 else best_live
-                if not picked or length >= limits[i] or (len(finished[i]) == k and finished[i][-1][0] >= bound):
-                    active[i] = False
-                    results[i] = finished[i][0][1] if finished[i] else []
-                    if on_sentence is not None:
-                        on_sentence(i, results[i])
-            picked += [(0, cfg.pad_id, float("-inf"))] * (k - len(picked))  # dead rows keep a slot
+            for score, idx in zip(top_scores[j], top_idx[j]):
+                if score == float("-inf"):
+                    break
+                beam, tok = divmod(idx, vocab)
+                if tok == cfg.eos_id or length >= limits[i]:
+                    seq = tokens[j][beam] + ([] if tok == cfg.eos_id else [tok])
+                    finished[i].append((score / length_penalty(length, alpha), seq))
+                else:
+                    picked.append((beam, tok, score))
+                if len(picked) == k:
+                    break
+            finished[i].sort(key=lambda f: -f[0])
+            del finished[i][k:]
+            best_live = picked[0][2] if picked else float("-inf")
+            # the best any live hypothesis can still reach: its log-probability only falls, and
+            # lp is largest at the longest allowed length
+            bound = best_live / length_penalty(limits[i], alpha) if best_live < 0 else best_live
+            if not picked or length >= limits[i] or (len(finished[i]) == k and finished[i][-1][0] >= bound):
+                results[i] = finished[i][0][1] if finished[i] else []
+                if on_sentence is not None:
+                    on_sentence(i, results[i])
+                continue
+            still.append(i)
+            picked += [(0, cfg.pad_id, float("-inf"))] * (k - len(picked))  # too few candidates: dead slots
             for beam, tok, score in picked:
-                new_rows.append(i * k + beam)
+                new_rows.append(j * k + beam)
                 new_tokens.append(tok)
                 new_scores.append(score)
-                new_lists.append(tokens[i][beam] + [tok])
-        if not any(active):
+                new_lists.append(tokens[j][beam] + [tok])
+        if not still:
             break
-        cache.select(torch.tensor(new_rows, device=dev))
-        scores = torch.tensor(new_scores, device=dev).view(n, k)
-        tokens = [new_lists[i * k : (i + 1) * k] for i in range(n)]
+        alive = still
+        sel = torch.tensor(new_rows, device=dev)
+        cache.select(sel)
+        mask = mask[sel]
+        scores = torch.tensor(new_scores, device=dev).view(len(alive), k)
+        tokens = [new_lists[j * k : (j + 1) * k] for j in range(len(alive))]
         step_ids = torch.tensor(new_tokens, dtype=torch.long, device=dev)[:, None]
     return [r if r is not None else (finished[i][0][1] if finished[i] else []) for i, r in enumerate(results)]
 
