@@ -54,6 +54,9 @@ class TutorialTransformer(torch.nn.Module):
         pos = torch.arange(max_len)[:, None] / 10000 ** (torch.arange(0, d, 2)[None] / d)
         self.register_buffer("pe", torch.stack([pos.sin(), pos.cos()], -1).flatten(-2), persistent=False)
         self.drop = torch.nn.Dropout(dropout)
+        for p in self.parameters():  # as the tutorial does: Xavier-uniform for every matrix, the embedding too
+            if p.dim() > 1:
+                torch.nn.init.xavier_uniform_(p)
 
     def embed(self, ids):
         return self.drop(self.emb(ids) * math.sqrt(self.d) + self.pe[: ids.shape[1]])
