@@ -88,58 +88,17 @@ def add_compute(p: argparse.ArgumentParser, *, device: str | None = "auto", dtyp
 # -- models and tokenizers from a path ---------------------------------------------------------
 
 def resolve_checkpoint(path: str, argument: str = "--checkpoint") -> Path:
-    """A checkpoint file, or a run directory (its ``model.safetensors``, else its newest checkpoint)."""
-    from lm.checkpoint import CheckpointManager
+    """A checkpoint file, or a run directory: :func:`lm.generate.load.resolve_checkpoint`."""
+    from lm.generate.load import resolve_checkpoint as resolve
 
-    p = Path(path)
-    if p.is_dir():
-        if (p / "model.safetensors").is_file():
-            return p / "model.safetensors"
-        latest = CheckpointManager(p).latest()
-        if latest is None:
-            raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no checkpoints/")
-        return latest
-    if not p.is_file():
-        raise ValueError(f"{argument}: file not found: {str(p)!r}")
-    return p
-
-
-def find_run_tokenizer(checkpoint: Path) -> Path | None:
-    """The ``tokenizer/`` folder that `lm train` copies into a run, looked up from a checkpoint path."""
-    for d in (checkpoint.parent, checkpoint.parent.parent):
-        if (d / "tokenizer" / "vocab.json").is_file():
-            return d / "tokenizer"
-    return None
+    return resolve(path, argument)
 
 
 def load_model_and_tokenizer(
     checkpoint: str, tokenizer: str | None = None, device: str = "cpu", need_tokenizer: bool = True
 ) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
-    """``(model, tokenizer or None, info)`` for a checkpoint path; the tokenizer must be the model's.
+    """``(model, tokenizer or None, info)``: :func:`lm.generate.load_model_and_tokenizer`, the
+    library's loader, with the command line's argument names in its errors."""
+    from lm.generate.load import load_model_and_tokenizer as load
 
-    ``device`` is a name (``auto`` included), checked against what this machine has.
-    """
-    from lm.checkpoint import load_model
-    from lm.device import resolve_device
-    from lm.tokenizer import check_tokenizer_checksum, load_tokenizer_dir
-
-    dev = resolve_device(device, "--device")
-    path = resolve_checkpoint(checkpoint)
-    model, info = load_model(path, device=dev)
-    tok_dir = Path(tokenizer) if tokenizer else find_run_tokenizer(path)
-    if tok_dir is None:
-        if need_tokenizer:
-            raise ValueError(f"--tokenizer: no tokenizer/ beside {str(path)!r}; pass --tokenizer DIR")
-        return model, None, info
-    try:
-        tok = load_tokenizer_dir(tok_dir)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"--tokenizer: {e}") from None
-    check_tokenizer_checksum(tok.checksum(), info["tokenizer_sha256"], argument="--tokenizer",
-                             what=f"{str(tok_dir)!r}", against=f"the model {str(path)!r}")
-    if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(
-            f"--tokenizer: {str(tok_dir)!r} has {tok.vocab_size} tokens, more than the model's "
-            f"vocab_size {model.config.vocab_size}"
-        )
-    return model, tok, info
+    return tuple(load(checkpoint, tokenizer, device, need_tokenizer=need_tokenizer))

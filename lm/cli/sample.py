@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import codecs
 import contextlib
 import sys
 import time
@@ -73,7 +72,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer
     from lm.cli.translate import require_architecture
     from lm.device import resolve_dtype, set_threads
-    from lm.generate import generate
+    from lm.generate import TextStreamer, generate
     from lm.generate.sampling import check_sampling_args
 
     check_sampling_args(args.temperature, args.top_p, args.top_k)
@@ -88,7 +87,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     device = model.device
     dtype = resolve_dtype(args.dtype, device)
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
-    eos = tok.token_to_id.get(b"<|endoftext|>")
+    eos = tok.eot_id
     prompt_ids = tok.encode(prompt)
     if not prompt_ids:
         if eos is None:
@@ -106,18 +105,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
             out.write("\n" + "-" * 40 + "\n")
         out.write(prompt)
         out.flush()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        streamer = TextStreamer(tok, skip=() if eos is None else (eos,))
 
-        def emit(row: int, token: int, decoder=decoder) -> None:
-            if token == eos:
-                return
-            out.write(decoder.decode(tok.vocab[token]))
-            out.flush()
+        def emit(row: int, token: int, streamer=streamer) -> None:
+            piece = streamer.push(token)
+            if piece:
+                out.write(piece)
+                out.flush()
 
         with autocast():
             new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit)
-        out.write(decoder.decode(b"", final=True) + "\n")
+        out.write(streamer.flush() + "\n")
         total += len(new)
     dt = time.perf_counter() - t0
     if not args.quiet:

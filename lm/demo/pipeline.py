@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-EOT = "<|endoftext|>"
+from lm.tokenizer import EOT
+
 TINYSTORIES_CANDIDATES = ("data/TinyStoriesV2-GPT4-train.txt", "data/TinyStoriesV2-GPT4-valid.txt")
 
 

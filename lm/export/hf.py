@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from lm.io import atomic_write, replace_dir
-from lm.tokenizer import Tokenizer
+from lm.tokenizer import EOT, Tokenizer
 
 
 def interleaved_to_half(w: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -115,8 +115,8 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
     cfg = model.config
     _check_llama_compatible(cfg)
     eos = None
-    if tokenizer is not None and "<|endoftext|>" in tokenizer.special_tokens:
-        eos = tokenizer.token_to_id[b"<|endoftext|>"]
+    if tokenizer is not None and EOT in tokenizer.special_tokens:
+        eos = tokenizer.eot_id
     config = llama_config(cfg, eos_token_id=eos)
     sd = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
     tensors = to_llama_state_dict(sd, cfg.num_layers, cfg.num_heads)
@@ -134,7 +134,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
             tokenizer.save_hf(tmp / "tokenizer.json")
             tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length}
             if eos is not None:
-                tok_cfg.update(eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+                tok_cfg.update(eos_token=EOT, bos_token=EOT)
             with atomic_write(tmp / "tokenizer_config.json") as f:
                 f.write(json.dumps(tok_cfg, indent=2) + "\n")
     return out

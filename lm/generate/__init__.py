@@ -1,16 +1,22 @@
-"""Sampling from a trained model: a KV cache, a next-token sampler and the generation loop."""
+"""Inference: loading a trained model and its tokenizer once, the generation loops (a KV cache,
+a next-token sampler; greedy and beam search for translation) and text streaming."""
 
 from lm.generate.engine import generate
 from lm.generate.kv_cache import KVCache
+from lm.generate.load import Loaded, load_model_and_tokenizer
 from lm.generate.sampling import sample_next_token, top_k_filter, top_p_filter
 from lm.generate.seq2seq import Seq2SeqCache, beam_search, greedy_decode, translate
+from lm.generate.text import TextStreamer
 
 __all__ = [
     "KVCache",
+    "Loaded",
     "Seq2SeqCache",
+    "TextStreamer",
     "beam_search",
     "generate",
     "greedy_decode",
+    "load_model_and_tokenizer",
     "sample_next_token",
     "top_k_filter",
     "top_p_filter",

@@ -34,6 +34,8 @@ from lm.tokenizer.pretokenize import (
 )
 from lm.tokenizer.vectorized import HashedEncoder
 
+EOT = "<|endoftext|>"  # the end-of-text special token, as GPT-2's: documents end with it
+
 # Bound on cached pre-tokens, so that encoding an endless stream runs in constant memory.
 _CACHE_LIMIT = 1 << 20
 # encode_iterable emits ids once this much text has been buffered.
@@ -168,6 +170,12 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return max(self.vocab) + 1
+
+    @property
+    def eot_id(self) -> int | None:
+        """The id of :data:`EOT` (``<|endoftext|>``), which ends documents and generation; None
+        when this tokenizer has no such token."""
+        return self.token_to_id.get(EOT.encode())
 
     # ------------------------------------------------------------ encoding
 

@@ -1,0 +1,103 @@
+"""A trained model and its tokenizer, loaded once, for inference (``lm sample``, ``lm translate``,
+``lm eval``, ``lm export``, ``lm serve``).
+
+``path`` is a checkpoint file or a run folder (its ``model.safetensors``, else its newest
+checkpoint); the tokenizer is the one ``lm train`` copied into the run unless another is named,
+and it must be the model's: its checksum is compared with the one the checkpoint recorded.
+Errors are ``ValueError`` naming the argument (``--checkpoint``/``--tokenizer`` by default, so
+the command line can print them as they are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lm.tokenizer import Tokenizer
+
+
+@dataclass
+class Loaded:
+    """What :func:`load_model_and_tokenizer` returns: the model (in eval mode), its tokenizer (None only when not
+    asked for), the checkpoint's info (``architecture``, ``tokenizer_sha256``, ...) and the file."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer | None
+    info: dict[str, Any]
+    path: Path
+
+    @property
+    def architecture(self) -> str:
+        return self.model.config.architecture
+
+    def __iter__(self):  # model, tokenizer, info = load_model_and_tokenizer(...)
+        return iter((self.model, self.tokenizer, self.info))
+
+
+def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path:
+    """A checkpoint file, or a run folder (its ``model.safetensors``, else its newest checkpoint)."""
+    from lm.checkpoint import CheckpointManager
+
+    p = Path(path)
+    if p.is_dir():
+        if (p / "model.safetensors").is_file():
+            return p / "model.safetensors"
+        latest = CheckpointManager(p).latest()
+        if latest is None:
+            raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no checkpoints/")
+        return latest
+    if not p.is_file():
+        raise ValueError(f"{argument}: file not found: {str(p)!r}")
+    return p
+
+
+def find_run_tokenizer(checkpoint: Path) -> Path | None:
+    """The ``tokenizer/`` folder that ``lm train`` copies into a run, looked up from a checkpoint path."""
+    for d in (checkpoint.parent, checkpoint.parent.parent):
+        if (d / "tokenizer" / "vocab.json").is_file():
+            return d / "tokenizer"
+    return None
+
+
+def load_model_and_tokenizer(
+    path: str | Path,
+    tokenizer: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    *,
+    need_tokenizer: bool = True,
+    argument: str = "--checkpoint",
+    tokenizer_argument: str = "--tokenizer",
+) -> Loaded:
+    """Load the model at ``path`` and its tokenizer once; see the module's docstring.
+
+    ``device`` is a name (``auto`` included) checked against what this machine has, or a device.
+    """
+    from lm.checkpoint import load_model
+    from lm.device import resolve_device
+    from lm.tokenizer import check_tokenizer_checksum, load_tokenizer_dir
+
+    dev = device if isinstance(device, torch.device) else resolve_device(device, "--device")
+    file = resolve_checkpoint(path, argument)
+    model, info = load_model(file, device=dev)
+    model.eval()
+    tok_dir = Path(tokenizer) if tokenizer else find_run_tokenizer(file)
+    if tok_dir is None:
+        if need_tokenizer:
+            raise ValueError(f"{tokenizer_argument}: no tokenizer/ beside {str(file)!r}; "
+                             f"pass {tokenizer_argument} DIR")
+        return Loaded(model, None, info, file)
+    try:
+        tok = load_tokenizer_dir(tok_dir)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{tokenizer_argument}: {e}") from None
+    check_tokenizer_checksum(tok.checksum(), info["tokenizer_sha256"], argument=tokenizer_argument,
+                             what=f"{str(tok_dir)!r}", against=f"the model {str(file)!r}")
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"{tokenizer_argument}: {str(tok_dir)!r} has {tok.vocab_size} tokens, more than the model's "
+            f"vocab_size {model.config.vocab_size}"
+        )
+    return Loaded(model, tok, info, file)

@@ -1,0 +1,70 @@
+"""The inference layer: loading a run once, streaming text, the end-of-text id."""
+
+import numpy as np
+import pytest
+import torch
+from run_dir import make_run_dir, save_model
+
+from lm.generate import Loaded, TextStreamer, load_model_and_tokenizer
+from lm.tokenizer import EOT, Tokenizer
+
+
+def _tokenizer_with_split_characters():
+    """Byte tokens, plus multi-byte tokens that start or end inside a UTF-8 character."""
+    vocab = {i: bytes([i]) for i in range(256)}
+    pieces = ["é".encode(), "🙂".encode()[:2], "🙂".encode()[2:], "a🙂".encode()[:3], " 漢".encode()[:2]]
+    for p in pieces:
+        vocab[len(vocab)] = p
+    return Tokenizer(vocab, [], [EOT])
+
+
+def test_streamer_pieces_join_to_decode_and_never_split_a_character():
+    tok = _tokenizer_with_split_characters()
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        ids = rng.integers(0, tok.vocab_size, size=int(rng.integers(1, 30))).tolist()
+        s = TextStreamer(tok, skip=[tok.eot_id])
+        pieces = [s.push(i) for i in ids] + [s.flush()]
+        kept = [i for i in ids if i != tok.eot_id]
+        assert "".join(pieces) == tok.decode(kept)  # the reference: decode all at once
+        for p in pieces[:-1]:  # no piece but the last ends in a held-back, half-made character
+            assert p.encode("utf-8").decode("utf-8") == p
+
+
+def test_streamer_holds_back_an_unfinished_character():
+    tok = _tokenizer_with_split_characters()
+    smile = list("🙂".encode())
+    s = TextStreamer(tok)
+    assert [s.push(b) for b in smile[:3]] == ["", "", ""] and s.pending()
+    assert s.push(smile[3]) == "🙂" and not s.pending()
+    assert s.push(smile[0]) == "" and s.flush() == "\ufffd"  # a character never finished: U+FFFD, as decode
+    assert tok.decode([smile[0]]) == "\ufffd"
+
+
+def test_eot_id():
+    tok = _tokenizer_with_split_characters()
+    assert tok.eot_id == tok.token_to_id[EOT.encode()] and tok.decode([tok.eot_id]) == EOT
+    assert Tokenizer({i: bytes([i]) for i in range(256)}, []).eot_id is None
+
+
+def test_load_model_and_tokenizer_once(tmp_path):
+    run, model, _ = make_run_dir(tmp_path, ("Lily had a red ball. " + EOT) * 40, 300, context_length=16,
+                                 d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    save_model(run, model)
+    loaded = load_model_and_tokenizer(run)
+    assert isinstance(loaded, Loaded) and loaded.architecture == "decoder_lm" and not loaded.model.training
+    model, tok, info = loaded  # unpacks like the CLI's triple
+    assert tok is loaded.tokenizer and info is loaded.info and tok.eot_id is not None
+    assert loaded.path.name == "model.safetensors"
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).shape[-1] == model.config.vocab_size
+
+
+@pytest.mark.parametrize("where, message", [("nowhere", "--checkpoint: file not found"),
+                                            ("empty", "holds no model.safetensors")])
+def test_load_errors_name_the_argument(tmp_path, where, message):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=message):
+        load_model_and_tokenizer(tmp_path / where)
+    with pytest.raises(ValueError, match="^model: file not found"):
+        load_model_and_tokenizer(tmp_path / "nowhere", argument="model")
