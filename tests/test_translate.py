@@ -74,7 +74,7 @@ def test_a_large_beam_finds_the_brute_force_best(alpha):
     scored = [(_log_prob(model, src, seq) / length_penalty(len(seq), alpha), seq) for seq in candidates]
     best_score, best = max(scored, key=lambda s: s[0])
     expected = [t for t in best if t != cfg.eos_id]
-    got = beam_search(model, [src], beam_size=len(words) ** limit, alpha=alpha, max_extra=extra)[0]
+    got = beam_search(model, [src], beam_size=len(words) ** limit, alpha=alpha, max_extra=extra, stopping="exact")[0]
     assert got == expected, (got, expected, best_score)
     # and a small beam finds something no better than that
     small = beam_search(model, [src], beam_size=2, alpha=alpha, max_extra=extra)[0]
@@ -82,10 +82,27 @@ def test_a_large_beam_finds_the_brute_force_best(alpha):
     assert _log_prob(model, src, small_seq) / length_penalty(len(small_seq), alpha) <= best_score + 1e-6
 
 
+def test_heuristic_stopping_decides_no_later_than_exact(monkeypatch):
+    """The default stop (a live hypothesis ending at the next token could not beat the k-th
+    finished one) takes at most as many decoder steps as the exact bound, on every sentence."""
+    model = _model()
+    calls = []
+    real = model.decode
+    monkeypatch.setattr(model, "decode", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    steps = {}
+    for stopping in ("exact", "heuristic"):
+        calls.clear()
+        beam_search(model, SOURCES, beam_size=3, alpha=0.6, max_extra=12, stopping=stopping)
+        steps[stopping] = (len(calls), sum(calls))  # decoder calls, and rows computed over them
+    assert steps["heuristic"][0] <= steps["exact"][0] and steps["heuristic"][1] <= steps["exact"][1], steps
+
+
 def test_bad_arguments():
     model = _model()
     with pytest.raises(ValueError, match="beam_size must be a positive integer"):
         beam_search(model, SOURCES, beam_size=0)
+    with pytest.raises(ValueError, match="stopping must be 'exact' or 'heuristic', got 'soon'"):
+        beam_search(model, SOURCES, stopping="soon")
     with pytest.raises(ValueError, match="source 0 is empty"):
         greedy_decode(model, [[]])
     with pytest.raises(ValueError, match="outside"):

@@ -169,8 +169,16 @@ def beam_search(
     alpha: float = 0.6,
     max_extra: int = 50,
     on_sentence: Callable[[int, list[int]], None] | None = None,
+    stopping: str = "heuristic",
 ) -> list[list[int]]:
     """The best hypothesis of each source by ``log P / lp`` (see the module doc), batched.
+
+    ``stopping`` says when a sentence is decided, once it has ``beam_size`` finished hypotheses:
+    ``"exact"`` when no live hypothesis could beat the worst of them at any allowed length (its
+    log-probability only falls, and ``lp`` is largest at the length limit), so a beam as large
+    as the search space finds the best sequence; ``"heuristic"`` (the default, as Hugging Face's
+    ``early_stopping=False``) when none beats it were it to end at the next token, which is
+    what fairseq and Hugging Face do and stops long before the limit.
 
     Every sentence keeps ``beam_size`` live hypotheses in one cache (``sentences × beam`` rows,
     reordered by :meth:`Seq2SeqCache.select` after each step). ``on_sentence(i, tokens)`` is called
@@ -180,15 +188,18 @@ def beam_search(
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    if stopping not in ("exact", "heuristic"):
+        raise ValueError(f"stopping must be 'exact' or 'heuristic', got {stopping!r}")
     was_training = model.training
     model.eval()
     try:
-        return _beam_search(model, _check(model, src_ids), beam_size, alpha, max_extra, on_sentence)
+        return _beam_search(model, _check(model, src_ids), beam_size, alpha, max_extra, on_sentence,
+                            stopping == "exact")
     finally:
         model.train(was_training)
 
 
-def _beam_search(model, src, k, alpha, max_extra, on_sentence) -> list[list[int]]:
+def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool) -> list[list[int]]:
     cfg = model.config
     dev = model.device
     ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, dev)
@@ -232,9 +243,10 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence) -> list[list[int]
             finished[i].sort(key=lambda f: -f[0])
             del finished[i][k:]
             best_live = picked[0][2] if picked else float("-inf")
-            # the best any live hypothesis can still reach: its log-probability only falls, and
-            # lp is largest at the longest allowed length
-            bound = best_live / length_penalty(limits[i], alpha) if best_live < 0 else best_live
+            # the best a live hypothesis can still reach: exactly, its log-probability only falls and
+            # lp is largest at the longest allowed length; heuristically, it ends at the next token
+            reach = limits[i] if exact else length + 1
+            bound = best_live / length_penalty(reach, alpha) if best_live < 0 else best_live
             if not picked or length >= limits[i] or (len(finished[i]) == k and finished[i][-1][0] >= bound):
                 results[i] = finished[i][0][1] if finished[i] else []
                 if on_sentence is not None:
