@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.data.token_file import _DTYPES, max_token_id, sidecar_path, token_dtype
+from lm.data.token_file import _DTYPES, check_ids, max_token_id, sidecar_path, token_dtype
 from lm.io import InterruptGuard, atomic_write
 
 FORMAT = "lm-pairs"
@@ -124,21 +124,6 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> I
 
 # -- the pair file ------------------------------------------------------------------------------
 
-def _check_ids(chunk: np.ndarray, vocab_size: int) -> np.ndarray:
-    chunk = np.asarray(chunk)
-    if chunk.ndim != 1:
-        chunk = chunk.reshape(-1)
-    if chunk.size == 0:
-        return chunk
-    if not np.issubdtype(chunk.dtype, np.integer):
-        raise ValueError(f"token ids must be integers, got dtype {chunk.dtype}")
-    lo, hi = int(chunk.min()), int(chunk.max())
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-    return chunk
-
-
 def write_pair_file(
     path: str | os.PathLike,
     pairs: Iterable[tuple[np.ndarray, np.ndarray]],
@@ -178,7 +163,7 @@ def _write_pair_file(path, pairs, vocab_size: int, extra: Callable[[], dict[str,
         with atomic_write(path, "wb") as f:
             for src, tgt in pairs:
                 for side in (src, tgt):
-                    ids = _check_ids(side, vocab_size)
+                    ids = check_ids(side, vocab_size)
                     if ids.size:
                         f.write(np.ascontiguousarray(ids, dtype=dtype).tobytes())
                     offsets.append(offsets[-1] + int(ids.size))

@@ -40,6 +40,22 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return _DTYPES["uint16"] if vocab_size <= 1 << 16 else _DTYPES["uint32"]
 
 
+def check_ids(chunk: np.ndarray, vocab_size: int) -> np.ndarray:
+    """``chunk`` as a 1-D integer array, every id in ``[0, vocab_size)``; else a ValueError naming the id."""
+    chunk = np.asarray(chunk)
+    if chunk.ndim != 1:
+        chunk = chunk.reshape(-1)
+    if chunk.size == 0:
+        return chunk
+    if not np.issubdtype(chunk.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got dtype {chunk.dtype}")
+    lo, hi = int(chunk.min()), int(chunk.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    return chunk
+
+
 def write_token_file(
     path: str | os.PathLike,
     ids_array: np.ndarray | Iterable[np.ndarray],
@@ -68,17 +84,10 @@ def write_token_file(
     with InterruptGuard() as guard:
         with atomic_write(path, "wb") as f:
             for chunk in chunks:
-                chunk = np.asarray(chunk)
-                if chunk.size == 0:
-                    continue
-                if not np.issubdtype(chunk.dtype, np.integer):
-                    raise ValueError(f"token ids must be integers, got dtype {chunk.dtype}")
-                lo, hi = int(chunk.min()), int(chunk.max())
-                if lo < 0 or hi >= vocab_size:
-                    bad = lo if lo < 0 else hi
-                    raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-                f.write(np.ascontiguousarray(chunk.reshape(-1), dtype=dtype).tobytes())
-                num_tokens += chunk.size
+                chunk = check_ids(chunk, vocab_size)
+                if chunk.size:
+                    f.write(np.ascontiguousarray(chunk, dtype=dtype).tobytes())
+                    num_tokens += chunk.size
             guard.hold()
         meta = {
             "format": FORMAT,
