@@ -83,6 +83,14 @@ class KVCache:
     def layer(self, i: int) -> _LayerCache:
         return _LayerCache(self, i)
 
+    def select(self, rows: Int[Tensor, " rows"]) -> None:
+        """Keep (and reorder, repeat) the batch rows ``rows``, with their padding: a finished row
+        leaving the batch, or beam search's reshuffle of hypotheses."""
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.pad_lengths = self.pad_lengths[rows]
+        self._key_valid = self._key_valid[rows]
+        self._padded = bool((self.pad_lengths > 0).any())
+
     def advance(self, seq: int) -> None:
         self.length += seq
 

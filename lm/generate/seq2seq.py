@@ -47,12 +47,9 @@ class Seq2SeqCache(KVCache):
         self.cross[layer] = (k, v)
 
     def select(self, rows: Tensor) -> None:
-        """Keep (and reorder, repeat) the batch rows ``rows``: beam search's reshuffle of hypotheses."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        """:meth:`KVCache.select`, the cross-attention keys and values too."""
+        super().select(rows)
         self.cross = {i: (k[rows], v[rows]) for i, (k, v) in self.cross.items()}
-        self.pad_lengths = self.pad_lengths[rows]
-        self._key_valid = self._key_valid[rows]
-        self._padded = bool((self.pad_lengths > 0).any())
 
 
 def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -> tuple[Tensor, Tensor]:
