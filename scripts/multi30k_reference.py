@@ -17,7 +17,6 @@ and stops before decoding, as in ``multi30k.py``; the last line printed is ``BLE
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -30,15 +29,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_seq2seq import TutorialTransformer  # noqa: E402
+from bench_seq2seq import TutorialTransformer, lines  # noqa: E402
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 PAD, BOS, EOS = 0, 1, 2
-
-
-def lines(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
 
 
 def batches_of(src: list[list[int]], tgt: list[list[int]], budget: int, rng: random.Random) -> list[list[int]]:
