@@ -158,11 +158,15 @@ def _nll_terms(logits: Tensor, row_max: Tensor, sums: Tensor, targets: Tensor, e
     return per.squeeze(-1)
 
 
-def _dlogits(probs: Tensor, targets: Tensor, eps: float, valid: Tensor | None) -> Tensor:
-    """``softmax - (1 - ε) onehot - ε / V`` (in place in ``probs``), zero on ignored positions."""
-    grad = probs.scatter_add_(-1, targets.unsqueeze(-1), probs.new_full((*targets.shape, 1), -(1.0 - eps)))
+def _dlogits(probs: Tensor, targets: Tensor, eps: float, valid: Tensor | None, scale: Tensor | None = None) -> Tensor:
+    """``scale · (softmax - (1 - ε) onehot - ε / V)``, zero on ignored positions: in place in
+    ``probs`` without ``scale``, else a new tensor (one pass over the logits when ε = 0 and
+    nothing is ignored, so ``probs`` can be used again)."""
+    grad = probs if scale is None else probs * scale
+    one = 1.0 if scale is None else scale
+    grad.scatter_add_(-1, targets.unsqueeze(-1), (-(1.0 - eps) * one) * grad.new_ones((*targets.shape, 1)))
     if eps:
-        grad.sub_(eps / probs.shape[-1])
+        grad.sub_(eps / probs.shape[-1] * one)
     if valid is not None:
         grad.mul_(valid.unsqueeze(-1))
     return grad
@@ -196,8 +200,8 @@ class _CrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None, None]:
         probs, targets, count, valid = ctx.saved_tensors
-        grad = _dlogits(probs.clone(), targets, ctx.eps, valid if ctx.has_valid else None)
-        return grad.mul_(grad_loss / count).to(ctx.in_dtype), None, None, None
+        grad = _dlogits(probs, targets, ctx.eps, valid if ctx.has_valid else None, grad_loss / count)
+        return grad.to(ctx.in_dtype), None, None, None
 
 
 def linear_cross_entropy(
@@ -236,6 +240,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_x = torch.empty_like(x2) if want_x else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
         total = torch.zeros((), dtype=torch.float32, device=x.device)
+        low_precision = torch.is_autocast_enabled(x.device.type)
         for start in range(0, n, chunk_size):
             xc, tc = x2[start : start + chunk_size], t[start : start + chunk_size]
             vc = None if valid is None else valid[start : start + chunk_size]
@@ -251,7 +256,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if want_x:
                     grad_x[start : start + chunk_size] = einsum(dlogits.to(weight.dtype), weight, "n v, v d -> n d")
                 if want_w:
-                    grad_w.addmm_(dlogits.mT, xc.float())
+                    if low_precision:  # the weight gradient's matmul in autocast's dtype, as unfused
+                        grad_w += einsum(dlogits, xc, "n v, n d -> v d")
+                    else:
+                        grad_w.addmm_(dlogits.mT, xc.float())
         count = torch.tensor(float(n), device=x.device) if valid is None else valid.sum().float()
         ctx.save_for_backward(grad_x if want_x else None, grad_w if want_w else None, count)
         ctx.x_shape, ctx.w_dtype = x.shape, weight.dtype
