@@ -4,8 +4,9 @@
     python scripts/multi30k.py --budget 300 --test SRC.gz REF.gz
 
 The defaults are the best of the 300-second runs in the README (pre-norm, a 4,000-token joint
-BPE, no dropout, a cosine schedule on elapsed time peaking at 3e-3); ``--norm-placement post
---vocab-size 8000 --dropout 0.1 --schedule inverse_sqrt --max-lr 2e-3`` is the paper's recipe.
+BPE, no dropout, a cosine schedule on elapsed time peaking at 1.5e-3, bfloat16 autocast where
+the CPU computes it natively, the einsum attention); ``--norm-placement post --vocab-size 8000
+--dropout 0.1 --schedule inverse_sqrt --max-lr 2e-3`` is the paper's recipe.
 
 The clock starts before the tokenizer: a joint byte-level BPE on both sides of the training
 text (with <pad>, <bos>, <eos>), the pair token files, and the encoder–decoder trained by
@@ -29,6 +30,15 @@ from pathlib import Path
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
 
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (there, 4-5x float32's matmul speed; elsewhere slower)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def main() -> int:
     t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,18 +57,22 @@ def main() -> int:
     ap.add_argument("--label-smoothing", type=float, default=0.1)
     ap.add_argument("--norm-placement", default="pre", choices=["post", "pre"])
     ap.add_argument("--batch-tokens", type=int, default=1024, help="padded tokens per batch (source or target)")
-    ap.add_argument("--max-lr", type=float, default=3e-3)
+    ap.add_argument("--max-lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=200, help="warm-up steps")
     ap.add_argument("--schedule", default="cosine", choices=["inverse_sqrt", "cosine"],
                     help="cosine: on elapsed time, to zero at the end of the budget")
     ap.add_argument("--beta2", type=float, default=0.98)
     ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--attn-impl", default="sdpa", choices=["sdpa", "einsum"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="autocast dtype; auto: bfloat16 where the CPU has bfloat16 instructions (AVX512-BF16, AMX)")
+    ap.add_argument("--attn-impl", default="einsum", choices=["sdpa", "einsum"],
+                    help="einsum: at these lengths (under 100 tokens) faster than torch's CPU flash kernel")
     ap.add_argument("--beam", type=int, default=4, help="beam size for the test set; 1 is greedy")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if cpu_has_bfloat16() else "float32"
     src_dir = Path(args.data or "") / "multi30k"
     if not args.data or not (src_dir / "train.en.gz").is_file():
         sys.exit("multi30k.py: --data or LM_TEST_DATA must name a folder holding multi30k/train.en.gz")
