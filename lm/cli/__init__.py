@@ -34,12 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from lm.cli import data, demo, evaluate, export, sample, tokenizer, train, translate
+    from lm.cli import data, demo, evaluate, export, sample, serve, tokenizer, train, translate
 
     tokenizer.register(sub)  # lm tokenizer train, lm tokenize
     train.register(sub)  # lm train, lm plot
     data.register(sub)  # lm data download
     sample.register(sub)  # lm sample
+    serve.register(sub)  # lm serve
     translate.register(sub)  # lm translate
     evaluate.register(sub)  # lm eval
     export.register(sub)  # lm export hf

@@ -1,0 +1,109 @@
+"""``lm serve``: an OpenAI-compatible HTTP server for a trained language model, with a playground."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lm.cli.common import add_command, add_compute, add_quiet
+
+EXAMPLES = """
+  lm serve --checkpoint runs/cpu-small                     # http://127.0.0.1:8000 (the playground at /)
+  lm serve --checkpoint runs/cpu-small --port 8080 --max-batch 32
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+      -d '{"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0.8}'
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub,
+        "serve",
+        help="serve a model over HTTP (OpenAI completions API, a playground)",
+        description="Serve a trained language model: POST /v1/completions (OpenAI's schema, streaming with "
+        "stream: true), GET /v1/models, /health, /metrics (Prometheus) and a playground page at /. Requests "
+        "that arrive while others decode join the running batch (continuous batching). SIGTERM or Ctrl-C "
+        "finishes the requests in flight, answers new ones with 503, then exits.",
+        examples=EXAMPLES,
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=16, metavar="N", help="rows decoded together")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="requests waiting for a row before new ones get 503")
+    p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body (413 above)")
+    p.add_argument("--model-name", default=None, metavar="NAME",
+                   help="the model's id in the API (default: the run folder's name)")
+    add_compute(p)
+    add_quiet(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+    import time
+    from pathlib import Path
+
+    from lm.cli.common import load_model_and_tokenizer
+    from lm.cli.translate import require_architecture
+    from lm.device import resolve_dtype, set_threads
+
+    try:
+        import uvicorn
+
+        from lm.serve.app import create_app
+        from lm.serve.engine import Engine
+    except ImportError as e:
+        raise ValueError(f"lm serve needs starlette and uvicorn ({e}); pip install starlette uvicorn") from None
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: must be in [0, 65535], got {args.port}")
+    for name in ("max_batch", "max_queue", "max_body"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    set_threads(args.threads)
+    model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    require_architecture(model, "decoder_lm", args.checkpoint)
+    dtype = resolve_dtype(args.dtype, model.device)
+    engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype)
+    run = Path(args.checkpoint)
+    name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
+                               else run.parent.parent.name)
+    app = create_app(engine, tok, name, max_body=args.max_body)
+    state = app.state.server
+
+    class Server(uvicorn.Server):
+        """SIGTERM / Ctrl-C: stop taking requests (503), let those in flight finish, then exit.
+        A second signal exits at once."""
+
+        draining = False
+
+        def handle_exit(self, sig, frame):
+            if self.draining:
+                return super().handle_exit(sig, frame)
+            self.draining = True
+            state.draining = True
+            engine.stop_accepting()
+            if not args.quiet:
+                print(f"lm serve: {signal.Signals(sig).name}: finishing {state.inflight} request(s) in flight; "
+                      "new ones get 503", file=sys.stderr, flush=True)
+
+            def wait_then_exit():
+                while state.inflight or engine.busy:
+                    time.sleep(0.02)
+                self.should_exit = True
+
+            threading.Thread(target=wait_then_exit, daemon=True).start()
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
+                            access_log=not args.quiet, timeout_graceful_shutdown=30)
+    server = Server(config)
+    if not args.quiet:
+        where = f"http://{args.host}:{args.port}"
+        print(f"lm serve: {name} ({model.num_parameters():,} parameters, context {model.config.context_length}, "
+              f"max batch {args.max_batch}) at {where}/v1 — playground at {where}/", file=sys.stderr, flush=True)
+    server.run()
+    return 0

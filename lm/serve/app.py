@@ -1,0 +1,356 @@
+"""The HTTP side of ``lm serve``: an ASGI app (Starlette) in front of one :class:`Engine`.
+
+Endpoints: ``GET /`` (the playground), ``GET /v1/models``, ``POST /v1/completions`` (OpenAI's
+schema, streaming as server-sent events), ``GET /health``, ``GET /metrics`` (Prometheus text).
+No endpoint reads a path from a request or writes a file. Errors have OpenAI's shape.
+
+Starlette rather than FastAPI: the app is five routes whose validation must produce OpenAI's
+error bodies naming the field, which hand-written checks do directly; FastAPI would add
+pydantic and its own 422 error shape to undo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from lm.serve import protocol as api
+from lm.serve.engine import Engine, EngineStopped, QueueFull
+from lm.serve.engine import Request as EngineRequest
+
+MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    tokenizer: Any
+    model_name: str
+    max_body: int = MAX_BODY_BYTES
+    draining: bool = False
+    inflight: int = 0  # completion requests not yet answered in full
+    http: dict[tuple[str, int], int] = field(default_factory=dict)  # (route, status) -> count
+
+
+def error_response(e: api.APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON; 413 past ``limit`` bytes (checked as it arrives, not only by header)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise api.APIError(413, f"the request body is {int(declared):,} bytes; the limit is {limit:,}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise api.APIError(413, f"the request body is over the limit of {limit:,} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise api.APIError(400, f"the request body is not valid JSON: {e}") from None
+
+
+class _Choice:
+    def __init__(self, state: ServerState, stops: list[str]):
+        eot = state.tokenizer.eot_id
+        self.text = api.StopText(state.tokenizer, stops, skip=() if eot is None else (eot,))
+        self.tokens = 0
+        self.done = False
+        self.reason: str | None = None
+        self.parts: list[str] = []
+
+
+class Completion:
+    """One ``/v1/completions`` call in flight: its engine requests (one per prompt) and the text
+    of each choice, fed by the engine's events through an asyncio queue."""
+
+    def __init__(self, state: ServerState, req: api.CompletionRequest):
+        self.state, self.req = state, req
+        self.id, self.created = api.completion_id(), api.now()
+        self.events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        n = req.n
+        self.choices = [_Choice(state, req.stop) for _ in range(len(req.prompts) * n)]
+        self.requests = []
+        for p, ids in enumerate(req.prompts):
+            def on_token(index, token, p=p):
+                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, token, None))
+
+            def on_finish(index, reason, p=p):
+                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, None, reason))
+
+            self.requests.append(EngineRequest(ids, req.params, n, on_token, on_finish))
+        self.remaining = len(self.choices)
+
+    def submit(self) -> None:
+        try:
+            for r in self.requests:
+                self.state.engine.submit(r)
+        except QueueFull as e:
+            self.cancel()
+            raise api.APIError(503, f"the server is busy: {e}", type="server_error",
+                               headers={"Retry-After": "1"}) from None
+        except EngineStopped:
+            self.cancel()
+            raise api.APIError(503, "the server is shutting down", type="server_error",
+                               headers={"Retry-After": "5"}) from None
+        except ValueError as e:  # the engine's own checks (parse_completion makes them all first)
+            self.cancel()
+            raise api.APIError(400, str(e), str(e).split(":")[0]) from None
+
+    def cancel(self) -> None:
+        for r in self.requests:
+            r.cancel()
+
+    async def next_pieces(self) -> list[tuple[int, str, str | None]]:
+        """Wait for the next engine event; the (choice, text, finish_reason) it makes sendable."""
+        index, token, reason = await self.events.get()
+        c = self.choices[index]
+        if c.done:
+            return []  # a token or the end of a choice already cut by a stop string
+        if token is not None:
+            c.tokens += 1
+            text = c.text.push(token)
+            if c.text.stopped:
+                c.done, c.reason = True, "stop"
+                self.remaining -= 1
+                self.requests[index // self.req.n].cancel(index % self.req.n)
+                return [(index, text, "stop")]
+            return [(index, text, None)] if text else []
+        if reason == "error":
+            raise api.APIError(500, "the model failed while generating; see the server's log", type="server_error")
+        c.done, c.reason = True, "stop" if reason == "cancelled" else reason
+        self.remaining -= 1
+        return [(index, c.text.flush(), c.reason)]
+
+    def usage(self) -> dict[str, int]:
+        prompt = sum(len(p) for p in self.req.prompts)
+        return api.usage(prompt, sum(c.tokens for c in self.choices))
+
+
+async def _watch_disconnect(request: Request, on_disconnect) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            on_disconnect()
+            return
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if state.draining:
+        raise api.APIError(503, "the server is shutting down", type="server_error", headers={"Retry-After": "5"})
+    body = await read_json(request, state.max_body)
+    engine = state.engine
+    req = api.parse_completion(body, state.tokenizer, model_name=state.model_name, max_batch=engine.max_batch,
+                               context_length=engine.context_length, eot_id=state.tokenizer.eot_id)
+    completion = Completion(state, req)
+    completion.submit()
+    state.inflight += 1
+    if req.stream:
+        return _EventStream(_sse(completion), on_close=lambda: _closed(state, completion))
+    watcher = asyncio.ensure_future(_watch_disconnect(request, completion.cancel))
+    try:
+        while completion.remaining:
+            for index, text, _ in await completion.next_pieces():
+                completion.choices[index].parts.append(text)
+    finally:
+        watcher.cancel()
+        _closed(state, completion)
+    choices = [api.choice(i, "".join(c.parts), c.reason) for i, c in enumerate(completion.choices)]
+    return JSONResponse(api.completion_body(completion.id, completion.created, state.model_name, choices,
+                                            completion.usage()))
+
+
+def _closed(state: ServerState, completion: Completion) -> None:
+    completion.cancel()  # a no-op for finished rows; frees the rows of a client that left
+    state.inflight -= 1
+
+
+async def _sse(completion: Completion):
+    state, req = completion.state, completion.req
+
+    def event(payload: dict) -> bytes:
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+    try:
+        while completion.remaining:
+            pieces = await completion.next_pieces()
+            for index, text, reason in pieces:
+                if not text and reason is None:
+                    continue
+                chunk = api.completion_body(completion.id, completion.created, state.model_name,
+                                            [api.choice(index, text, reason)], None)
+                if req.include_usage:
+                    chunk["usage"] = None
+                yield event(chunk)
+    except api.APIError as e:
+        yield event(e.body())
+        yield b"data: [DONE]\n\n"
+        return
+    if req.include_usage:
+        yield event(api.completion_body(completion.id, completion.created, state.model_name, [],
+                                        completion.usage()))
+    yield b"data: [DONE]\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events whose ``on_close`` runs however the response ends: finished, or the
+    client gone before or during the stream (when the generator may never have started)."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def models(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    return JSONResponse({"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": request.app.state.started, "owned_by": "lm",
+        "max_model_len": state.engine.context_length}]})
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if state.engine.error is not None:
+        return JSONResponse({"status": "failed", "error": repr(state.engine.error)}, status_code=503)
+    if state.draining:
+        return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(prometheus_text(request.app.state.server),
+                             media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def prometheus_text(state: ServerState) -> str:
+    s = state.engine.stats
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
+        out.append(f"# HELP {name} {help}")
+        out.append(f"# TYPE {name} {kind}")
+        out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
+                   for labels, value in samples)
+
+    metric("lm_http_requests_total", "counter", "HTTP requests by route and status.",
+           [(f'{{route="{r}",status="{c}"}}', n) for (r, c), n in sorted(state.http.items())])
+    metric("lm_requests_total", "counter", "Engine requests (one per prompt) by outcome.",
+           [(f'{{outcome="{k}"}}', v) for k, v in s.requests.items()])
+    metric("lm_prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", s.prompt_tokens)])
+    metric("lm_generation_tokens_total", "counter", "Tokens generated.", [("", s.generated_tokens)])
+    metric("lm_queue_depth", "gauge", "Requests waiting for a slot.", [("", s.queue_depth)])
+    metric("lm_batch_size", "gauge", "Rows decoding at the last step.", [("", s.batch_size)])
+    metric("lm_decode_steps_total", "counter", "Decode steps run.", [("", s.steps)])
+    metric("lm_decode_rows_total", "counter", "Rows decoded, summed over steps (/ steps = mean batch size).",
+           [("", s.step_rows)])
+    cumulative, buckets = 0, []
+    for bound, count in zip((*s.TTFT_BUCKETS, "+Inf"), s.ttft_counts):
+        cumulative += count
+        buckets.append((f'_bucket{{le="{bound}"}}', cumulative))
+    metric("lm_time_to_first_token_seconds", "histogram", "From a request's arrival to its first token.",
+           [*buckets, ("_sum", float(s.ttft_sum)), ("_count", cumulative)])
+    return "\n".join(out) + "\n"
+
+
+async def playground(request: Request) -> Response:
+    html = resources.files("lm.serve").joinpath("static/playground.html").read_text(encoding="utf-8")
+    return Response(html, media_type="text/html; charset=utf-8")
+
+
+class _Guard:
+    """Pure ASGI middleware: OpenAI-shaped errors for anything a route raises, counts by route
+    and status for /metrics."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        route = scope.get("path", "")
+        route = route if route in ROUTES else "other"
+        status = {"code": 500}
+        started = False
+
+        async def send_counted(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                status["code"], started = message["status"], True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        except api.APIError as e:
+            if not started:
+                await error_response(e)(scope, receive, send_counted)
+        except Exception as e:  # noqa: BLE001 - a bug must not take the server down, nor leak a traceback
+            if not started:
+                await error_response(api.APIError(500, f"internal error: {type(e).__name__}",
+                                                  type="server_error"))(scope, receive, send_counted)
+            raise
+        finally:
+            key = (route, status["code"])
+            self.state.http[key] = self.state.http.get(key, 0) + 1
+
+
+ROUTES = ("/", "/v1/models", "/v1/completions", "/health", "/metrics")
+
+
+def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MAX_BODY_BYTES,
+               start_engine: bool = True):
+    """The ASGI app serving ``engine`` (started and stopped with the app unless ``start_engine`` is False)."""
+    import contextlib
+    import time
+
+    state = ServerState(engine, tokenizer, model_name, max_body=max_body)
+
+    async def not_found(request: Request, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        message = "no such endpoint" if status == 404 else f"method {request.method} not allowed here"
+        return error_response(api.APIError(status, f"{message}: {request.method} {request.url.path}"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if start_engine:
+            engine.start()
+        try:
+            yield
+        finally:
+            if start_engine:
+                engine.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/", playground, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )
+    app.state.server = state
+    app.state.started = int(time.time())
+    app.add_middleware(_Guard, state=state)
+    return app

@@ -1,0 +1,412 @@
+"""The serving engine: one scheduler thread owns the model and decodes many requests at once.
+
+**Continuous batching.** The engine keeps ``max_batch`` slots; a slot is one row of a key/value
+cache of ``context_length`` positions. A request waits in a queue until enough slots are free
+(one per choice, ``n``). It then has its prompt prefilled (one forward over the prompt, alone),
+its keys and values copied into its slots, and it joins the rows already decoding at the next
+step. Each step advances every active row by one token. A row that finishes (end of text,
+``max_tokens``) or is cancelled (a stop string seen, a client gone) gives its slot back at once,
+to the next request in the queue.
+
+**Batch invariance.** A row's tokens must not depend on which other rows share the batch: a
+request with a ``seed`` returns the same text alone or beside fifteen others. torch's CPU matmul
+is not batch invariant: a row of ``x @ W.T`` changes in its last bits with the number of rows
+(measured on this machine: 1 row, 2–3 rows and 4 or more rows give three different results).
+For one shape, though, a row's result is the same in any position and whatever the other rows
+hold. So every decode step has one shape: all ``max_batch`` slots (idle ones decode a dummy
+token) and attention over all ``context_length`` positions of the cache, a row's unused
+positions masked out. A prefill runs alone, so it is the same whatever else is running. Each
+row samples from its own logits with its own ``torch.Generator``. ``tests/test_serve.py``
+checks the invariance bit for bit.
+
+The engine knows ids only; text (decoding, stop strings) is the server's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from lm.generate.kv_cache import KVCache
+from lm.generate.sampling import check_sampling_args, sample_next_token
+
+
+class QueueFull(RuntimeError):
+    """The engine's queue holds ``max_queue`` requests already; try again later."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine no longer takes requests (it is draining or stopped)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples: ``temperature`` 0 is greedy; ``seed`` makes it repeatable."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        check_sampling_args(self.temperature, self.top_p, None)
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+
+# Events the engine sends a request, from its own thread: a new token of choice ``index``, or the
+# end of that choice with a finish reason ("stop": end of text or cancelled by a stop string;
+# "length": max_tokens; "cancelled": the client went away; "error": the engine failed).
+OnToken = Callable[[int, int], None]
+OnFinish = Callable[[int, str], None]
+
+
+@dataclass
+class Request:
+    """A prompt (ids) to complete ``n`` times. ``on_token(index, id)`` and ``on_finish(index,
+    reason)`` are called from the engine's thread; they must return quickly."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    on_token: OnToken | None = None
+    on_finish: OnFinish | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    _cancelled: set[int] | bool = field(default_factory=set)
+
+    def cancel(self, index: int | None = None) -> None:
+        """Stop choice ``index`` (all choices when None) at the next step; safe from any thread."""
+        if index is None:
+            self._cancelled = True
+        elif self._cancelled is not True:
+            self._cancelled = self._cancelled | {index}
+
+    def is_cancelled(self, index: int) -> bool:
+        c = self._cancelled
+        return c is True or index in c
+
+
+@dataclass
+class _Row:
+    request: Request
+    index: int  # which choice of the request
+    generator: torch.Generator
+    length: int  # tokens in the slot's cache
+    generated: int = 0
+    last: int = 0  # the token to feed at the next step
+
+
+class SlotCache:
+    """Keys and values of ``slots`` independent rows, each filled from position 0 to its own length.
+
+    The cache interface :class:`lm.model.TransformerLM` and :class:`lm.nn.MultiHeadAttention` use
+    (``positions``, ``layer(i).update``, ``advance``, ``length``) for a one-token step of every
+    row at its own position; a row sees its own keys only (the mask covers everything else).
+    """
+
+    def __init__(self, num_layers: int, slots: int, num_heads: int, max_len: int, head_dim: int, *,
+                 device=None, dtype=torch.float32):
+        shape = (num_layers, slots, num_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.length = 0  # the longest row: what the model's context check reads
+        self._rows = torch.arange(slots, device=device)
+        self._slot = torch.arange(max_len, device=device)
+        self._mask: Tensor | None = None
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        self.lengths.copy_(torch.tensor(lengths, dtype=torch.long))
+        self.length = max(lengths)
+
+    def fill(self, slot: int, k: Tensor, v: Tensor) -> None:
+        """Put a prefilled row (``k``/``v``: ``(layers, heads, length, head_dim)``) into ``slot``."""
+        n = k.shape[-2]
+        self.k[:, slot, :, :n] = k
+        self.v[:, slot, :, :n] = v
+
+    def positions(self, seq: int) -> Tensor:
+        if seq != 1:
+            raise ValueError(f"SlotCache steps one token at a time, got {seq}")
+        if self.length + 1 > self.max_len:
+            raise ValueError(f"KV cache overflow: a row holds {self.length} of max_len={self.max_len}")
+        # Row b's query (at position lengths[b]) sees its own keys 0..lengths[b], nothing else.
+        self._mask = (self._slot[None, :] <= self.lengths[:, None])[:, None, None, :]
+        return self.lengths[:, None]
+
+    def layer(self, i: int) -> _SlotLayer:
+        return _SlotLayer(self, i)
+
+    def advance(self, seq: int) -> None:
+        pass  # the engine sets every row's length before each step
+
+
+class _SlotLayer:
+    def __init__(self, cache: SlotCache, index: int):
+        self.cache, self.index = cache, index
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c = self.cache
+        c.k[self.index, c._rows, :, c.lengths] = k[:, :, 0]
+        c.v[self.index, c._rows, :, c.lengths] = v[:, :, 0]
+        return c.k[self.index], c.v[self.index], c._mask
+
+
+class Stats:
+    """What ``/metrics`` reports; updated by the engine's thread, read by the server's."""
+
+    TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+    def __init__(self) -> None:
+        self.requests = {"finished": 0, "cancelled": 0, "rejected": 0, "failed": 0}
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.steps = 0
+        self.step_rows = 0  # rows decoded, summed over steps: their mean batch size
+        self.ttft_counts = [0] * (len(self.TTFT_BUCKETS) + 1)
+        self.ttft_sum = 0.0
+        self.queue_depth = 0
+        self.batch_size = 0
+
+    def time_to_first_token(self, seconds: float) -> None:
+        i = next((j for j, b in enumerate(self.TTFT_BUCKETS) if seconds <= b), len(self.TTFT_BUCKETS))
+        self.ttft_counts[i] += 1
+        self.ttft_sum += seconds
+
+
+class Engine:
+    """Continuous batching over ``max_batch`` slots for a decoder-only model (see the module).
+
+    ``submit(request)`` queues a request (``QueueFull`` past ``max_queue`` waiting); ``step()``
+    admits what fits and decodes one token of every active row; ``start()`` runs steps in a
+    background thread until ``stop()``.
+    """
+
+    def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
+                 dtype: torch.dtype | None = None):
+        if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
+            raise ValueError(f"the engine serves decoder-only models, got architecture "
+                             f"{model.config.architecture!r}")
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        self.model = model.eval()
+        self.max_batch, self.max_queue, self.eos_id = max_batch, max_queue, eos_id
+        cfg = model.config
+        self.context_length = cfg.context_length
+        weight = model.output_weight
+        self.device = weight.device
+        self.cache = SlotCache(cfg.num_layers, max_batch, cfg.num_heads, cfg.context_length, cfg.head_dim,
+                               device=weight.device, dtype=weight.dtype)
+        self.rows: list[_Row | None] = [None] * max_batch
+        self.waiting: deque[Request] = deque()
+        self.stats = Stats()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.accepting = True
+        self.error: BaseException | None = None
+        self.dtype = dtype  # autocast's, None for the weights' own
+
+    def _autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    # -- the request side (any thread) -------------------------------------------------------
+    def check(self, request: Request) -> None:
+        """Raise ``ValueError`` (naming the field) if ``request`` can never run here."""
+        p = request.prompt_ids
+        if not p:
+            raise ValueError("prompt: empty; give at least one token")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in p if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad!r} is outside [0, {vocab})")
+        if isinstance(request.n, bool) or not isinstance(request.n, int) or not 1 <= request.n <= self.max_batch:
+            raise ValueError(f"n: must be a whole number in [1, {self.max_batch}], got {request.n!r}")
+        total = len(p) + request.params.max_tokens
+        if total > self.context_length:
+            raise ValueError(
+                f"max_tokens: the context is {self.context_length} tokens, and this request asks for {total} "
+                f"({len(p)} in the prompt + {request.params.max_tokens} to generate)"
+            )
+
+    def submit(self, request: Request) -> None:
+        self.check(request)
+        with self._lock:
+            if not self.accepting:
+                raise EngineStopped("the server is shutting down")
+            if len(self.waiting) >= self.max_queue:
+                self.stats.requests["rejected"] += 1
+                raise QueueFull(f"{len(self.waiting)} requests are waiting already (max_queue={self.max_queue})")
+            self.waiting.append(request)
+            self.stats.queue_depth = len(self.waiting)
+            self._wake.notify()
+
+    @property
+    def busy(self) -> bool:
+        """Whether any request is waiting or decoding."""
+        return bool(self.waiting) or any(r is not None for r in self.rows)
+
+    # -- the scheduler (the engine's thread) -------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> bool:
+        """Admit waiting requests into free slots, then decode one token of every active row.
+        Returns whether there was anything to do."""
+        self._drop_cancelled()
+        self._admit()
+        active = [i for i, r in enumerate(self.rows) if r is not None]
+        self.stats.batch_size = len(active)
+        if not active:
+            return False
+        self.cache.set_lengths([r.length if r is not None else 0 for r in self.rows])
+        ids = torch.tensor([[r.last if r is not None else 0] for r in self.rows], dtype=torch.long,
+                           device=self.device)
+        with self._autocast():
+            logits = self.model(ids, kv_cache=self.cache, last_only=True)[:, -1]
+        self.stats.steps += 1
+        self.stats.step_rows += len(active)
+        for i in active:
+            row = self.rows[i]
+            row.length += 1
+            self._emit(i, row, logits[i])
+        return True
+
+    def _admit(self) -> None:
+        while True:
+            with self._lock:
+                if not self.waiting:
+                    break
+                request = self.waiting[0]
+                free = [i for i, r in enumerate(self.rows) if r is None]
+                if request._cancelled is True:  # cancelled while waiting
+                    self.waiting.popleft()
+                    self.stats.queue_depth = len(self.waiting)
+                    self._finish_all(request, "cancelled")
+                    continue
+                if len(free) < request.n:
+                    break
+                self.waiting.popleft()
+                self.stats.queue_depth = len(self.waiting)
+            self._prefill(request, free[: request.n])
+
+    def _prefill(self, request: Request, slots: list[int]) -> None:
+        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
+        one = KVCache.for_model(self.model, 1, max_len=ids.shape[1])
+        with self._autocast():
+            logits = self.model(ids, kv_cache=one, last_only=True)[0, -1]
+        self.stats.prompt_tokens += len(request.prompt_ids)
+        seed = request.params.seed if request.params.seed is not None else secrets.randbits(62)
+        for index, slot in enumerate(slots):
+            self.cache.fill(slot, one.k[:, 0], one.v[:, 0])
+            # Choice j of a seeded request draws from its own stream: (seed, j), never another
+            # request's (seed + j would be the first choice of seed + j).
+            generator = torch.Generator(device="cpu").manual_seed((seed << 8 | index) & ((1 << 63) - 1))
+            row = _Row(request, index, generator, length=len(request.prompt_ids))
+            self.rows[slot] = row
+            self._emit(slot, row, logits)
+
+    def _emit(self, slot: int, row: _Row, logits: Tensor) -> None:
+        """Sample the row's next token from its logits, send it, and free the slot if it is done."""
+        request, p = row.request, row.request.params
+        if request.is_cancelled(row.index):
+            return self._free(slot, "cancelled")
+        token = int(sample_next_token(logits[None], temperature=p.temperature, top_p=p.top_p,
+                                      generator=row.generator)[0])
+        if request.first_token_at is None:
+            request.first_token_at = time.perf_counter()
+            self.stats.time_to_first_token(request.first_token_at - request.arrival)
+        row.generated += 1
+        row.last = token
+        self.stats.generated_tokens += 1
+        if request.on_token is not None:
+            request.on_token(row.index, token)
+        if self.eos_id is not None and token == self.eos_id:
+            self._free(slot, "stop")
+        elif row.generated >= p.max_tokens:
+            self._free(slot, "length")
+
+    def _free(self, slot: int, reason: str) -> None:
+        row = self.rows[slot]
+        self.rows[slot] = None
+        if row.request.on_finish is not None:
+            row.request.on_finish(row.index, reason)
+        key = "cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"
+        self.stats.requests[key] += 1
+
+    def _drop_cancelled(self) -> None:
+        for slot, row in enumerate(self.rows):
+            if row is not None and row.request.is_cancelled(row.index):
+                self._free(slot, "cancelled")
+
+    def _finish_all(self, request: Request, reason: str) -> None:
+        if request.on_finish is not None:
+            for index in range(request.n):
+                request.on_finish(index, reason)
+        self.stats.requests["cancelled" if reason == "cancelled" else "failed"] += 1
+
+    # -- the thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the scheduler in a background thread."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="lm-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stop and not self.waiting and not any(r is not None for r in self.rows):
+                        self._wake.wait()
+                    if self._stop:
+                        break
+                self.step()
+        except BaseException as e:  # a failing model must not leave clients waiting forever
+            self.error = e
+            self._fail_everything()
+
+    def _fail_everything(self) -> None:
+        with self._lock:
+            self.accepting = False
+            waiting, self.waiting = list(self.waiting), deque()
+        for slot, row in enumerate(self.rows):
+            if row is not None:
+                self._free(slot, "error")
+        for request in waiting:
+            self._finish_all(request, "error")
+
+    def stop_accepting(self) -> None:
+        """New requests get :class:`EngineStopped`; the ones already in go on to the end."""
+        with self._lock:
+            self.accepting = False
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop the thread (requests still in are finished with ``cancelled``)."""
+        with self._lock:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for slot, row in enumerate(self.rows):
+            if row is not None:
+                self._free(slot, "cancelled")
+        with self._lock:
+            waiting, self.waiting = list(self.waiting), deque()
+        for request in waiting:
+            self._finish_all(request, "cancelled")

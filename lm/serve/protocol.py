@@ -1,0 +1,206 @@
+"""The OpenAI completions API as this server speaks it: parsing a request, shaping responses
+and errors, and the text-side work of a choice (decoding ids as they come, stop strings).
+
+Only what the server implements is accepted: a field that would change the result and is
+not supported here (``logprobs``, ``echo``, ``suffix``, ``best_of``, penalties, ``logit_bias``)
+is a 400 that names it, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from lm.generate.text import TextStreamer
+from lm.serve.engine import SamplingParams
+
+
+class APIError(Exception):
+    """An error the client gets as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+UNSUPPORTED = {  # field: the value that means "not used"
+    "logprobs": None, "echo": False, "suffix": None, "best_of": None, "logit_bias": None,
+    "presence_penalty": 0, "frequency_penalty": 0,
+}
+MAX_STOP = 4  # as OpenAI
+
+
+@dataclass
+class CompletionRequest:
+    prompts: list[list[int]]  # token ids, one list per prompt
+    params: SamplingParams
+    n: int
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value > hi or value < lo or (lo_open and value == lo):
+        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise APIError(400, f"{name}: must be a number in {bound}, got {value!r}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo) \
+            or (hi is not None and value > hi):
+        where = f" in [{lo}, {hi}]" if lo is not None and hi is not None else f" >= {lo}" if lo is not None else ""
+        raise APIError(400, f"{name}: must be an integer{where}, got {value!r}", name)
+    return value
+
+
+def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, context_length: int,
+                     eot_id: int | None) -> CompletionRequest:
+    """Check a ``POST /v1/completions`` body; every problem is a 400 naming its field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise APIError(404, f"model: {model!r} is not served here; this server has {model_name!r}", "model",
+                       code="model_not_found")
+    for name, unused in UNSUPPORTED.items():
+        if body.get(name, unused) not in (unused, None):
+            raise APIError(400, f"{name}: not supported by this server", name)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise APIError(400, "prompt: required", "prompt")
+    if isinstance(prompt, str):
+        texts_or_ids: list = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        texts_or_ids = [prompt]  # one prompt as token ids
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        texts_or_ids = prompt
+    else:
+        raise APIError(400, "prompt: must be a string, a list of strings, or token ids", "prompt")
+    prompts = []
+    for p in texts_or_ids:
+        if isinstance(p, str):
+            ids = tokenizer.encode(p) if p else ([eot_id] if eot_id is not None else [])
+        elif all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            ids = list(p)
+        else:
+            raise APIError(400, "prompt: a list of token ids must hold integers only", "prompt")
+        if not ids:
+            raise APIError(400, "prompt: empty, and the tokenizer has no end-of-text token to start from", "prompt")
+        vocab = tokenizer.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"prompt: token id {bad} is outside [0, {vocab})", "prompt")
+        prompts.append(ids)
+    max_tokens = _integer(body, "max_tokens", 16, 1)
+    longest = max(len(p) for p in prompts)
+    if longest + max_tokens > context_length:
+        raise APIError(400, f"max_tokens: this model's context is {context_length} tokens, and the request asks "
+                            f"for {longest + max_tokens} ({longest} in the prompt + {max_tokens} to generate)",
+                       "max_tokens")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    n = _integer(body, "n", 1, 1, max_batch)
+    seed = _integer(body, "seed", None)
+    stop = body.get("stop")
+    if stop is None:
+        stops = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= MAX_STOP:
+        stops = list(stop)
+    else:
+        raise APIError(400, f"stop: must be a string or a list of at most {MAX_STOP} strings, got {stop!r}", "stop")
+    if any(s == "" for s in stops):
+        raise APIError(400, "stop: the empty string cannot be a stop sequence", "stop")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, f"stream: must be true or false, got {stream!r}", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise APIError(400, "stream_options: must be an object", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise APIError(400, "stream_options.include_usage: must be true or false", "stream_options")
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    return CompletionRequest(prompts, params, n, stops, stream, include_usage)
+
+
+class StopText:
+    """Text of one choice as its tokens arrive: decoded without splitting a character, cut before
+    the first stop string, and never sending text that might yet turn out to start one."""
+
+    def __init__(self, tokenizer, stops: list[str], skip: tuple[int, ...] = ()):
+        self.streamer = TextStreamer(tokenizer, skip=skip)
+        self.stops = stops
+        self.held = ""
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """The text that can be sent now (possibly ''); ``stopped`` turns True at a stop string."""
+        return self._take(self.streamer.push(token_id))
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        text = self._take(self.streamer.flush())
+        if not self.stopped:
+            text, self.held = text + self.held, ""
+        return text
+
+    def _take(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        text = self.held + piece
+        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            self.stopped, self.held = True, ""
+            return text[: min(cuts)]
+        keep = 0  # the longest end of the text that is the start of a stop string
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(text)), keep, -1):
+                if text.endswith(s[:k]):
+                    keep = k
+                    break
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[: len(text) - keep]
+
+
+def completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def completion_body(cid: str, created: int, model: str, choices: list[dict], usage: dict | None) -> dict[str, Any]:
+    body = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,261 @@
+"""Load and faults for ``lm serve``: traffic to 127.0.0.1 only, bounded in count and time.
+
+    python scripts/bench_serve.py                      # a demo-shaped model, random weights; ~3 minutes
+    python scripts/bench_serve.py --checkpoint runs/demo/run
+
+It starts the real server (``lm serve``, a subprocess) and measures, as one table:
+
+1. **concurrency**: 16 clients at once, each streaming up to 128 tokens (temperature 0),
+   against the same 16 requests one after another:
+   total tokens/s and their ratio (target ≥ 4x), p50/p99 time to first token and per-token latency;
+   the concurrent texts must equal the sequential ones (batch invariance, greedy);
+2. **faults**: 1,000 requests, 32 in flight at a time, a mix of valid ones (answers checked
+   against the sequential pass), malformed ones (bad JSON, bad fields, oversized bodies: each
+   must get its 4xx) and streams cancelled after their first token; then the server must hold no
+   rows (``/metrics``), be healthy, and its RSS must not have grown more than the allocator's
+   slack (reported);
+3. **SIGTERM**: with streams in flight, SIGTERM; a new request must get 503, the streams must
+   finish with their last token and [DONE], and the server must exit 0.
+
+Without ``--checkpoint`` the model has the demo's shape (vocabulary 2,048, d_model 192, 4 layers,
+6 heads) with context 256 (so 128 new tokens fit after a prompt), random weights, and a byte-level
+BPE trained on synthetic stories: speed does not depend on what the weights learned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "One day, Ben", "Mia had a red",
+           "The sun was", "Sam wanted to", "In the park"]
+
+
+def make_run(d: Path) -> Path:
+    import torch
+
+    from lm.checkpoint import export_safetensors
+    from lm.demo.stories import write_corpus
+    from lm.model import TransformerLM
+    from lm.tokenizer import EOT, Tokenizer, save_tokenizer_dir, train_bpe
+
+    write_corpus(d / "stories.txt", 400_000, seed=0)
+    vocab, merges = train_bpe(d / "stories.txt", 2048, [EOT])
+    save_tokenizer_dir(Tokenizer(vocab, merges, [EOT]), d / "tokenizer")
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=2048, context_length=256, d_model=192, num_layers=4, num_heads=6)
+    export_safetensors(model, d / "model.safetensors")
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def metrics(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
+    """One streaming completion: its text, and when each piece arrived."""
+    t0 = time.perf_counter()
+    times, text, tokens = [], [], 0
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            for c in event["choices"]:
+                if c["text"]:
+                    times.append(time.perf_counter() - t0)
+                    text.append(c["text"])
+    return {"text": "".join(text), "tokens": tokens, "ttft": times[0] if times else float("nan"),
+            "gaps": [b - a for a, b in zip(times, times[1:])], "end": time.perf_counter() - t0}
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+async def concurrency(url: str, clients: int, tokens: int) -> tuple[dict, dict[str, str]]:
+    bodies = [{"prompt": PROMPTS[i % len(PROMPTS)] + f" {i}", "max_tokens": tokens, "temperature": 0.0}
+              for i in range(clients)]
+    async with httpx.AsyncClient(timeout=600) as client:
+        await stream_one(client, url, bodies[0])  # warm-up
+        t0 = time.perf_counter()
+        sequential = [await stream_one(client, url, b) for b in bodies]
+        t_seq = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        parallel = await asyncio.gather(*(stream_one(client, url, b) for b in bodies))
+        t_par = time.perf_counter() - t0
+    same = all(a["text"] == b["text"] for a, b in zip(sequential, parallel))
+    answers = {b["prompt"]: r["text"] for b, r in zip(bodies, sequential)}
+    gaps = [g for r in parallel for g in r["gaps"]]
+    seq_gaps = [g for r in sequential for g in r["gaps"]]
+    return {
+        "tokens per pass": sum(r["tokens"] for r in parallel),
+        "sequential tokens/s": sum(r["tokens"] for r in sequential) / t_seq,
+        "concurrent tokens/s": sum(r["tokens"] for r in parallel) / t_par,
+        "ratio": t_seq / t_par, "identical texts": same,
+        "concurrent TTFT p50/p99 ms": (1e3 * pct([r["ttft"] for r in parallel], 50),
+                                       1e3 * pct([r["ttft"] for r in parallel], 99)),
+        "concurrent per-token p50/p99 ms": (1e3 * pct(gaps, 50), 1e3 * pct(gaps, 99)),
+        "sequential TTFT p50/p99 ms": (1e3 * pct([r["ttft"] for r in sequential], 50),
+                                       1e3 * pct([r["ttft"] for r in sequential], 99)),
+        "sequential per-token p50/p99 ms": (1e3 * pct(seq_gaps, 50), 1e3 * pct(seq_gaps, 99)),
+    }, answers
+
+
+async def faults(url: str, total: int, answers: dict[str, str], tokens: int, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    prompts = list(answers)
+    counts = {"valid": 0, "valid correct": 0, "malformed": 0, "malformed refused": 0, "cancelled": 0,
+              "unexpected": 0}
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int, client: httpx.AsyncClient) -> None:
+        kind = rng.choice(["valid", "valid", "malformed", "cancelled"])
+        async with sem:
+            if kind == "valid":
+                counts["valid"] += 1
+                p = rng.choice(prompts)
+                short = rng.choice([8, 16, tokens])
+                r = await client.post(url + "/v1/completions",
+                                      json={"prompt": p, "max_tokens": short, "temperature": 0.0})
+                # greedy and batch invariant: a shorter answer is a prefix of the long one
+                ok = r.status_code == 200 and answers[p].startswith(r.json()["choices"][0]["text"])
+                counts["valid correct"] += ok
+            elif kind == "malformed":
+                counts["malformed"] += 1
+                bad = rng.choice([
+                    (b"{not json", 400), (json.dumps({"prompt": "x", "temperature": -3}).encode(), 400),
+                    (json.dumps({"prompt": "x", "max_tokens": 10_000}).encode(), 400),
+                    (json.dumps({"max_tokens": 3}).encode(), 400),
+                    (json.dumps({"prompt": "x" * 1_100_000}).encode(), 413),
+                    (json.dumps({"prompt": "x", "n": 0}).encode(), 400),
+                ])
+                r = await client.post(url + "/v1/completions", content=bad[0],
+                                      headers={"Content-Type": "application/json"})
+                counts["malformed refused"] += r.status_code == bad[1] and "error" in r.json()
+            else:
+                counts["cancelled"] += 1
+                body = {"prompt": rng.choice(prompts), "max_tokens": tokens, "stream": True}
+                async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            break  # leave after the first token
+        return None
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        results = await asyncio.gather(*(one(i, client) for i in range(total)), return_exceptions=True)
+    counts["unexpected"] = sum(isinstance(r, BaseException) for r in results)
+    return counts
+
+
+def start_server(run: Path, port: int, max_batch: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", str(run), "--port", str(port),
+                             "--max-batch", str(max_batch), "--quiet"], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise SystemExit(f"bench_serve.py: the server did not start: {proc.stderr.read() if proc.poll() else ''}")
+        time.sleep(0.1)
+
+
+async def sigterm(proc: subprocess.Popen, url: str) -> dict:
+    async with httpx.AsyncClient(timeout=120) as client:
+        streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, "max_tokens": 128, "temperature": 1.0}))
+                   for p in PROMPTS[:4]]
+        while metrics(url).get("lm_batch_size", 0) < 1:
+            await asyncio.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.05)
+        refused = await client.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        done = await asyncio.gather(*streams, return_exceptions=True)
+    code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 60)
+    return {"new request during drain": refused.status_code,
+            "streams finished": sum(isinstance(d, dict) and d["text"] != "" for d in done), "exit status": code}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=None, help="a run to serve (default: a demo-shaped random model)")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--requests", type=int, default=1000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(args.checkpoint) if args.checkpoint else make_run(Path(tmp))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start_server(run, port, args.clients)
+        try:
+            load, answers = asyncio.run(concurrency(url, args.clients, args.tokens))
+            rss_before = rss_kib(proc.pid)
+            fault = asyncio.run(faults(url, args.requests, answers, args.tokens))
+            time.sleep(0.5)
+            m = metrics(url)
+            rss_after = rss_kib(proc.pid)
+            healthy = httpx.get(url + "/health").status_code == 200
+            term = asyncio.run(sigterm(proc, url))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    print(f"\n## lm serve under load ({os.cpu_count()} CPUs; server: lm serve --max-batch {args.clients})\n")
+    print("| measurement | value |\n|---|---:|")
+    for k, v in load.items():
+        print(f"| {k} | {v:.2f} |" if isinstance(v, float) else
+              f"| {k} | {v[0]:.1f} / {v[1]:.1f} |" if isinstance(v, tuple) else f"| {k} | {v} |")
+    for k, v in fault.items():
+        print(f"| faults: {k} | {v} |")
+    print(f"| faults: rows left / queue after | {m.get('lm_batch_size', -1):.0f} / {m.get('lm_queue_depth', -1):.0f} |")
+    print(f"| faults: RSS before / after, MiB | {rss_before / 1024:.1f} / {rss_after / 1024:.1f} |")
+    print(f"| faults: healthy after | {healthy} |")
+    for k, v in term.items():
+        print(f"| SIGTERM: {k} | {v} |")
+    ok = (load["ratio"] >= 4 and load["identical texts"] and fault["valid correct"] == fault["valid"]
+          and fault["malformed refused"] == fault["malformed"] and fault["unexpected"] == 0 and healthy
+          and m.get("lm_batch_size") == 0 and term["new request during drain"] == 503 and term["exit status"] == 0)
+    print(f"\nall checks {'pass' if ok else 'FAIL'}; concurrency ratio {load['ratio']:.2f}x (target >= 4x)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""The playground at ``/`` in a real browser: headless Chromium (Debian's package) driven by
+Playwright types a prompt, presses Generate, and sees the text grow in, step by step."""
+
+import os
+import shutil
+import time
+
+import httpx
+import pytest
+from serving import ServerThread, model_and_tokenizer
+
+from lm.serve import Engine, create_app
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def _need_chromium():
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI") == "true":  # .ci/run installs it: its absence there is a failure
+            pytest.fail(f"no chromium at {CHROMIUM}; apt-get install chromium")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+
+
+def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = Engine(model, max_batch=4, eos_id=None)  # no end of text: exactly max_tokens
+    step = engine.step
+
+    def paced_step():  # the tiny model is too fast to watch; 20 ms a token is a real model's pace
+        did = step()
+        if did:
+            time.sleep(0.02)
+        return did
+
+    engine.step = paced_step
+    server = ServerThread(create_app(engine, tok, "tiny"))
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url + "/")
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            page.fill("#prompt", "Lily had")
+            page.fill("#temperature", "0.8")
+            page.fill("#top_p", "0.95")
+            page.fill("#max_tokens", "40")
+            page.fill("#seed", "7")
+            page.click("#generate")
+            grown = "document.getElementById('generated').textContent.length > "
+            page.wait_for_function(grown + "0")
+            first = page.text_content("#generated")
+            page.wait_for_function(grown + str(len(first)))
+            second = page.text_content("#generated")
+            assert page.is_disabled("#generate")  # still generating: the text arrived in steps
+            page.wait_for_function("!document.getElementById('generate').disabled", timeout=30_000)
+            final = page.text_content("#generated")
+            stats = page.text_content("#stats")
+            browser.close()
+        assert not errors
+        assert 0 < len(first) < len(second) < len(final) and final.startswith(second) and second.startswith(first)
+        same = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily had", "temperature": 0.8,
+                                                                "top_p": 0.95, "max_tokens": 40, "seed": 7})
+        assert final == same.json()["choices"][0]["text"]  # the page shows exactly what the API returns
+        assert "40 tokens" in stats and "tokens/s" in stats and "finished: length" in stats
+    finally:
+        server.close()

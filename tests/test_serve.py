@@ -1,0 +1,207 @@
+"""The serving engine: continuous batching over a slot cache, checked against the model run
+without a cache, and batch invariance (a seeded request's tokens and logits, bit for bit, do
+not depend on what else is in the batch)."""
+
+import threading
+
+import pytest
+import torch
+
+import lm.serve.engine as engine_module
+from lm.generate import generate
+from lm.model import TransformerLM
+from lm.serve import Engine, QueueFull, Request, SamplingParams
+
+
+def tiny_model(positions="rope", **kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=97, context_length=48, d_model=32, num_layers=2, num_heads=4, d_ff=64,
+               positions=positions)
+    cfg.update(kw)
+    return TransformerLM(**cfg).eval()
+
+
+class Recorder:
+    """Collects a request's tokens and finish reasons as the engine sends them."""
+
+    def __init__(self, n=1):
+        self.tokens = [[] for _ in range(n)]
+        self.reasons = [None] * n
+
+    def request(self, prompt, params, n=1):
+        return Request(list(prompt), params, n, on_token=lambda i, t: self.tokens[i].append(t),
+                       on_finish=lambda i, r: self.reasons.__setitem__(i, r))
+
+
+def run_until_idle(engine, limit=10_000):
+    for _ in range(limit):
+        if not engine.step():
+            return
+    raise AssertionError("the engine did not finish")
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_slot_decoding_equals_the_model_without_a_cache(positions):
+    """Every row, at its own length, gets the logits of a plain forward over its whole sequence."""
+    model = tiny_model(positions)
+    engine = Engine(model, max_batch=4)
+    prompts = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42], [3, 1, 4, 1, 5]]
+    seen = {}
+    real = engine_module.sample_next_token
+
+    def spy(logits, **kw):
+        token = real(logits, **kw)
+        seen.setdefault(id(kw["generator"]), []).append(logits[0].clone())
+        return token
+
+    recs = [Recorder() for _ in prompts]
+    engine_module.sample_next_token = spy
+    try:
+        for rec, p in zip(recs, prompts):
+            engine.submit(rec.request(p, SamplingParams(max_tokens=6, temperature=0.0)))
+        run_until_idle(engine)
+    finally:
+        engine_module.sample_next_token = real
+    assert len(seen) == len(prompts)
+    for rec, p, logits in zip(recs, prompts, seen.values()):
+        seq = p + rec.tokens[0]
+        with torch.no_grad():
+            full = model(torch.tensor([seq]))[0]
+        for j, got in enumerate(logits):  # token j was chosen from the logits at position len(p) - 1 + j
+            torch.testing.assert_close(got, full[len(p) - 1 + j], rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_tokens_equal_generate():
+    model = tiny_model()
+    engine = Engine(model, max_batch=3)
+    prompts = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42]]
+    recs = [Recorder() for _ in prompts]
+    for rec, p in zip(recs, prompts):
+        engine.submit(rec.request(p, SamplingParams(max_tokens=12, temperature=0.0)))
+    run_until_idle(engine)
+    for rec, p in zip(recs, prompts):
+        assert rec.tokens[0] == generate(model, p, 12, temperature=0.0)
+        assert rec.reasons == ["length"]
+
+
+def _seeded_run(model, companions: int, join_at: int, max_batch=16):
+    """Tokens and logits (bytes) of one seeded request, run with ``companions`` other requests of
+    other lengths and settings, which arrive ``join_at`` steps after it."""
+    engine = Engine(model, max_batch=max_batch)
+    logits_log = []
+    real = engine_module.sample_next_token
+    target = Recorder()
+    req = target.request([11, 12, 13, 14], SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=1234))
+
+    def spy(logits, **kw):
+        if any(r is not None and r.request is req and r.generator is kw["generator"] for r in engine.rows):
+            logits_log.append(logits.numpy().tobytes())
+        return real(logits, **kw)
+
+    engine_module.sample_next_token = spy
+    try:
+        engine.submit(req)
+        g = torch.Generator().manual_seed(companions)
+        others = []
+        for step in range(60):
+            if step == join_at:
+                for k in range(companions):
+                    length = int(torch.randint(1, 20, (1,), generator=g))
+                    prompt = torch.randint(0, 97, (length,), generator=g).tolist()
+                    params = SamplingParams(max_tokens=int(torch.randint(1, 25, (1,), generator=g)),
+                                            temperature=[0.0, 0.7, 1.3][k % 3], top_p=[1.0, 0.5][k % 2], seed=k)
+                    rec = Recorder()
+                    others.append(rec)
+                    engine.submit(rec.request(prompt, params))
+            engine.step()
+        run_until_idle(engine)
+    finally:
+        engine_module.sample_next_token = real
+    return target.tokens[0], logits_log
+
+
+def test_a_seeded_request_is_the_same_alone_or_beside_fifteen_others():
+    model = tiny_model()
+    alone_tokens, alone_logits = _seeded_run(model, companions=0, join_at=0)
+    assert len(alone_tokens) == 20
+    for companions, join_at in ((15, 0), (15, 3), (7, 1), (3, 5)):
+        tokens, logits = _seeded_run(model, companions, join_at)
+        assert tokens == alone_tokens, (companions, join_at)
+        assert logits == alone_logits, (companions, join_at)  # bit for bit, every step
+
+
+def test_continuous_batching_joins_the_running_batch_and_frees_rows_at_once():
+    model = tiny_model()
+    engine = Engine(model, max_batch=2)
+    a, b, c = Recorder(), Recorder(), Recorder()
+    engine.submit(a.request([1, 2], SamplingParams(max_tokens=10, temperature=0.0)))
+    engine.step()
+    engine.step()
+    engine.submit(b.request([3, 4], SamplingParams(max_tokens=3, temperature=0.0)))
+    engine.submit(c.request([5], SamplingParams(max_tokens=2, temperature=0.0)))
+    engine.step()  # b joins the running batch at once: a is not finished
+    assert len(a.tokens[0]) == 4 and len(b.tokens[0]) == 2 and c.tokens[0] == []  # a prefill emits one too
+    engine.step()  # b finishes (3 tokens) and leaves its row
+    assert b.reasons == ["length"] and engine.rows.count(None) == 1
+    engine.step()  # c takes b's row at the next step, while a is still decoding
+    assert len(c.tokens[0]) == 2 and c.reasons == ["length"] and a.reasons == [None]
+    run_until_idle(engine)
+    assert a.reasons == ["length"] and len(a.tokens[0]) == 10
+    assert engine.stats.generated_tokens == 15 and engine.stats.requests["finished"] == 3
+
+
+def test_cancel_end_of_text_choices_and_a_full_queue():
+    model = tiny_model()
+    eos = generate(model, [7, 8], 1, temperature=0.0)[0]  # the greedy next token: make it the end of text
+    engine = Engine(model, max_batch=2, max_queue=1, eos_id=eos)
+    stop, cancel, many = Recorder(), Recorder(), Recorder(n=2)
+    engine.submit(stop.request([7, 8], SamplingParams(max_tokens=10, temperature=0.0)))
+    run_until_idle(engine)
+    assert stop.tokens[0] == [eos] and stop.reasons == ["stop"]
+
+    engine = Engine(model, max_batch=2, max_queue=1)
+    r = cancel.request([1], SamplingParams(max_tokens=30, temperature=0.0))
+    engine.submit(r)
+    engine.step()
+    engine.step()
+    r.cancel()
+    engine.step()
+    assert cancel.reasons == ["cancelled"] and len(cancel.tokens[0]) == 3 and not engine.busy  # 2 steps, 3 tokens
+
+    r = many.request([1, 2], SamplingParams(max_tokens=5, temperature=1.0, seed=3), n=2)
+    engine.submit(r)
+    engine.step()  # its two choices take both rows
+    engine.submit(Recorder().request([1], SamplingParams(max_tokens=5)))  # waits
+    with pytest.raises(QueueFull):
+        engine.submit(Recorder().request([1], SamplingParams(max_tokens=5)))
+    run_until_idle(engine)
+    assert many.reasons == ["length", "length"] and many.tokens[0] != many.tokens[1]  # own generator each
+    assert engine.stats.requests["rejected"] == 1
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(prompt_ids=[]), "prompt: empty"),
+    (dict(prompt_ids=[1, 97]), "prompt: token id 97"),
+    (dict(n=5), "n: must be"),
+    (dict(params=SamplingParams(max_tokens=48)), "max_tokens: the context is 48 tokens"),
+])
+def test_requests_that_can_never_run_are_refused_naming_the_field(bad, message):
+    engine = Engine(tiny_model(), max_batch=4)
+    fields = dict(prompt_ids=[1, 2], params=SamplingParams(max_tokens=4), n=1)
+    fields.update(bad)
+    with pytest.raises(ValueError, match=message):
+        engine.submit(Request(**fields))
+
+
+def test_the_engine_thread_serves_and_stops():
+    model = tiny_model()
+    engine = Engine(model, max_batch=4)
+    engine.start()
+    done = threading.Event()
+    rec = Recorder()
+    req = rec.request([1, 2, 3], SamplingParams(max_tokens=8, temperature=0.0))
+    req.on_finish = lambda i, r: (rec.reasons.__setitem__(i, r), done.set())
+    engine.submit(req)
+    assert done.wait(30)
+    assert rec.tokens[0] == generate(model, [1, 2, 3], 8, temperature=0.0)
+    engine.stop()

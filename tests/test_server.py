@@ -1,0 +1,254 @@
+"""``lm serve`` over real HTTP: the official ``openai`` client, streaming and not, OpenAI-shaped
+errors, a full queue, a client that leaves mid-stream, metrics, and SIGTERM on the real CLI."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+from run_dir import save_model
+from serving import ServerThread, model_and_tokenizer
+
+from lm.serve import Engine, Request, SamplingParams, create_app
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    run, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = Engine(model, max_batch=4, max_queue=16, eos_id=tok.eot_id)
+    app = create_app(engine, tok, "tiny", max_body=4096)
+    server = ServerThread(app)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    yield SimpleNamespace(url=server.url, engine=engine, tok=tok, model=model, client=client, run=run)
+    server.close()
+
+
+def reference_text(served, prompt: str, max_tokens: int, temperature: float, top_p: float = 1.0, seed=None,
+                   n: int = 1) -> list[tuple[str, list[int]]]:
+    """What the engine alone makes of a prompt (the same batch shape as the server's)."""
+    engine = Engine(served.model, max_batch=served.engine.max_batch, eos_id=served.tok.eot_id)
+    tokens = [[] for _ in range(n)]
+    engine.submit(Request(served.tok.encode(prompt), SamplingParams(max_tokens, temperature, top_p, seed), n,
+                          on_token=lambda i, t: tokens[i].append(t)))
+    while engine.step():
+        pass
+    eot = served.tok.eot_id
+    return [(served.tok.decode([t for t in ts if t != eot]), ts) for ts in tokens]
+
+
+def wait_idle(engine, seconds=10.0):
+    deadline = time.time() + seconds
+    while engine.busy:
+        assert time.time() < deadline, "rows were left in the engine"
+        time.sleep(0.01)
+
+
+def test_openai_client_completion_equals_the_engine(served):
+    r = served.client.completions.create(model="tiny", prompt="Lily had", max_tokens=12, temperature=0.8, seed=5)
+    (text, tokens), = reference_text(served, "Lily had", 12, 0.8, seed=5)
+    assert r.object == "text_completion" and r.model == "tiny" and r.id.startswith("cmpl-")
+    assert r.choices[0].text == text and r.choices[0].index == 0
+    assert r.choices[0].finish_reason == ("stop" if tokens[-1] == served.tok.eot_id else "length")
+    assert r.usage.prompt_tokens == len(served.tok.encode("Lily had"))
+    assert r.usage.completion_tokens == len(tokens) and r.usage.total_tokens == r.usage.prompt_tokens + len(tokens)
+    assert [m.id for m in served.client.models.list().data] == ["tiny"]
+
+
+def test_openai_client_streams_the_same_text(served):
+    kwargs = dict(model="tiny", prompt="Tom saw", max_tokens=30, temperature=0.0)
+    whole = served.client.completions.create(**kwargs)
+    chunks = list(served.client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) >= 2 and "".join(texts) == whole.choices[0].text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_several_prompts_and_choices(served):
+    r = served.client.completions.create(model="tiny", prompt=["Lily", "The dog"], n=2, max_tokens=8,
+                                         temperature=1.0, seed=9)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for p, prompt in enumerate(["Lily", "The dog"]):
+        expected = reference_text(served, prompt, 8, 1.0, seed=9, n=2)
+        assert [c.text for c in r.choices[2 * p: 2 * p + 2]] == [t for t, _ in expected]
+
+
+def test_stop_strings_cut_the_text_streaming_or_not(served):
+    kwargs = dict(model="tiny", prompt="Lily had a", max_tokens=40, temperature=0.0)
+    full = served.client.completions.create(**kwargs).choices[0].text
+    assert len(full) > 12
+    stop = full[5:8]
+    cut = full[: full.find(stop)]
+    r = served.client.completions.create(stop=[stop, "never-seen"], **kwargs)
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+    streamed = served.client.completions.create(stop=stop, stream=True, **kwargs)
+    pieces = [(c.choices[0].text, c.choices[0].finish_reason) for c in streamed]
+    assert "".join(t for t, _ in pieces) == cut and pieces[-1][1] == "stop"
+    wait_idle(served.engine)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"prompt": "a", "temperature": 5}, 400, "temperature"),
+    ({"prompt": "a", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "a", "max_tokens": 1000}, 400, "max_tokens"),
+    ({"prompt": "a", "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"prompt": "a", "n": 9}, 400, "n"),
+    ({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"prompt": "a", "logprobs": 2}, 400, "logprobs"),
+    ({"prompt": "a", "stream": "yes"}, 400, "stream"),
+    ({"prompt": [1, 2, 999999]}, 400, "prompt"),
+    ({"max_tokens": 3}, 400, "prompt"),
+    ({"prompt": "a", "model": "gpt-4"}, 404, "model"),
+])
+def test_bad_fields_get_openai_errors_that_name_them(served, body, status, param):
+    r = httpx.post(served.url + "/v1/completions", json=body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["param"] == param and param.split("_")[0] in err["message"] and err["type"]
+
+
+def test_malformed_oversized_and_unknown(served):
+    r = httpx.post(served.url + "/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": "x" * 5000})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+    def chunked():
+        yield b'{"prompt": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+
+    r = httpx.post(served.url + "/v1/completions", content=chunked())  # no Content-Length: counted as it comes
+    assert r.status_code == 413
+    r = httpx.get(served.url + "/v2/nothing")
+    assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
+    r = httpx.get(served.url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        served.client.completions.create(model="tiny", prompt="a", temperature=-1)
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(served):
+    before = served.engine.stats.requests["cancelled"]
+    with httpx.stream("POST", served.url + "/v1/completions",
+                      json={"prompt": "Lily", "max_tokens": 60, "temperature": 1.0, "stream": True}) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+    wait_idle(served.engine)
+    assert served.engine.stats.requests["cancelled"] >= before  # left early, or finished first on a fast machine
+    r = served.client.completions.create(model="tiny", prompt="Tom", max_tokens=4, temperature=0.0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_health_and_metrics(served):
+    assert httpx.get(served.url + "/health").json() == {"status": "ok"}
+    served.client.completions.create(model="tiny", prompt="Lily", max_tokens=3, temperature=0.0)
+    text = httpx.get(served.url + "/metrics").text
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    assert samples["lm_generation_tokens_total"] >= 3
+    assert samples['lm_requests_total{outcome="finished"}'] >= 1
+    assert samples["lm_time_to_first_token_seconds_count"] >= 1
+    count = samples["lm_time_to_first_token_seconds_count"]
+    assert samples['lm_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
+    assert samples['lm_http_requests_total{route="/v1/completions",status="200"}'] >= 1
+    for gauge in ("lm_queue_depth", "lm_batch_size"):
+        assert f"# TYPE {gauge} gauge" in text and gauge in samples
+
+
+def test_a_full_queue_answers_503_with_retry_after(tmp_path_factory):
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = Engine(model, max_batch=1, max_queue=2, eos_id=None)
+    gate = threading.Event()
+    step = engine.step
+    engine.step = lambda: gate.wait(30) and step()  # hold the engine still while the queue fills
+    server = ServerThread(create_app(engine, tok, "tiny"))
+    try:
+        body = {"prompt": "Lily", "max_tokens": 5, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body) as first, \
+                httpx.stream("POST", server.url + "/v1/completions", json=body) as second:
+            assert first.status_code == second.status_code == 200
+            r = httpx.post(server.url + "/v1/completions", json={"prompt": "Tom", "max_tokens": 5})
+            assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+            assert "busy" in r.json()["error"]["message"]
+            gate.set()
+            for stream in (first, second):
+                assert "data: [DONE]" in list(stream.iter_lines())
+        wait_idle(engine)
+        assert engine.stats.requests["rejected"] == 1
+    finally:
+        gate.set()
+        server.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_path_factory):
+    run, model, _ = model_and_tokenizer(tmp_path_factory, context_length=1024, d_model=64)
+    save_model(run, model)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", str(run), "--port", str(port),
+                             "--max-batch", "2", "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.time() + 120  # importing torch on a loaded 2-core machine can take a while
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "no start"
+            time.sleep(0.1)
+        body = {"prompt": "Lily", "max_tokens": 1000, "temperature": 1.0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as stream:
+            lines = stream.iter_lines()
+            next(line for line in lines if line.startswith("data: "))  # decoding has begun
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            refused = httpx.post(url + "/v1/completions", json={"prompt": "Tom", "max_tokens": 2})
+            health = httpx.get(url + "/health")
+            rest = list(lines)
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        events = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+        assert "data: [DONE]" in rest
+        assert events[-1]["choices"][0]["finish_reason"] in ("length", "stop")  # finished, not cut
+        assert proc.wait(60) == 0
+        err = proc.stderr.read()
+        assert "SIGTERM: finishing 1 request(s) in flight" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    for args, message in ((["--port", "70000"], "--port: must be in [0, 65535]"),
+                          (["--max-batch", "0"], "--max-batch: must be >= 1"),
+                          (["--checkpoint", str(run / "missing")], "--checkpoint: file not found")):
+        argv = ["serve", "--checkpoint", str(run), *args]
+        p = subprocess.run([sys.executable, "-m", "lm", *argv], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("lm serve: error:"), p.stderr
+        assert message in p.stderr and "Traceback" not in p.stderr
