@@ -158,6 +158,10 @@ def test_cancel_end_of_text_choices_and_a_full_queue():
     engine.submit(stop.request([7, 8], SamplingParams(max_tokens=10, temperature=0.0)))
     run_until_idle(engine)
     assert stop.tokens[0] == [eos] and stop.reasons == ["stop"]
+    past = Recorder()  # ignore_eos: the end-of-text token is just another token, as in the plain forward
+    engine.submit(past.request([7, 8], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)))
+    run_until_idle(engine)
+    assert past.tokens[0] == generate(model, [7, 8], 10, temperature=0.0) and past.reasons == ["length"]
 
     engine = Engine(model, max_batch=2, max_queue=1)
     r = cancel.request([1], SamplingParams(max_tokens=30, temperature=0.0))

@@ -105,6 +105,7 @@ def test_stop_strings_cut_the_text_streaming_or_not(served):
     ({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"prompt": "a", "logprobs": 2}, 400, "logprobs"),
     ({"prompt": "a", "stream": "yes"}, 400, "stream"),
+    ({"prompt": "a", "ignore_eos": 1}, 400, "ignore_eos"),
     ({"prompt": [1, 2, 999999]}, 400, "prompt"),
     ({"max_tokens": 3}, 400, "prompt"),
     ({"prompt": "a", "model": "gpt-4"}, 404, "model"),
@@ -219,14 +220,16 @@ def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_pa
                 pass
             assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "no start"
             time.sleep(0.1)
-        body = {"prompt": "Lily", "max_tokens": 1000, "temperature": 1.0, "stream": True}
+        # ignore_eos: the request must still be decoding when the signal comes, not end early at a sampled
+        # end-of-text token (a random model draws one every few hundred tokens)
+        body = {"prompt": "Lily", "max_tokens": 1000, "temperature": 1.0, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as stream:
             lines = stream.iter_lines()
             next(line for line in lines if line.startswith("data: "))  # decoding has begun
             proc.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
+            while (health := httpx.get(url + "/health")).status_code == 200:  # until the signal is handled
+                time.sleep(0.01)
             refused = httpx.post(url + "/v1/completions", json={"prompt": "Tom", "max_tokens": 2})
-            health = httpx.get(url + "/health")
             rest = list(lines)
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
         assert health.status_code == 503 and health.json()["status"] == "draining"

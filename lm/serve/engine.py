@@ -49,12 +49,14 @@ class EngineStopped(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples: ``temperature`` 0 is greedy; ``seed`` makes it repeatable."""
+    """How one request samples: ``temperature`` 0 is greedy; ``seed`` makes it repeatable;
+    ``ignore_eos`` keeps going past the end-of-text token until ``max_tokens`` (as vLLM's does)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         check_sampling_args(self.temperature, self.top_p, None)
@@ -62,6 +64,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
 
 # Events the engine sends a request, from its own thread: a new token of choice ``index``, or the
@@ -335,7 +339,7 @@ class Engine:
         self.stats.generated_tokens += 1
         if request.on_token is not None:
             request.on_token(row.index, token)
-        if self.eos_id is not None and token == self.eos_id:
+        if self.eos_id is not None and token == self.eos_id and not p.ignore_eos:
             self._free(slot, "stop")
         elif row.generated >= p.max_tokens:
             self._free(slot, "length")

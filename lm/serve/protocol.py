@@ -138,7 +138,11 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise APIError(400, "stream_options.include_usage: must be true or false", "stream_options")
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise APIError(400, f"ignore_eos: must be true or false, got {ignore_eos!r}", "ignore_eos")
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            ignore_eos=ignore_eos)
     return CompletionRequest(prompts, params, n, stops, stream, include_usage)
 
 
