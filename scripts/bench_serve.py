@@ -55,7 +55,8 @@ def make_run(d: Path) -> Path:
     vocab, merges = train_bpe(d / "stories.txt", 2048, [EOT])
     save_tokenizer_dir(Tokenizer(vocab, merges, [EOT]), d / "tokenizer")
     torch.manual_seed(0)
-    model = TransformerLM(vocab_size=2048, context_length=256, d_model=192, num_layers=4, num_heads=6)
+    model = TransformerLM(vocab_size=2048, context_length=256, d_model=192, num_layers=4, num_heads=6,
+                          d_ff=512)
     export_safetensors(model, d / "model.safetensors")
     return d
 
@@ -201,12 +202,13 @@ def start_server(run: Path, port: int, max_batch: int) -> subprocess.Popen:
 
 async def sigterm(proc: subprocess.Popen, url: str) -> dict:
     async with httpx.AsyncClient(timeout=120) as client:
-        streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, "max_tokens": 128, "temperature": 1.0}))
-                   for p in PROMPTS[:4]]
+        body = {"max_tokens": 128, "temperature": 1.0, "ignore_eos": True}  # still decoding when the signal comes
+        streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, **body})) for p in PROMPTS[:4]]
         while metrics(url).get("lm_batch_size", 0) < 1:
             await asyncio.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.05)
+        while (await client.get(url + "/health")).status_code == 200:  # until the signal is handled
+            await asyncio.sleep(0.01)
         refused = await client.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         done = await asyncio.gather(*streams, return_exceptions=True)
     code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 60)

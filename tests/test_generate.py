@@ -130,6 +130,23 @@ def test_tensor_prompts():
     assert two[0] == one and len(two) == 2
 
 
+def test_vocab_size_samples_only_ids_below_it():
+    """A tokenizer smaller than the model's (padded) vocabulary: only its ids are drawn; greedy is the
+    argmax over them, as a full re-run computes it."""
+    model = TransformerLM(**SMALL).eval()
+    drawn = generate(model, [1, 2], 300, temperature=2.0, generator=torch.Generator().manual_seed(0),
+                     window_shift=4, vocab_size=20)
+    assert max(drawn) < 20 and len(set(drawn)) > 10
+    ids = [1, 2]
+    with torch.no_grad():
+        for _ in range(12):
+            ids.append(int(model(torch.tensor([ids[-16:]]))[0, -1, :20].argmax()))
+    assert generate(model, [1, 2], 12, temperature=0.0, vocab_size=20) == ids[2:]
+    for bad in (0, 51, True, 2.0):
+        with pytest.raises(ValueError, match="vocab_size"):
+            generate(model, [1], 1, vocab_size=bad)
+
+
 def test_stops_after_eos():
     model = TransformerLM(**SMALL)
     free = generate(model, [1, 2], 10, temperature=0)

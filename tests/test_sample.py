@@ -6,6 +6,7 @@ from run_dir import make_run_dir, save_model
 
 from lm.cli import main
 from lm.generate import generate
+from lm.model import TransformerLM
 
 TEXT = "Lily had a red ball. She threw it to Tom. Tom said, \"Thank you!\" Café. 😀\n"
 
@@ -28,9 +29,28 @@ def test_streamed_text_equals_generate(run, capsys, prompt):
     eos = tok.token_to_id[b"<|endoftext|>"]
     ids = tok.encode(prompt) or [eos]
     gen = torch.Generator().manual_seed(7)
-    new = generate(model, ids, 30, temperature=0.9, top_k=50, eos_id=eos, generator=gen)
+    new = generate(model, ids, 30, temperature=0.9, top_k=50, eos_id=eos, generator=gen, vocab_size=tok.vocab_size)
     expected = prompt + tok.decode([t for t in new if t != eos]) + "\n"
     assert out == expected
+
+
+def test_a_model_vocabulary_larger_than_the_tokenizers_samples_only_the_tokenizers_ids(tmp_path, capsys):
+    d, _, tok = make_run_dir(tmp_path, (TEXT + "<|endoftext|>") * 40, 300, context_length=16, d_model=32,
+                             num_layers=2, num_heads=2, d_ff=64)
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=tok.vocab_size + 64, context_length=16, d_model=32, num_layers=2,
+                          num_heads=2, d_ff=64).eval()  # a padded vocabulary, as nanoGPT's 50,304
+    save_model(d, model)
+    argv = ["sample", "--checkpoint", str(d), "--prompt", "Lily", "--max-new-tokens", "200", "--seed", "1",
+            "--temperature", "2.0"]  # flat enough that the model's extra ids would come up
+    eos = tok.token_to_id[b"<|endoftext|>"]
+    free = generate(model, tok.encode("Lily"), 200, temperature=2.0, generator=torch.Generator().manual_seed(1),
+                    eos_id=eos)
+    assert max(free) >= tok.vocab_size  # without the limit, ids with no text are drawn
+    assert main(argv) == 0
+    new = generate(model, tok.encode("Lily"), 200, temperature=2.0, generator=torch.Generator().manual_seed(1),
+                   eos_id=eos, vocab_size=tok.vocab_size)
+    assert capsys.readouterr().out == "Lily" + tok.decode([t for t in new if t != eos]) + "\n"
 
 
 def test_greedy_is_repeatable_and_samples_are_separated(run, capsys):

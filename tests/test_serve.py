@@ -150,6 +150,19 @@ def test_continuous_batching_joins_the_running_batch_and_frees_rows_at_once():
     assert engine.stats.generated_tokens == 15 and engine.stats.requests["finished"] == 3
 
 
+def test_vocab_size_limits_the_ids_every_row_samples():
+    model = tiny_model()
+    engine = Engine(model, max_batch=3, vocab_size=30)
+    greedy, hot = Recorder(), Recorder(n=2)
+    engine.submit(greedy.request([5, 6], SamplingParams(max_tokens=12, temperature=0.0)))
+    engine.submit(hot.request([5], SamplingParams(max_tokens=40, temperature=2.0, seed=1), n=2))
+    run_until_idle(engine)
+    assert greedy.tokens[0] == generate(model, [5, 6], 12, temperature=0.0, vocab_size=30)
+    assert all(max(t) < 30 for t in hot.tokens) and len(set(hot.tokens[0] + hot.tokens[1])) > 10
+    with pytest.raises(ValueError, match="vocab_size"):
+        Engine(model, vocab_size=98)
+
+
 def test_cancel_end_of_text_choices_and_a_full_queue():
     model = tiny_model()
     eos = generate(model, [7, 8], 1, temperature=0.0)[0]  # the greedy next token: make it the end of text

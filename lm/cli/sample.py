@@ -115,7 +115,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
         with autocast():
             new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                           top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit)
+                           top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit,
+                           vocab_size=tok.vocab_size)
         out.write(streamer.flush() + "\n")
         total += len(new)
     dt = time.perf_counter() - t0

@@ -68,7 +68,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     require_architecture(model, "decoder_lm", args.checkpoint)
     dtype = resolve_dtype(args.dtype, model.device)
-    engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype)
+    engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype,
+                    vocab_size=tok.vocab_size)
     run = Path(args.checkpoint)
     name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
                                else run.parent.parent.name)

@@ -66,6 +66,7 @@ def generate(
     generator: torch.Generator | None = None,
     window_shift: int = 1,
     on_token: Callable[[int, int], None] | None = None,
+    vocab_size: int | None = None,
 ) -> list[int] | list[list[int]]:
     """Sample up to ``max_new_tokens`` new tokens after ``prompt_ids`` and return them
     (the new tokens only, ending with ``eos_id`` if it was emitted).
@@ -73,7 +74,9 @@ def generate(
     ``prompt_ids`` is one prompt (a list of ids or a 1-D tensor) → ``list[int]``, or a
     batch of prompts of any lengths (a list of lists) → ``list[list[int]]``. ``on_token``,
     when given, is called with ``(row, token)`` for every new token as soon as it is chosen,
-    so a caller can stream text while the rest is generated.
+    so a caller can stream text while the rest is generated. ``vocab_size``, when given, samples
+    only ids below it: a tokenizer with fewer tokens than the model's (padded) vocabulary has no
+    text for the others.
     """
     check_sampling_args(temperature, top_p, top_k)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -86,6 +89,9 @@ def generate(
         raise ValueError(
             f"window_shift must be in [1, context_length={ctx}), got window_shift={window_shift!r}"
         )
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                   or not 1 <= vocab_size <= cfg.vocab_size):
+        raise ValueError(f"vocab_size must be in [1, {cfg.vocab_size}] (the model's), got vocab_size={vocab_size!r}")
     prompts, single = _as_prompt_list(prompt_ids)
     if not prompts:
         raise ValueError("prompt_ids: got an empty batch of prompts")
@@ -114,6 +120,8 @@ def generate(
 
     cache, logits = prefill(ctx)
     for step in range(max_new_tokens):
+        if vocab_size is not None:
+            logits = logits[..., :vocab_size]
         next_ids = sample_next_token(
             logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator
         ).tolist()

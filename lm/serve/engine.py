@@ -199,7 +199,7 @@ class Engine:
     """
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, vocab_size: int | None = None):
         if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
             raise ValueError(f"the engine serves decoder-only models, got architecture "
                              f"{model.config.architecture!r}")
@@ -209,6 +209,10 @@ class Engine:
         self.model = model.eval()
         self.max_batch, self.max_queue, self.eos_id = max_batch, max_queue, eos_id
         cfg = model.config
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                       or not 1 <= vocab_size <= cfg.vocab_size):
+            raise ValueError(f"vocab_size must be in [1, {cfg.vocab_size}] (the model's), got {vocab_size!r}")
+        self.vocab_size = vocab_size or cfg.vocab_size  # sample ids below it: the tokenizer's size
         self.context_length = cfg.context_length
         weight = model.output_weight
         self.device = weight.device
@@ -329,7 +333,7 @@ class Engine:
         request, p = row.request, row.request.params
         if request.is_cancelled(row.index):
             return self._free(slot, "cancelled")
-        token = int(sample_next_token(logits[None], temperature=p.temperature, top_p=p.top_p,
+        token = int(sample_next_token(logits[None, :self.vocab_size], temperature=p.temperature, top_p=p.top_p,
                                       generator=row.generator)[0])
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
