@@ -204,7 +204,7 @@ async def sigterm(proc: subprocess.Popen, url: str) -> dict:
     async with httpx.AsyncClient(timeout=120) as client:
         body = {"max_tokens": 128, "temperature": 1.0, "ignore_eos": True}  # still decoding when the signal comes
         streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, **body})) for p in PROMPTS[:4]]
-        while metrics(url).get("lm_batch_size", 0) < 1:
+        while metrics(url).get("lm_batch_size", 0) < len(streams):  # all four are decoding
             await asyncio.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         while (await client.get(url + "/health")).status_code == 200:  # until the signal is handled
@@ -212,8 +212,11 @@ async def sigterm(proc: subprocess.Popen, url: str) -> dict:
         refused = await client.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         done = await asyncio.gather(*streams, return_exceptions=True)
     code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 60)
+    errors = [repr(d) for d in done if isinstance(d, BaseException)]
     return {"new request during drain": refused.status_code,
-            "streams finished": sum(isinstance(d, dict) and d["text"] != "" for d in done), "exit status": code}
+            "streams finished": f"{sum(isinstance(d, dict) and d['tokens'] == 128 for d in done)} of {len(done)}"
+                                + (f" ({errors[0]})" if errors else ""),
+            "exit status": code}
 
 
 def main() -> int:
@@ -232,8 +235,12 @@ def main() -> int:
             load, answers = asyncio.run(concurrency(url, args.clients, args.tokens))
             rss_before = rss_kib(proc.pid)
             fault = asyncio.run(faults(url, args.requests, answers, args.tokens))
-            time.sleep(0.5)
-            m = metrics(url)
+            t0 = time.perf_counter()  # cancelled rows leave at the engine's next step
+            while (m := metrics(url)).get("lm_batch_size", 1) or m.get("lm_queue_depth", 1):
+                if time.perf_counter() - t0 > 30:
+                    break
+                time.sleep(0.01)
+            idle_after = time.perf_counter() - t0
             rss_after = rss_kib(proc.pid)
             healthy = httpx.get(url + "/health").status_code == 200
             term = asyncio.run(sigterm(proc, url))
@@ -247,14 +254,16 @@ def main() -> int:
               f"| {k} | {v[0]:.1f} / {v[1]:.1f} |" if isinstance(v, tuple) else f"| {k} | {v} |")
     for k, v in fault.items():
         print(f"| faults: {k} | {v} |")
-    print(f"| faults: rows left / queue after | {m.get('lm_batch_size', -1):.0f} / {m.get('lm_queue_depth', -1):.0f} |")
+    print(f"| faults: rows left / queue after | {m.get('lm_batch_size', -1):.0f} / {m.get('lm_queue_depth', -1):.0f} "
+          f"(idle {1e3 * idle_after:.0f} ms after the last response) |")
     print(f"| faults: RSS before / after, MiB | {rss_before / 1024:.1f} / {rss_after / 1024:.1f} |")
     print(f"| faults: healthy after | {healthy} |")
     for k, v in term.items():
         print(f"| SIGTERM: {k} | {v} |")
     ok = (load["ratio"] >= 4 and load["identical texts"] and fault["valid correct"] == fault["valid"]
           and fault["malformed refused"] == fault["malformed"] and fault["unexpected"] == 0 and healthy
-          and m.get("lm_batch_size") == 0 and term["new request during drain"] == 503 and term["exit status"] == 0)
+          and m.get("lm_batch_size") == 0 and term["new request during drain"] == 503 and term["exit status"] == 0
+          and term["streams finished"] == "4 of 4")
     print(f"\nall checks {'pass' if ok else 'FAIL'}; concurrency ratio {load['ratio']:.2f}x (target >= 4x)")
     return 0 if ok else 1
 

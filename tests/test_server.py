@@ -167,8 +167,8 @@ def test_health_and_metrics(served):
     count = samples["lm_time_to_first_token_seconds_count"]
     assert samples['lm_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
     assert samples['lm_http_requests_total{route="/v1/completions",status="200"}'] >= 1
-    for gauge in ("lm_queue_depth", "lm_batch_size"):
-        assert f"# TYPE {gauge} gauge" in text and gauge in samples
+    for gauge in ("lm_queue_depth", "lm_batch_size"):  # nothing in flight: both gauges are back at zero
+        assert f"# TYPE {gauge} gauge" in text and samples[gauge] == 0
 
 
 def test_a_full_queue_answers_503_with_retry_after(tmp_path_factory):

@@ -351,10 +351,11 @@ class Engine:
     def _free(self, slot: int, reason: str) -> None:
         row = self.rows[slot]
         self.rows[slot] = None
-        if row.request.on_finish is not None:
-            row.request.on_finish(row.index, reason)
+        self.stats.batch_size = sum(r is not None for r in self.rows)  # counted before the client hears
         key = "cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"
         self.stats.requests[key] += 1
+        if row.request.on_finish is not None:
+            row.request.on_finish(row.index, reason)
 
     def _drop_cancelled(self) -> None:
         for slot, row in enumerate(self.rows):
