@@ -60,6 +60,13 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
             page.wait_for_function("!document.getElementById('generate').disabled", timeout=30_000)
             final = page.text_content("#generated")
             stats = page.text_content("#stats")
+            page.reload()  # the defaults fit the model's context (64 here): they must just work
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            default_tokens = int(page.input_value("#max_tokens"))
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
+                                   timeout=30_000)
+            default_error = page.text_content("#error")
             browser.close()
         assert not errors
         assert 0 < len(first) < len(second) < len(final) and final.startswith(second) and second.startswith(first)
@@ -67,5 +74,6 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
                                                                 "top_p": 0.95, "max_tokens": 40, "seed": 7})
         assert final == same.json()["choices"][0]["text"]  # the page shows exactly what the API returns
         assert "40 tokens" in stats and "tokens/s" in stats and "finished: length" in stats
+        assert default_tokens == 32 and default_error == ""  # half the context of 64, not 128
     finally:
         server.close()

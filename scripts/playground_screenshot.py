@@ -1,0 +1,76 @@
+"""A screenshot of the playground (``lm serve``'s page at ``/``) after a completion, taken by the
+same headless Chromium the tests drive (Debian's ``chromium``, through Playwright).
+
+    python scripts/playground_screenshot.py --checkpoint runs/demo/run --out docs/playground.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="a run folder or checkpoint to serve")
+    ap.add_argument("--out", default="docs/playground.png")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    ap.add_argument("--prompt", default="Once upon a time")
+    ap.add_argument("--seed", default="3")
+    ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        sys.exit(f"playground_screenshot.py: --out: {str(out)!r} exists; pass --overwrite to replace it")
+    from playwright.sync_api import sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", args.checkpoint, "--port",
+                               str(port), "--quiet"])
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                sys.exit("playground_screenshot.py: the server did not start")
+            time.sleep(0.1)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 960, "height": 720}, device_scale_factor=1)
+            page.goto(url + "/")
+            page.fill("#prompt", args.prompt)
+            page.fill("#seed", args.seed)
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')"
+                                   " || document.getElementById('error').textContent !== ''", timeout=120_000)
+            if page.text_content("#error"):
+                sys.exit(f"playground_screenshot.py: the page shows an error: {page.text_content('#error')}")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.png")
+            page.screenshot(path=str(tmp), full_page=True)
+            os.replace(tmp, out)
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
