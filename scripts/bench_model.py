@@ -29,6 +29,7 @@ from lm.generate import generate
 from lm.model import TransformerLM
 from lm.nn import cross_entropy
 
+HF_GEN = "transformers generate (sdpa)"
 SHAPE = dict(vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
 
 
@@ -102,39 +103,59 @@ def bench_training(args) -> list[tuple[str, float]]:
     return [(name, statistics.median(v)) for name, v in rates.items()]
 
 
-def bench_generation(args) -> tuple[list[tuple[str, float]], bool]:
+def bench_generation(args) -> tuple[list[tuple[str, float]], bool, list[tuple[str, float]], bool]:
+    """One stream, then ``args.streams`` streams at once: new tokens/s, interleaved rounds, medians.
+    Every row's greedy tokens must equal transformers' for the same prompt."""
     torch.manual_seed(0)
     shape = {**SHAPE, "context_length": 512}  # prompt + 256 new tokens must fit Llama's window too
     ours = {impl: TransformerLM(**shape, attn_impl=impl).eval() for impl in args.attn_impls}
     first = next(iter(ours.values()))
     for m in ours.values():
         m.load_state_dict(first.state_dict())
+    compiled = ours.get("einsum", first)  # the compiled step: torch.compile of the fixed-shape decode
     hf = llama_like(first).eval()
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, shape["vocab_size"], (args.prompt_len,), generator=g)
+    prompts = torch.randint(0, shape["vocab_size"], (args.streams, args.prompt_len), generator=g)
+    prompt = prompts[0]
     n = args.new_tokens
 
-    def run_ours(m):
-        return generate(m, prompt.tolist(), n, temperature=0)
-
-    def run_hf():
+    def hf_generate(batch):
         with torch.no_grad():
-            out = hf.generate(prompt[None], max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        return out[0, len(prompt) :].tolist()
+            out = hf.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        return out[:, batch.shape[1]:].tolist()
 
-    runners = {f"lm generate (attn_impl={impl})": (lambda m=m: run_ours(m)) for impl, m in ours.items()}
-    runners["transformers generate (sdpa)"] = run_hf
-    outputs = {name: fn() for name, fn in runners.items()}  # warm-up, and the tokens to compare
-    identical = all(o == outputs["transformers generate (sdpa)"] for o in outputs.values())
-    rates: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(args.gen_rounds):
-        for name, fn in runners.items():
-            t0 = time.perf_counter()
-            fn()
-            rates[name].append(n / (time.perf_counter() - t0))
-    return [(name, statistics.median(v)) for name, v in rates.items()], identical
+    def timed(runners: dict, tokens: int) -> tuple[list[tuple[str, float]], dict]:
+        outputs = {name: fn() for name, fn in runners.items()}  # warm-up (and compilation), the tokens
+        rates: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(args.gen_rounds):
+            for name, fn in runners.items():
+                t0 = time.perf_counter()
+                fn()
+                rates[name].append(tokens / (time.perf_counter() - t0))
+        return [(name, statistics.median(v)) for name, v in rates.items()], outputs
+
+    one = {f"lm generate (attn_impl={impl})": (lambda m=m: generate(m, prompt.tolist(), n, temperature=0))
+           for impl, m in ours.items()}
+    one["lm generate, compiled step (compile=True)"] = lambda: generate(compiled, prompt.tolist(), n,
+                                                                         temperature=0, compile=True)
+    one[HF_GEN] = lambda: hf_generate(prompt[None])[0]
+    rows, outputs = timed(one, n)
+    identical = all(o == outputs[HF_GEN] for o in outputs.values())
+
+    batch = prompts.tolist()
+    many = {
+        f"lm generate, {args.streams} streams (attn_impl={next(iter(ours))})":
+            lambda: generate(first, batch, n, temperature=0),
+        f"lm generate, {args.streams} streams, compiled step": lambda: generate(compiled, batch, n, temperature=0,
+                                                                                 compile=True),
+        f"{HF_GEN}, {args.streams} streams": lambda: hf_generate(prompts),
+    }
+    batch_rows, batch_outputs = timed(many, n * args.streams)
+    reference = batch_outputs[f"{HF_GEN}, {args.streams} streams"]
+    batch_identical = all(o == reference for o in batch_outputs.values()) and reference[0] == outputs[HF_GEN]
+    return rows, identical, batch_rows, batch_identical
 
 
 def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference: str) -> None:
@@ -159,6 +180,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--gen-rounds", type=int, default=5)
+    p.add_argument("--streams", type=int, default=16, help="streams decoded at once in the batched rows")
     args = p.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, cpu")
     if not args.skip_train:
@@ -179,14 +201,24 @@ def main() -> None:
                 compiled_ref,
             )
     if not args.skip_generate:
-        rows, identical = bench_generation(args)
+        rows, identical, batch_rows, batch_identical = bench_generation(args)
         print_table(
             f"Greedy generation, prompt {args.prompt_len}, {args.new_tokens} new tokens, batch 1 (ctx 512 model)",
             rows,
             "new tokens/s",
-            "transformers generate (sdpa)",
+            HF_GEN,
         )
         print(f"\nidentical tokens: {identical}")
+        print_table(f"{args.streams} streams at once (prompts of {args.prompt_len}, {args.new_tokens} new tokens each)",
+                    batch_rows, "new tokens/s, all streams", f"{HF_GEN}, {args.streams} streams")
+        single = dict(rows)
+        eager_one = single[f"lm generate (attn_impl={args.attn_impls[0]})"]
+        compiled_one = single["lm generate, compiled step (compile=True)"]
+        eager_many, compiled_many = batch_rows[0][1], batch_rows[1][1]
+        print(f"\n{args.streams} streams against one: eager {eager_many / eager_one:.2f}×, "
+              f"compiled {compiled_many / compiled_one:.2f}×; compiled {args.streams} streams against eager one "
+              f"stream {compiled_many / eager_one:.2f}×")
+        print(f"identical tokens ({args.streams} streams, each against transformers): {batch_identical}")
 
 
 if __name__ == "__main__":

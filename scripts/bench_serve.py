@@ -184,9 +184,10 @@ async def faults(url: str, total: int, answers: dict[str, str], tokens: int, see
     return counts
 
 
-def start_server(run: Path, port: int, max_batch: int) -> subprocess.Popen:
+def start_server(run: Path, port: int, max_batch: int, compile: bool = False) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", str(run), "--port", str(port),
-                             "--max-batch", str(max_batch), "--quiet"], stderr=subprocess.PIPE, text=True)
+                             "--max-batch", str(max_batch), "--quiet", *(["--compile"] if compile else [])],
+                            stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while True:
@@ -225,12 +226,13 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--compile", action="store_true", help="serve with lm serve --compile")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.checkpoint) if args.checkpoint else make_run(Path(tmp))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = start_server(run, port, args.clients)
+        proc = start_server(run, port, args.clients, args.compile)
         try:
             load, answers = asyncio.run(concurrency(url, args.clients, args.tokens))
             rss_before = rss_kib(proc.pid)
@@ -247,7 +249,8 @@ def main() -> int:
         finally:
             if proc.poll() is None:
                 proc.kill()
-    print(f"\n## lm serve under load ({os.cpu_count()} CPUs; server: lm serve --max-batch {args.clients})\n")
+    flags = f"--max-batch {args.clients}" + (" --compile" if args.compile else "")
+    print(f"\n## lm serve under load ({os.cpu_count()} CPUs; server: lm serve {flags})\n")
     print("| measurement | value |\n|---|---:|")
     for k, v in load.items():
         print(f"| {k} | {v:.2f} |" if isinstance(v, float) else

@@ -147,6 +147,42 @@ def test_vocab_size_samples_only_ids_below_it():
             generate(model, [1], 1, vocab_size=bad)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_static_step_gives_every_row_the_logits_of_a_plain_forward(rows):
+    """DecodeStep, eager: rows at different lengths (and idle rows) in one fixed shape."""
+    from lm.generate import DecodeStep
+
+    model = TransformerLM(**SMALL).eval()
+    step = DecodeStep(model, 4)
+    seqs = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13]][:rows]
+    for b, s in enumerate(seqs):  # prefill all but the last token of each
+        one = KVCache.for_model(model, 1, max_len=len(s) - 1) if len(s) > 1 else None
+        if one is not None:
+            model(torch.tensor([s[:-1]]), kv_cache=one)
+            step.cache.fill_from(b, one)
+    lengths = [len(s) - 1 for s in seqs] + [0] * (4 - rows)  # idle rows: length 0, token 0
+    logits = step([s[-1] for s in seqs] + [0] * (4 - rows), lengths)
+    with torch.no_grad():
+        for b, s in enumerate(seqs):
+            torch.testing.assert_close(logits[b], model(torch.tensor([s]))[0, -1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="lengths"):
+        step([0] * 4, [0, 0, 0, 16])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [{}, {"positions": "learned", "attn_impl": "sdpa"}])
+def test_compiled_generation_gives_the_eager_tokens(variant):
+    """generate(compile=True): prompts of different lengths, past the context (the window slides)."""
+    model = TransformerLM(**{**SMALL, **variant}).eval()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    for shift in (1, 4):
+        assert generate(model, prompts, 30, temperature=0, window_shift=shift, compile=True) == \
+            generate(model, prompts, 30, temperature=0, window_shift=shift)
+    draw = lambda **kw: generate(model, [5, 6], 20, temperature=1.0, top_p=0.9,  # noqa: E731
+                                 generator=torch.Generator().manual_seed(3), **kw)
+    assert draw(compile=True) == draw()
+
+
 def test_stops_after_eos():
     model = TransformerLM(**SMALL)
     free = generate(model, [1, 2], 10, temperature=0)

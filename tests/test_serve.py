@@ -84,10 +84,10 @@ def test_greedy_tokens_equal_generate():
         assert rec.reasons == ["length"]
 
 
-def _seeded_run(model, companions: int, join_at: int, max_batch=16):
+def _seeded_run(model, companions: int, join_at: int, max_batch=16, engine=None):
     """Tokens and logits (bytes) of one seeded request, run with ``companions`` other requests of
     other lengths and settings, which arrive ``join_at`` steps after it."""
-    engine = Engine(model, max_batch=max_batch)
+    engine = engine or Engine(model, max_batch=max_batch)
     logits_log = []
     real = engine_module.sample_next_token
     target = Recorder()
@@ -128,6 +128,22 @@ def test_a_seeded_request_is_the_same_alone_or_beside_fifteen_others():
         tokens, logits = _seeded_run(model, companions, join_at)
         assert tokens == alone_tokens, (companions, join_at)
         assert logits == alone_logits, (companions, join_at)  # bit for bit, every step
+
+
+@pytest.mark.slow
+def test_the_compiled_step_is_batch_invariant_too_and_matches_eager_logits():
+    """--compile: torch.compile'd fixed-shape step (one compilation, reused by every run)."""
+    model = tiny_model()
+    engine = Engine(model, max_batch=16, compile=True)
+    alone_tokens, alone_logits = _seeded_run(model, 0, 0, engine=engine)
+    for companions, join_at in ((15, 0), (7, 1)):
+        tokens, logits = _seeded_run(model, companions, join_at, engine=engine)
+        assert tokens == alone_tokens and logits == alone_logits, (companions, join_at)
+    eager_tokens, eager_logits = _seeded_run(model, 0, 0)
+    for got, want in zip(alone_logits, eager_logits):  # compiled kernels: the same logits to rounding
+        got, want = (torch.frombuffer(bytearray(b), dtype=torch.float32) for b in (got, want))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert alone_tokens == eager_tokens
 
 
 def test_continuous_batching_joins_the_running_batch_and_frees_rows_at_once():

@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K likeliest tokens only")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="for repeatable samples")
     p.add_argument("--num-samples", type=int, default=1, metavar="N")
+    p.add_argument("--compile", action="store_true",
+                   help="decode with a compiled fixed-shape step (seconds to compile, then faster per token)")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     add_compute(p)
     add_quiet(p)
@@ -116,12 +118,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
         with autocast():
             new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit,
-                           vocab_size=tok.vocab_size)
+                           vocab_size=tok.vocab_size, compile=args.compile)
         out.write(streamer.flush() + "\n")
         total += len(new)
     dt = time.perf_counter() - t0
     if not args.quiet:
-        print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s]", file=sys.stderr)
+        note = ", the step's compilation included" if args.compile else ""
+        print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s{note}]", file=sys.stderr)
     with contextlib.suppress(BrokenPipeError):
         out.flush()
     return 0

@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=16, metavar="N", help="rows decoded together")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting for a row before new ones get 503")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the fixed-shape decode step with torch.compile at startup (seconds; faster steps)")
     p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body (413 above)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="the model's id in the API (default: the run folder's name)")
@@ -69,7 +71,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     require_architecture(model, "decoder_lm", args.checkpoint)
     dtype = resolve_dtype(args.dtype, model.device)
     engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype,
-                    vocab_size=tok.vocab_size)
+                    vocab_size=tok.vocab_size, compile=args.compile)
+    if args.compile:
+        if not args.quiet:
+            print("lm serve: compiling the decode step ...", file=sys.stderr, flush=True)
+        engine.decode([0] * args.max_batch, [0] * args.max_batch)  # compile now, not on the first request
     run = Path(args.checkpoint)
     name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
                                else run.parent.parent.name)

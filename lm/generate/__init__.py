@@ -6,12 +6,15 @@ from lm.generate.kv_cache import KVCache
 from lm.generate.load import Loaded, load_model_and_tokenizer
 from lm.generate.sampling import sample_next_token, top_k_filter, top_p_filter
 from lm.generate.seq2seq import Seq2SeqCache, beam_search, greedy_decode, translate
+from lm.generate.static import DecodeStep, StaticKVCache
 from lm.generate.text import TextStreamer
 
 __all__ = [
+    "DecodeStep",
     "KVCache",
     "Loaded",
     "Seq2SeqCache",
+    "StaticKVCache",
     "TextStreamer",
     "beam_search",
     "generate",

@@ -172,14 +172,18 @@ class TransformerLM(torch.nn.Module):
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
         seq = ids.shape[-1]
-        total = seq if kv_cache is None else kv_cache.length + seq
+        compiling = _is_compiling()
+        # Compiled, a cache's length (a Python int) would recompile the graph at every step: the
+        # compiled caller (lm.generate.static.DecodeStep) checks it instead. Data-dependent id
+        # checks would break the graph.
+        total = seq if kv_cache is None or compiling else kv_cache.length + seq
         if total > self.config.context_length:
             raise ValueError(
                 f"sequence length {total} exceeds context_length={self.config.context_length}"
                 + ("" if kv_cache is None else f" (cached {kv_cache.length} + new {seq})")
             )
-        if ids.numel() == 0 or _is_compiling():
-            return  # a data-dependent check would break the compiled graph
+        if ids.numel() == 0 or compiling:
+            return
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi

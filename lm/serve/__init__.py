@@ -1,9 +1,9 @@
 """Serving a trained language model: the continuous-batching :class:`Engine` and the
 OpenAI-compatible HTTP app around it (``lm serve``)."""
 
-from lm.serve.engine import Engine, EngineStopped, QueueFull, Request, SamplingParams, SlotCache
+from lm.serve.engine import Engine, EngineStopped, QueueFull, Request, SamplingParams
 
-__all__ = ["Engine", "EngineStopped", "QueueFull", "Request", "SamplingParams", "SlotCache", "create_app"]
+__all__ = ["Engine", "EngineStopped", "QueueFull", "Request", "SamplingParams", "create_app"]
 
 
 def create_app(*args, **kwargs):

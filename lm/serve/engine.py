@@ -37,6 +37,7 @@ from torch import Tensor
 
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import check_sampling_args, sample_next_token
+from lm.generate.static import DecodeStep
 
 
 class QueueFull(RuntimeError):
@@ -111,63 +112,6 @@ class _Row:
     last: int = 0  # the token to feed at the next step
 
 
-class SlotCache:
-    """Keys and values of ``slots`` independent rows, each filled from position 0 to its own length.
-
-    The cache interface :class:`lm.model.TransformerLM` and :class:`lm.nn.MultiHeadAttention` use
-    (``positions``, ``layer(i).update``, ``advance``, ``length``) for a one-token step of every
-    row at its own position; a row sees its own keys only (the mask covers everything else).
-    """
-
-    def __init__(self, num_layers: int, slots: int, num_heads: int, max_len: int, head_dim: int, *,
-                 device=None, dtype=torch.float32):
-        shape = (num_layers, slots, num_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_len = max_len
-        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
-        self.length = 0  # the longest row: what the model's context check reads
-        self._rows = torch.arange(slots, device=device)
-        self._slot = torch.arange(max_len, device=device)
-        self._mask: Tensor | None = None
-
-    def set_lengths(self, lengths: list[int]) -> None:
-        self.lengths.copy_(torch.tensor(lengths, dtype=torch.long))
-        self.length = max(lengths)
-
-    def fill(self, slot: int, k: Tensor, v: Tensor) -> None:
-        """Put a prefilled row (``k``/``v``: ``(layers, heads, length, head_dim)``) into ``slot``."""
-        n = k.shape[-2]
-        self.k[:, slot, :, :n] = k
-        self.v[:, slot, :, :n] = v
-
-    def positions(self, seq: int) -> Tensor:
-        if seq != 1:
-            raise ValueError(f"SlotCache steps one token at a time, got {seq}")
-        if self.length + 1 > self.max_len:
-            raise ValueError(f"KV cache overflow: a row holds {self.length} of max_len={self.max_len}")
-        # Row b's query (at position lengths[b]) sees its own keys 0..lengths[b], nothing else.
-        self._mask = (self._slot[None, :] <= self.lengths[:, None])[:, None, None, :]
-        return self.lengths[:, None]
-
-    def layer(self, i: int) -> _SlotLayer:
-        return _SlotLayer(self, i)
-
-    def advance(self, seq: int) -> None:
-        pass  # the engine sets every row's length before each step
-
-
-class _SlotLayer:
-    def __init__(self, cache: SlotCache, index: int):
-        self.cache, self.index = cache, index
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        c = self.cache
-        c.k[self.index, c._rows, :, c.lengths] = k[:, :, 0]
-        c.v[self.index, c._rows, :, c.lengths] = v[:, :, 0]
-        return c.k[self.index], c.v[self.index], c._mask
-
-
 class Stats:
     """What ``/metrics`` reports; updated by the engine's thread, read by the server's."""
 
@@ -199,7 +143,7 @@ class Engine:
     """
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
-                 dtype: torch.dtype | None = None, vocab_size: int | None = None):
+                 dtype: torch.dtype | None = None, vocab_size: int | None = None, compile: bool = False):
         if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
             raise ValueError(f"the engine serves decoder-only models, got architecture "
                              f"{model.config.architecture!r}")
@@ -216,8 +160,9 @@ class Engine:
         self.context_length = cfg.context_length
         weight = model.output_weight
         self.device = weight.device
-        self.cache = SlotCache(cfg.num_layers, max_batch, cfg.num_heads, cfg.context_length, cfg.head_dim,
-                               device=weight.device, dtype=weight.dtype)
+        # Every step has one shape (all slots, the whole context): compiled once when ``compile``.
+        self.decode = DecodeStep(model, max_batch, compile=compile, dtype=dtype)
+        self.cache = self.decode.cache
         self.rows: list[_Row | None] = [None] * max_batch
         self.waiting: deque[Request] = deque()
         self.stats = Stats()
@@ -281,11 +226,8 @@ class Engine:
         self.stats.batch_size = len(active)
         if not active:
             return False
-        self.cache.set_lengths([r.length if r is not None else 0 for r in self.rows])
-        ids = torch.tensor([[r.last if r is not None else 0] for r in self.rows], dtype=torch.long,
-                           device=self.device)
-        with self._autocast():
-            logits = self.model(ids, kv_cache=self.cache, last_only=True)[:, -1]
+        logits = self.decode([r.last if r is not None else 0 for r in self.rows],
+                             [r.length if r is not None else 0 for r in self.rows])
         self.stats.steps += 1
         self.stats.step_rows += len(active)
         for i in active:

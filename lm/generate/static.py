@@ -1,0 +1,158 @@
+"""A fixed-shape decode step: every row advances one token at its own position, in one shape.
+
+Decoding one token is a small amount of arithmetic wrapped in a few hundred tensor operations,
+so in eager mode a batch-1 step spends most of its time in Python and dispatch, not in the
+matmuls. A step whose shapes never change can be compiled once (``torch.compile``; on CUDA,
+captured as a CUDA graph by its ``reduce-overhead`` mode) and replayed for every token:
+
+* :class:`StaticKVCache` holds ``rows`` independent sequences, each layer's keys and values in
+  their own ``(rows, heads, max_len, head_dim)`` tensor (a per-layer tensor, not a slice of one
+  big one: a compiled graph writes into it in place instead of copying it), and each row's
+  length in a tensor. A step writes the new key and value of row ``b`` at ``lengths[b]`` and
+  attends over all ``max_len`` positions with the row's unused ones masked, so the shapes are the
+  same at every step;
+* :class:`DecodeStep` is ``(ids, lengths) -> logits`` over such a cache, through the model's own
+  ``forward`` (the same layers as training and the eager path), compiled or not.
+
+A row's result does not depend on the other rows or on where it sits in the batch (one shape:
+torch's CPU matmul gives a row the same bits in any position, see :mod:`lm.serve.engine`), which
+is what lets the server batch requests without changing their tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lm.generate.kv_cache import KVCache
+
+
+class StaticKVCache:
+    """Keys and values of ``rows`` sequences, row ``b`` filled from position 0 to ``lengths[b]``.
+
+    Speaks the cache protocol of :class:`lm.model.TransformerLM` (``positions``, ``layer(i)``,
+    ``advance``, ``length``) for one-token steps of every row at its own position.
+    """
+
+    def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
+                 device=None, dtype=torch.float32):
+        shape = (rows, num_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.rows, self.max_len = rows, max_len
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        self.length = 0  # the longest row (the model's context check); kept outside compiled code
+        self._row = torch.arange(rows, device=device)
+        self._slot = torch.arange(max_len, device=device)
+        self._mask: Tensor | None = None
+
+    @classmethod
+    def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticKVCache:
+        cfg, weight = model.config, model.output_weight
+        return cls(cfg.num_layers, rows, cfg.num_heads, cfg.context_length if max_len is None else max_len,
+                   cfg.head_dim, device=weight.device, dtype=weight.dtype)
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        """Every row's length before the next step (its new token goes at that position)."""
+        if len(lengths) != self.rows or min(lengths) < 0 or max(lengths) >= self.max_len:
+            raise ValueError(f"lengths: need {self.rows} values in [0, {self.max_len}), got {lengths}")
+        self.lengths.copy_(torch.tensor(lengths, dtype=torch.long))
+        self.length = max(lengths)
+
+    def fill(self, row: int, k: Float[Tensor, "layers heads seq d"], v: Float[Tensor, "layers heads seq d"]) -> None:
+        """Put a prefilled sequence's keys and values into ``row`` (positions ``0 .. seq-1``)."""
+        n = k.shape[-2]
+        for i in range(len(self.k)):
+            self.k[i][row, :, :n] = k[i]
+            self.v[i][row, :, :n] = v[i]
+
+    def fill_from(self, row: int, cache: KVCache, source_row: int = 0) -> None:
+        """Copy row ``source_row`` of a (left-padding-free) :class:`KVCache` into ``row``."""
+        n = cache.length
+        self.fill(row, cache.k[:, source_row, :, :n], cache.v[:, source_row, :, :n])
+
+    # -- the protocol the model and attention use (traced when compiled: tensors only) ----------
+    def positions(self, seq: int) -> Int[Tensor, "rows 1"]:
+        if seq != 1:
+            raise ValueError(f"a StaticKVCache steps one token at a time, got {seq}")
+        # Row b's query, at position lengths[b], sees its own keys 0 .. lengths[b] and nothing else.
+        self._mask = (self._slot[None, :] <= self.lengths[:, None])[:, None, None, :]
+        return self.lengths[:, None]
+
+    def layer(self, i: int) -> _StaticLayer:
+        return _StaticLayer(self, i)
+
+    def advance(self, seq: int) -> None:
+        pass  # the caller sets every row's length before each step
+
+
+class _StaticLayer:
+    def __init__(self, cache: StaticKVCache, index: int):
+        self.cache, self.index = cache, index
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        c, i = self.cache, self.index
+        c.k[i][c._row, :, c.lengths] = k[:, :, 0]
+        c.v[i][c._row, :, c.lengths] = v[:, :, 0]
+        return c.k[i], c.v[i], c._mask
+
+
+class DecodeStep:
+    """``step(ids, lengths) -> logits``: one new token for each of ``rows`` sequences held in
+    :attr:`cache` (a :class:`StaticKVCache`), row ``b``'s token at position ``lengths[b]``.
+
+    ``compile=True`` compiles the step with ``torch.compile`` on its first call (seconds; on
+    CUDA in ``reduce-overhead`` mode, which replays it as a CUDA graph); every later call reuses
+    it, since the shapes never change. ``dtype`` runs the step under autocast.
+    """
+
+    def __init__(self, model, rows: int, *, compile: bool = False, dtype: torch.dtype | None = None,
+                 cache: StaticKVCache | None = None):
+        if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
+            raise ValueError(f"DecodeStep needs a decoder-only model, got {model.config.architecture!r}")
+        self.model = model
+        self.cache = cache if cache is not None else StaticKVCache.for_model(model, rows)
+        self.rows = self.cache.rows
+        self.device = model.output_weight.device
+        self.dtype = dtype
+        self.compiled = compile
+        self._ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
+        model_, cache_ = model, self.cache
+
+        def step(ids: Tensor) -> Tensor:
+            return model_(ids, kv_cache=cache_, last_only=True)[:, -1]
+
+        self._fn = step
+        if compile:
+            if self.device.type == "cuda":  # a CUDA graph replays fixed addresses: the cache stays put
+                for t in (*self.cache.k, *self.cache.v, self.cache.lengths, self._ids):
+                    torch._dynamo.mark_static_address(t)
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._fn = torch.compile(_own_code(step), dynamic=False, fullgraph=True, mode=mode)
+
+    def _autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    @torch.inference_mode()
+    def __call__(self, ids: list[int] | Tensor, lengths: list[int]) -> Float[Tensor, "rows vocab"]:
+        """Write each row's token at its length, and return every row's next-token logits.
+
+        Idle rows may hold anything (length 0, token 0): they do not touch the other rows.
+        """
+        self.cache.set_lengths(list(lengths))
+        self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
+        with self._autocast():
+            logits = self._fn(self._ids)
+        return logits.clone() if self.compiled and self.device.type == "cuda" else logits
+
+
+def _own_code(fn):
+    """``fn`` with a code object of its own. torch.compile keeps its graphs per code object and
+    gives up (back to eager) after 8 of them; every step, for every model, gets its own."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
