@@ -22,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve a model over HTTP (OpenAI completions API, a playground)",
         description="Serve a trained language model: POST /v1/completions (OpenAI's schema, streaming with "
         "stream: true), GET /v1/models, /health, /metrics (Prometheus) and a playground page at /. Requests "
-        "that arrive while others decode join the running batch (continuous batching). SIGTERM or Ctrl-C "
-        "finishes the requests in flight, answers new ones with 503, then exits.",
+        "that arrive while others decode join the running batch (continuous batching). A translation "
+        "(encoder-decoder) checkpoint is served the same way: the prompt is the source, the completion its "
+        "translation. SIGTERM or Ctrl-C finishes the requests in flight, answers new ones with 503, then exits.",
         examples=EXAMPLES,
     )
     p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
@@ -50,7 +51,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from lm.cli.common import load_model_and_tokenizer
-    from lm.cli.translate import require_architecture
     from lm.device import resolve_dtype, set_threads
 
     try:
@@ -58,6 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         from lm.serve.app import create_app
         from lm.serve.engine import Engine
+        from lm.serve.translation import TranslationEngine
     except ImportError as e:
         raise ValueError(f"lm serve needs starlette and uvicorn ({e}); pip install starlette uvicorn") from None
 
@@ -68,10 +69,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
     set_threads(args.threads)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
-    require_architecture(model, "decoder_lm", args.checkpoint)
     dtype = resolve_dtype(args.dtype, model.device)
-    engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype,
-                    vocab_size=tok.vocab_size, compile=args.compile)
+    if model.config.architecture == "encoder_decoder":  # a translation model: prompt in, translation out
+        if args.compile:
+            raise ValueError(f"--compile: {args.checkpoint!r} is a translation model, which is decoded eagerly")
+        engine = TranslationEngine(model, max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype)
+    else:
+        engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype,
+                        vocab_size=tok.vocab_size, compile=args.compile)
     if args.compile:
         if not args.quiet:
             print("lm serve: compiling the decode step ...", file=sys.stderr, flush=True)

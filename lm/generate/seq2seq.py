@@ -100,11 +100,14 @@ def greedy_decode(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     max_extra: int = 50,
+    on_token: Callable[[int, int], None] | None = None,
 ) -> list[list[int]]:
     """Translate a batch of sources token by token: greedy (``temperature=0``) or sampled.
 
     ``use_cache=False`` re-runs the decoder over the whole prefix at every step (the reference
     the tests compare the cached loop with). Returns each row's tokens without ``<bos>``/``<eos>``.
+    ``on_token(row, token)`` is called for every target token as it is chosen (a server streams
+    them); an exception it raises stops the decoding and propagates.
     """
     check_sampling_args(temperature, top_p, top_k)
     was_training = model.training
@@ -133,6 +136,8 @@ def greedy_decode(
                 r = alive[j]
                 if t != cfg.eos_id:
                     out[r].append(t)
+                    if on_token is not None:
+                        on_token(r, t)
                     if len(out[r]) < limits[r]:
                         keep.append(j)
             if not keep:

@@ -2,8 +2,9 @@
 OpenAI-compatible HTTP app around it (``lm serve``)."""
 
 from lm.serve.engine import Engine, EngineStopped, QueueFull, Request, SamplingParams
+from lm.serve.translation import TranslationEngine
 
-__all__ = ["Engine", "EngineStopped", "QueueFull", "Request", "SamplingParams", "create_app"]
+__all__ = ["Engine", "EngineStopped", "QueueFull", "Request", "SamplingParams", "TranslationEngine", "create_app"]
 
 
 def create_app(*args, **kwargs):

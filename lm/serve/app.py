@@ -154,7 +154,8 @@ async def completions(request: Request) -> Response:
     body = await read_json(request, state.max_body)
     engine = state.engine
     req = api.parse_completion(body, state.tokenizer, model_name=state.model_name, max_batch=engine.max_batch,
-                               context_length=engine.context_length, eot_id=state.tokenizer.eot_id)
+                               context_length=engine.context_length, eot_id=state.tokenizer.eot_id,
+                               architecture=engine.architecture)
     completion = Completion(state, req)
     completion.submit()
     state.inflight += 1

@@ -142,10 +142,12 @@ class Engine:
     background thread until ``stop()``.
     """
 
+    architecture = "decoder_lm"  # the models this engine runs
+
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
                  dtype: torch.dtype | None = None, vocab_size: int | None = None, compile: bool = False):
-        if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
-            raise ValueError(f"the engine serves decoder-only models, got architecture "
+        if getattr(model.config, "architecture", "decoder_lm") != self.architecture:
+            raise ValueError(f"{type(self).__name__} serves {self.architecture} models, got architecture "
                              f"{model.config.architecture!r}")
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -160,9 +162,7 @@ class Engine:
         self.context_length = cfg.context_length
         weight = model.output_weight
         self.device = weight.device
-        # Every step has one shape (all slots, the whole context): compiled once when ``compile``.
-        self.decode = DecodeStep(model, max_batch, compile=compile, dtype=dtype)
-        self.cache = self.decode.cache
+        self._set_up_decoding(compile, dtype)
         self.rows: list[_Row | None] = [None] * max_batch
         self.waiting: deque[Request] = deque()
         self.stats = Stats()
@@ -173,6 +173,11 @@ class Engine:
         self.accepting = True
         self.error: BaseException | None = None
         self.dtype = dtype  # autocast's, None for the weights' own
+
+    def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None) -> None:
+        # Every step has one shape (all slots, the whole context): compiled once when ``compile``.
+        self.decode = DecodeStep(self.model, self.max_batch, compile=compile, dtype=dtype)
+        self.cache = self.decode.cache
 
     def _autocast(self):
         if self.dtype is None:
@@ -191,6 +196,10 @@ class Engine:
             raise ValueError(f"prompt: token id {bad!r} is outside [0, {vocab})")
         if isinstance(request.n, bool) or not isinstance(request.n, int) or not 1 <= request.n <= self.max_batch:
             raise ValueError(f"n: must be a whole number in [1, {self.max_batch}], got {request.n!r}")
+        self._check_lengths(request)
+
+    def _check_lengths(self, request: Request) -> None:
+        p = request.prompt_ids
         total = len(p) + request.params.max_tokens
         if total > self.context_length:
             raise ValueError(

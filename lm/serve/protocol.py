@@ -71,8 +71,13 @@ def _integer(body: dict, name: str, default: int | None, lo: int | None = None, 
 
 
 def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, context_length: int,
-                     eot_id: int | None) -> CompletionRequest:
-    """Check a ``POST /v1/completions`` body; every problem is a 400 naming its field."""
+                     eot_id: int | None, architecture: str = "decoder_lm") -> CompletionRequest:
+    """Check a ``POST /v1/completions`` body; every problem is a 400 naming its field.
+
+    For an ``encoder_decoder`` model the prompt is the source and the completion its
+    translation: the source and the target each have the context to themselves, and
+    ``max_tokens`` defaults to the most the model writes."""
+    translation = architecture == "encoder_decoder"
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     model = body.get("model")
@@ -108,9 +113,16 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         if bad is not None:
             raise APIError(400, f"prompt: token id {bad} is outside [0, {vocab})", "prompt")
         prompts.append(ids)
-    max_tokens = _integer(body, "max_tokens", 16, 1)
+    max_tokens = _integer(body, "max_tokens", context_length - 1 if translation else 16, 1)
     longest = max(len(p) for p in prompts)
-    if longest + max_tokens > context_length:
+    if translation:
+        if longest + 1 > context_length:  # the source ends in <eos>
+            raise APIError(400, f"prompt: {longest} tokens, and this model reads at most {context_length - 1}",
+                           "prompt")
+        if max_tokens > context_length - 1:  # the target starts with <bos>
+            raise APIError(400, f"max_tokens: this model writes at most {context_length - 1} tokens, got "
+                                f"{max_tokens}", "max_tokens")
+    elif longest + max_tokens > context_length:
         raise APIError(400, f"max_tokens: this model's context is {context_length} tokens, and the request asks "
                             f"for {longest + max_tokens} ({longest} in the prompt + {max_tokens} to generate)",
                        "max_tokens")
