@@ -111,26 +111,13 @@ def generate(
         if bad:
             raise ValueError(f"prompt_ids: id {bad[0]} is outside [0, vocab_size={cfg.vocab_size})")
 
-    if compile:
-        return _generate_static(model, prompts, single, max_new_tokens, temperature, top_p, top_k, eos_id,
-                                generator, window_shift, on_token, vocab_size)
-    device = model.device
     history = [list(p) for p in prompts]  # every row's full token sequence
     new_tokens: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     if max_new_tokens == 0:
         return new_tokens[0] if single else new_tokens
-
-    def prefill(window: int) -> tuple[KVCache, torch.Tensor]:
-        """A fresh cache holding the last ``window`` tokens of every row; returns the last logits."""
-        rows = [h[-window:] for h in history]
-        width = max(len(r) for r in rows)
-        pad = [width - len(r) for r in rows]
-        ids = torch.tensor([[0] * n + r for n, r in zip(pad, rows)], dtype=torch.long, device=device)
-        cache = KVCache.for_model(model, len(rows), pad_lengths=torch.tensor(pad))
-        return cache, model(ids, kv_cache=cache, last_only=True)[:, -1]
-
-    cache, logits = prefill(ctx)
+    rows = (_StaticRows if compile else _PaddedRows)(model, history, max_new_tokens)
+    logits = rows.prefill(ctx)
     for step in range(max_new_tokens):
         if vocab_size is not None:
             logits = logits[..., :vocab_size]
@@ -146,12 +133,67 @@ def generate(
                 done[row] = eos_id is not None and tok == eos_id
         if all(done) or step == max_new_tokens - 1:
             break
-        if cache.length == ctx:
-            cache, logits = prefill(ctx - window_shift + 1)
-        else:
-            step_ids = torch.tensor(next_ids, dtype=torch.long, device=device)[:, None]
-            logits = model(step_ids, kv_cache=cache, last_only=True)[:, -1]
+        # The window slides for every row at once when the (padded) cache is full.
+        logits = rows.prefill(ctx - window_shift + 1) if rows.full else rows.step(next_ids)
     return new_tokens[0] if single else new_tokens
+
+
+class _PaddedRows:
+    """The eager loop's cache: every row left-padded to the longest, so one forward steps them all."""
+
+    def __init__(self, model, history: list[list[int]], max_new_tokens: int):
+        self.model, self.history = model, history
+
+    @property
+    def full(self) -> bool:
+        return self.cache.length == self.model.config.context_length
+
+    def prefill(self, window: int) -> torch.Tensor:
+        """A fresh cache holding the last ``window`` tokens of every row; returns the last logits."""
+        rows = [h[-window:] for h in self.history]
+        width = max(len(r) for r in rows)
+        pad = [width - len(r) for r in rows]
+        ids = torch.tensor([[0] * n + r for n, r in zip(pad, rows)], dtype=torch.long, device=self.model.device)
+        self.cache = KVCache.for_model(self.model, len(rows), pad_lengths=torch.tensor(pad))
+        return self.model(ids, kv_cache=self.cache, last_only=True)[:, -1]
+
+    def step(self, next_ids: list[int]) -> torch.Tensor:
+        ids = torch.tensor(next_ids, dtype=torch.long, device=self.model.device)[:, None]
+        return self.model(ids, kv_cache=self.cache, last_only=True)[:, -1]
+
+
+class _StaticRows:
+    """``compile=True``: each row prefilled alone into its row of a static cache, then stepped at its
+    own position by the model's compiled :class:`DecodeStep`. ``width`` follows the padded cache of
+    :class:`_PaddedRows`, so the window slides at the same tokens."""
+
+    def __init__(self, model, history: list[list[int]], max_new_tokens: int):
+        self.model, self.history = model, history
+        ctx = model.config.context_length
+        need = max(len(h) for h in history) + max_new_tokens
+        max_len = min(ctx, 64 * -(-need // 64))  # rounded up, so that nearby requests share one compiled step
+        self.decode = decode_step_for(model, len(history), max_len)
+
+    @property
+    def full(self) -> bool:
+        return self.width == self.model.config.context_length
+
+    def prefill(self, window: int) -> torch.Tensor:
+        last = []
+        self.lengths = []
+        for b, h in enumerate(self.history):
+            r = h[-window:]
+            one = KVCache.for_model(self.model, 1, max_len=len(r))
+            last.append(self.model(torch.tensor([r], device=self.model.device), kv_cache=one, last_only=True)[0, -1])
+            self.decode.cache.fill_from(b, one)
+            self.lengths.append(len(r))
+        self.width = max(self.lengths)
+        return torch.stack(last)
+
+    def step(self, next_ids: list[int]) -> torch.Tensor:
+        logits = self.decode(next_ids, self.lengths)
+        self.lengths, self.width = [n + 1 for n in self.lengths], self.width + 1
+        return logits
 
 
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {shape: DecodeStep}
@@ -166,49 +208,3 @@ def decode_step_for(model, rows: int, max_len: int) -> DecodeStep:
     if key not in steps:
         steps[key] = DecodeStep(model, rows, compile=True, cache=StaticKVCache.for_model(model, rows, max_len))
     return steps[key]
-
-
-def _generate_static(model, prompts, single, max_new_tokens, temperature, top_p, top_k, eos_id, generator,
-                     window_shift, on_token, vocab_size):
-    """:func:`generate` with a compiled fixed-shape step: the same window rule, row by row."""
-    ctx = model.config.context_length
-    need = max(len(p) for p in prompts) + max_new_tokens
-    max_len = min(ctx, 64 * -(-need // 64))  # rounded up, so that nearby requests share one compiled step
-    step = decode_step_for(model, len(prompts), max_len)
-    history = [list(p) for p in prompts]
-    new_tokens: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
-
-    def prefill(window: int) -> tuple[list[int], torch.Tensor, int]:
-        """Each row's last ``window`` tokens, prefilled alone into its row of the static cache."""
-        lengths, last = [], []
-        for b, h in enumerate(history):
-            r = h[-window:]
-            one = KVCache.for_model(model, 1, max_len=len(r))
-            last.append(model(torch.tensor([r], device=model.device), kv_cache=one, last_only=True)[0, -1])
-            step.cache.fill_from(b, one)
-            lengths.append(len(r))
-        return lengths, torch.stack(last), max(lengths)
-
-    lengths, logits, width = prefill(ctx)  # width: the eager loop's (padded) cache length
-    for s in range(max_new_tokens):
-        if vocab_size is not None:
-            logits = logits[..., :vocab_size]
-        next_ids = sample_next_token(
-            logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator
-        ).tolist()
-        for row, tok in enumerate(next_ids):
-            history[row].append(tok)
-            if not done[row]:
-                new_tokens[row].append(tok)
-                if on_token is not None:
-                    on_token(row, tok)
-                done[row] = eos_id is not None and tok == eos_id
-        if all(done) or s == max_new_tokens - 1:
-            break
-        if width == ctx:  # the window slides for every row at once, as in the eager loop
-            lengths, logits, width = prefill(ctx - window_shift + 1)
-        else:
-            logits = step(next_ids, lengths)
-            lengths, width = [n + 1 for n in lengths], width + 1
-    return new_tokens[0] if single else new_tokens
