@@ -40,7 +40,7 @@ class KVCache:
         self._slot = torch.arange(max_len, device=device)
         self._key_valid = self._slot[None, :] >= self.pad_lengths[:, None]  # (batch, max_len)
         self._padded = bool((self.pad_lengths > 0).any())
-        self._mask: Tensor | None = None
+        self.step_mask: Tensor | None = None  # this step's mask (None: plain causal), set by start_step
 
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int | None = None, pad_lengths=None) -> KVCache:
@@ -59,25 +59,23 @@ class KVCache:
             dtype=weight.dtype,
         )
 
-    def positions(self, seq: int) -> Int[Tensor, "batch seq"]:
-        """Token positions of the next ``seq`` slots (0 at each row's first real token).
-
-        Also prepares the attention mask those slots use in every layer.
-        """
+    def start_step(self, seq: int) -> Int[Tensor, "batch seq"]:
+        """Begin a forward of ``seq`` new positions: return their token positions (0 at each row's
+        first real token) and set :attr:`step_mask`, the attention mask they use in every layer."""
         if self.length + seq > self.max_len:
             raise ValueError(f"KV cache overflow: {self.length} cached + {seq} new > max_len={self.max_len}")
         slots = self._slot[self.length : self.length + seq]
         if not self._padded:
             # No padding: attention is plain causal over the cache, which the fused kernel does
             # without a mask tensor.
-            self._mask = None
+            self.step_mask = None
             return slots[None, :].expand(len(self.pad_lengths), seq)
         end = self.length + seq
         causal = self._slot[None, :end] <= slots[:, None]  # (seq, end)
         # A padding slot attends to itself only, so its (unused) output is finite, never NaN.
         is_self = self._slot[None, :end] == slots[:, None]
         valid = self._key_valid[:, None, :end] | is_self[None]  # (batch, seq, end)
-        self._mask = (causal[None] & valid)[:, None]  # (batch, 1, seq, end): broadcast over heads
+        self.step_mask = (causal[None] & valid)[:, None]  # (batch, 1, seq, end): broadcast over heads
         return (slots[None, :] - self.pad_lengths[:, None]).clamp_min(0)
 
     def layer(self, i: int) -> _LayerCache:
@@ -108,4 +106,4 @@ class _LayerCache:
         start, end = c.length, c.length + k.shape[-2]
         c.k[self.index, :, :, start:end] = k
         c.v[self.index, :, :, start:end] = v
-        return c.k[self.index, :, :, :end], c.v[self.index, :, :, :end], c._mask
+        return c.k[self.index, :, :, :end], c.v[self.index, :, :, :end], c.step_mask

@@ -34,7 +34,7 @@ from lm.generate.kv_cache import KVCache
 class StaticKVCache:
     """Keys and values of ``rows`` sequences, row ``b`` filled from position 0 to ``lengths[b]``.
 
-    Speaks the cache protocol of :class:`lm.model.TransformerLM` (``positions``, ``layer(i)``,
+    Speaks the cache protocol of :class:`lm.model.TransformerLM` (``start_step``, ``layer(i)``,
     ``advance``, ``length``) for one-token steps of every row at its own position.
     """
 
@@ -48,7 +48,7 @@ class StaticKVCache:
         self.length = 0  # the longest row (the model's context check); kept outside compiled code
         self._row = torch.arange(rows, device=device)
         self._slot = torch.arange(max_len, device=device)
-        self._mask: Tensor | None = None
+        self.step_mask: Tensor | None = None
 
     @classmethod
     def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticKVCache:
@@ -76,11 +76,13 @@ class StaticKVCache:
         self.fill(row, cache.k[:, source_row, :, :n], cache.v[:, source_row, :, :n])
 
     # -- the protocol the model and attention use (traced when compiled: tensors only) ----------
-    def positions(self, seq: int) -> Int[Tensor, "rows 1"]:
+    def start_step(self, seq: int) -> Int[Tensor, "rows 1"]:
+        """Begin a one-token step of every row: its positions (each row's length), and
+        :attr:`step_mask`."""
         if seq != 1:
             raise ValueError(f"a StaticKVCache steps one token at a time, got {seq}")
         # Row b's query, at position lengths[b], sees its own keys 0 .. lengths[b] and nothing else.
-        self._mask = (self._slot[None, :] <= self.lengths[:, None])[:, None, None, :]
+        self.step_mask = (self._slot[None, :] <= self.lengths[:, None])[:, None, None, :]
         return self.lengths[:, None]
 
     def layer(self, i: int) -> _StaticLayer:
@@ -98,7 +100,7 @@ class _StaticLayer:
         c, i = self.cache, self.index
         c.k[i][c._row, :, c.lengths] = k[:, :, 0]
         c.v[i][c._row, :, c.lengths] = v[:, :, 0]
-        return c.k[i], c.v[i], c._mask
+        return c.k[i], c.v[i], c.step_mask
 
 
 class DecodeStep:

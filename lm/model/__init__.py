@@ -13,7 +13,7 @@ from typing import Any
 
 from lm.model.config import POSITION_TYPES, ModelConfig
 from lm.model.seq2seq import EncoderDecoder, Seq2SeqConfig
-from lm.model.transformer import TransformerLM, count_parameters, forward_flops_per_token, sinusoidal_table
+from lm.model.transformer import TransformerLM, sinusoidal_table
 
 ARCHITECTURES = {"decoder_lm": (ModelConfig, TransformerLM), "encoder_decoder": (Seq2SeqConfig, EncoderDecoder)}
 
@@ -42,8 +42,6 @@ __all__ = [
     "Seq2SeqConfig",
     "TransformerLM",
     "build_model",
-    "count_parameters",
-    "forward_flops_per_token",
     "model_config_from_dict",
     "sinusoidal_table",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lm.nn import ATTN_IMPLS, FFN_TYPES, NORM_PLACEMENTS, NORM_TYPES, ffn_hidden_dim
+from lm.nn import ATTN_IMPLS, DEFAULT_ATTN_IMPL, FFN_TYPES, NORM_PLACEMENTS, NORM_TYPES, ffn_hidden_dim
 
 POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 
@@ -127,7 +127,7 @@ class ModelConfig(ConfigIO):
     tie_embeddings: bool = False  # lm_head shares token_embeddings.weight
     # sdpa: torch's fused attention kernel (fast, never materialises the seq × seq scores);
     # einsum: the hand-written reference it is tested against. Same parameters, same results.
-    attn_impl: str = "sdpa"
+    attn_impl: str = DEFAULT_ATTN_IMPL
     # Dropout rate, in training mode only, on the embeddings and on the output of every
     # attention and feed-forward branch (nanoGPT's embedding and residual dropout). A
     # regulariser for small data, such as Tiny Shakespeare; 0 is the usual for large corpora.

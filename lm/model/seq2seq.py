@@ -25,6 +25,7 @@ from torch import Tensor
 from lm.model.config import ConfigIO, check_architecture
 from lm.model.transformer import sinusoidal_table
 from lm.nn import (
+    DEFAULT_ATTN_IMPL,
     DecoderBlock,
     Embedding,
     Linear,
@@ -59,7 +60,7 @@ class Seq2SeqConfig(ConfigIO):
     ffn: str = "relu"  # relu | gelu | silu | swiglu
     tie_embeddings: bool = True  # one matrix: source and target embeddings and the output projection
     embed_scale: bool = True  # embeddings · √d_model
-    attn_impl: str = "sdpa"  # sdpa | einsum: the same results
+    attn_impl: str = DEFAULT_ATTN_IMPL  # sdpa | einsum: the same results
     pad_id: int = 0  # the ids of the tokenizer's <pad>, <bos> and <eos>
     bos_id: int = 1
     eos_id: int = 2

@@ -153,7 +153,7 @@ class TransformerLM(torch.nn.Module):
         self._check_input(ids, kv_cache)
         if token_positions is None:
             if kv_cache is not None:
-                token_positions = kv_cache.positions(seq)
+                token_positions = kv_cache.start_step(seq)
             else:
                 token_positions = torch.arange(seq, device=ids.device)
         x = self.token_embeddings(ids)
@@ -191,46 +191,31 @@ class TransformerLM(torch.nn.Module):
 
     # -- accounting --------------------------------------------------------------------
     def num_parameters(self, include_embeddings: bool = True) -> int:
-        """Unique parameters. ``include_embeddings=False`` leaves out the token and learned
-        position embedding tables (lookups, no FLOPs); an untied ``lm_head`` counts as a matmul."""
-        return count_parameters(self, include_embeddings)
+        """Unique parameters (``parameters()`` yields a tied tensor once). ``include_embeddings=False``
+        leaves out the token and learned position embedding tables (lookups, no FLOPs); an untied
+        ``lm_head`` counts as a matmul."""
+        excluded = set()
+        if not include_embeddings:
+            excluded.add(id(self.token_embeddings.weight))
+            if hasattr(self, "position_embeddings"):
+                excluded.add(id(self.position_embeddings.weight))
+        return sum(p.numel() for p in self.parameters() if id(p) not in excluded)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Forward FLOPs per token; see :func:`forward_flops_per_token`."""
-        return forward_flops_per_token(self.config, seq_len)
+        """Matmul FLOPs of one forward pass, per token, at sequence length ``seq_len``
+        (default ``context_length``): ``2 ×`` every weight matrix (q, k, v, output, the FFN
+        matrices, lm_head) plus ``2 × 2 × num_layers × seq_len × d_model`` for ``QKᵀ`` and
+        ``AV`` (counted over the full window, the PaLM/nanoGPT convention, not halved for
+        causality). Norms, softmax and activations are ignored; multiply by 3 for a training step.
+        """
+        config = self.config
+        seq_len = config.context_length if seq_len is None else seq_len
+        d, L = config.d_model, config.num_layers
+        ffn_matrices = 3 if config.ffn == "swiglu" else 2
+        per_layer = 4 * d * d + ffn_matrices * d * config.d_ff
+        weights = L * per_layer + d * config.vocab_size
+        return 2 * weights + 2 * 2 * L * seq_len * d
 
     def estimate_mfu(self, tokens_per_second: float, peak_flops: float, seq_len: int | None = None) -> float:
         """Model FLOPs utilisation of a training run: ``3 × forward FLOPs`` (forward + backward) per token."""
         return 3 * self.flops_per_token(seq_len) * tokens_per_second / peak_flops
-
-
-def count_parameters(model: TransformerLM, include_embeddings: bool = True) -> int:
-    seen: set[int] = set()
-    total = 0
-    excluded = set()
-    if not include_embeddings:
-        excluded.add(id(model.token_embeddings.weight))
-        if hasattr(model, "position_embeddings"):
-            excluded.add(id(model.position_embeddings.weight))
-    for p in model.parameters():  # parameters() already yields a tied tensor once
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if id(p) not in excluded:
-            total += p.numel()
-    return total
-
-
-def forward_flops_per_token(config: ModelConfig, seq_len: int | None = None) -> int:
-    """Matmul FLOPs of one forward pass, per token, at sequence length ``seq_len``
-    (default ``context_length``): ``2 ×`` every weight matrix (q, k, v, output, the FFN
-    matrices, lm_head) plus ``2 × 2 × num_layers × seq_len × d_model`` for ``QKᵀ`` and
-    ``AV`` (counted over the full window, the PaLM/nanoGPT convention, not halved for
-    causality). Norms, softmax and activations are ignored; multiply by 3 for a training step.
-    """
-    seq_len = config.context_length if seq_len is None else seq_len
-    d, L = config.d_model, config.num_layers
-    ffn_matrices = 3 if config.ffn == "swiglu" else 2
-    per_layer = 4 * d * d + ffn_matrices * d * config.d_ff
-    weights = L * per_layer + d * config.vocab_size
-    return 2 * weights + 2 * 2 * L * seq_len * d

@@ -1,6 +1,13 @@
 """Hand-written layers: einops and plain tensor ops, no ``torch.nn`` layers or ``torch.nn.functional``."""
 
-from lm.nn.attention import ATTN_IMPLS, CrossKVCache, LayerKVCache, MultiHeadAttention, MultiHeadSelfAttention
+from lm.nn.attention import (
+    ATTN_IMPLS,
+    DEFAULT_ATTN_IMPL,
+    CrossKVCache,
+    LayerKVCache,
+    MultiHeadAttention,
+    MultiHeadSelfAttention,
+)
 from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES, DecoderBlock, TransformerBlock, make_norm
 from lm.nn.embedding import Embedding
 from lm.nn.ffn import FFN_TYPES, MLP, SwiGLU, ffn_hidden_dim, make_ffn
@@ -21,6 +28,7 @@ from lm.nn.rope import RotaryEmbedding
 
 __all__ = [
     "ATTN_IMPLS",
+    "DEFAULT_ATTN_IMPL",
     "FFN_TYPES",
     "MLP",
     "CrossKVCache",

@@ -6,7 +6,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lm.nn.attention import CrossKVCache, LayerKVCache, MultiHeadAttention
+from lm.nn.attention import DEFAULT_ATTN_IMPL, CrossKVCache, LayerKVCache, MultiHeadAttention
 from lm.nn.ffn import make_ffn
 from lm.nn.functional import dropout
 from lm.nn.norm import Identity, LayerNorm, RMSNorm
@@ -51,7 +51,7 @@ class TransformerBlock(torch.nn.Module):
         norm_placement: str = "pre",
         norm_eps: float = 1e-5,
         ffn: str = "swiglu",
-        attn_impl: str = "einsum",
+        attn_impl: str = DEFAULT_ATTN_IMPL,
         dropout: float = 0.0,
         causal: bool = True,
     ):
@@ -112,7 +112,7 @@ class DecoderBlock(torch.nn.Module):
         norm_placement: str = "post",
         norm_eps: float = 1e-5,
         ffn: str = "relu",
-        attn_impl: str = "einsum",
+        attn_impl: str = DEFAULT_ATTN_IMPL,
         dropout: float = 0.0,
     ):
         super().__init__()
