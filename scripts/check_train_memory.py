@@ -3,8 +3,9 @@
 Writes a large token file (default 4 GB: 2^31 uint16 ids) and trains a small model on it for
 200 steps, reading the process's resident set size (VmRSS, with its anonymous and file-backed
 parts) before the trainer opens the file, after it has opened and checked it, and at every log
-line. Batches come from a memory map, so only the pages that sampled windows touch become
-resident; the check of the largest id reads the file in fixed chunks with ordinary reads.
+line. Batches are read with ``pread`` into a reused buffer (a memory map would fault whole
+page-cache folios into the process on recent kernels), and the check of the largest id reads the
+file in fixed chunks with ordinary reads, so neither makes the file resident.
 
     flock /tmp/lm-cpu.lock python scripts/check_train_memory.py --dir /tmp   # Linux; ~5 GB of disk
 

@@ -3,7 +3,7 @@
     python scripts/multi30k.py --budget 300                  # needs LM_TEST_DATA (multi30k/)
     python scripts/multi30k.py --budget 300 --test SRC.gz REF.gz
 
-The defaults are the best of the 300-second runs in the README (pre-norm, a 4,000-token joint
+The defaults are the best of the 300-second runs in docs/benchmarks.md (pre-norm, a 4,000-token joint
 BPE, no dropout, a cosine schedule on elapsed time peaking at 1.5e-3, bfloat16 autocast where
 the CPU computes it natively, the einsum attention); ``--norm-placement post --vocab-size 8000
 --dropout 0.1 --schedule inverse_sqrt --max-lr 2e-3`` is the paper's recipe.
@@ -31,7 +31,8 @@ SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
 
 def cpu_has_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (there, 4-5x float32's matmul speed; elsewhere slower)."""
+    """Whether this CPU multiplies bfloat16 natively (faster than float32 there, slower elsewhere;
+    docs/benchmarks.md)."""
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:

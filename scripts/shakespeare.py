@@ -11,16 +11,12 @@ over every validation token. The headline figure slides the evaluation window by
 context (``--eval-stride``), so every token after the first window is predicted from at least
 64 tokens; the figure for windows that do not overlap is printed too, computed after the clock.
 
-For comparison on this machine: nanoGPT's documented CPU recipe (character level, 2,000
-iterations) takes about 95 s and ends at 1.886 nats/char = 2.72 bits per byte.
-
-The defaults are the best of a sweep (README): vocab 1,024, d_model 128, 3 layers of 4 heads,
-context 128, batch 16, bfloat16 autocast, the hand-written einsum attention (under bfloat16 on
-this CPU about 1.25x faster per step than torch's fused kernel, whose backward is slow there),
-peak learning rate 7e-3 decayed to 0, and weight decay 1.0 on every matrix including the
-embeddings. The run reads the training text about six times, so it is limited by overfitting
-as much as by compute: strong weight decay gained about 0.06 bits per byte, while twice the
-time (200 s) did not help at weight decay 0.1.
+The defaults are the best of a sweep (its table and nanoGPT's CPU recipe for comparison are in
+docs/benchmarks.md): vocab 1,024, d_model 128, 3 layers of 4 heads, context 128, batch 16,
+bfloat16 autocast, the hand-written einsum attention (torch's fused kernel has a slow backward
+under bfloat16 on CPU), peak learning rate 7e-3 decayed to 0, and weight decay 1.0 on every
+matrix including the embeddings (the run reads the text about six times: it is limited by
+overfitting as much as by compute).
 """
 
 from __future__ import annotations

@@ -99,8 +99,8 @@ class MultiHeadAttention(torch.nn.Module):
         """Self-attention over ``x`` (with ``kv_cache``: over everything cached so far too), or
         cross-attention to ``context``, whose projected keys and values ``cross_cache`` keeps
         under ``layer`` after the first call."""
-        # Three matmuls on the separate weights: concatenating them into one q/k/v matmul
-        # copies the weights every call, which costs more than it saves on CPU.
+        # Three matmuls on the separate weights: one q/k/v matmul would copy (concatenate) the
+        # weights at every call (slower on CPU, docs/benchmarks.md).
         q = self._heads(self.q_proj(x))
         if context is not None or cross_cache is not None:
             kv = cross_cache.get(layer) if cross_cache is not None else None

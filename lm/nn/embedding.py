@@ -41,9 +41,8 @@ class _EmbeddingLookup(torch.autograd.Function):
 
     ``scatter_add_`` along dim 0 with the ids expanded over the embedding dimension adds each
     token's gradient into its row in token order (on CPU; with ``train.deterministic`` on CUDA,
-    torch's deterministic mode gives it a sorted, deterministic kernel). Measured on 2 CPU cores
-    it is also faster than autograd's ``index_put_`` (2,048 tokens, 10k × 256 table, one thread:
-    1.95 vs 2.40 ms), and ``index_select`` is faster than ``weight[ids]`` in the forward pass.
+    torch's deterministic mode gives it a sorted, deterministic kernel). It is also faster than
+    autograd's ``index_put_``, and ``index_select`` than ``weight[ids]`` (docs/benchmarks.md).
     """
 
     @staticmethod

@@ -22,8 +22,8 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 GPT2_REGEX = regex.compile(GPT2_PATTERN)
 
 # The same pattern restricted to ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and the
-# `regex` module's \s is [\t\n\v\f\r ]. The standard library's engine runs it about 1.5x
-# faster than `regex` runs the Unicode pattern; `pretokenize` uses it on ASCII stretches.
+# `regex` module's \s is [\t\n\v\f\r ]. The standard library's engine runs it faster than
+# `regex` runs the Unicode pattern (docs/benchmarks.md); `pretokenize` uses it on ASCII stretches.
 _WS = r"\t\n\x0b\x0c\r "
 GPT2_ASCII_REGEX = re.compile(
     rf"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^{_WS}A-Za-z0-9]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"""
