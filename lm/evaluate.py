@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+__all__ = ["bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens"]
+
 
 @torch.no_grad()
 def evaluate_tokens(

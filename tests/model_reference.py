@@ -58,7 +58,7 @@ def transformer_lm_ref(
     positions: str = "rope",
     ffn: str = "swiglu",
 ):
-    """The Transformer LM from its state dict (defaults: the API.md pre-norm model)."""
+    """The Transformer LM from its state dict (defaults: the CS336 pre-norm model)."""
     x = sd["token_embeddings.weight"][ids]
     seq, d = x.shape[-2], x.shape[-1]
     if positions == "learned":

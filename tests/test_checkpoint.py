@@ -9,13 +9,12 @@ from torch import nn
 from lm.checkpoint import (
     CheckpointManager,
     export_safetensors,
-    get_rng_state,
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
-    set_rng_state,
     write_checkpoint,
 )
+from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.optim import AdamW
 
 

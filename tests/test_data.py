@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from lm.data import TokenDataset, get_batch, max_token_id, read_token_file, write_token_file
+from lm.data import TokenDataset, get_batch, read_token_file, write_token_file
+from lm.data.token_file import max_token_id
 
 
 def test_token_file_round_trip(tmp_path):

@@ -12,8 +12,8 @@ import torch
 from conftest import data_file
 
 from lm.cli import main
-from lm.data import PairBatch, PairDataset, is_pair_file, read_pair_file, read_parallel, write_pair_file
-from lm.data.pairs import _encode_lines, index_path, tokenize_pairs
+from lm.data import PairBatch, PairDataset, read_pair_file, read_parallel, write_pair_file
+from lm.data.pairs import _encode_lines, index_path, is_pair_file, tokenize_pairs
 from lm.data.token_file import is_token_file, sidecar_path, write_token_file
 from lm.tokenizer import load_tokenizer_dir
 

@@ -163,7 +163,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     t0 = time.perf_counter()
     vocab, merges = train_bpe(
         [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
-        num_workers=args.num_workers, progress=not args.quiet, stats=stats, _ranges=train_ranges,
+        num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
     )
     if len(vocab) < args.vocab_size:
         raise ValueError(

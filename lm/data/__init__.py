@@ -9,22 +9,18 @@ read_parallel / write_pair_file / read_pair_file / PairDataset / PairBatch
 
 from lm.data.batch import get_batch
 from lm.data.dataset import TokenDataset
-from lm.data.pairs import PairBatch, PairDataset, PairFile, is_pair_file, read_pair_file, read_parallel, write_pair_file
-from lm.data.token_file import max_token_id, read_token_file, read_token_meta, token_dtype, write_token_file
+from lm.data.pairs import PairBatch, PairDataset, read_pair_file, read_parallel, write_pair_file
+from lm.data.token_file import read_token_file, read_token_meta, write_token_file
 
 __all__ = [
     "PairBatch",
     "PairDataset",
-    "PairFile",
     "TokenDataset",
     "get_batch",
-    "is_pair_file",
-    "max_token_id",
     "read_pair_file",
     "read_parallel",
     "read_token_file",
     "read_token_meta",
-    "token_dtype",
     "write_pair_file",
     "write_token_file",
 ]

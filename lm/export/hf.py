@@ -28,7 +28,7 @@ def interleaved_to_half(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def to_llama_state_dict(sd: dict[str, torch.Tensor], num_layers: int, num_heads: int) -> dict[str, torch.Tensor]:
-    """Our state-dict keys (API.md) to ``LlamaForCausalLM``'s, q/k rows permuted."""
+    """Our state-dict keys (the CS336 names) to ``LlamaForCausalLM``'s, q/k rows permuted."""
     out = {
         "model.embed_tokens.weight": sd["token_embeddings.weight"],
         "model.norm.weight": sd["ln_final.weight"],

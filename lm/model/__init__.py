@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lm.model.config import POSITION_TYPES, ModelConfig
+from lm.model.config import ModelConfig
 from lm.model.seq2seq import EncoderDecoder, Seq2SeqConfig
 from lm.model.transformer import TransformerLM, sinusoidal_table
 
@@ -35,8 +35,6 @@ def build_model(config: ModelConfig | Seq2SeqConfig, device=None, dtype=None):
 
 
 __all__ = [
-    "ARCHITECTURES",
-    "POSITION_TYPES",
     "EncoderDecoder",
     "ModelConfig",
     "Seq2SeqConfig",

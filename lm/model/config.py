@@ -1,7 +1,7 @@
 """``ModelConfig``: the single source of truth for a model's shape and architecture variant.
 
 Round-trips through JSON and TOML. The defaults give the pre-norm RMSNorm / RoPE /
-SwiGLU model of API.md; the Transformer of "Attention Is All You Need" is
+SwiGLU model of the CS336 interface (its names and state-dict keys); the Transformer of "Attention Is All You Need" is
 ``ModelConfig(..., norm="layernorm", norm_placement="post", positions="sinusoidal", ffn="relu")``.
 """
 
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lm.nn import ATTN_IMPLS, DEFAULT_ATTN_IMPL, FFN_TYPES, NORM_PLACEMENTS, NORM_TYPES, ffn_hidden_dim
+from lm.nn.attention import ATTN_IMPLS, DEFAULT_ATTN_IMPL
+from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES
+from lm.nn.ffn import FFN_TYPES, ffn_hidden_dim
 
 POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 

@@ -25,7 +25,6 @@ from torch import Tensor
 from lm.model.config import ConfigIO, check_architecture
 from lm.model.transformer import sinusoidal_table
 from lm.nn import (
-    DEFAULT_ATTN_IMPL,
     DecoderBlock,
     Embedding,
     Linear,
@@ -33,8 +32,9 @@ from lm.nn import (
     TransformerBlock,
     dropout,
     linear_cross_entropy,
-    make_norm,
 )
+from lm.nn.attention import DEFAULT_ATTN_IMPL
+from lm.nn.block import make_norm
 
 IGNORE = -100  # the target of a padding position: left out of the loss
 

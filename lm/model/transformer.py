@@ -7,7 +7,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.model.config import ModelConfig
-from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy, make_norm
+from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
+from lm.nn.block import make_norm
 
 
 def _is_compiling() -> bool:
@@ -25,9 +26,9 @@ def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_m
 class TransformerLM(torch.nn.Module):
     """token_embeddings → (positions) → layers → ln_final → lm_head, returning unnormalised logits.
 
-    The positional arguments are those of API.md; the keyword arguments select the
+    The positional arguments are those of the CS336 interface; the keyword arguments select the
     architecture variant (see :class:`ModelConfig`) and their defaults give exactly the
-    API.md model. ``TransformerLM.from_config(cfg)`` builds from a config; ``model.config``
+    CS336 model. ``TransformerLM.from_config(cfg)`` builds from a config; ``model.config``
     returns it.
     """
 

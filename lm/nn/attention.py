@@ -137,7 +137,7 @@ def _padding(key_padding_mask: Tensor | None) -> Tensor | None:
 class MultiHeadSelfAttention(MultiHeadAttention):
     """Causal multi-head self-attention (the decoder-only LM's attention), optionally with RoPE.
 
-    ``forward(x, token_positions=None, kv_cache=None)``; the parameters are those of API.md.
+    ``forward(x, token_positions=None, kv_cache=None)``; the parameters are those of the CS336 interface.
     """
 
     def __init__(

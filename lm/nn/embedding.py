@@ -16,6 +16,8 @@ from torch import Tensor
 
 
 class Embedding(torch.nn.Module):
+    """A lookup table: ``forward(ids)`` returns the rows ``weight[ids]`` (``(num_embeddings, embedding_dim)``)."""
+
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim

@@ -52,6 +52,7 @@ def silu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
 
 
 def relu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
+    """``max(x, 0)``."""
     return torch.clamp_min(x, 0.0)
 
 

@@ -12,6 +12,8 @@ from lm.nn.functional import linear
 
 
 class Linear(torch.nn.Module):
+    """``y = x Wᵀ`` without a bias, ``W`` stored ``(out_features, in_features)``, truncated-normal init."""
+
     def __init__(self, in_features: int, out_features: int, device=None, dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features

@@ -10,6 +10,8 @@ from torch import Tensor
 
 
 class RotaryEmbedding(torch.nn.Module):
+    """Rotates each interleaved pair of ``x``'s last dimension by ``position · theta^(-2i/d_k)``."""
+
     def __init__(self, theta: float, d_k: int, max_seq_len: int, device=None):
         super().__init__()
         if d_k % 2 != 0:

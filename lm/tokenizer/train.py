@@ -248,14 +248,17 @@ def train_bpe(
     num_workers: int | None = None,
     progress: bool = False,
     stats: TrainStats | None = None,
-    _ranges: Sequence[tuple[str, int, int]] | None = None,
+    byte_ranges: Sequence[tuple[str, int, int]] | None = None,
 ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Train a byte-level BPE tokenizer on one or more UTF-8 text files.
 
     Returns ``(vocab, merges)``: ``vocab`` maps id -> token bytes (special tokens first,
     then the 256 single bytes, then the merges in order); ``merges`` lists the merged pairs
     in the order they were learned. Special tokens are split out before pre-tokenization,
-    so no merge crosses them. ``num_workers`` defaults to the CPU count.
+    so no merge crosses them. ``num_workers`` defaults to the CPU count. ``byte_ranges``, a list
+    of ``(path, start, end)``, trains on those byte ranges of the files instead of the whole of
+    ``input_path`` (``lm tokenizer train`` holds out the end of the last file this way); each
+    range must start and end at a point no pre-token crosses.
     """
     special_tokens = check_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
@@ -267,7 +270,7 @@ def train_bpe(
         )
     if num_workers is not None and (isinstance(num_workers, bool) or num_workers < 1):
         raise ValueError(f"num_workers: expected a positive integer, got {num_workers!r}")
-    ranges = list(_ranges) if _ranges is not None else _input_ranges(input_path)
+    ranges = list(byte_ranges) if byte_ranges is not None else _input_ranges(input_path)
     stats = stats if stats is not None else TrainStats()
 
     t0 = time.perf_counter()

@@ -100,6 +100,9 @@ class WandbConfig:
 
 @dataclass
 class Config:
+    """A training run: ``[model]`` (a :class:`ModelConfig` or :class:`Seq2SeqConfig`), ``[data]``,
+    ``[train]``, ``[optim]``, ``[eval]``, ``[checkpoint]``, ``[log]`` and ``[wandb]``."""
+
     model: ModelConfig | Seq2SeqConfig
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -18,15 +18,9 @@ from typing import Any
 
 import torch
 
-from lm.checkpoint import (
-    CheckpointManager,
-    check_state_dict_fits,
-    export_safetensors,
-    get_rng_state,
-    read_checkpoint,
-    set_rng_state,
-    unwrap,
-)
+from lm.checkpoint import CheckpointManager, export_safetensors, read_checkpoint
+from lm.checkpoint.io import check_state_dict_fits, unwrap
+from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
 from lm.device import resolve_dtype

@@ -1,0 +1,58 @@
+"""docs/api.md, the reference of the public names, is what the code says: regenerated it is the same
+file, every name in it imports from its package, and the CS336 interface's names are all in it."""
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "api.md"
+
+# The names the CS336 interface promises (its adapters import them): they must stay public.
+INTERFACE = {
+    "lm.tokenizer": ["Tokenizer", "train_bpe"],
+    "lm.nn": ["Linear", "Embedding", "RMSNorm", "SwiGLU", "RotaryEmbedding", "MultiHeadSelfAttention",
+              "TransformerBlock", "softmax", "silu", "scaled_dot_product_attention", "cross_entropy"],
+    "lm.model": ["TransformerLM"],
+    "lm.optim": ["AdamW", "cosine_lr_schedule", "clip_grad_norm_"],
+    "lm.data": ["get_batch"],
+    "lm.checkpoint": ["save_checkpoint", "load_checkpoint"],
+    "lm.generate": ["generate"],
+}
+
+
+def documented() -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {}
+    package = None
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if m := re.match(r"## `(lm[\w.]*)`", line):
+            package = m.group(1)
+            names[package] = []
+        elif package and (m := re.match(r"\| `(\w+)` \|", line)):
+            names[package].append(m.group(1))
+    return names
+
+
+def test_the_reference_is_what_the_generator_writes_from_the_code():
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "make_api_docs.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_documented_name_imports_and_every_public_name_is_documented():
+    names = documented()
+    assert len(names) >= 10 and sum(map(len, names.values())) > 80
+    for package, public in names.items():
+        module = importlib.import_module(package)
+        for name in public:
+            assert hasattr(module, name), f"{package}.{name} is documented but does not import"
+        assert sorted(public) == sorted(module.__all__), package
+    for package, promised in INTERFACE.items():
+        assert set(promised) <= set(names[package]), (package, set(promised) - set(names[package]))
+
+
+def test_docstrings_cite_the_repository_not_files_beside_it():
+    for path in (REPO / "lm").rglob("*.py"):
+        assert "API.md" not in path.read_text(encoding="utf-8"), path
