@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import lm.tokenizer.vectorized as vz
 from lm.tokenizer import Tokenizer, train_bpe
 from lm.tokenizer.pretokenize import _SAFE_NON_ASCII, GPT2_REGEX, is_plain, plain_stretches
+from lm.tokenizer.vectorized import HashedEncoder
 
 EOT = "<|endoftext|>"
 # plain text, weighted towards what the rules care about: contractions, runs of whitespace
@@ -106,24 +107,27 @@ def letters(i: int) -> str:
 
 
 def test_table_grows_and_starts_again_at_its_limit(tok):
-    fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    """A HashedEncoder built with a small limit (the tokenizer's own is 2^20 words)."""
+    def table(limit):
+        return HashedEncoder(lambda word: tok.encode(word.decode("utf-8")), limit)
+
+    def fast(encoder, text):
+        ids = encoder.encode(text.encode())
+        assert ids is not None  # plain text: the fast path, not the fallback
+        return ids.tolist()
+
     words = " ".join(letters(i) for i in range(6000))  # 6,000 distinct pre-tokens: the table grows
-    assert fresh.encode(words) == regex_path(tok, words)
-    assert fresh._fast.n == 6000
-    assert fresh.encode(words) == regex_path(tok, words)  # all found this time
-    fresh._fast.limit = 6050
+    encoder = table(6050)
+    assert fast(encoder, words) == regex_path(tok, words) and encoder.entries == 6000
+    assert fast(encoder, words) == regex_path(tok, words)  # all found this time
     more = " ".join(letters(i) for i in range(6000, 6060))  # would pass the limit: the table starts again
-    assert fresh.encode(more) == regex_path(tok, more)
-    assert fresh._fast.n == 60
-    # known and new words in one text that passes the limit: the table starts again with all of them,
-    # and the fast path (not the fallback) gives the ids
-    fresh._fast.limit = 100
+    assert fast(encoder, more) == regex_path(tok, more) and encoder.entries == 60
+    # known and new words in one text that passes the limit: the table starts again with all of them
+    encoder.limit = 100
     mixed = more + " " + " ".join(letters(i) for i in range(7000, 7050))
-    ids = fresh._fast.encode(mixed.encode())
-    assert ids is not None and ids.tolist() == regex_path(tok, mixed)
-    assert fresh._fast.n == len(set(GPT2_REGEX.findall(mixed))) == 110
-    fresh._fast.limit = 10**6
-    assert fresh.encode(words) == regex_path(tok, words)
+    assert fast(encoder, mixed) == regex_path(tok, mixed)
+    assert encoder.entries == len(set(GPT2_REGEX.findall(mixed))) == 110
+    assert fast(table(10**6), words) == regex_path(tok, words)
 
 
 def test_mixed_text_splits_into_plain_and_other_stretches(tok):

@@ -18,19 +18,19 @@ from collections.abc import Callable
 import numpy as np
 
 # byte classes
-_L, _N, _O, _SPACE, _WS, _SPECIAL = 0, 1, 2, 3, 4, 5
-_CLASS = np.full(256, _O, dtype=np.uint8)  # bytes >= 0x80 are parts of punctuation on this path
-_CLASS[ord("a") : ord("z") + 1] = _L
-_CLASS[ord("A") : ord("Z") + 1] = _L
-_CLASS[ord("0") : ord("9") + 1] = _N
+_LETTER, _DIGIT, _OTHER, _SPACE, _WS, _SPECIAL = 0, 1, 2, 3, 4, 5
+_CLASS = np.full(256, _OTHER, dtype=np.uint8)  # bytes >= 0x80 are parts of punctuation on this path
+_CLASS[ord("a") : ord("z") + 1] = _LETTER
+_CLASS[ord("A") : ord("Z") + 1] = _LETTER
+_CLASS[ord("0") : ord("9") + 1] = _DIGIT
 _CLASS[ord(" ")] = _SPACE
 for _c in "\t\n\x0b\x0c\r":
     _CLASS[ord(_c)] = _WS
 _APOSTROPHE, _SPACE_BYTE = ord("'"), ord(" ")
 # second (and third) letters of the contractions '(?:[sdmt]|ll|ve|re)
-_ONE = np.zeros(256, dtype=bool)
-_ONE[[ord(c) for c in "sdmt"]] = True
-_TWO = {(ord("l"), ord("l")), (ord("v"), ord("e")), (ord("r"), ord("e"))}
+_ONE_LETTER_CONTRACTION = np.zeros(256, dtype=bool)
+_ONE_LETTER_CONTRACTION[[ord(c) for c in "sdmt"]] = True
+_TWO_LETTER_CONTRACTIONS = {(ord("l"), ord("l")), (ord("v"), ord("e")), (ord("r"), ord("e"))}
 
 
 def pretoken_starts(
@@ -61,11 +61,11 @@ def pretoken_starts(
         follow = (c[2:] != _SPECIAL) & ~ws[2:]
         start[1:-1] |= ws[1:-1] & ws[:-2] & follow
     # " ?\p{L}+" etc.: a space just before letters, digits or other characters joins their token
-    attach = start[1:] & (c[1:] <= _O) & (b[:-1] == _SPACE_BYTE)  # attach[k]: position k + 1
+    attach = start[1:] & (c[1:] <= _OTHER) & (b[:-1] == _SPACE_BYTE)  # attach[k]: position k + 1
     start[1:] &= ~attach
     start[:-1] |= attach
     # '(?:[sdmt]|ll|ve|re): a token that starts at an apostrophe followed by a letter
-    ap = np.flatnonzero(start[:-1] & (b[:-1] == _APOSTROPHE) & (c[1:] == _L))
+    ap = np.flatnonzero(start[:-1] & (b[:-1] == _APOSTROPHE) & (c[1:] == _LETTER))
     if ap.size:
         nxt = b[ap + 1]
         after = np.zeros(ap.size, dtype=np.int64)
@@ -73,14 +73,14 @@ def pretoken_starts(
         ok[ok] = c[ap[ok] + 2] != _SPECIAL
         after[ok] = b[ap[ok] + 2]
         two = np.zeros(ap.size, dtype=bool)
-        for x, y in _TWO:
+        for x, y in _TWO_LETTER_CONTRACTIONS:
             two |= (nxt == x) & (after == y)
-        length = np.where(_ONE[nxt], 2, np.where(two, 3, 0))
+        length = np.where(_ONE_LETTER_CONTRACTION[nxt], 2, np.where(two, 3, 0))
         ap, length = ap[length > 0], length[length > 0]
         start[ap + 1] = False  # the letter run now starts inside the contraction...
         end = ap + length
         end = end[end < n]
-        start[end[c[end] == _L]] = True  # ...and goes on after it, if it is longer
+        start[end[c[end] == _LETTER]] = True  # ...and goes on after it, if it is longer
     if special_starts is not None:
         start[special_starts] = True  # special tokens side by side
     return np.flatnonzero(start)
@@ -137,7 +137,7 @@ class HashedEncoder:
     def clear(self) -> None:
         self.keys = np.zeros(1 << 16, dtype=np.uint64)  # open addressing, linear probing
         self.slot_entry = np.zeros(1 << 16, dtype=np.int64)
-        self.n = 0  # entries
+        self.entries = 0  # distinct pre-tokens held
         self.ids_off = np.zeros(1 << 12, dtype=np.int64)  # entry -> its ids in ids_pool
         self.ids_len = np.zeros(1 << 12, dtype=np.int64)
         self.word_off = np.zeros(1 << 12, dtype=np.int64)  # entry -> its bytes in word_pool
@@ -182,7 +182,7 @@ class HashedEncoder:
         n_bytes = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
         flat_ids = np.fromiter((i for x in ids for i in x), dtype=np.uint32, count=int(n_ids.sum()))
         flat_words = np.frombuffer(b"".join(words), dtype=np.uint8)
-        e0, e1 = self.n, self.n + len(words)
+        e0, e1 = self.entries, self.entries + len(words)
         for name in ("ids_off", "ids_len", "word_off", "word_len"):
             setattr(self, name, _grow(getattr(self, name), e1))
         self.ids_off[e0:e1] = self.ids_used + np.cumsum(n_ids) - n_ids
@@ -195,10 +195,10 @@ class HashedEncoder:
         self.word_pool[self.words_used : self.words_used + len(flat_words)] = flat_words
         self.ids_used += len(flat_ids)
         self.words_used += len(flat_words)
-        self.n = e1
-        if 2 * self.n > len(self.keys):  # keep the load under 1/2: rebuild twice as large
+        self.entries = e1
+        if 2 * self.entries > len(self.keys):  # keep the load under 1/2: rebuild twice as large
             size = len(self.keys)
-            while 2 * self.n > size:
+            while 2 * self.entries > size:
                 size *= 2
             old_keys, old_entries = self.keys, self.slot_entry
             used = old_keys != 0
@@ -234,7 +234,7 @@ class HashedEncoder:
             miss &= ~is_special
         if miss.any():
             new_h, first = np.unique(h[miss], return_index=True)
-            if self.n + len(new_h) > self.limit:
+            if self.entries + len(new_h) > self.limit:
                 # start again empty, with every word of this text (the hits' entries are gone)
                 self.clear()
                 miss = np.ones(len(h), dtype=bool) if is_special is None else ~is_special
