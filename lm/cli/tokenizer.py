@@ -140,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
-    from lm.tokenizer.tokenizer import Tokenizer, save_tokenizer_dir
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir
     from lm.tokenizer.train import TrainStats, train_bpe
 
     paths = [check_readable_file(p, "--input") for p in args.input]
@@ -226,8 +226,8 @@ def _summary(args, paths, stats, tok, heldout, t0: float, t1: float, t2: float) 
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from lm.data.pairs import index_path, is_pair_file
     from lm.data.token_file import is_token_file, sidecar_path
+    from lm.tokenizer import load_tokenizer_dir
     from lm.tokenizer.encode_file import tokenize_file
-    from lm.tokenizer.tokenizer import load_tokenizer_dir
 
     if args.num_workers is not None and args.num_workers < 1:
         raise ValueError(f"--num-workers: must be >= 1, got {args.num_workers}")
@@ -263,7 +263,7 @@ def _tokenize_pairs(args: argparse.Namespace) -> int:
     """``lm tokenize --target``: a parallel corpus to a pair file (serially; such corpora are small)."""
     from lm.data.pairs import index_path, is_pair_file, tokenize_pairs
     from lm.data.token_file import is_token_file, sidecar_path
-    from lm.tokenizer.tokenizer import load_tokenizer_dir
+    from lm.tokenizer import load_tokenizer_dir
 
     src = check_readable_file(args.input, "--input")
     tgt = check_readable_file(args.target, "--target")

@@ -1,4 +1,4 @@
-"""Encoding and decoding with a trained byte-level BPE, and its files.
+"""Encoding and decoding with a trained byte-level BPE (its files: :mod:`lm.tokenizer.files`).
 
 Encoding a text: split out special tokens (the longest wins where two overlap), cut the
 rest into pre-tokens with the GPT-2 regex, and apply the merges to each pre-token in
@@ -15,15 +15,11 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from lm.io import atomic_write, check_readable_file
-from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import (
-    GPT2_PATTERN,
     GPT2_REGEX,
     check_special_tokens,
     is_plain,
@@ -111,51 +107,15 @@ class Tokenizer:
         cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike, special_tokens: Sequence[str] | None = None
     ) -> Tokenizer:
         """Read a GPT-2 style ``vocab.json`` + ``merges.txt`` (also GPT-2's ``encoder.json`` + ``vocab.bpe``)."""
-        vocab_path = check_readable_file(vocab_path, "vocab_path")
-        merges_path = check_readable_file(merges_path, "merges_path")
-        try:
-            raw = json.loads(vocab_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"vocab_path: {str(vocab_path)!r} is not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"vocab_path: {str(vocab_path)!r} must hold a JSON object {{token: id}}")
-        specials = set(special_tokens or [])
-        vocab: dict[int, bytes] = {}
-        for s, i in raw.items():
-            if not isinstance(i, int):
-                raise ValueError(f"vocab_path: id of token {s!r} is {i!r}, not an integer")
-            if i in vocab:
-                raise ValueError(f"vocab_path: id {i} is used twice")
-            # special tokens are stored as plain text; every other token in the byte mapping
-            vocab[i] = s.encode("utf-8") if s in specials else _token_from_str(s)
-        merges: list[tuple[bytes, bytes]] = []
-        with open(merges_path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                line = line.rstrip("\r\n")
-                if (lineno == 1 and line.startswith("#version")) or not line:
-                    continue
-                parts = line.split(" ")
-                if len(parts) != 2:
-                    raise ValueError(
-                        f"merges_path: line {lineno} of {str(merges_path)!r} is not 'left right': {line!r}"
-                    )
-                merges.append((unicode_str_to_bytes(parts[0]), unicode_str_to_bytes(parts[1])))
-        return cls(vocab, merges, special_tokens)
+        from lm.tokenizer.files import read_gpt2_files
+
+        return cls(*read_gpt2_files(vocab_path, merges_path, special_tokens), special_tokens)
 
     def save(self, vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> None:
         """Write GPT-2 style files: ``{token_string: id}`` JSON and one merge per line."""
-        specials = {t.encode("utf-8") for t in self.special_tokens}
-        obj = {
-            (tok.decode("utf-8") if tok in specials else bytes_to_unicode_str(tok)): i
-            for i, tok in sorted(self.vocab.items())
-        }
-        with atomic_write(vocab_path) as f:
-            json.dump(obj, f, ensure_ascii=False, indent=0)
-            f.write("\n")
-        with atomic_write(merges_path) as f:
-            f.write("#version: 0.2\n")
-            for a, b in self.merges:
-                f.write(f"{bytes_to_unicode_str(a)} {bytes_to_unicode_str(b)}\n")
+        from lm.tokenizer.files import write_gpt2_files
+
+        write_gpt2_files(self, vocab_path, merges_path)
 
     def checksum(self) -> str:
         """SHA-256 over the vocab, merges and special tokens: identifies the tokenizer in token files."""
@@ -345,50 +305,15 @@ class Tokenizer:
 
     def to_hf_json(self) -> dict:
         """A Hugging Face ``tokenizer.json`` document that encodes exactly like this tokenizer."""
-        specials = {t.encode("utf-8") for t in self.special_tokens}
-        # Special tokens sit in the model vocab under their own text too, as in GPT-2's file:
-        # `tokenizers` gives an added token the id it has there (else a new id past the end).
-        model_vocab = {
-            (tok.decode("utf-8") if tok in specials else bytes_to_unicode_str(tok)): i
-            for i, tok in sorted(self.vocab.items())
-        }
-        return {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": [
-                {"id": self._special_ids[t], "content": t, "single_word": False, "lstrip": False,
-                 "rstrip": False, "normalized": False, "special": True}
-                for t in self.special_tokens
-            ],
-            "normalizer": None,
-            "pre_tokenizer": {
-                "type": "Sequence",
-                "pretokenizers": [
-                    {"type": "Split", "pattern": {"Regex": GPT2_PATTERN}, "behavior": "Isolated", "invert": False},
-                    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-                ],
-            },
-            "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-            "model": {
-                "type": "BPE",
-                "dropout": None,
-                "unk_token": None,
-                "continuing_subword_prefix": None,
-                "end_of_word_suffix": None,
-                "fuse_unk": False,
-                "byte_fallback": False,
-                "ignore_merges": False,
-                "vocab": model_vocab,
-                "merges": [[bytes_to_unicode_str(a), bytes_to_unicode_str(b)] for a, b in self.merges],
-            },
-        }
+        from lm.tokenizer.files import hf_json
+
+        return hf_json(self)
 
     def save_hf(self, path: str | os.PathLike) -> None:
         """Write a Hugging Face ``tokenizer.json`` (loadable with ``tokenizers.Tokenizer.from_file``)."""
-        with atomic_write(path) as f:
-            json.dump(self.to_hf_json(), f, ensure_ascii=False)
+        from lm.tokenizer.files import write_hf_json
+
+        write_hf_json(self, path)
 
     def __repr__(self) -> str:
         return (
@@ -396,58 +321,3 @@ class Tokenizer:
             f"special_tokens={self.special_tokens})"
         )
 
-
-def _token_from_str(s: str) -> bytes:
-    try:
-        return unicode_str_to_bytes(s)
-    except ValueError as e:
-        raise ValueError(f"vocab_path: {e}") from None
-
-
-def save_tokenizer_dir(tokenizer: Tokenizer, directory: str | os.PathLike, *, hf: bool = False) -> Path:
-    """Write ``DIR/vocab.json``, ``DIR/merges.txt`` and ``DIR/tokenizer_config.json`` (the special
-    tokens), plus ``DIR/tokenizer.json`` for Hugging Face when ``hf``; :func:`load_tokenizer_dir` reads it."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(d / "vocab.json", d / "merges.txt")
-    if hf:
-        tokenizer.save_hf(d / "tokenizer.json")
-    with atomic_write(d / "tokenizer_config.json") as f:
-        json.dump({"special_tokens": tokenizer.special_tokens, "pre_tokenizer": "gpt2"}, f, indent=1)
-    return d
-
-
-def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[str] | None = None) -> Tokenizer:
-    """Load ``DIR/vocab.json`` + ``DIR/merges.txt`` as written by ``lm tokenizer train``.
-
-    Special tokens default to those listed in ``DIR/tokenizer_config.json``.
-    """
-    d = Path(directory)
-    if not d.is_dir():
-        raise ValueError(f"tokenizer: not a directory: {str(d)!r}")
-    if special_tokens is None:
-        cfg = d / "tokenizer_config.json"
-        special_tokens = []
-        if cfg.exists():
-            try:
-                special_tokens = json.loads(cfg.read_text(encoding="utf-8"))["special_tokens"]
-            except (ValueError, KeyError, TypeError) as e:
-                what = f"has no {e}" if isinstance(e, KeyError) else f"is not valid JSON: {e}"
-                raise ValueError(f"tokenizer: {str(cfg)!r} {what}") from None
-            if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
-                raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
-    return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)
-
-
-def check_tokenizer_checksum(got: str, expected: str, *, argument: str, what: str, against: str) -> None:
-    """Raise a one-line ValueError when two recorded tokenizer checksums differ.
-
-    ``got`` is the checksum of ``what`` (a tokenizer, a token file's sidecar), ``expected`` that
-    recorded by ``against`` (a checkpoint, another token file). An empty checksum means "not
-    recorded" and is not checked. The one check behind training, evaluation and sampling.
-    """
-    if got and expected and got != expected:
-        raise ValueError(
-            f"{argument}: {what} is not the tokenizer of {against} "
-            f"(tokenizer checksum {got[:12]}… instead of {expected[:12]}…)"
-        )
