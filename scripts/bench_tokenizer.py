@@ -98,8 +98,8 @@ def main() -> int:
     data = Path(args.data)
     text_path = Path(args.text) if args.text else data / "gutenberg.txt"
 
+    from lm.data import tokenize_file
     from lm.tokenizer import Tokenizer, train_bpe
-    from lm.tokenizer.encode_file import tokenize_file
     from lm.tokenizer.pretokenize import next_safe_cut
 
     raw = text_path.read_bytes()

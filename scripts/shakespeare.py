@@ -78,11 +78,10 @@ def main() -> int:
 
 
 def run(args, out: Path, t_start: float) -> int:
-    from lm.data import read_token_file
+    from lm.data import read_token_file, tokenize_file
     from lm.evaluate import evaluate_tokens
     from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
-    from lm.tokenizer.encode_file import tokenize_file
     from lm.train import Trainer, config_from_dict
 
     (out / "data").mkdir(parents=True, exist_ok=True)

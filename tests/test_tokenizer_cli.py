@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from lm.cli import main
-from lm.data import read_token_file
+from lm.data import read_token_file, tokenize_file
 from lm.tokenizer import Tokenizer, load_tokenizer_dir
-from lm.tokenizer.encode_file import tokenize_file
 
 EOT = "<|endoftext|>"
 STORY = (
@@ -102,14 +101,14 @@ def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsy
 
 
 def test_interrupted_tokenize_leaves_no_output(trained, corpus, tmp_path, monkeypatch):
-    import lm.tokenizer.encode_file as ef
+    class Interrupted(Tokenizer):  # Ctrl-C while the first chunk is encoded
+        def encode_to_numpy(self, text, dtype=None):
+            raise KeyboardInterrupt
 
-    def boom(args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(ef, "_encode_chunk", boom)
+    tok = load_tokenizer_dir(trained)
     with pytest.raises(KeyboardInterrupt):
-        tokenize_file(load_tokenizer_dir(trained), corpus, tmp_path / "x.bin", num_workers=1)
+        tokenize_file(Interrupted(tok.vocab, tok.merges, tok.special_tokens), corpus, tmp_path / "x.bin",
+                      num_workers=1)
     assert list(tmp_path.iterdir()) == []
 
 

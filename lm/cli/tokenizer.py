@@ -224,10 +224,10 @@ def _summary(args, paths, stats, tok, heldout, t0: float, t1: float, t2: float) 
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    from lm.data import tokenize_file
     from lm.data.pairs import index_path, is_pair_file
     from lm.data.token_file import is_token_file, sidecar_path
     from lm.tokenizer import load_tokenizer_dir
-    from lm.tokenizer.encode_file import tokenize_file
 
     if args.num_workers is not None and args.num_workers < 1:
         raise ValueError(f"--num-workers: must be >= 1, got {args.num_workers}")

@@ -160,12 +160,11 @@ def run_demo(settings: DemoSettings) -> DemoReport:
 def _run(settings: DemoSettings, out: Path) -> DemoReport:
     import torch
 
-    from lm.data import read_token_file
+    from lm.data import read_token_file, tokenize_file
     from lm.evaluate import evaluate_tokens
     from lm.generate import generate
     from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
-    from lm.tokenizer.encode_file import tokenize_file
     from lm.train import Trainer, config_from_dict
     from lm.train.plot import plot_runs
 

@@ -33,7 +33,7 @@ from lm.tokenizer.pretokenize import (
     special_tokens_regex,
     split_on_special,
 )
-from lm.tokenizer.workers import WorkerPool
+from lm.tokenizer.workers import parallel_map
 
 PathLike = str | os.PathLike
 # below this many input bytes, starting worker processes costs more than it saves
@@ -88,23 +88,13 @@ def count_pretokens(
     ]
     counts: Counter = Counter()
     invalid = 0
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
-               file=sys.stderr)
-    pool = None
-    try:
-        if workers == 1 or len(tasks) == 1 or total < MIN_PARALLEL_BYTES:
-            results = map(_count_chunk, tasks)
-        else:
-            pool = WorkerPool(min(workers, len(tasks)), _count_chunk)
-            results = pool.map(tasks, ordered=False)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
+              file=sys.stderr) as bar, \
+            parallel_map(_count_chunk, tasks, workers, ordered=False, serial=total < MIN_PARALLEL_BYTES) as results:
         for c, nbytes, bad in results:
             counts.update(c)
             invalid += bad
             bar.update(nbytes)
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.close()
     if invalid:
         warnings.warn(f"input: {invalid:,} bytes are not valid UTF-8; they were replaced by U+FFFD", stacklevel=2)
     if stats is not None:

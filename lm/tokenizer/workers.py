@@ -9,6 +9,7 @@ go to a permanent GC generation, so the children's collections never copy the pa
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import signal
@@ -115,3 +116,21 @@ class WorkerPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def parallel_map(func: Callable, tasks: list, workers: int, *, initializer: Callable | None = None,
+                 initargs: tuple = (), ordered: bool = True, serial: bool = False) -> Iterator[Iterator[Any]]:
+    """``with parallel_map(func, tasks, workers) as results:`` the results of ``func`` over ``tasks``.
+
+    In this process when ``workers`` is 1, there is at most one task, or ``serial``; else in a
+    :class:`WorkerPool` of ``min(workers, len(tasks))`` processes, ended when the block is left
+    (normally, by an error or by Ctrl-C). ``initializer(*initargs)`` runs where ``func`` will.
+    """
+    if workers <= 1 or len(tasks) <= 1 or serial:
+        if initializer is not None:
+            initializer(*initargs)
+        yield map(func, tasks)
+        return
+    with WorkerPool(min(workers, len(tasks)), func, initializer, initargs) as pool:
+        yield pool.map(tasks, ordered=ordered)

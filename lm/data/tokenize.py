@@ -4,7 +4,8 @@ The file is cut at safe points (see :mod:`lm.tokenizer.pretokenize`), so the chu
 encode to exactly the ids of the whole text. Worker processes each hold the tokenizer
 (and its cache) and return their chunk as a packed array; the parent writes the chunks in
 order through :func:`lm.data.write_token_file`, which writes atomically. Memory stays
-bounded by a few chunks whatever the file size.
+bounded by a few chunks whatever the file size. (It lives in ``lm.data``, which reads and
+writes token files; the tokenizer knows nothing of them.)
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from tqdm.auto import tqdm
 
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
 from lm.io import check_not_input, check_readable_file, read_text_range
+from lm.tokenizer import Tokenizer
 from lm.tokenizer.pretokenize import chunk_boundaries
-from lm.tokenizer.tokenizer import Tokenizer
-from lm.tokenizer.workers import WorkerPool
+from lm.tokenizer.workers import parallel_map
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -75,17 +76,14 @@ def tokenize_file(
     bounds += chunk_boundaries(path, tokenizer.special_tokens, chunk_bytes, start=bounds[0][1] if bounds else 0)
     tasks = [(str(path), a, b, dtype.str) for a, b in bounds]
     invalid = 0
-    pool = None
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenize",
-               disable=None if progress else True, file=sys.stderr)
-    try:
-        _init_worker(tokenizer)
-        if workers == 1 or len(tasks) == 1:
-            results = map(_encode_chunk, tasks)
-        else:
-            first = _encode_chunk(tasks[0])  # the head, before the fork (see above)
-            pool = WorkerPool(min(workers, len(tasks) - 1), _encode_chunk, _init_worker, (tokenizer,))
-            results = itertools.chain([first], pool.map(tasks[1:]))
+    _init_worker(tokenizer)
+    parallel = workers > 1 and len(tasks) > 1
+    first = [_encode_chunk(tasks[0])] if parallel else []  # the head, before the fork (see above)
+    with tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=None if progress else True,
+              file=sys.stderr) as bar, \
+            parallel_map(_encode_chunk, tasks[len(first):], workers if parallel else 1,
+                         initializer=_init_worker, initargs=(tokenizer,)) as rest:
+        results = itertools.chain(first, rest)
         # computed while the workers run (it takes a moment for a large vocab)
         checksum = tokenizer.checksum()
 
@@ -104,10 +102,6 @@ def tokenize_file(
             tokenizer_sha256=checksum,
             source=str(path),
         )
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.close()
     if invalid:
         warnings.warn(f"input: {invalid:,} bytes of {str(path)!r} are not valid UTF-8; they were replaced by U+FFFD",
                       stacklevel=2)
