@@ -7,9 +7,7 @@ import contextlib
 import gzip
 import json
 import os
-import resource
 import shutil
-import sys
 import tempfile
 import time
 import zlib
@@ -21,7 +19,6 @@ from lm.io import (
     check_output_dir,
     check_output_file,
     check_readable_file,
-    read_text_range,
     replace_dir,
 )
 
@@ -93,28 +90,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=cmd_tokenize)
 
 
-def _peak_rss_mb() -> float:
-    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
-
-
-def _holdout_split(paths: list[Path], specials: list[str], holdout: int) -> tuple[list[tuple[str, int, int]], tuple]:
-    """Training byte ranges, and the held-out tail ``(path, start, end)`` of the last file (or None)."""
-    from lm.tokenizer.pretokenize import next_safe_cut
-
-    ranges = [(str(p), 0, p.stat().st_size) for p in paths]
-    total = sum(e for _, _, e in ranges)
-    holdout = min(holdout, total // 10)
-    last, _, size = ranges[-1]
-    if holdout <= 0 or size <= holdout:
-        return ranges, None
-    with open(last, "rb") as f:
-        cut = next_safe_cut(f, size - holdout, size, [s.encode() for s in specials])
-    if cut <= 0:
-        return ranges, None
-    return ranges[:-1] + [(last, 0, cut)], (last, cut, size)
-
-
 def _decompressed(paths: list[Path], stack: contextlib.ExitStack) -> list[Path]:
     """``paths`` with every ``.gz`` file decompressed into a private temporary folder (removed with ``stack``)."""
     out, tmp = [], None
@@ -141,7 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from lm.tokenizer import Tokenizer, save_tokenizer_dir
-    from lm.tokenizer.train import TrainStats, train_bpe
+    from lm.tokenizer.train import TrainStats, holdout_split, train_bpe, training_summary
 
     paths = [check_readable_file(p, "--input") for p in args.input]
     for p in paths:
@@ -157,7 +132,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     for p, text in zip(paths, texts):
         if text.stat().st_size == 0:
             raise ValueError(f"--input: file is empty once decompressed: {str(p)!r}")
-    train_ranges, heldout = _holdout_split(texts, args.special_token, args.holdout_bytes)
+    train_ranges, heldout = holdout_split(texts, args.special_token, args.holdout_bytes)
 
     stats = TrainStats()
     t0 = time.perf_counter()
@@ -175,7 +150,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     with replace_dir(out, **output) as tmp:
         save_tokenizer_dir(tok, tmp, hf=True)
         t2 = time.perf_counter()
-        summary = _summary(args, paths, stats, tok, heldout, t0, t1, t2)
+        summary = training_summary(tok, stats, paths, heldout, {"save": t2 - t1, "since_start": t2 - t0})
         with atomic_write(tmp / "summary.json") as f:
             json.dump(summary, f, indent=1, ensure_ascii=False)
     bpt = summary["bytes_per_token_heldout"]
@@ -186,41 +161,6 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         f"-> {out}{os.sep}"
     )
     return 0
-
-
-def _summary(args, paths, stats, tok, heldout, t0: float, t1: float, t2: float) -> dict:
-    """The ``summary.json`` of a trained tokenizer, with the bytes/token of the held-out text."""
-    vocab, merges = tok.vocab, tok.merges
-
-    bytes_per_token = None
-    if heldout is not None:
-        path, a, b = heldout
-        text, _ = read_text_range(path, a, b)
-        bytes_per_token = (b - a) / max(1, len(tok.encode(text)))
-    t3 = time.perf_counter()
-    longest = max(vocab.values(), key=len)
-    summary = {
-        "vocab_size": len(vocab),
-        "num_merges": len(merges),
-        "special_tokens": args.special_token,
-        "inputs": [str(p) for p in paths],
-        "train_bytes": stats.input_bytes,
-        "heldout_bytes": 0 if heldout is None else heldout[2] - heldout[1],
-        "distinct_pretokens": stats.distinct_pretokens,
-        "seconds": {
-            "pretokenize": round(stats.seconds["pretokenize"], 3),
-            "merge": round(stats.seconds["merge"], 3),
-            "save": round(t2 - t1, 3),
-            "heldout_eval": round(t3 - t2, 3),
-            "total": round(t3 - t0, 3),
-        },
-        "pretokenize_mb_per_s": round(stats.input_bytes / 1e6 / max(stats.seconds["pretokenize"], 1e-9), 2),
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
-        "longest_token": {"bytes": len(longest), "text": longest.decode("utf-8", errors="replace")},
-        "bytes_per_token_heldout": None if bytes_per_token is None else round(bytes_per_token, 4),
-        "invalid_utf8_bytes": stats.invalid_utf8_bytes,
-    }
-    return summary
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:

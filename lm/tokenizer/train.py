@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import heapq
 import os
+import resource
 import sys
 import time
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -29,6 +31,7 @@ from lm.io import check_readable_file, read_text_range
 from lm.tokenizer.pretokenize import (
     check_special_tokens,
     chunk_boundaries,
+    next_safe_cut,
     pretokenize,
     special_tokens_regex,
     split_on_special,
@@ -275,3 +278,66 @@ def train_bpe(
 
 
 __all__ = ["train_bpe", "count_pretokens", "merge_counts", "build_vocab", "TrainStats"]
+
+
+# ---------------------------------------------------------------- what `lm tokenizer train` builds on
+
+
+def holdout_split(paths: Sequence[PathLike], special_tokens: Sequence[str], holdout_bytes: int
+                  ) -> tuple[list[tuple[str, int, int]], tuple[str, int, int] | None]:
+    """Training byte ranges ``(path, start, end)`` of ``paths``, and the held-out tail of the last
+    file (about ``holdout_bytes``, at most a tenth of the input, cut where no pre-token crosses),
+    or None when there is too little text. Pass the ranges to :func:`train_bpe`'s ``byte_ranges``."""
+    ranges = [(str(p), 0, Path(p).stat().st_size) for p in paths]
+    total = sum(e for _, _, e in ranges)
+    holdout = min(holdout_bytes, total // 10)
+    last, _, size = ranges[-1]
+    if holdout <= 0 or size <= holdout:
+        return ranges, None
+    with open(last, "rb") as f:
+        cut = next_safe_cut(f, size - holdout, size, [s.encode() for s in special_tokens])
+    if cut <= 0:
+        return ranges, None
+    return ranges[:-1] + [(last, 0, cut)], (last, cut, size)
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process or its largest child (the workers), in MB."""
+    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return kb / 1024 if sys.platform != "darwin" else kb / 2**20
+
+
+def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
+                     heldout: tuple[str, int, int] | None, seconds: dict[str, float]) -> dict:
+    """The ``summary.json`` of a trained tokenizer: sizes, timings, memory, the longest token, and
+    the bytes per token of the held-out text (encoded here). ``seconds`` holds ``save`` and
+    ``since_start`` (the time from the start of training to now)."""
+    t0 = time.perf_counter()
+    bytes_per_token = None
+    if heldout is not None:
+        path, a, b = heldout
+        text, _ = read_text_range(path, a, b)
+        bytes_per_token = (b - a) / max(1, len(tokenizer.encode(text)))
+    heldout_eval = time.perf_counter() - t0
+    longest = max(tokenizer.vocab.values(), key=len)
+    return {
+        "vocab_size": len(tokenizer.vocab),
+        "num_merges": len(tokenizer.merges),
+        "special_tokens": list(tokenizer.special_tokens),
+        "inputs": [str(p) for p in inputs],
+        "train_bytes": stats.input_bytes,
+        "heldout_bytes": 0 if heldout is None else heldout[2] - heldout[1],
+        "distinct_pretokens": stats.distinct_pretokens,
+        "seconds": {
+            "pretokenize": round(stats.seconds["pretokenize"], 3),
+            "merge": round(stats.seconds["merge"], 3),
+            "save": round(seconds["save"], 3),
+            "heldout_eval": round(heldout_eval, 3),
+            "total": round(seconds["since_start"] + heldout_eval, 3),
+        },
+        "pretokenize_mb_per_s": round(stats.input_bytes / 1e6 / max(stats.seconds["pretokenize"], 1e-9), 2),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "longest_token": {"bytes": len(longest), "text": longest.decode("utf-8", errors="replace")},
+        "bytes_per_token_heldout": None if bytes_per_token is None else round(bytes_per_token, 4),
+        "invalid_utf8_bytes": stats.invalid_utf8_bytes,
+    }
