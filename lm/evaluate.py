@@ -21,7 +21,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens"]
+__all__ = ["bits_per_byte", "bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens", "perplexity"]
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a mean loss in nats per token (capped where ``exp`` would overflow)."""
+    return math.exp(min(loss, 700.0))
+
+
+def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
+    """A mean loss in nats per token as bits per byte of the text (None without a byte count), the
+    measure that does not depend on the tokenizer."""
+    return loss / math.log(2) / bytes_per_token if bytes_per_token else None
 
 
 @torch.no_grad()
@@ -76,8 +87,8 @@ def evaluate_tokens(
     loss = total / count
     return {
         "loss": loss,
-        "perplexity": math.exp(min(loss, 700.0)),
-        "bits_per_byte": loss / math.log(2) / bytes_per_token if bytes_per_token else None,
+        "perplexity": perplexity(loss),
+        "bits_per_byte": bits_per_byte(loss, bytes_per_token),
         "bytes_per_token": bytes_per_token,
         "tokens": count,
     }
@@ -141,7 +152,7 @@ def evaluate_pairs(model: torch.nn.Module, batches) -> dict[str, float | int]:
     if count == 0:
         raise ValueError("data: no target tokens to evaluate")
     loss = total / count
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": count}
+    return {"loss": loss, "perplexity": perplexity(loss), "tokens": count}
 
 
 def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float | str]:

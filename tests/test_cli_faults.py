@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from lm.data.token_file import read_token_file, sidecar_path
+from lm.tomlio import dump_tables
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -86,11 +87,7 @@ def run_config(w: Path, out: str, **train) -> dict:
 
 
 def write_toml(path: Path, raw: dict) -> Path:
-    def value(v):
-        return json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false" if v is False else repr(v))
-
-    path.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in vals.items())
-                            for s, vals in raw.items()))
+    path.write_text(dump_tables(raw))
     return path
 
 

@@ -18,6 +18,7 @@ from lm.model import TransformerLM
 from lm.nn import cross_entropy
 from lm.optim import AdamW, cosine_lr_schedule, param_groups
 from lm.tokenizer import Tokenizer
+from lm.tomlio import dump_tables
 from lm.train import Trainer, TrainingDiverged, config_from_dict, load_config, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,14 +54,7 @@ def _raw_config(folder: Path, **sections) -> dict:
 
 
 def _write_toml(path: Path, raw: dict) -> Path:
-    def value(v):
-        return json.dumps(v) if isinstance(v, str) else ("true" if v is True else "false" if v is False else repr(v))
-
-    lines = []
-    for section, values in raw.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {value(v)}" for k, v in values.items()]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(dump_tables(raw))
     return path
 
 

@@ -70,6 +70,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.data import read_token_file
+    from lm.data.token_file import bytes_per_token
     from lm.device import resolve_dtype, set_threads
     from lm.evaluate import evaluate_tokens
     from lm.io import check_readable_file, decode_utf8
@@ -102,8 +103,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              f"the model's vocab_size {model.config.vocab_size}")
         check_tokenizer_checksum(meta["tokenizer_sha256"], info["tokenizer_sha256"], argument="--data",
                                  what=f"the tokenizer of {str(data)!r}", against=f"the model {args.checkpoint!r}")
-        source_bytes = meta.get("source_bytes") or 0
-        bpt = source_bytes / meta["num_tokens"] if source_bytes else None
+        bpt = bytes_per_token(meta)
     else:
         text, bad = decode_utf8(data.read_bytes())
         if bad:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from lm.data.batch import windows_to_xy
-from lm.data.token_file import max_token_id, read_token_file
+from lm.data.token_file import bytes_per_token, max_token_id, read_token_file
 
 
 class TokenDataset:
@@ -64,8 +64,7 @@ class TokenDataset:
     @property
     def bytes_per_token(self) -> float | None:
         """Source bytes per token, from the sidecar; None when the sidecar does not say."""
-        src = self.meta.get("source_bytes") or 0
-        return src / len(self.tokens) if src > 0 else None
+        return bytes_per_token(self.meta)
 
     @property
     def tokenizer_sha256(self) -> str:

@@ -182,3 +182,10 @@ def max_token_id(path: str | os.PathLike, dtype: np.dtype | str, chunk: int = _S
             if n == 0:
                 return best
             best = max(best, int(buf[:n].max()))
+
+
+def bytes_per_token(meta: dict) -> float | None:
+    """Source bytes per token of a token file, from its sidecar (None when it does not say): the
+    ratio that turns a loss per token into bits per byte."""
+    source = meta.get("source_bytes") or 0
+    return source / meta["num_tokens"] if source > 0 and meta.get("num_tokens") else None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lm.data.token_file import bytes_per_token
 from lm.tokenizer import EOT
 
 TINYSTORIES_CANDIDATES = ("data/TinyStoriesV2-GPT4-train.txt", "data/TinyStoriesV2-GPT4-valid.txt")
@@ -135,8 +136,10 @@ def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray, vocab_size: int, v
     """Cross-entropy of the validation tokens under add-one smoothed training-token frequencies, per byte."""
     counts = np.bincount(np.asarray(train, dtype=np.int64), minlength=vocab_size).astype(np.float64) + 1.0
     logp = np.log(counts / counts.sum())
+    from lm.evaluate import bits_per_byte
+
     nats = -logp[np.asarray(val, dtype=np.int64)].sum()
-    return float(nats / math.log(2) / val_bytes)
+    return float(bits_per_byte(nats, val_bytes))  # total nats over total bytes
 
 
 def run_demo(settings: DemoSettings) -> DemoReport:
@@ -220,7 +223,7 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
     model.eval()
     lap("train")
 
-    bpt = val_meta["source_bytes"] / val_meta["num_tokens"]
+    bpt = bytes_per_token(val_meta)
     report.val = evaluate_tokens(model, val_ids, batch_size=16, max_tokens=200_000, bytes_per_token=bpt)
     report.unigram_bpb = unigram_bits_per_byte(train_ids, val_ids, tok.vocab_size, val_meta["source_bytes"])
     lap("evaluate")

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from lm.nn.attention import ATTN_IMPLS, DEFAULT_ATTN_IMPL
 from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES
 from lm.nn.ffn import FFN_TYPES, ffn_hidden_dim
+from lm.tomlio import dump_table, loads
 
 POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 
@@ -69,26 +70,12 @@ class ConfigIO:
         return cls.from_dict(json.loads(text))
 
     def to_toml(self) -> str:
-        """Flat ``key = value`` lines (every field is a scalar, so no TOML library is needed to write)."""
-        lines = []
-        for key, value in self.to_dict().items():
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, str):
-                lines.append(f"{key} = {json.dumps(value)}")
-            elif isinstance(value, float):
-                lines.append(f"{key} = {value!r}")
-            else:
-                lines.append(f"{key} = {value}")
-        return "\n".join(lines) + "\n"
+        """Flat ``key = value`` lines."""
+        return dump_table(self.to_dict())
 
     @classmethod
     def from_toml(cls, text: str):
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib
-        return cls.from_dict(tomllib.loads(text))
+        return cls.from_dict(loads(text))
 
     def save(self, path: str | Path) -> None:
         """Write ``.json`` or ``.toml`` according to the suffix."""

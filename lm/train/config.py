@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import os
 import types
@@ -25,6 +24,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from lm.model import ModelConfig, Seq2SeqConfig
+from lm.tomlio import dump_tables
 
 
 @dataclass
@@ -117,13 +117,7 @@ class Config:
 
     def to_toml(self) -> str:
         """The resolved configuration as TOML; unset (None) options are written as comments."""
-        out = []
-        for section, values in self.to_dict().items():
-            out.append(f"[{section}]")
-            for key, value in values.items():
-                out.append(f"# {key} = (unset)" if value is None else f"{key} = {_toml_value(value)}")
-            out.append("")
-        return "\n".join(out)
+        return dump_tables(self.to_dict())
 
 
 SECTIONS: dict[str, type] = {
@@ -137,14 +131,6 @@ SECTIONS: dict[str, type] = {
     "wandb": WandbConfig,
 }
 _REQUIRED = {("data", "train")}
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return repr(value)
 
 
 def _suggest(name: str, options: list[str]) -> str:

@@ -9,60 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from lm.io import atomic_write
-
-# Dense bfloat16 peak FLOP/s of common accelerators, matched against torch.cuda.get_device_name().
-_GPU_PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "L40": 181e12,
-    "4090": 165e12,
-    "A10": 125e12,
-    "L4": 121e12,
-    "V100": 125e12,
-    "3090": 71e12,
-    "T4": 65e12,
-}
-
-
-def peak_flops(device: torch.device, override_tflops: float | None = None) -> float:
-    """The device's peak FLOP/s for MFU: the override, a table of GPUs, or a nominal CPU figure.
-
-    The CPU figure is threads x clock x float32 FLOPs per cycle: 64 with AVX-512 (two 16-lane
-    FMA units), 32 with AVX2 + FMA, 8 otherwise, with the clock from /proc/cpuinfo (2.5 GHz
-    when unknown). It is a yardstick for comparing runs on one machine, not a measured peak.
-    """
-    if override_tflops:
-        return override_tflops * 1e12
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, flops in _GPU_PEAK_FLOPS.items():
-            if key in name:
-                return flops
-        return 100e12
-    return torch.get_num_threads() * _cpu_flops_per_cycle_and_hz()
-
-
-def _cpu_flops_per_cycle_and_hz() -> float:
-    flags, mhz = "", 2500.0
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = value
-                elif key.strip() == "cpu MHz":
-                    mhz = float(value)
-                if flags and key.strip() == "cpu MHz":
-                    break
-    except (OSError, ValueError):
-        pass
-    words = set(flags.split())
-    per_cycle = 64 if "avx512f" in words else 32 if {"avx2", "fma"} <= words else 8
-    return per_cycle * mhz * 1e6
 
 
 def format_duration(seconds: float) -> str:
@@ -104,13 +51,7 @@ class MetricsLog:
         path = Path(run_dir) / "metrics.jsonl"
         if not path.exists():
             return
-        keep = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= after_step:
-                    keep.append(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
+        keep = [line for line, record in _records(path) if record.get("step", 0) <= after_step]
         with atomic_write(path) as f:
             f.write("".join(line + "\n" for line in keep))
 
@@ -128,15 +69,20 @@ class MetricsLog:
             self._wandb = None
 
 
-def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a run's ``metrics.jsonl`` (lines cut short by a kill are skipped)."""
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each line of a ``metrics.jsonl`` with its record; a line cut short by a kill is skipped."""
     out = []
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise ValueError(f"{str(run_dir)!r} has no metrics.jsonl; is it a run directory of `lm train`?")
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            out.append(json.loads(line))
+            out.append((line, json.loads(line)))
         except json.JSONDecodeError:
             continue
     return out
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl`` (lines cut short by a kill are skipped)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise ValueError(f"{str(run_dir)!r} has no metrics.jsonl; is it a run directory of `lm train`?")
+    return [record for _, record in _records(path)]

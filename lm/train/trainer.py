@@ -24,6 +24,7 @@ from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
 from lm.device import resolve_dtype
+from lm.evaluate import bits_per_byte, perplexity
 from lm.io import atomic_write
 from lm.model import build_model
 from lm.optim import (
@@ -39,8 +40,9 @@ from lm.tokenizer import check_tokenizer_checksum
 from lm.train.config import Config
 from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
+from lm.train.flops import peak_flops
 from lm.train.memory import check_step_memory
-from lm.train.metrics import MetricsLog, format_duration, peak_flops
+from lm.train.metrics import MetricsLog, format_duration
 from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside_metrics
 
 
@@ -367,12 +369,7 @@ class Trainer:
                     total += self.train_model(x, targets=y)
         self.train_model.train()
         loss = float(self.dist.all_mean(total / len(self._val_starts)).item())
-        bpt = self.val_data.bytes_per_token
-        return {
-            "loss": loss,
-            "ppl": math.exp(min(loss, 700.0)),
-            "bpb": loss / math.log(2) / bpt if bpt else None,
-        }
+        return {"loss": loss, "ppl": perplexity(loss), "bpb": bits_per_byte(loss, self.val_data.bytes_per_token)}
 
     # -- checkpoints ------------------------------------------------------------------------
     def training_state(self) -> dict[str, Any]:
