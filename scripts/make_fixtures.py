@@ -1,7 +1,7 @@
 """Write tests/fixtures/model_small.safetensors and seq2seq_small.safetensors: reference tensors.
 
 The weights are drawn from a seeded generator; the logits, loss and greedy continuation are
-computed by the independent formulas of tests/model_reference.py (torch.nn.functional and a
+computed by the independent formulas of tests/helpers/model_reference.py (torch.nn.functional and a
 plain-loop RoPE, in float64), never by ``lm``. tests/test_model.py and tests/test_seq2seq.py
 load the files and check that ``lm`` reproduces every tensor, so any regression in a model shows.
 
@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from model_reference import encoder_decoder_ref, transformer_lm_ref  # noqa: E402
+from helpers.model_reference import encoder_decoder_ref, transformer_lm_ref  # noqa: E402
 
 CONFIG = dict(vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48, rope_theta=10000.0)
 OUT = ROOT / "tests" / "fixtures" / "model_small.safetensors"

@@ -7,7 +7,7 @@ import random
 import threading
 
 import pytest
-from conftest import data_file
+from helpers.data import data_file
 
 import lm.data.download as dl
 from lm.cli import main

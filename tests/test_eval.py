@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from run_dir import make_run_dir, save_model
+from helpers.run_dir import make_run_dir, save_model
 
 from lm.cli import main
 from lm.data import write_token_file

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from run_dir import make_run_dir, save_model
+from helpers.run_dir import make_run_dir, save_model
 
 from lm.generate import Loaded, TextStreamer, load_model_and_tokenizer
 from lm.tokenizer import EOT, Tokenizer

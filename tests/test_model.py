@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from model_reference import half_to_interleaved, transformer_lm_ref
+from helpers.model_reference import half_to_interleaved, transformer_lm_ref
 
 from lm.export import to_llama_state_dict, to_transformers
 from lm.export.hf import interleaved_to_half as lm_interleaved_to_half

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from lm.model import TransformerLM
 from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
 
 
@@ -320,3 +321,16 @@ def test_inverse_sqrt_schedule_is_the_papers_formula():
     scale = inverse_sqrt_scale(2e-3, 256, 200)
     assert inverse_sqrt_lr_schedule(200, 256, 200, scale) == pytest.approx(2e-3)
     assert scale == pytest.approx(2e-3 * math.sqrt(256 * 200))
+
+
+def test_param_groups_of_the_transformer():
+    model = TransformerLM(50, 16, 32, 2, 2, 64)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    norms = {f"layers.{i}.{n}.weight" for i in (0, 1) for n in ("ln1", "ln2")}
+    assert {names[id(p)] for p in no_decay["params"]} == {"token_embeddings.weight", "ln_final.weight", *norms}
+    assert "lm_head.weight" in {names[id(p)] for p in decay["params"]}
+    assert len(decay["params"]) == 1 + 2 * 7  # lm_head and 7 matrices per block
+    decay, no_decay = param_groups(model, 0.1, decay_embeddings=True)  # as nanoGPT: every matrix
+    assert {names[id(p)] for p in no_decay["params"]} == {"ln_final.weight", *norms}
+    assert "token_embeddings.weight" in {names[id(p)] for p in decay["params"]}

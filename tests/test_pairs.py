@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import data_file
+from helpers.data import data_file
 
 from lm.cli import main
 from lm.data import PairBatch, PairDataset, read_pair_file, read_parallel, write_pair_file

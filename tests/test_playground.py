@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from serving import ServerThread, model_and_tokenizer
+from helpers.serving import ServerThread, model_and_tokenizer
 
 from lm.serve import Engine, create_app
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from run_dir import make_run_dir, save_model
+from helpers.run_dir import make_run_dir, save_model
 
 from lm.cli import main
 from lm.generate import generate

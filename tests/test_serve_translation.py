@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 import torch
-from serving import ServerThread
+from helpers.serving import ServerThread
 
 from lm.checkpoint import export_safetensors
 from lm.generate import greedy_decode

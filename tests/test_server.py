@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
-from run_dir import save_model
-from serving import ServerThread, model_and_tokenizer
+from helpers.run_dir import save_model
+from helpers.serving import ServerThread, model_and_tokenizer
 
 from lm.serve import Engine, Request, SamplingParams, create_app
 

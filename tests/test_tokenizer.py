@@ -6,7 +6,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import data_file, gpt2_published_pattern
+from helpers.data import data_file, gpt2_published_pattern
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

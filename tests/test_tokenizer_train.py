@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 import regex
-from conftest import GPT2_ENCODER_PY_PATTERN, gpt2_published_pattern
+from helpers.data import GPT2_ENCODER_PY_PATTERN, gpt2_published_pattern
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -281,19 +281,6 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert all(torch.isfinite(v).all() for v in good["model"].values())
 
 
-def test_param_groups_of_the_transformer():
-    model = TransformerLM(VOCAB, 16, 32, 2, 2, 64)
-    decay, no_decay = param_groups(model, 0.1)
-    names = {id(p): n for n, p in model.named_parameters()}
-    norms = {f"layers.{i}.{n}.weight" for i in (0, 1) for n in ("ln1", "ln2")}
-    assert {names[id(p)] for p in no_decay["params"]} == {"token_embeddings.weight", "ln_final.weight", *norms}
-    assert "lm_head.weight" in {names[id(p)] for p in decay["params"]}
-    assert len(decay["params"]) == 1 + 2 * 7  # lm_head and 7 matrices per block
-    decay, no_decay = param_groups(model, 0.1, decay_embeddings=True)  # as nanoGPT: every matrix
-    assert {names[id(p)] for p in no_decay["params"]} == {"ln_final.weight", *norms}
-    assert "token_embeddings.weight" in {names[id(p)] for p in decay["params"]}
-
-
 def test_single_batch_overfits_transformer():
     torch.manual_seed(0)
     model = TransformerLM(VOCAB, 16, 32, 2, 2, 64)

@@ -4,8 +4,8 @@ import threading
 import time
 
 import uvicorn
-from run_dir import make_run_dir
 
+from helpers.run_dir import make_run_dir
 from lm.tokenizer import EOT
 
 TEXT = ("Lily had a red ball. She liked to play with it in the park. " + EOT

@@ -1,0 +1,1 @@
+"""Shared test helpers: run folders, reference models, a served model, the reference data."""
