@@ -221,7 +221,7 @@ def test_max_time_drives_the_schedule(tmp_path):
     assert trainer.schedule_position() == 500.0
     assert trainer.learning_rate() == pytest.approx(0.5 * (1e-2 + 1e-3))  # half-way down the cosine
     trainer.elapsed = 100.0
-    assert trainer._done()
+    assert trainer.budget_spent()
 
 
 def test_wsd_schedule_in_the_trainer(tmp_path):

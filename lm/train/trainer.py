@@ -79,9 +79,20 @@ class Trainer:
         self._determinism = configure_determinism(cfg.train.deterministic, self.device)  # before any CUDA work
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
-        t, m = cfg.train, cfg.model
+        self._check_data()  # before any output: a refusal costs nothing
+        self._build_model_and_optimizer()
+        self._take_run_folder(resume)
+        self._wrap_for_devices()
+        self._plan_steps_and_evaluation()
+        self.metrics: MetricsLog | None = None
+        if self.dist.is_main:
+            self._prepare_run_dir()
 
-        # Data: both files checked (sidecar, dtype, size, ids < vocab, length) before any output.
+    # -- setup ---------------------------------------------------------------------------
+    def _check_data(self) -> None:
+        """Open both files and check them (sidecar, dtype, size, ids < vocab, length, tokenizer),
+        and that a step fits in memory."""
+        cfg = self.cfg
         self.train_data, self.val_data = self._open_data()
         if self.val_data is not None:
             check_tokenizer_checksum(self.val_data.tokenizer_sha256, self.train_data.tokenizer_sha256,
@@ -92,9 +103,11 @@ class Trainer:
             self._check_tokenizer(cfg.data.tokenizer)
         check_step_memory(cfg, self.device)
 
-        # Model and optimizer: the same seed gives every rank the same initial weights.
-        torch.manual_seed(t.seed)
-        self.model = build_model(m).to(self.device)
+    def _build_model_and_optimizer(self) -> None:
+        """The model and AdamW; the same seed gives every rank the same initial weights."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.train.seed)
+        self.model = build_model(cfg.model).to(self.device)
         self.optimizer = AdamW(
             param_groups(self.model, cfg.optim.weight_decay, cfg.optim.decay_embeddings),
             lr=cfg.optim.max_lr,
@@ -107,7 +120,10 @@ class Trainer:
         self.best_val_loss = math.inf
         self._resumed_from: Path | None = None
         self._restarted = False
-        # The run folder: locked first (rank 0), then checked, then (if resuming) read.
+
+    def _take_run_folder(self, resume) -> None:
+        """The run folder: locked first (rank 0), then checked, then (if resuming) read. On a
+        failure the lock is released and a folder this run made (still empty) is removed."""
         self._lock = RunLock(self.run_dir)
         made_dir = not self.run_dir.exists()
         try:
@@ -122,6 +138,9 @@ class Trainer:
                 self.run_dir.rmdir()
             raise
 
+    def _wrap_for_devices(self) -> None:
+        """DDP across processes, torch.compile, autocast: what the training step runs through."""
+        t = self.cfg.train
         self.train_model: torch.nn.Module = self.model
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -134,6 +153,10 @@ class Trainer:
         self._autocast = (
             (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
         )
+
+    def _plan_steps_and_evaluation(self) -> None:
+        """Tokens per step, the MFU yardstick, the clock, and the fixed validation batches."""
+        cfg, t, m = self.cfg, self.cfg.train, self.cfg.model
         self.pairs = m.architecture == "encoder_decoder"
         per_rank = t.batch_tokens if self.pairs else t.batch_size * m.context_length  # nominal for pairs
         self.tokens_per_step = per_rank * t.grad_accum_steps * self.dist.world_size
@@ -146,11 +169,7 @@ class Trainer:
         elif self.val_data is not None:
             self._val_starts = self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size,
                                                            seed=cfg.eval.seed)
-        self.metrics: MetricsLog | None = None
-        if self.dist.is_main:
-            self._prepare_run_dir()
 
-    # -- setup ---------------------------------------------------------------------------
     def _open_data(self):
         """The training and validation datasets: token windows, or sentence pairs for an encoder–decoder."""
         cfg, t, m = self.cfg, self.cfg.train, self.cfg.model
@@ -304,7 +323,8 @@ class Trainer:
                                    o.decay_fraction)
         return cosine_lr_schedule(self.schedule_position(), o.max_lr, o.min_lr, o.warmup_iters, cycle)
 
-    def _done(self) -> bool:
+    def budget_spent(self) -> bool:
+        """Whether the run has reached train.max_steps or train.max_time."""
         t = self.cfg.train
         if t.max_steps is not None and self.step >= t.max_steps:
             return True
@@ -429,6 +449,47 @@ class Trainer:
 
     def _loop(self) -> int:
         cfg, t = self.cfg, self.cfg.train
+        self._log_start()
+        flops_per_token = 3 * unwrap(self.model).flops_per_token()
+        last_saved = self.step if self._resumed_from is not None else -1
+        last_eval = -1
+        window = _LogWindow(torch.zeros((), device=self.device))
+        clock = self.clock()
+        while True:
+            # Every rank must agree on stopping: time and signals are rank 0's / anyone's.
+            if t.max_time is not None:
+                self.elapsed = self.dist.broadcast_float(self.elapsed, self.device)
+            if self.dist.any(self._signal is not None, self.device):
+                return self._stop_for_signal(window.loss_sum, saved=self.step == last_saved)
+            if self.budget_spent():
+                break
+            lr = self.learning_rate()
+            loss, norm = self.train_step(lr)
+            self.step += 1
+            self.tokens_seen += self.step_tokens
+            now = self.clock()
+            window.add(loss, self.step_tokens, now - clock)
+            self.elapsed += now - clock
+
+            final = self.budget_spent()
+            if self.step % cfg.log.interval == 0 or final:  # maybe log
+                mean = self._check_finite(window.loss_sum) / window.steps
+                tok_s = window.tokens / max(window.seconds, 1e-9)
+                mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
+                self._report_train(mean, lr, norm, tok_s, mfu, window.seconds / window.steps)
+                window.reset()
+            if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or final):  # maybe evaluate
+                self._run_eval()
+                last_eval = self.step
+            if cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and not final:  # maybe save
+                self._check_finite(window.loss_sum)
+                self.save_checkpoint()
+                last_saved = self.step
+            clock = self.clock()  # evaluation and checkpoints are not training time
+        self._finish(window.loss_sum, evaluated=last_eval == self.step, saved=last_saved == self.step)
+        return 0
+
+    def _log_start(self) -> None:
         if self._resumed_from is not None:
             self._log(f"resumed from {self._resumed_from} at step {self.step}", always=True)
         n_params = unwrap(self.model).num_parameters()
@@ -437,64 +498,28 @@ class Trainer:
             f"device {self.device} | world {self.dist.world_size} | run dir {self.run_dir}"
         )
         self._log(self._determinism)
-        flops_per_token = 3 * unwrap(self.model).flops_per_token()
-        last_saved = self.step if self._resumed_from is not None else -1
-        last_eval = -1
-        loss_sum = torch.zeros((), device=self.device)
-        window_steps, window_tokens, window_time = 0, 0, 0.0
-        clock = self.clock()
-        while True:
-            # Every rank must agree on stopping: time and signals are rank 0's / anyone's.
-            if t.max_time is not None:
-                self.elapsed = self.dist.broadcast_float(self.elapsed, self.device)
-            if self.dist.any(self._signal is not None, self.device):
-                if self.step != last_saved:
-                    self._check_finite(loss_sum)
-                    path = self.save_checkpoint()
-                    self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
-                signum = self._signal or signal.SIGTERM
-                return 128 + int(signum)
-            if self._done():
-                break
-            lr = self.learning_rate()
-            loss, norm = self.train_step(lr)
-            self.step += 1
-            self.tokens_seen += self.step_tokens
-            loss_sum += loss
-            window_steps += 1
-            window_tokens += self.step_tokens
-            now = self.clock()
-            window_time += now - clock
-            self.elapsed += now - clock
-            clock = now
 
-            final = self._done()
-            if self.step % cfg.log.interval == 0 or final:
-                mean = self._check_finite(loss_sum) / window_steps
-                tok_s = window_tokens / max(window_time, 1e-9)
-                mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
-                self._report_train(mean, lr, norm, tok_s, mfu, window_time / window_steps)
-                loss_sum.zero_()
-                window_steps, window_tokens, window_time = 0, 0, 0.0
-            if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or final):
-                self._run_eval()
-                last_eval = self.step
-            if cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and not final:
-                self._check_finite(loss_sum)
-                self.save_checkpoint()
-                last_saved = self.step
-            clock = self.clock()  # evaluation and checkpoints are not training time
+    def _stop_for_signal(self, loss_sum: torch.Tensor, saved: bool) -> int:
+        """SIGINT/SIGTERM: save (unless this step is saved already) and return 128 + the signal."""
+        if not saved:
+            self._check_finite(loss_sum)
+            path = self.save_checkpoint()
+            self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
+        return 128 + int(self._signal or signal.SIGTERM)
 
-        if self.val_data is not None and last_eval != self.step and cfg.eval.interval:
+    def _finish(self, loss_sum: torch.Tensor, evaluated: bool, saved: bool) -> None:
+        """The end of the budget: a last evaluation and checkpoint if this step has none, and the
+        exported weights."""
+        cfg = self.cfg
+        if self.val_data is not None and not evaluated and cfg.eval.interval:
             self._run_eval()
-        if self.step != last_saved:
+        if not saved:
             self._check_finite(loss_sum)
             path = self.save_checkpoint()
             self._log(f"done: step {self.step}, checkpoint {path}", always=True)
         if self.dist.is_main and cfg.checkpoint.export_safetensors:
             meta = {"step": str(self.step), "tokenizer_sha256": self.tokenizer_sha256}
             export_safetensors(self.model, self.run_dir / "model.safetensors", meta)
-        return 0
 
     def _check_finite(self, loss_sum: torch.Tensor) -> float:
         """The summed loss as a float; TrainingDiverged (before anything is saved) if it is not finite."""
@@ -563,3 +588,21 @@ class Trainer:
 def train(cfg: Config, *, resume: bool = False) -> int:
     """Build a :class:`Trainer` and run it; the exit status (0, or 128 + a signal number)."""
     return Trainer(cfg, resume=resume).run()
+
+
+class _LogWindow:
+    """The steps since the last train log line: their summed loss (on the device), tokens and seconds."""
+
+    def __init__(self, loss_sum: torch.Tensor):
+        self.loss_sum = loss_sum
+        self.steps, self.tokens, self.seconds = 0, 0, 0.0
+
+    def add(self, loss: torch.Tensor, tokens: int, seconds: float) -> None:
+        self.loss_sum += loss
+        self.steps += 1
+        self.tokens += tokens
+        self.seconds += seconds
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.steps, self.tokens, self.seconds = 0, 0, 0.0
