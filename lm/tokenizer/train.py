@@ -125,46 +125,69 @@ def merge_counts(
     [(b's', b't'), (b'e', b'st'), (b'o', b'w')]
     """
     tokens: list[bytes] = [bytes([i]) for i in range(256)]
-    words: list[list[int]] = []
-    freqs: list[int] = []
-    for w, c in word_counts.items():
-        b = w.encode("utf-8") if isinstance(w, str) else w
-        if len(b) >= 2:
-            words.append(list(b))
-            freqs.append(c)
-
-    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for wi, (w, f) in enumerate(zip(words, freqs)):
-        for p in zip(w, w[1:]):
-            pair_counts[p] += f
-            where[p].add(wi)
-    heap = [(-c, a, b) for (a, b), c in pair_counts.items()]
-    heapq.heapify(heap)
-
+    index = _PairIndex(word_counts)
     merges: list[tuple[bytes, bytes]] = []
-    bar = tqdm(total=num_merges, unit="merge", desc="merge", disable=None if progress else True, file=sys.stderr,
-               mininterval=0.5)
-    while len(merges) < num_merges:
+    with tqdm(total=num_merges, unit="merge", desc="merge", disable=None if progress else True, file=sys.stderr,
+              mininterval=0.5) as bar:
+        while len(merges) < num_merges:
+            pair = index.most_frequent(tokens)
+            if pair is None:
+                break
+            a, b = pair
+            tokens.append(tokens[a] + tokens[b])
+            merges.append((tokens[a], tokens[b]))
+            index.merge(a, b, len(tokens) - 1)
+            if len(merges) % 64 == 0:
+                bar.update(64)
+        bar.update(len(merges) - bar.n)
+    return merges
+
+
+class _PairIndex:
+    """The words as token-id lists with their counts, every adjacent pair's total count, an index
+    from each pair to the words that hold it, and a lazy max-heap of the counts."""
+
+    def __init__(self, word_counts: dict[bytes, int] | Counter):
+        self.words: list[list[int]] = []
+        self.freqs: list[int] = []
+        for w, c in word_counts.items():
+            b = w.encode("utf-8") if isinstance(w, str) else w
+            if len(b) >= 2:
+                self.words.append(list(b))
+                self.freqs.append(c)
+        self.pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+        self.where: dict[tuple[int, int], set[int]] = defaultdict(set)
+        for wi, (w, f) in enumerate(zip(self.words, self.freqs)):
+            for p in zip(w, w[1:]):
+                self.pair_counts[p] += f
+                self.where[p].add(wi)
+        self.heap = [(-c, a, b) for (a, b), c in self.pair_counts.items()]
+        heapq.heapify(self.heap)
+
+    def most_frequent(self, tokens: list[bytes]) -> tuple[int, int] | None:
+        """The pair to merge next: the highest count, ties to the greater pair of bytes; None when
+        no pair is left."""
+        heap, pair_counts = self.heap, self.pair_counts
         # Lazy heap: entries whose count is stale are dropped when they reach the top.
         while heap and pair_counts.get((heap[0][1], heap[0][2])) != -heap[0][0]:
             heapq.heappop(heap)
         if not heap:
-            break
+            return None
         top = heap[0][0]
         tied = set()
         while heap and heap[0][0] == top:
             _, a, b = heapq.heappop(heap)
             if pair_counts.get((a, b)) == -top:
                 tied.add((a, b))
-        a, b = max(tied, key=lambda p: (tokens[p[0]], tokens[p[1]]))
+        best = max(tied, key=lambda p: (tokens[p[0]], tokens[p[1]]))
         for p in tied:
-            if p != (a, b):
+            if p != best:
                 heapq.heappush(heap, (top, p[0], p[1]))
+        return best
 
-        new = len(tokens)
-        tokens.append(tokens[a] + tokens[b])
-        merges.append((tokens[a], tokens[b]))
+    def merge(self, a: int, b: int, new: int) -> None:
+        """Replace the pair ``(a, b)`` by ``new`` in every word that holds it, and update the counts."""
+        words, freqs, where, pair_counts = self.words, self.freqs, self.where, self.pair_counts
         del pair_counts[(a, b)]
         delta: dict[tuple[int, int], int] = defaultdict(int)
         for wi in where.pop((a, b)):
@@ -195,14 +218,9 @@ def merge_counts(
                 c = pair_counts.get(p, 0) + d
                 if c > 0:
                     pair_counts[p] = c
-                    heapq.heappush(heap, (-c, p[0], p[1]))
+                    heapq.heappush(self.heap, (-c, p[0], p[1]))
                 else:
                     pair_counts.pop(p, None)
-        if len(merges) % 64 == 0:
-            bar.update(64)
-    bar.update(len(merges) - bar.n)
-    bar.close()
-    return merges
 
 
 # ---------------------------------------------------------------- the public entry point
