@@ -30,14 +30,14 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from lm.serve.process import free_port, start_server
 
 PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "One day, Ben", "Mia had a red",
            "The sun was", "Sam wanted to", "In the park"]
@@ -59,12 +59,6 @@ def make_run(d: Path) -> Path:
                           d_ff=512)
     export_safetensors(model, d / "model.safetensors")
     return d
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kib(pid: int) -> int:
@@ -184,21 +178,13 @@ async def faults(url: str, total: int, answers: dict[str, str], tokens: int, see
     return counts
 
 
-def start_server(run: Path, port: int, max_batch: int, compile: bool = False) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", str(run), "--port", str(port),
-                             "--max-batch", str(max_batch), "--quiet", *(["--compile"] if compile else [])],
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            raise SystemExit(f"bench_serve.py: the server did not start: {proc.stderr.read() if proc.poll() else ''}")
-        time.sleep(0.1)
+def serve(run: Path, port: int, max_batch: int, compile: bool = False) -> subprocess.Popen:
+    try:
+        proc, _ = start_server(["--checkpoint", str(run), "--max-batch", str(max_batch), "--quiet",
+                                *(["--compile"] if compile else [])], port, stderr=subprocess.PIPE, text=True)
+    except RuntimeError as e:
+        raise SystemExit(f"bench_serve.py: {e}") from None
+    return proc
 
 
 async def sigterm(proc: subprocess.Popen, url: str) -> dict:
@@ -232,7 +218,7 @@ def main() -> int:
         run = Path(args.checkpoint) if args.checkpoint else make_run(Path(tmp))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = start_server(run, port, args.clients, args.compile)
+        proc = serve(run, port, args.clients, args.compile)
         try:
             load, answers = asyncio.run(concurrency(url, args.clients, args.tokens))
             rss_before = rss_kib(proc.pid)

@@ -9,13 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from lm.serve.process import free_port, start_server
 
 
 def main() -> int:
@@ -32,23 +29,12 @@ def main() -> int:
         sys.exit(f"playground_screenshot.py: --out: {str(out)!r} exists; pass --overwrite to replace it")
     from playwright.sync_api import sync_playwright
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", args.checkpoint, "--port",
-                               str(port), "--quiet"])
+    port = free_port()
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.time() > deadline:
-                sys.exit("playground_screenshot.py: the server did not start")
-            time.sleep(0.1)
+        server, url = start_server(["--checkpoint", args.checkpoint, "--quiet"], port)
+    except RuntimeError as e:
+        sys.exit(f"playground_screenshot.py: {e}")
+    try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 960, "height": 720}, device_scale_factor=1)

@@ -4,7 +4,6 @@ errors, a full queue, a client that leaves mid-stream, metrics, and SIGTERM on t
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from helpers.run_dir import save_model
 from helpers.serving import ServerThread, model_and_tokenizer
 
 from lm.serve import Engine, Request, SamplingParams, create_app
+from lm.serve.process import free_port, start_server
 
 
 @pytest.fixture(scope="module")
@@ -196,30 +196,13 @@ def test_a_full_queue_answers_503_with_retry_after(tmp_path_factory):
         server.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_path_factory):
     run, model, _ = model_and_tokenizer(tmp_path_factory, context_length=1024, d_model=64)
     save_model(run, model)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", str(run), "--port", str(port),
-                             "--max-batch", "2", "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc, url = start_server(["--checkpoint", str(run), "--max-batch", "2", "--device", "cpu"], free_port(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        deadline = time.time() + 120  # importing torch on a loaded 2-core machine can take a while
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else "no start"
-            time.sleep(0.1)
         # ignore_eos: the request must still be decoding when the signal comes, not end early at a sampled
         # end-of-text token (a random model draws one every few hundred tokens)
         body = {"prompt": "Lily", "max_tokens": 1000, "temperature": 1.0, "stream": True, "ignore_eos": True}

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.data.token_file import _DTYPES, check_ids, max_token_id, sidecar_path, token_dtype
+from lm.data.token_file import _DTYPES, check_ids, check_ids_sidecar, max_token_id, sidecar_path, token_dtype
 from lm.io import InterruptGuard, atomic_write
 
 FORMAT = "lm-pairs"
@@ -222,26 +222,7 @@ def read_pair_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar{what}")
     if meta.get("version") != VERSION:
         raise ValueError(f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}")
-    for key, kind in (("dtype", str), ("vocab_size", int), ("num_pairs", int), ("num_tokens", int)):
-        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
-            raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not a {kind.__name__}")
-    if meta["dtype"] not in _DTYPES:
-        raise ValueError(f"sidecar {str(side)!r}: dtype {meta['dtype']!r} is not one of {sorted(_DTYPES)}")
-    if meta["vocab_size"] <= 0 or meta["num_pairs"] < 0 or meta["num_tokens"] < 0:
-        raise ValueError(f"sidecar {str(side)!r}: vocab_size, num_pairs and num_tokens must not be negative")
-    expected = token_dtype(meta["vocab_size"]).name
-    if meta["dtype"] != expected:
-        raise ValueError(
-            f"sidecar {str(side)!r}: dtype {meta['dtype']!r} does not match vocab_size "
-            f"{meta['vocab_size']} (expected {expected!r})"
-        )
-    itemsize = _DTYPES[meta["dtype"]].itemsize
-    size = path.stat().st_size
-    if size != meta["num_tokens"] * itemsize:
-        raise ValueError(
-            f"{str(path)!r} has {size} bytes but its sidecar says {meta['num_tokens']} {meta['dtype']} "
-            f"ids ({meta['num_tokens'] * itemsize} bytes): the file is truncated or not the one the sidecar describes"
-        )
+    check_ids_sidecar(meta, side, path, counts=("num_pairs", "num_tokens"))
     if not idx.is_file():
         raise ValueError(
             f"{str(path)!r} has no offsets file {idx.name!r}; write pair files with `lm tokenize --target`"

@@ -114,6 +114,33 @@ def is_token_file(path: str | os.PathLike) -> bool:
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
+def check_ids_sidecar(meta: dict[str, Any], side: Path, path: Path, counts: tuple[str, ...] = ("num_tokens",)) -> None:
+    """What every ids file's sidecar must say of it (token files and pair files): a dtype, a vocab
+    size the dtype can hold, non-negative ``counts``, and ``num_tokens`` ids of that dtype in ``path``."""
+    for key, kind in (("dtype", str), ("vocab_size", int), *((c, int) for c in counts)):
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not a {kind.__name__}")
+    if meta["dtype"] not in _DTYPES:
+        raise ValueError(f"sidecar {str(side)!r}: dtype {meta['dtype']!r} is not one of {sorted(_DTYPES)}")
+    if meta["vocab_size"] <= 0 or any(meta[c] < 0 for c in counts):
+        raise ValueError(f"sidecar {str(side)!r}: vocab_size must be positive and {' and '.join(counts)} "
+                         "must not be negative")
+    expected = token_dtype(meta["vocab_size"]).name
+    if meta["dtype"] != expected:
+        raise ValueError(
+            f"sidecar {str(side)!r}: dtype {meta['dtype']!r} does not match vocab_size "
+            f"{meta['vocab_size']} (expected {expected!r})"
+        )
+    itemsize = _DTYPES[meta["dtype"]].itemsize
+    size = path.stat().st_size
+    if size != meta["num_tokens"] * itemsize:
+        raise ValueError(
+            f"{str(path)!r} has {size} bytes but its sidecar says {meta['num_tokens']} {meta['dtype']} "
+            f"ids ({meta['num_tokens'] * itemsize} bytes): the file is truncated or not the one "
+            "the sidecar describes"
+        )
+
+
 def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of ``path`` against the file itself (dtype, size); return it."""
     path = Path(path)
@@ -130,25 +157,7 @@ def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar")
     if meta.get("version") != VERSION:
         raise ValueError(f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}")
-    for key, kind in (("dtype", str), ("vocab_size", int), ("num_tokens", int)):
-        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
-            raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not a {kind.__name__}")
-    if meta["dtype"] not in _DTYPES:
-        raise ValueError(f"sidecar {str(side)!r}: dtype {meta['dtype']!r} is not one of {sorted(_DTYPES)}")
-    expected = token_dtype(meta["vocab_size"]).name
-    if meta["dtype"] != expected:
-        raise ValueError(
-            f"sidecar {str(side)!r}: dtype {meta['dtype']!r} does not match vocab_size "
-            f"{meta['vocab_size']} (expected {expected!r})"
-        )
-    itemsize = _DTYPES[meta["dtype"]].itemsize
-    size = path.stat().st_size
-    if size != meta["num_tokens"] * itemsize:
-        raise ValueError(
-            f"{str(path)!r} has {size} bytes but its sidecar says {meta['num_tokens']} {meta['dtype']} "
-            f"ids ({meta['num_tokens'] * itemsize} bytes): the file is truncated or not the one "
-            "the sidecar describes"
-        )
+    check_ids_sidecar(meta, side, path)
     meta.setdefault("source_bytes", 0)
     meta.setdefault("tokenizer_sha256", "")
     meta.setdefault("source", "")
