@@ -45,7 +45,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.data.token_file import _DTYPES, check_ids, check_ids_sidecar, max_token_id, sidecar_path, token_dtype
+from lm.data.token_file import (
+    _DTYPES,
+    check_ids,
+    check_ids_sidecar,
+    load_sidecar,
+    max_token_id,
+    sidecar_path,
+    token_dtype,
+)
 from lm.io import InterruptGuard, atomic_write
 
 FORMAT = "lm-pairs"
@@ -208,17 +216,10 @@ def read_pair_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of the pair file ``path`` against its ids and offsets files; return it."""
     path = Path(path)
     side, idx = sidecar_path(path), index_path(path)
-    if not path.is_file():
-        raise ValueError(f"pair file not found: {str(path)!r}")
-    if not side.is_file():
-        raise ValueError(f"{str(path)!r} has no sidecar {side.name!r}; write pair files with `lm tokenize --target`")
-    try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"sidecar {str(side)!r} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = load_sidecar(path, side, "pair file", "`lm tokenize --target`")
+    if meta.get("format") != FORMAT:
         what = " (it is a token file of one text; make pair files with `lm tokenize --target`)" if (
-            isinstance(meta, dict) and meta.get("format") == "lm-tokens") else ""
+            meta.get("format") == "lm-tokens") else ""
         raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar{what}")
     if meta.get("version") != VERSION:
         raise ValueError(f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}")

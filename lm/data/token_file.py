@@ -114,6 +114,22 @@ def is_token_file(path: str | os.PathLike) -> bool:
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
+def load_sidecar(path: Path, side: Path, what: str, writer: str) -> dict[str, Any]:
+    """The JSON object in ``side``, the sidecar of ``path`` (a ``what`` that ``writer`` makes);
+    a one-line ValueError when either file is missing or the sidecar is not a JSON object."""
+    if not path.is_file():
+        raise ValueError(f"{what} not found: {str(path)!r}")
+    if not side.is_file():
+        raise ValueError(f"{str(path)!r} has no sidecar {side.name!r}; write {what}s with {writer}")
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"sidecar {str(side)!r} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"sidecar {str(side)!r} does not hold a JSON object")
+    return meta
+
+
 def check_ids_sidecar(meta: dict[str, Any], side: Path, path: Path, counts: tuple[str, ...] = ("num_tokens",)) -> None:
     """What every ids file's sidecar must say of it (token files and pair files): a dtype, a vocab
     size the dtype can hold, non-negative ``counts``, and ``num_tokens`` ids of that dtype in ``path``."""
@@ -145,15 +161,8 @@ def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of ``path`` against the file itself (dtype, size); return it."""
     path = Path(path)
     side = sidecar_path(path)
-    if not path.is_file():
-        raise ValueError(f"token file not found: {str(path)!r}")
-    if not side.is_file():
-        raise ValueError(f"{str(path)!r} has no sidecar {side.name!r}; write token files with `lm tokenize`")
-    try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"sidecar {str(side)!r} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = load_sidecar(path, side, "token file", "`lm tokenize`")
+    if meta.get("format") != FORMAT:
         raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar")
     if meta.get("version") != VERSION:
         raise ValueError(f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}")
