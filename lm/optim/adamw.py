@@ -49,31 +49,47 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamW does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    # The step count lives in a tensor, as in torch.optim, so state_dicts interchange.
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = state["step"].item()
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.lerp_(p.grad, 1 - beta1)
-                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                if wd != 0:
-                    p.mul_(1 - lr * wd)
-                bias1 = 1 - beta1**t
-                bias2_sqrt = math.sqrt(1 - beta2**t)
-                denom = (v.sqrt() / bias2_sqrt).add_(eps)
-                p.addcdiv_(m, denom, value=-lr / bias1)
+            self._step_group(group)
         return loss
+
+    def _step_group(self, group: dict[str, Any]) -> None:
+        """One update of every parameter of ``group`` with a gradient, a few ``torch._foreach_*``
+        kernels for the whole group instead of a handful of kernels per parameter."""
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        by_step: dict[float, tuple[list, list, list, list]] = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("AdamW does not support sparse gradients")
+            state = self.state[p]
+            if not state:
+                _moments(state, p)
+            state["step"] += 1
+            lists = by_step.setdefault(state["step"].item(), ([], [], [], []))  # one count, normally
+            for lst, t in zip(lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"])):
+                lst.append(t)
+        for t, (params, grads, m, v) in by_step.items():
+            torch._foreach_lerp_(m, grads, 1 - beta1)
+            torch._foreach_mul_(v, beta2)
+            torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+            if wd != 0:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            bias1 = 1 - beta1**t
+            bias2_sqrt = math.sqrt(1 - beta2**t)
+            denom = torch._foreach_sqrt(v)
+            torch._foreach_div_(denom, bias2_sqrt)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(params, m, denom, value=-lr / bias1)
+
+
+def _moments(state: dict, p: torch.Tensor) -> None:
+    # The step count lives in a tensor on the CPU, as in torch.optim (state_dicts interchange, and
+    # reading it never waits for the device).
+    state["step"] = torch.tensor(0.0)
+    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict[str, Any]]:
