@@ -334,3 +334,34 @@ def test_param_groups_of_the_transformer():
     decay, no_decay = param_groups(model, 0.1, decay_embeddings=True)  # as nanoGPT: every matrix
     assert {names[id(p)] for p in no_decay["params"]} == {"ln_final.weight", *norms}
     assert "token_embeddings.weight" in {names[id(p)] for p in decay["params"]}
+
+
+def test_the_optimizer_step_is_a_few_kernels_for_all_parameters_not_a_few_per_parameter():
+    """The update runs as torch._foreach_* kernels over each group: the count of aten ops in a step
+    barely grows with the number of parameter tensors (on a GPU each op is a kernel launch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops_per_step(num_layers: int) -> tuple[int, int]:
+        model = TransformerLM(50, 16, 32, num_layers, 2, 64)
+        opt = AdamW(param_groups(model, 0.1), lr=1e-3)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+        with Count() as count:
+            opt.step()
+        return count.ops, len(list(model.parameters()))
+
+    small, n_small = ops_per_step(2)
+    large, n_large = ops_per_step(8)
+    # the kernels: ~10 per group; the per-parameter part is the CPU step counter (add, item)
+    assert small < 30 + 3 * n_small and large - small <= 3 * (n_large - n_small)
+    assert large < 4 * n_large  # the per-parameter loop took ~10 ops per parameter
