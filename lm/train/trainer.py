@@ -456,9 +456,7 @@ class Trainer:
         window = _LogWindow(torch.zeros((), device=self.device))
         clock = self.clock()
         while True:
-            # Every rank must agree on stopping: time and signals are rank 0's / anyone's.
-            if t.max_time is not None:
-                self.elapsed = self.dist.broadcast_float(self.elapsed, self.device)
+            # Every rank must agree on stopping: signals are anyone's, time is rank 0's (below).
             if self.dist.any(self._signal is not None, self.device):
                 return self._stop_for_signal(window.loss_sum, saved=self.step == last_saved)
             if self.budget_spent():
@@ -470,6 +468,10 @@ class Trainer:
             now = self.clock()
             window.add(loss, self.step_tokens, now - clock)
             self.elapsed += now - clock
+            if t.max_time is not None:
+                # Rank 0's clock for everyone, before anyone decides that this step is the last:
+                # ranks that disagreed would wait forever in different collectives.
+                self.elapsed = self.dist.broadcast_float(self.elapsed, self.device)
 
             final = self.budget_spent()
             if self.step % cfg.log.interval == 0 or final:  # maybe log
