@@ -210,7 +210,8 @@ def part_ddp(report: Report, device: torch.device, work: Path, seconds: float, c
     for s in sets:
         args += ["--set", s]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    # a hang (ranks waiting in different collectives) must fail this part, not stall the script
+    r = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=240 if cpu else 1200)
     from lm.train import read_metrics
 
     ok = r.returncode == 0
