@@ -48,6 +48,9 @@ class TransformerLM(torch.nn.Module):
         super().__init__()
         cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant)
         self.config = cfg
+        # Every forward checks that the ids are in the vocabulary, which reads two numbers back
+        # from the device; the trainer, whose data was checked when it was opened, turns it off.
+        self.validate_ids = True
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         if cfg.positions == "learned":
             self.position_embeddings = Embedding(context_length, d_model, device=device, dtype=dtype)
@@ -183,7 +186,7 @@ class TransformerLM(torch.nn.Module):
                 f"sequence length {total} exceeds context_length={self.config.context_length}"
                 + ("" if kv_cache is None else f" (cached {kv_cache.length} + new {seq})")
             )
-        if ids.numel() == 0 or compiling:
+        if ids.numel() == 0 or compiling or not self.validate_ids:
             return
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.config.vocab_size:

@@ -41,6 +41,12 @@ class AdamW(torch.optim.Optimizer):
         if weight_decay < 0:
             raise ValueError(f"invalid weight_decay: {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        # id(param) -> (its step tensor, the count it holds): valid while that tensor is the state's
+        self._counts: dict[int, tuple[torch.Tensor, float]] = {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._counts = {}  # read again from the loaded step tensors
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -66,8 +72,13 @@ class AdamW(torch.optim.Optimizer):
             state = self.state[p]
             if not state:
                 _moments(state, p)
+            # The count is kept in the tensor (state_dicts) and mirrored on the host, so reading it
+            # never reads a tensor back (read once after a load_state_dict).
+            mirror = self._counts.get(id(p))
+            t = (state["step"].item() if mirror is None or mirror[0] is not state["step"] else mirror[1]) + 1
             state["step"] += 1
-            lists = by_step.setdefault(state["step"].item(), ([], [], [], []))  # one count, normally
+            self._counts[id(p)] = (state["step"], t)
+            lists = by_step.setdefault(t, ([], [], [], []))  # one count, normally
             for lst, t in zip(lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"])):
                 lst.append(t)
         for t, (params, grads, m, v) in by_step.items():

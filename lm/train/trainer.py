@@ -108,6 +108,8 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg.model).to(self.device)
+        if hasattr(self.model, "validate_ids"):
+            self.model.validate_ids = False  # _check_data read every id already: no per-step device sync
         self.optimizer = AdamW(
             param_groups(self.model, cfg.optim.weight_decay, cfg.optim.decay_embeddings),
             lr=cfg.optim.max_lr,
@@ -338,8 +340,10 @@ class Trainer:
             return self.train_data.sample(t.batch_tokens, self.device)
         return LMBatch(*self.train_data.sample(t.batch_size, self.device))
 
-    def train_step(self, lr: float) -> tuple[torch.Tensor, float | None]:
-        """One optimizer step over ``grad_accum_steps`` micro-batches; returns (mean loss, grad norm)."""
+    def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step over ``grad_accum_steps`` micro-batches; returns (mean loss, grad norm),
+        both 0-d tensors on the device: nothing here waits for it (their finiteness is checked at the
+        log interval and before every checkpoint, see :meth:`_check_finite`)."""
         t = self.cfg.train
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -360,9 +364,7 @@ class Trainer:
             total += loss.detach()
         norm = None
         if self.cfg.optim.grad_clip > 0:
-            norm = clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-            if not math.isfinite(norm):
-                raise self._diverged(f"the gradient norm is {norm} at step {self.step + 1}")
+            norm = clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip, return_tensor=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total / t.grad_accum_steps, norm
@@ -458,7 +460,7 @@ class Trainer:
         while True:
             # Every rank must agree on stopping: signals are anyone's, time is rank 0's (below).
             if self.dist.any(self._signal is not None, self.device):
-                return self._stop_for_signal(window.loss_sum, saved=self.step == last_saved)
+                return self._stop_for_signal(window, saved=self.step == last_saved)
             if self.budget_spent():
                 break
             lr = self.learning_rate()
@@ -466,7 +468,7 @@ class Trainer:
             self.step += 1
             self.tokens_seen += self.step_tokens
             now = self.clock()
-            window.add(loss, self.step_tokens, now - clock)
+            window.add(loss, norm, self.step_tokens, now - clock)
             self.elapsed += now - clock
             if t.max_time is not None:
                 # Rank 0's clock for everyone, before anyone decides that this step is the last:
@@ -475,20 +477,21 @@ class Trainer:
 
             final = self.budget_spent()
             if self.step % cfg.log.interval == 0 or final:  # maybe log
-                mean = self._check_finite(window.loss_sum) / window.steps
+                mean = self._check_finite(window) / window.steps
                 tok_s = window.tokens / max(window.seconds, 1e-9)
                 mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
-                self._report_train(mean, lr, norm, tok_s, mfu, window.seconds / window.steps)
+                self._report_train(mean, lr, None if norm is None else float(norm), tok_s, mfu,
+                                   window.seconds / window.steps)
                 window.reset()
             if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or final):  # maybe evaluate
                 self._run_eval()
                 last_eval = self.step
             if cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and not final:  # maybe save
-                self._check_finite(window.loss_sum)
+                self._check_finite(window)
                 self.save_checkpoint()
                 last_saved = self.step
             clock = self.clock()  # evaluation and checkpoints are not training time
-        self._finish(window.loss_sum, evaluated=last_eval == self.step, saved=last_saved == self.step)
+        self._finish(window, evaluated=last_eval == self.step, saved=last_saved == self.step)
         return 0
 
     def _log_start(self) -> None:
@@ -501,34 +504,38 @@ class Trainer:
         )
         self._log(self._determinism)
 
-    def _stop_for_signal(self, loss_sum: torch.Tensor, saved: bool) -> int:
+    def _stop_for_signal(self, window: _LogWindow, saved: bool) -> int:
         """SIGINT/SIGTERM: save (unless this step is saved already) and return 128 + the signal."""
         if not saved:
-            self._check_finite(loss_sum)
+            self._check_finite(window)
             path = self.save_checkpoint()
             self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
         return 128 + int(self._signal or signal.SIGTERM)
 
-    def _finish(self, loss_sum: torch.Tensor, evaluated: bool, saved: bool) -> None:
+    def _finish(self, window: _LogWindow, evaluated: bool, saved: bool) -> None:
         """The end of the budget: a last evaluation and checkpoint if this step has none, and the
         exported weights."""
         cfg = self.cfg
         if self.val_data is not None and not evaluated and cfg.eval.interval:
             self._run_eval()
         if not saved:
-            self._check_finite(loss_sum)
+            self._check_finite(window)
             path = self.save_checkpoint()
             self._log(f"done: step {self.step}, checkpoint {path}", always=True)
         if self.dist.is_main and cfg.checkpoint.export_safetensors:
             meta = {"step": str(self.step), "tokenizer_sha256": self.tokenizer_sha256}
             export_safetensors(self.model, self.run_dir / "model.safetensors", meta)
 
-    def _check_finite(self, loss_sum: torch.Tensor) -> float:
-        """The summed loss as a float; TrainingDiverged (before anything is saved) if it is not finite."""
-        value = float(self.dist.all_mean(loss_sum).item())
-        if not math.isfinite(value):
-            raise self._diverged(f"the loss became {value} by step {self.step}")
-        return value
+    def _check_finite(self, window: _LogWindow) -> float:
+        """The window's summed loss as a float (over ranks); TrainingDiverged (before anything is
+        saved) if it, or a gradient norm of the window, is not finite. The one place the host waits
+        for the device between log lines: the steps themselves never do."""
+        loss, norms = self.dist.all_mean(torch.stack([window.loss_sum, window.norm_sum])).tolist()
+        if not math.isfinite(norms):
+            raise self._diverged(f"the gradient norm became {norms} by step {self.step}")
+        if not math.isfinite(loss):
+            raise self._diverged(f"the loss became {loss} by step {self.step}")
+        return loss
 
     def _diverged(self, what: str) -> TrainingDiverged:
         latest = self.ckpts.latest()
@@ -568,7 +575,9 @@ class Trainer:
         if result is None:
             return
         if not math.isfinite(result["loss"]):
-            self._check_finite(torch.tensor(result["loss"]))
+            # already the mean over ranks: every rank stops here, with no collective on a CPU
+            # tensor (which nccl refuses)
+            raise self._diverged(f"the validation loss became {result['loss']} at step {self.step}")
         bpb = f" | bpb {result['bpb']:.4f}" if result["bpb"] is not None else ""
         self._log(f"eval step {self.step} | val loss {result['loss']:.4f} | ppl {result['ppl']:.2f}{bpb}")
         if self.metrics is not None:
@@ -593,18 +602,23 @@ def train(cfg: Config, *, resume: bool = False) -> int:
 
 
 class _LogWindow:
-    """The steps since the last train log line: their summed loss (on the device), tokens and seconds."""
+    """The steps since the last train log line: their summed loss and gradient norms (on the
+    device: NaN or inf stays in a sum), tokens and seconds."""
 
     def __init__(self, loss_sum: torch.Tensor):
         self.loss_sum = loss_sum
+        self.norm_sum = torch.zeros_like(loss_sum)
         self.steps, self.tokens, self.seconds = 0, 0, 0.0
 
-    def add(self, loss: torch.Tensor, tokens: int, seconds: float) -> None:
+    def add(self, loss: torch.Tensor, norm: torch.Tensor | None, tokens: int, seconds: float) -> None:
         self.loss_sum += loss
+        if norm is not None:
+            self.norm_sum += norm
         self.steps += 1
         self.tokens += tokens
         self.seconds += seconds
 
     def reset(self) -> None:
         self.loss_sum.zero_()
+        self.norm_sum.zero_()
         self.steps, self.tokens, self.seconds = 0, 0, 0.0
