@@ -69,3 +69,13 @@ def set_threads(threads: int | None, argument: str = "--threads") -> None:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"{argument}: must be a whole number >= 1, got {threads!r}")
     torch.set_num_threads(threads)
+
+
+def configure_matmul_precision(device: torch.device) -> str:
+    """On CUDA, let the float32 matmuls that remain outside autocast use TF32 (``torch.
+    set_float32_matmul_precision("high")``, as nanoGPT does); elsewhere change nothing. Returns
+    a line for the run's log ('' when nothing changed)."""
+    if device.type != "cuda":
+        return ""
+    torch.set_float32_matmul_precision("high")
+    return "float32 matmuls: TF32 (torch.set_float32_matmul_precision('high'))"

@@ -133,3 +133,12 @@ def test_configure_determinism_on_cuda_sets_torch_and_cublas(monkeypatch):
     calls.clear()
     assert configure_determinism(False, torch.device("cuda", 0)).startswith("deterministic: off")
     assert calls == []  # off leaves torch's global switch as it was
+
+
+def test_float32_matmuls_use_tf32_on_cuda_only(monkeypatch):
+    from lm.device import configure_matmul_precision
+
+    calls = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda mode: calls.append(mode))
+    assert configure_matmul_precision(torch.device("cpu")) == "" and calls == []
+    assert "TF32" in configure_matmul_precision(torch.device("cuda", 0)) and calls == ["high"]

@@ -23,7 +23,7 @@ from lm.checkpoint.io import check_state_dict_fits, unwrap
 from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
-from lm.device import resolve_dtype
+from lm.device import configure_matmul_precision, resolve_dtype
 from lm.evaluate import bits_per_byte, perplexity
 from lm.io import atomic_write
 from lm.model import build_model
@@ -77,6 +77,7 @@ class Trainer:
         self._quiet = quiet
         self.dist, self.device = init_distributed(cfg.train.device)
         self._determinism = configure_determinism(cfg.train.deterministic, self.device)  # before any CUDA work
+        self._precision = configure_matmul_precision(self.device)
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
         self._check_data()  # before any output: a refusal costs nothing
@@ -503,6 +504,8 @@ class Trainer:
             f"device {self.device} | world {self.dist.world_size} | run dir {self.run_dir}"
         )
         self._log(self._determinism)
+        if self._precision:
+            self._log(self._precision)
 
     def _stop_for_signal(self, window: _LogWindow, saved: bool) -> int:
         """SIGINT/SIGTERM: save (unless this step is saved already) and return 128 + the signal."""
