@@ -429,3 +429,24 @@ def test_generate_turns_dropout_off():
     model = TransformerLM.from_config(ModelConfig(**{**SMALL, "dropout": 0.5})).train()
     runs = [generate(model, [1, 2, 3], 6, temperature=0.0) for _ in range(3)]
     assert runs[0] == runs[1] == runs[2] and model.training
+
+
+def test_the_compiled_loss_graph_does_not_grow_with_the_batch():
+    """Compiled, the fused loss makes the logits in one chunk (within a memory budget), so the
+    traced graph is the same size at batch 32 and 128 (with 256-token chunks it unrolled a loop
+    that grew with the batch: 367 and 1,015 nodes here)."""
+    import torch.fx as fx
+
+    sizes = []
+
+    def backend(gm, inputs):
+        sizes.append(sum(len(m.graph.nodes) for m in gm.modules() if isinstance(m, fx.GraphModule)))
+        return gm.forward
+
+    torch.manual_seed(0)
+    model = TransformerLM(256, 64, 32, 1, 2, 64)
+    loss = torch.compile(model.loss, backend=backend, dynamic=False)
+    for batch in (32, 128):
+        ids = torch.randint(0, 256, (batch, 64))
+        loss(ids, ids).backward()
+    assert len(sizes) == 2 and sizes[0] == sizes[1]

@@ -205,11 +205,28 @@ class _CrossEntropy(torch.autograd.Function):
         return grad.to(ctx.in_dtype), None, None, None
 
 
+def loss_chunk_size(tokens: int, vocab_size: int, device: torch.device, compiling: bool = False) -> int:
+    """How many tokens :func:`linear_cross_entropy` makes logits for at a time.
+
+    Eager on a CPU: 256, so that a chunk's logits stay in cache. Compiled, or on a GPU: as many as
+    a budget of logits memory allows (an eighth of a GPU's memory, 1 GiB elsewhere), usually all
+    of them: a compiled graph unrolls the chunk loop, and with fixed-size chunks it would grow
+    with the batch (and take longer to compile) for no gain on a GPU.
+    """
+    if device.type == "cpu" and not compiling:
+        return 256
+    budget = 1 << 30
+    if device.type == "cuda":
+        budget = torch.cuda.get_device_properties(device).total_memory // 8
+    per_token = 3 * 4 * vocab_size  # float32 logits, probabilities and their gradient
+    return max(256, min(tokens, budget // per_token))
+
+
 def linear_cross_entropy(
     x: Float[Tensor, "... d"],
     weight: Float[Tensor, "vocab d"],
     targets: Int[Tensor, "*batch"],
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     *,
     label_smoothing: float = 0.0,
     ignore_index: int | None = None,
@@ -221,9 +238,13 @@ def linear_cross_entropy(
     gradients of ``x`` and ``weight`` are computed in the same pass while the chunk is still in
     cache, as in Liger-Kernel's fused linear cross-entropy. The result and gradients equal the
     unfused ones up to float rounding; in ``no_grad`` mode no gradient work is done.
-    ``label_smoothing`` and ``ignore_index`` are those of :func:`cross_entropy`.
+    ``label_smoothing`` and ``ignore_index`` are those of :func:`cross_entropy`. ``chunk_size``
+    defaults to :func:`loss_chunk_size` for the device (and whether it is being compiled).
     """
     _check_smoothing(label_smoothing)
+    if chunk_size is None:
+        compiling = bool(getattr(torch, "compiler", None) and torch.compiler.is_compiling())
+        chunk_size = loss_chunk_size(targets.numel(), weight.shape[0], x.device, compiling)
     return _LinearCrossEntropy.apply(x, weight, targets, chunk_size, float(label_smoothing), ignore_index)
 
 
