@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lm.generate.kv_cache import KVCache
-from lm.generate.sampling import check_sampling_args, sample_next_token
+from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.generate.static import DecodeStep, StaticKVCache
 
 
@@ -98,9 +98,7 @@ def generate(
         raise ValueError(
             f"window_shift must be in [1, context_length={ctx}), got window_shift={window_shift!r}"
         )
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                   or not 1 <= vocab_size <= cfg.vocab_size):
-        raise ValueError(f"vocab_size must be in [1, {cfg.vocab_size}] (the model's), got vocab_size={vocab_size!r}")
+    check_vocab_limit(vocab_size, cfg.vocab_size)
     prompts, single = _as_prompt_list(prompt_ids)
     if not prompts:
         raise ValueError("prompt_ids: got an empty batch of prompts")

@@ -18,6 +18,13 @@ def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> 
         raise ValueError(f"top_k must be a positive integer or None, got top_k={top_k!r}")
 
 
+def check_vocab_limit(vocab_size: int | None, model_vocab_size: int) -> None:
+    """``vocab_size`` (sample only ids below it, the tokenizer's size) is None or in [1, the model's]."""
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                   or not 1 <= vocab_size <= model_vocab_size):
+        raise ValueError(f"vocab_size must be in [1, {model_vocab_size}] (the model's), got vocab_size={vocab_size!r}")
+
+
 def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tensor, "... vocab"]:
     """Zero every probability outside the smallest set of most likely tokens whose total
     mass is ≥ ``top_p``, and renormalise."""

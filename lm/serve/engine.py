@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from lm.generate.kv_cache import KVCache
-from lm.generate.sampling import check_sampling_args, sample_next_token
+from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.generate.static import DecodeStep
 
 
@@ -155,9 +155,7 @@ class Engine:
         self.model = model.eval()
         self.max_batch, self.max_queue, self.eos_id = max_batch, max_queue, eos_id
         cfg = model.config
-        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                       or not 1 <= vocab_size <= cfg.vocab_size):
-            raise ValueError(f"vocab_size must be in [1, {cfg.vocab_size}] (the model's), got {vocab_size!r}")
+        check_vocab_limit(vocab_size, cfg.vocab_size)
         self.vocab_size = vocab_size or cfg.vocab_size  # sample ids below it: the tokenizer's size
         self.context_length = cfg.context_length
         weight = model.output_weight
