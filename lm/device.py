@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -79,3 +80,9 @@ def configure_matmul_precision(device: torch.device) -> str:
         return ""
     torch.set_float32_matmul_precision("high")
     return "float32 matmuls: TF32 (torch.set_float32_matmul_precision('high'))"
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on ``device``'s type; a context that changes nothing when
+    ``dtype`` is None (compute in the weights' own dtype)."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)

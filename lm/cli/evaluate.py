@@ -62,16 +62,14 @@ def data_kind(path: Path) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import contextlib
     import warnings
 
     import numpy as np
-    import torch
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.data import read_token_file
     from lm.data.token_file import bytes_per_token
-    from lm.device import resolve_dtype, set_threads
+    from lm.device import autocast, resolve_dtype, set_threads
     from lm.evaluate import evaluate_tokens
     from lm.io import check_readable_file, decode_utf8
     from lm.tokenizer import check_tokenizer_checksum
@@ -113,7 +111,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bpt = data.stat().st_size / max(1, len(tokens))
     device = next(model.parameters()).device
     dtype = resolve_dtype(args.dtype, device)
-    with torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
+    with autocast(device, dtype):
         result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
                                  bytes_per_token=bpt, stride=args.stride, progress=not args.quiet)
     if args.json:
@@ -127,14 +125,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def eval_translation(args: argparse.Namespace) -> int:
     """Loss and perplexity by teacher forcing, BLEU and chrF of the translations, on a file pair."""
-    import contextlib
     import sys
-
-    import torch
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.data.pairs import read_parallel
-    from lm.device import resolve_dtype
+    from lm.device import autocast, resolve_dtype
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate
 
@@ -155,9 +150,8 @@ def eval_translation(args: argparse.Namespace) -> int:
         print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} pairs are longer than the context "
               f"({cfg.context_length} tokens) and are left out of the loss (not of BLEU)", file=sys.stderr)
     dtype = resolve_dtype(args.dtype, model.device)
-    autocast = (lambda: torch.autocast(model.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
     size = args.batch_size
-    with autocast():
+    with autocast(model.device, dtype):
         batches = (collate_pairs([src[i] for i in keep[j : j + size]], [ref[i] for i in keep[j : j + size]],
                                  pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, device=model.device)
                    for j in range(0, len(keep), size))

@@ -73,7 +73,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.cli.translate import require_architecture
-    from lm.device import resolve_dtype, set_threads
+    from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import TextStreamer, generate
     from lm.generate.sampling import check_sampling_args
 
@@ -88,7 +88,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
     require_architecture(model, "decoder_lm", args.checkpoint)
     device = model.device
     dtype = resolve_dtype(args.dtype, device)
-    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
     eos = tok.eot_id
     prompt_ids = tok.encode(prompt)
     if not prompt_ids:
@@ -115,7 +114,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
                 out.write(piece)
                 out.flush()
 
-        with autocast():
+        with autocast(device, dtype):
             new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit,
                            vocab_size=tok.vocab_size, compile=args.compile)

@@ -63,12 +63,10 @@ def read_lines(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    import contextlib
 
-    import torch
 
     from lm.cli.common import load_model_and_tokenizer
-    from lm.device import resolve_dtype, set_threads
+    from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import translate
 
     if args.beam < 1:
@@ -81,14 +79,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
     require_architecture(model, "encoder_decoder", args.checkpoint)
     cfg = model.config
     dtype = resolve_dtype(args.dtype, model.device)
-    autocast = torch.autocast(model.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     sources = [tok.encode(line.strip()) for line in lines]
     for i, s in enumerate(sources):
         if len(s) + 1 > cfg.context_length:
             raise ValueError(f"--input: line {i + 1} has {len(s)} tokens, more than the model's context "
                              f"{cfg.context_length - 1}")
     out = sys.stdout
-    with autocast:
+    with autocast(model.device, dtype):
         for start in range(0, len(sources), args.batch_size):
             chunk = sources[start : start + args.batch_size]
             todo = [j for j, s in enumerate(chunk) if s]  # an empty line translates to an empty line

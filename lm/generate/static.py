@@ -21,13 +21,13 @@ is what lets the server batch requests without changing their tokens.
 
 from __future__ import annotations
 
-import contextlib
 import types
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lm.device import autocast
 from lm.generate.kv_cache import KVCache
 
 
@@ -136,11 +136,6 @@ class DecodeStep:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
             self._fn = torch.compile(_own_code(step), dynamic=False, fullgraph=True, mode=mode)
 
-    def _autocast(self):
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
     @torch.inference_mode()
     def __call__(self, ids: list[int] | Tensor, lengths: list[int]) -> Float[Tensor, "rows vocab"]:
         """Write each row's token at its length, and return every row's next-token logits.
@@ -149,7 +144,7 @@ class DecodeStep:
         """
         self.cache.set_lengths(list(lengths))
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
-        with self._autocast():
+        with autocast(self.device, self.dtype):
             logits = self._fn(self._ids)
         return logits.clone() if self.compiled and self.device.type == "cuda" else logits
 

@@ -24,7 +24,6 @@ The engine knows ids only; text (decoding, stop strings) is the server's.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import threading
 import time
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from lm.device import autocast
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.generate.static import DecodeStep
@@ -177,11 +177,6 @@ class Engine:
         self.decode = DecodeStep(self.model, self.max_batch, compile=compile, dtype=dtype)
         self.cache = self.decode.cache
 
-    def _autocast(self):
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
     # -- the request side (any thread) -------------------------------------------------------
     def check(self, request: Request) -> None:
         """Raise ``ValueError`` (naming the field) if ``request`` can never run here."""
@@ -264,7 +259,7 @@ class Engine:
     def _prefill(self, request: Request, slots: list[int]) -> None:
         ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
         one = KVCache.for_model(self.model, 1, max_len=ids.shape[1])
-        with self._autocast():
+        with autocast(self.device, self.dtype):
             logits = self.model(ids, kv_cache=one, last_only=True)[0, -1]
         self.stats.prompt_tokens += len(request.prompt_ids)
         seed = request.params.seed if request.params.seed is not None else secrets.randbits(62)

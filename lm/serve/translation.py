@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from lm.device import autocast
 from lm.generate.seq2seq import greedy_decode, max_target_length
 from lm.serve.engine import Engine, Request
 
@@ -102,7 +103,7 @@ class TranslationEngine(Engine):
                 raise _Stop("length")
 
         try:
-            with self._autocast():
+            with autocast(self.device, self.dtype):
                 greedy_decode(self.model, [request.prompt_ids], temperature=p.temperature, top_p=p.top_p,
                               generator=generator, on_token=on_token)
             reason = "length" if made >= limit else "stop"  # the model's own limit, or <eos>

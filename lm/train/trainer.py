@@ -23,7 +23,7 @@ from lm.checkpoint.io import check_state_dict_fits, unwrap
 from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
-from lm.device import configure_matmul_precision, resolve_dtype
+from lm.device import autocast, configure_matmul_precision, resolve_dtype
 from lm.evaluate import bits_per_byte, perplexity
 from lm.io import atomic_write
 from lm.model import build_model
@@ -153,9 +153,7 @@ class Trainer:
         if t.compile:
             self.train_model = torch.compile(self.train_model)
         dtype = autocast_dtype(t.dtype, self.device)
-        self._autocast = (
-            (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
-        )
+        self._autocast = lambda: autocast(self.device, dtype)
 
     def _plan_steps_and_evaluation(self) -> None:
         """Tokens per step, the MFU yardstick, the clock, and the fixed validation batches."""
