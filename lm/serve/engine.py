@@ -128,6 +128,10 @@ class Stats:
         self.queue_depth = 0
         self.batch_size = 0
 
+    def ended(self, reason: str) -> None:
+        """A choice (or a waiting request) ended: ``cancelled``, ``error`` (failed) or finished."""
+        self.requests["cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"] += 1
+
     def time_to_first_token(self, seconds: float) -> None:
         i = next((j for j, b in enumerate(self.TTFT_BUCKETS) if seconds <= b), len(self.TTFT_BUCKETS))
         self.ttft_counts[i] += 1
@@ -296,8 +300,7 @@ class Engine:
         row = self.rows[slot]
         self.rows[slot] = None
         self.stats.batch_size = sum(r is not None for r in self.rows)  # counted before the client hears
-        key = "cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"
-        self.stats.requests[key] += 1
+        self.stats.ended(reason)
         if row.request.on_finish is not None:
             row.request.on_finish(row.index, reason)
 
@@ -310,7 +313,7 @@ class Engine:
         if request.on_finish is not None:
             for index in range(request.n):
                 request.on_finish(index, reason)
-        self.stats.requests["cancelled" if reason == "cancelled" else "failed"] += 1
+        self.stats.ended(reason)
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:

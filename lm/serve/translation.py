@@ -112,14 +112,6 @@ class TranslationEngine(Engine):
         self._finish_one(request, index, reason)
 
     def _finish_one(self, request: Request, index: int, reason: str) -> None:
-        key = "cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"
-        self.stats.requests[key] += 1
+        self.stats.ended(reason)
         if request.on_finish is not None:
             request.on_finish(index, reason)
-
-    def _fail_everything(self) -> None:
-        with self._lock:
-            self.accepting = False
-            waiting, self.waiting = list(self.waiting), type(self.waiting)()
-        for request in waiting:
-            self._finish_all(request, "error")
