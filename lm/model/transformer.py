@@ -9,11 +9,7 @@ from torch import Tensor
 from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
 from lm.nn.block import make_norm
-
-
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)  # torch.compiler.is_compiling: torch >= 2.3
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+from lm.nn.functional import is_compiling
 
 
 def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
@@ -176,7 +172,7 @@ class TransformerLM(torch.nn.Module):
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
         seq = ids.shape[-1]
-        compiling = _is_compiling()
+        compiling = is_compiling()
         # Compiled, a cache's length (a Python int) would recompile the graph at every step: the
         # compiled caller (lm.generate.static.DecodeStep) checks it instead. Data-dependent id
         # checks would break the graph.

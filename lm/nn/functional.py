@@ -205,6 +205,12 @@ class _CrossEntropy(torch.autograd.Function):
         return grad.to(ctx.in_dtype), None, None, None
 
 
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing the caller (``torch.compiler.is_compiling``, torch >= 2.3)."""
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
 def loss_chunk_size(tokens: int, vocab_size: int, device: torch.device, compiling: bool = False) -> int:
     """How many tokens :func:`linear_cross_entropy` makes logits for at a time.
 
@@ -243,8 +249,7 @@ def linear_cross_entropy(
     """
     _check_smoothing(label_smoothing)
     if chunk_size is None:
-        compiling = bool(getattr(torch, "compiler", None) and torch.compiler.is_compiling())
-        chunk_size = loss_chunk_size(targets.numel(), weight.shape[0], x.device, compiling)
+        chunk_size = loss_chunk_size(targets.numel(), weight.shape[0], x.device, is_compiling())
     return _LinearCrossEntropy.apply(x, weight, targets, chunk_size, float(label_smoothing), ignore_index)
 
 

@@ -42,11 +42,8 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"invalid weight_decay: {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         # id(param) -> (its step tensor, the count it holds): valid while that tensor is the state's
+        # (a load_state_dict or a copy brings new step tensors, whose counts are read once)
         self._counts: dict[int, tuple[torch.Tensor, float]] = {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self._counts = {}  # read again from the loaded step tensors
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -79,8 +76,8 @@ class AdamW(torch.optim.Optimizer):
             state["step"] += 1
             self._counts[id(p)] = (state["step"], t)
             lists = by_step.setdefault(t, ([], [], [], []))  # one count, normally
-            for lst, t in zip(lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"])):
-                lst.append(t)
+            for lst, tensor in zip(lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"])):
+                lst.append(tensor)
         for t, (params, grads, m, v) in by_step.items():
             torch._foreach_lerp_(m, grads, 1 - beta1)
             torch._foreach_mul_(v, beta2)
