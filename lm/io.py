@@ -150,6 +150,18 @@ def decode_utf8(data: bytes) -> tuple[str, int]:
         return text, _count_replace.count  # type: ignore[attr-defined]
 
 
+def read_json_object(path: str | os.PathLike, label: str, expect: str = "a JSON object") -> dict:
+    """The JSON object in the file ``path``; a one-line ValueError ``LABEL 'PATH' is not valid JSON:
+    ...`` or ``LABEL 'PATH' must hold EXPECT`` otherwise."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{label} {str(path)!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{label} {str(path)!r} must hold {expect}")
+    return value
+
+
 def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str, int]:
     """Bytes ``[start, end)`` of a file as UTF-8 text, and how many of them were invalid (now U+FFFD)."""
     with open(path, "rb") as f:

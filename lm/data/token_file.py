@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lm.io import InterruptGuard, atomic_write
+from lm.io import InterruptGuard, atomic_write, read_json_object
 
 FORMAT = "lm-tokens"
 VERSION = 1
@@ -121,13 +121,7 @@ def load_sidecar(path: Path, side: Path, what: str, writer: str) -> dict[str, An
         raise ValueError(f"{what} not found: {str(path)!r}")
     if not side.is_file():
         raise ValueError(f"{str(path)!r} has no sidecar {side.name!r}; write {what}s with {writer}")
-    try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"sidecar {str(side)!r} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"sidecar {str(side)!r} does not hold a JSON object")
-    return meta
+    return read_json_object(side, "sidecar")
 
 
 def check_ids_sidecar(meta: dict[str, Any], side: Path, path: Path, counts: tuple[str, ...] = ("num_tokens",)) -> None:

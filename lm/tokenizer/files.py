@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from lm.io import atomic_write, check_readable_file
+from lm.io import atomic_write, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN
 from lm.tokenizer.tokenizer import Tokenizer
@@ -35,12 +35,7 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
     ``encoder.json`` + ``vocab.bpe``); one-line errors naming the file and the line."""
     vocab_path = check_readable_file(vocab_path, "vocab_path")
     merges_path = check_readable_file(merges_path, "merges_path")
-    try:
-        raw = json.loads(vocab_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"vocab_path: {str(vocab_path)!r} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"vocab_path: {str(vocab_path)!r} must hold a JSON object {{token: id}}")
+    raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
     specials = set(special_tokens or [])
     vocab: dict[int, bytes] = {}
     for s, i in raw.items():
@@ -146,11 +141,10 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
         cfg = d / "tokenizer_config.json"
         special_tokens = []
         if cfg.exists():
-            try:
-                special_tokens = json.loads(cfg.read_text(encoding="utf-8"))["special_tokens"]
-            except (ValueError, KeyError, TypeError) as e:
-                what = f"has no {e}" if isinstance(e, KeyError) else f"is not valid JSON: {e}"
-                raise ValueError(f"tokenizer: {str(cfg)!r} {what}") from None
+            config = read_json_object(cfg, "tokenizer:")
+            if "special_tokens" not in config:
+                raise ValueError(f"tokenizer: {str(cfg)!r} has no 'special_tokens'")
+            special_tokens = config["special_tokens"]
             if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
                 raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
     return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)
