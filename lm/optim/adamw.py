@@ -69,8 +69,9 @@ class AdamW(torch.optim.Optimizer):
             state = self.state[p]
             if not state:
                 _moments(state, p)
+                self._counts[id(p)] = (state["step"], 0.0)
             # The count is kept in the tensor (state_dicts) and mirrored on the host, so reading it
-            # never reads a tensor back (read once after a load_state_dict).
+            # never reads a tensor back (read once after a load_state_dict, never for new state).
             mirror = self._counts.get(id(p))
             t = (state["step"].item() if mirror is None or mirror[0] is not state["step"] else mirror[1]) + 1
             state["step"] += 1
