@@ -155,3 +155,62 @@ def test_a_flipped_bit_in_the_tensor_data_is_refused(tmp_path):
     bad.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="is corrupt: the checksum of its tensors does not match"):
         read_checkpoint(bad)
+
+
+# -- checkpoints written in the background ---------------------------------------------------------
+
+
+def test_background_writer_writes_the_state_as_it_was_at_save(tmp_path, monkeypatch):
+    """The file holds the tensors' values when save() was called, though training (here: an
+    in-place update) changes them while the thread writes; wait() returns once it is on disk."""
+    import threading
+
+    from lm.checkpoint.background import BackgroundWriter
+
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    release = threading.Event()
+    write = manager.save
+
+    def slow_save(state, step):
+        release.wait(10)
+        return write(state, step)
+
+    monkeypatch.setattr(manager, "save", slow_save)
+    writer = BackgroundWriter(manager)
+    weight = torch.zeros(4)
+    path = writer.save({"model": {"w": weight}, "iteration": 1}, 1)
+    weight += 1  # the next optimizer step
+    assert not path.exists()
+    release.set()
+    writer.wait()
+    assert torch.equal(read_checkpoint(path)["model"]["w"], torch.zeros(4))
+
+
+def test_background_writer_writes_one_at_a_time_in_order_and_reports_errors(tmp_path, monkeypatch):
+    from lm.checkpoint.background import BackgroundWriter
+
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    writer = BackgroundWriter(manager)
+    order, write = [], manager.save
+
+    def recorded_save(state, step):
+        order.append(("start", step))
+        write(state, step)
+        order.append(("end", step))
+
+    monkeypatch.setattr(manager, "save", recorded_save)
+    for step in (1, 2, 3):
+        writer.save({"model": {"w": torch.full((2,), float(step))}, "iteration": step}, step)
+    writer.wait()
+    assert order == [(e, s) for s in (1, 2, 3) for e in ("start", "end")]
+    assert manager.steps() == [2, 3]  # keep_last pruned after each write
+
+    def full_disk(state, step):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manager, "save", full_disk)
+    writer.save({"model": {}, "iteration": 4}, 4)
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()
+    writer.wait()  # raised once
+    assert manager.steps() == [2, 3]
