@@ -608,6 +608,42 @@ def test_two_gloo_processes_match_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_gloo_processes_stop_together_on_time_and_on_a_signal(tmp_path):
+    """Under DDP the ranks agree on time and signals every few steps (Trainer._agree), never
+    per step: a max_time run ends with both ranks at the same step (a rank that stopped alone
+    would leave the other waiting in an all-reduce until the timeout), and a SIGTERM to one rank
+    stops both with a checkpoint and exit 143."""
+    raw = _raw_config(tmp_path, train={"max_time": 2.0, "out_dir": str(tmp_path / "timed")},
+                      optim={"cosine_cycle_iters": 1000}, log={"interval": 7}, eval={"interval": 0},
+                      checkpoint={"interval": 0})  # fmt: skip
+    del raw["train"]["max_steps"]
+    done = _torchrun(_write_toml(tmp_path / "timed.toml", raw))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    steps = read_checkpoint(tmp_path / "timed" / "checkpoints" / _only(tmp_path / "timed"))["iteration"]
+    assert f"done: step {steps}," in done.stdout and steps > 10
+    raw = _raw_config(tmp_path, train={"max_steps": 100_000, "out_dir": str(tmp_path / "signalled")},
+                      log={"interval": 7}, eval={"interval": 0}, checkpoint={"interval": 0})  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "lm", "train", "--config", str(_write_toml(tmp_path / "signalled.toml", raw))]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "signalled" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 3):
+        time.sleep(0.2)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(int(children[-1]), signal.SIGTERM)  # one rank (of torchrun's two children)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "stopped at step" in out, out[-3000:] + err[-3000:]
+    assert read_checkpoint(tmp_path / "signalled" / "checkpoints" / _only(tmp_path / "signalled"))["iteration"] > 0
+
+
+def _only(run_dir: Path) -> str:
+    (name,) = [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_")]
+    return name
+
+
+@pytest.mark.slow
 def test_sigkill_under_two_gloo_processes_then_resume_is_exact(tmp_path):
     """Two gloo processes of two threads each (torchrun's default is one), dropout on: the whole
     job killed with SIGKILL between two checkpoints, resumed, killed right after a checkpoint,

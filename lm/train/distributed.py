@@ -33,25 +33,20 @@ class Dist:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value / self.world_size
 
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """True on every rank when ``flag`` is true on some rank."""
-        if not self.enabled:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
 
-    def broadcast_float(self, value: float, device: torch.device) -> float:
-        """Rank 0's ``value`` on every rank (so time-based decisions agree)."""
+    def agree(self, flag: bool, seconds: float, device: torch.device) -> tuple[bool, float]:
+        """One all-reduce for the decisions every rank must take together: whether ``flag`` is
+        true on some rank (a signal arrived), and the largest of the ranks' ``seconds`` (the
+        slowest rank's clock since the last agreement). The values themselves with one process."""
         if not self.enabled:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.broadcast(t, src=0)
-        return float(t.item())
+            return flag, seconds
+        t = torch.tensor([1.0 if flag else 0.0, seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        raised, slowest = t.tolist()
+        return raised > 0, slowest
 
 
 def init_distributed(device_name: str) -> tuple[Dist, torch.device]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from lm.checkpoint import CheckpointManager, export_safetensors, read_checkpoint
+from lm.checkpoint.background import BackgroundWriter
 from lm.checkpoint.io import check_state_dict_fits, unwrap
 from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
@@ -45,6 +46,9 @@ from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, format_duration
 from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside_metrics
 
+# Under DDP, the steps between two agreements on signals and the time (see Trainer._agree).
+POLL_STEPS = 10
+
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite."""
@@ -58,8 +62,9 @@ def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
 class Trainer:
     """Train a :class:`TransformerLM` as ``cfg`` says; ``run()`` returns the process exit status.
 
-    ``on_checkpoint(step, path)`` is called after every checkpoint is written (tests use it to
-    kill the process at a known point).
+    Checkpoints are written by a background thread from a copy on the host (the next one waits
+    for the previous one, the run's end for the last); ``on_checkpoint(step, path)`` is called
+    once a checkpoint is on disk (tests use it to kill the process at a known point).
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class Trainer:
         self._precision = configure_matmul_precision(self.device)
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
+        self._writer = BackgroundWriter(self.ckpts)
         self._check_data()  # before any output: a refusal costs nothing
         self._build_model_and_optimizer()
         self._take_run_folder(resume)
@@ -147,7 +153,9 @@ class Trainer:
         self.train_model: torch.nn.Module = self.model
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            # the model's buffers (RoPE and position tables) are constants: nothing to broadcast per forward
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids,
+                                                                         broadcast_buffers=False)
             if t.deterministic:
                 deterministic_ddp(self.train_model, self.dist.world_size)
         if t.compile:
@@ -163,6 +171,7 @@ class Trainer:
         self.tokens_per_step = per_rank * t.grad_accum_steps * self.dist.world_size
         self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops)
         self._signal: int | None = None
+        self._unagreed_seconds = 0.0  # this rank's training seconds not yet agreed on (DDP, see _agree)
         self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
         self._val_starts = []  # token windows' starts, or pair batches' indices
         if self.val_data is not None and self.pairs:
@@ -385,12 +394,33 @@ class Trainer:
             total = total * len(self._val_starts) / max(count, 1)
         else:
             for starts in self._val_starts:
-                x, y = self.val_data.batch(starts, self.device)
-                with self._autocast():
-                    total += self.train_model(x, targets=y)
+                total += self._val_loss(starts)
         self.train_model.train()
         loss = float(self.dist.all_mean(total / len(self._val_starts)).item())
         return {"loss": loss, "ppl": perplexity(loss), "bpb": bits_per_byte(loss, self.val_data.bytes_per_token)}
+
+    def _val_loss(self, starts) -> torch.Tensor:
+        """The loss of one validation batch of token windows, through the compiled model when there is one."""
+        x, y = self.val_data.batch(starts, self.device)
+        with self._autocast():
+            return self.train_model(x, targets=y)
+
+    @torch.no_grad()
+    def _compile_evaluation(self) -> None:
+        """Compile the evaluation graph (no grad, eval mode) before training starts, so that no
+        evaluation during training compiles. Nothing of the run changes: the batch is a fixed
+        validation batch and dropout is off in eval mode."""
+        if not (self.cfg.train.compile and self.cfg.eval.interval and self._val_starts and not self.pairs):
+            return
+        self.train_model.eval()
+        self._val_loss(self._val_starts[0])
+        self.train_model.train()
+
+    def _synchronize(self) -> None:
+        """Wait for the device's queue: what the step clock does at log, evaluation and checkpoint
+        boundaries only (on a GPU the host runs ahead of the kernels it launched)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # -- checkpoints ------------------------------------------------------------------------
     def training_state(self) -> dict[str, Any]:
@@ -414,8 +444,9 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         if not self.dist.is_main:
             return None
-        path = self.ckpts.save(self.training_state(), self.step)
+        path = self._writer.save(self.training_state(), self.step)
         if self.on_checkpoint is not None:
+            self._writer.wait()
             self.on_checkpoint(self.step, path)
         return path
 
@@ -425,11 +456,14 @@ class Trainer:
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             status = self._loop()
+            self._writer.wait()
             # Rank 0 may still be writing its last checkpoint: tearing the process group down
             # under it makes gloo abort the other ranks ("terminate called without an active exception").
             self.dist.barrier()
             return status
         finally:
+            with contextlib.suppress(Exception):  # an error on the way out: still finish the file being written
+                self._writer.wait()
             for s, h in handlers.items():
                 signal.signal(s, h)
             if self.metrics is not None:
@@ -455,10 +489,12 @@ class Trainer:
         last_saved = self.step if self._resumed_from is not None else -1
         last_eval = -1
         window = _LogWindow(torch.zeros((), device=self.device))
+        compiling = t.compile  # this process's first step compiles the training graph
         clock = self.clock()
+        self._compile_evaluation()
+        agreed_stop = False  # under DDP: a signal somewhere, as of the last poll
         while True:
-            # Every rank must agree on stopping: signals are anyone's, time is rank 0's (below).
-            if self.dist.any(self._signal is not None, self.device):
+            if agreed_stop if self.dist.enabled else self._signal is not None:
                 return self._stop_for_signal(window, saved=self.step == last_saved)
             if self.budget_spent():
                 break
@@ -466,32 +502,64 @@ class Trainer:
             loss, norm = self.train_step(lr)
             self.step += 1
             self.tokens_seen += self.step_tokens
+            log_step = self.step % cfg.log.interval == 0
+            eval_step = bool(cfg.eval.interval) and self.step % cfg.eval.interval == 0
+            save_step = bool(cfg.checkpoint.interval) and self.step % cfg.checkpoint.interval == 0
+            boundary = log_step or eval_step or save_step or compiling
+            if boundary:
+                self._synchronize()
             now = self.clock()
-            window.add(loss, norm, self.step_tokens, now - clock)
-            self.elapsed += now - clock
-            if t.max_time is not None:
-                # Rank 0's clock for everyone, before anyone decides that this step is the last:
-                # ranks that disagreed would wait forever in different collectives.
-                self.elapsed = self.dist.broadcast_float(self.elapsed, self.device)
+            if compiling:  # compile time is not training time
+                self._report_compile(now - clock)
+                window.add(loss, norm, self.step_tokens, now - clock, timed=False)
+                agreed_stop = self._agree(0.0, poll=True)
+                compiling = False
+            else:
+                window.add(loss, norm, self.step_tokens, now - clock)
+                agreed_stop = self._agree(now - clock, poll=boundary or self.step % POLL_STEPS == 0)
 
             final = self.budget_spent()
-            if self.step % cfg.log.interval == 0 or final:  # maybe log
+            if log_step or final:  # maybe log
                 mean = self._check_finite(window) / window.steps
-                tok_s = window.tokens / max(window.seconds, 1e-9)
-                mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
-                self._report_train(mean, lr, None if norm is None else float(norm), tok_s, mfu,
-                                   window.seconds / window.steps)
+                tok_s = window.tokens / window.seconds if window.seconds > 0 else None
+                mfu = None if tok_s is None else flops_per_token * tok_s / self.dist.world_size / self._peak_flops
+                self._report_train(mean, lr, None if norm is None else float(norm), tok_s, mfu, window.step_seconds)
                 window.reset()
-            if cfg.eval.interval and (self.step % cfg.eval.interval == 0 or final):  # maybe evaluate
+            if cfg.eval.interval and (eval_step or final):  # maybe evaluate
                 self._run_eval()
                 last_eval = self.step
-            if cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and not final:  # maybe save
+            if save_step and not final:  # maybe save
                 self._check_finite(window)
                 self.save_checkpoint()
                 last_saved = self.step
             clock = self.clock()  # evaluation and checkpoints are not training time
         self._finish(window, evaluated=last_eval == self.step, saved=last_saved == self.step)
         return 0
+
+    def _agree(self, seconds: float, poll: bool) -> bool:
+        """Add a step's ``seconds`` to the training time; whether to stop for a signal.
+
+        Under DDP every rank must take the same decision at the same step (ranks that disagreed
+        would wait forever in different collectives), and asking the others costs a collective
+        and a host–device sync. So a rank counts its seconds aside, and only at poll steps (the
+        same steps on every rank: log, evaluation and checkpoint steps and every ``POLL_STEPS``)
+        one all-reduce tells everyone whether a signal arrived anywhere and the slowest rank's
+        time, which is then added to ``elapsed``. One process adds its time at every step and
+        reads its own signal flag before each step, for free.
+        """
+        self._unagreed_seconds += seconds
+        if self.dist.enabled and not poll:
+            return False
+        signalled, seconds = self.dist.agree(self._signal is not None, self._unagreed_seconds, self.device)
+        self.elapsed += seconds
+        self._unagreed_seconds = 0.0
+        return signalled
+
+    def _report_compile(self, seconds: float) -> None:
+        """The first step's time with compile on (and the evaluation graph's, compiled before it)."""
+        self._log(f"compiled in {seconds:.1f} s (the first step and an evaluation batch; not counted as training time)")
+        if self.metrics is not None:
+            self.metrics.write({"step": self.step, "split": "compile", "seconds": round(seconds, 3)})
 
     def _log_start(self) -> None:
         if self._resumed_from is not None:
@@ -539,11 +607,14 @@ class Trainer:
         return loss
 
     def _diverged(self, what: str) -> TrainingDiverged:
+        with contextlib.suppress(Exception):  # the checkpoint being written, if any, was good: keep it
+            self._writer.wait()
         latest = self.ckpts.latest()
         kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
         return TrainingDiverged(f"{what}; {kept}. Lower optim.max_lr, raise optim.warmup_iters or set optim.grad_clip")
 
-    def _report_train(self, loss: float, lr: float, norm: float | None, tok_s: float, mfu: float, step_s: float):
+    def _report_train(self, loss: float, lr: float, norm: float | None, tok_s: float | None, mfu: float | None,
+                      step_s: float):
         t = self.cfg.train
         remaining = []
         if t.max_steps is not None:
@@ -552,10 +623,8 @@ class Trainer:
             remaining.append(t.max_time - self.elapsed)
         eta = max(0.0, min(remaining))
         total = f"/{t.max_steps}" if t.max_steps is not None else ""
-        self._log(
-            f"step {self.step}{total} | loss {loss:.4f} | lr {lr:.2e} | {tok_s:,.0f} tok/s | "
-            f"MFU {100 * mfu:.1f}% | ETA {format_duration(eta)}"
-        )
+        speed = "compile step" if tok_s is None else f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}%"
+        self._log(f"step {self.step}{total} | loss {loss:.4f} | lr {lr:.2e} | {speed} | ETA {format_duration(eta)}")
         if self.metrics is not None:
             self.metrics.write(
                 {
@@ -594,7 +663,7 @@ class Trainer:
         if result["loss"] < self.best_val_loss:
             self.best_val_loss = result["loss"]
             if self.cfg.checkpoint.keep_best and self.dist.is_main:
-                self.ckpts.save_best(self.training_state())
+                self._writer.save_best(self.training_state())
 
 
 def train(cfg: Config, *, resume: bool = False) -> int:
@@ -604,22 +673,30 @@ def train(cfg: Config, *, resume: bool = False) -> int:
 
 class _LogWindow:
     """The steps since the last train log line: their summed loss and gradient norms (on the
-    device: NaN or inf stays in a sum), tokens and seconds."""
+    device: NaN or inf stays in a sum), and the tokens and seconds of the timed ones (a step that
+    compiled is not)."""
 
     def __init__(self, loss_sum: torch.Tensor):
         self.loss_sum = loss_sum
         self.norm_sum = torch.zeros_like(loss_sum)
-        self.steps, self.tokens, self.seconds = 0, 0, 0.0
+        self.reset()
 
-    def add(self, loss: torch.Tensor, norm: torch.Tensor | None, tokens: int, seconds: float) -> None:
+    def add(self, loss: torch.Tensor, norm: torch.Tensor | None, tokens: int, seconds: float,
+            timed: bool = True) -> None:
         self.loss_sum += loss
         if norm is not None:
             self.norm_sum += norm
         self.steps += 1
-        self.tokens += tokens
-        self.seconds += seconds
+        if timed:
+            self.timed_steps += 1
+            self.tokens += tokens
+            self.seconds += seconds
+
+    @property
+    def step_seconds(self) -> float:
+        return self.seconds / max(self.timed_steps, 1)
 
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.norm_sum.zero_()
-        self.steps, self.tokens, self.seconds = 0, 0, 0.0
+        self.steps, self.timed_steps, self.tokens, self.seconds = 0, 0, 0, 0.0

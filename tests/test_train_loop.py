@@ -1,0 +1,199 @@
+"""The training loop keeps a GPU busy, shown on the CPU: the host reads the device only at log,
+evaluation and checkpoint steps; DDP agrees on signals and time at poll steps only; every matmul
+runs in bfloat16 under bfloat16 autocast; the traced forward has no graph breaks."""
+
+import pytest
+import torch
+from test_train import _quiet, _raw_config
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lm.data.batch import LMBatch
+from lm.train import Trainer, config_from_dict, read_metrics
+from lm.train.distributed import Dist
+from lm.train.trainer import POLL_STEPS
+
+
+class _HostReads(TorchDispatchMode):
+    """The training step at which each device tensor was read back to the host: ``item()``,
+    ``float()``, ``bool()`` (``aten._local_scalar_dense``), ``tolist()`` and ``numpy()``."""
+
+    def __init__(self, trainer, monkeypatch):
+        super().__init__()
+        self.trainer, self.steps = trainer, []
+        for name in ("tolist", "numpy"):
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                self.steps.append(self.trainer.step)
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket == torch.ops.aten._local_scalar_dense:
+            self.steps.append(self.trainer.step)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_loop_reads_the_device_only_at_log_eval_and_checkpoint_steps(tmp_path, monkeypatch):
+    raw = _raw_config(tmp_path, train={"max_steps": 24}, log={"interval": 8}, eval={"interval": 12},
+                      checkpoint={"interval": 12})  # fmt: skip
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    with _HostReads(trainer, monkeypatch) as reads:
+        assert trainer.run() == 0
+    assert reads.steps and set(reads.steps) <= {8, 12, 16, 24}, sorted(set(reads.steps))
+
+
+class _CountingDist(Dist):
+    """Two ranks as far as the trainer can tell, in one process: each agreement is recorded and
+    answers with this process's own values (the other rank agrees with everything)."""
+
+    def __init__(self):
+        super().__init__(rank=0, local_rank=0, world_size=2)
+        self.polls = []
+
+    def agree(self, flag, seconds, device):
+        self.polls.append((self._trainer.step, flag))
+        return flag, seconds
+
+    def all_mean(self, value):
+        return value
+
+    def barrier(self):
+        pass
+
+
+def _poll_trainer(tmp_path, **train):
+    raw = _raw_config(tmp_path, train={"max_steps": 40, **train}, log={"interval": 25}, eval={"interval": 0},
+                      checkpoint={"interval": 0})  # fmt: skip
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    trainer.dist = _CountingDist()
+    trainer.dist._trainer = trainer
+    return trainer
+
+
+def test_ddp_agrees_on_signals_and_time_at_poll_steps_only(tmp_path):
+    """One agreement (one all-reduce) per POLL_STEPS steps and at the log steps, not per step."""
+    trainer = _poll_trainer(tmp_path)
+    assert trainer.run() == 0
+    assert [s for s, _ in trainer.dist.polls] == sorted({*range(POLL_STEPS, 41, POLL_STEPS), 25})
+
+
+def test_ddp_signal_stops_every_rank_at_the_next_poll(tmp_path):
+    """A signal on some rank is acted on at the next poll step, where every rank learns of it."""
+    trainer = _poll_trainer(tmp_path / "a")
+    train_step = trainer.train_step
+
+    def signalled_at_step_3(lr):
+        if trainer.step == 2:
+            trainer._signal = 15  # what the SIGTERM handler sets
+        return train_step(lr)
+
+    trainer.train_step = signalled_at_step_3
+    assert trainer.run() == 128 + 15
+    assert trainer.step == POLL_STEPS and trainer.dist.polls == [(POLL_STEPS, True)]
+    assert (tmp_path / "a" / "run" / "checkpoints" / f"step_{POLL_STEPS:08d}.pt").is_file()
+
+
+def test_ddp_time_budget_is_checked_at_poll_steps_with_the_agreed_clock(tmp_path):
+    """Under DDP a rank's time is added at poll steps only, so every rank sees the same
+    ``elapsed`` and the same last step; one process adds it at every step."""
+    for ddp in (True, False):
+        folder = tmp_path / str(ddp)
+        folder.mkdir()
+        raw = _raw_config(folder, train={"max_time": 1.0}, optim={"cosine_cycle_iters": 32}, log={"interval": 25},
+                          eval={"interval": 0}, checkpoint={"interval": 0})  # fmt: skip
+        del raw["train"]["max_steps"]
+        trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+        if ddp:
+            trainer.dist = _CountingDist()
+            trainer.dist._trainer = trainer
+        ticks = iter(range(1_000_000))
+        trainer.clock = lambda ticks=ticks: next(ticks) / 16  # each step 1/16 s: the budget ends after step 16
+        assert trainer.run() == 0
+        assert trainer.step == (20 if ddp else 16) and trainer.elapsed == trainer.step / 16
+
+
+_MATMULS = {
+    "mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_", "matmul", "linear", "addmv", "mv", "dot",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+}  # fmt: skip
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """The dtypes of the tensor inputs of every matrix product dispatched (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in _MATMULS or name.startswith("_scaled_dot_product") and "backward" in name:
+            # flash attention's saved logsumexp is float32 by design: not an operand of a product
+            names = [a.name for a in func._schema.arguments]
+            dtypes = {a.dtype for n, a in zip(names, args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                      and n != "logsumexp"}  # fmt: skip
+            self.seen.append((name, dtypes))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "einsum"])
+def test_every_matmul_of_a_bfloat16_training_step_is_in_bfloat16(tmp_path, attn_impl):
+    """Under bfloat16 autocast no matrix product of the step runs in float32: attention, the
+    MLP, and the fused loss's three (logits, the input's and lm_head's weight gradients)."""
+    raw = _raw_config(tmp_path, train={"dtype": "bfloat16"}, model={"attn_impl": attn_impl})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    trainer.train_step(1e-3)
+    with _MatmulDtypes() as log:
+        trainer.train_step(1e-3)
+    assert len(log.seen) > 10
+    in_float32 = [(name, dtypes) for name, dtypes in log.seen if dtypes != {torch.bfloat16}]
+    assert not in_float32
+
+
+def test_the_training_and_evaluation_forwards_trace_without_graph_breaks(tmp_path):
+    """torch._dynamo.explain of what the trainer compiles: the training forward (the batch's fused
+    loss) and the evaluation forward (no grad, eval mode) are one graph each."""
+    raw = _raw_config(tmp_path, model={"dropout": 0.1})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    x, y = trainer.train_data.sample(4, trainer.device)
+    torch._dynamo.reset()
+    train = torch._dynamo.explain(trainer.model)(batch=LMBatch(x, y))
+    assert (train.graph_count, train.graph_break_count) == (1, 0), train.break_reasons
+    trainer.model.eval()
+    with torch.no_grad():
+        evaluation = torch._dynamo.explain(trainer.model)(x, targets=y)
+    assert (evaluation.graph_count, evaluation.graph_break_count) == (1, 0), evaluation.break_reasons
+
+
+@pytest.mark.slow
+def test_compile_is_reported_apart_and_no_evaluation_compiles(tmp_path):
+    """With train.compile the evaluation graph is compiled before the first step, and that step's
+    time is reported as compile time (a "compile" record) and left out of the training time and
+    tokens/s; no step or evaluation after it compiles anything."""
+    import torch._dynamo.utils as dynamo_utils
+
+    raw = _raw_config(tmp_path, train={"compile": True, "max_steps": 4}, eval={"interval": 2})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    graphs = []
+    train_step = trainer.train_step
+
+    def counted(lr):
+        graphs.append(dynamo_utils.counters["stats"]["unique_graphs"])
+        return train_step(lr)
+
+    trainer.train_step = counted
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    assert trainer.run() == 0
+    graphs.append(dynamo_utils.counters["stats"]["unique_graphs"])
+    assert graphs[0] == 1 and graphs[1] == 2 and len(set(graphs[1:])) == 1, graphs  # eval, then train; no more
+    records = read_metrics(tmp_path / "run")
+    compiles = [r for r in records if r["split"] == "compile"]
+    assert len(compiles) == 1 and compiles[0]["step"] == 1 and compiles[0]["seconds"] > 0
+    train = {r["step"]: r for r in records if r["split"] == "train"}
+    assert train[1]["tok_per_s"] is None and train[2]["tok_per_s"] > 0
+    assert trainer.elapsed < compiles[0]["seconds"]
