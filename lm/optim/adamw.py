@@ -22,6 +22,12 @@ class AdamW(torch.optim.Optimizer):
 
     which is ``θ − lr · m̂ / (√v̂ + ε)`` with ``m̂, v̂`` the bias-corrected moments, the same update as
     ``torch.optim.AdamW``.
+
+    The update of a group is a handful of ``torch._foreach_*`` kernels over all its parameters,
+    with the step counts mirrored on the host (no read of a tensor per step). ``fused`` runs it
+    as torch's fused AdamW kernel instead (one kernel per group and device; the step counts then
+    live on the parameters' device, as in ``torch.optim.AdamW(fused=True)``); the default,
+    ``None``, fuses on CUDA, where each of the foreach kernels is a launch.
     """
 
     def __init__(
@@ -31,6 +37,8 @@ class AdamW(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.01,
+        *,
+        fused: bool | None = None,
     ):
         if lr < 0:
             raise ValueError(f"invalid learning rate: {lr}")
@@ -44,6 +52,7 @@ class AdamW(torch.optim.Optimizer):
         # id(param) -> (its step tensor, the count it holds): valid while that tensor is the state's
         # (a load_state_dict or a copy brings new step tensors, whose counts are read once)
         self._counts: dict[int, tuple[torch.Tensor, float]] = {}
+        self.fused = fused
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -55,12 +64,16 @@ class AdamW(torch.optim.Optimizer):
             self._step_group(group)
         return loss
 
+    def _fuses(self, p: torch.Tensor) -> bool:
+        return self.fused if self.fused is not None else p.device.type == "cuda"
+
     def _step_group(self, group: dict[str, Any]) -> None:
         """One update of every parameter of ``group`` with a gradient, a few ``torch._foreach_*``
         kernels for the whole group instead of a handful of kernels per parameter."""
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         by_step: dict[float, tuple[list, list, list, list]] = {}
+        fused: dict[tuple, tuple[list, list, list, list, list]] = {}  # by device and dtype
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -70,6 +83,13 @@ class AdamW(torch.optim.Optimizer):
             if not state:
                 _moments(state, p)
                 self._counts[id(p)] = (state["step"], 0.0)
+            if self._fuses(p):
+                if state["step"].device != p.device:  # a new state, or one loaded onto the CPU
+                    state["step"] = state["step"].to(p.device, torch.float32)
+                lists = fused.setdefault((p.device, p.dtype), ([], [], [], [], []))
+                for lst, tensor in zip(lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
+                    lst.append(tensor)
+                continue
             # The count is kept in the tensor (state_dicts) and mirrored on the host, so reading it
             # never reads a tensor back (read once after a load_state_dict, never for new state).
             mirror = self._counts.get(id(p))
@@ -79,6 +99,10 @@ class AdamW(torch.optim.Optimizer):
             lists = by_step.setdefault(t, ([], [], [], []))  # one count, normally
             for lst, tensor in zip(lists, (p, p.grad, state["exp_avg"], state["exp_avg_sq"])):
                 lst.append(tensor)
+        for params, grads, m, v, steps in fused.values():
+            torch._foreach_add_(steps, 1)
+            torch._fused_adamw_(params, grads, m, v, [], steps, lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd,
+                                eps=eps, amsgrad=False, maximize=False)  # fmt: skip
         for t, (params, grads, m, v) in by_step.items():
             torch._foreach_lerp_(m, grads, 1 - beta1)
             torch._foreach_mul_(v, beta2)
