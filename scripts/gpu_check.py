@@ -195,11 +195,14 @@ def part_training(report: Report, device: torch.device, work: Path, seconds: flo
     train = [r for r in records if r["split"] == "train"]
     val = [r for r in records if r["split"] == "val"]
     last = train[-1]
+    compiled = [r["seconds"] for r in records if r["split"] == "compile"]
+    compile_s = f"compile {compiled[0]:.0f} s, " if compiled else ""
     per_step = f"; {len(syncs) / max(last['step'], 1):.1f} host-device syncs per step" if device.type == "cuda" else ""
     report.add(f"training: tinystories-17m config{' (shrunk)' if cpu else ''}, {seconds:.0f} s",
                status == 0 and bool(val),
-               f"{last['step']} steps, {last['tok_per_s']:,.0f} tokens/s, MFU {100 * last['mfu']:.1f}%, {memory}, "
-               f"val loss {val[-1]['loss']:.3f} (train {last['loss']:.3f}); {wall:.0f} s with compilation{per_step}")
+               f"{last['step']} steps, {1000 * last['time'] / last['step']:.1f} ms/step, {last['tok_per_s']:,.0f} "
+               f"tokens/s, MFU {100 * last['mfu']:.1f}%, {memory}, val loss {val[-1]['loss']:.3f} (train "
+               f"{last['loss']:.3f}); {compile_s}{wall:.0f} s in all{per_step}")
 
 
 def part_ddp(report: Report, device: torch.device, work: Path, seconds: float, cpu: bool) -> None:
