@@ -182,13 +182,16 @@ def test_adamw_defaults_and_argument_checks():
             AdamW(params, **kwargs)
 
 
-def test_adamw_weight_decay_from_the_constructor_matches_torch():
-    """Plain parameters (no groups): the constructor's weight_decay is the one applied."""
+@pytest.mark.parametrize("fused", [None, False])  # the default (fused on CPU), and the foreach kernels
+def test_adamw_weight_decay_from_the_constructor_matches_torch(fused):
+    """Plain parameters (no groups): the constructor's weight_decay is the one applied; against
+    torch's AdamW with the same kind of kernel."""
     torch.manual_seed(0)
     ours, ref = _Tiny(), _Tiny()
     ref.load_state_dict(ours.state_dict())
-    opt_ours = AdamW(ours.parameters(), lr=1e-2, weight_decay=0.5)
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.5, foreach=False)
+    opt_ours = AdamW(ours.parameters(), lr=1e-2, weight_decay=0.5, fused=fused)
+    kind = dict(fused=True) if fused is None else dict(foreach=False)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.5, **kind)
     gen = torch.Generator().manual_seed(1)
     for _ in range(5):
         ids = torch.randint(0, 17, (4, 9), generator=gen)
