@@ -392,31 +392,48 @@ def test_forward_with_targets_is_the_fused_loss():
 
 
 def test_dropout_only_in_training_and_where_nanogpt_puts_it():
-    """Dropout on the embeddings and on each branch's output, in training mode only; the same
-    weights with dropout 0 give the eval-mode logits."""
+    """Dropout on the embeddings and on each branch's output, in training mode only: seen from
+    forward hooks, each residual stream is the previous one plus the branch's output with about
+    30% of its elements zeroed and the others scaled by 1/0.7 (inverted dropout), and the first
+    stream is the embeddings so treated; in eval mode the same weights with dropout 0 give the
+    same logits."""
     cfg = ModelConfig(**{**SMALL, "dropout": 0.3})
     model = TransformerLM.from_config(cfg)
     plain = TransformerLM.from_config(ModelConfig(**SMALL))
     plain.load_state_dict(model.state_dict())
-    ids = torch.randint(0, SMALL["vocab_size"], (2, 8))
+    ids = torch.randint(0, SMALL["vocab_size"], (4, 16))
     model.eval()
     assert torch.equal(model(ids), plain(ids))
     model.train()
-    torch.manual_seed(5)
+    seen = {}
+
+    def keep(name, what):
+        def hook(module, args, output):
+            seen[name] = (args[0] if what == "input" else output).detach()
+        return hook
+
+    modules = [("embeddings", model.token_embeddings, "output")]
+    for i, layer in enumerate(model.layers):
+        modules += [(f"{i}.stream", layer.ln1, "input"), (f"{i}.attn", layer.attn, "output"),
+                    (f"{i}.mid", layer.ln2, "input"), (f"{i}.ffn", layer.ffn, "output")]  # fmt: skip
+    modules.append(("final", model.ln_final, "input"))
+    handles = [m.register_forward_hook(keep(name, what)) for name, m, what in modules]
     got = model(ids)
-
-    def drop(y):  # inverted dropout, drawing the mask as lm.nn.dropout does
-        return y * (torch.rand(y.shape) >= 0.3) / 0.7
-
-    # the same forward written out, drawing the same masks in the same order
-    torch.manual_seed(5)
-    x = drop(plain.token_embeddings(ids))
-    pos = torch.arange(ids.shape[1])
-    for layer in plain.layers:
-        h = x + drop(layer.attn(layer.ln1(x), pos))
-        x = h + drop(layer.ffn(layer.ln2(h)))
-    torch.testing.assert_close(got, plain.lm_head(plain.ln_final(x)))
+    for h in handles:
+        h.remove()
     assert not torch.allclose(got, plain(ids))
+    layers = len(model.layers)
+    # (stream before, branch output, stream after) at every place nanoGPT drops out
+    sites = [(torch.zeros_like(seen["embeddings"]), seen["embeddings"], seen["0.stream"])]
+    for i in range(layers):
+        after = seen[f"{i + 1}.stream"] if i + 1 < layers else seen["final"]
+        sites.append((seen[f"{i}.stream"], seen[f"{i}.attn"], seen[f"{i}.mid"]))
+        sites.append((seen[f"{i}.mid"], seen[f"{i}.ffn"], after))
+    for before, branch, after in sites:
+        added, big = after - before, branch.abs() > 1e-2
+        dropped = added.abs() <= 1e-5 * branch.abs().clamp(min=1)
+        assert 0.2 < dropped[big].float().mean() < 0.4  # p = 0.3 over 2,048 elements
+        torch.testing.assert_close(added[big & ~dropped], branch[big & ~dropped] / 0.7, rtol=1e-4, atol=1e-5)
     assert ModelConfig.from_json(cfg.to_json()).dropout == 0.3
     for bad in (1.0, -0.1, "0.1"):
         with pytest.raises(ValueError, match=f"dropout must be a number in \\[0, 1\\), got {bad!r}"):
@@ -450,3 +467,17 @@ def test_the_compiled_loss_graph_does_not_grow_with_the_batch():
         ids = torch.randint(0, 256, (batch, 64))
         loss(ids, ids).backward()
     assert len(sizes) == 2 and sizes[0] == sizes[1]
+
+
+def test_new_cache_is_shaped_for_the_model():
+    """generate and the serving engine ask the model for its cache: every layer's keys and values,
+    in the model's dtype and on its device, ``context_length`` positions unless told."""
+    from lm.generate import KVCache
+
+    model = TransformerLM(**SMALL, dtype=torch.bfloat16)
+    cache = model.new_cache(3, pad_lengths=torch.tensor([0, 2, 1]))
+    cfg = model.config
+    assert isinstance(cache, KVCache) and cache.max_len == cfg.context_length
+    assert cache.k.shape == (cfg.num_layers, 3, cfg.num_heads, cfg.context_length, cfg.head_dim)
+    assert cache.k.dtype == torch.bfloat16 and cache.v.device == model.device
+    assert cache.pad_lengths.tolist() == [0, 2, 1] and model.new_cache(1, max_len=5).max_len == 5

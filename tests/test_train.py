@@ -95,9 +95,10 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"train": {"batch_size": True}}, "train.batch_size must be an integer, got bool True"),
         ({"train": {"compile": 1}}, "train.compile must be true or false, got int 1"),
         ({"optim": {"max_lr": -1.0}}, "optim.max_lr must be > 0"),
-        ({"wandb": {"mode": "cloud"}}, "wandb.mode must be disabled, offline or online"),
+        ({"wandb": {"mode": "cloud"}}, "wandb.mode must be one of ('disabled', 'offline', 'online'), got 'cloud'"),
         ({"model": {"num_heads": 3}}, "d_model must be divisible by num_heads"),
-        ({"optim": {"schedule": "linear"}}, "optim.schedule must be cosine, wsd or inverse_sqrt, got 'linear'"),
+        ({"optim": {"schedule": "linear"}},
+         "optim.schedule must be one of ('cosine', 'wsd', 'inverse_sqrt'), got 'linear'"),
         ({"optim": {"decay_fraction": 0.0}}, "optim.decay_fraction must be in (0, 1], got 0.0"),
     ]
     for extra, message in cases:

@@ -101,7 +101,7 @@ def test_bad_arguments():
     model = _model()
     with pytest.raises(ValueError, match="beam_size must be a positive integer"):
         beam_search(model, SOURCES, beam_size=0)
-    with pytest.raises(ValueError, match="stopping must be 'exact' or 'heuristic', got 'soon'"):
+    with pytest.raises(ValueError, match=r"stopping must be one of \('exact', 'heuristic'\), got 'soon'"):
         beam_search(model, SOURCES, stopping="soon")
     with pytest.raises(ValueError, match="source 0 is empty"):
         greedy_decode(model, [[]])

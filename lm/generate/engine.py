@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.generate.static import DecodeStep, StaticKVCache
 
@@ -152,7 +151,7 @@ class _PaddedRows:
         width = max(len(r) for r in rows)
         pad = [width - len(r) for r in rows]
         ids = torch.tensor([[0] * n + r for n, r in zip(pad, rows)], dtype=torch.long, device=self.model.device)
-        self.cache = KVCache.for_model(self.model, len(rows), pad_lengths=torch.tensor(pad))
+        self.cache = self.model.new_cache(len(rows), pad_lengths=torch.tensor(pad))
         return self.model(ids, kv_cache=self.cache, last_only=True)[:, -1]
 
     def step(self, next_ids: list[int]) -> torch.Tensor:
@@ -181,7 +180,7 @@ class _StaticRows:
         self.lengths = []
         for b, h in enumerate(self.history):
             r = h[-window:]
-            one = KVCache.for_model(self.model, 1, max_len=len(r))
+            one = self.model.new_cache(1, max_len=len(r))
             last.append(self.model(torch.tensor([r], device=self.model.device), kv_cache=one, last_only=True)[0, -1])
             self.decode.cache.fill_from(b, one)
             self.lengths.append(len(r))

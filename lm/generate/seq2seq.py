@@ -24,6 +24,7 @@ from torch import Tensor
 
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import check_sampling_args, sample_next_token
+from lm.nn.choices import check_choice
 
 
 class Seq2SeqCache(KVCache):
@@ -121,7 +122,7 @@ def greedy_decode(
         out: list[list[int]] = [[] for _ in src]
         alive = list(range(len(src)))  # the source of each batch row; a finished row leaves the batch
         prefix = torch.full((len(src), 1), cfg.bos_id, dtype=torch.long, device=model.device)
-        cache = Seq2SeqCache.for_model(model, len(src), max_len=max(limits) + 1) if use_cache else None
+        cache = model.new_cache(len(src), max_len=max(limits) + 1) if use_cache else None
         step_ids = prefix
         for step in range(max(limits)):
             if use_cache:
@@ -190,8 +191,7 @@ def beam_search(
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     if not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    if stopping not in ("exact", "heuristic"):
-        raise ValueError(f"stopping must be 'exact' or 'heuristic', got {stopping!r}")
+    check_choice("stopping", stopping, ("exact", "heuristic"))
     was_training = model.training
     model.eval()
     try:
@@ -211,7 +211,7 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool) -> l
     # live hypotheses: sentence i owns rows [i*k, (i+1)*k); at the start only its first row is real
     rows = torch.arange(n, device=dev).repeat_interleave(k)
     memory, mask = memory[rows], mask[rows]
-    cache = Seq2SeqCache.for_model(model, n * k, max_len=max(limits) + 1)
+    cache = model.new_cache(n * k, max_len=max(limits) + 1)
     scores = torch.full((n, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0
     tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]

@@ -14,6 +14,7 @@ from typing import Any
 from lm.model.config import ModelConfig
 from lm.model.seq2seq import EncoderDecoder, Seq2SeqConfig
 from lm.model.transformer import TransformerLM, sinusoidal_table
+from lm.nn.choices import check_choice
 
 ARCHITECTURES = {"decoder_lm": (ModelConfig, TransformerLM), "encoder_decoder": (Seq2SeqConfig, EncoderDecoder)}
 
@@ -22,8 +23,7 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig | Seq2SeqConfig:
     """The config a dict describes: ``architecture`` picks the class (default ``decoder_lm``)."""
     d = dict(d)
     arch = d.get("architecture", "decoder_lm")
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"architecture must be one of {tuple(ARCHITECTURES)}, got {arch!r}")
+    check_choice("architecture", arch, ARCHITECTURES)
     if arch == "decoder_lm":
         d.pop("architecture", None)
     return ARCHITECTURES[arch][0].from_dict(d)

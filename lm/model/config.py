@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from lm.nn.attention import ATTN_IMPLS, DEFAULT_ATTN_IMPL
 from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES
+from lm.nn.choices import check_choice
 from lm.nn.ffn import FFN_TYPES, ffn_hidden_dim
 from lm.tomlio import dump_table, loads
 
@@ -30,8 +31,7 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     for name, allowed in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS), ("positions", POSITION_TYPES),
                           ("ffn", FFN_TYPES), ("attn_impl", ATTN_IMPLS)):
-        if getattr(cfg, name) not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
+        check_choice(name, getattr(cfg, name), allowed)
     if cfg.d_model % cfg.num_heads != 0:
         raise ValueError(
             f"d_model must be divisible by num_heads, got d_model={cfg.d_model}, num_heads={cfg.num_heads}"

@@ -144,6 +144,13 @@ class EncoderDecoder(torch.nn.Module):
     def device(self) -> torch.device:
         return self.output_weight.device
 
+    def new_cache(self, batch_size: int, max_len: int | None = None):
+        """An empty :class:`lm.generate.Seq2SeqCache` for decoding with this model: ``batch_size`` rows
+        of up to ``max_len`` (default ``context_length``) target positions."""
+        from lm.generate.seq2seq import Seq2SeqCache  # generation builds on the model, not the reverse
+
+        return Seq2SeqCache.for_model(self, batch_size, max_len)
+
     def _embed(self, ids: Tensor, side: str, positions: Tensor) -> Tensor:
         cfg = self.config
         table = self.embeddings if cfg.tie_embeddings else getattr(self, f"{side}_embeddings")

@@ -97,6 +97,13 @@ class TransformerLM(torch.nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    def new_cache(self, batch_size: int, max_len: int | None = None, pad_lengths=None):
+        """An empty :class:`lm.generate.KVCache` for decoding with this model: ``batch_size`` rows of up
+        to ``max_len`` (default ``context_length``) positions, row ``i`` left-padded by ``pad_lengths[i]``."""
+        from lm.generate.kv_cache import KVCache  # generation builds on the model, not the reverse
+
+        return KVCache.for_model(self, batch_size, max_len, pad_lengths)
+
     @classmethod
     def from_config(cls, config: ModelConfig, device=None, dtype=None) -> TransformerLM:
         d = config.to_dict()

@@ -17,6 +17,7 @@ from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lm.nn.choices import check_choice
 from lm.nn.functional import scaled_dot_product_attention
 from lm.nn.linear import Linear
 from lm.nn.rope import RotaryEmbedding
@@ -69,8 +70,7 @@ class MultiHeadAttention(torch.nn.Module):
         super().__init__()
         if num_heads < 1 or d_model % num_heads != 0:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
-        if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
+        check_choice("attn_impl", attn_impl, ATTN_IMPLS)
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
         if rope is not None and rope.d_k != self.head_dim:
             raise ValueError(f"rope.d_k must equal the head dimension {self.head_dim}, got {rope.d_k}")

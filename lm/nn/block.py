@@ -7,6 +7,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.nn.attention import DEFAULT_ATTN_IMPL, CrossKVCache, LayerKVCache, MultiHeadAttention
+from lm.nn.choices import check_choice
 from lm.nn.ffn import make_ffn
 from lm.nn.functional import dropout
 from lm.nn.norm import Identity, LayerNorm, RMSNorm
@@ -17,13 +18,12 @@ NORM_PLACEMENTS = ("pre", "post")
 
 
 def make_norm(norm: str, d_model: int, eps: float = 1e-5, device=None, dtype=None) -> torch.nn.Module:
+    check_choice("norm", norm, NORM_TYPES)
     if norm == "rmsnorm":
         return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
     if norm == "layernorm":
         return LayerNorm(d_model, eps=eps, device=device, dtype=dtype)
-    if norm == "none":
-        return Identity()
-    raise ValueError(f"norm must be one of {NORM_TYPES}, got {norm!r}")
+    return Identity()
 
 
 class TransformerBlock(torch.nn.Module):
@@ -56,8 +56,7 @@ class TransformerBlock(torch.nn.Module):
         causal: bool = True,
     ):
         super().__init__()
-        if norm_placement not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {norm_placement!r}")
+        check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
         if rope is None and theta is not None:
             if d_model % num_heads == 0 and (d_model // num_heads) % 2 != 0:
                 raise ValueError(f"head dimension d_model/num_heads must be even for RoPE, got {d_model}/{num_heads}")
@@ -116,8 +115,7 @@ class DecoderBlock(torch.nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
-        if norm_placement not in NORM_PLACEMENTS:
-            raise ValueError(f"norm_placement must be one of {NORM_PLACEMENTS}, got {norm_placement!r}")
+        check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
         self.pre_norm = norm_placement == "pre"
         self.ln1 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.self_attn = MultiHeadAttention(d_model, num_heads, rope, device=device, dtype=dtype,

@@ -8,6 +8,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from lm.nn.choices import check_choice
 from lm.nn.functional import gelu, relu, silu
 from lm.nn.linear import Linear
 
@@ -21,8 +22,7 @@ def ffn_hidden_dim(d_model: int, ffn: str = "swiglu", multiple_of: int = 64) -> 
     >>> ffn_hidden_dim(256), ffn_hidden_dim(256, "gelu")
     (704, 1024)
     """
-    if ffn not in FFN_TYPES:
-        raise ValueError(f"ffn must be one of {FFN_TYPES}, got {ffn!r}")
+    check_choice("ffn", ffn, FFN_TYPES)
     if ffn != "swiglu":
         return 4 * d_model
     return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
@@ -48,8 +48,7 @@ class MLP(torch.nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", device=None, dtype=None):
         super().__init__()
-        if activation not in self._ACTIVATIONS:
-            raise ValueError(f"activation must be one of {tuple(self._ACTIVATIONS)}, got {activation!r}")
+        check_choice("activation", activation, self._ACTIVATIONS)
         self.activation = activation
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
         self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
@@ -62,8 +61,7 @@ class MLP(torch.nn.Module):
 
 
 def make_ffn(ffn: str, d_model: int, d_ff: int, device=None, dtype=None) -> torch.nn.Module:
+    check_choice("ffn", ffn, FFN_TYPES)
     if ffn == "swiglu":
         return SwiGLU(d_model, d_ff, device=device, dtype=dtype)
-    if ffn in FFN_TYPES:
-        return MLP(d_model, d_ff, activation=ffn, device=device, dtype=dtype)
-    raise ValueError(f"ffn must be one of {FFN_TYPES}, got {ffn!r}")
+    return MLP(d_model, d_ff, activation=ffn, device=device, dtype=dtype)

@@ -15,6 +15,8 @@ from einops import einsum
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lm.nn.choices import check_choice
+
 
 def linear(x: Float[Tensor, "... d_in"], weight: Float[Tensor, "d_out d_in"]) -> Float[Tensor, "... d_out"]:
     """``x Wᵀ`` with ``W`` stored ``(d_out, d_in)``."""
@@ -83,10 +85,9 @@ def scaled_dot_product_attention(
     in addition to ``mask``. ``impl="sdpa"`` uses torch's fused kernel, which never
     materialises the (q, k) score matrix; ``"einsum"`` is the readable reference.
     """
+    check_choice("impl", impl, ("einsum", "sdpa"))
     if impl == "sdpa":
         return _fused_sdpa(Q, K, V, mask, is_causal)
-    if impl != "einsum":
-        raise ValueError(f"impl must be 'einsum' or 'sdpa', got {impl!r}")
     # Scaling Q (q × d) is cheaper than scaling the scores (q × k).
     scores = einsum(Q * (1.0 / math.sqrt(Q.shape[-1])), K, "... q d, ... k d -> ... q k")
     if is_causal:

@@ -35,7 +35,6 @@ import torch
 from torch import Tensor
 
 from lm.device import autocast
-from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.generate.static import DecodeStep
 
@@ -262,7 +261,7 @@ class Engine:
 
     def _prefill(self, request: Request, slots: list[int]) -> None:
         ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
-        one = KVCache.for_model(self.model, 1, max_len=ids.shape[1])
+        one = self.model.new_cache(1, max_len=ids.shape[1])
         with autocast(self.device, self.dtype):
             logits = self.model(ids, kv_cache=one, last_only=True)[0, -1]
         self.stats.prompt_tokens += len(request.prompt_ids)

@@ -24,6 +24,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from lm.model import ModelConfig, Seq2SeqConfig
+from lm.nn.choices import check_choice
 from lm.tomlio import dump_tables
 
 
@@ -227,8 +228,7 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
         if section == "model":  # the architecture picks the config class
             values = dict(values)
             arch = values.get("architecture", "decoder_lm")
-            if arch not in ("decoder_lm", "encoder_decoder"):
-                raise ValueError(f"config: model.architecture must be decoder_lm or encoder_decoder, got {arch!r}")
+            check_choice("config: model.architecture", arch, ("decoder_lm", "encoder_decoder"))
             cls = Seq2SeqConfig if arch == "encoder_decoder" else ModelConfig
             if arch == "decoder_lm":
                 values.pop("architecture", None)
@@ -299,13 +299,10 @@ def _check_values(cfg: Config) -> None:
         raise ValueError("config: an encoder_decoder model trains on batches of sentence pairs: set train.batch_tokens")
     if o.schedule == "inverse_sqrt" and o.warmup_iters < 1:
         raise ValueError(f"config: optim.schedule = inverse_sqrt needs optim.warmup_iters >= 1, got {o.warmup_iters}")
-    if t.dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"config: train.dtype must be auto, float32 or bfloat16, got {t.dtype!r}")
-    if cfg.optim.schedule not in ("cosine", "wsd", "inverse_sqrt"):
-        raise ValueError(f"config: optim.schedule must be cosine, wsd or inverse_sqrt, got {cfg.optim.schedule!r}")
+    check_choice("config: train.dtype", t.dtype, ("auto", "float32", "bfloat16"))
+    check_choice("config: optim.schedule", cfg.optim.schedule, ("cosine", "wsd", "inverse_sqrt"))
     if not 0 < cfg.optim.decay_fraction <= 1:
         raise ValueError(f"config: optim.decay_fraction must be in (0, 1], got {cfg.optim.decay_fraction}")
-    if cfg.wandb.mode not in ("disabled", "offline", "online"):
-        raise ValueError(f"config: wandb.mode must be disabled, offline or online, got {cfg.wandb.mode!r}")
+    check_choice("config: wandb.mode", cfg.wandb.mode, ("disabled", "offline", "online"))
     if not cfg.data.train:
         raise ValueError("config: missing required key data.train")
