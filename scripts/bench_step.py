@@ -1,0 +1,135 @@
+"""The host-side costs of a training step that a GPU would expose, measured on any device.
+
+For the model of a config (default ``configs/tinystories-17m.toml``):
+
+- ``AdamW.step``: lm's AdamW (fused, the default on CPU and CUDA, and the foreach kernels) against
+  ``torch.optim.AdamW`` (fused and foreach), aten ops per step and milliseconds per step, the four
+  interleaved round by round, medians, and lm's time as a ratio of torch's of the same kind;
+- a checkpoint of the model and AdamW state: written synchronously, against the time the
+  training thread spends on a background write (the copy to the host) and the time until it is
+  on disk.
+
+    python scripts/bench_step.py                          # 17M config, CPU
+    python scripts/bench_step.py --device cuda --rounds 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lm.checkpoint import CheckpointManager
+from lm.checkpoint.background import BackgroundWriter
+from lm.model import TransformerLM
+from lm.optim import AdamW, param_groups
+from lm.train import load_config
+
+
+class _AtenOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += func.namespace == "aten"
+        return func(*args, **(kwargs or {}))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def optimizers(model: torch.nn.Module) -> dict[str, torch.optim.Optimizer]:
+    def groups():
+        return param_groups(model, 0.1)
+
+    kwargs = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
+    return {
+        "lm AdamW (fused, default)": AdamW(groups(), **kwargs, fused=True),
+        "torch AdamW(fused=True)": torch.optim.AdamW(groups(), **kwargs, fused=True),
+        "lm AdamW (fused=False: foreach)": AdamW(groups(), **kwargs, fused=False),
+        "torch AdamW(foreach=True)": torch.optim.AdamW(groups(), **kwargs, foreach=True),
+    }
+
+
+def bench_optimizers(model: torch.nn.Module, device: torch.device, rounds: int) -> None:
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    opts = optimizers(model)
+    ops = {}
+    for name, opt in opts.items():
+        opt.step()  # the moments exist: the steady state is measured
+        with _AtenOps() as count:
+            opt.step()
+        ops[name] = count.ops
+    times: dict[str, list[float]] = {name: [] for name in opts}
+    for _ in range(rounds):
+        for name, opt in opts.items():
+            _sync(device)
+            start = time.perf_counter()
+            opt.step()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    n = len(list(model.parameters()))
+    print(f"\nAdamW.step over {n} parameter tensors ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+          f"parameters), {device}, median of {rounds} interleaved rounds\n")
+    print("| optimizer | aten ops per step | ms per step | lm vs torch, same kind |")
+    print("|---|---:|---:|---:|")
+    names = list(opts)
+    for i, name in enumerate(names):
+        ratio = f"{ms[names[i + 1]] / ms[name]:.2f}×" if i % 2 == 0 else ""
+        print(f"| {name} | {ops[name]} | {ms[name]:.2f} | {ratio} |")
+
+
+def bench_checkpoint(model: torch.nn.Module, rounds: int) -> None:
+    opt = AdamW(param_groups(model, 0.1), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "iteration": 1}
+    with tempfile.TemporaryDirectory() as folder:
+        manager = CheckpointManager(folder, keep_last=2)
+        writer = BackgroundWriter(manager)
+        sync, blocking, done = [], [], []
+        for i in range(rounds):
+            start = time.perf_counter()
+            path = manager.save(state, 2 * i + 1)
+            sync.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            writer.save(state, 2 * i + 2)
+            blocking.append(time.perf_counter() - start)
+            writer.wait()
+            done.append(time.perf_counter() - start)
+        size = Path(path).stat().st_size / 1e6
+    print(f"\nA checkpoint of the model and AdamW state ({size:.0f} MB), median of {rounds}\n")
+    print("| write | seconds on the training thread | seconds until on disk |")
+    print("|---|---:|---:|")
+    print(f"| synchronous (before) | {statistics.median(sync):.3f} | {statistics.median(sync):.3f} |")
+    print(f"| BackgroundWriter (the trainer's) | {statistics.median(blocking):.3f} | {statistics.median(done):.3f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/tinystories-17m.toml")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--checkpoint-rounds", type=int, default=3)
+    args = ap.parse_args()
+    cfg = load_config(args.config, ["data.train=unused", f"train.device={args.device}"])
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = TransformerLM.from_config(cfg.model).to(device)
+    bench_optimizers(model, device, args.rounds)
+    bench_checkpoint(model, args.checkpoint_rounds)
+
+
+if __name__ == "__main__":
+    main()
