@@ -2,6 +2,9 @@
 evaluation and checkpoint steps; DDP agrees on signals and time at poll steps only; every matmul
 runs in bfloat16 under bfloat16 autocast; the traced forward has no graph breaks."""
 
+import os
+import signal
+
 import pytest
 import torch
 from test_train import _quiet, _raw_config
@@ -53,7 +56,7 @@ class _CountingDist(Dist):
         self.polls = []
 
     def agree(self, flag, seconds, device):
-        self.polls.append((self._trainer.step, flag))
+        self.polls.append((self.trainer.step, flag))
         return flag, seconds
 
     def all_mean(self, value):
@@ -68,7 +71,7 @@ def _poll_trainer(tmp_path, **train):
                       checkpoint={"interval": 0})  # fmt: skip
     trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
     trainer.dist = _CountingDist()
-    trainer.dist._trainer = trainer
+    trainer.dist.trainer = trainer
     return trainer
 
 
@@ -86,11 +89,11 @@ def test_ddp_signal_stops_every_rank_at_the_next_poll(tmp_path):
 
     def signalled_at_step_3(lr):
         if trainer.step == 2:
-            trainer._signal = 15  # what the SIGTERM handler sets
+            os.kill(os.getpid(), signal.SIGTERM)  # the run's own handler: stop at the next agreement
         return train_step(lr)
 
     trainer.train_step = signalled_at_step_3
-    assert trainer.run() == 128 + 15
+    assert trainer.run() == 128 + signal.SIGTERM
     assert trainer.step == POLL_STEPS and trainer.dist.polls == [(POLL_STEPS, True)]
     assert (tmp_path / "a" / "run" / "checkpoints" / f"step_{POLL_STEPS:08d}.pt").is_file()
 
@@ -107,7 +110,7 @@ def test_ddp_time_budget_is_checked_at_poll_steps_with_the_agreed_clock(tmp_path
         trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
         if ddp:
             trainer.dist = _CountingDist()
-            trainer.dist._trainer = trainer
+            trainer.dist.trainer = trainer
         ticks = iter(range(1_000_000))
         trainer.clock = lambda ticks=ticks: next(ticks) / 16  # each step 1/16 s: the budget ends after step 16
         assert trainer.run() == 0

@@ -71,6 +71,11 @@ def add_out(p: argparse.ArgumentParser, what: str, *, required: bool = True, def
                    help="replace an existing output of this command (never anything else)")
 
 
+def add_checkpoint(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--checkpoint PATH``: a checkpoint file or a run directory (see :func:`resolve_checkpoint`)."""
+    p.add_argument("--checkpoint", required=required, metavar="PATH", help="checkpoint file or run directory")
+
+
 def add_quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
 

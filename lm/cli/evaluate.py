@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lm.cli.common import add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
 
 EXAMPLES = """
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or of a UTF-8 text file, which is tokenized on the fly with the run's tokenizer.",
         examples=EXAMPLES,
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
+    add_checkpoint(p)
     p.add_argument("--data", required=True, metavar="FILE",
                    help="FILE.bin token file, or a UTF-8 text file; for a translation model the source sentences")
     p.add_argument("--target", default=None, metavar="FILE",

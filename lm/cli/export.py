@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lm.cli.common import Deprecated, add_command, add_out, add_quiet
+from lm.cli.common import Deprecated, add_checkpoint, add_command, add_out, add_quiet
 
 EXAMPLES = """
   lm export hf --checkpoint runs/cpu-small --out hf/cpu-small
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "only an earlier export.",
         examples=EXAMPLES,
     )
-    h.add_argument("--checkpoint", metavar="PATH", help="checkpoint file or run directory")
+    add_checkpoint(h, required=False)
     add_out(h, "the folder to write", metavar="DIR", required=False)
     h.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     add_quiet(h)

@@ -7,7 +7,7 @@ import contextlib
 import sys
 import time
 
-from lm.cli.common import add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
 
 EXAMPLES = """
   lm sample --checkpoint runs/cpu-small --prompt "Once upon a time"
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "context_length tokens (the window slides).",
         examples=EXAMPLES,
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
+    add_checkpoint(p)
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="text to continue; '' starts a new document")
     prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-': standard input)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lm.cli.common import add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
 
 EXAMPLES = """
   lm serve --checkpoint runs/cpu-small                     # http://127.0.0.1:8000 (the playground at /)
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "translation. SIGTERM or Ctrl-C finishes the requests in flight, answers new ones with 503, then exits.",
         examples=EXAMPLES,
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
+    add_checkpoint(p)
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
     p.add_argument("--port", type=int, default=8000)

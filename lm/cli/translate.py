@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lm.cli.common import add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
 
 EXAMPLES = """
   lm translate --checkpoint runs/multi30k "A man is riding a bicycle." "Two dogs play in the snow."
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Beam search ranks hypotheses by log-probability over GNMT's length penalty.",
         examples=EXAMPLES,
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or run directory")
+    add_checkpoint(p)
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (or use --input)")
     p.add_argument("--input", metavar="FILE", help="a file of sentences, one a line ('-': standard input)")
     p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size; 1 is greedy decoding")

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import nn
 
-
 _FUSED_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW kernel
 
 
