@@ -11,7 +11,7 @@ from test_train import _quiet, _raw_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lm.data.batch import LMBatch
-from lm.train import Trainer, config_from_dict, read_metrics
+from lm.train import Trainer, TrainingDiverged, config_from_dict, read_metrics
 from lm.train.distributed import Dist
 from lm.train.trainer import POLL_STEPS
 
@@ -49,17 +49,20 @@ def test_the_loop_reads_the_device_only_at_log_eval_and_checkpoint_steps(tmp_pat
 
 class _CountingDist(Dist):
     """Two ranks as far as the trainer can tell, in one process: each agreement is recorded and
-    answers with this process's own values (the other rank agrees with everything)."""
+    answers with this process's own values (the other rank agrees with everything); every
+    collective is recorded with its step and the device of its tensor."""
 
     def __init__(self):
         super().__init__(rank=0, local_rank=0, world_size=2)
-        self.polls = []
+        self.polls, self.collectives = [], []
 
     def agree(self, flag, seconds, device):
         self.polls.append((self.trainer.step, flag))
+        self.collectives.append(("agree", self.trainer.step, device))
         return flag, seconds
 
     def all_mean(self, value):
+        self.collectives.append(("all_mean", self.trainer.step, value.device))
         return value
 
     def barrier(self):
@@ -115,6 +118,30 @@ def test_ddp_time_budget_is_checked_at_poll_steps_with_the_agreed_clock(tmp_path
         trainer.clock = lambda ticks=ticks: next(ticks) / 16  # each step 1/16 s: the budget ends after step 16
         assert trainer.run() == 0
         assert trainer.step == (20 if ddp else 16) and trainer.elapsed == trainer.step / 16
+
+
+def test_a_non_finite_validation_loss_stops_every_rank_with_no_collective_on_a_host_tensor(tmp_path):
+    """The validation loss is averaged over ranks on the device, then each rank, holding the same
+    mean, stops with TrainingDiverged: no further collective (under nccl one on a tensor of the
+    host fails with a RuntimeError instead of exit 3; gloo would accept it, so the devices of the
+    collectives are what is checked), and the last good checkpoint kept."""
+    raw = _raw_config(tmp_path, train={"max_steps": 40}, log={"interval": 5}, eval={"interval": 10},
+                      checkpoint={"interval": 10})  # fmt: skip
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    trainer.dist = _CountingDist()
+    trainer.dist.trainer = trainer
+    forward = trainer.model.forward
+
+    def nan_when_evaluating_from_step_20(*args, **kwargs):
+        loss = forward(*args, **kwargs)
+        return loss * float("nan") if not trainer.model.training and trainer.step >= 20 else loss
+
+    trainer.model.forward = nan_when_evaluating_from_step_20
+    with pytest.raises(TrainingDiverged, match="the validation loss became nan at step 20; the last good checkpoint"):
+        trainer.run()
+    assert trainer.dist.collectives[-1] == ("all_mean", 20, trainer.device)  # the evaluation's own mean
+    assert {device for _, _, device in trainer.dist.collectives} == {trainer.device}
+    assert (tmp_path / "run" / "checkpoints" / "step_00000010.pt").is_file()
 
 
 _MATMULS = {
