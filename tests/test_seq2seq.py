@@ -109,8 +109,8 @@ def test_matches_torch_nn_transformer_on_ragged_padded_batches(pre, attn_impl):
     tgt, tgt_mask = _ragged([6, 6, 2], 6, 53, seed=2)
     d = model.config.d_model
     # the embedded inputs (their formula is checked in test_embedding_formula): torch's model starts there
-    x_src = model._embed(src, "src", torch.arange(9)).detach().requires_grad_()
-    x_tgt = model._embed(tgt, "tgt", torch.arange(6)).detach().requires_grad_()
+    x_src = model.embed(src, "src", torch.arange(9)).detach().requires_grad_()
+    x_tgt = model.embed(tgt, "tgt", torch.arange(6)).detach().requires_grad_()
     causal = torch.ones(6, 6, dtype=torch.bool).triu(1)  # torch's convention: True = may not attend
     memory_ref = ref.encoder(x_src, src_key_padding_mask=~src_mask)
     hidden_ref = ref.decoder(x_tgt, memory_ref, tgt_mask=causal, tgt_is_causal=True,
@@ -142,7 +142,7 @@ def test_embedding_formula():
     table = model.embeddings.weight
     pos = torch.arange(4)[:, None] / 10000 ** (torch.arange(0, 32, 2)[None] / 32)
     pe = torch.stack([pos.sin(), pos.cos()], dim=-1).flatten(-2)
-    torch.testing.assert_close(model._embed(ids, "src", torch.arange(4)), table[ids] * math.sqrt(32) + pe,
+    torch.testing.assert_close(model.embed(ids, "src", torch.arange(4)), table[ids] * math.sqrt(32) + pe,
                                atol=1e-5, rtol=0)
 
 

@@ -35,6 +35,7 @@ from lm.nn import (
 )
 from lm.nn.attention import DEFAULT_ATTN_IMPL
 from lm.nn.block import make_norm
+from lm.nn.choices import check_choice
 
 IGNORE = -100  # the target of a padding position: left out of the loss
 
@@ -151,7 +152,12 @@ class EncoderDecoder(torch.nn.Module):
 
         return Seq2SeqCache.for_model(self, batch_size, max_len)
 
-    def _embed(self, ids: Tensor, side: str, positions: Tensor) -> Tensor:
+    def embed(
+        self, ids: Int[Tensor, "batch seq"], side: str, positions: Int[Tensor, " seq"]
+    ) -> Float[Tensor, "batch seq d_model"]:
+        """What the ``side`` (``"src"`` or ``"tgt"``) stack starts from: the token embeddings (scaled by
+        ``sqrt(d_model)`` with ``embed_scale``) plus the positions' encodings, then dropout."""
+        check_choice("side", side, ("src", "tgt"))
         cfg = self.config
         table = self.embeddings if cfg.tie_embeddings else getattr(self, f"{side}_embeddings")
         x = table(ids)
@@ -174,7 +180,7 @@ class EncoderDecoder(torch.nn.Module):
         """The memory: the encoder's output for every source position."""
         self._check(src, "source")
         positions = torch.arange(src.shape[-1], device=src.device)
-        x = self._embed(src, "src", positions)
+        x = self.embed(src, "src", positions)
         for layer in self.encoder:
             x = layer(x, positions, key_padding_mask=src_mask)
         return self.encoder_norm(x)
@@ -197,7 +203,7 @@ class EncoderDecoder(torch.nn.Module):
         offset = 0 if cache is None else cache.length
         self._check(tgt, "target", offset)
         positions = torch.arange(offset, offset + tgt.shape[-1], device=tgt.device)
-        x = self._embed(tgt, "tgt", positions)
+        x = self.embed(tgt, "tgt", positions)
         for i, layer in enumerate(self.decoder):
             x = layer(x, memory, memory_mask=memory_mask, tgt_mask=tgt_mask, token_positions=positions,
                       kv_cache=None if cache is None else cache.layer(i), cross_cache=cache, layer=i)
