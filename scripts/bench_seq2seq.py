@@ -38,6 +38,9 @@ from lm.generate import beam_search, greedy_decode
 from lm.model import Seq2SeqConfig, build_model
 from lm.tokenizer import Tokenizer, train_bpe
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.model_reference import load_into_torch_transformer  # noqa: E402
+
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
 
@@ -90,34 +93,9 @@ class TutorialTransformer(torch.nn.Module):
 def copy_weights(ours, theirs) -> None:
     """lm's weights into the tutorial model (its biases zero), so both decode the same."""
     with torch.no_grad():
-        for p in theirs.parameters():
-            p.zero_()
-        theirs.emb.weight.copy_(ours.embeddings.weight)
-
-        def attn(dst, src):
-            dst.in_proj_weight.copy_(torch.cat([src.q_proj.weight, src.k_proj.weight, src.v_proj.weight]))
-            dst.out_proj.weight.copy_(src.output_proj.weight)
-
-        def norm(dst, src):
-            dst.weight.copy_(src.weight)
-            dst.bias.copy_(src.bias)
-
-        t = theirs.transformer
-        for a, b in zip(t.encoder.layers, ours.encoder):
-            attn(a.self_attn, b.attn)
-            a.linear1.weight.copy_(b.ffn.w1.weight)
-            a.linear2.weight.copy_(b.ffn.w2.weight)
-            norm(a.norm1, b.ln1)
-            norm(a.norm2, b.ln2)
-        for a, b in zip(t.decoder.layers, ours.decoder):
-            attn(a.self_attn, b.self_attn)
-            attn(a.multihead_attn, b.cross_attn)
-            a.linear1.weight.copy_(b.ffn.w1.weight)
-            a.linear2.weight.copy_(b.ffn.w2.weight)
-            for j in (1, 2, 3):
-                norm(getattr(a, f"norm{j}"), getattr(b, f"ln{j}"))
-        norm(t.encoder.norm, ours.encoder_norm)
-        norm(t.decoder.norm, ours.decoder_norm)
+        theirs.emb.weight.copy_(ours.embeddings.weight)  # the generator's weight too (tied)
+        theirs.generator.bias.zero_()
+    load_into_torch_transformer(ours, theirs.transformer)
 
 
 def lines(path: Path) -> list[str]:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.model_reference import load_into_torch_transformer
 
 from lm.model import EncoderDecoder, Seq2SeqConfig, build_model, model_config_from_dict
 from lm.nn import cross_entropy, linear_cross_entropy
@@ -36,33 +37,7 @@ def _copy_into_torch(model: EncoderDecoder, pre: bool) -> torch.nn.Transformer:
     ref = torch.nn.Transformer(c.d_model, c.num_heads, c.encoder_layers, c.decoder_layers, c.d_ff, dropout=0.0,
                                activation="relu", batch_first=True, norm_first=pre)
     ref.encoder.enable_nested_tensor = False
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.zero_()
-
-        def attn(dst, src):
-            dst.in_proj_weight.copy_(torch.cat([src.q_proj.weight, src.k_proj.weight, src.v_proj.weight]))
-            dst.out_proj.weight.copy_(src.output_proj.weight)
-
-        def norm(dst, src):
-            dst.weight.copy_(src.weight)
-            dst.bias.copy_(src.bias)
-
-        for theirs, ours in zip(ref.encoder.layers, model.encoder):
-            attn(theirs.self_attn, ours.attn)
-            theirs.linear1.weight.copy_(ours.ffn.w1.weight)
-            theirs.linear2.weight.copy_(ours.ffn.w2.weight)
-            norm(theirs.norm1, ours.ln1)
-            norm(theirs.norm2, ours.ln2)
-        for theirs, ours in zip(ref.decoder.layers, model.decoder):
-            attn(theirs.self_attn, ours.self_attn)
-            attn(theirs.multihead_attn, ours.cross_attn)
-            theirs.linear1.weight.copy_(ours.ffn.w1.weight)
-            theirs.linear2.weight.copy_(ours.ffn.w2.weight)
-            for j in (1, 2, 3):
-                norm(getattr(theirs, f"norm{j}"), getattr(ours, f"ln{j}"))
-        norm(ref.encoder.norm, model.encoder_norm)
-        norm(ref.decoder.norm, model.decoder_norm)
+    load_into_torch_transformer(model, ref)
     return ref.train()  # training mode: the plain path (eval may take the nested-tensor fast path)
 
 

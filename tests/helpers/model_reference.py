@@ -170,3 +170,36 @@ def encoder_decoder_ref(sd, src, src_mask, tgt, tgt_mask, *, num_heads, encoder_
         y = residual(y, lambda h, p=p: mlp(h, p), p + "ln3")
     hidden = ln(y, "decoder_norm")
     return memory, hidden, hidden @ emb.T
+
+
+@torch.no_grad()
+def load_into_torch_transformer(model, ref: torch.nn.Transformer) -> None:
+    """An lm encoder–decoder's layer weights into a ``torch.nn.Transformer`` (relu, batch-first) of
+    the same shape, every bias of which is zeroed (lm's layers have none): both stacks then compute
+    the same function. The embeddings and the generator are the caller's."""
+    for p in ref.parameters():
+        p.zero_()
+
+    def attn(dst, src):
+        dst.in_proj_weight.copy_(torch.cat([src.q_proj.weight, src.k_proj.weight, src.v_proj.weight]))
+        dst.out_proj.weight.copy_(src.output_proj.weight)
+
+    def norm(dst, src):
+        dst.weight.copy_(src.weight)
+        dst.bias.copy_(src.bias)
+
+    for theirs, ours in zip(ref.encoder.layers, model.encoder):
+        attn(theirs.self_attn, ours.attn)
+        theirs.linear1.weight.copy_(ours.ffn.w1.weight)
+        theirs.linear2.weight.copy_(ours.ffn.w2.weight)
+        norm(theirs.norm1, ours.ln1)
+        norm(theirs.norm2, ours.ln2)
+    for theirs, ours in zip(ref.decoder.layers, model.decoder):
+        attn(theirs.self_attn, ours.self_attn)
+        attn(theirs.multihead_attn, ours.cross_attn)
+        theirs.linear1.weight.copy_(ours.ffn.w1.weight)
+        theirs.linear2.weight.copy_(ours.ffn.w2.weight)
+        for j in (1, 2, 3):
+            norm(getattr(theirs, f"norm{j}"), getattr(ours, f"ln{j}"))
+    norm(ref.encoder.norm, model.encoder_norm)
+    norm(ref.decoder.norm, model.decoder_norm)
