@@ -14,7 +14,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -483,13 +483,12 @@ class Trainer:
             self._print(line)
 
     def _loop(self) -> int:
-        cfg, t = self.cfg, self.cfg.train
+        cfg = self.cfg
         self._log_start()
-        flops_per_token = 3 * unwrap(self.model).flops_per_token()
         last_saved = self.step if self._resumed_from is not None else -1
         last_eval = -1
         window = _LogWindow(torch.zeros((), device=self.device))
-        compiling = t.compile  # this process's first step compiles the training graph
+        compiling = cfg.train.compile  # this process's first step compiles the training graph
         clock = self.clock()
         self._compile_evaluation()
         agreed_stop = False  # under DDP: a signal somewhere, as of the last poll
@@ -502,39 +501,56 @@ class Trainer:
             loss, norm = self.train_step(lr)
             self.step += 1
             self.tokens_seen += self.step_tokens
-            log_step = self.step % cfg.log.interval == 0
-            eval_step = bool(cfg.eval.interval) and self.step % cfg.eval.interval == 0
-            save_step = bool(cfg.checkpoint.interval) and self.step % cfg.checkpoint.interval == 0
-            boundary = log_step or eval_step or save_step or compiling
-            if boundary:
-                self._synchronize()
-            now = self.clock()
-            if compiling:  # compile time is not training time
-                self._report_compile(now - clock)
-                window.add(loss, norm, self.step_tokens, now - clock, timed=False)
-                agreed_stop = self._agree(0.0, poll=True)
-                compiling = False
-            else:
-                window.add(loss, norm, self.step_tokens, now - clock)
-                agreed_stop = self._agree(now - clock, poll=boundary or self.step % POLL_STEPS == 0)
-
+            due = self._due()
+            agreed_stop = self._time_step(window, loss, norm, clock, due, compiling)
+            compiling = False
             final = self.budget_spent()
-            if log_step or final:  # maybe log
-                mean = self._check_finite(window) / window.steps
-                tok_s = window.tokens / window.seconds if window.seconds > 0 else None
-                mfu = None if tok_s is None else flops_per_token * tok_s / self.dist.world_size / self._peak_flops
-                self._report_train(mean, lr, None if norm is None else float(norm), tok_s, mfu, window.step_seconds)
-                window.reset()
-            if cfg.eval.interval and (eval_step or final):  # maybe evaluate
+            if due.log or final:  # maybe log
+                self._log_window(window, lr, norm)
+            if cfg.eval.interval and (due.eval or final):  # maybe evaluate
                 self._run_eval()
                 last_eval = self.step
-            if save_step and not final:  # maybe save
+            if due.save and not final:  # maybe save
                 self._check_finite(window)
                 self.save_checkpoint()
                 last_saved = self.step
             clock = self.clock()  # evaluation and checkpoints are not training time
         self._finish(window, evaluated=last_eval == self.step, saved=last_saved == self.step)
         return 0
+
+    def _due(self) -> _Due:
+        """What the step just taken is due for (by its number: the same on every rank)."""
+        cfg, step = self.cfg, self.step
+        return _Due(log=step % cfg.log.interval == 0,
+                    eval=bool(cfg.eval.interval) and step % cfg.eval.interval == 0,
+                    save=bool(cfg.checkpoint.interval) and step % cfg.checkpoint.interval == 0)  # fmt: skip
+
+    def _time_step(self, window: _LogWindow, loss, norm, clock: float, due: _Due, compiling: bool) -> bool:
+        """Add the step to the log window and its time to the run's; whether the ranks agreed to stop.
+
+        The device is synchronized (on a GPU) only at a step due for something, or one that
+        compiled, so that the clock is true there and the queue is never drained elsewhere. A
+        step that compiled is reported as compile time and not counted as training time."""
+        boundary = due.log or due.eval or due.save or compiling
+        if boundary:
+            self._synchronize()
+        seconds = self.clock() - clock
+        window.add(loss, norm, self.step_tokens, seconds, timed=not compiling)
+        if compiling:
+            self._report_compile(seconds)
+            return self._agree(0.0, poll=True)
+        return self._agree(seconds, poll=boundary or self.step % POLL_STEPS == 0)
+
+    def _log_window(self, window: _LogWindow, lr: float, norm: torch.Tensor | None) -> None:
+        """The train line and record of the steps since the last: mean loss (checked finite), tokens/s, MFU."""
+        mean = self._check_finite(window) / window.steps
+        tok_s = window.tokens / window.seconds if window.seconds > 0 else None
+        mfu = None
+        if tok_s is not None:
+            flops_per_token = 3 * unwrap(self.model).flops_per_token()
+            mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
+        self._report_train(mean, lr, None if norm is None else float(norm), tok_s, mfu, window.step_seconds)
+        window.reset()
 
     def _agree(self, seconds: float, poll: bool) -> bool:
         """Add a step's ``seconds`` to the training time; whether to stop for a signal.
@@ -669,6 +685,14 @@ class Trainer:
 def train(cfg: Config, *, resume: bool = False) -> int:
     """Build a :class:`Trainer` and run it; the exit status (0, or 128 + a signal number)."""
     return Trainer(cfg, resume=resume).run()
+
+
+class _Due(NamedTuple):
+    """What a step is due for: a train log line, an evaluation, a checkpoint."""
+
+    log: bool
+    eval: bool
+    save: bool
 
 
 class _LogWindow:
