@@ -82,11 +82,11 @@ def sync(device: torch.device) -> None:
 def part_tests(report: Report, device: torch.device) -> None:
     if device.type != "cuda":
         return report.add("tests", None, "the test suite runs them on CPU")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_model.py",
-                        "tests/test_generate.py", "tests/test_serve.py"], cwd=REPO, capture_output=True, text=True,
-                       timeout=1200)
+    tests = ["tests/test_model.py", "tests/test_optim.py", "tests/test_generate.py", "tests/test_serve.py"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=REPO,
+                       capture_output=True, text=True, timeout=1200)
     last = (r.stdout.strip().splitlines() or ["(no output)"])[-1]
-    report.add("tests (model on cuda, generation, serving engine)", r.returncode == 0, last)
+    report.add("tests (model and AdamW on cuda, generation, serving engine)", r.returncode == 0, last)
 
 
 def part_parity(report: Report, device: torch.device, shape: dict) -> None:

@@ -375,3 +375,38 @@ def test_the_optimizer_step_is_a_few_kernels_for_all_parameters_not_a_few_per_pa
     assert large < 4 * n_large  # the per-parameter loop took ~10 ops per parameter
     # fused (CUDA's default): the step counts' increment and the fused kernel, per group
     assert ops_per_step(8, fused=True)[0] == 2 * 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no cuda (scripts/gpu_check.sh runs this on a GPU)")
+def test_adamw_on_cuda_is_torchs_fused_step_and_resumes_from_a_cpu_state():
+    """On CUDA the default is the fused kernel: equal to torch.optim.AdamW(fused=True) step for step,
+    its step counts on the device; a state_dict mapped to the CPU (as read_checkpoint loads it)
+    resumes on the device to the same weights as the run that went on."""
+    torch.manual_seed(0)
+    kwargs = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ours, ref = _Tiny().cuda(), _Tiny().cuda()
+    ref.load_state_dict(ours.state_dict())
+    opt, torch_opt = AdamW(param_groups(ours, 0.1), **kwargs), torch.optim.AdamW(param_groups(ref, 0.1), **kwargs,
+                                                                                fused=True)  # fmt: skip
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 17, (4, 9), generator=gen).cuda() for _ in range(8)]
+    for ids in batches[:4]:
+        for model, o in ((ours, opt), (ref, torch_opt)):
+            o.zero_grad()
+            _loss(model, ids).backward()
+            o.step()
+    assert all(s["step"].device.type == "cuda" for s in opt.state.values())
+    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
+    resumed = _Tiny().cuda()
+    resumed.load_state_dict(ours.state_dict())
+    loaded = AdamW(param_groups(resumed, 0.1), **kwargs)
+    loaded.load_state_dict(copy.deepcopy({**opt.state_dict(), "state": {
+        k: {n: t.cpu() for n, t in s.items()} for k, s in opt.state_dict()["state"].items()}}))
+    for ids in batches[4:]:
+        for model, o in ((ours, opt), (resumed, loaded)):
+            o.zero_grad()
+            _loss(model, ids).backward()
+            o.step()
+    for (name, a), b in zip(ours.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
