@@ -630,17 +630,17 @@ class Trainer:
         return TrainingDiverged(f"{what}; {kept}. Lower optim.max_lr, raise optim.warmup_iters or set optim.grad_clip")
 
     def _report_train(self, loss: float, lr: float, norm: float | None, tok_s: float | None, mfu: float | None,
-                      step_s: float):
+                      step_s: float | None):
         t = self.cfg.train
         remaining = []
-        if t.max_steps is not None:
+        if t.max_steps is not None and step_s is not None:
             remaining.append((t.max_steps - self.step) * step_s)
         if t.max_time is not None:
             remaining.append(t.max_time - self.elapsed)
-        eta = max(0.0, min(remaining))
+        eta = format_duration(max(0.0, min(remaining))) if remaining else "?"  # ? after a compile step alone
         total = f"/{t.max_steps}" if t.max_steps is not None else ""
         speed = "compile step" if tok_s is None else f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}%"
-        self._log(f"step {self.step}{total} | loss {loss:.4f} | lr {lr:.2e} | {speed} | ETA {format_duration(eta)}")
+        self._log(f"step {self.step}{total} | loss {loss:.4f} | lr {lr:.2e} | {speed} | ETA {eta}")
         if self.metrics is not None:
             self.metrics.write(
                 {
@@ -717,8 +717,9 @@ class _LogWindow:
             self.seconds += seconds
 
     @property
-    def step_seconds(self) -> float:
-        return self.seconds / max(self.timed_steps, 1)
+    def step_seconds(self) -> float | None:
+        """Seconds per timed step; None when every step of the window compiled."""
+        return self.seconds / self.timed_steps if self.timed_steps else None
 
     def reset(self) -> None:
         self.loss_sum.zero_()
