@@ -13,6 +13,7 @@ the source text, which makes tokenizers of different vocabularies comparable.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import sys
@@ -73,14 +74,18 @@ def evaluate_tokens(
     total, count = 0.0, 0
     bar = tqdm(total=n - 1, unit="tok", unit_scale=True, desc="eval",
                disable=None if progress else True, file=sys.stderr)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    # the ids are checked here, on the host, not by every forward on the device (two syncs each)
+    trusted = model.trusted_ids() if hasattr(model, "trusted_ids") else contextlib.nullcontext()
     try:
-        # a batch: up to batch_size consecutive windows of one shape (length, first)
-        for (length, first), same in itertools.groupby(windows, key=lambda w: (w[1] - w[0], w[2])):
-            same = list(same)
-            for i in range(0, len(same), batch_size):
-                rows = np.stack([np.asarray(tokens[b : e + 1], dtype=np.int64) for b, e, _ in same[i : i + batch_size]])
-                total, count = _add(model, rows, first, device, total, count)
-                bar.update(rows.shape[0] * (length - first))
+        with trusted:
+            # a batch: up to batch_size consecutive windows of one shape (length, first)
+            for (length, first), same in itertools.groupby(windows, key=lambda w: (w[1] - w[0], w[2])):
+                same = list(same)
+                for i in range(0, len(same), batch_size):
+                    rows = _window_rows(tokens, same[i : i + batch_size], vocab)
+                    total, count = _add(model, rows, first, device, total, count)
+                    bar.update(rows.shape[0] * (length - first))
     finally:
         bar.close()
         model.train(was_training)
@@ -92,6 +97,15 @@ def evaluate_tokens(
         "bytes_per_token": bytes_per_token,
         "tokens": count,
     }
+
+
+def _window_rows(tokens: np.ndarray, windows, vocab: int | None) -> np.ndarray:
+    """The windows' ids (inputs and targets) as one int64 array, checked against the vocabulary here."""
+    rows = np.stack([np.asarray(tokens[b : e + 1], dtype=np.int64) for b, e, _ in windows])
+    lo, hi = int(rows.min()), int(rows.max())
+    if vocab is not None and (lo < 0 or hi >= vocab):
+        raise ValueError(f"data: id {lo if lo < 0 else hi} is outside the model's vocabulary [0, vocab_size={vocab})")
+    return rows
 
 
 def _add(model, rows: np.ndarray, first: int, device, total: float, count: int) -> tuple[float, int]:

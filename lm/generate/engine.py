@@ -110,28 +110,29 @@ def generate(
 
     history = [list(p) for p in prompts]  # every row's full token sequence
     new_tokens: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
     if max_new_tokens == 0:
         return new_tokens[0] if single else new_tokens
-    rows = (_StaticRows if compile else _PaddedRows)(model, history, max_new_tokens)
-    logits = rows.prefill(ctx)
-    for step in range(max_new_tokens):
-        if vocab_size is not None:
-            logits = logits[..., :vocab_size]
-        next_ids = sample_next_token(
-            logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator
-        ).tolist()
-        for row, tok in enumerate(next_ids):
-            history[row].append(tok)
-            if not done[row]:
-                new_tokens[row].append(tok)
-                if on_token is not None:  # streaming: called with (row, token) as each token is chosen
-                    on_token(row, tok)
-                done[row] = eos_id is not None and tok == eos_id
-        if all(done) or step == max_new_tokens - 1:
-            break
-        # The window slides for every row at once when the (padded) cache is full.
-        logits = rows.prefill(ctx - window_shift + 1) if rows.full else rows.step(next_ids)
+    done = [False] * len(prompts)
+    with model.trusted_ids():  # the prompts were checked above; sampled ids are below vocab_size
+        rows = (_StaticRows if compile else _PaddedRows)(model, history, max_new_tokens)
+        logits = rows.prefill(ctx)
+        for step in range(max_new_tokens):
+            if vocab_size is not None:
+                logits = logits[..., :vocab_size]
+            next_ids = sample_next_token(
+                logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator
+            ).tolist()
+            for row, tok in enumerate(next_ids):
+                history[row].append(tok)
+                if not done[row]:
+                    new_tokens[row].append(tok)
+                    if on_token is not None:  # streaming: called with (row, token) as each token is chosen
+                        on_token(row, tok)
+                    done[row] = eos_id is not None and tok == eos_id
+            if all(done) or step == max_new_tokens - 1:
+                break
+            # The window slides for every row at once when the (padded) cache is full.
+            logits = rows.prefill(ctx - window_shift + 1) if rows.full else rows.step(next_ids)
     return new_tokens[0] if single else new_tokens
 
 
@@ -151,7 +152,7 @@ class _PaddedRows:
         width = max(len(r) for r in rows)
         pad = [width - len(r) for r in rows]
         ids = torch.tensor([[0] * n + r for n, r in zip(pad, rows)], dtype=torch.long, device=self.model.device)
-        self.cache = self.model.new_cache(len(rows), pad_lengths=torch.tensor(pad))
+        self.cache = self.model.new_cache(len(rows), pad_lengths=pad)
         return self.model(ids, kv_cache=self.cache, last_only=True)[:, -1]
 
     def step(self, next_ids: list[int]) -> torch.Tensor:

@@ -25,7 +25,7 @@ class KVCache:
         max_len: int,
         head_dim: int,
         *,
-        pad_lengths: Int[Tensor, " batch"] | None = None,
+        pad_lengths: Int[Tensor, " batch"] | list[int] | None = None,
         device=None,
         dtype=torch.float32,
     ):
@@ -35,11 +35,12 @@ class KVCache:
         self.max_len = max_len
         self.length = 0  # slots filled in every row (padding included)
         if pad_lengths is None:
-            pad_lengths = torch.zeros(batch_size, dtype=torch.long)
+            pad_lengths = [0] * batch_size
+        # from a list (generate's), without reading a tensor back from the device
+        self._padded = bool((pad_lengths > 0).any()) if isinstance(pad_lengths, Tensor) else any(pad_lengths)
         self.pad_lengths = torch.as_tensor(pad_lengths, dtype=torch.long, device=device)
         self._slot = torch.arange(max_len, device=device)
         self._key_valid = self._slot[None, :] >= self.pad_lengths[:, None]  # (batch, max_len)
-        self._padded = bool((self.pad_lengths > 0).any())
         self.step_mask: Tensor | None = None  # this step's mask (None: plain causal), set by start_step
 
     @classmethod

@@ -144,7 +144,7 @@ class DecodeStep:
         """
         self.cache.set_lengths(list(lengths))
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
-        with autocast(self.device, self.dtype):
+        with autocast(self.device, self.dtype), self.model.trusted_ids():  # callers pass sampled ids
             logits = self._fn(self._ids)
         return logits.clone() if self.compiled and self.device.type == "cuda" else logits
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -96,6 +99,18 @@ class TransformerLM(torch.nn.Module):
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
+
+    @contextlib.contextmanager
+    def trusted_ids(self) -> Iterator[TransformerLM]:
+        """Within the block ``forward`` does not check that every id is in ``[0, vocab_size)``, a
+        check that reads two numbers back from the device (on a GPU, two syncs per forward). For
+        callers that checked the ids where they had them on the host: generation (the prompt; the
+        sampled ids are in range by construction), the serving engine, ``evaluate_tokens``."""
+        before, self.validate_ids = self.validate_ids, False
+        try:
+            yield self
+        finally:
+            self.validate_ids = before
 
     def new_cache(self, batch_size: int, max_len: int | None = None, pad_lengths=None):
         """An empty :class:`lm.generate.KVCache` for decoding with this model: ``batch_size`` rows of up

@@ -262,7 +262,7 @@ class Engine:
     def _prefill(self, request: Request, slots: list[int]) -> None:
         ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
         one = self.model.new_cache(1, max_len=ids.shape[1])
-        with autocast(self.device, self.dtype):
+        with autocast(self.device, self.dtype), self.model.trusted_ids():  # check() read every id
             logits = self.model(ids, kv_cache=one, last_only=True)[0, -1]
         self.stats.prompt_tokens += len(request.prompt_ids)
         seed = request.params.seed if request.params.seed is not None else secrets.randbits(62)
