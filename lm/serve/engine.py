@@ -67,6 +67,13 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
+    def choice_generators(self, n: int) -> list[torch.Generator]:
+        """A generator for each of ``n`` choices, from ``seed`` (a fresh random one without). Choice
+        ``j`` draws from its own stream, (seed, j), never another request's (seed + j would be the
+        first choice of seed + j)."""
+        seed = self.seed if self.seed is not None else secrets.randbits(62)
+        return [torch.Generator(device="cpu").manual_seed((seed << 8 | j) & ((1 << 63) - 1)) for j in range(n)]
+
 
 # Events the engine sends a request, from its own thread: a new token of choice ``index``, or the
 # end of that choice with a finish reason ("stop": end of text or cancelled by a stop string;
@@ -265,12 +272,9 @@ class Engine:
         with autocast(self.device, self.dtype), self.model.trusted_ids():  # check() read every id
             logits = self.model(ids, kv_cache=one, last_only=True)[0, -1]
         self.stats.prompt_tokens += len(request.prompt_ids)
-        seed = request.params.seed if request.params.seed is not None else secrets.randbits(62)
-        for index, slot in enumerate(slots):
-            self.cache.fill(slot, one.k[:, 0], one.v[:, 0])
-            # Choice j of a seeded request draws from its own stream: (seed, j), never another
-            # request's (seed + j would be the first choice of seed + j).
-            generator = torch.Generator(device="cpu").manual_seed((seed << 8 | index) & ((1 << 63) - 1))
+        generators = request.params.choice_generators(len(slots))
+        for index, (slot, generator) in enumerate(zip(slots, generators)):
+            self.cache.fill_from(slot, one)
             row = _Row(request, index, generator, length=len(request.prompt_ids))
             self.rows[slot] = row
             self._emit(slot, row, logits)

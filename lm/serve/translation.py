@@ -15,7 +15,6 @@ so a request waits for the ones before it instead of joining a running batch.
 
 from __future__ import annotations
 
-import secrets
 import time
 
 import torch
@@ -66,11 +65,10 @@ class TranslationEngine(Engine):
         try:
             self.stats.prompt_tokens += len(request.prompt_ids)
             p = request.params
-            seed = p.seed if p.seed is not None else secrets.randbits(62)
             limit = min(p.max_tokens, max_target_length(self.model, len(request.prompt_ids)))
-            for index in range(request.n):
+            for index, generator in enumerate(p.choice_generators(request.n)):
                 try:
-                    self._translate_one(request, index, seed, limit)
+                    self._translate_one(request, index, generator, limit)
                 except BaseException:  # the model failed: this request's clients must not wait forever
                     for rest in range(index, request.n):
                         self._finish_one(request, rest, "error")
@@ -79,11 +77,10 @@ class TranslationEngine(Engine):
             self.stats.batch_size = 0
         return True
 
-    def _translate_one(self, request: Request, index: int, seed: int, limit: int) -> None:
+    def _translate_one(self, request: Request, index: int, generator: torch.Generator, limit: int) -> None:
         if request.is_cancelled(index):
             return self._finish_one(request, index, "cancelled")
         p = request.params
-        generator = torch.Generator(device="cpu").manual_seed((seed << 8 | index) & ((1 << 63) - 1))
         made = 0
 
         def on_token(row: int, token: int) -> None:
