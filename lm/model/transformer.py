@@ -48,7 +48,8 @@ class TransformerLM(torch.nn.Module):
         cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant)
         self.config = cfg
         # Every forward checks that the ids are in the vocabulary, which reads two numbers back
-        # from the device; the trainer, whose data was checked when it was opened, turns it off.
+        # from the device; callers that checked them on the host turn it off: the trainer (its
+        # data was checked when opened) for good, generation and evaluation by trusted_ids().
         self.validate_ids = True
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         if cfg.positions == "learned":

@@ -71,8 +71,8 @@ class AdamW(torch.optim.Optimizer):
         return self.fused if self.fused is not None else p.device.type in _FUSED_DEVICES
 
     def _step_group(self, group: dict[str, Any]) -> None:
-        """One update of every parameter of ``group`` with a gradient, a few ``torch._foreach_*``
-        kernels for the whole group instead of a handful of kernels per parameter."""
+        """One update of every parameter of ``group`` with a gradient: torch's fused kernel for the
+        parameters it fuses (per device and dtype), a few ``torch._foreach_*`` kernels for the others."""
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         by_step: dict[float, tuple[list, list, list, list]] = {}
@@ -82,11 +82,12 @@ class AdamW(torch.optim.Optimizer):
                 continue
             if p.grad.is_sparse:
                 raise RuntimeError("AdamW does not support sparse gradients")
-            state = self.state[p]
+            state, fuses = self.state[p], self._fuses(p)
             if not state:
                 _moments(state, p)
-                self._counts[id(p)] = (state["step"], 0.0)
-            if self._fuses(p):
+                if not fuses:
+                    self._counts[id(p)] = (state["step"], 0.0)
+            if fuses:
                 if state["step"].device != p.device:  # a new state, or one loaded onto the CPU
                     state["step"] = state["step"].to(p.device, torch.float32)
                 lists = fused.setdefault((p.device, p.dtype), ([], [], [], [], []))

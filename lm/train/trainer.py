@@ -170,6 +170,7 @@ class Trainer:
         per_rank = t.batch_tokens if self.pairs else t.batch_size * m.context_length  # nominal for pairs
         self.tokens_per_step = per_rank * t.grad_accum_steps * self.dist.world_size
         self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops)
+        self._flops_per_token = 3 * unwrap(self.model).flops_per_token()  # forward and backward
         self._signal: int | None = None
         self._unagreed_seconds = 0.0  # this rank's training seconds not yet agreed on (DDP, see _agree)
         self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
@@ -545,10 +546,7 @@ class Trainer:
         """The train line and record of the steps since the last: mean loss (checked finite), tokens/s, MFU."""
         mean = self._check_finite(window) / window.steps
         tok_s = window.tokens / window.seconds if window.seconds > 0 else None
-        mfu = None
-        if tok_s is not None:
-            flops_per_token = 3 * unwrap(self.model).flops_per_token()
-            mfu = flops_per_token * tok_s / self.dist.world_size / self._peak_flops
+        mfu = None if tok_s is None else self._flops_per_token * tok_s / self.dist.world_size / self._peak_flops
         self._report_train(mean, lr, None if norm is None else float(norm), tok_s, mfu, window.step_seconds)
         window.reset()
 
