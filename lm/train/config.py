@@ -23,7 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from lm.model import ModelConfig, Seq2SeqConfig
+from lm.model import ARCHITECTURES, ModelConfig, Seq2SeqConfig
 from lm.nn.choices import check_choice
 from lm.tomlio import dump_tables
 
@@ -228,8 +228,8 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
         if section == "model":  # the architecture picks the config class
             values = dict(values)
             arch = values.get("architecture", "decoder_lm")
-            check_choice("config: model.architecture", arch, ("decoder_lm", "encoder_decoder"))
-            cls = Seq2SeqConfig if arch == "encoder_decoder" else ModelConfig
+            check_choice("config: model.architecture", arch, ARCHITECTURES)
+            cls = ARCHITECTURES[arch][0]
             if arch == "decoder_lm":
                 values.pop("architecture", None)
         sections[section] = _build(section, cls, values)
