@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.host_reads import HostReads
 from helpers.model_reference import half_to_interleaved, transformer_lm_ref
 
 from lm.export import to_llama_state_dict, to_transformers
@@ -484,43 +485,27 @@ def test_new_cache_is_shaped_for_the_model():
     assert cache.pad_lengths.tolist() == [0, 2, 1] and model.new_cache(1, max_len=5).max_len == 5
 
 
-def _count_scalar_reads(monkeypatch) -> list[str]:
-    """Record every tensor read back to the host as a Python number (on a GPU, a sync): ``int``,
-    ``float``, ``bool`` and ``item`` (a dispatch mode misses these under inference_mode on the
-    CPU, which reads the number directly)."""
-    reads: list[str] = []
-    for name in ("__int__", "__float__", "__bool__", "__index__", "item"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(t, *args, _original=original, _name=name, **kwargs):
-            reads.append(_name)
-            return _original(t, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return reads
-
-
-def test_generation_and_evaluation_check_ids_on_the_host_not_per_forward(monkeypatch):
+def test_generation_and_evaluation_check_ids_on_the_host_not_per_forward():
     """A forward checks its ids against the vocabulary by reading their min and max back from the
     device; generate (prompt checked as a list), the decode step and evaluate_tokens (each batch
-    checked as numpy) skip it: greedy decoding reads no number back (the sampled ids come as one
-    list a step), evaluation only its loss. A bad id is still refused, with the argument named;
+    checked as numpy) skip it: greedy decoding reads back only the sampled ids (a list a step),
+    evaluation only its loss. A bad id is still refused, with the argument named;
     outside these blocks the forward still checks."""
     from lm.evaluate import evaluate_tokens
     from lm.generate import DecodeStep, generate
 
     model = small_model().eval()
     tokens = np.arange(100) % SMALL["vocab_size"]
-    reads = _count_scalar_reads(monkeypatch)
-    generate(model, [1, 2, 3], 8, temperature=0.0)
-    DecodeStep(model, 2)([4, 5], [0, 0])
-    assert reads == []
-    evaluate_tokens(model, tokens, batch_size=2)
-    assert reads == ["__float__"] * 4  # 7 windows of 16 in 4 batches: one loss read each
-    reads.clear()
-    model(torch.tensor([[1, 2]]))
-    assert reads == ["__int__", "__int__"] and model.validate_ids
-    monkeypatch.undo()
+    with HostReads() as decoding:
+        generate(model, [1, 2, 3], 8, temperature=0.0)
+        DecodeStep(model, 2)([4, 5], [0, 0])
+    assert decoding.reads == ["tolist"] * 8  # the sampled ids, a list a step
+    with HostReads() as evaluating:
+        evaluate_tokens(model, tokens, batch_size=2)
+    assert evaluating.reads == ["__float__"] * 4  # 7 windows of 16 in 4 batches: one loss read each
+    with HostReads() as plain:
+        model(torch.tensor([[1, 2]]))
+    assert plain.reads == ["__int__", "__int__"] and model.validate_ids
     with pytest.raises(ValueError, match=r"data: id 64 is outside the model's vocabulary \[0, vocab_size=64\)"):
         evaluate_tokens(model, np.r_[tokens, 64])
     with pytest.raises(ValueError, match=r"prompt_ids: id 64 is outside"):

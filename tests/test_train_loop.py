@@ -7,6 +7,7 @@ import signal
 
 import pytest
 import torch
+from helpers.host_reads import HostReads
 from test_train import _quiet, _raw_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -16,35 +17,13 @@ from lm.train.distributed import Dist
 from lm.train.trainer import POLL_STEPS
 
 
-class _HostReads(TorchDispatchMode):
-    """The training step at which each device tensor was read back to the host: ``item()``,
-    ``float()``, ``bool()`` (``aten._local_scalar_dense``), ``tolist()`` and ``numpy()``."""
-
-    def __init__(self, trainer, monkeypatch):
-        super().__init__()
-        self.trainer, self.steps = trainer, []
-        for name in ("tolist", "numpy"):
-            original = getattr(torch.Tensor, name)
-
-            def counted(tensor, *args, _original=original, **kwargs):
-                self.steps.append(self.trainer.step)
-                return _original(tensor, *args, **kwargs)
-
-            monkeypatch.setattr(torch.Tensor, name, counted)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket == torch.ops.aten._local_scalar_dense:
-            self.steps.append(self.trainer.step)
-        return func(*args, **(kwargs or {}))
-
-
-def test_the_loop_reads_the_device_only_at_log_eval_and_checkpoint_steps(tmp_path, monkeypatch):
+def test_the_loop_reads_the_device_only_at_log_eval_and_checkpoint_steps(tmp_path):
     raw = _raw_config(tmp_path, train={"max_steps": 24}, log={"interval": 8}, eval={"interval": 12},
                       checkpoint={"interval": 12})  # fmt: skip
     trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
-    with _HostReads(trainer, monkeypatch) as reads:
+    with HostReads(label=lambda name: trainer.step) as reads:  # the step at which each read happens
         assert trainer.run() == 0
-    assert reads.steps and set(reads.steps) <= {8, 12, 16, 24}, sorted(set(reads.steps))
+    assert reads.reads and set(reads.reads) <= {8, 12, 16, 24}, sorted(set(reads.reads))
 
 
 class _CountingDist(Dist):
