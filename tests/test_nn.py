@@ -69,6 +69,27 @@ def test_linear_matches_matmul_with_batch_dims():
     torch.testing.assert_close(layer(x), x @ layer.weight.T)
 
 
+def test_batch_invariant_linear_compiled_gives_a_row_the_same_bits_at_any_number_of_rows():
+    """The compiled product-sum form: a row's bits the same for 1, 3 and 16 rows (a BLAS matmul's
+    change with the number of rows), equal to the matmul to rounding; eager code is unchanged."""
+    from lm.nn.functional import batch_invariant
+
+    torch.manual_seed(0)
+    layer = Linear(96, 40)
+    x = torch.randn(16, 1, 96)
+
+    def f(x):
+        return layer(x)
+
+    with torch.inference_mode(), batch_invariant():
+        assert torch.equal(layer(x), torch.einsum("...i,oi->...o", x, layer.weight))  # eager: the einsum
+        compiled = torch.compile(f, dynamic=False)
+        outs = {rows: compiled(x[:rows].clone()) for rows in (1, 3, 16)}
+    for rows, out in outs.items():
+        assert torch.equal(out, outs[16][:rows]), rows
+    torch.testing.assert_close(outs[16], x @ layer.weight.T, rtol=1e-5, atol=1e-5)
+
+
 def test_linear_init_is_truncated_normal():
     layer = Linear(300, 500)
     std = math.sqrt(2 / 800)

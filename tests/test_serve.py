@@ -11,6 +11,7 @@ import lm.serve.engine as engine_module
 from lm.generate import generate
 from lm.model import TransformerLM
 from lm.serve import Engine, QueueFull, Request, SamplingParams
+from lm.serve.engine import default_step_sizes
 
 
 def tiny_model(positions="rope", **kw):
@@ -86,7 +87,8 @@ def test_greedy_tokens_equal_generate():
 
 def _seeded_run(model, companions: int, join_at: int, max_batch=16, engine=None):
     """Tokens and logits (bytes) of one seeded request, run with ``companions`` other requests of
-    other lengths and settings, which arrive ``join_at`` steps after it."""
+    other lengths and settings, which arrive ``join_at`` steps after it (-1: just before it, so
+    that it takes a slot after theirs)."""
     engine = engine or Engine(model, max_batch=max_batch)
     logits_log = []
     real = engine_module.sample_next_token
@@ -100,11 +102,12 @@ def _seeded_run(model, companions: int, join_at: int, max_batch=16, engine=None)
 
     engine_module.sample_next_token = spy
     try:
-        engine.submit(req)
+        if join_at >= 0:
+            engine.submit(req)
         g = torch.Generator().manual_seed(companions)
         others = []
         for step in range(60):
-            if step == join_at:
+            if step == max(join_at, 0):
                 for k in range(companions):
                     length = int(torch.randint(1, 20, (1,), generator=g))
                     prompt = torch.randint(0, 97, (length,), generator=g).tolist()
@@ -113,6 +116,8 @@ def _seeded_run(model, companions: int, join_at: int, max_batch=16, engine=None)
                     rec = Recorder()
                     others.append(rec)
                     engine.submit(rec.request(prompt, params))
+                if join_at < 0:
+                    engine.submit(req)
             engine.step()
         run_until_idle(engine)
     finally:
@@ -122,12 +127,85 @@ def _seeded_run(model, companions: int, join_at: int, max_batch=16, engine=None)
 
 def test_a_seeded_request_is_the_same_alone_or_beside_fifteen_others():
     model = tiny_model()
-    alone_tokens, alone_logits = _seeded_run(model, companions=0, join_at=0)
-    assert len(alone_tokens) == 20
-    for companions, join_at in ((15, 0), (15, 3), (7, 1), (3, 5)):
-        tokens, logits = _seeded_run(model, companions, join_at)
+    alone = Engine(model, max_batch=16)
+    alone_tokens, alone_logits = _seeded_run(model, companions=0, join_at=0, engine=alone)
+    assert len(alone_tokens) == 20 and set(alone.stats.steps) == {alone.step_sizes[0]}  # the smallest step
+    for companions, join_at in ((15, 0), (15, 3), (7, 1), (3, 5), (15, -1), (9, -1)):
+        engine = Engine(model, max_batch=16)
+        tokens, logits = _seeded_run(model, companions, join_at, engine=engine)
         assert tokens == alone_tokens, (companions, join_at)
         assert logits == alone_logits, (companions, join_at)  # bit for bit, every step
+        if companions == 15:
+            assert 16 in engine.stats.steps  # beside fifteen others: the full step, then smaller ones
+
+
+def test_default_step_sizes_are_the_powers_of_two_below_max_batch_and_max_batch():
+    assert default_step_sizes(16) == [1, 2, 4, 8, 16]
+    assert default_step_sizes(12) == [1, 2, 4, 8, 12]
+    assert default_step_sizes(1) == [1]
+    with pytest.raises(ValueError, match=r"step_sizes: each must be a whole number in \[1, max_batch=4\], got 5"):
+        Engine(tiny_model(), max_batch=4, step_sizes=[2, 5])
+
+
+def test_the_kept_step_sizes_give_a_row_the_largest_steps_bits_in_every_slot_and_the_dropped_ones_do_not():
+    """The start-up probe's verdict, checked on other content: a prefilled sequence in every slot."""
+    model = tiny_model()
+    engine = Engine(model, max_batch=16)
+    assert engine.step_sizes[-1] == 16 and sorted(engine.step_sizes + engine.dropped_sizes) == [1, 2, 4, 8, 16]
+    one = model.new_cache(1, max_len=5)
+    with torch.inference_mode():
+        model(torch.tensor([[3, 1, 4, 1, 5]]), kv_cache=one)
+    for slot in range(16):
+        engine.cache.fill_from(slot, one)
+    out = {b: step([9] * b, [5] * b).clone() for b, step in engine.steps.items()}
+    want = out[16][0]
+    for b in engine.step_sizes:
+        assert all(torch.equal(row, want) for row in out[b]), b
+    for b in engine.dropped_sizes:
+        assert not all(torch.equal(row, want) for row in out[b]), b
+        torch.testing.assert_close(out[b][0], want, rtol=1e-5, atol=1e-5)  # the last bits only
+
+
+def test_a_step_size_whose_rows_differ_is_dropped():
+    engine = Engine(tiny_model(), max_batch=8, step_sizes=[4])
+    assert engine.step_sizes == [4, 8], engine.dropped_sizes  # 4+ rows: one BLAS kernel on this CPU
+    real4, real8 = engine.steps[4], engine.steps[8]
+    engine.steps[4] = lambda ids, lengths: real4(ids, lengths) * (1 + 1e-6)
+    assert engine._invariant_sizes() == ([8], [4])
+    engine.steps[4] = real4  # the largest step's own rows disagree: its slots are not interchangeable
+    engine.steps[8] = lambda ids, lengths: real8(ids, lengths) + torch.arange(8.0)[:, None] * 1e-6
+    assert engine._invariant_sizes() == ([8], [4])
+
+
+def test_rows_move_down_as_others_finish_and_the_smallest_step_that_holds_them_runs():
+    model = tiny_model()
+    engine = Engine(model, max_batch=16)
+    if len(engine.step_sizes) == 1:
+        pytest.skip(f"only the {engine.max_batch}-row step is batch-invariant here")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 97, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(14)]
+    recs = [Recorder() for _ in prompts]
+    for k, (rec, p) in enumerate(zip(recs, prompts)):
+        engine.submit(rec.request(p, SamplingParams(max_tokens=2 + 3 * k % 25, temperature=0.0)))
+    moves, sizes = [], []
+    real_move = engine.cache.move
+    engine.cache.move = lambda source, row, length: (moves.append((source, row)), real_move(source, row, length))
+
+    def watched(size, step):
+        def run(ids, lengths):
+            active = [i for i, r in enumerate(engine.rows) if r is not None]
+            assert active == list(range(len(active)))  # the lowest slots
+            assert size == min(b for b in engine.step_sizes if b >= len(active))  # the smallest step
+            sizes.append(size)
+            return step(ids, lengths)
+        return run
+
+    engine.steps = {b: watched(b, step) for b, step in engine.steps.items()}
+    run_until_idle(engine)
+    assert moves and len(set(sizes)) > 1 and sizes == sorted(sizes, reverse=True)
+    for k, (rec, p) in enumerate(zip(recs, prompts)):
+        assert rec.tokens[0] == generate(model, p, 2 + 3 * k % 25, temperature=0.0), k
 
 
 @pytest.mark.slow
@@ -135,10 +213,13 @@ def test_the_compiled_step_is_batch_invariant_too_and_matches_eager_logits():
     """--compile: torch.compile'd fixed-shape step (one compilation, reused by every run)."""
     model = tiny_model()
     engine = Engine(model, max_batch=16, compile=True)
+    assert engine.step_sizes == [1, 2, 4, 8, 16]  # every size: the compiled steps' batch-invariant matmuls
     alone_tokens, alone_logits = _seeded_run(model, 0, 0, engine=engine)
+    assert set(engine.stats.steps) == {1}  # alone: the one-row step
     for companions, join_at in ((15, 0), (7, 1)):
         tokens, logits = _seeded_run(model, companions, join_at, engine=engine)
         assert tokens == alone_tokens and logits == alone_logits, (companions, join_at)
+    assert set(engine.stats.steps) == {1, 2, 4, 8, 16}
     eager_tokens, eager_logits = _seeded_run(model, 0, 0)
     for got, want in zip(alone_logits, eager_logits):  # compiled kernels: the same logits to rounding
         got, want = (torch.frombuffer(bytearray(b), dtype=torch.float32) for b in (got, want))

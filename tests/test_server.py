@@ -167,6 +167,8 @@ def test_health_and_metrics(served):
     count = samples["lm_time_to_first_token_seconds_count"]
     assert samples['lm_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
     assert samples['lm_http_requests_total{route="/v1/completions",status="200"}'] >= 1
+    smallest = served.engine.step_sizes[0]  # a lone request runs in the smallest step
+    assert samples[f'lm_decode_steps_total{{size="{smallest}"}}'] >= 2
     for gauge in ("lm_queue_depth", "lm_batch_size"):  # nothing in flight: both gauges are back at zero
         assert f"# TYPE {gauge} gauge" in text and samples[gauge] == 0
 
@@ -233,6 +235,9 @@ def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
     save_model(run, model)
     for args, message in ((["--port", "70000"], "--port: must be in [0, 65535]"),
                           (["--max-batch", "0"], "--max-batch: must be >= 1"),
+                          (["--step-sizes", "1,x"], "--step-sizes: need whole numbers separated by commas, got '1,x'"),
+                          (["--max-batch", "4", "--step-sizes", "2,8"], "--step-sizes: each must be in [1, "
+                                                                         "--max-batch=4], got 8"),
                           (["--checkpoint", str(run / "missing")], "--checkpoint: file not found")):
         argv = ["serve", "--checkpoint", str(run), *args]
         p = subprocess.run([sys.executable, "-m", "lm", *argv], capture_output=True, text=True, timeout=60)

@@ -35,13 +35,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting for a row before new ones get 503")
     p.add_argument("--compile", action="store_true",
-                   help="compile the fixed-shape decode step with torch.compile at startup (seconds; faster steps)")
+                   help="compile the fixed-shape decode steps with torch.compile at startup (seconds per step size; "
+                   "faster steps)")
+    p.add_argument("--step-sizes", type=_sizes, default=None, metavar="N,N,...",
+                   help="the batch sizes of the decode steps, the smallest that holds the active rows runs "
+                   "(default: the powers of two below --max-batch, and --max-batch); sizes whose rows do not "
+                   "give the same bits as the largest are dropped at startup")
     p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body (413 above)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="the model's id in the API (default: the run folder's name)")
     add_compute(p)
     add_quiet(p)
     p.set_defaults(func=cmd_serve)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"need whole numbers separated by commas, got {text!r}") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -67,20 +79,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name in ("max_batch", "max_queue", "max_body"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    bad = next((b for b in args.step_sizes or () if not 1 <= b <= args.max_batch), None)
+    if bad is not None:
+        raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
     set_threads(args.threads)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     dtype = resolve_dtype(args.dtype, model.device)
     if model.config.architecture == "encoder_decoder":  # a translation model: prompt in, translation out
         if args.compile:
             raise ValueError(f"--compile: {args.checkpoint!r} is a translation model, which is decoded eagerly")
+        if args.step_sizes is not None:
+            raise ValueError(f"--step-sizes: {args.checkpoint!r} is a translation model, decoded one choice at a time")
         engine = TranslationEngine(model, max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype)
     else:
+        if args.compile and not args.quiet:
+            print("lm serve: compiling the decode steps (seconds for each size) ...", file=sys.stderr, flush=True)
         engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype,
-                        vocab_size=tok.vocab_size, compile=args.compile)
-    if args.compile:
+                        vocab_size=tok.vocab_size, compile=args.compile, step_sizes=args.step_sizes)
         if not args.quiet:
-            print("lm serve: compiling the decode step ...", file=sys.stderr, flush=True)
-        engine.decode([0] * args.max_batch, [0] * args.max_batch)  # compile now, not on the first request
+            dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the "
+                       f"{args.max_batch}-row step's here, so not used)" if engine.dropped_sizes else "")
+            print(f"lm serve: decode steps of {', '.join(map(str, engine.step_sizes))} rows{dropped}",
+                  file=sys.stderr, flush=True)
     run = Path(args.checkpoint)
     name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
                                else run.parent.parent.name)

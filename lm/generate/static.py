@@ -14,13 +14,17 @@ captured as a CUDA graph by its ``reduce-overhead`` mode) and replayed for every
 * :class:`DecodeStep` is ``(ids, lengths) -> logits`` over such a cache, through the model's own
   ``forward`` (the same layers as training and the eager path), compiled or not.
 
-A row's result does not depend on the other rows or on where it sits in the batch (one shape:
-torch's CPU matmul gives a row the same bits in any position, see :mod:`lm.serve.engine`), which
-is what lets the server batch requests without changing their tokens.
+A row's result does not depend on the other rows or on where it sits in the batch (torch's CPU
+matmul gives a row the same bits in any position of one shape), which is what lets the server
+batch requests without changing their tokens. Compiled on a CPU, the step's matmuls are also
+written so that a row's bits do not depend on the number of rows (:func:`lm.nn.functional.
+batch_invariant`): a one-row step and a sixteen-row step give a row the same logits, so the
+server can decode few requests in a small step (:mod:`lm.serve.engine` checks which sizes agree).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -29,6 +33,7 @@ from torch import Tensor
 
 from lm.device import autocast
 from lm.generate.kv_cache import KVCache
+from lm.nn.functional import batch_invariant
 
 
 class StaticKVCache:
@@ -55,6 +60,22 @@ class StaticKVCache:
         cfg, weight = model.config, model.output_weight
         return cls(cfg.num_layers, rows, cfg.num_heads, cfg.context_length if max_len is None else max_len,
                    cfg.head_dim, device=weight.device, dtype=weight.dtype)
+
+    def leading(self, rows: int) -> StaticKVCache:
+        """A cache over this one's first ``rows`` rows: the same memory (a step over it reads and
+        writes these rows), its own lengths."""
+        if not 1 <= rows <= self.rows:
+            raise ValueError(f"rows: need a number in [1, {self.rows}], got {rows}")
+        view = object.__new__(StaticKVCache)
+        view.k, view.v = [t[:rows] for t in self.k], [t[:rows] for t in self.v]
+        view.rows, view.max_len, view.length, view.step_mask = rows, self.max_len, 0, None
+        view.lengths, view._row, view._slot = self.lengths[:rows].clone(), self._row[:rows], self._slot
+        return view
+
+    def move(self, source: int, row: int, length: int) -> None:
+        """Copy row ``source``'s first ``length`` positions into ``row``."""
+        for t in (*self.k, *self.v):
+            t[row, :, :length] = t[source, :, :length]
 
     def set_lengths(self, lengths: list[int]) -> None:
         """Every row's length before the next step (its new token goes at that position)."""
@@ -109,7 +130,10 @@ class DecodeStep:
 
     ``compile=True`` compiles the step with ``torch.compile`` on its first call (seconds; on
     CUDA in ``reduce-overhead`` mode, which replays it as a CUDA graph); every later call reuses
-    it, since the shapes never change. ``dtype`` runs the step under autocast.
+    it, since the shapes never change. On a CPU it runs within :func:`lm.nn.functional.
+    batch_invariant` (:attr:`batch_invariant`): a row's logits do not depend on its slot, nor,
+    compiled without autocast, on the number of rows.
+    ``dtype`` runs the step under autocast.
     """
 
     def __init__(self, model, rows: int, *, compile: bool = False, dtype: torch.dtype | None = None,
@@ -122,6 +146,11 @@ class DecodeStep:
         self.device = model.output_weight.device
         self.dtype = dtype
         self.compiled = compile
+        # On a CPU: a row's bits the same in any slot (einsum attention) and, compiled without
+        # autocast, at any number of rows (the product-sum matmuls, measured as fast as BLAS here).
+        # CUDA keeps its own kernels (unverified); autocast its own matmuls.
+        self.batch_invariant = self.device.type == "cpu"
+        self._invariant_matmuls = compile and dtype is None
         self._ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
         model_, cache_ = model, self.cache
 
@@ -129,6 +158,7 @@ class DecodeStep:
             return model_(ids, kv_cache=cache_, last_only=True)[:, -1]
 
         self._fn = step
+        self._invariant = (lambda: batch_invariant(self._invariant_matmuls)) if self.batch_invariant else _nothing
         if compile:
             if self.device.type == "cuda":  # a CUDA graph replays fixed addresses: the cache stays put
                 for t in (*self.cache.k, *self.cache.v, self.cache.lengths, self._ids):
@@ -144,9 +174,13 @@ class DecodeStep:
         """
         self.cache.set_lengths(list(lengths))
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
-        with autocast(self.device, self.dtype), self.model.trusted_ids():  # callers pass sampled ids
-            logits = self._fn(self._ids)
+        with autocast(self.device, self.dtype), self.model.trusted_ids(), self._invariant():
+            logits = self._fn(self._ids)  # callers pass sampled ids (trusted_ids: no host check)
         return logits.clone() if self.compiled and self.device.type == "cuda" else logits
+
+
+def _nothing():
+    return contextlib.nullcontext()
 
 
 def _own_code(fn):

@@ -8,18 +8,50 @@ hand-written einsum path (the tests check that it does).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
-from einops import einsum
+from einops import einsum, rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.nn.choices import check_choice
 
+_batch_invariant: tuple[bool, bool] = (False, False)  # (attention, matmuls): set by batch_invariant()
+
+
+@contextlib.contextmanager
+def batch_invariant(matmuls: bool = True):
+    """Within: kernels that give a row of a batch the same bits wherever it sits in the batch and
+    (compiled, with ``matmuls``) however many rows there are.
+
+    * :func:`scaled_dot_product_attention` takes the einsum path whatever ``impl`` says: torch's
+      fused CPU kernel gives the rows its second thread computes other last bits than the first's.
+    * With ``matmuls``, :func:`linear`, when torch.compile traces it, is a product summed over
+      ``d_in`` instead of a matmul. A BLAS matmul picks its kernel by shape (on a CPU, one row,
+      two or three rows and four or more give a row different last bits); inductor compiles the
+      product-sum (on a CPU) into a kernel that reduces each output in one fixed order whatever
+      the number of rows, about as fast as the matmul for a few rows (faster for one) and never
+      materialised. Eager code keeps the matmul, where the form would materialise
+      ``rows × d_out × d_in`` products.
+
+    The decode step (:class:`lm.generate.DecodeStep`) runs within it on a CPU, which lets a
+    server decode a lone request in a one-row step and sixteen in a sixteen-row one with the
+    same bits.
+    """
+    global _batch_invariant
+    previous, _batch_invariant = _batch_invariant, (True, matmuls)
+    try:
+        yield
+    finally:
+        _batch_invariant = previous
+
 
 def linear(x: Float[Tensor, "... d_in"], weight: Float[Tensor, "d_out d_in"]) -> Float[Tensor, "... d_out"]:
-    """``x Wᵀ`` with ``W`` stored ``(d_out, d_in)``."""
+    """``x Wᵀ`` with ``W`` stored ``(d_out, d_in)`` (see :func:`batch_invariant` for the compiled form)."""
+    if _batch_invariant[1] and is_compiling():
+        return (rearrange(x, "... d_in -> ... 1 d_in") * weight).sum(-1)
     return einsum(x, weight, "... d_in, d_out d_in -> ... d_out")
 
 
@@ -86,7 +118,7 @@ def scaled_dot_product_attention(
     materialises the (q, k) score matrix; ``"einsum"`` is the readable reference.
     """
     check_choice("impl", impl, ("einsum", "sdpa"))
-    if impl == "sdpa":
+    if impl == "sdpa" and not _batch_invariant[0]:
         return _fused_sdpa(Q, K, V, mask, is_causal)
     # Scaling Q (q × d) is cheaper than scaling the scores (q × k).
     scores = einsum(Q * (1.0 / math.sqrt(Q.shape[-1])), K, "... q d, ... k d -> ... q k")

@@ -261,7 +261,8 @@ def prometheus_text(state: ServerState) -> str:
     metric("lm_generation_tokens_total", "counter", "Tokens generated.", [("", s.generated_tokens)])
     metric("lm_queue_depth", "gauge", "Requests waiting for a slot.", [("", s.queue_depth)])
     metric("lm_batch_size", "gauge", "Rows decoding (slots in use) after the last step.", [("", s.batch_size)])
-    metric("lm_decode_steps_total", "counter", "Decode steps run.", [("", s.steps)])
+    metric("lm_decode_steps_total", "counter", "Decode steps run, by step size (rows in the step).",
+           [(f'{{size="{size}"}}', n) for size, n in sorted(s.steps.items())])
     metric("lm_decode_rows_total", "counter", "Rows decoded, summed over steps (/ steps = mean batch size).",
            [("", s.step_rows)])
     cumulative, buckets = 0, []

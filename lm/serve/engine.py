@@ -13,11 +13,16 @@ request with a ``seed`` returns the same text alone or beside fifteen others. to
 is not batch invariant: a row of ``x @ W.T`` changes in its last bits with the number of rows
 (measured on this machine: 1 row, 2–3 rows and 4 or more rows give three different results).
 For one shape, though, a row's result is the same in any position and whatever the other rows
-hold. So every decode step has one shape: all ``max_batch`` slots (idle ones decode a dummy
-token) and attention over all ``context_length`` positions of the cache, a row's unused
-positions masked out. A prefill runs alone, so it is the same whatever else is running. Each
-row samples from its own logits with its own ``torch.Generator``. ``tests/test_serve.py``
-checks the invariance bit for bit.
+hold. So a decode step has one of a few fixed shapes, its *step sizes* (by default the powers of
+two up to ``max_batch``, and ``max_batch``): the active rows are kept in the lowest slots (a row
+whose neighbour leaves moves down, its cache copied), and each step runs the smallest size that
+holds them, idle rows decoding a dummy token, attention over all ``context_length`` positions
+with a row's unused ones masked out. At start the engine runs every size on one probe sequence
+in every row and keeps only the sizes whose rows all give the ``max_batch`` step's logits bit
+for bit (eager on a CPU: 4 rows and more; compiled on a CPU every size, through the
+batch-invariant matmuls of :class:`lm.generate.DecodeStep`). A prefill runs alone, so it is the
+same whatever else is running. Each row samples from its own logits with its own
+``torch.Generator``. ``tests/test_serve.py`` checks the invariance bit for bit.
 
 The engine knows ids only; text (decoding, stop strings) is the server's.
 """
@@ -36,7 +41,12 @@ from torch import Tensor
 
 from lm.device import autocast
 from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
-from lm.generate.static import DecodeStep
+from lm.generate.static import DecodeStep, StaticKVCache
+
+
+def default_step_sizes(max_batch: int) -> list[int]:
+    """The powers of two below ``max_batch``, and ``max_batch``: 1, 2, 4, 8, 16 for 16."""
+    return sorted({*(1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch), max_batch})
 
 
 class QueueFull(RuntimeError):
@@ -127,7 +137,7 @@ class Stats:
         self.requests = {"finished": 0, "cancelled": 0, "rejected": 0, "failed": 0}
         self.prompt_tokens = 0
         self.generated_tokens = 0
-        self.steps = 0
+        self.steps: dict[int, int] = {}  # decode steps run, by step size (rows)
         self.step_rows = 0  # rows decoded, summed over steps: their mean batch size
         self.ttft_counts = [0] * (len(self.TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
@@ -149,13 +159,16 @@ class Engine:
 
     ``submit(request)`` queues a request (``QueueFull`` past ``max_queue`` waiting); ``step()``
     admits what fits and decodes one token of every active row; ``start()`` runs steps in a
-    background thread until ``stop()``.
+    background thread until ``stop()``. ``step_sizes`` are the decode steps' numbers of rows
+    (default :func:`default_step_sizes`); those kept after the start-up probe are
+    :attr:`step_sizes`, the others :attr:`dropped_sizes`. ``compile`` compiles every size here.
     """
 
     architecture = "decoder_lm"  # the models this engine runs
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
-                 dtype: torch.dtype | None = None, vocab_size: int | None = None, compile: bool = False):
+                 dtype: torch.dtype | None = None, vocab_size: int | None = None, compile: bool = False,
+                 step_sizes: list[int] | None = None):
         if getattr(model.config, "architecture", "decoder_lm") != self.architecture:
             raise ValueError(f"{type(self).__name__} serves {self.architecture} models, got architecture "
                              f"{model.config.architecture!r}")
@@ -170,8 +183,9 @@ class Engine:
         self.context_length = cfg.context_length
         weight = model.output_weight
         self.device = weight.device
-        self._set_up_decoding(compile, dtype)
         self.rows: list[_Row | None] = [None] * max_batch
+        self.dtype = dtype  # autocast's, None for the weights' own
+        self._set_up_decoding(compile, dtype, step_sizes)
         self.waiting: deque[Request] = deque()
         self.stats = Stats()
         self._lock = threading.Lock()
@@ -180,12 +194,44 @@ class Engine:
         self._stop = False
         self.accepting = True
         self.error: BaseException | None = None
-        self.dtype = dtype  # autocast's, None for the weights' own
 
-    def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None) -> None:
-        # Every step has one shape (all slots, the whole context): compiled once when ``compile``.
-        self.decode = DecodeStep(self.model, self.max_batch, compile=compile, dtype=dtype)
-        self.cache = self.decode.cache
+    def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None, step_sizes: list[int] | None) -> None:
+        """A :class:`DecodeStep` for each step size, over the leading rows of one cache (compiled
+        when ``compile``: each size once, here), then the probe that keeps the invariant ones."""
+        sizes = default_step_sizes(self.max_batch) if step_sizes is None else step_sizes
+        bad = next((b for b in sizes if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_batch),
+                   None)
+        if bad is not None:
+            raise ValueError(f"step_sizes: each must be a whole number in [1, max_batch={self.max_batch}], got {bad!r}")
+        self.cache = StaticKVCache.for_model(self.model, self.max_batch)
+        self.steps = {b: DecodeStep(self.model, b, compile=compile, dtype=dtype, cache=self.cache.leading(b))
+                      for b in sorted({*sizes, self.max_batch})}
+        self.step_sizes, self.dropped_sizes = self._invariant_sizes()
+
+    @torch.inference_mode()
+    def _invariant_sizes(self) -> tuple[list[int], list[int]]:
+        """Run every step size on one probe sequence in all its rows (a random prompt prefilled,
+        then a few steps); keep the sizes whose rows all give the logits of the ``max_batch`` step's
+        first row, bit for bit. Returns the sizes kept and those dropped (the ``max_batch`` step is
+        kept; if its own rows disagree with one another, rows are not invariant to their slot
+        here, :attr:`slot_invariant` is False and only that step is used)."""
+        g = torch.Generator().manual_seed(0)
+        n = max(1, min(12, self.context_length // 2))
+        prompt = torch.randint(0, self.vocab_size, (1, n), generator=g)
+        tokens = torch.randint(0, self.vocab_size, (min(3, self.context_length - n),), generator=g).tolist()
+        one = self.model.new_cache(1, max_len=n)
+        with autocast(self.device, self.dtype):
+            self.model(prompt.to(self.device), kv_cache=one)
+        for slot in range(self.max_batch):
+            self.cache.fill_from(slot, one)
+        logits = {b: torch.stack([step([t] * b, [n + i] * b) for i, t in enumerate(tokens)])
+                  for b, step in self.steps.items()}  # (probe steps, rows, vocab) each
+        reference = logits[self.max_batch][:, :1]
+        agree = {b: bool((out == reference).all()) for b, out in logits.items()}
+        self.slot_invariant = agree[self.max_batch]
+        if not self.slot_invariant:
+            return [self.max_batch], [b for b in self.steps if b != self.max_batch]
+        return [b for b in self.steps if agree[b]], [b for b in self.steps if not agree[b]]
 
     # -- the request side (any thread) -------------------------------------------------------
     def check(self, request: Request) -> None:
@@ -234,19 +280,37 @@ class Engine:
         Returns whether there was anything to do."""
         self._drop_cancelled()
         self._admit()
+        self._compact()
         active = [i for i, r in enumerate(self.rows) if r is not None]
         self.stats.batch_size = len(active)
         if not active:
             return False
-        logits = self.decode([r.last if r is not None else 0 for r in self.rows],
-                             [r.length if r is not None else 0 for r in self.rows])
-        self.stats.steps += 1
+        size = next(b for b in self.step_sizes if b > active[-1])
+        rows = self.rows[:size]
+        logits = self.steps[size]([r.last if r is not None else 0 for r in rows],
+                                  [r.length if r is not None else 0 for r in rows])
+        self.stats.steps[size] = self.stats.steps.get(size, 0) + 1
         self.stats.step_rows += len(active)
         for i in active:
             row = self.rows[i]
             row.length += 1
             self._emit(i, row, logits[i])
         return True
+
+    def _compact(self) -> None:
+        """Move rows down into free slots below them, so that the active rows are the lowest
+        ones and the step that holds them is as small as it can be (with only the ``max_batch``
+        size, rows stay where they are)."""
+        if len(self.step_sizes) == 1:
+            return
+        free = [i for i, r in enumerate(self.rows) if r is None]
+        for slot in free:
+            last = max((i for i, r in enumerate(self.rows) if r is not None), default=-1)
+            if last < slot:
+                break
+            row = self.rows[last]
+            self.cache.move(last, slot, row.length)
+            self.rows[slot], self.rows[last] = row, None
 
     def _admit(self) -> None:
         while True:

@@ -36,10 +36,12 @@ class TranslationEngine(Engine):
 
     architecture = "encoder_decoder"
 
-    def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None) -> None:
+    def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None, step_sizes: list[int] | None) -> None:
         if compile:
             raise ValueError("compile: the translation engine decodes eagerly (no compiled step for "
                              "encoder-decoder models)")
+        if step_sizes is not None:
+            raise ValueError("step_sizes: the translation engine decodes one choice at a time (no batched step)")
 
     def _check_lengths(self, request: Request) -> None:
         src, cfg = request.prompt_ids, self.model.config
@@ -90,7 +92,7 @@ class TranslationEngine(Engine):
                 self.stats.time_to_first_token(request.first_token_at - request.arrival)
             made += 1
             self.stats.generated_tokens += 1
-            self.stats.steps += 1
+            self.stats.steps[1] = self.stats.steps.get(1, 0) + 1  # one row a step
             self.stats.step_rows += 1
             if request.on_token is not None:
                 request.on_token(index, token)
