@@ -1,0 +1,60 @@
+"""Milliseconds per decode step at each step size: what a server step costs with 1 … 16 rows.
+
+    python scripts/bench_decode_steps.py            # the demo-shaped model of bench_serve.py; ~1 minute
+
+For each size the serving engine would use (``lm.serve.engine.default_step_sizes``), eager and
+compiled (``lm.generate.DecodeStep``, the step ``lm serve`` runs), the median over interleaved
+rounds of 100 steps at positions 20 … 119 of a 256-position cache, and which sizes the engine's
+start-up probe keeps (a row's logits bit for bit those of the largest step) for each mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from lm.generate.static import DecodeStep, StaticKVCache
+from lm.model import TransformerLM
+from lm.serve.engine import Engine, default_step_sizes
+
+DEMO = dict(vocab_size=2048, context_length=256, d_model=192, num_layers=4, num_heads=6, d_ff=512)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = TransformerLM(**DEMO).eval()
+    sizes = default_step_sizes(args.max_batch)
+    steps = {(mode, b): DecodeStep(model, b, compile=mode == "compiled", cache=StaticKVCache.for_model(model, b))
+             for mode in ("eager", "compiled") for b in sizes}
+    for (_, b), step in steps.items():  # warm-up (and compilation)
+        for position in range(20):
+            step([1] * b, [position] * b)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
+    for _ in range(args.rounds):
+        for (mode, b), step in steps.items():
+            t0 = time.perf_counter()
+            for position in range(20, 120):
+                step([1] * b, [position] * b)
+            times[mode, b].append((time.perf_counter() - t0) / 100 * 1e3)
+    kept = {mode: Engine(model, max_batch=args.max_batch, compile=mode == "compiled").step_sizes
+            for mode in ("eager", "compiled")}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per decode step (tokens/s)\n")
+    print("| rows | eager | compiled |\n|---:|---:|---:|")
+    for b in sizes:
+        cells = []
+        for mode in ("eager", "compiled"):
+            ms = statistics.median(times[mode, b])
+            cells.append(f"{ms:.2f} ({b * 1e3 / ms:,.0f})" + ("" if b in kept[mode] else ", dropped"))
+        print(f"| {b} | {' | '.join(cells)} |")
+    print(f"\nkept by the engine's probe: eager {kept['eager']}, compiled {kept['compiled']}")
+
+
+if __name__ == "__main__":
+    main()
