@@ -1,6 +1,8 @@
 """`lm tokenizer train` and `lm tokenize`: outputs, sidecar, parallel = serial, and one-line errors."""
 
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -110,6 +112,36 @@ def test_interrupted_tokenize_leaves_no_output(trained, corpus, tmp_path, monkey
         tokenize_file(Interrupted(tok.vocab, tok.merges, tok.special_tokens), corpus, tmp_path / "x.bin",
                       num_workers=1)
     assert list(tmp_path.iterdir()) == []
+
+
+_SIGINT_AT_FORK = []  # armed by the test below: os.register_at_fork hooks cannot be removed
+
+
+def _sigint_at_fork():
+    if _SIGINT_AT_FORK:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd):
+    """A SIGINT during a fork would run its handler inside the interpreter's at-fork hooks, which
+    print "Exception ignored" and drop it; the pool holds it back until the workers are forked."""
+    from lm.tokenizer.workers import WorkerPool
+
+    if not hasattr(os, "register_at_fork"):
+        pytest.skip("no os.register_at_fork here")
+    if not getattr(_sigint_at_fork, "registered", False):
+        os.register_at_fork(after_in_parent=_sigint_at_fork)
+        _sigint_at_fork.registered = True
+    _SIGINT_AT_FORK.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with WorkerPool(2, abs) as pool:
+                list(pool.map([-1, -2]))
+    finally:
+        _SIGINT_AT_FORK.clear()
+    assert "Exception ignored" not in capfd.readouterr().err
+    with WorkerPool(2, abs) as pool:  # and the pool works as before
+        assert list(pool.map([-1, -2, 3])) == [1, 2, 3]
 
 
 def test_invalid_utf8_in_tokenize_warns(trained, tmp_path):

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import multiprocessing as mp
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -22,6 +23,8 @@ _IN_FLIGHT = 2  # tasks queued per worker: one running, one waiting
 
 def _serve(conn: Connection, func: Callable, initializer: Callable | None, initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent's fork: ignored now
     if initializer is not None:
         initializer(*initargs)
     while True:
@@ -38,6 +41,24 @@ def _serve(conn: Connection, func: Callable, initializer: Callable | None, inita
             conn.send((index, False, e))
 
 
+@contextlib.contextmanager
+def _interrupts_after_forking() -> Iterator[None]:
+    """Ctrl-C held back (blocked, delivered when the block ends) while the workers are forked.
+
+    A SIGINT that lands during a fork is otherwise raised inside the interpreter's at-fork hooks
+    (logging's lock release), which print it as "Exception ignored" with a traceback and drop it:
+    the command would run on after its Ctrl-C.
+    """
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class WorkerPool:
     """``n`` forked workers that run ``func`` on tasks; ``map`` yields the results in task order.
 
@@ -51,12 +72,13 @@ class WorkerPool:
         self._frozen = True
         self._workers: list[tuple[Any, Connection]] = []
         try:
-            for _ in range(max(1, n)):
-                parent, child = ctx.Pipe()
-                p = ctx.Process(target=_serve, args=(child, func, initializer, initargs), daemon=True)
-                p.start()
-                child.close()
-                self._workers.append((p, parent))
+            with _interrupts_after_forking():
+                for _ in range(max(1, n)):
+                    parent, child = ctx.Pipe()
+                    p = ctx.Process(target=_serve, args=(child, func, initializer, initargs), daemon=True)
+                    p.start()
+                    child.close()
+                    self._workers.append((p, parent))
         except BaseException:
             self.close()
             raise
