@@ -84,14 +84,18 @@ def entry() -> None:
     import os
     import signal
 
+    # Once the work is over, a Ctrl-C would land in the interpreter's teardown, which restores the
+    # default handler and would die by the signal (status -2) after a clean run: it is ignored from
+    # the moment main returns (the finally), and one that lands before that is caught here too.
     try:
-        status = main()
-    except KeyboardInterrupt:  # in the instant between main's own handler and its return
+        try:
+            status = main()
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:  # in the instant between main's own handler and the finally
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("lm: interrupted", file=sys.stderr)
         status = 130
-    # The work is over. A Ctrl-C from here on would land in the interpreter's teardown, which
-    # restores the default handler and would die by the signal (status -2) after a clean run.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
     if status == 130:

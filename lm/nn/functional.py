@@ -38,7 +38,8 @@ def batch_invariant(matmuls: bool = True):
 
     The decode step (:class:`lm.generate.DecodeStep`) runs within it on a CPU, which lets a
     server decode a lone request in a one-row step and sixteen in a sixteen-row one with the
-    same bits.
+    same bits. The switch is process-wide, not per thread (torch.compile guards on it as a
+    global): meant for the one thread that decodes.
     """
     global _batch_invariant
     previous, _batch_invariant = _batch_invariant, (True, matmuls)

@@ -23,8 +23,6 @@ _IN_FLIGHT = 2  # tasks queued per worker: one running, one waiting
 
 def _serve(conn: Connection, func: Callable, initializer: Callable | None, initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent's fork: ignored now
     if initializer is not None:
         initializer(*initargs)
     while True:
@@ -43,20 +41,28 @@ def _serve(conn: Connection, func: Callable, initializer: Callable | None, inita
 
 @contextlib.contextmanager
 def _interrupts_after_forking() -> Iterator[None]:
-    """Ctrl-C held back (blocked, delivered when the block ends) while the workers are forked.
+    """Ctrl-C held back while the workers are forked, then handled as it would have been.
 
-    A SIGINT that lands during a fork is otherwise raised inside the interpreter's at-fork hooks
-    (logging's lock release), which print it as "Exception ignored" with a traceback and drop it:
-    the command would run on after its Ctrl-C.
+    Python runs a signal's handler at its next chance in the main thread, which during a fork is
+    inside the interpreter's at-fork hooks (logging's lock release): these print a raised
+    KeyboardInterrupt as "Exception ignored" with a traceback and drop it, and the command would
+    run on after its Ctrl-C. (Blocking the signal in this thread is not enough: another thread
+    can take it.) So the handler only notes it here, and the previous one runs after the forks.
     """
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        if callable(previous):
+            previous(signal.SIGINT, None)  # the usual handler raises KeyboardInterrupt
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 class WorkerPool:
