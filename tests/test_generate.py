@@ -167,6 +167,8 @@ def test_the_static_step_gives_every_row_the_logits_of_a_plain_forward(rows):
             torch.testing.assert_close(logits[b], model(torch.tensor([s]))[0, -1], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="lengths"):
         step([0] * 4, [0, 0, 0, 16])
+    with pytest.raises(ValueError, match="share: needs a compiled DecodeStep of the same model"):
+        DecodeStep(model, 2, compile=True, share=step)  # step is not compiled
 
 
 @pytest.mark.slow

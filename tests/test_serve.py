@@ -214,6 +214,7 @@ def test_the_compiled_step_is_batch_invariant_too_and_matches_eager_logits():
     model = tiny_model()
     engine = Engine(model, max_batch=16, compile=True)
     assert engine.step_sizes == [1, 2, 4, 8, 16]  # every size: the compiled steps' batch-invariant matmuls
+    assert len({id(step._fn) for step in engine.steps.values()}) == 1  # one compiled function for every size
     alone_tokens, alone_logits = _seeded_run(model, 0, 0, engine=engine)
     assert set(engine.stats.steps) == {1}  # alone: the one-row step
     for companions, join_at in ((15, 0), (7, 1)):

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting for a row before new ones get 503")
     p.add_argument("--compile", action="store_true",
-                   help="compile the fixed-shape decode steps with torch.compile at startup (seconds per step size; "
+                   help="compile the fixed-shape decode steps with torch.compile at startup (tens of seconds; "
                    "faster steps)")
     p.add_argument("--step-sizes", type=_sizes, default=None, metavar="N,N,...",
                    help="the batch sizes of the decode steps, the smallest that holds the active rows runs "
@@ -93,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine = TranslationEngine(model, max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype)
     else:
         if args.compile and not args.quiet:
-            print("lm serve: compiling the decode steps (seconds for each size) ...", file=sys.stderr, flush=True)
+            print("lm serve: compiling the decode steps (tens of seconds) ...", file=sys.stderr, flush=True)
         engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype,
                         vocab_size=tok.vocab_size, compile=args.compile, step_sizes=args.step_sizes)
         if not args.quiet:

@@ -133,13 +133,17 @@ class DecodeStep:
     it, since the shapes never change. On a CPU it runs within :func:`lm.nn.functional.
     batch_invariant` (:attr:`batch_invariant`): a row's logits do not depend on its slot, nor,
     compiled without autocast, on the number of rows.
-    ``dtype`` runs the step under autocast.
+    ``dtype`` runs the step under autocast. ``share``: use that compiled step's compiled code (same
+    model and dtype, another number of rows): one compilation for the first row count, one more
+    with the rows symbolic for all the others, instead of one each.
     """
 
     def __init__(self, model, rows: int, *, compile: bool = False, dtype: torch.dtype | None = None,
-                 cache: StaticKVCache | None = None):
+                 cache: StaticKVCache | None = None, share: DecodeStep | None = None):
         if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
             raise ValueError(f"DecodeStep needs a decoder-only model, got {model.config.architecture!r}")
+        if share is not None and not (compile and share.compiled and share.model is model and share.dtype == dtype):
+            raise ValueError("share: needs a compiled DecodeStep of the same model and dtype, and compile=True")
         self.model = model
         self.cache = cache if cache is not None else StaticKVCache.for_model(model, rows)
         self.rows = self.cache.rows
@@ -152,10 +156,10 @@ class DecodeStep:
         self.batch_invariant = self.device.type == "cpu"
         self._invariant_matmuls = compile and dtype is None
         self._ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
-        model_, cache_ = model, self.cache
+        model_ = model
 
-        def step(ids: Tensor) -> Tensor:
-            return model_(ids, kv_cache=cache_, last_only=True)[:, -1]
+        def step(ids: Tensor, cache: StaticKVCache) -> Tensor:
+            return model_(ids, kv_cache=cache, last_only=True)[:, -1]
 
         self._fn = step
         self._invariant = (lambda: batch_invariant(self._invariant_matmuls)) if self.batch_invariant else _nothing
@@ -164,7 +168,10 @@ class DecodeStep:
                 for t in (*self.cache.k, *self.cache.v, self.cache.lengths, self._ids):
                     torch._dynamo.mark_static_address(t)
             mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._fn = torch.compile(_own_code(step), dynamic=False, fullgraph=True, mode=mode)
+            # Automatic dynamic shapes: a step alone compiles for its one shape; steps that share
+            # it (other row counts) make torch.compile recompile once with the rows symbolic.
+            self._fn = share._fn if share is not None else \
+                torch.compile(_own_code(step), dynamic=None, fullgraph=True, mode=mode)
 
     @torch.inference_mode()
     def __call__(self, ids: list[int] | Tensor, lengths: list[int]) -> Float[Tensor, "rows vocab"]:
@@ -175,7 +182,7 @@ class DecodeStep:
         self.cache.set_lengths(list(lengths))
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
         with autocast(self.device, self.dtype), self.model.trusted_ids(), self._invariant():
-            logits = self._fn(self._ids)  # callers pass sampled ids (trusted_ids: no host check)
+            logits = self._fn(self._ids, self.cache)  # callers pass sampled ids (trusted_ids: no host check)
         return logits.clone() if self.compiled and self.device.type == "cuda" else logits
 
 

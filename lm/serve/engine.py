@@ -197,15 +197,19 @@ class Engine:
 
     def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None, step_sizes: list[int] | None) -> None:
         """A :class:`DecodeStep` for each step size, over the leading rows of one cache (compiled
-        when ``compile``: each size once, here), then the probe that keeps the invariant ones."""
+        when ``compile``, here: the smallest size, then the others at once), then the probe that
+        keeps the invariant ones."""
         sizes = default_step_sizes(self.max_batch) if step_sizes is None else step_sizes
         bad = next((b for b in sizes if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_batch),
                    None)
         if bad is not None:
             raise ValueError(f"step_sizes: each must be a whole number in [1, max_batch={self.max_batch}], got {bad!r}")
         self.cache = StaticKVCache.for_model(self.model, self.max_batch)
-        self.steps = {b: DecodeStep(self.model, b, compile=compile, dtype=dtype, cache=self.cache.leading(b))
-                      for b in sorted({*sizes, self.max_batch})}
+        self.steps: dict[int, DecodeStep] = {}
+        for b in sorted({*sizes, self.max_batch}):  # compiled: the sizes share the compiled code
+            first = next(iter(self.steps.values()), None) if compile else None
+            self.steps[b] = DecodeStep(self.model, b, compile=compile, dtype=dtype, cache=self.cache.leading(b),
+                                       share=first)
         self.step_sizes, self.dropped_sizes = self._invariant_sizes()
 
     @torch.inference_mode()
