@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import gc
 import itertools
 import math
+import weakref
 
 import pytest
 import torch
@@ -183,6 +186,13 @@ def test_compiled_generation_gives_the_eager_tokens(variant):
     draw = lambda **kw: generate(model, [5, 6], 20, temperature=1.0, top_p=0.9,  # noqa: E731
                                  generator=torch.Generator().manual_seed(3), **kw)
     assert draw(compile=True) == draw()
+    if not variant:  # the compiled steps live on the model: not copied with it, and gone with it
+        copied = copy.deepcopy(model)
+        assert copied.__dict__["_decode_steps"] == {} and model.__dict__["_decode_steps"]
+        alive = weakref.ref(model)
+        del model
+        gc.collect()
+        assert alive() is None  # a weak-keyed table of steps (which hold the model) kept it forever
 
 
 def test_stops_after_eos():

@@ -15,7 +15,6 @@ forward); a larger shift rebuilds less often, and a token is then conditioned on
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -194,7 +193,16 @@ class _StaticRows:
         return logits
 
 
-_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {shape: DecodeStep}
+class _Steps(dict):
+    """A model's compiled decode steps, ``{shape: DecodeStep}``, kept on the model itself: they go
+    when it goes (in a weak-keyed table they would keep it alive, since they hold it), and are
+    neither copied nor pickled with it."""
+
+    def __deepcopy__(self, memo) -> _Steps:
+        return _Steps()
+
+    def __reduce__(self):
+        return _Steps, ()
 
 
 def decode_step_for(model, rows: int, max_len: int) -> DecodeStep:
@@ -202,7 +210,9 @@ def decode_step_for(model, rows: int, max_len: int) -> DecodeStep:
     made (and compiled, on its first call) once and kept while the model lives."""
     weight = model.output_weight
     key = (rows, max_len, weight.dtype, weight.device, torch.is_autocast_enabled(weight.device.type))
-    steps = _STEPS.setdefault(model, {})
+    steps = model.__dict__.get("_decode_steps")
+    if steps is None:
+        steps = model.__dict__["_decode_steps"] = _Steps()
     if key not in steps:
         steps[key] = DecodeStep(model, rows, compile=True, cache=StaticKVCache.for_model(model, rows, max_len))
     return steps[key]
