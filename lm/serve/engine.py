@@ -219,6 +219,9 @@ class Engine:
         first row, bit for bit. Returns the sizes kept and those dropped (the ``max_batch`` step is
         kept; if its own rows disagree with one another, rows are not invariant to their slot
         here, :attr:`slot_invariant` is False and only that step is used)."""
+        if self.context_length < 2:  # no request fits (a prompt and a token): nothing to probe
+            self.slot_invariant = False
+            return [self.max_batch], [b for b in self.steps if b != self.max_batch]
         g = torch.Generator().manual_seed(0)
         n = max(1, min(12, self.context_length // 2))
         prompt = torch.randint(0, self.vocab_size, (1, n), generator=g)
