@@ -11,7 +11,8 @@ Parts, each run even if one before failed:
    autocast against float32 (loss), ``torch.compile`` against eager (logits);
 3. **decoding**: the compiled fixed-shape step (a CUDA graph on CUDA) against the eager loop,
    tokens identical; new tokens/s for one stream and for 16; the serving engine's step sizes
-   (which ones give a row the same bits as sixteen rows, in every slot, on this device);
+   (which ones give a row the same bits as sixteen rows, in every slot, on this device) and, on
+   CUDA, its compiled steps (CUDA graphs) against eager generation;
 4. **training**: ``configs/tinystories-17m.toml`` for ``--seconds`` on the data it can find
    (``$LM_TEST_DATA/tinystories_sample.txt``, else the demo's synthetic stories), bfloat16 where
    the device has it, compiled: tokens/s, MFU, peak memory, validation loss, and on CUDA the
@@ -134,11 +135,24 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
     report.add("decoding: compiled step tokens == eager tokens (1 and 16 streams)", same_one and same_many,
                f"new tokens/s: 1 stream {one:,.0f} eager / {one_c:,.0f} compiled; 16 streams {many:,.0f} eager / "
                f"{many_c:,.0f} compiled ({many_c / one_c:.1f}x one compiled stream)")
-    from lm.serve.engine import Engine
+    from lm.serve.engine import Engine, Request, SamplingParams
 
     engine = Engine(model, max_batch=16)  # eager: its start-up probe, on this device
     report.add("serving engine: a row's logits the same in every slot (eager step sizes)", engine.slot_invariant,
                f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}")
+    if device.type == "cuda":  # the compiled steps (CUDA graphs, one compilation shared by the sizes)
+        t0 = time.perf_counter()
+        engine = Engine(model, max_batch=4, compile=True)
+        seconds = time.perf_counter() - t0
+        got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        for k in got:
+            engine.submit(Request(prompts[k][: 8 + 8 * k], SamplingParams(max_tokens=24, temperature=0.0),
+                                  on_token=lambda _, t, k=k: got[k].append(t)))
+        while engine.step():
+            pass
+        want = {k: generate(model, prompts[k][: 8 + 8 * k], 24, temperature=0) for k in got}
+        report.add("serving engine, compiled: greedy tokens == eager generate", got == want,
+                   f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; start-up {seconds:.0f} s")
 
 
 def find_corpus(work: Path, size: int) -> Path:
