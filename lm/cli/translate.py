@@ -63,8 +63,6 @@ def read_lines(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-
-
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import translate
