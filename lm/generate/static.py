@@ -162,7 +162,6 @@ class DecodeStep:
             return model_(ids, kv_cache=cache, last_only=True)[:, -1]
 
         self._fn = step
-        self._invariant = (lambda: batch_invariant(self._invariant_matmuls)) if self.batch_invariant else _nothing
         if compile:
             if self.device.type == "cuda":  # a CUDA graph replays fixed addresses: the cache stays put
                 for t in (*self.cache.k, *self.cache.v, self.cache.lengths, self._ids):
@@ -181,13 +180,10 @@ class DecodeStep:
         """
         self.cache.set_lengths(list(lengths))
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
-        with autocast(self.device, self.dtype), self.model.trusted_ids(), self._invariant():
+        invariant = batch_invariant(self._invariant_matmuls) if self.batch_invariant else contextlib.nullcontext()
+        with autocast(self.device, self.dtype), self.model.trusted_ids(), invariant:
             logits = self._fn(self._ids, self.cache)  # callers pass sampled ids (trusted_ids: no host check)
         return logits.clone() if self.compiled and self.device.type == "cuda" else logits
-
-
-def _nothing():
-    return contextlib.nullcontext()
 
 
 def _own_code(fn):
