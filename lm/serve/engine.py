@@ -32,7 +32,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from lm.device import autocast
+from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.generate.static import DecodeStep, StaticKVCache
 
@@ -137,7 +138,7 @@ class Stats:
         self.requests = {"finished": 0, "cancelled": 0, "rejected": 0, "failed": 0}
         self.prompt_tokens = 0
         self.generated_tokens = 0
-        self.steps: dict[int, int] = {}  # decode steps run, by step size (rows)
+        self.steps: Counter[int] = Counter()  # decode steps run, by step size (rows)
         self.step_rows = 0  # rows decoded, summed over steps: their mean batch size
         self.ttft_counts = [0] * (len(self.TTFT_BUCKETS) + 1)
         self.ttft_sum = 0.0
@@ -224,11 +225,9 @@ class Engine:
             return [self.max_batch], [b for b in self.steps if b != self.max_batch]
         g = torch.Generator().manual_seed(0)
         n = max(1, min(12, self.context_length // 2))
-        prompt = torch.randint(0, self.vocab_size, (1, n), generator=g)
+        prompt = torch.randint(0, self.vocab_size, (n,), generator=g).tolist()
         tokens = torch.randint(0, self.vocab_size, (min(3, self.context_length - n),), generator=g).tolist()
-        one = self.model.new_cache(1, max_len=n)
-        with autocast(self.device, self.dtype):
-            self.model(prompt.to(self.device), kv_cache=one)
+        _, one = self._prefilled(prompt)
         for slot in range(self.max_batch):
             self.cache.fill_from(slot, one)
         logits = {b: torch.stack([step([t] * b, [n + i] * b) for i, t in enumerate(tokens)])
@@ -296,7 +295,7 @@ class Engine:
         rows = self.rows[:size]
         logits = self.steps[size]([r.last if r is not None else 0 for r in rows],
                                   [r.length if r is not None else 0 for r in rows])
-        self.stats.steps[size] = self.stats.steps.get(size, 0) + 1
+        self.stats.steps[size] += 1
         self.stats.step_rows += len(active)
         for i in active:
             row = self.rows[i]
@@ -337,11 +336,15 @@ class Engine:
                 self.stats.queue_depth = len(self.waiting)
             self._prefill(request, free[: request.n])
 
+    def _prefilled(self, prompt_ids: list[int]) -> tuple[Tensor, KVCache]:
+        """The prompt run alone: its last position's logits, and the one-row cache holding it."""
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        one = self.model.new_cache(1, max_len=len(prompt_ids))
+        with autocast(self.device, self.dtype), self.model.trusted_ids():  # ids checked by check(), or drawn
+            return self.model(ids, kv_cache=one, last_only=True)[0, -1], one
+
     def _prefill(self, request: Request, slots: list[int]) -> None:
-        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
-        one = self.model.new_cache(1, max_len=ids.shape[1])
-        with autocast(self.device, self.dtype), self.model.trusted_ids():  # check() read every id
-            logits = self.model(ids, kv_cache=one, last_only=True)[0, -1]
+        logits, one = self._prefilled(request.prompt_ids)
         self.stats.prompt_tokens += len(request.prompt_ids)
         generators = request.params.choice_generators(len(slots))
         for index, (slot, generator) in enumerate(zip(slots, generators)):
