@@ -13,10 +13,11 @@ import contextlib
 import gc
 import multiprocessing as mp
 import signal
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
+
+from lm.io import InterruptGuard
 
 _IN_FLIGHT = 2  # tasks queued per worker: one running, one waiting
 
@@ -39,32 +40,6 @@ def _serve(conn: Connection, func: Callable, initializer: Callable | None, inita
             conn.send((index, False, e))
 
 
-@contextlib.contextmanager
-def _interrupts_after_forking() -> Iterator[None]:
-    """Ctrl-C held back while the workers are forked, then handled as it would have been.
-
-    Python runs a signal's handler at its next chance in the main thread, which during a fork is
-    inside the interpreter's at-fork hooks (logging's lock release): these print a raised
-    KeyboardInterrupt as "Exception ignored" with a traceback and drop it, and the command would
-    run on after its Ctrl-C. (Blocking the signal in this thread is not enough: another thread
-    can take it.) So the handler only notes it here, and the previous one runs after the forks.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        if callable(previous):
-            previous(signal.SIGINT, None)  # the usual handler raises KeyboardInterrupt
-        elif previous == signal.SIG_DFL:
-            signal.raise_signal(signal.SIGINT)
-
-
 class WorkerPool:
     """``n`` forked workers that run ``func`` on tasks; ``map`` yields the results in task order.
 
@@ -78,7 +53,11 @@ class WorkerPool:
         self._frozen = True
         self._workers: list[tuple[Any, Connection]] = []
         try:
-            with _interrupts_after_forking():
+            # A Ctrl-C during a fork would run its handler inside the interpreter's at-fork hooks
+            # (logging's lock release), which print the KeyboardInterrupt as "Exception ignored"
+            # and drop it: it waits until the workers are forked, then is raised.
+            with InterruptGuard() as guard:
+                guard.hold()
                 for _ in range(max(1, n)):
                     parent, child = ctx.Pipe()
                     p = ctx.Process(target=_serve, args=(child, func, initializer, initargs), daemon=True)
