@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from lm.checkpoint import CheckpointManager
 from lm.checkpoint.background import BackgroundWriter
@@ -30,15 +30,8 @@ from lm.model import TransformerLM
 from lm.optim import AdamW, param_groups
 from lm.train import load_config
 
-
-class _AtenOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += func.namespace == "aten"
-        return func(*args, **(kwargs or {}))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.aten_ops import AtenOps  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -66,7 +59,7 @@ def bench_optimizers(model: torch.nn.Module, device: torch.device, rounds: int) 
     ops = {}
     for name, opt in opts.items():
         opt.step()  # the moments exist: the steady state is measured
-        with _AtenOps() as count:
+        with AtenOps() as count:
             opt.step()
         ops[name] = count.ops
     times: dict[str, list[float]] = {name: [] for name in opts}

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from helpers.aten_ops import AtenOps
 from torch import nn
 
 from lm.model import TransformerLM
@@ -347,24 +348,13 @@ def test_param_groups_of_the_transformer():
 def test_the_optimizer_step_is_a_few_kernels_for_all_parameters_not_a_few_per_parameter():
     """The update runs as torch._foreach_* kernels over each group: the count of aten ops in a step
     barely grows with the number of parameter tensors (on a GPU each op is a kernel launch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += func.namespace == "aten"  # not the profiler's record_function markers
-            return func(*args, **(kwargs or {}))
-
     def ops_per_step(num_layers: int, fused: bool = False) -> tuple[int, int]:
         model = TransformerLM(50, 16, 32, num_layers, 2, 64)
         opt = AdamW(param_groups(model, 0.1), lr=1e-3, fused=fused)
         for p in model.parameters():
             p.grad = torch.randn_like(p)
         opt.step()
-        with Count() as count:
+        with AtenOps() as count:
             opt.step()
         return count.ops, len(list(model.parameters()))
 
