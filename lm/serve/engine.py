@@ -186,7 +186,7 @@ class Engine:
         self.device = weight.device
         self.rows: list[_Row | None] = [None] * max_batch
         self.dtype = dtype  # autocast's, None for the weights' own
-        self._set_up_decoding(compile, dtype, step_sizes)
+        self._set_up_decoding(compile, step_sizes)
         self.waiting: deque[Request] = deque()
         self.stats = Stats()
         self._lock = threading.Lock()
@@ -196,7 +196,7 @@ class Engine:
         self.accepting = True
         self.error: BaseException | None = None
 
-    def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None, step_sizes: list[int] | None) -> None:
+    def _set_up_decoding(self, compile: bool, step_sizes: list[int] | None) -> None:
         """A :class:`DecodeStep` for each step size, over the leading rows of one cache (compiled
         when ``compile``, here: the smallest size, then the others at once), then the probe that
         keeps the invariant ones."""
@@ -209,7 +209,7 @@ class Engine:
         self.steps: dict[int, DecodeStep] = {}
         for b in sorted({*sizes, self.max_batch}):  # compiled: the sizes share the compiled code
             first = next(iter(self.steps.values()), None) if compile else None
-            self.steps[b] = DecodeStep(self.model, b, compile=compile, dtype=dtype, cache=self.cache.leading(b),
+            self.steps[b] = DecodeStep(self.model, b, compile=compile, dtype=self.dtype, cache=self.cache.leading(b),
                                        share=first)
         self.step_sizes, self.dropped_sizes = self._invariant_sizes()
 

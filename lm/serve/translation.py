@@ -36,7 +36,7 @@ class TranslationEngine(Engine):
 
     architecture = "encoder_decoder"
 
-    def _set_up_decoding(self, compile: bool, dtype: torch.dtype | None, step_sizes: list[int] | None) -> None:
+    def _set_up_decoding(self, compile: bool, step_sizes: list[int] | None) -> None:
         if compile:
             raise ValueError("compile: the translation engine decodes eagerly (no compiled step for "
                              "encoder-decoder models)")
