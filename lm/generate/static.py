@@ -18,8 +18,11 @@ A row's result does not depend on the other rows or on where it sits in the batc
 matmul gives a row the same bits in any position of one shape), which is what lets the server
 batch requests without changing their tokens. Compiled on a CPU, the step's matmuls are also
 written so that a row's bits do not depend on the number of rows (:func:`lm.nn.functional.
-batch_invariant`): a one-row step and a sixteen-row step give a row the same logits, so the
-server can decode few requests in a small step (:mod:`lm.serve.engine` checks which sizes agree).
+batch_invariant`): a two-row step and a sixteen-row step give a row the same logits, so the
+server can decode few requests in a small step (:mod:`lm.serve.engine` checks which sizes agree;
+a one-row step is compiled into a graph of its own, specialised to one row, whose attention
+reductions may take another order: for the demo model they do not, for a model with 8-wide
+heads they give other last bits once a row holds more than 24 keys).
 """
 
 from __future__ import annotations

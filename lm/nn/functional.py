@@ -37,7 +37,7 @@ def batch_invariant(matmuls: bool = True):
       ``rows × d_out × d_in`` products.
 
     The decode step (:class:`lm.generate.DecodeStep`) runs within it on a CPU, which lets a
-    server decode a lone request in a one-row step and sixteen in a sixteen-row one with the
+    server decode a lone request in a small step and sixteen in a sixteen-row one with the
     same bits. The switch is process-wide, not per thread (torch.compile guards on it as a
     global): meant for the one thread that decodes.
     """

@@ -17,10 +17,13 @@ hold. So a decode step has one of a few fixed shapes, its *step sizes* (by defau
 two up to ``max_batch``, and ``max_batch``): the active rows are kept in the lowest slots (a row
 whose neighbour leaves moves down, its cache copied), and each step runs the smallest size that
 holds them, idle rows decoding a dummy token, attention over all ``context_length`` positions
-with a row's unused ones masked out. At start the engine runs every size on one probe sequence
-in every row and keeps only the sizes whose rows all give the ``max_batch`` step's logits bit
-for bit (eager on a CPU: 4 rows and more; compiled on a CPU every size, through the
-batch-invariant matmuls of :class:`lm.generate.DecodeStep`). A prefill runs alone, so it is the
+with a row's unused ones masked out. At start the engine runs every size on probe sequences
+in every row (a short one and one that fills the context) and keeps only the sizes whose rows
+all give the ``max_batch`` step's logits bit for bit (eager on a CPU: 4 rows and more; compiled
+on a CPU every size for the demo model, through the batch-invariant matmuls of
+:class:`lm.generate.DecodeStep`; torch.compile gives one row a graph of its own, which for some
+shapes sums the attention's keys in another order: the tests' tiny model, past 24 positions).
+A prefill runs alone, so it is the
 same whatever else is running. Each row samples from its own logits with its own
 ``torch.Generator``. ``tests/test_serve.py`` checks the invariance bit for bit.
 
@@ -215,29 +218,36 @@ class Engine:
 
     @torch.inference_mode()
     def _invariant_sizes(self) -> tuple[list[int], list[int]]:
-        """Run every step size on one probe sequence in all its rows (a random prompt prefilled,
-        then a few steps); keep the sizes whose rows all give the logits of the ``max_batch`` step's
-        first row, bit for bit. Returns the sizes kept and those dropped (the ``max_batch`` step is
-        kept; if its own rows disagree with one another, rows are not invariant to their slot
-        here, :attr:`slot_invariant` is False and only that step is used)."""
-        if self.context_length < 2:  # no request fits (a prompt and a token): nothing to probe
+        """Run every step size on probe sequences in all its rows (random ids prefilled, then a few
+        steps; one short sequence, and one that fills the context, so that every reduction over the
+        key positions runs in full); keep the sizes whose rows all give the logits of the
+        ``max_batch`` step's first row, bit for bit. Returns the sizes kept and those dropped (the
+        ``max_batch`` step is kept; if its own rows disagree with one another, rows are not
+        invariant to their slot here, :attr:`slot_invariant` is False and only that step is used)."""
+        ctx = self.context_length
+        if ctx < 2:  # no request fits (a prompt and a token): nothing to probe
             self.slot_invariant = False
             return [self.max_batch], [b for b in self.steps if b != self.max_batch]
         g = torch.Generator().manual_seed(0)
-        n = max(1, min(12, self.context_length // 2))
-        prompt = torch.randint(0, self.vocab_size, (n,), generator=g).tolist()
-        tokens = torch.randint(0, self.vocab_size, (min(3, self.context_length - n),), generator=g).tolist()
-        _, one = self._prefilled(prompt)
-        for slot in range(self.max_batch):
-            self.cache.fill_from(slot, one)
-        logits = {b: torch.stack([step([t] * b, [n + i] * b) for i, t in enumerate(tokens)])
-                  for b, step in self.steps.items()}  # (probe steps, rows, vocab) each
-        reference = logits[self.max_batch][:, :1]
-        agree = {b: bool((out == reference).all()) for b, out in logits.items()}
+        logits: dict[int, list[Tensor]] = {b: [] for b in self.steps}
+        for n in sorted({max(1, min(12, ctx // 2)), max(1, ctx - 3)}):
+            one = self._probe_cache(g, n)
+            tokens = torch.randint(0, self.vocab_size, (min(3, ctx - n),), generator=g).tolist()
+            for slot in range(self.max_batch):
+                self.cache.fill_from(slot, one)
+            for b, step in self.steps.items():
+                logits[b] += [step([t] * b, [n + i] * b) for i, t in enumerate(tokens)]
+        out = {b: torch.stack(steps) for b, steps in logits.items()}  # (probe steps, rows, vocab) each
+        reference = out[self.max_batch][:, :1]
+        agree = {b: bool((o == reference).all()) for b, o in out.items()}
         self.slot_invariant = agree[self.max_batch]
         if not self.slot_invariant:
             return [self.max_batch], [b for b in self.steps if b != self.max_batch]
         return [b for b in self.steps if agree[b]], [b for b in self.steps if not agree[b]]
+
+    def _probe_cache(self, g: torch.Generator, n: int) -> KVCache:
+        """A one-row cache of ``n`` positions of random ids, as a request's prefill leaves it."""
+        return self._prefilled(torch.randint(0, self.vocab_size, (n,), generator=g).tolist())[1]
 
     # -- the request side (any thread) -------------------------------------------------------
     def check(self, request: Request) -> None:
