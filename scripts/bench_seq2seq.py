@@ -13,7 +13,11 @@ Three comparisons, each printed as a ratio:
 2. **greedy decoding** of test_2016_flickr: lm's cached loop against the tutorial's loop that
    re-runs the decoder on the whole prefix every step, on the same weights; sentences/s, and
    the outputs must be identical;
-3. **beam 4** against greedy, both cached: the cost of the beam.
+3. **beam 4** against greedy, both cached: the cost of the beam;
+4. **serving** (``lm serve`` with this checkpoint, in process): the translation engine given 16
+   test sentences at once (continuous batching: the rows decode together) against the same 16
+   one after another, and against ``greedy_decode`` of one sentence after another (what the
+   engine did before it batched); target tokens/s; the texts must be the same all three ways.
 
 Rounds alternate between the contenders; the medians are reported. Measure on an idle machine:
 on 2 cores, a second busy process makes torch's two threads up to 10x slower.
@@ -36,6 +40,8 @@ import torch.nn.functional as F
 from lm.evaluate import collate_pairs
 from lm.generate import beam_search, greedy_decode
 from lm.model import Seq2SeqConfig, build_model
+from lm.serve.engine import Request, SamplingParams
+from lm.serve.translation import TranslationEngine
 from lm.tokenizer import Tokenizer, train_bpe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -117,12 +123,31 @@ def batches_of(src, tgt, budget: int):
     return out + [cur]
 
 
+def serve(engine: TranslationEngine, sources: list[list[int]], at_once: bool) -> tuple[float, list[list[int]]]:
+    """Target tokens/s of ``engine`` translating ``sources`` greedily, all queued at once or each
+    after the one before has finished, and the translations."""
+    outs: list[list[int]] = [[] for _ in sources]
+    requests = [Request(s, SamplingParams(max_tokens=engine.context_length - 1, temperature=0.0),
+                        on_token=lambda _, t, out=out: out.append(t)) for s, out in zip(sources, outs)]
+    t0 = time.perf_counter()
+    for r in requests:
+        engine.submit(r)
+        if not at_once:
+            while engine.step():
+                pass
+    while engine.step():
+        pass
+    return sum(map(len, outs)) / (time.perf_counter() - t0), outs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10, help="training steps per round and contender")
     ap.add_argument("--sentences", type=int, default=200, help="test sentences decoded per round")
+    ap.add_argument("--clients", type=int, default=16, help="sentences given to the serving engine at once")
+    ap.add_argument("--compile", action="store_true", help="the serving engine's steps compiled (lm serve --compile)")
     args = ap.parse_args()
     d = Path(args.data or "") / "multi30k"
     if not (d / "train.en.gz").is_file():
@@ -206,13 +231,43 @@ def main() -> None:
             elif name == "re-running loop":
                 same &= ours_out == outs
     g, loop, beam = (statistics.median(dec[k]) for k in ("lm greedy, cached", "re-running loop", "lm beam 4"))
+
+    # serving: the translation engine, its sixteen slots filled at once or one after another
+    t0 = time.perf_counter()
+    engine = TranslationEngine(ours, max_batch=args.clients, compile=args.compile)
+    print(f"serving engine ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    serve(engine, test_en[-args.clients:], at_once=True)  # warm: every step size it will use
+    served = {"at once": [], "one after another": [], "greedy_decode": []}
+    invariant = like_greedy = True
+    for r in range(args.rounds):
+        chunk = test_en[(r * args.clients) % len(test_en):][: args.clients]
+        for name in served:
+            if name == "greedy_decode":
+                t0 = time.perf_counter()
+                outs = [greedy_decode(ours, [s])[0] for s in chunk]
+                served[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
+                like_greedy &= outs == first
+                continue
+            rate, outs = serve(engine, chunk, at_once=name == "at once")
+            served[name].append(rate)
+            if name == "at once":
+                first = outs
+            else:
+                invariant &= outs == first
+    together, alone, before = (statistics.median(served[k]) for k in served)
     print("| what | lm | reference | ratio |")
     print("|---|---:|---:|---:|")
     print(f"| training step, target tokens/s | {lm_rate:,.0f} | {ref_rate:,.0f} (torch.nn.Transformer) | "
           f"{lm_rate / ref_rate:.2f}x |")
     print(f"| greedy decoding, sentences/s | {g:.1f} (cached) | {loop:.1f} (re-running loop) | {g / loop:.2f}x |")
     print(f"| beam 4 vs greedy, sentences/s | {beam:.1f} | {g:.1f} | cost {g / beam:.2f}x |")
-    print(f"identical greedy outputs: {same}")
+    how = "compiled " if args.compile else ""
+    print(f"| serving {args.clients} sentences, {how}target tokens/s | {together:,.0f} (at once) | {alone:,.0f} (one "
+          f"after another) | {together / alone:.2f}x |")
+    print(f"| … against greedy_decode one by one (the engine before batching) | {together:,.0f} | {before:,.0f} | "
+          f"{together / before:.2f}x |")
+    print(f"identical greedy outputs: {same}; served the same at once as one after another: {invariant}, "
+          f"as greedy_decode one by one: {like_greedy} (engine steps of {engine.step_sizes} rows)")
 
 
 if __name__ == "__main__":

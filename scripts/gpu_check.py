@@ -13,11 +13,13 @@ Parts, each run even if one before failed:
    tokens identical; new tokens/s for one stream and for 16; the serving engine's step sizes
    (which ones give a row the same bits as sixteen rows, in every slot, on this device) and, on
    CUDA, its compiled steps (CUDA graphs) against eager generation;
-4. **training**: ``configs/tinystories-17m.toml`` for ``--seconds`` on the data it can find
+4. **translation engine**: the encoder–decoder's batched decode steps (compiled on CUDA, with
+   each row's source in a static cross-attention cache) against ``greedy_decode``, tokens equal;
+5. **training**: ``configs/tinystories-17m.toml`` for ``--seconds`` on the data it can find
    (``$LM_TEST_DATA/tinystories_sample.txt``, else the demo's synthetic stories), bfloat16 where
    the device has it, compiled: tokens/s, MFU, peak memory, validation loss, and on CUDA the
    host–device syncs per step (``torch.cuda.set_sync_debug_mode``);
-5. **DDP**: ``torchrun`` with every visible GPU (nccl), or 2 CPU processes (gloo).
+6. **DDP**: ``torchrun`` with every visible GPU (nccl), or 2 CPU processes (gloo).
 
 The machine has no internet: nothing here downloads. ``--device cpu`` shrinks the model and the
 times so that ``tests/test_gpu_check.py`` runs it in the test suite, and the script cannot rot
@@ -155,6 +157,35 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
                    f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; start-up {seconds:.0f} s")
 
 
+def part_translation(report: Report, device: torch.device, cpu: bool) -> None:
+    """The translation engine's batched steps (compiled on CUDA) against greedy_decode, one sentence at a time."""
+    from lm.generate import greedy_decode
+    from lm.model import Seq2SeqConfig, build_model
+    from lm.serve.engine import Request, SamplingParams
+    from lm.serve.translation import TranslationEngine
+
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=1000, context_length=64, d_model=64 if cpu else 256, encoder_layers=2,
+                        decoder_layers=2, num_heads=4, dropout=0.0)
+    model = build_model(cfg).to(device).eval()
+    with torch.no_grad():  # sharper distributions than the init's, so that sentences differ
+        model.embeddings.weight.mul_(6.0)
+    sources = [torch.randint(3, cfg.vocab_size, (6 + 5 * k,)).tolist() for k in range(4)]
+    t0 = time.perf_counter()
+    engine = TranslationEngine(model, max_batch=4, compile=not cpu)
+    seconds = time.perf_counter() - t0
+    got: dict[int, list[int]] = {k: [] for k in range(len(sources))}
+    for k, src in enumerate(sources):
+        engine.submit(Request(src, SamplingParams(max_tokens=40, temperature=0.0),
+                              on_token=lambda _, t, k=k: got[k].append(t)))
+    while engine.step():
+        pass
+    want = {k: greedy_decode(model, [src])[0][:40] for k, src in enumerate(sources)}
+    report.add(f"translation engine{'' if cpu else ', compiled'}: greedy tokens == greedy_decode", got == want,
+               f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; start-up {seconds:.0f} s; "
+               f"steps by size {dict(engine.stats.steps)}")
+
+
 def find_corpus(work: Path, size: int) -> Path:
     data = os.environ.get("LM_TEST_DATA")
     if data and (Path(data) / "tinystories_sample.txt").exists():
@@ -270,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         guarded(report, "tests", lambda: part_tests(report, device))
         guarded(report, "parity", lambda: part_parity(report, device, small))
         guarded(report, "decoding", lambda: part_decoding(report, device, small, 32 if cpu else 256))
+        guarded(report, "translation engine", lambda: part_translation(report, device, cpu))
         try:
             prepare_data(work, cpu)
         except Exception as e:

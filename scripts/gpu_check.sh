@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one call, from a checkout (no install needed): CUDA tests, float32/bfloat16/compile
-# parity, the compiled decode step, a timed tinystories-17m run (ms/step, tokens/s, MFU, syncs per step,
-# validation loss) and torchrun over every visible GPU. Everything is in scripts/gpu_check.py;
-# `scripts/gpu_check.sh --device cpu` runs its short CPU version; $PYTHON picks the interpreter.
+# parity, the compiled decode steps (the language model's and the translation engine's), a timed
+# tinystories-17m run (ms/step, tokens/s, MFU, syncs per step, validation loss) and torchrun over every
+# visible GPU. Everything is in scripts/gpu_check.py; `scripts/gpu_check.sh --device cpu` runs its short
+# CPU version; $PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" scripts/gpu_check.py "$@"

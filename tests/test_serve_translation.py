@@ -1,21 +1,23 @@
 """`lm serve` with an encoder–decoder checkpoint: the source in ``prompt``, its translation back,
-through the same engine queue, HTTP API and errors as the language model."""
+through the same engine (slots, continuous batching, batch invariance), HTTP API and errors as
+the language model."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import httpx
 import pytest
 import torch
-from helpers.serving import ServerThread
+from helpers.serving import ServerThread, logits_beside
 
+import lm.serve.engine as engine_module
 from lm.checkpoint import export_safetensors
 from lm.generate import greedy_decode
 from lm.model import Seq2SeqConfig, build_model
 from lm.serve import SamplingParams, create_app
 from lm.serve.engine import Request
+from lm.serve.process import free_port, start_server
 from lm.serve.translation import TranslationEngine
 from lm.tokenizer import Tokenizer, save_tokenizer_dir
 
@@ -23,10 +25,10 @@ openai = pytest.importorskip("openai")
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
 
-def _model():
+def _model(**kw):
     torch.manual_seed(0)
     cfg = Seq2SeqConfig(vocab_size=259, context_length=32, d_model=32, encoder_layers=2, decoder_layers=2,
-                        num_heads=4, d_ff=64, dropout=0.0)
+                        num_heads=4, d_ff=64, dropout=0.0, **kw)
     model = build_model(cfg).eval()
     with torch.no_grad():  # sharper distributions than the init's, so that decoding paths differ
         model.embeddings.weight.mul_(6.0)
@@ -72,8 +74,100 @@ def test_the_engine_translates_as_greedy_decode_does_and_samples_each_choice_fro
         engine.submit(Request([5], SamplingParams(max_tokens=32)))
     with pytest.raises(ValueError, match="prompt"):
         engine.submit(Request(list(range(3, 35)), SamplingParams(max_tokens=3)))
-    with pytest.raises(ValueError, match="compile"):
-        TranslationEngine(model, compile=True)
+    with pytest.raises(ValueError, match="ignore_eos"):
+        engine.submit(Request([5], SamplingParams(max_tokens=3, ignore_eos=True)))
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "learned"])
+def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions):
+    """Rows of sources of different lengths, each at its own target position in one step, against
+    a plain teacher-forced forward of its source and its target so far."""
+    model = _model(positions=positions)
+    engine = TranslationEngine(model, max_batch=4)
+    sources = [[5, 9, 12, 7], [30, 4], [8, 8, 8, 21, 22, 3, 17, 40, 41, 42, 43], [60]]
+    seen = {}
+    real = engine_module.sample_next_token
+
+    def spy(logits, **kw):
+        seen.setdefault(id(kw["generator"]), []).append(logits[0].clone())
+        return real(logits, **kw)
+
+    runs = []
+    engine_module.sample_next_token = spy
+    try:
+        for k, src in enumerate(sources):  # one joins at each step: rows at different target positions
+            tokens = []
+            engine.submit(Request(src, SamplingParams(max_tokens=8 + k, temperature=1.0, seed=k), 1,
+                                  on_token=lambda i, t, tokens=tokens: tokens.append(t)))
+            runs.append(tokens)
+            engine.step()
+        while engine.step():
+            pass
+    finally:
+        engine_module.sample_next_token = real
+    assert max(engine.stats.steps) == 4 and len(seen) == len(sources)
+    cfg = model.config
+    for src, tokens, logits in zip(sources, runs, seen.values()):
+        tgt = [cfg.bos_id, *tokens]
+        with torch.no_grad():
+            full = model(torch.tensor([src + [cfg.eos_id]]), torch.tensor([tgt]))[0]
+        full[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+        assert len(logits) == len(tokens) + (len(tokens) < 8)  # an <eos> sampled is not a token
+        for j, got in enumerate(logits):  # token j was chosen from the logits at target position j
+            torch.testing.assert_close(got, full[j], rtol=1e-5, atol=1e-5)
+
+
+def _seeded_translation(engine, companions: int, join_at: int, fill=False):
+    """Tokens and logits (bytes) of one seeded translation (up to the end of the context), run with
+    ``companions`` other requests of other sources and settings, which arrive ``join_at`` steps
+    after it (-1: just before it, so that it takes a slot after theirs); with ``fill`` they may
+    translate up to the end of the context too."""
+    tokens = []
+    req = Request([11, 12, 13, 14, 15], SamplingParams(max_tokens=31, temperature=1.0, top_p=0.9, seed=1234), 1,
+                  on_token=lambda i, t: tokens.append(t))
+    g = torch.Generator().manual_seed(companions)
+    others = []
+    for k in range(companions):
+        src = torch.randint(3, 259, (int(torch.randint(1, 25, (1,), generator=g)),), generator=g).tolist()
+        params = SamplingParams(max_tokens=31 if fill else int(torch.randint(1, 25, (1,), generator=g)),
+                                temperature=[0.0, 0.7, 1.3][k % 3], top_p=[1.0, 0.5][k % 2], seed=k)
+        others.append(Request(src, params))
+    logits = logits_beside(engine, req, others, join_at, steps=40)
+    return tokens, logits
+
+
+def test_a_seeded_translation_is_the_same_alone_or_beside_fifteen_others():
+    model = _model()
+    alone = TranslationEngine(model, max_batch=16)
+    alone_tokens, alone_logits = _seeded_translation(alone, 0, 0)
+    assert len(alone_tokens) >= 5 and set(alone.stats.steps) == {alone.step_sizes[0]}
+    for companions, join_at in ((15, 0), (15, 3), (7, 1), (15, -1)):
+        engine = TranslationEngine(model, max_batch=16)
+        tokens, logits = _seeded_translation(engine, companions, join_at)
+        assert tokens == alone_tokens, (companions, join_at)
+        assert logits == alone_logits, (companions, join_at)  # bit for bit, every step
+        if companions == 15:
+            assert 16 in engine.stats.steps  # continuous batching: all sixteen decoded in one step
+
+
+@pytest.mark.slow
+def test_the_compiled_translation_step_keeps_every_size_and_the_eager_tokens():
+    model = _model()
+    engine = TranslationEngine(model, max_batch=16, compile=True)
+    # the batch-invariant matmuls, the output projection too (one row: see test_serve.py)
+    assert engine.step_sizes[-4:] == [2, 4, 8, 16]
+    alone_tokens, alone_logits = _seeded_translation(engine, 0, 0)
+    assert set(engine.stats.steps) == {engine.step_sizes[0]}
+    tokens, logits = _seeded_translation(engine, 15, 0, fill=True)
+    assert tokens == alone_tokens and logits == alone_logits
+    eager_tokens, eager_logits = _seeded_translation(TranslationEngine(model, max_batch=16), 0, 0)
+    assert alone_tokens == eager_tokens
+    for got, want in zip(alone_logits, eager_logits):  # compiled kernels: the same logits to rounding
+        got, want = (torch.frombuffer(bytearray(b), dtype=torch.float32) for b in (got, want))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for src in ([5, 9, 12, 7], [30, 4]):
+        tokens, _ = _run(engine, src, SamplingParams(max_tokens=31, temperature=0.0))
+        assert tokens == [greedy_decode(model, [src])[0]]
 
 
 def test_the_server_answers_with_the_translation_streaming_and_not():
@@ -98,10 +192,21 @@ def test_the_server_answers_with_the_translation_streaming_and_not():
         server.close()
 
 
-def test_lm_serve_refuses_compile_for_a_translation_checkpoint(tmp_path):
-    export_safetensors(_model(), tmp_path / "model.safetensors")
+def test_lm_serve_serves_a_translation_checkpoint_with_step_sizes(tmp_path):
+    model = _model()
+    export_safetensors(model, tmp_path / "model.safetensors")
     save_tokenizer_dir(TOK, tmp_path / "tokenizer")
-    p = subprocess.run([sys.executable, "-m", "lm", "serve", "--checkpoint", str(tmp_path), "--compile"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "--compile:" in p.stderr and "translation model" in p.stderr
-    assert "Traceback" not in p.stderr
+    proc, url = start_server(["--checkpoint", str(tmp_path), "--max-batch", "4", "--step-sizes", "2,4",
+                              "--device", "cpu"], free_port(), stderr=subprocess.PIPE, text=True)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        r = client.completions.create(model=tmp_path.name, prompt=["abc", "hello"], temperature=0.0)
+        want = [TOK.decode(ids) for ids in greedy_decode(model, [TOK.encode("abc"), TOK.encode("hello")])]
+        assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == want
+        r = httpx.post(url + "/v1/completions", json={"prompt": "a", "ignore_eos": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos"
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+    err = proc.stderr.read()
+    assert "decode steps of 4 rows (2: a row's logits differ" in err and "Traceback" not in err

@@ -85,22 +85,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     dtype = resolve_dtype(args.dtype, model.device)
+    if args.compile and not args.quiet:
+        print("lm serve: compiling the decode steps (tens of seconds) ...", file=sys.stderr, flush=True)
+    common = dict(max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype, vocab_size=tok.vocab_size,
+                  compile=args.compile, step_sizes=args.step_sizes)
     if model.config.architecture == "encoder_decoder":  # a translation model: prompt in, translation out
-        if args.compile:
-            raise ValueError(f"--compile: {args.checkpoint!r} is a translation model, which is decoded eagerly")
-        if args.step_sizes is not None:
-            raise ValueError(f"--step-sizes: {args.checkpoint!r} is a translation model, decoded one choice at a time")
-        engine = TranslationEngine(model, max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype)
+        engine = TranslationEngine(model, **common)
     else:
-        if args.compile and not args.quiet:
-            print("lm serve: compiling the decode steps (tens of seconds) ...", file=sys.stderr, flush=True)
-        engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue, eos_id=tok.eot_id, dtype=dtype,
-                        vocab_size=tok.vocab_size, compile=args.compile, step_sizes=args.step_sizes)
-        if not args.quiet:
-            dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the "
-                       f"{args.max_batch}-row step's here, so not used)" if engine.dropped_sizes else "")
-            print(f"lm serve: decode steps of {', '.join(map(str, engine.step_sizes))} rows{dropped}",
-                  file=sys.stderr, flush=True)
+        engine = Engine(model, eos_id=tok.eot_id, **common)
+    if not args.quiet:
+        dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the "
+                   f"{args.max_batch}-row step's here, so not used)" if engine.dropped_sizes else "")
+        print(f"lm serve: decode steps of {', '.join(map(str, engine.step_sizes))} rows{dropped}",
+              file=sys.stderr, flush=True)
     run = Path(args.checkpoint)
     name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
                                else run.parent.parent.name)

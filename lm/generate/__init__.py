@@ -6,7 +6,7 @@ from lm.generate.kv_cache import KVCache
 from lm.generate.load import Loaded, load_model_and_tokenizer
 from lm.generate.sampling import sample_next_token, top_k_filter, top_p_filter
 from lm.generate.seq2seq import Seq2SeqCache, beam_search, greedy_decode, translate
-from lm.generate.static import DecodeStep, StaticKVCache
+from lm.generate.static import DecodeStep, StaticKVCache, StaticSeq2SeqCache
 from lm.generate.text import TextStreamer
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "Loaded",
     "Seq2SeqCache",
     "StaticKVCache",
+    "StaticSeq2SeqCache",
     "TextStreamer",
     "beam_search",
     "generate",

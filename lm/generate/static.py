@@ -10,9 +10,11 @@ captured as a CUDA graph by its ``reduce-overhead`` mode) and replayed for every
   big one: a compiled graph writes into it in place instead of copying it), and each row's
   length in a tensor. A step writes the new key and value of row ``b`` at ``lengths[b]`` and
   attends over all ``max_len`` positions with the row's unused ones masked, so the shapes are the
-  same at every step;
+  same at every step; :class:`StaticSeq2SeqCache`, for an encoder–decoder, also holds each row's
+  source (its cross-attention keys and values, masked past its end) in ``max_len`` positions;
 * :class:`DecodeStep` is ``(ids, lengths) -> logits`` over such a cache, through the model's own
-  ``forward`` (the same layers as training and the eager path), compiled or not.
+  ``forward`` (an encoder–decoder's ``decode``: the same layers as training and the eager path),
+  compiled or not.
 
 A row's result does not depend on the other rows or on where it sits in the batch (torch's CPU
 matmul gives a row the same bits in any position of one shape), which is what lets the server
@@ -75,6 +77,10 @@ class StaticKVCache:
         view.lengths, view._row, view._slot = self.lengths[:rows].clone(), self._row[:rows], self._slot
         return view
 
+    def tensors(self) -> list[Tensor]:
+        """Every tensor a step reads or writes (a CUDA graph needs their addresses fixed)."""
+        return [*self.k, *self.v, self.lengths]
+
     def move(self, source: int, row: int, length: int) -> None:
         """Copy row ``source``'s first ``length`` positions into ``row``."""
         for t in (*self.k, *self.v):
@@ -127,9 +133,73 @@ class _StaticLayer:
         return c.k[i], c.v[i], c.step_mask
 
 
+class StaticSeq2SeqCache(StaticKVCache):
+    """A :class:`StaticKVCache` of an encoder–decoder's decoder, plus each row's cross-attention
+    keys and values: layer ``i``'s in ``cross_k[i]``/``cross_v[i]`` ``(rows, heads, max_len,
+    head_dim)``, row ``b``'s source in its first positions and :attr:`memory_mask` ``(rows,
+    max_len)`` ``True`` there. A step attends over all ``max_len`` source positions of every row
+    with the row's unused ones masked, so a row's shapes are the same whatever its source's length.
+
+    Speaks the cache protocols of :meth:`lm.model.EncoderDecoder.decode` (the self-attention one
+    and the cross-attention ``get``, the keys and values put there by :meth:`fill_from`).
+    """
+
+    def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
+                 device=None, dtype=torch.float32):
+        super().__init__(num_layers, rows, num_heads, max_len, head_dim, device=device, dtype=dtype)
+        shape = (rows, num_heads, max_len, head_dim)
+        self.cross_k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.cross_v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.memory_mask = torch.zeros(rows, max_len, dtype=torch.bool, device=device)
+
+    @classmethod
+    def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticSeq2SeqCache:
+        cfg, weight = model.config, model.output_weight
+        return cls(cfg.decoder_layers, rows, cfg.num_heads, cfg.context_length if max_len is None else max_len,
+                   cfg.head_dim, device=weight.device, dtype=weight.dtype)
+
+    def leading(self, rows: int) -> StaticSeq2SeqCache:
+        view = super().leading(rows)
+        view.__class__ = StaticSeq2SeqCache
+        view.cross_k, view.cross_v = [t[:rows] for t in self.cross_k], [t[:rows] for t in self.cross_v]
+        view.memory_mask = self.memory_mask[:rows]
+        return view
+
+    def tensors(self) -> list[Tensor]:
+        return [*super().tensors(), *self.cross_k, *self.cross_v, self.memory_mask]
+
+    def move(self, source: int, row: int, length: int) -> None:
+        """Copy row ``source``'s first ``length`` target positions and its whole source into ``row``."""
+        super().move(source, row, length)
+        for t in (*self.cross_k, *self.cross_v, self.memory_mask):
+            t[row] = t[source]
+
+    def fill_from(self, row: int, cache, source_row: int = 0) -> None:
+        """Copy row ``source_row`` of a :class:`lm.generate.Seq2SeqCache` (its decoder keys and
+        values, and its cross-attention ones, unpadded) into ``row``."""
+        super().fill_from(row, cache, source_row)
+        n = cache.cross[0][0].shape[-2]
+        if n > self.max_len:
+            raise ValueError(f"source: {n} positions, the cache holds {self.max_len}")
+        for i, (k, v) in cache.cross.items():
+            self.cross_k[i][row].zero_()
+            self.cross_v[i][row].zero_()
+            self.cross_k[i][row, :, :n] = k[source_row]
+            self.cross_v[i][row, :, :n] = v[source_row]
+        self.memory_mask[row] = self._slot < n
+
+    # -- the cross-attention protocol (read only: the keys and values come from fill_from) --------
+    def get(self, layer: int) -> tuple[Tensor, Tensor]:
+        return self.cross_k[layer], self.cross_v[layer]
+
+    def put(self, layer: int, k: Tensor, v: Tensor) -> None:
+        raise RuntimeError("a StaticSeq2SeqCache takes its cross-attention keys and values from fill_from")
+
+
 class DecodeStep:
     """``step(ids, lengths) -> logits``: one new token for each of ``rows`` sequences held in
-    :attr:`cache` (a :class:`StaticKVCache`), row ``b``'s token at position ``lengths[b]``.
+    :attr:`cache` (a :class:`StaticKVCache`; for an encoder–decoder a :class:`StaticSeq2SeqCache`,
+    filled by the caller), row ``b``'s token at position ``lengths[b]``.
 
     ``compile=True`` compiles the step with ``torch.compile`` on its first call (seconds; on
     CUDA in ``reduce-overhead`` mode, which replays it as a CUDA graph); every later call reuses
@@ -143,12 +213,19 @@ class DecodeStep:
 
     def __init__(self, model, rows: int, *, compile: bool = False, dtype: torch.dtype | None = None,
                  cache: StaticKVCache | None = None, share: DecodeStep | None = None):
-        if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
-            raise ValueError(f"DecodeStep needs a decoder-only model, got {model.config.architecture!r}")
+        architecture = getattr(model.config, "architecture", "decoder_lm")
+        if architecture not in ("decoder_lm", "encoder_decoder"):
+            raise ValueError(f"DecodeStep needs a decoder_lm or encoder_decoder model, got {architecture!r}")
         if share is not None and not (compile and share.compiled and share.model is model and share.dtype == dtype):
             raise ValueError("share: needs a compiled DecodeStep of the same model and dtype, and compile=True")
+        seq2seq = architecture == "encoder_decoder"
         self.model = model
-        self.cache = cache if cache is not None else StaticKVCache.for_model(model, rows)
+        if cache is None:
+            cache = (StaticSeq2SeqCache if seq2seq else StaticKVCache).for_model(model, rows)
+        elif seq2seq != isinstance(cache, StaticSeq2SeqCache):
+            raise ValueError(f"cache: a {architecture} model needs a "
+                             f"{'StaticSeq2SeqCache' if seq2seq else 'StaticKVCache'}, got {type(cache).__name__}")
+        self.cache = cache
         self.rows = self.cache.rows
         self.device = model.output_weight.device
         self.dtype = dtype
@@ -159,15 +236,22 @@ class DecodeStep:
         self.batch_invariant = self.device.type == "cpu"
         self._invariant_matmuls = compile and dtype is None
         self._ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
+        # The decoder-only model checks ids on the host unless told they are trusted; the
+        # encoder-decoder does not check them.
+        self._trusted = model.trusted_ids if hasattr(model, "trusted_ids") else contextlib.nullcontext
         model_ = model
 
-        def step(ids: Tensor, cache: StaticKVCache) -> Tensor:
-            return model_(ids, kv_cache=cache, last_only=True)[:, -1]
+        if seq2seq:
+            def step(ids: Tensor, cache: StaticSeq2SeqCache) -> Tensor:  # memory: the cache's cross keys/values
+                return model_.logits(model_.decode(ids, None, cache.memory_mask, cache=cache)[:, -1])
+        else:
+            def step(ids: Tensor, cache: StaticKVCache) -> Tensor:
+                return model_(ids, kv_cache=cache, last_only=True)[:, -1]
 
         self._fn = step
         if compile:
             if self.device.type == "cuda":  # a CUDA graph replays fixed addresses: the cache stays put
-                for t in (*self.cache.k, *self.cache.v, self.cache.lengths, self._ids):
+                for t in (*self.cache.tensors(), self._ids):
                     torch._dynamo.mark_static_address(t)
             mode = "reduce-overhead" if self.device.type == "cuda" else None
             # Automatic dynamic shapes: a step alone compiles for its one shape; steps that share
@@ -184,7 +268,7 @@ class DecodeStep:
         self.cache.set_lengths(list(lengths))
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
         invariant = batch_invariant(self._invariant_matmuls) if self.batch_invariant else contextlib.nullcontext()
-        with autocast(self.device, self.dtype), self.model.trusted_ids(), invariant:
+        with autocast(self.device, self.dtype), self._trusted(), invariant:
             logits = self._fn(self._ids, self.cache)  # callers pass sampled ids (trusted_ids: no host check)
         return logits.clone() if self.compiled and self.device.type == "cuda" else logits
 

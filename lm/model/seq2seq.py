@@ -36,6 +36,7 @@ from lm.nn import (
 from lm.nn.attention import DEFAULT_ATTN_IMPL
 from lm.nn.block import make_norm
 from lm.nn.choices import check_choice
+from lm.nn.functional import is_compiling, linear
 
 IGNORE = -100  # the target of a padding position: left out of the loss
 
@@ -198,11 +199,18 @@ class EncoderDecoder(torch.nn.Module):
 
         With ``cache`` (a :class:`lm.generate.Seq2SeqCache`) ``tgt`` holds the *next* positions:
         the decoder's self-attention keys and values are kept, and the memory's keys and values
-        are projected on the first call and reused after (``memory`` may then be None).
+        are projected on the first call and reused after (``memory`` may then be None). A
+        :class:`lm.generate.StaticSeq2SeqCache` holds them from the start, every row at its own
+        position.
         """
-        offset = 0 if cache is None else cache.length
+        # Compiled, a cache's length (a Python int) would recompile the graph at every step: the
+        # compiled caller (lm.generate.DecodeStep) checks it instead.
+        offset = 0 if cache is None or is_compiling() else cache.length
         self._check(tgt, "target", offset)
-        positions = torch.arange(offset, offset + tgt.shape[-1], device=tgt.device)
+        if cache is None:
+            positions = torch.arange(tgt.shape[-1], device=tgt.device)
+        else:  # (batch, tgt): each row's own, for a cache whose rows have different lengths
+            positions = cache.start_step(tgt.shape[-1])
         x = self.embed(tgt, "tgt", positions)
         for i, layer in enumerate(self.decoder):
             x = layer(x, memory, memory_mask=memory_mask, tgt_mask=tgt_mask, token_positions=positions,
@@ -212,7 +220,7 @@ class EncoderDecoder(torch.nn.Module):
         return self.decoder_norm(x)
 
     def logits(self, hidden: Float[Tensor, "... d_model"]) -> Float[Tensor, "... vocab"]:
-        return torch.matmul(hidden, self.output_weight.T)
+        return linear(hidden, self.output_weight)  # lm.nn's matmul: batch-invariant where asked
 
     # -- the model seam: what the trainer, evaluation and generation ask for -----------------------
     def forward(

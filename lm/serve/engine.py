@@ -128,6 +128,7 @@ class _Row:
     index: int  # which choice of the request
     generator: torch.Generator
     length: int  # tokens in the slot's cache
+    limit: int  # the most tokens it may generate (max_tokens, or less where the model says so)
     generated: int = 0
     last: int = 0  # the token to feed at the next step
 
@@ -169,6 +170,8 @@ class Engine:
     """
 
     architecture = "decoder_lm"  # the models this engine runs
+    sends_eos = True  # the end-of-text token is a token of the completion (as vLLM's), and counted
+    cache_class = StaticKVCache  # the slots: one cache row each
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
                  dtype: torch.dtype | None = None, vocab_size: int | None = None, compile: bool = False,
@@ -208,7 +211,7 @@ class Engine:
                    None)
         if bad is not None:
             raise ValueError(f"step_sizes: each must be a whole number in [1, max_batch={self.max_batch}], got {bad!r}")
-        self.cache = StaticKVCache.for_model(self.model, self.max_batch)
+        self.cache = self.cache_class.for_model(self.model, self.max_batch)
         self.steps: dict[int, DecodeStep] = {}
         for b in sorted({*sizes, self.max_batch}):  # compiled: the sizes share the compiled code
             first = next(iter(self.steps.values()), None) if compile else None
@@ -359,28 +362,40 @@ class Engine:
         generators = request.params.choice_generators(len(slots))
         for index, (slot, generator) in enumerate(zip(slots, generators)):
             self.cache.fill_from(slot, one)
-            row = _Row(request, index, generator, length=len(request.prompt_ids))
+            row = _Row(request, index, generator, length=one.length, limit=self._limit(request))
             self.rows[slot] = row
             self._emit(slot, row, logits)
 
+    def _limit(self, request: Request) -> int:
+        """The most tokens a choice of ``request`` may generate."""
+        return request.params.max_tokens
+
+    def _allowed(self, logits: Tensor) -> Tensor:
+        """The logits a row samples from (here the model's own, up to the tokenizer's size)."""
+        return logits[:self.vocab_size]
+
     def _emit(self, slot: int, row: _Row, logits: Tensor) -> None:
-        """Sample the row's next token from its logits, send it, and free the slot if it is done."""
+        """Sample the row's next token from its logits, send it, and free the slot if it is done.
+        The end-of-text token is sent as a token unless :attr:`sends_eos` is False."""
         request, p = row.request, row.request.params
         if request.is_cancelled(row.index):
             return self._free(slot, "cancelled")
-        token = int(sample_next_token(logits[None, :self.vocab_size], temperature=p.temperature, top_p=p.top_p,
+        token = int(sample_next_token(self._allowed(logits)[None], temperature=p.temperature, top_p=p.top_p,
                                       generator=row.generator)[0])
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
             self.stats.time_to_first_token(request.first_token_at - request.arrival)
+        ends = self.eos_id is not None and token == self.eos_id and not p.ignore_eos
+        if ends and not self.sends_eos:
+            return self._free(slot, "stop")
         row.generated += 1
         row.last = token
         self.stats.generated_tokens += 1
         if request.on_token is not None:
             request.on_token(row.index, token)
-        if self.eos_id is not None and token == self.eos_id and not p.ignore_eos:
+        if ends:
             self._free(slot, "stop")
-        elif row.generated >= p.max_tokens:
+        elif row.generated >= row.limit:
             self._free(slot, "length")
 
     def _free(self, slot: int, reason: str) -> None:

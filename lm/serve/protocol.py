@@ -153,6 +153,9 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise APIError(400, f"ignore_eos: must be true or false, got {ignore_eos!r}", "ignore_eos")
+    if ignore_eos and translation:
+        raise APIError(400, "ignore_eos: a translation ends at its <eos>; not supported for a translation model",
+                       "ignore_eos")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             ignore_eos=ignore_eos)
     return CompletionRequest(prompts, params, n, stops, stream, include_usage)

@@ -5,43 +5,45 @@ answers with its translation: ``temperature`` 0 (greedy) or sampled with ``top_p
 ``max_tokens`` capping the target (by default the model's own limit, the source's length + 50),
 ``n`` choices, streaming, stop strings: the decoder-only server's fields, the same errors.
 
-:class:`TranslationEngine` keeps the decoder-only :class:`~lm.serve.engine.Engine`'s queue,
-thread, cancellation, draining and metrics, and replaces its scheduler: it translates one
-choice at a time with :func:`lm.generate.greedy_decode` (cached cross-attention keys and
-values, the decoder's own KV cache), each alone, so a seeded request's text never depends on
-what else is queued. Translation requests are short (a sentence of 10–30 tokens on Multi30k),
-so a request waits for the ones before it instead of joining a running batch.
+:class:`TranslationEngine` is the decoder-only :class:`~lm.serve.engine.Engine` (its queue,
+thread, slots, continuous batching, step sizes, probe, cancellation, draining and metrics) with
+another slot: a row of a :class:`lm.generate.StaticSeq2SeqCache`, which holds the decoder's
+keys and values and the projected keys and values of the row's own source (the cross-attention
+memory, masked past the source's end). A request is prefilled alone (its source encoded, ``<bos>``
+decoded: the first token's logits) and joins the running batch at the next step; each step
+decodes one target token of every row, each at its own position and over its own source, as
+:func:`lm.generate.greedy_decode` does for one sentence. ``<pad>`` and ``<bos>`` are never
+sampled, and ``<eos>`` ends a choice without being part of it.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
+from torch import Tensor
 
 from lm.device import autocast
-from lm.generate.seq2seq import greedy_decode, max_target_length
+from lm.generate.kv_cache import KVCache
+from lm.generate.seq2seq import _batch, max_target_length
+from lm.generate.static import StaticSeq2SeqCache
 from lm.serve.engine import Engine, Request
 
 
-class _Stop(Exception):
-    """Raised from the token callback to end a choice early: cancelled, or ``max_tokens``."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
 class TranslationEngine(Engine):
-    """An :class:`Engine` for ``encoder_decoder`` models: one choice translated at a time."""
+    """An :class:`Engine` for ``encoder_decoder`` models (see the module): the same arguments, and
+    a choice ends at the model's ``eos_id``."""
 
     architecture = "encoder_decoder"
+    sends_eos = False  # <eos> ends a translation; it is not a token of the text
+    cache_class = StaticSeq2SeqCache
 
-    def _set_up_decoding(self, compile: bool, step_sizes: list[int] | None) -> None:
-        if compile:
-            raise ValueError("compile: the translation engine decodes eagerly (no compiled step for "
-                             "encoder-decoder models)")
-        if step_sizes is not None:
-            raise ValueError("step_sizes: the translation engine decodes one choice at a time (no batched step)")
+    def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
+                 dtype: torch.dtype | None = None, vocab_size: int | None = None, compile: bool = False,
+                 step_sizes: list[int] | None = None):
+        own = getattr(model.config, "eos_id", None)
+        if eos_id not in (None, own):
+            raise ValueError(f"eos_id: a translation ends at the model's <eos> ({own}), got {eos_id!r}")
+        super().__init__(model, max_batch=max_batch, max_queue=max_queue, eos_id=own, dtype=dtype,
+                         vocab_size=vocab_size, compile=compile, step_sizes=step_sizes)
 
     def _check_lengths(self, request: Request) -> None:
         src, cfg = request.prompt_ids, self.model.config
@@ -50,67 +52,39 @@ class TranslationEngine(Engine):
         if request.params.max_tokens > cfg.context_length - 1:  # the target starts with <bos>
             raise ValueError(f"max_tokens: this model writes at most {cfg.context_length - 1} tokens, "
                              f"got {request.params.max_tokens}")
+        if request.params.ignore_eos:
+            raise ValueError("ignore_eos: a translation ends at its <eos>; not supported for a translation model")
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting) or self.stats.batch_size > 0
+    def _limit(self, request: Request) -> int:
+        return min(request.params.max_tokens, max_target_length(self.model, len(request.prompt_ids)))
 
-    @torch.inference_mode()
-    def step(self) -> bool:
-        """Translate the next waiting request (all its choices). Returns whether there was one."""
-        with self._lock:
-            request = self.waiting.popleft() if self.waiting else None
-            self.stats.queue_depth = len(self.waiting)
-            self.stats.batch_size = 1 if request is not None else 0
-        if request is None:
-            return False
-        try:
-            self.stats.prompt_tokens += len(request.prompt_ids)
-            p = request.params
-            limit = min(p.max_tokens, max_target_length(self.model, len(request.prompt_ids)))
-            for index, generator in enumerate(p.choice_generators(request.n)):
-                try:
-                    self._translate_one(request, index, generator, limit)
-                except BaseException:  # the model failed: this request's clients must not wait forever
-                    for rest in range(index, request.n):
-                        self._finish_one(request, rest, "error")
-                    raise
-        finally:
-            self.stats.batch_size = 0
-        return True
+    def _allowed(self, logits: Tensor) -> Tensor:
+        """A target never holds ``<pad>`` or a second ``<bos>`` (as :func:`lm.generate.greedy_decode`)."""
+        cfg = self.model.config
+        logits = logits[:self.vocab_size].float().clone()
+        logits[[cfg.pad_id, cfg.bos_id]] = float("-inf")
+        return logits
 
-    def _translate_one(self, request: Request, index: int, generator: torch.Generator, limit: int) -> None:
-        if request.is_cancelled(index):
-            return self._finish_one(request, index, "cancelled")
-        p = request.params
-        made = 0
+    def _prefilled(self, prompt_ids: list[int]) -> tuple[Tensor, KVCache]:
+        """The source encoded alone and ``<bos>`` decoded: the first target token's logits, and
+        the one-row cache holding ``<bos>``'s keys and values and the source's projected ones."""
+        cfg = self.model.config
+        src, mask = _batch([prompt_ids], cfg.eos_id, cfg.pad_id, self.device)
+        bos = torch.full((1, 1), cfg.bos_id, dtype=torch.long, device=self.device)
+        one = self.model.new_cache(1, max_len=1)
+        with autocast(self.device, self.dtype):
+            hidden = self.model.decode(bos, self.model.encode(src, mask), mask, cache=one)
+            return self.model.logits(hidden[0, -1]), one
 
-        def on_token(row: int, token: int) -> None:
-            nonlocal made
-            if request.first_token_at is None:
-                request.first_token_at = time.perf_counter()
-                self.stats.time_to_first_token(request.first_token_at - request.arrival)
-            made += 1
-            self.stats.generated_tokens += 1
-            self.stats.steps[1] += 1  # one row a step
-            self.stats.step_rows += 1
-            if request.on_token is not None:
-                request.on_token(index, token)
-            if request.is_cancelled(index):
-                raise _Stop("cancelled")
-            if made >= p.max_tokens:
-                raise _Stop("length")
-
-        try:
-            with autocast(self.device, self.dtype):
-                greedy_decode(self.model, [request.prompt_ids], temperature=p.temperature, top_p=p.top_p,
-                              generator=generator, on_token=on_token)
-            reason = "length" if made >= limit else "stop"  # the model's own limit, or <eos>
-        except _Stop as stop:
-            reason = stop.reason
-        self._finish_one(request, index, reason)
-
-    def _finish_one(self, request: Request, index: int, reason: str) -> None:
-        self.stats.ended(reason)
-        if request.on_finish is not None:
-            request.on_finish(index, reason)
+    def _probe_cache(self, g: torch.Generator, n: int) -> KVCache:
+        """A random source of ``n`` ids encoded, and a random target of ``n`` positions (``<bos>``
+        first) decoded into a one-row cache."""
+        cfg = self.model.config
+        src, mask = _batch([torch.randint(0, self.vocab_size, (n,), generator=g).tolist()], cfg.eos_id, cfg.pad_id,
+                           self.device)
+        tgt = torch.randint(0, self.vocab_size, (1, n), generator=g).to(self.device)
+        tgt[0, 0] = cfg.bos_id
+        one = self.model.new_cache(1, max_len=n)
+        with autocast(self.device, self.dtype):
+            self.model.decode(tgt, self.model.encode(src, mask), mask, cache=one)
+        return one

@@ -5,6 +5,7 @@ import time
 
 import uvicorn
 
+import lm.serve.engine as engine_module
 from helpers.run_dir import make_run_dir
 from lm.tokenizer import EOT
 
@@ -38,3 +39,34 @@ def model_and_tokenizer(tmp_path_factory, **kw):
     cfg.update(kw)
     run, model, tok = make_run_dir(d, TEXT, 300, **cfg)
     return run, model.eval(), tok
+
+
+def logits_beside(engine, target, companions, join_at: int, steps: int = 60) -> list[bytes]:
+    """The logits (as bytes) ``target`` (a Request) sampled its tokens from, run in ``engine`` with
+    ``companions`` (Requests) that arrive ``join_at`` steps after it (-1: just before it, so that
+    it takes a slot after theirs), until the engine is idle."""
+    log = []
+    real = engine_module.sample_next_token
+
+    def spy(logits, **kw):
+        if any(r is not None and r.request is target and r.generator is kw["generator"] for r in engine.rows):
+            log.append(logits.numpy().tobytes())
+        return real(logits, **kw)
+
+    engine_module.sample_next_token = spy
+    try:
+        if join_at >= 0:
+            engine.submit(target)
+        for step in range(steps):
+            if step == max(join_at, 0):
+                for request in companions:
+                    engine.submit(request)
+                if join_at < 0:
+                    engine.submit(target)
+            engine.step()
+        for _ in range(10_000):
+            if not engine.step():
+                return log
+        raise AssertionError("the engine did not finish")
+    finally:
+        engine_module.sample_next_token = real
