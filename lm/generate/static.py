@@ -71,7 +71,7 @@ class StaticKVCache:
         writes these rows), its own lengths."""
         if not 1 <= rows <= self.rows:
             raise ValueError(f"rows: need a number in [1, {self.rows}], got {rows}")
-        view = object.__new__(StaticKVCache)
+        view = object.__new__(type(self))
         view.k, view.v = [t[:rows] for t in self.k], [t[:rows] for t in self.v]
         view.rows, view.max_len, view.length, view.step_mask = rows, self.max_len, 0, None
         view.lengths, view._row, view._slot = self.lengths[:rows].clone(), self._row[:rows], self._slot
@@ -160,7 +160,6 @@ class StaticSeq2SeqCache(StaticKVCache):
 
     def leading(self, rows: int) -> StaticSeq2SeqCache:
         view = super().leading(rows)
-        view.__class__ = StaticSeq2SeqCache
         view.cross_k, view.cross_v = [t[:rows] for t in self.cross_k], [t[:rows] for t in self.cross_v]
         view.memory_mask = self.memory_mask[:rows]
         return view

@@ -23,9 +23,8 @@ all give the ``max_batch`` step's logits bit for bit (eager on a CPU: 4 rows and
 on a CPU every size for the demo model, through the batch-invariant matmuls of
 :class:`lm.generate.DecodeStep`; torch.compile gives one row a graph of its own, which for some
 shapes sums the attention's keys in another order: the tests' tiny model, past 24 positions).
-A prefill runs alone, so it is the
-same whatever else is running. Each row samples from its own logits with its own
-``torch.Generator``. ``tests/test_serve.py`` checks the invariance bit for bit.
+A prefill runs alone, so it is the same whatever else is running. Each row samples from its own
+logits with its own ``torch.Generator``. ``tests/test_serve.py`` checks the invariance bit for bit.
 
 The engine knows ids only; text (decoding, stop strings) is the server's.
 """
