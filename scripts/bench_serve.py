@@ -2,6 +2,7 @@
 
     python scripts/bench_serve.py                      # a demo-shaped model, random weights; ~3 minutes
     python scripts/bench_serve.py --checkpoint runs/demo/run
+    python scripts/bench_serve.py --checkpoint runs/multi30k-en-de   # a translation model: the same checks
 
 It starts the real server (``lm serve``, a subprocess) and measures, as one table:
 
@@ -82,7 +83,7 @@ def metrics(url: str) -> dict[str, float]:
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
     """One streaming completion: its text, and when each piece arrived."""
     t0 = time.perf_counter()
-    times, text, tokens = [], [], 0
+    times, text, tokens, finish = [], [], 0, None
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
@@ -93,11 +94,13 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
             for c in event["choices"]:
+                finish = c.get("finish_reason") or finish
                 if c["text"]:
                     times.append(time.perf_counter() - t0)
                     text.append(c["text"])
-    return {"text": "".join(text), "tokens": tokens, "ttft": times[0] if times else float("nan"),
-            "gaps": [b - a for a, b in zip(times, times[1:])], "end": time.perf_counter() - t0}
+    return {"text": "".join(text), "tokens": tokens, "finish_reason": finish,
+            "ttft": times[0] if times else float("nan"), "gaps": [b - a for a, b in zip(times, times[1:])],
+            "end": time.perf_counter() - t0}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -180,6 +183,13 @@ async def faults(url: str, total: int, answers: dict[str, str], tokens: int, see
     return counts
 
 
+def is_translation(run: Path) -> bool:
+    """Whether ``run`` holds an encoder-decoder (its translations end at <eos>, whatever max_tokens says)."""
+    from lm.generate import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(run, need_tokenizer=False).model.config.architecture == "encoder_decoder"
+
+
 def serve(run: Path, port: int, max_batch: int, compile: bool = False) -> subprocess.Popen:
     try:
         proc, _ = start_server(["--checkpoint", str(run), "--max-batch", str(max_batch), "--quiet",
@@ -189,11 +199,18 @@ def serve(run: Path, port: int, max_batch: int, compile: bool = False) -> subpro
     return proc
 
 
-async def sigterm(proc: subprocess.Popen, url: str) -> dict:
+async def sigterm(proc: subprocess.Popen, url: str, translation: bool) -> dict:
+    """A translation ends at its <eos> (no ignore_eos there): a stream has finished when it ends
+    with a finish reason; a language model's must have all its 128 tokens."""
     async with httpx.AsyncClient(timeout=120) as client:
-        body = {"max_tokens": 128, "temperature": 1.0, "ignore_eos": True}  # still decoding when the signal comes
+        body = {"max_tokens": 128, "temperature": 1.0}
+        if not translation:
+            body["ignore_eos"] = True  # still decoding when the signal comes
         streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, **body})) for p in PROMPTS[:4]]
+        deadline = time.perf_counter() + 60
         while metrics(url).get("lm_batch_size", 0) < len(streams):  # all four are decoding
+            if time.perf_counter() > deadline or any(s.done() for s in streams):
+                raise SystemExit("bench_serve.py: SIGTERM: the four streams were never decoding at once")
             await asyncio.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         while (await client.get(url + "/health")).status_code == 200:  # until the signal is handled
@@ -201,9 +218,15 @@ async def sigterm(proc: subprocess.Popen, url: str) -> dict:
         refused = await client.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
         done = await asyncio.gather(*streams, return_exceptions=True)
     code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 60)
+
+    def finished(d) -> bool:
+        if not isinstance(d, dict):
+            return False
+        return d["finish_reason"] in ("stop", "length") if translation else d["tokens"] == 128
+
     errors = [repr(d) for d in done if isinstance(d, BaseException)]
     return {"new request during drain": refused.status_code,
-            "streams finished": f"{sum(isinstance(d, dict) and d['tokens'] == 128 for d in done)} of {len(done)}"
+            "streams finished": f"{sum(finished(d) for d in done)} of {len(done)}"
                                 + (f" ({errors[0]})" if errors else ""),
             "exit status": code}
 
@@ -218,6 +241,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.checkpoint) if args.checkpoint else make_run(Path(tmp))
+        translation = is_translation(run)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = serve(run, port, args.clients, args.compile)
@@ -233,7 +257,7 @@ def main() -> int:
             idle_after = time.perf_counter() - t0
             rss_after = rss_kib(proc.pid)
             healthy = httpx.get(url + "/health").status_code == 200
-            term = asyncio.run(sigterm(proc, url))
+            term = asyncio.run(sigterm(proc, url, translation))
         finally:
             if proc.poll() is None:
                 proc.kill()
