@@ -174,6 +174,42 @@ def test_the_static_step_gives_every_row_the_logits_of_a_plain_forward(rows):
         DecodeStep(model, 2, compile=True, share=step)  # step is not compiled
 
 
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_the_compiled_step_attends_over_the_span_in_use_with_the_bits_of_the_whole_cache(compile):
+    """Compiled, a step over rows of at most n positions reads the power-of-two span that holds
+    them, and its logits equal, bit for bit, those of the same step over the whole cache. Eager
+    steps read the whole cache (BLAS sums a row's keys in an order that depends on their number)."""
+    from lm.generate import DecodeStep
+    from lm.generate.static import span_for
+
+    model = TransformerLM(**{**SMALL, "context_length": 64}).eval()
+    step = DecodeStep(model, 3, compile=compile)
+    assert step.bucketed == compile
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.randint(0, SMALL["vocab_size"], (3, 63), generator=g).tolist()
+    offsets = [0, 5, 20]  # rows at different lengths (prefilled): the span is the longest's
+    for b, n in enumerate(offsets[1:], 1):
+        one = KVCache.for_model(model, 1, max_len=n)
+        with torch.no_grad():
+            model(torch.tensor([seqs[b][:n]]), kv_cache=one)
+        step.cache.fill_from(b, one)
+    spans = set()
+    for t in range(43):
+        lengths = [t + o for o in offsets]
+        ids = [s[n] for s, n in zip(seqs, lengths)]
+        whole = step(ids, lengths, full_span=True).clone()
+        assert step.cache.span == 64
+        got = step(ids, lengths)
+        assert step.cache.span == (span_for(max(lengths) + 1, 64) if compile else 64)
+        assert torch.equal(got, whole), t
+        spans.add(step.cache.span)
+    assert spans == ({32, 64} if compile else {64})
+    assert span_for(1, 64) == 16 and span_for(17, 64) == 32 and span_for(65, 64) == 64
+    with torch.no_grad():  # and they are the model's logits
+        for b, (s, n) in enumerate(zip(seqs, lengths)):
+            torch.testing.assert_close(got[b], model(torch.tensor([s[: n + 1]]))[0, -1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", [{}, {"positions": "learned", "attn_impl": "sdpa"}])
 def test_compiled_generation_gives_the_eager_tokens(variant):

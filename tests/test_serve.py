@@ -148,15 +148,33 @@ def test_the_kept_step_sizes_give_a_row_the_largest_steps_bits_in_every_slot_and
         torch.testing.assert_close(out[b][0], want, rtol=1e-5, atol=1e-5)  # the last bits only
 
 
+class Skewed:
+    """A decode step whose logits ``skew(logits, full_span)`` changes (in the last bits)."""
+
+    def __init__(self, step, skew):
+        self.step, self.skew, self.bucketed = step, skew, step.bucketed
+
+    def __call__(self, ids, lengths, full_span=False):
+        self.step.bucketed = self.bucketed
+        return self.skew(self.step(ids, lengths, full_span=full_span), full_span)
+
+
 def test_a_step_size_whose_rows_differ_is_dropped():
     engine = Engine(tiny_model(), max_batch=8, step_sizes=[4])
     assert engine.step_sizes == [4, 8], engine.dropped_sizes  # 4+ rows: one BLAS kernel on this CPU
+    assert not engine.bucketed  # eager steps attend over the whole cache
     real4, real8 = engine.steps[4], engine.steps[8]
-    engine.steps[4] = lambda ids, lengths: real4(ids, lengths) * (1 + 1e-6)
+    engine.steps[4] = Skewed(real4, lambda out, full: out * (1 + 1e-6))
     assert engine._invariant_sizes() == ([8], [4])
     engine.steps[4] = real4  # the largest step's own rows disagree: its slots are not interchangeable
-    engine.steps[8] = lambda ids, lengths: real8(ids, lengths) + torch.arange(8.0)[:, None] * 1e-6
-    assert engine._invariant_sizes() == ([8], [4])
+    engine.steps[8] = Skewed(real8, lambda out, full: out + torch.arange(8.0)[:, None] * 1e-6)
+    assert engine._invariant_sizes() == ([8], [4]) and not engine.slot_invariant
+    # (as compiled steps do) over a short span, where the logits differ from those over the whole
+    # cache: every step goes back to the whole cache
+    real4.bucketed = real8.bucketed = True
+    engine.steps[8] = skewed = Skewed(real8, lambda out, full: out if full or not skewed.bucketed else out * (1 + 1e-6))
+    assert engine._invariant_sizes() == ([4, 8], []) and engine.slot_invariant
+    assert not engine.bucketed and not skewed.bucketed and not real4.bucketed
 
 
 def test_rows_move_down_as_others_finish_and_the_smallest_step_that_holds_them_runs():
@@ -197,10 +215,12 @@ def test_the_compiled_step_is_batch_invariant_too_and_matches_eager_logits():
     model = tiny_model()
     engine = Engine(model, max_batch=16, compile=True)
     # 2..16 rows: one compiled graph with the rows symbolic, and the batch-invariant matmuls. One row
-    # gets a graph of its own (torch.compile specializes a dimension of size 1), whose attention
-    # reductions take another order: other last bits once a row holds more than ~24 positions here,
-    # which the start-up probe (a sequence that fills the context) sees.
+    # gets a graph of its own (torch.compile specializes a dimension of size 1). When the steps read
+    # the whole cache, its attention summed the keys in another order (other last bits past ~24
+    # positions here, which the start-up probe, with a sequence that fills the context, saw and
+    # dropped); compiled for any span, it agrees (kept here, but a probe's call).
     assert engine.step_sizes[-4:] == [2, 4, 8, 16]
+    assert engine.bucketed  # and over the positions in use: the seeded runs below go through spans of 16 to 48
     assert len({id(step._fn) for step in engine.steps.values()}) == 1  # one compiled function for every size
     alone_tokens, alone_logits = _seeded_run(model, 0, 0, engine=engine, max_tokens=44)
     assert set(engine.stats.steps) == {engine.step_sizes[0]}  # alone: the smallest step kept

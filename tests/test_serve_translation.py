@@ -155,7 +155,7 @@ def test_the_compiled_translation_step_keeps_every_size_and_the_eager_tokens():
     model = _model()
     engine = TranslationEngine(model, max_batch=16, compile=True)
     # the batch-invariant matmuls, the output projection too (one row: see test_serve.py)
-    assert engine.step_sizes[-4:] == [2, 4, 8, 16]
+    assert engine.step_sizes[-4:] == [2, 4, 8, 16] and engine.bucketed  # spans of the targets and the sources
     alone_tokens, alone_logits = _seeded_translation(engine, 0, 0)
     assert set(engine.stats.steps) == {engine.step_sizes[0]}
     tokens, logits = _seeded_translation(engine, 15, 0, fill=True)
@@ -209,4 +209,5 @@ def test_lm_serve_serves_a_translation_checkpoint_with_step_sizes(tmp_path):
         proc.terminate()
         assert proc.wait(60) == 0
     err = proc.stderr.read()
-    assert "decode steps of 4 rows (2: a row's logits differ" in err and "Traceback" not in err
+    assert "decode steps of 4 rows (2: a row's logits differ" in err and "attending over the whole context" in err
+    assert "Traceback" not in err

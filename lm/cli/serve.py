@@ -96,8 +96,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.quiet:
         dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the "
                    f"{args.max_batch}-row step's here, so not used)" if engine.dropped_sizes else "")
-        print(f"lm serve: decode steps of {', '.join(map(str, engine.step_sizes))} rows{dropped}",
-              file=sys.stderr, flush=True)
+        spans = "the positions in use (power-of-two spans)" if engine.bucketed else "the whole context"
+        print(f"lm serve: decode steps of {', '.join(map(str, engine.step_sizes))} rows{dropped}, attending over "
+              f"{spans}", file=sys.stderr, flush=True)
     run = Path(args.checkpoint)
     name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
                                else run.parent.parent.name)

@@ -20,11 +20,19 @@ A row's result does not depend on the other rows or on where it sits in the batc
 matmul gives a row the same bits in any position of one shape), which is what lets the server
 batch requests without changing their tokens. Compiled on a CPU, the step's matmuls are also
 written so that a row's bits do not depend on the number of rows (:func:`lm.nn.functional.
-batch_invariant`): a two-row step and a sixteen-row step give a row the same logits, so the
-server can decode few requests in a small step (:mod:`lm.serve.engine` checks which sizes agree;
-a one-row step is compiled into a graph of its own, specialised to one row, whose attention
-reductions may take another order: for the demo model they do not, for a model with 8-wide
-heads they give other last bits once a row holds more than 24 keys).
+batch_invariant`): a one-row step and a sixteen-row step give a row the same logits, so the
+server can decode few requests in a small step (:mod:`lm.serve.engine` checks which sizes agree:
+torch.compile builds the one-row graph apart, specialised to one row, and when steps read the
+whole cache its attention summed the keys of a model with 8-wide heads in another order past 24
+positions; compiled for any span, both graphs agree there).
+
+Compiled, a step attends over a *span*, the power of two that holds its longest row (16
+positions at least), not the whole cache: short sequences do not read every position at every
+step (the sixteen-row step of the demo model at positions 20–119: 1.13 ms against 1.52). The
+span is a symbolic size of the compiled graph, and the unused positions within it add exact
+zeros to sums whose order the compiled kernel fixes, so a row's bits do not depend on the span,
+that is on the other rows' lengths. Eager steps read the whole cache: BLAS's batched matmul
+sums a row's keys in an order that depends on how many there are.
 """
 
 from __future__ import annotations
@@ -40,17 +48,32 @@ from lm.device import autocast
 from lm.generate.kv_cache import KVCache
 from lm.nn.functional import batch_invariant
 
+MIN_SPAN = 16  # the shortest span a step attends over
+
+
+def span_for(n: int, max_len: int) -> int:
+    """The span a step attends over when its rows hold at most ``n`` positions: the power of two
+    that holds them (16 at least), or all ``max_len``."""
+    return min(max_len, max(MIN_SPAN, 1 << (max(n, 1) - 1).bit_length()))
+
 
 class StaticKVCache:
     """Keys and values of ``rows`` sequences, row ``b`` filled from position 0 to ``lengths[b]``.
 
     Speaks the cache protocol of :class:`lm.model.TransformerLM` (``start_step``, ``layer(i)``,
-    ``advance``, ``length``) for one-token steps of every row at its own position.
+    ``advance``, ``length``) for one-token steps of every row at its own position. A step attends
+    over the first :attr:`span` positions of every row: all ``max_len``, or with ``bucketed``
+    lengths (:meth:`set_lengths`) the power of two that holds the longest row (:func:`span_for`),
+    so that short sequences do not read the whole cache at every step; a row's unused positions
+    within the span are masked, which leaves its result the same bit for bit (the serving engine
+    checks it at start).
     """
 
     def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
                  device=None, dtype=torch.float32):
-        shape = (rows, num_heads, max_len, head_dim)
+        # One position more than a row can hold: a span, even the whole max_len, is then never the
+        # whole tensor, which torch.compile would treat as a case of its own (another compilation).
+        shape = (rows, num_heads, max_len + 1, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.rows, self.max_len = rows, max_len
@@ -58,6 +81,8 @@ class StaticKVCache:
         self.length = 0  # the longest row (the model's context check); kept outside compiled code
         self._row = torch.arange(rows, device=device)
         self._slot = torch.arange(max_len, device=device)
+        self.span = max_len
+        self._span = self._slot  # its length is the span: compiled code reads it as a (dynamic) size
         self.step_mask: Tensor | None = None
 
     @classmethod
@@ -75,6 +100,7 @@ class StaticKVCache:
         view.k, view.v = [t[:rows] for t in self.k], [t[:rows] for t in self.v]
         view.rows, view.max_len, view.length, view.step_mask = rows, self.max_len, 0, None
         view.lengths, view._row, view._slot = self.lengths[:rows].clone(), self._row[:rows], self._slot
+        view.span, view._span = self.max_len, self._slot
         return view
 
     def tensors(self) -> list[Tensor]:
@@ -86,12 +112,20 @@ class StaticKVCache:
         for t in (*self.k, *self.v):
             t[row, :, :length] = t[source, :, :length]
 
-    def set_lengths(self, lengths: list[int]) -> None:
-        """Every row's length before the next step (its new token goes at that position)."""
+    def set_lengths(self, lengths: list[int], bucketed: bool = False) -> None:
+        """Every row's length before the next step (its new token goes at that position), and the
+        span the step attends over: ``max_len``, or with ``bucketed`` :func:`span_for` the longest
+        row and its new token."""
         if len(lengths) != self.rows or min(lengths) < 0 or max(lengths) >= self.max_len:
             raise ValueError(f"lengths: need {self.rows} values in [0, {self.max_len}), got {lengths}")
         self.lengths.copy_(torch.tensor(lengths, dtype=torch.long))
         self.length = max(lengths)
+        self.span = span_for(self.length + 1, self.max_len) if bucketed else self.max_len
+        self._span = self._slot[:self.span]
+
+    def spans(self) -> list[Tensor]:
+        """The tensors whose lengths are this step's spans (compiled: marked dynamic)."""
+        return [self._span]
 
     def fill(self, row: int, k: Float[Tensor, "layers heads seq d"], v: Float[Tensor, "layers heads seq d"]) -> None:
         """Put a prefilled sequence's keys and values into ``row`` (positions ``0 .. seq-1``)."""
@@ -112,7 +146,7 @@ class StaticKVCache:
         if seq != 1:
             raise ValueError(f"a StaticKVCache steps one token at a time, got {seq}")
         # Row b's query, at position lengths[b], sees its own keys 0 .. lengths[b] and nothing else.
-        self.step_mask = (self._slot[None, :] <= self.lengths[:, None])[:, None, None, :]
+        self.step_mask = (self._span[None, :] <= self.lengths[:, None])[:, None, None, :]
         return self.lengths[:, None]
 
     def layer(self, i: int) -> _StaticLayer:
@@ -130,15 +164,17 @@ class _StaticLayer:
         c, i = self.cache, self.index
         c.k[i][c._row, :, c.lengths] = k[:, :, 0]
         c.v[i][c._row, :, c.lengths] = v[:, :, 0]
-        return c.k[i], c.v[i], c.step_mask
+        n = c._span.shape[0]
+        return c.k[i][:, :, :n], c.v[i][:, :, :n], c.step_mask
 
 
 class StaticSeq2SeqCache(StaticKVCache):
     """A :class:`StaticKVCache` of an encoder–decoder's decoder, plus each row's cross-attention
     keys and values: layer ``i``'s in ``cross_k[i]``/``cross_v[i]`` ``(rows, heads, max_len,
     head_dim)``, row ``b``'s source in its first positions and :attr:`memory_mask` ``(rows,
-    max_len)`` ``True`` there. A step attends over all ``max_len`` source positions of every row
-    with the row's unused ones masked, so a row's shapes are the same whatever its source's length.
+    max_len + 1)`` ``True`` there. A step attends over the first ``source_span`` source positions of
+    every row (all ``max_len``, or bucketed, the power of two that holds the longest source) with
+    the row's unused ones masked, so a row's result does not depend on the other rows' sources.
 
     Speaks the cache protocols of :meth:`lm.model.EncoderDecoder.decode` (the self-attention one
     and the cross-attention ``get``, the keys and values put there by :meth:`fill_from`).
@@ -147,10 +183,12 @@ class StaticSeq2SeqCache(StaticKVCache):
     def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
                  device=None, dtype=torch.float32):
         super().__init__(num_layers, rows, num_heads, max_len, head_dim, device=device, dtype=dtype)
-        shape = (rows, num_heads, max_len, head_dim)
+        shape = (rows, num_heads, max_len + 1, head_dim)  # one more, as the decoder's
         self.cross_k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.cross_v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.memory_mask = torch.zeros(rows, max_len, dtype=torch.bool, device=device)
+        self.memory_mask = torch.zeros(rows, max_len + 1, dtype=torch.bool, device=device)
+        self.source_lengths = [0] * rows  # each row's source, in positions (shared with leading views)
+        self.source_span, self._source_span = max_len, self._slot
 
     @classmethod
     def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticSeq2SeqCache:
@@ -162,7 +200,22 @@ class StaticSeq2SeqCache(StaticKVCache):
         view = super().leading(rows)
         view.cross_k, view.cross_v = [t[:rows] for t in self.cross_k], [t[:rows] for t in self.cross_v]
         view.memory_mask = self.memory_mask[:rows]
+        view.source_lengths, view.source_span, view._source_span = self.source_lengths, self.max_len, self._slot
         return view
+
+    def set_lengths(self, lengths: list[int], bucketed: bool = False) -> None:
+        super().set_lengths(lengths, bucketed)
+        longest = max(self.source_lengths[:self.rows])
+        self.source_span = span_for(longest, self.max_len) if bucketed else self.max_len
+        self._source_span = self._slot[:self.source_span]
+
+    def spans(self) -> list[Tensor]:
+        return [*super().spans(), self._source_span]
+
+    @property
+    def step_memory_mask(self) -> Tensor:
+        """:attr:`memory_mask` over this step's source span."""
+        return self.memory_mask[:, :self._source_span.shape[0]]
 
     def tensors(self) -> list[Tensor]:
         return [*super().tensors(), *self.cross_k, *self.cross_v, self.memory_mask]
@@ -172,6 +225,7 @@ class StaticSeq2SeqCache(StaticKVCache):
         super().move(source, row, length)
         for t in (*self.cross_k, *self.cross_v, self.memory_mask):
             t[row] = t[source]
+        self.source_lengths[row] = self.source_lengths[source]
 
     def fill_from(self, row: int, cache, source_row: int = 0) -> None:
         """Copy row ``source_row`` of a :class:`lm.generate.Seq2SeqCache` (its decoder keys and
@@ -185,11 +239,13 @@ class StaticSeq2SeqCache(StaticKVCache):
             self.cross_v[i][row].zero_()
             self.cross_k[i][row, :, :n] = k[source_row]
             self.cross_v[i][row, :, :n] = v[source_row]
-        self.memory_mask[row] = self._slot < n
+        self.memory_mask[row, :self.max_len] = self._slot < n
+        self.source_lengths[row] = n
 
     # -- the cross-attention protocol (read only: the keys and values come from fill_from) --------
     def get(self, layer: int) -> tuple[Tensor, Tensor]:
-        return self.cross_k[layer], self.cross_v[layer]
+        n = self._source_span.shape[0]
+        return self.cross_k[layer][:, :, :n], self.cross_v[layer][:, :, :n]
 
     def put(self, layer: int, k: Tensor, v: Tensor) -> None:
         raise RuntimeError("a StaticSeq2SeqCache takes its cross-attention keys and values from fill_from")
@@ -229,6 +285,11 @@ class DecodeStep:
         self.device = model.output_weight.device
         self.dtype = dtype
         self.compiled = compile
+        # Compiled: attend over the positions in use (a power-of-two span), not the whole cache. The
+        # compiled kernels, one for every span, sum a row's keys in the same order at any span (the
+        # unused ones add exact zeros); eager BLAS does not (measured: a 3-row step over 32
+        # positions and over 64 gave a row other last bits), so eager steps read the whole cache.
+        self.bucketed = compile
         # On a CPU: a row's bits the same in any slot (einsum attention) and, compiled without
         # autocast, at any number of rows (the product-sum matmuls, measured as fast as BLAS here).
         # CUDA keeps its own kernels (unverified); autocast its own matmuls.
@@ -242,7 +303,7 @@ class DecodeStep:
 
         if seq2seq:
             def step(ids: Tensor, cache: StaticSeq2SeqCache) -> Tensor:  # memory: the cache's cross keys/values
-                return model_.logits(model_.decode(ids, None, cache.memory_mask, cache=cache)[:, -1])
+                return model_.logits(model_.decode(ids, None, cache.step_memory_mask, cache=cache)[:, -1])
         else:
             def step(ids: Tensor, cache: StaticKVCache) -> Tensor:
                 return model_(ids, kv_cache=cache, last_only=True)[:, -1]
@@ -259,12 +320,19 @@ class DecodeStep:
                 torch.compile(_own_code(step), dynamic=None, fullgraph=True, mode=mode)
 
     @torch.inference_mode()
-    def __call__(self, ids: list[int] | Tensor, lengths: list[int]) -> Float[Tensor, "rows vocab"]:
+    def __call__(self, ids: list[int] | Tensor, lengths: list[int], *, full_span: bool = False
+                 ) -> Float[Tensor, "rows vocab"]:
         """Write each row's token at its length, and return every row's next-token logits.
 
-        Idle rows may hold anything (length 0, token 0): they do not touch the other rows.
+        Idle rows may hold anything (length 0, token 0): they do not touch the other rows. The
+        step attends over the span that holds the longest row (:attr:`bucketed`), or with
+        ``full_span`` (and without :attr:`bucketed`) over the whole cache.
         """
-        self.cache.set_lengths(list(lengths))
+        self.cache.set_lengths(list(lengths), bucketed=self.bucketed and not full_span)
+        if self.compiled:
+            for t in self.cache.spans():  # one compiled graph for every span, not one each
+                if t.shape[0] > 1:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
         invariant = batch_invariant(self._invariant_matmuls) if self.batch_invariant else contextlib.nullcontext()
         with autocast(self.device, self.dtype), self._trusted(), invariant:

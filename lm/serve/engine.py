@@ -17,12 +17,14 @@ hold. So a decode step has one of a few fixed shapes, its *step sizes* (by defau
 two up to ``max_batch``, and ``max_batch``): the active rows are kept in the lowest slots (a row
 whose neighbour leaves moves down, its cache copied), and each step runs the smallest size that
 holds them, idle rows decoding a dummy token, attention over all ``context_length`` positions
-with a row's unused ones masked out. At start the engine runs every size on probe sequences
-in every row (a short one and one that fills the context) and keeps only the sizes whose rows
-all give the ``max_batch`` step's logits bit for bit (eager on a CPU: 4 rows and more; compiled
-on a CPU every size for the demo model, through the batch-invariant matmuls of
-:class:`lm.generate.DecodeStep`; torch.compile gives one row a graph of its own, which for some
-shapes sums the attention's keys in another order: the tests' tiny model, past 24 positions).
+(compiled: over the power-of-two span that holds the longest row) with a row's unused ones
+masked out. At start the engine runs every size on probe sequences in every row (short, half
+the context, all of it) and keeps only the sizes whose rows all give the ``max_batch`` step's
+logits over the whole context bit for bit (eager on a CPU: 4 rows and more; compiled on a CPU
+every size, through the batch-invariant matmuls of :class:`lm.generate.DecodeStep` and its
+kernels compiled for any span; the one-row graph, which torch.compile builds apart, summed the
+tests' tiny model's keys in another order when steps read the whole cache, and the probe would
+drop it).
 A prefill runs alone, so it is the same whatever else is running. Each row samples from its own
 logits with its own ``torch.Generator``. ``tests/test_serve.py`` checks the invariance bit for bit.
 
@@ -166,6 +168,8 @@ class Engine:
     background thread until ``stop()``. ``step_sizes`` are the decode steps' numbers of rows
     (default :func:`default_step_sizes`); those kept after the start-up probe are
     :attr:`step_sizes`, the others :attr:`dropped_sizes`. ``compile`` compiles every size here.
+    :attr:`bucketed`: whether a step attends over the positions in use only (the probe found it
+    exact), or over the whole context.
     """
 
     architecture = "decoder_lm"  # the models this engine runs
@@ -221,30 +225,40 @@ class Engine:
     @torch.inference_mode()
     def _invariant_sizes(self) -> tuple[list[int], list[int]]:
         """Run every step size on probe sequences in all its rows (random ids prefilled, then a few
-        steps; one short sequence, and one that fills the context, so that every reduction over the
-        key positions runs in full); keep the sizes whose rows all give the logits of the
-        ``max_batch`` step's first row, bit for bit. Returns the sizes kept and those dropped (the
-        ``max_batch`` step is kept; if its own rows disagree with one another, rows are not
-        invariant to their slot here, :attr:`slot_invariant` is False and only that step is used)."""
-        ctx = self.context_length
+        steps; a short sequence, one of half the context and one that fills it, so that every
+        reduction over the key positions runs in full); keep the sizes whose rows all give the
+        logits of the ``max_batch`` step's first row over the whole cache, bit for bit. Returns the
+        sizes kept and those dropped. If the ``max_batch`` step's own rows disagree with one
+        another, rows are not invariant to their slot here: :attr:`slot_invariant` is False and
+        only that step is used. If its logits over a short span (:attr:`DecodeStep.bucketed`)
+        differ from those over the whole cache, every step attends over the whole cache
+        (:attr:`bucketed` False) and the sizes are probed again."""
+        ctx, top = self.context_length, self.max_batch
         if ctx < 2:  # no request fits (a prompt and a token): nothing to probe
-            self.slot_invariant = False
-            return [self.max_batch], [b for b in self.steps if b != self.max_batch]
+            self.slot_invariant = self.bucketed = False
+            return [top], [b for b in self.steps if b != top]
         g = torch.Generator().manual_seed(0)
         logits: dict[int, list[Tensor]] = {b: [] for b in self.steps}
-        for n in sorted({max(1, min(12, ctx // 2)), max(1, ctx - 3)}):
+        full: list[Tensor] = []  # the max_batch step over the whole cache: the reference
+        for n in sorted({max(1, min(12, ctx // 2)), max(1, ctx // 2), max(1, ctx - 3)}):
             one = self._probe_cache(g, n)
             tokens = torch.randint(0, self.vocab_size, (min(3, ctx - n),), generator=g).tolist()
-            for slot in range(self.max_batch):
+            for slot in range(top):
                 self.cache.fill_from(slot, one)
-            for b, step in self.steps.items():
+            for b, step in self.steps.items():  # (first: compiled, the spans are then symbolic)
                 logits[b] += [step([t] * b, [n + i] * b) for i, t in enumerate(tokens)]
-        out = {b: torch.stack(steps) for b, steps in logits.items()}  # (probe steps, rows, vocab) each
-        reference = out[self.max_batch][:, :1]
-        agree = {b: bool((o == reference).all()) for b, o in out.items()}
-        self.slot_invariant = agree[self.max_batch]
+            full += [self.steps[top]([t] * top, [n + i] * top, full_span=True) for i, t in enumerate(tokens)]
+        reference = torch.stack(full)  # (probe steps, rows, vocab)
+        out = {b: torch.stack(steps) for b, steps in logits.items()}
+        self.slot_invariant = bool((reference == reference[:, :1]).all())
+        self.bucketed = all(step.bucketed for step in self.steps.values())
         if not self.slot_invariant:
-            return [self.max_batch], [b for b in self.steps if b != self.max_batch]
+            return [top], [b for b in self.steps if b != top]
+        if self.bucketed and not bool((out[top] == reference).all()):
+            for step in self.steps.values():
+                step.bucketed = False
+            return self._invariant_sizes()
+        agree = {b: bool((o == reference[:, :1]).all()) for b, o in out.items()}
         return [b for b in self.steps if agree[b]], [b for b in self.steps if not agree[b]]
 
     def _probe_cache(self, g: torch.Generator, n: int) -> KVCache:
