@@ -117,6 +117,19 @@ def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions):
             torch.testing.assert_close(got, full[j], rtol=1e-5, atol=1e-5)
 
 
+def test_a_finished_row_no_longer_widens_the_source_span():
+    engine = TranslationEngine(_model(), max_batch=4)
+    for step in engine.steps.values():
+        step.bucketed = True  # as compiled steps do (eager ones read the whole cache)
+    engine.submit(Request(list(range(3, 23)), SamplingParams(max_tokens=2, temperature=0.0)))  # 20 tokens + <eos>
+    engine.submit(Request([5, 6, 7], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=False)))
+    spans = []
+    while engine.step():
+        size = max(engine.stats.steps)
+        spans.append(engine.steps[size].cache.source_span)
+    assert spans[0] == 32 and spans[-1] == 16, spans  # the long source's row left: 4 positions need 16
+
+
 def _seeded_translation(engine, companions: int, join_at: int, fill=False):
     """Tokens and logits (bytes) of one seeded translation (up to the end of the context), run with
     ``companions`` other requests of other sources and settings, which arrive ``join_at`` steps

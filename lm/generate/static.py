@@ -112,6 +112,9 @@ class StaticKVCache:
         for t in (*self.k, *self.v):
             t[row, :, :length] = t[source, :, :length]
 
+    def release(self, row: int) -> None:
+        """``row`` holds nothing any more (its contents are left; nothing reads them)."""
+
     def set_lengths(self, lengths: list[int], bucketed: bool = False) -> None:
         """Every row's length before the next step (its new token goes at that position), and the
         span the step attends over: ``max_len``, or with ``bucketed`` :func:`span_for` the longest
@@ -226,6 +229,10 @@ class StaticSeq2SeqCache(StaticKVCache):
         for t in (*self.cross_k, *self.cross_v, self.memory_mask):
             t[row] = t[source]
         self.source_lengths[row] = self.source_lengths[source]
+
+    def release(self, row: int) -> None:
+        """``row`` holds no source any more: it no longer widens the source span."""
+        self.source_lengths[row] = 0
 
     def fill_from(self, row: int, cache, source_row: int = 0) -> None:
         """Copy row ``source_row`` of a :class:`lm.generate.Seq2SeqCache` (its decoder keys and

@@ -221,6 +221,8 @@ class Engine:
             self.steps[b] = DecodeStep(self.model, b, compile=compile, dtype=self.dtype, cache=self.cache.leading(b),
                                        share=first)
         self.step_sizes, self.dropped_sizes = self._invariant_sizes()
+        for slot in range(self.max_batch):  # the probe's sequences are gone
+            self.cache.release(slot)
 
     @torch.inference_mode()
     def _invariant_sizes(self) -> tuple[list[int], list[int]]:
@@ -342,6 +344,7 @@ class Engine:
                 break
             row = self.rows[last]
             self.cache.move(last, slot, row.length)
+            self.cache.release(last)
             self.rows[slot], self.rows[last] = row, None
 
     def _admit(self) -> None:
@@ -414,6 +417,7 @@ class Engine:
     def _free(self, slot: int, reason: str) -> None:
         row = self.rows[slot]
         self.rows[slot] = None
+        self.cache.release(slot)
         self.stats.batch_size = sum(r is not None for r in self.rows)  # counted before the client hears
         self.stats.ended(reason)
         if row.request.on_finish is not None:
