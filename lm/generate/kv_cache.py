@@ -43,6 +43,8 @@ class KVCache:
         self._key_valid = self._slot[None, :] >= self.pad_lengths[:, None]  # (batch, max_len)
         self.step_mask: Tensor | None = None  # this step's mask (None: plain causal), set by start_step
 
+    layers_field = "num_layers"  # the model config's number of layers with a cache
+
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int | None = None, pad_lengths=None) -> KVCache:
         """A cache shaped for ``model`` (a :class:`lm.model.TransformerLM`), holding up to
@@ -50,7 +52,7 @@ class KVCache:
         cfg = model.config
         weight = model.output_weight
         return cls(
-            cfg.num_layers,
+            getattr(cfg, cls.layers_field),
             batch_size,
             cfg.num_heads,
             cfg.context_length if max_len is None else max_len,

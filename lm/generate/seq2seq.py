@@ -30,16 +30,11 @@ from lm.nn.choices import check_choice
 class Seq2SeqCache(KVCache):
     """The decoder's self-attention cache plus each layer's cross-attention keys and values."""
 
+    layers_field = "decoder_layers"
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.cross: dict[int, tuple[Tensor, Tensor]] = {}
-
-    @classmethod
-    def for_model(cls, model, batch_size: int, max_len: int | None = None, pad_lengths=None) -> Seq2SeqCache:
-        cfg = model.config
-        w = model.output_weight
-        return cls(cfg.decoder_layers, batch_size, cfg.num_heads, cfg.context_length if max_len is None else max_len,
-                   cfg.head_dim, pad_lengths=pad_lengths, device=w.device, dtype=w.dtype)
 
     def get(self, layer: int) -> tuple[Tensor, Tensor] | None:
         return self.cross.get(layer)

@@ -81,15 +81,17 @@ class StaticKVCache:
         self.length = 0  # the longest row (the model's context check); kept outside compiled code
         self._row = torch.arange(rows, device=device)
         self._slot = torch.arange(max_len, device=device)
-        self.span = max_len
         self._span = self._slot  # its length is the span: compiled code reads it as a (dynamic) size
         self.step_mask: Tensor | None = None
+
+    layers_field = "num_layers"  # the model config's number of layers with a cache
 
     @classmethod
     def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticKVCache:
         cfg, weight = model.config, model.output_weight
-        return cls(cfg.num_layers, rows, cfg.num_heads, cfg.context_length if max_len is None else max_len,
-                   cfg.head_dim, device=weight.device, dtype=weight.dtype)
+        return cls(getattr(cfg, cls.layers_field), rows, cfg.num_heads,
+                   cfg.context_length if max_len is None else max_len, cfg.head_dim, device=weight.device,
+                   dtype=weight.dtype)
 
     def leading(self, rows: int) -> StaticKVCache:
         """A cache over this one's first ``rows`` rows: the same memory (a step over it reads and
@@ -100,7 +102,7 @@ class StaticKVCache:
         view.k, view.v = [t[:rows] for t in self.k], [t[:rows] for t in self.v]
         view.rows, view.max_len, view.length, view.step_mask = rows, self.max_len, 0, None
         view.lengths, view._row, view._slot = self.lengths[:rows].clone(), self._row[:rows], self._slot
-        view.span, view._span = self.max_len, self._slot
+        view._span = self._slot
         return view
 
     def tensors(self) -> list[Tensor]:
@@ -123,8 +125,12 @@ class StaticKVCache:
             raise ValueError(f"lengths: need {self.rows} values in [0, {self.max_len}), got {lengths}")
         self.lengths.copy_(torch.tensor(lengths, dtype=torch.long))
         self.length = max(lengths)
-        self.span = span_for(self.length + 1, self.max_len) if bucketed else self.max_len
-        self._span = self._slot[:self.span]
+        self._span = self._slot[:span_for(self.length + 1, self.max_len) if bucketed else self.max_len]
+
+    @property
+    def span(self) -> int:
+        """The positions of every row the next step attends over."""
+        return self._span.shape[0]
 
     def spans(self) -> list[Tensor]:
         """The tensors whose lengths are this step's spans (compiled: marked dynamic)."""
@@ -167,7 +173,7 @@ class _StaticLayer:
         c, i = self.cache, self.index
         c.k[i][c._row, :, c.lengths] = k[:, :, 0]
         c.v[i][c._row, :, c.lengths] = v[:, :, 0]
-        n = c._span.shape[0]
+        n = c.span
         return c.k[i][:, :, :n], c.v[i][:, :, :n], c.step_mask
 
 
@@ -183,6 +189,8 @@ class StaticSeq2SeqCache(StaticKVCache):
     and the cross-attention ``get``, the keys and values put there by :meth:`fill_from`).
     """
 
+    layers_field = "decoder_layers"
+
     def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
                  device=None, dtype=torch.float32):
         super().__init__(num_layers, rows, num_heads, max_len, head_dim, device=device, dtype=dtype)
@@ -191,26 +199,24 @@ class StaticSeq2SeqCache(StaticKVCache):
         self.cross_v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.memory_mask = torch.zeros(rows, max_len + 1, dtype=torch.bool, device=device)
         self.source_lengths = [0] * rows  # each row's source, in positions (shared with leading views)
-        self.source_span, self._source_span = max_len, self._slot
-
-    @classmethod
-    def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticSeq2SeqCache:
-        cfg, weight = model.config, model.output_weight
-        return cls(cfg.decoder_layers, rows, cfg.num_heads, cfg.context_length if max_len is None else max_len,
-                   cfg.head_dim, device=weight.device, dtype=weight.dtype)
+        self._source_span = self._slot
 
     def leading(self, rows: int) -> StaticSeq2SeqCache:
         view = super().leading(rows)
         view.cross_k, view.cross_v = [t[:rows] for t in self.cross_k], [t[:rows] for t in self.cross_v]
         view.memory_mask = self.memory_mask[:rows]
-        view.source_lengths, view.source_span, view._source_span = self.source_lengths, self.max_len, self._slot
+        view.source_lengths, view._source_span = self.source_lengths, self._slot
         return view
 
     def set_lengths(self, lengths: list[int], bucketed: bool = False) -> None:
         super().set_lengths(lengths, bucketed)
         longest = max(self.source_lengths[:self.rows])
-        self.source_span = span_for(longest, self.max_len) if bucketed else self.max_len
-        self._source_span = self._slot[:self.source_span]
+        self._source_span = self._slot[:span_for(longest, self.max_len) if bucketed else self.max_len]
+
+    @property
+    def source_span(self) -> int:
+        """The source positions of every row the next step attends over."""
+        return self._source_span.shape[0]
 
     def spans(self) -> list[Tensor]:
         return [*super().spans(), self._source_span]
@@ -218,7 +224,7 @@ class StaticSeq2SeqCache(StaticKVCache):
     @property
     def step_memory_mask(self) -> Tensor:
         """:attr:`memory_mask` over this step's source span."""
-        return self.memory_mask[:, :self._source_span.shape[0]]
+        return self.memory_mask[:, :self.source_span]
 
     def tensors(self) -> list[Tensor]:
         return [*super().tensors(), *self.cross_k, *self.cross_v, self.memory_mask]
@@ -251,7 +257,7 @@ class StaticSeq2SeqCache(StaticKVCache):
 
     # -- the cross-attention protocol (read only: the keys and values come from fill_from) --------
     def get(self, layer: int) -> tuple[Tensor, Tensor]:
-        n = self._source_span.shape[0]
+        n = self.source_span
         return self.cross_k[layer][:, :, :n], self.cross_v[layer][:, :, :n]
 
     def put(self, layer: int, k: Tensor, v: Tensor) -> None:
