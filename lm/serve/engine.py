@@ -237,7 +237,7 @@ class Engine:
         (:attr:`bucketed` False) and the sizes are probed again."""
         ctx, top = self.context_length, self.max_batch
         if ctx < 2:  # no request fits (a prompt and a token): nothing to probe
-            self.slot_invariant = self.bucketed = False
+            self.slot_invariant = False
             return [top], [b for b in self.steps if b != top]
         g = torch.Generator().manual_seed(0)
         logits: dict[int, list[Tensor]] = {b: [] for b in self.steps}
@@ -253,7 +253,6 @@ class Engine:
         reference = torch.stack(full)  # (probe steps, rows, vocab)
         out = {b: torch.stack(steps) for b, steps in logits.items()}
         self.slot_invariant = bool((reference == reference[:, :1]).all())
-        self.bucketed = all(step.bucketed for step in self.steps.values())
         if not self.slot_invariant:
             return [top], [b for b in self.steps if b != top]
         if self.bucketed and not bool((out[top] == reference).all()):
@@ -262,6 +261,11 @@ class Engine:
             return self._invariant_sizes()
         agree = {b: bool((o == reference[:, :1]).all()) for b, o in out.items()}
         return [b for b in self.steps if agree[b]], [b for b in self.steps if not agree[b]]
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether the steps attend over the positions in use only (:attr:`DecodeStep.bucketed`)."""
+        return all(step.bucketed for step in self.steps.values())
 
     def _probe_cache(self, g: torch.Generator, n: int) -> KVCache:
         """A one-row cache of ``n`` positions of random ids, as a request's prefill leaves it."""

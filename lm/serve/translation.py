@@ -68,23 +68,22 @@ class TranslationEngine(Engine):
     def _prefilled(self, prompt_ids: list[int]) -> tuple[Tensor, KVCache]:
         """The source encoded alone and ``<bos>`` decoded: the first target token's logits, and
         the one-row cache holding ``<bos>``'s keys and values and the source's projected ones."""
-        cfg = self.model.config
-        src, mask = _batch([prompt_ids], cfg.eos_id, cfg.pad_id, self.device)
-        bos = torch.full((1, 1), cfg.bos_id, dtype=torch.long, device=self.device)
-        one = self.model.new_cache(1, max_len=1)
-        with autocast(self.device, self.dtype):
-            hidden = self.model.decode(bos, self.model.encode(src, mask), mask, cache=one)
-            return self.model.logits(hidden[0, -1]), one
+        return self._decoded(prompt_ids, [self.model.config.bos_id])
 
     def _probe_cache(self, g: torch.Generator, n: int) -> KVCache:
         """A random source of ``n`` ids encoded, and a random target of ``n`` positions (``<bos>``
         first) decoded into a one-row cache."""
+        source = torch.randint(0, self.vocab_size, (n,), generator=g).tolist()
+        target = [self.model.config.bos_id, *torch.randint(0, self.vocab_size, (n - 1,), generator=g).tolist()]
+        return self._decoded(source, target)[1]
+
+    def _decoded(self, source: list[int], target: list[int]) -> tuple[Tensor, KVCache]:
+        """``source`` encoded (with its ``<eos>``) and ``target`` decoded over it, alone: the last
+        target position's logits and the one-row cache holding them."""
         cfg = self.model.config
-        src, mask = _batch([torch.randint(0, self.vocab_size, (n,), generator=g).tolist()], cfg.eos_id, cfg.pad_id,
-                           self.device)
-        tgt = torch.randint(0, self.vocab_size, (1, n), generator=g).to(self.device)
-        tgt[0, 0] = cfg.bos_id
-        one = self.model.new_cache(1, max_len=n)
+        src, mask = _batch([source], cfg.eos_id, cfg.pad_id, self.device)
+        tgt = torch.tensor([target], dtype=torch.long, device=self.device)
+        one = self.model.new_cache(1, max_len=len(target))
         with autocast(self.device, self.dtype):
-            self.model.decode(tgt, self.model.encode(src, mask), mask, cache=one)
-        return one
+            hidden = self.model.decode(tgt, self.model.encode(src, mask), mask, cache=one)
+            return self.model.logits(hidden[0, -1]), one
