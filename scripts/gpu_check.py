@@ -11,8 +11,10 @@ Parts, each run even if one before failed:
    autocast against float32 (loss), ``torch.compile`` against eager (logits);
 3. **decoding**: the compiled fixed-shape step (a CUDA graph on CUDA) against the eager loop,
    tokens identical; new tokens/s for one stream and for 16; the serving engine's step sizes
-   (which ones give a row the same bits as sixteen rows, in every slot, on this device) and, on
-   CUDA, its compiled steps (CUDA graphs) against eager generation;
+   (which ones give a row the same bits as sixteen rows, in every slot, on this device), the
+   engine ``lm serve`` runs by default there (bfloat16 autocast on CUDA): a seeded request alone
+   and beside fifteen others, and, on CUDA, its compiled steps (CUDA graphs) against eager
+   generation;
 4. **translation engine**: the encoder–decoder's batched decode steps (compiled on CUDA, with
    each row's source in a static cross-attention cache) against ``greedy_decode``, tokens equal;
 5. **training**: ``configs/tinystories-17m.toml`` for ``--seconds`` on the data it can find
@@ -142,6 +144,27 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
     engine = Engine(model, max_batch=16)  # eager: its start-up probe, on this device
     report.add("serving engine: a row's logits the same in every slot (eager step sizes)", engine.slot_invariant,
                f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}")
+    from lm.device import resolve_dtype
+
+    # lm serve's default engine here: bfloat16 autocast on CUDA (--dtype auto); on a CPU asked for.
+    dtype = resolve_dtype("auto", device) or torch.bfloat16
+    engine = Engine(model, max_batch=16, dtype=dtype)
+
+    def seeded(companions: int) -> list[int]:
+        tokens: list[int] = []
+        engine.submit(Request(prompts[0][:8], SamplingParams(max_tokens=24, temperature=1.0, seed=5),
+                              on_token=lambda _, t: tokens.append(t)))
+        for k in range(companions):
+            engine.submit(Request(prompts[k + 1][: 4 + k], SamplingParams(max_tokens=30, temperature=0.8, seed=k)))
+        while engine.step():
+            pass
+        return tokens
+
+    alone, beside = seeded(0), seeded(15)
+    report.add("serving engine, bfloat16 autocast: a seeded request alone == beside 15 others",
+               len(alone) == 24 and alone == beside,
+               f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; "
+               f"steps by size {dict(engine.stats.steps)}")
     if device.type == "cuda":  # the compiled steps (CUDA graphs, one compilation shared by the sizes)
         t0 = time.perf_counter()
         engine = Engine(model, max_batch=4, compile=True)

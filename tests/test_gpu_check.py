@@ -22,7 +22,8 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())
     parts = " ".join(row["part"] for row in rows)
-    for name in ("float32 logits", "bfloat16", "torch.compile", "decoding", "translation engine", "training", "DDP"):
+    for name in ("float32 logits", "bfloat16", "torch.compile", "decoding", "serving engine, bfloat16",
+                 "translation engine", "training", "DDP"):
         assert name in parts
     assert all(row["ok"] is not False for row in rows)
     training = next(row for row in rows if row["part"].startswith("training"))

@@ -9,6 +9,7 @@ import torch
 from helpers.serving import logits_beside
 
 import lm.serve.engine as engine_module
+from lm.device import autocast
 from lm.generate import generate
 from lm.model import TransformerLM
 from lm.serve import Engine, QueueFull, Request, SamplingParams
@@ -42,11 +43,13 @@ def run_until_idle(engine, limit=10_000):
     raise AssertionError("the engine did not finish")
 
 
-@pytest.mark.parametrize("positions", ["rope", "learned"])
-def test_slot_decoding_equals_the_model_without_a_cache(positions):
-    """Every row, at its own length, gets the logits of a plain forward over its whole sequence."""
+@pytest.mark.parametrize("positions, dtype", [("rope", None), ("learned", None), ("rope", torch.bfloat16)])
+def test_slot_decoding_equals_the_model_without_a_cache(positions, dtype):
+    """Every row, at its own length, gets the logits of a plain forward over its whole sequence
+    (under bfloat16 autocast, ``lm serve --dtype bfloat16`` and the default on CUDA: the same
+    forward under the same autocast, to bfloat16's rounding)."""
     model = tiny_model(positions)
-    engine = Engine(model, max_batch=4)
+    engine = Engine(model, max_batch=4, dtype=dtype)
     prompts = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42], [3, 1, 4, 1, 5]]
     seen = {}
     real = engine_module.sample_next_token
@@ -67,10 +70,13 @@ def test_slot_decoding_equals_the_model_without_a_cache(positions):
     assert len(seen) == len(prompts)
     for rec, p, logits in zip(recs, prompts, seen.values()):
         seq = p + rec.tokens[0]
-        with torch.no_grad():
+        with torch.no_grad(), autocast(torch.device("cpu"), dtype):
             full = model(torch.tensor([seq]))[0]
+        # bfloat16: within two units in the last place of the largest logit (measured: one at most)
+        tol = 1e-5 if dtype is None else 2 * torch.finfo(dtype).eps * full.abs().max().item()
         for j, got in enumerate(logits):  # token j was chosen from the logits at position len(p) - 1 + j
-            torch.testing.assert_close(got, full[len(p) - 1 + j], rtol=1e-5, atol=1e-5)
+            assert got.dtype == full.dtype == (dtype or torch.float32)
+            torch.testing.assert_close(got, full[len(p) - 1 + j], rtol=1e-5 if dtype is None else 0, atol=tol)
 
 
 def test_greedy_tokens_equal_generate():
@@ -107,13 +113,14 @@ def _seeded_run(model, companions: int, join_at: int, max_batch=16, engine=None,
     return target.tokens[0], logits
 
 
-def test_a_seeded_request_is_the_same_alone_or_beside_fifteen_others():
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_a_seeded_request_is_the_same_alone_or_beside_fifteen_others(dtype):
     model = tiny_model()
-    alone = Engine(model, max_batch=16)
+    alone = Engine(model, max_batch=16, dtype=dtype)
     alone_tokens, alone_logits = _seeded_run(model, companions=0, join_at=0, engine=alone)
     assert len(alone_tokens) == 20 and set(alone.stats.steps) == {alone.step_sizes[0]}  # the smallest step
     for companions, join_at in ((15, 0), (15, 3), (7, 1), (3, 5), (15, -1), (9, -1)):
-        engine = Engine(model, max_batch=16)
+        engine = Engine(model, max_batch=16, dtype=dtype)
         tokens, logits = _seeded_run(model, companions, join_at, engine=engine)
         assert tokens == alone_tokens, (companions, join_at)
         assert logits == alone_logits, (companions, join_at)  # bit for bit, every step

@@ -13,6 +13,7 @@ from helpers.serving import ServerThread, logits_beside
 
 import lm.serve.engine as engine_module
 from lm.checkpoint import export_safetensors
+from lm.device import autocast
 from lm.generate import greedy_decode
 from lm.model import Seq2SeqConfig, build_model
 from lm.serve import SamplingParams, create_app
@@ -78,12 +79,14 @@ def test_the_engine_translates_as_greedy_decode_does_and_samples_each_choice_fro
         engine.submit(Request([5], SamplingParams(max_tokens=3, ignore_eos=True)))
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "learned"])
-def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions):
+@pytest.mark.parametrize("positions, dtype", [("sinusoidal", None), ("rope", None), ("learned", None),
+                                             ("sinusoidal", torch.bfloat16)])
+def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions, dtype):
     """Rows of sources of different lengths, each at its own target position in one step, against
-    a plain teacher-forced forward of its source and its target so far."""
+    a plain teacher-forced forward of its source and its target so far (under bfloat16 autocast:
+    the same forward under the same autocast, to bfloat16's rounding)."""
     model = _model(positions=positions)
-    engine = TranslationEngine(model, max_batch=4)
+    engine = TranslationEngine(model, max_batch=4, dtype=dtype)
     sources = [[5, 9, 12, 7], [30, 4], [8, 8, 8, 21, 22, 3, 17, 40, 41, 42, 43], [60]]
     seen = {}
     real = engine_module.sample_next_token
@@ -109,12 +112,14 @@ def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions):
     cfg = model.config
     for src, tokens, logits in zip(sources, runs, seen.values()):
         tgt = [cfg.bos_id, *tokens]
-        with torch.no_grad():
+        with torch.no_grad(), autocast(torch.device("cpu"), dtype):
             full = model(torch.tensor([src + [cfg.eos_id]]), torch.tensor([tgt]))[0]
         full[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
         assert len(logits) == len(tokens) + (len(tokens) < 8)  # an <eos> sampled is not a token
+        # bfloat16: within two units in the last place of the largest logit
+        tol = 1e-5 if dtype is None else 2 * torch.finfo(dtype).eps * full[full.isfinite()].abs().max().item()
         for j, got in enumerate(logits):  # token j was chosen from the logits at target position j
-            torch.testing.assert_close(got, full[j], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got.float(), full[j].float(), rtol=1e-5 if dtype is None else 0, atol=tol)
 
 
 def test_a_finished_row_no_longer_widens_the_source_span():

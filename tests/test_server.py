@@ -198,6 +198,33 @@ def test_a_full_queue_answers_503_with_retry_after(tmp_path_factory):
         server.close()
 
 
+def test_lm_serve_dtype_bfloat16_answers_as_the_engine_under_autocast(tmp_path_factory):
+    """``--dtype bfloat16`` (autocast; ``auto`` picks it on CUDA): the decode steps write autocast's
+    keys and values into the float32 cache (this had failed at start-up) and the server answers
+    what the engine under the same autocast makes of the prompt."""
+    import torch
+
+    run, model, tok = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    proc, url = start_server(["--checkpoint", str(run), "--max-batch", "4", "--device", "cpu", "--dtype",
+                              "bfloat16"], free_port(), stderr=subprocess.PIPE, text=True)
+    try:
+        body = {"prompt": "Lily had", "max_tokens": 12, "temperature": 0.8, "seed": 7, "ignore_eos": True}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+    assert "Traceback" not in proc.stderr.read()
+    engine = Engine(model, max_batch=4, eos_id=tok.eot_id, dtype=torch.bfloat16)
+    tokens = []
+    engine.submit(Request(tok.encode("Lily had"), SamplingParams(12, 0.8, seed=7, ignore_eos=True),
+                          on_token=lambda i, t: tokens.append(t)))
+    while engine.step():
+        pass
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12
+    assert r.json()["choices"][0]["text"] == tok.decode([t for t in tokens if t != tok.eot_id])
+
+
 def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_path_factory):
     run, model, _ = model_and_tokenizer(tmp_path_factory, context_length=1024, d_model=64)
     save_model(run, model)

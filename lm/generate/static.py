@@ -171,8 +171,9 @@ class _StaticLayer:
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         c, i = self.cache, self.index
-        c.k[i][c._row, :, c.lengths] = k[:, :, 0]
-        c.v[i][c._row, :, c.lengths] = v[:, :, 0]
+        # Under autocast the keys come in its dtype; the cache keeps the weights' (as KVCache does).
+        c.k[i][c._row, :, c.lengths] = k[:, :, 0].to(c.k[i].dtype)
+        c.v[i][c._row, :, c.lengths] = v[:, :, 0].to(c.v[i].dtype)
         n = c.span
         return c.k[i][:, :, :n], c.v[i][:, :, :n], c.step_mask
 

@@ -50,7 +50,7 @@ def logits_beside(engine, target, companions, join_at: int, steps: int = 60) -> 
 
     def spy(logits, **kw):
         if any(r is not None and r.request is target and r.generator is kw["generator"] for r in engine.rows):
-            log.append(logits.numpy().tobytes())
+            log.append(logits.float().numpy().tobytes())  # bfloat16 (autocast) exactly in float32
         return real(logits, **kw)
 
     engine_module.sample_next_token = spy
