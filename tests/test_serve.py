@@ -300,12 +300,16 @@ def test_cancel_end_of_text_choices_and_a_full_queue():
     r = many.request([1, 2], SamplingParams(max_tokens=5, temperature=1.0, seed=3), n=2)
     engine.submit(r)
     engine.step()  # its two choices take both rows
-    engine.submit(Recorder().request([1], SamplingParams(max_tokens=5)))  # waits
+    waiting = Recorder(n=2)
+    engine.submit(w := waiting.request([1], SamplingParams(max_tokens=5), n=2))  # waits
     with pytest.raises(QueueFull):
-        engine.submit(Recorder().request([1], SamplingParams(max_tokens=5)))
+        engine.submit(Recorder().request([1], SamplingParams(max_tokens=5), n=2))
+    w.cancel()  # ends while waiting
     run_until_idle(engine)
     assert many.reasons == ["length", "length"] and many.tokens[0] != many.tokens[1]  # own generator each
-    assert engine.stats.requests["rejected"] == 1
+    assert waiting.reasons == ["cancelled", "cancelled"]
+    # counted by choice, whether they ran or not (/metrics' lm_requests_total)
+    assert engine.stats.requests == {"finished": 2, "cancelled": 3, "rejected": 2, "failed": 0}
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -15,6 +15,7 @@ import openai
 import pytest
 from helpers.run_dir import save_model
 from helpers.serving import ServerThread, model_and_tokenizer
+from prometheus_client.parser import text_string_to_metric_families
 
 from lm.serve import Engine, Request, SamplingParams, create_app
 from lm.serve.process import free_port, start_server
@@ -117,6 +118,18 @@ def test_bad_fields_get_openai_errors_that_name_them(served, body, status, param
     assert err["param"] == param and param.split("_")[0] in err["message"] and err["type"]
 
 
+def test_empty_prompts(served):
+    """An empty string starts from the end-of-text token (a new document); an empty list of token
+    ids is refused as what it is."""
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": "", "max_tokens": 2, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"] == {"prompt_tokens": 1, "completion_tokens": 2,
+                                                          "total_tokens": 3}
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": [[]]})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "prompt: a list of token ids must not be empty"
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
 def test_malformed_oversized_and_unknown(served):
     r = httpx.post(served.url + "/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
@@ -156,11 +169,16 @@ def test_health_and_metrics(served):
     assert httpx.get(served.url + "/health").json() == {"status": "ok"}
     served.client.completions.create(model="tiny", prompt="Lily", max_tokens=3, temperature=0.0)
     text = httpx.get(served.url + "/metrics").text
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
+    samples, kinds = {}, {}
+    for family in text_string_to_metric_families(text):  # Prometheus' own parser of the text format
+        kinds[family.name] = family.type
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+            samples[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    assert kinds == {"lm_http_requests": "counter", "lm_requests": "counter", "lm_prompt_tokens": "counter",
+                     "lm_generation_tokens": "counter", "lm_queue_depth": "gauge", "lm_batch_size": "gauge",
+                     "lm_decode_steps": "counter", "lm_decode_rows": "counter",
+                     "lm_time_to_first_token_seconds": "histogram"}
     assert samples["lm_generation_tokens_total"] >= 3
     assert samples['lm_requests_total{outcome="finished"}'] >= 1
     assert samples["lm_time_to_first_token_seconds_count"] >= 1
@@ -170,7 +188,7 @@ def test_health_and_metrics(served):
     smallest = served.engine.step_sizes[0]  # a lone request runs in the smallest step
     assert samples[f'lm_decode_steps_total{{size="{smallest}"}}'] >= 2
     for gauge in ("lm_queue_depth", "lm_batch_size"):  # nothing in flight: both gauges are back at zero
-        assert f"# TYPE {gauge} gauge" in text and samples[gauge] == 0
+        assert samples[gauge] == 0
 
 
 def test_a_full_queue_answers_503_with_retry_after(tmp_path_factory):

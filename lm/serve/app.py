@@ -255,7 +255,7 @@ def prometheus_text(state: ServerState) -> str:
 
     metric("lm_http_requests_total", "counter", "HTTP requests by route and status.",
            [(f'{{route="{r}",status="{c}"}}', n) for (r, c), n in sorted(state.http.items())])
-    metric("lm_requests_total", "counter", "Engine requests (one per prompt) by outcome.",
+    metric("lm_requests_total", "counter", "Completions by outcome (one per prompt and choice: n per prompt).",
            [(f'{{outcome="{k}"}}', v) for k, v in s.requests.items()])
     metric("lm_prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", s.prompt_tokens)])
     metric("lm_generation_tokens_total", "counter", "Tokens generated.", [("", s.generated_tokens)])

@@ -150,9 +150,11 @@ class Stats:
         self.queue_depth = 0
         self.batch_size = 0
 
-    def ended(self, reason: str) -> None:
-        """A choice (or a waiting request) ended: ``cancelled``, ``error`` (failed) or finished."""
-        self.requests["cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"] += 1
+    def ended(self, reason: str, choices: int = 1) -> None:
+        """``choices`` choices ended: ``cancelled``, ``error`` (failed) or finished. :attr:`requests`
+        counts choices (a request of ``n`` counts ``n``), whether they ran or ended waiting."""
+        outcome = "cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"
+        self.requests[outcome] += choices
 
     def time_to_first_token(self, seconds: float) -> None:
         i = next((j for j, b in enumerate(self.TTFT_BUCKETS) if seconds <= b), len(self.TTFT_BUCKETS))
@@ -300,7 +302,7 @@ class Engine:
             if not self.accepting:
                 raise EngineStopped("the server is shutting down")
             if len(self.waiting) >= self.max_queue:
-                self.stats.requests["rejected"] += 1
+                self.stats.requests["rejected"] += request.n
                 raise QueueFull(f"{len(self.waiting)} requests are waiting already (max_queue={self.max_queue})")
             self.waiting.append(request)
             self.stats.queue_depth = len(self.waiting)
@@ -436,7 +438,7 @@ class Engine:
         if request.on_finish is not None:
             for index in range(request.n):
                 request.on_finish(index, reason)
-        self.stats.ended(reason)
+        self.stats.ended(reason, request.n)
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:

@@ -107,7 +107,8 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         else:
             raise APIError(400, "prompt: a list of token ids must hold integers only", "prompt")
         if not ids:
-            raise APIError(400, "prompt: empty, and the tokenizer has no end-of-text token to start from", "prompt")
+            raise APIError(400, "prompt: empty, and the tokenizer has no end-of-text token to start from"
+                           if isinstance(p, str) else "prompt: a list of token ids must not be empty", "prompt")
         vocab = tokenizer.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
