@@ -146,11 +146,11 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
                f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}")
     from lm.device import resolve_dtype
 
-    # lm serve's default engine here: bfloat16 autocast on CUDA (--dtype auto); on a CPU asked for.
+    # lm serve's default engine here, bfloat16 autocast on CUDA (--dtype auto; on a CPU asked for),
+    # eager and (on CUDA) with --compile: a seeded request's tokens alone and beside fifteen others.
     dtype = resolve_dtype("auto", device) or torch.bfloat16
-    engine = Engine(model, max_batch=16, dtype=dtype)
 
-    def seeded(companions: int) -> list[int]:
+    def seeded(engine: Engine, companions: int) -> list[int]:
         tokens: list[int] = []
         engine.submit(Request(prompts[0][:8], SamplingParams(max_tokens=24, temperature=1.0, seed=5),
                               on_token=lambda _, t: tokens.append(t)))
@@ -160,11 +160,13 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
             pass
         return tokens
 
-    alone, beside = seeded(0), seeded(15)
-    report.add("serving engine, bfloat16 autocast: a seeded request alone == beside 15 others",
-               len(alone) == 24 and alone == beside,
-               f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; "
-               f"steps by size {dict(engine.stats.steps)}")
+    for compiled in (False, True) if device.type == "cuda" else (False,):
+        engine = Engine(model, max_batch=16, dtype=dtype, compile=compiled)
+        alone, beside = seeded(engine, 0), seeded(engine, 15)
+        report.add(f"serving engine, bfloat16 autocast{', compiled' if compiled else ''}: a seeded request alone "
+                   "== beside 15 others", len(alone) == 24 and alone == beside,
+                   f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; "
+                   f"steps by size {dict(engine.stats.steps)}")
     if device.type == "cuda":  # the compiled steps (CUDA graphs, one compilation shared by the sizes)
         t0 = time.perf_counter()
         engine = Engine(model, max_batch=4, compile=True)
