@@ -31,6 +31,30 @@ def test_streamer_pieces_join_to_decode_and_never_split_a_character():
             assert p.encode("utf-8").decode("utf-8") == p
 
 
+def test_streamer_start_is_where_each_tokens_text_lies_in_the_decoded_text():
+    """A token of whole characters: its text is at ``start`` of the text decoded all at once, and
+    decoding the ids up to it ends with it (brute force); a piece of a character: ``start`` is the
+    end of the text returned before it."""
+    tok = _tokenizer_with_split_characters()
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        ids = rng.integers(0, tok.vocab_size, size=int(rng.integers(1, 30))).tolist()
+        s = TextStreamer(tok)
+        text = tok.decode(ids)
+        for k, i in enumerate(ids):
+            before = s.length
+            s.push(i)
+            try:
+                own = tok.vocab[i].decode("utf-8")
+            except UnicodeDecodeError:
+                own = None
+            if own is not None:  # the text of the ids after it starts right after its own
+                assert text[s.start: s.start + len(own)] == own
+                assert len(tok.decode(ids[: k + 1])) == s.start + len(own)
+            else:
+                assert s.start == before
+
+
 def test_streamer_holds_back_an_unfinished_character():
     tok = _tokenizer_with_split_characters()
     smile = list("🙂".encode())

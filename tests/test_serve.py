@@ -128,6 +128,45 @@ def test_a_seeded_request_is_the_same_alone_or_beside_fifteen_others(dtype):
             assert 16 in engine.stats.steps  # beside fifteen others: the full step, then smaller ones
 
 
+def test_logprobs_are_the_models_own_beside_others_and_leave_the_tokens_alone():
+    """Each generated token's log-probability and top alternatives are log_softmax of the model's
+    logits without a cache at its position (not of what temperature and top-p sample from); the
+    prompt's, from the second token, too; asking for them changes no token, and beside seven other
+    requests they are the same bit for bit."""
+    model = tiny_model()
+    prompt = [11, 12, 13, 14, 15]
+    kw = dict(max_tokens=12, temperature=1.3, top_p=0.5, seed=21)
+    plain, with_lp, beside = Recorder(), Recorder(), Recorder()
+    engine = Engine(model, max_batch=8)
+    engine.submit(plain.request(prompt, SamplingParams(**kw)))
+    engine.submit(r := with_lp.request(prompt, SamplingParams(**kw, logprobs=3, prompt_logprobs=2)))
+    run_until_idle(engine)
+    assert r.logprobs is not None and with_lp.tokens == plain.tokens and len(r.logprobs[0]) == 12
+    seq = prompt + with_lp.tokens[0]
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([seq]))[0].float(), dim=-1)
+    for j, (token, (own, top)) in enumerate(zip(with_lp.tokens[0], r.logprobs[0])):
+        row = want[len(prompt) - 1 + j]
+        assert abs(own - row[token].item()) < 1e-5
+        values, ids = row.topk(3)
+        assert [i for i, _ in top] == ids.tolist()
+        torch.testing.assert_close(torch.tensor([v for _, v in top]), values, rtol=0, atol=1e-5)
+    assert r.prompt_logprobs[0] is None and len(r.prompt_logprobs) == len(prompt)
+    for t in range(1, len(prompt)):
+        own, top = r.prompt_logprobs[t]
+        assert abs(own - want[t - 1, prompt[t]].item()) < 1e-5
+        assert [i for i, _ in top] == want[t - 1].topk(2)[1].tolist()
+    companions = [Recorder().request([k + 1] * (k + 2), SamplingParams(max_tokens=20, seed=k, logprobs=k % 3))
+                  for k in range(7)]
+    engine.submit(again := beside.request(prompt, SamplingParams(**kw, logprobs=3)))
+    for c in companions:
+        engine.submit(c)
+    run_until_idle(engine)
+    assert beside.tokens == plain.tokens and again.logprobs == r.logprobs and 8 in engine.stats.steps
+    with pytest.raises(ValueError, match=r"logprobs must be None or a whole number in \[0, 20\], got 21"):
+        SamplingParams(logprobs=21)
+
+
 def test_default_step_sizes_are_the_powers_of_two_below_max_batch_and_max_batch():
     assert default_step_sizes(16) == [1, 2, 4, 8, 16]
     assert default_step_sizes(12) == [1, 2, 4, 8, 12]

@@ -202,6 +202,19 @@ def test_the_server_answers_with_the_translation_streaming_and_not():
             assert "".join(pieces) == want
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 40})
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "abc", "echo": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+        # logprobs of a translation: of its target tokens (<pad> and <bos> excluded, as greedy_decode does)
+        r = client.completions.create(model="mt", prompt="abc", temperature=0.0, logprobs=1)
+        src, tgt = TOK.encode("abc"), greedy_decode(model, [TOK.encode("abc")])[0]
+        cfg = model.config
+        with torch.no_grad():
+            logits = model(torch.tensor([src + [cfg.eos_id]]), torch.tensor([[cfg.bos_id, *tgt]]))[0]
+        logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+        want = torch.log_softmax(logits.float(), dim=-1)
+        got = r.choices[0].logprobs.token_logprobs
+        assert len(got) == len(tgt) == r.usage.completion_tokens  # <eos> is not a token of the text
+        assert all(abs(g - want[j, t].item()) < 1e-5 for j, (g, t) in enumerate(zip(got, tgt)))
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 40})
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
         info = httpx.get(server.url + "/v1/models").json()["data"][0]

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lm.serve import Engine, Request, SamplingParams, create_app
 from lm.serve.process import free_port, start_server
+from lm.serve.protocol import token_text
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,70 @@ def test_stop_strings_cut_the_text_streaming_or_not(served):
     wait_idle(served.engine)
 
 
+def _reference_logprobs(served, ids):
+    import torch
+
+    with torch.no_grad():
+        return torch.log_softmax(served.model(torch.tensor([ids]))[0].float(), dim=-1)
+
+
+def test_logprobs_through_the_openai_client_streaming_and_not(served):
+    """OpenAI's logprobs object: every generated token's text, log-probability under the model
+    without a cache, up to logprobs + 1 alternatives by text (the token itself among them) and
+    where it starts in the text; the same pieces streamed."""
+    kwargs = dict(model="tiny", prompt="Lily had a", max_tokens=10, temperature=0.9, seed=4, logprobs=2)
+    r = served.client.completions.create(**kwargs)
+    c = r.choices[0]
+    lp = c.logprobs
+    n = r.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    ids = served.tok.encode("Lily had a")
+    (_, generated), = reference_text(served, "Lily had a", 10, 0.9, seed=4)
+    want = _reference_logprobs(served, ids + generated)
+    for j, token in enumerate(generated):
+        assert lp.tokens[j] == token_text(served.tok, token)  # its text, or bytes:\\x.. for part of a character
+        assert abs(lp.token_logprobs[j] - want[len(ids) - 1 + j, token].item()) < 1e-5
+        top = lp.top_logprobs[j]
+        assert 2 <= len(top) <= 3 and top[lp.tokens[j]] == lp.token_logprobs[j]
+        assert max(top.values()) == pytest.approx(want[len(ids) - 1 + j].max().item(), abs=1e-5)
+    eot = served.tok.eot_id
+    assert c.text == served.tok.decode([t for t in generated if t != eot])
+    whole = [(o, p) for t, o, p in zip(generated, lp.text_offset, lp.tokens) if t != eot and not p.startswith("bytes:")]
+    assert whole and all(c.text[o: o + len(p)] == p for o, p in whole)  # where each token's text starts
+    chunks = [ch.choices[0] for ch in served.client.completions.create(stream=True, **kwargs)]
+    joined = {k: sum((getattr(ch.logprobs, k) for ch in chunks if ch.logprobs), []) for k in
+              ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert joined == {k: getattr(lp, k) for k in joined} and "".join(ch.text for ch in chunks) == c.text
+
+
+def test_echo_scores_a_text_as_lm_evaluation_harness_asks(served):
+    """lm-evaluation-harness's local-completions loglikelihood request: token ids, echo, logprobs 1,
+    max_tokens 1; the continuation's log-likelihood is the sum of token_logprobs[ctxlen:-1]."""
+    context, continuation = served.tok.encode("Lily had a"), served.tok.encode(" red ball")
+    ids = context + continuation
+    body = {"model": "tiny", "prompt": [ids], "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234,
+            "echo": True}
+    r = httpx.post(served.url + "/v1/completions", json=body).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    want = _reference_logprobs(served, ids)
+    loglikelihood = sum(want[t - 1, ids[t]].item() for t in range(len(context), len(ids)))
+    assert sum(lp["token_logprobs"][len(context):-1]) == pytest.approx(loglikelihood, abs=1e-4)
+    greedy = all(tok == max(top.values()) for tok, top in zip(lp["token_logprobs"][len(context):-1],
+                                                              lp["top_logprobs"][len(context):-1]))
+    assert greedy == all(want[t - 1].argmax().item() == ids[t] for t in range(len(context), len(ids)))
+    prompt_text = served.tok.decode(ids)
+    assert r["choices"][0]["text"].startswith(prompt_text) and lp["text_offset"][len(ids)] == len(prompt_text)
+    pieces = list(zip(lp["text_offset"], lp["tokens"]))[:len(ids)]
+    assert [prompt_text[o: o + len(t)] for o, t in pieces] == lp["tokens"][:len(ids)]
+    # echo without logprobs, streamed: the prompt's text first, then the completion's
+    kwargs = dict(model="tiny", prompt="Tom saw", max_tokens=5, temperature=0.0, echo=True)
+    whole = served.client.completions.create(**kwargs).choices[0]
+    chunks = [ch.choices[0] for ch in served.client.completions.create(stream=True, **kwargs)]
+    assert whole.text.startswith("Tom saw") and whole.logprobs is None
+    assert chunks[0].text == "Tom saw" and "".join(ch.text for ch in chunks) == whole.text
+
+
 @pytest.mark.parametrize("body, status, param", [
     ({"prompt": "a", "temperature": 5}, 400, "temperature"),
     ({"prompt": "a", "top_p": 0}, 400, "top_p"),
@@ -104,7 +169,10 @@ def test_stop_strings_cut_the_text_streaming_or_not(served):
     ({"prompt": "a", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"prompt": "a", "n": 9}, 400, "n"),
     ({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ({"prompt": "a", "logprobs": 2}, 400, "logprobs"),
+    ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "a", "logprobs": True}, 400, "logprobs"),
+    ({"prompt": "a", "echo": "yes"}, 400, "echo"),
+    ({"prompt": "a", "suffix": "b"}, 400, "suffix"),
     ({"prompt": "a", "stream": "yes"}, 400, "stream"),
     ({"prompt": "a", "ignore_eos": 1}, 400, "ignore_eos"),
     ({"prompt": [1, 2, 999999]}, 400, "prompt"),

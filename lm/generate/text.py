@@ -27,15 +27,26 @@ class TextStreamer:
         self.tokenizer = tokenizer
         self.skip = frozenset(int(i) for i in skip)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.length = 0  # characters returned so far
+        self.start = 0  # where the last token's text starts in them (a piece of a character: their end before it)
 
     def push(self, token_id: int) -> str:
         if token_id in self.skip:
+            self.start = self.length
             return ""
-        return self._decoder.decode(self.tokenizer.vocab[token_id])
+        raw = self.tokenizer.vocab[token_id]
+        piece = self._decoder.decode(raw)
+        before, self.length = self.length, self.length + len(piece)
+        try:  # whole characters end the piece (before them: bytes they broke off, as U+FFFD)
+            self.start = self.length - len(raw.decode("utf-8"))
+        except UnicodeDecodeError:  # a piece of a character: the text before it
+            self.start = before
+        return piece
 
     def flush(self) -> str:
         text = self._decoder.decode(b"", final=True)
         self._decoder.reset()
+        self.length += len(text)
         return text
 
     def pending(self) -> bool:

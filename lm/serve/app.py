@@ -62,13 +62,22 @@ async def read_json(request: Request, limit: int) -> Any:
 
 
 class _Choice:
-    def __init__(self, state: ServerState, stops: list[str]):
+    def __init__(self, state: ServerState, stops: list[str], prefix: str):
         eot = state.tokenizer.eot_id
         self.text = api.StopText(state.tokenizer, stops, skip=() if eot is None else (eot,))
+        self.prefix = prefix  # echo: the prompt's text, before the completion's
         self.tokens = 0
         self.done = False
         self.reason: str | None = None
         self.parts: list[str] = []
+        self.started = False  # echo: the prompt's text (and records) are out
+        self.records: list[api.LogprobRecord] = []  # with logprobs: every token's, the prompt's too (echo)
+        self.taken = 0  # records already sent in chunks (streaming)
+
+    def take(self) -> list[api.LogprobRecord]:
+        """The records not sent yet: those of the text of the chunk about to be sent."""
+        new, self.taken = self.records[self.taken:], len(self.records)
+        return new
 
 
 class Completion:
@@ -79,16 +88,20 @@ class Completion:
         self.state, self.req = state, req
         self.id, self.created = api.completion_id(), api.now()
         self.events: asyncio.Queue = asyncio.Queue()
+        self.logprobs = req.params.logprobs is not None
         loop = asyncio.get_running_loop()
         n = req.n
-        self.choices = [_Choice(state, req.stop) for _ in range(len(req.prompts) * n)]
-        self.requests = []
+        self.choices = [_Choice(state, req.stop, req.texts[i // n] if req.echo else "")
+                        for i in range(len(req.prompts) * n)]
+        self.requests: list[EngineRequest] = []
         for p, ids in enumerate(req.prompts):
-            def on_token(index, token, p=p):
-                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, token, None))
+            def on_token(index, token, p=p):  # the engine's thread: its logprobs for the token are in
+                r = self.requests[p]
+                entry = r.logprobs[index][-1] if r.logprobs is not None else None
+                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, token, None, entry))
 
             def on_finish(index, reason, p=p):
-                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, None, reason))
+                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, None, reason, None))
 
             self.requests.append(EngineRequest(ids, req.params, n, on_token, on_finish))
         self.remaining = len(self.choices)
@@ -113,26 +126,37 @@ class Completion:
         for r in self.requests:
             r.cancel()
 
-    async def next_pieces(self) -> list[tuple[int, str, str | None]]:
-        """Wait for the next engine event; the (choice, text, finish_reason) it makes sendable."""
-        index, token, reason = await self.events.get()
+    async def next_pieces(self) -> list[tuple[int, str, str | None, list[api.LogprobRecord]]]:
+        """Wait for the next engine event; the (choice, text, finish_reason, logprob records) it
+        makes sendable: with echo, the prompt first."""
+        index, token, reason, entry = await self.events.get()
         c = self.choices[index]
         if c.done:
             return []  # a token or the end of a choice already cut by a stop string
+        pieces = []
+        if not c.started:
+            c.started = True
+            if self.req.echo:
+                request = self.requests[index // self.req.n]
+                if self.logprobs:  # the prompt's log-probabilities came with the prefill, before any token
+                    c.records += api.prompt_records(self.state.tokenizer, request.prompt_ids, request.prompt_logprobs)
+                pieces.append((index, c.prefix, None, c.take()))
         if token is not None:
             c.tokens += 1
             text = c.text.push(token)
+            if self.logprobs:
+                c.records.append((token, len(c.prefix) + c.text.start, entry))
             if c.text.stopped:
                 c.done, c.reason = True, "stop"
                 self.remaining -= 1
                 self.requests[index // self.req.n].cancel(index % self.req.n)
-                return [(index, text, "stop")]
-            return [(index, text, None)] if text else []
+                return [*pieces, (index, text, "stop", c.take())]
+            return [*pieces, (index, text, None, c.take())] if text else pieces
         if reason == "error":
             raise api.APIError(500, "the model failed while generating; see the server's log", type="server_error")
         c.done, c.reason = True, "stop" if reason == "cancelled" else reason
         self.remaining -= 1
-        return [(index, c.text.flush(), c.reason)]
+        return [*pieces, (index, c.text.flush(), c.reason, c.take())]
 
     def usage(self) -> dict[str, int]:
         prompt = sum(len(p) for p in self.req.prompts)
@@ -164,12 +188,14 @@ async def completions(request: Request) -> Response:
     watcher = asyncio.ensure_future(_watch_disconnect(request, completion.cancel))
     try:
         while completion.remaining:
-            for index, text, _ in await completion.next_pieces():
+            for index, text, _, _ in await completion.next_pieces():
                 completion.choices[index].parts.append(text)
     finally:
         watcher.cancel()
         _closed(state, completion)
-    choices = [api.choice(i, "".join(c.parts), c.reason) for i, c in enumerate(completion.choices)]
+    choices = [api.choice(i, "".join(c.parts), c.reason,
+                          api.logprobs_body(state.tokenizer, c.records) if completion.logprobs else None)
+               for i, c in enumerate(completion.choices)]
     return JSONResponse(api.completion_body(completion.id, completion.created, state.model_name, choices,
                                             completion.usage()))
 
@@ -188,11 +214,12 @@ async def _sse(completion: Completion):
     try:
         while completion.remaining:
             pieces = await completion.next_pieces()
-            for index, text, reason in pieces:
-                if not text and reason is None:
+            for index, text, reason, records in pieces:
+                if not text and reason is None and not records:
                     continue
+                logprobs = api.logprobs_body(state.tokenizer, records) if completion.logprobs else None
                 chunk = api.completion_body(completion.id, completion.created, state.model_name,
-                                            [api.choice(index, text, reason)], None)
+                                            [api.choice(index, text, reason, logprobs)], None)
                 if req.include_usage:
                     chunk["usage"] = None
                 yield event(chunk)

@@ -48,6 +48,13 @@ from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.generate.static import DecodeStep, StaticKVCache
 
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (vLLM's default)
+
+# A position's log-probabilities: the token's own, and the ``logprobs`` most likely tokens' (id, value),
+# most likely first. From the model's distribution (``log_softmax`` of its logits), not the one
+# temperature and top-p sample from, as vLLM's and OpenAI's.
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
 
 def default_step_sizes(max_batch: int) -> list[int]:
     """The powers of two below ``max_batch``, and ``max_batch``: 1, 2, 4, 8, 16 for 16."""
@@ -65,13 +72,18 @@ class EngineStopped(RuntimeError):
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples: ``temperature`` 0 is greedy; ``seed`` makes it repeatable;
-    ``ignore_eos`` keeps going past the end-of-text token until ``max_tokens`` (as vLLM's does)."""
+    ``ignore_eos`` keeps going past the end-of-text token until ``max_tokens`` (as vLLM's does).
+    ``logprobs`` (0 to :data:`MAX_LOGPROBS`) records every generated token's log-probability and
+    that many alternatives (:attr:`Request.logprobs`); ``prompt_logprobs`` the same for the prompt's
+    tokens after the first (:attr:`Request.prompt_logprobs`; decoder-only models)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         check_sampling_args(self.temperature, self.top_p, None)
@@ -81,6 +93,10 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be None or a whole number in [0, {MAX_LOGPROBS}], got {k!r}")
 
     def choice_generators(self, n: int) -> list[torch.Generator]:
         """A generator for each of ``n`` choices, from ``seed`` (a fresh random one without). Choice
@@ -100,7 +116,10 @@ OnFinish = Callable[[int, str], None]
 @dataclass
 class Request:
     """A prompt (ids) to complete ``n`` times. ``on_token(index, id)`` and ``on_finish(index,
-    reason)`` are called from the engine's thread; they must return quickly."""
+    reason)`` are called from the engine's thread; they must return quickly. With
+    ``params.logprobs`` the engine appends each token's :data:`TokenLogprobs` to ``logprobs[index]``
+    before it calls ``on_token``; with ``params.prompt_logprobs`` it sets ``prompt_logprobs`` (None
+    for the first token, which nothing predicts) before the first ``on_token``."""
 
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -109,6 +128,8 @@ class Request:
     on_finish: OnFinish | None = None
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    logprobs: list[list[TokenLogprobs]] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     _cancelled: set[int] | bool = field(default_factory=set)
 
     def cancel(self, index: int | None = None) -> None:
@@ -285,6 +306,8 @@ class Engine:
             raise ValueError(f"prompt: token id {bad!r} is outside [0, {vocab})")
         if isinstance(request.n, bool) or not isinstance(request.n, int) or not 1 <= request.n <= self.max_batch:
             raise ValueError(f"n: must be a whole number in [1, {self.max_batch}], got {request.n!r}")
+        if request.params.prompt_logprobs is not None and self.architecture != "decoder_lm":
+            raise ValueError("prompt_logprobs: only a language model gives its prompt's tokens log-probabilities")
         self._check_lengths(request)
 
     def _check_lengths(self, request: Request) -> None:
@@ -381,12 +404,24 @@ class Engine:
     def _prefill(self, request: Request, slots: list[int]) -> None:
         logits, one = self._prefilled(request.prompt_ids)
         self.stats.prompt_tokens += len(request.prompt_ids)
+        if request.params.logprobs is not None:
+            request.logprobs = [[] for _ in slots]
+        if request.params.prompt_logprobs is not None:
+            request.prompt_logprobs = self._prompt_logprobs(request.prompt_ids, request.params.prompt_logprobs)
         generators = request.params.choice_generators(len(slots))
         for index, (slot, generator) in enumerate(zip(slots, generators)):
             self.cache.fill_from(slot, one)
             row = _Row(request, index, generator, length=one.length, limit=self._limit(request))
             self.rows[slot] = row
             self._emit(slot, row, logits)
+
+    def _prompt_logprobs(self, prompt_ids: list[int], k: int) -> list[TokenLogprobs | None]:
+        """Each prompt token's log-probability given the ones before it (and ``k`` alternatives), from
+        one plain forward over the prompt (every position's logits; the prefill keeps only the last)."""
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        with autocast(self.device, self.dtype), self.model.trusted_ids():
+            logits = self.model(ids)[0, :-1, :self.vocab_size]
+        return [None, *_logprobs(logits, ids[0, 1:], k)]
 
     def _limit(self, request: Request) -> int:
         """The most tokens a choice of ``request`` may generate."""
@@ -402,7 +437,8 @@ class Engine:
         request, p = row.request, row.request.params
         if request.is_cancelled(row.index):
             return self._free(slot, "cancelled")
-        token = int(sample_next_token(self._allowed(logits)[None], temperature=p.temperature, top_p=p.top_p,
+        allowed = self._allowed(logits)
+        token = int(sample_next_token(allowed[None], temperature=p.temperature, top_p=p.top_p,
                                       generator=row.generator)[0])
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
@@ -413,6 +449,8 @@ class Engine:
         row.generated += 1
         row.last = token
         self.stats.generated_tokens += 1
+        if p.logprobs is not None:
+            request.logprobs[row.index] += _logprobs(allowed[None], torch.tensor([token]), p.logprobs)
         if request.on_token is not None:
             request.on_token(row.index, token)
         if ends:
@@ -491,3 +529,12 @@ class Engine:
             waiting, self.waiting = list(self.waiting), deque()
         for request in waiting:
             self._finish_all(request, "cancelled")
+
+
+def _logprobs(logits: Tensor, tokens: Tensor, k: int) -> list[TokenLogprobs]:
+    """Row ``i``'s :data:`TokenLogprobs` for ``tokens[i]`` under ``logits[i]`` (``log_softmax`` in
+    float32), with its ``k`` most likely tokens."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    own = logp.gather(-1, tokens.to(logp.device)[:, None])[:, 0].tolist()
+    values, ids = logp.topk(k, dim=-1)
+    return [(lp, list(zip(i, v))) for lp, i, v in zip(own, ids.tolist(), values.tolist())]

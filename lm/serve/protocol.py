@@ -2,8 +2,13 @@
 and errors, and the text-side work of a choice (decoding ids as they come, stop strings).
 
 Only what the server implements is accepted: a field that would change the result and is
-not supported here (``logprobs``, ``echo``, ``suffix``, ``best_of``, penalties, ``logit_bias``)
-is a 400 that names it, never silently ignored.
+not supported here (``suffix``, ``best_of``, penalties, ``logit_bias``) is a 400 that names it,
+never silently ignored. ``logprobs`` and ``echo`` are OpenAI's: each token's log-probability
+under the model (before temperature and top-p, as vLLM's) with the ``logprobs`` most likely
+alternatives and the token itself in ``top_logprobs``, its text in ``tokens`` and where it starts
+in the choice's text in ``text_offset``; ``echo`` puts the prompt before the completion, its tokens
+too when ``logprobs`` is given (the first one's log-probability ``null``), which scores a text
+(what lm-evaluation-harness's ``local-completions`` asks for).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lm.generate.text import TextStreamer
-from lm.serve.engine import SamplingParams
+from lm.serve.engine import MAX_LOGPROBS, SamplingParams, TokenLogprobs
 
 
 class APIError(Exception):
@@ -32,8 +37,7 @@ class APIError(Exception):
 
 
 UNSUPPORTED = {  # field: the value that means "not used"
-    "logprobs": None, "echo": False, "suffix": None, "best_of": None, "logit_bias": None,
-    "presence_penalty": 0, "frequency_penalty": 0,
+    "suffix": None, "best_of": None, "logit_bias": None, "presence_penalty": 0, "frequency_penalty": 0,
 }
 MAX_STOP = 4  # as OpenAI
 
@@ -46,6 +50,8 @@ class CompletionRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
+    echo: bool = False
+    texts: list[str] | None = None  # each prompt's text (echo): as sent, or its ids decoded
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -98,7 +104,7 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         texts_or_ids = prompt
     else:
         raise APIError(400, "prompt: must be a string, a list of strings, or token ids", "prompt")
-    prompts = []
+    prompts, texts = [], []
     for p in texts_or_ids:
         if isinstance(p, str):
             ids = tokenizer.encode(p) if p else ([eot_id] if eot_id is not None else [])
@@ -114,6 +120,7 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         if bad is not None:
             raise APIError(400, f"prompt: token id {bad} is outside [0, {vocab})", "prompt")
         prompts.append(ids)
+        texts.append(p if isinstance(p, str) else tokenizer.decode(ids))
     max_tokens = _integer(body, "max_tokens", context_length - 1 if translation else 16, 1)
     longest = max(len(p) for p in prompts)
     if translation:
@@ -157,9 +164,19 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     if ignore_eos and translation:
         raise APIError(400, "ignore_eos: a translation ends at its <eos>; not supported for a translation model",
                        "ignore_eos")
+    logprobs = _integer(body, "logprobs", None, 0, MAX_LOGPROBS)
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise APIError(400, f"echo: must be true or false, got {echo!r}", "echo")
+    if echo and translation:
+        raise APIError(400, "echo: a translation's prompt is in another language; not supported for a "
+                            "translation model", "echo")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                            ignore_eos=ignore_eos)
-    return CompletionRequest(prompts, params, n, stops, stream, include_usage)
+                            ignore_eos=ignore_eos, logprobs=logprobs,
+                            prompt_logprobs=logprobs if echo else None)
+    return CompletionRequest(prompts, params, n, stops, stream, include_usage, echo, texts)
 
 
 class StopText:
@@ -175,6 +192,11 @@ class StopText:
     def push(self, token_id: int) -> str:
         """The text that can be sent now (possibly ''); ``stopped`` turns True at a stop string."""
         return self._take(self.streamer.push(token_id))
+
+    @property
+    def start(self) -> int:
+        """Where the last token's text starts in the text decoded so far (stop strings or not)."""
+        return self.streamer.start
 
     def flush(self) -> str:
         if self.stopped:
@@ -206,8 +228,58 @@ def completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex}"
 
 
-def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+# One token of a choice with ``logprobs``: its id, where its text starts in the choice's text, and
+# its log-probabilities (None: the prompt's first token, which nothing predicts).
+LogprobRecord = tuple[int, int, "TokenLogprobs | None"]
+
+
+def prompt_records(tokenizer, ids: list[int], logprobs: list[TokenLogprobs | None] | None) -> list[LogprobRecord]:
+    """The echoed prompt's records: each token's start in ``tokenizer.decode(ids)``."""
+    streamer, records = TextStreamer(tokenizer), []
+    for i, token in enumerate(ids):
+        streamer.push(token)
+        records.append((token, streamer.start, None if logprobs is None else logprobs[i]))
+    return records
+
+
+def token_text(tokenizer, token: int) -> str:
+    """A token as ``logprobs`` names it: its text, or, when its bytes are not UTF-8 on their own (a
+    piece of a character), ``bytes:`` and the bytes escaped, as OpenAI's (``bytes:\\xe2\\x80``), so
+    that two such tokens never share a name."""
+    raw = tokenizer.vocab[token]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def logprobs_body(tokenizer, records: list[LogprobRecord]) -> dict[str, list]:
+    """OpenAI's ``logprobs`` object of a completion (or of one streamed chunk): ``tokens``,
+    ``token_logprobs``, ``top_logprobs`` (the most likely tokens and the token itself, by
+    :func:`token_text`; up to ``logprobs`` + 1 of them) and ``text_offset``."""
+    def text(token: int) -> str:
+        return token_text(tokenizer, token)
+
+    body: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, offset, entry in records:
+        body["tokens"].append(text(token))
+        body["text_offset"].append(offset)
+        if entry is None:
+            body["token_logprobs"].append(None)
+            body["top_logprobs"].append(None)
+            continue
+        own, top = entry
+        alternatives: dict[str, float] = {}
+        for i, value in top:
+            alternatives[text(i)] = value
+        alternatives.setdefault(text(token), own)
+        body["token_logprobs"].append(own)
+        body["top_logprobs"].append(alternatives)
+    return body
 
 
 def completion_body(cid: str, created: int, model: str, choices: list[dict], usage: dict | None) -> dict[str, Any]:
