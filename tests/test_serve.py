@@ -163,6 +163,14 @@ def test_logprobs_are_the_models_own_beside_others_and_leave_the_tokens_alone():
         engine.submit(c)
     run_until_idle(engine)
     assert beside.tokens == plain.tokens and again.logprobs == r.logprobs and 8 in engine.stats.steps
+    # a tokenizer smaller than the model's vocabulary: over its tokens, the ids the engine samples from
+    small = Engine(model, max_batch=4, vocab_size=90)
+    small.submit(r := Recorder().request(prompt, SamplingParams(max_tokens=1, logprobs=2, seed=3)))
+    run_until_idle(small)
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([prompt]))[0, -1, :90].float(), dim=-1)
+    own, top = r.logprobs[0][0]
+    assert [i for i, _ in top] == want.topk(2)[1].tolist() and abs(top[0][1] - want.max().item()) < 1e-5
     with pytest.raises(ValueError, match=r"logprobs must be None or a whole number in \[0, 20\], got 21"):
         SamplingParams(logprobs=21)
 

@@ -162,6 +162,28 @@ def test_echo_scores_a_text_as_lm_evaluation_harness_asks(served):
     assert chunks[0].text == "Tom saw" and "".join(ch.text for ch in chunks) == whole.text
 
 
+def test_vllms_tokenizer_endpoints_speak_the_models_tokens(served):
+    """POST /tokenize and /detokenize and GET /tokenizer_info, as vLLM's (lm-evaluation-harness's
+    remote tokenizer checks for /tokenizer_info with an eos_token and /tokenize returning tokens)."""
+    text = "Lily had a red ball. 🙂"
+    r = httpx.post(served.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    assert r["tokens"] == served.tok.encode(text) and r["count"] == len(r["tokens"]) and r["max_model_len"] == 64
+    back = httpx.post(served.url + "/detokenize", json={"model": "tiny", "tokens": r["tokens"]}).json()
+    assert back == {"prompt": text}
+    info = httpx.get(served.url + "/tokenizer_info").json()
+    assert info["eos_token"] == "<|endoftext|>" and info["vocab_size"] == served.tok.vocab_size
+    eos = httpx.post(served.url + "/tokenize", json={"prompt": info["eos_token"]}).json()["tokens"]
+    assert eos == [served.tok.eot_id]  # how the harness finds the end-of-text id
+    for path, body, param in (("/tokenize", {"prompt": 3}, "prompt"), ("/tokenize", {}, "prompt"),
+                              ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens"),
+                              ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
+                              ("/detokenize", {"tokens": "abc"}, "tokens"), ("/tokenize", {"prompt": "a",
+                                                                                         "model": "x"}, "model")):
+        r = httpx.post(served.url + path, json=body)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, body)
+    assert httpx.get(served.url + "/tokenize").status_code == 405
+
+
 @pytest.mark.parametrize("body, status, param", [
     ({"prompt": "a", "temperature": 5}, 400, "temperature"),
     ({"prompt": "a", "top_p": 0}, 400, "top_p"),

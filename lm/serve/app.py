@@ -1,10 +1,12 @@
 """The HTTP side of ``lm serve``: an ASGI app (Starlette) in front of one :class:`Engine`.
 
 Endpoints: ``GET /`` (the playground), ``GET /v1/models``, ``POST /v1/completions`` (OpenAI's
-schema, streaming as server-sent events), ``GET /health``, ``GET /metrics`` (Prometheus text).
+schema, streaming as server-sent events), ``GET /health``, ``GET /metrics`` (Prometheus text), and
+vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``, through which a client
+(lm-evaluation-harness's remote tokenizer) counts and cuts text in this model's own tokens.
 No endpoint reads a path from a request or writes a file. Errors have OpenAI's shape.
 
-Starlette rather than FastAPI: the app is five routes whose validation must produce OpenAI's
+Starlette rather than FastAPI: the app is eight routes whose validation must produce OpenAI's
 error bodies naming the field, which hand-written checks do directly; FastAPI would add
 pydantic and its own 422 error shape to undo.
 """
@@ -256,6 +258,31 @@ async def models(request: Request) -> Response:
         "max_model_len": state.engine.context_length}]})
 
 
+async def tokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    text = api.parse_tokenize(await read_json(request, state.max_body), model_name=state.model_name)
+    ids = state.tokenizer.encode(text)
+    return JSONResponse({"count": len(ids), "max_model_len": state.engine.context_length, "tokens": ids,
+                         "token_strs": None})
+
+
+async def detokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    ids = api.parse_detokenize(await read_json(request, state.max_body), state.tokenizer,
+                               model_name=state.model_name)
+    return JSONResponse({"prompt": state.tokenizer.decode(ids)})
+
+
+async def tokenizer_info(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    tok = state.tokenizer
+    eos = None if tok.eot_id is None else tok.decode([tok.eot_id])
+    return JSONResponse({"tokenizer_class": f"{type(tok).__module__}.{type(tok).__qualname__}",
+                         "eos_token": eos, "bos_token": None, "pad_token": None, "vocab_size": tok.vocab_size,
+                         "special_tokens": list(tok.special_tokens),
+                         "model_max_length": state.engine.context_length})
+
+
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.server
     if state.engine.error is not None:
@@ -342,7 +369,7 @@ class _Guard:
             self.state.http[key] = self.state.http.get(key, 0) + 1
 
 
-ROUTES = ("/", "/v1/models", "/v1/completions", "/health", "/metrics")
+ROUTES = ("/", "/v1/models", "/v1/completions", "/health", "/metrics", "/tokenize", "/detokenize", "/tokenizer_info")
 
 
 def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MAX_BODY_BYTES,
@@ -375,6 +402,9 @@ def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MA
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
+            Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
         ],
         exception_handlers={404: not_found, 405: not_found},
         lifespan=lifespan,

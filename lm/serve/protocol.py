@@ -4,11 +4,11 @@ and errors, and the text-side work of a choice (decoding ids as they come, stop 
 Only what the server implements is accepted: a field that would change the result and is
 not supported here (``suffix``, ``best_of``, penalties, ``logit_bias``) is a 400 that names it,
 never silently ignored. ``logprobs`` and ``echo`` are OpenAI's: each token's log-probability
-under the model (before temperature and top-p, as vLLM's) with the ``logprobs`` most likely
-alternatives and the token itself in ``top_logprobs``, its text in ``tokens`` and where it starts
-in the choice's text in ``text_offset``; ``echo`` puts the prompt before the completion, its tokens
-too when ``logprobs`` is given (the first one's log-probability ``null``), which scores a text
-(what lm-evaluation-harness's ``local-completions`` asks for).
+under the model (over the tokenizer's tokens, before temperature and top-p, as vLLM's) with the
+``logprobs`` most likely alternatives and the token itself in ``top_logprobs``, its text in
+``tokens`` and where it starts in the choice's text in ``text_offset``; ``echo`` puts the prompt
+before the completion, its tokens too when ``logprobs`` is given (the first one's log-probability
+``null``), which scores a text (what lm-evaluation-harness's ``local-completions`` asks for).
 """
 
 from __future__ import annotations
@@ -84,12 +84,7 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     translation: the source and the target each have the context to themselves, and
     ``max_tokens`` defaults to the most the model writes."""
     translation = architecture == "encoder_decoder"
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise APIError(404, f"model: {model!r} is not served here; this server has {model_name!r}", "model",
-                       code="model_not_found")
+    body = _check_model(body, model_name)
     for name, unused in UNSUPPORTED.items():
         if body.get(name, unused) not in (unused, None):
             raise APIError(400, f"{name}: not supported by this server", name)
@@ -177,6 +172,41 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
                             ignore_eos=ignore_eos, logprobs=logprobs,
                             prompt_logprobs=logprobs if echo else None)
     return CompletionRequest(prompts, params, n, stops, stream, include_usage, echo, texts)
+
+
+def _check_model(body: Any, model_name: str) -> dict:
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise APIError(404, f"model: {model!r} is not served here; this server has {model_name!r}", "model",
+                       code="model_not_found")
+    return body
+
+
+def parse_tokenize(body: Any, *, model_name: str) -> str:
+    """A ``POST /tokenize`` body (vLLM's): the ``prompt`` text. ``add_special_tokens`` may be given;
+    this tokenizer adds none either way."""
+    body = _check_model(body, model_name)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise APIError(400, f"prompt: must be a string, got {type(prompt).__name__}", "prompt")
+    special = body.get("add_special_tokens", True)
+    if not isinstance(special, bool):
+        raise APIError(400, f"add_special_tokens: must be true or false, got {special!r}", "add_special_tokens")
+    return prompt
+
+
+def parse_detokenize(body: Any, tokenizer, *, model_name: str) -> list[int]:
+    """A ``POST /detokenize`` body (vLLM's): ``tokens``, ids of this tokenizer."""
+    body = _check_model(body, model_name)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise APIError(400, "tokens: must be a list of token ids", "tokens")
+    bad = next((t for t in tokens if not 0 <= t < tokenizer.vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"tokens: token id {bad} is outside [0, {tokenizer.vocab_size})", "tokens")
+    return tokens
 
 
 class StopText:
