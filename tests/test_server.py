@@ -195,6 +195,11 @@ def test_vllms_tokenizer_endpoints_speak_the_models_tokens(served):
     ({"prompt": "a", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "a", "echo": "yes"}, 400, "echo"),
     ({"prompt": "a", "suffix": "b"}, 400, "suffix"),
+    ({"prompt": "a", "min_p": 0.1}, 400, "min_p"),
+    ({"prompt": "a", "stop_token_ids": [3]}, 400, "stop_token_ids"),
+    ({"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": "a", "top_k": 0.5}, 400, "top_k"),
+    ({"prompt": "a", "top_k": -2}, 400, "top_k"),
     ({"prompt": "a", "stream": "yes"}, 400, "stream"),
     ({"prompt": "a", "ignore_eos": 1}, 400, "ignore_eos"),
     ({"prompt": [1, 2, 999999]}, 400, "prompt"),
@@ -218,6 +223,32 @@ def test_empty_prompts(served):
     assert r.status_code == 400 and r.json()["error"]["message"] == "prompt: a list of token ids must not be empty"
     r = httpx.post(served.url + "/v1/completions", json={"prompt": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_top_k_and_fields_at_their_no_effect_values(served):
+    """vLLM's top_k: 1 is greedy, k > 1 samples among the k most likely (the model's, at each
+    position), -1 and 0 are all tokens; a field this server does not implement is accepted at the
+    value that means 'not used' (presence_penalty 0.0, skip_special_tokens true)."""
+    import torch
+
+    base = dict(model="tiny", prompt="Lily had", max_tokens=12, temperature=1.0, seed=8)
+    greedy = served.client.completions.create(**{**base, "temperature": 0.0}).choices[0].text
+    assert served.client.completions.create(**base, extra_body={"top_k": 1}).choices[0].text == greedy
+    plain = served.client.completions.create(**base).choices[0].text
+    for off in (-1, 0):
+        assert served.client.completions.create(**base, extra_body={"top_k": off}).choices[0].text == plain
+    text = served.client.completions.create(**base, extra_body={"top_k": 3}).choices[0].text
+    engine = Engine(served.model, max_batch=served.engine.max_batch, eos_id=served.tok.eot_id)
+    tokens, ids = [], served.tok.encode("Lily had")
+    engine.submit(Request(ids, SamplingParams(12, 1.0, top_k=3, seed=8), on_token=lambda _, t: tokens.append(t)))
+    while engine.step():
+        pass
+    assert text == served.tok.decode([t for t in tokens if t != served.tok.eot_id]) and text != plain
+    with torch.no_grad():
+        logits = served.model(torch.tensor([ids + tokens]))[0, len(ids) - 1: -1]
+    assert all(t in row.topk(3).indices.tolist() for t, row in zip(tokens, logits))  # each among the top 3
+    same = served.client.completions.create(**base, presence_penalty=0.0, extra_body={"skip_special_tokens": True})
+    assert same.choices[0].text == plain
 
 
 def test_malformed_oversized_and_unknown(served):

@@ -80,13 +80,14 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int | None = None  # sample from the top_k most likely tokens only (before top_p)
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        check_sampling_args(self.temperature, self.top_p, None)
+        check_sampling_args(self.temperature, self.top_p, self.top_k)
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -438,7 +439,7 @@ class Engine:
         if request.is_cancelled(row.index):
             return self._free(slot, "cancelled")
         allowed = self._allowed(logits)
-        token = int(sample_next_token(allowed[None], temperature=p.temperature, top_p=p.top_p,
+        token = int(sample_next_token(allowed[None], temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
                                       generator=row.generator)[0])
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()

@@ -2,8 +2,9 @@
 and errors, and the text-side work of a choice (decoding ids as they come, stop strings).
 
 Only what the server implements is accepted: a field that would change the result and is
-not supported here (``suffix``, ``best_of``, penalties, ``logit_bias``) is a 400 that names it,
-never silently ignored. ``logprobs`` and ``echo`` are OpenAI's: each token's log-probability
+not supported here (``suffix``, ``best_of``, penalties, ``logit_bias``, and vLLM's extensions but
+``top_k`` and ``ignore_eos``: ``min_p``, ``stop_token_ids``, guided decoding ...) is a 400 that
+names it, never silently ignored. ``logprobs`` and ``echo`` are OpenAI's: each token's log-probability
 under the model (over the tokenizer's tokens, before temperature and top-p, as vLLM's) with the
 ``logprobs`` most likely alternatives and the token itself in ``top_logprobs``, its text in
 ``tokens`` and where it starts in the choice's text in ``text_offset``; ``echo`` puts the prompt
@@ -36,8 +37,12 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-UNSUPPORTED = {  # field: the value that means "not used"
+UNSUPPORTED = {  # field: the value that means "not used" (OpenAI's, then vLLM's extensions)
     "suffix": None, "best_of": None, "logit_bias": None, "presence_penalty": 0, "frequency_penalty": 0,
+    "min_p": 0, "repetition_penalty": 1, "min_tokens": 0, "stop_token_ids": [], "include_stop_str_in_output": False,
+    "skip_special_tokens": True, "use_beam_search": False, "length_penalty": 1, "bad_words": [],
+    "allowed_token_ids": None, "prompt_logprobs": None, "truncate_prompt_tokens": None, "response_format": None,
+    "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
 }
 MAX_STOP = 4  # as OpenAI
 
@@ -86,7 +91,8 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     translation = architecture == "encoder_decoder"
     body = _check_model(body, model_name)
     for name, unused in UNSUPPORTED.items():
-        if body.get(name, unused) not in (unused, None):
+        value = body.get(name, unused)
+        if value is not None and not (value == unused and isinstance(value, bool) == isinstance(unused, bool)):
             raise APIError(400, f"{name}: not supported by this server", name)
     prompt = body.get("prompt")
     if prompt is None:
@@ -131,6 +137,8 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
                        "max_tokens")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    top_k = _integer(body, "top_k", None, -1)  # vLLM's extension: -1 or 0 for all tokens
+    top_k = top_k if top_k is not None and top_k > 0 else None
     n = _integer(body, "n", 1, 1, max_batch)
     seed = _integer(body, "seed", None)
     stop = body.get("stop")
@@ -168,7 +176,7 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     if echo and translation:
         raise APIError(400, "echo: a translation's prompt is in another language; not supported for a "
                             "translation model", "echo")
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             ignore_eos=ignore_eos, logprobs=logprobs,
                             prompt_logprobs=logprobs if echo else None)
     return CompletionRequest(prompts, params, n, stops, stream, include_usage, echo, texts)
