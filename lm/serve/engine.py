@@ -80,11 +80,11 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int | None = None  # sample from the top_k most likely tokens only (before top_p)
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    top_k: int | None = None  # sample from the top_k most likely tokens only (before top_p)
 
     def __post_init__(self) -> None:
         check_sampling_args(self.temperature, self.top_p, self.top_k)
