@@ -175,6 +175,20 @@ def test_logprobs_are_the_models_own_beside_others_and_leave_the_tokens_alone():
         SamplingParams(logprobs=21)
 
 
+@pytest.mark.parametrize("max_batch", [6, 11])
+def test_a_max_batch_whose_step_is_not_slot_invariant_gets_a_wider_step(max_batch):
+    """BLAS computes the last rows of a 5-7 or 9-11-row matmul apart (other bits): the largest step
+    gets idle rows beyond the slots (8, 12 here), so a seeded request in the last slot, behind
+    max_batch - 1 others, gets the bits it gets alone (it did not: its logits differed)."""
+    model = tiny_model()
+    engine = Engine(model, max_batch=max_batch)
+    assert engine.slot_invariant and engine.cache.rows > max_batch and max(engine.steps) == engine.cache.rows
+    assert len(engine.rows) == max_batch and max_batch not in engine.step_sizes
+    alone = _seeded_run(model, 0, 0, engine=Engine(model, max_batch=max_batch))
+    for join_at in (-1, 0):
+        assert _seeded_run(model, max_batch - 1, join_at, engine=Engine(model, max_batch=max_batch)) == alone
+
+
 def test_default_step_sizes_are_the_powers_of_two_below_max_batch_and_max_batch():
     assert default_step_sizes(16) == [1, 2, 4, 8, 16]
     assert default_step_sizes(12) == [1, 2, 4, 8, 12]

@@ -11,20 +11,21 @@ to the next request in the queue.
 **Batch invariance.** A row's tokens must not depend on which other rows share the batch: a
 request with a ``seed`` returns the same text alone or beside fifteen others. torch's CPU matmul
 is not batch invariant: a row of ``x @ W.T`` changes in its last bits with the number of rows
-(measured on this machine: 1 row, 2–3 rows and 4 or more rows give three different results).
-For one shape, though, a row's result is the same in any position and whatever the other rows
-hold. So a decode step has one of a few fixed shapes, its *step sizes* (by default the powers of
-two up to ``max_batch``, and ``max_batch``): the active rows are kept in the lowest slots (a row
-whose neighbour leaves moves down, its cache copied), and each step runs the smallest size that
-holds them, idle rows decoding a dummy token, attention over all ``context_length`` positions
-(compiled: over the power-of-two span that holds the longest row) with a row's unused ones
-masked out. At start the engine runs every size on probe sequences in every row (short, half
-the context, all of it) and keeps only the sizes whose rows all give the ``max_batch`` step's
-logits over the whole context bit for bit (eager on a CPU: 4 rows and more; compiled on a CPU
-every size, through the batch-invariant matmuls of :class:`lm.generate.DecodeStep` and its
-kernels compiled for any span; the one-row graph, which torch.compile builds apart, summed the
-tests' tiny model's keys in another order when steps read the whole cache, and the probe would
-drop it).
+(measured on this machine: 1 row, 2–3 rows and 4 or more rows give three different results). For
+one shape, though, a row's result is the same whatever the other rows hold, and in any position
+for most shapes (not here for 5-7 or 9-11 rows, whose last rows BLAS computes apart; the largest
+step then gets idle rows beyond the slots, 8 or 12). So a decode step has one of a few fixed
+shapes, its *step sizes* (by default the powers of two up to ``max_batch``, and ``max_batch``):
+the active rows are kept in the lowest slots (a row whose neighbour leaves moves down, its cache
+copied), and each step runs the smallest size that holds them, idle rows decoding a dummy token,
+attention over all ``context_length`` positions (compiled: over the power-of-two span that holds
+the longest row) with a row's unused ones masked out. At start the engine runs every size on
+probe sequences in every row (short, half the context, all of it) and keeps only the sizes whose
+rows all give the largest step's logits over the whole context bit for bit (eager on a CPU: 4
+rows and more; compiled on a CPU every size, through the batch-invariant matmuls of
+:class:`lm.generate.DecodeStep` and its kernels compiled for any span; the one-row graph, which
+torch.compile builds apart, summed the tests' tiny model's keys in another order when steps read
+the whole cache, and the probe would drop it).
 A prefill runs alone, so it is the same whatever else is running. Each row samples from its own
 logits with its own ``torch.Generator``. ``tests/test_serve.py`` checks the invariance bit for bit.
 
@@ -54,6 +55,12 @@ MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each positio
 # most likely first. From the model's distribution (``log_softmax`` of its logits), not the one
 # temperature and top-p sample from, as vLLM's and OpenAI's.
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+def _widths(max_batch: int) -> list[int]:
+    """The widths the largest step may take, narrowest first: ``max_batch``, then (when its rows are
+    not interchangeable) the next multiple of four and the next power of two."""
+    return sorted({max_batch, -(-max_batch // 4) * 4, 1 << (max_batch - 1).bit_length()})
 
 
 def default_step_sizes(max_batch: int) -> list[int]:
@@ -238,34 +245,47 @@ class Engine:
                    None)
         if bad is not None:
             raise ValueError(f"step_sizes: each must be a whole number in [1, max_batch={self.max_batch}], got {bad!r}")
-        self.cache = self.cache_class.for_model(self.model, self.max_batch)
+        # The largest step holds every slot. If its rows are not interchangeable (a BLAS kernel
+        # that computes some rows apart: on this CPU 5-7 and 9-11 rows), a wider one (idle rows
+        # beyond the slots) that is takes its place, so that a row's bits never depend on its slot.
+        for top in _widths(self.max_batch):
+            self._make_steps(sizes, top, compile)
+            self.step_sizes, self.dropped_sizes = self._invariant_sizes()
+            if self.slot_invariant:
+                break
+        else:  # none: the max_batch step alone, rows as they fall (gpu_check reports slot_invariant)
+            self._make_steps(sizes, self.max_batch, compile)
+            self.step_sizes, self.dropped_sizes = self._invariant_sizes()
+        for slot in range(self.cache.rows):  # the probe's sequences are gone
+            self.cache.release(slot)
+
+    def _make_steps(self, sizes: list[int], top: int, compile: bool) -> None:
+        """The steps of ``sizes`` and of ``top`` rows (>= max_batch), over one cache of ``top`` rows."""
+        self.cache = self.cache_class.for_model(self.model, top)
         self.steps: dict[int, DecodeStep] = {}
-        for b in sorted({*sizes, self.max_batch}):  # compiled: the sizes share the compiled code
+        for b in sorted({*sizes, top}):  # compiled: the sizes share the compiled code
             first = next(iter(self.steps.values()), None) if compile else None
             self.steps[b] = DecodeStep(self.model, b, compile=compile, dtype=self.dtype, cache=self.cache.leading(b),
                                        share=first)
-        self.step_sizes, self.dropped_sizes = self._invariant_sizes()
-        for slot in range(self.max_batch):  # the probe's sequences are gone
-            self.cache.release(slot)
 
     @torch.inference_mode()
     def _invariant_sizes(self) -> tuple[list[int], list[int]]:
-        """Run every step size on probe sequences in all its rows (random ids prefilled, then a few
-        steps; a short sequence, one of half the context and one that fills it, so that every
-        reduction over the key positions runs in full); keep the sizes whose rows all give the
-        logits of the ``max_batch`` step's first row over the whole cache, bit for bit. Returns the
-        sizes kept and those dropped. If the ``max_batch`` step's own rows disagree with one
-        another, rows are not invariant to their slot here: :attr:`slot_invariant` is False and
-        only that step is used. If its logits over a short span (:attr:`DecodeStep.bucketed`)
-        differ from those over the whole cache, every step attends over the whole cache
-        (:attr:`bucketed` False) and the sizes are probed again."""
-        ctx, top = self.context_length, self.max_batch
+        """Run every step size on probe sequences in all its rows (random ids prefilled, then a few steps; a
+        short sequence, one of half the context and one that fills it, so that every reduction over
+        the key positions runs in full); keep the sizes whose rows all give the logits of the
+        largest step's first row over the whole cache, bit for bit. Returns the sizes kept and those
+        dropped. If the largest step's own rows disagree with one another, rows are not invariant to
+        their slot there: :attr:`slot_invariant` is False and only that step is used
+        (:meth:`_set_up_decoding` then tries a wider one). If its logits over a short span
+        (:attr:`DecodeStep.bucketed`) differ from those over the whole cache, every step attends
+        over the whole cache (:attr:`bucketed` False) and the sizes are probed again."""
+        ctx, top = self.context_length, max(self.steps)
         if ctx < 2:  # no request fits (a prompt and a token): nothing to probe
             self.slot_invariant = False
             return [top], [b for b in self.steps if b != top]
         g = torch.Generator().manual_seed(0)
         logits: dict[int, list[Tensor]] = {b: [] for b in self.steps}
-        full: list[Tensor] = []  # the max_batch step over the whole cache: the reference
+        full: list[Tensor] = []  # the largest step over the whole cache: the reference
         for n in sorted({max(1, min(12, ctx // 2)), max(1, ctx // 2), max(1, ctx - 3)}):
             one = self._probe_cache(g, n)
             tokens = torch.randint(0, self.vocab_size, (min(3, ctx - n),), generator=g).tolist()
@@ -350,7 +370,7 @@ class Engine:
         if not active:
             return False
         size = next(b for b in self.step_sizes if b > active[-1])
-        rows = self.rows[:size]
+        rows = self.rows[:size] + [None] * (size - self.max_batch)  # a step wider than the slots: idle rows
         logits = self.steps[size]([r.last if r is not None else 0 for r in rows],
                                   [r.length if r is not None else 0 for r in rows])
         self.stats.steps[size] += 1
