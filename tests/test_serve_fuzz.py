@@ -1,8 +1,13 @@
-"""The serving engines against themselves, on random configurations: every request a random
-mix of engines and requests decodes beside others (continuous batching, rows joining, leaving and
-moving down, steps of every kept size) gets what it gets alone, bit for bit (tokens, finish
-reasons, log-probabilities), and the engine ends with no rows held. On the engine before fb78150
-it fails (a request in the last slot of a 5- or 6-row step got other bits than alone)."""
+"""Property tests of serving, against brute force.
+
+* The engines against themselves on random configurations: every request of a random mix decoded
+  beside others (continuous batching, rows joining, leaving and moving down, steps of every kept
+  size) gets what it gets alone, bit for bit (tokens, finish reasons, log-probabilities), and the
+  engine ends with no rows held. On the engine before fb78150 it fails (a request in the last slot
+  of a 5- or 6-row step got other bits than alone).
+* Stop strings: the text streamed token by token is the whole text decoded at once, cut before the
+  first stop string, and never more at any point (holding back a possible start of one, and bytes
+  of an unfinished character)."""
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +15,9 @@ from hypothesis import strategies as st
 
 from lm.model import Seq2SeqConfig, TransformerLM, build_model
 from lm.serve import Engine, Request, SamplingParams
+from lm.serve.protocol import MAX_STOP, StopText
 from lm.serve.translation import TranslationEngine
+from lm.tokenizer import EOT, Tokenizer
 
 VOCAB = 61
 
@@ -97,3 +104,40 @@ def test_every_request_gets_beside_others_what_it_gets_alone(workload):
         assert "cancelled" not in reasons
         (alone,) = _run(alone_engine, [(prompt, params, n, None)])
         assert alone == (tokens, reasons, logprobs, prompt_logprobs)
+
+
+def _stop_tokenizer():
+    """Bytes, and tokens that start or end inside a UTF-8 character, and the end-of-text token."""
+    vocab = {i: bytes([i]) for i in range(256)}
+    for piece in ("é".encode(), "🙂".encode()[:2], "🙂".encode()[2:], "a🙂".encode()[:3], " 漢".encode()[:2], b"ab"):
+        vocab[len(vocab)] = piece
+    return Tokenizer(vocab, [], [EOT])
+
+
+STOP_TOK = _stop_tokenizer()
+READABLE = [ord(c) for c in "ab .\n"] + list(range(256, STOP_TOK.vocab_size))  # mostly text that repeats
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(ids=st.lists(st.one_of(st.sampled_from(READABLE), st.integers(0, STOP_TOK.vocab_size - 1)), max_size=40),
+       cuts=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 4)), max_size=4),
+       extra=st.lists(st.sampled_from(["ab", "b a", "🙂", "é", "\n.", "x"]), max_size=2))
+def test_stop_text_sends_the_text_cut_before_the_first_stop_string_and_never_more(ids, cuts, extra):
+    """Brute force: the whole text decoded at once (end-of-text skipped), cut where the first of
+    the stop strings (pieces of that text and others) starts. Streamed token by token, the text
+    sent so far is always a prefix of that, and all of it at the end; ``stopped`` exactly when a
+    stop string occurs."""
+    eot = STOP_TOK.eot_id
+    full = STOP_TOK.decode([t for t in ids if t != eot])
+    stops = list(dict.fromkeys([full[a: a + n] for a, n in cuts if full[a: a + n]] + extra))[:MAX_STOP]
+    found = [i for i in (full.find(s) for s in stops) if i >= 0]
+    want = full[: min(found)] if found else full
+    text = StopText(STOP_TOK, stops, skip=(eot,))
+    sent = ""
+    for token in ids:
+        sent += text.push(token)
+        assert want.startswith(sent)
+        if text.stopped:
+            break
+    sent += text.flush()
+    assert sent == want and text.stopped == bool(found)
