@@ -77,3 +77,49 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
         assert default_tokens == 32 and default_error == ""  # half the context of 64, not 128
     finally:
         server.close()
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory):
+    """lm serve --api-key: the page loads without it (and /health, /metrics answer), the API does
+    not (401, OpenAI's shape); the page shows its key box, and with the right key it streams."""
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(Engine(model, max_batch=2, eos_id=None), tok, "tiny", api_key="s3cret"))
+    try:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 2})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"
+        bad = httpx.post(server.url + "/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401
+        assert httpx.get(server.url + "/health").status_code == 200
+        assert 'route="/v1/completions",status="401"' in httpx.get(server.url + "/metrics").text
+        ok = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 2, "seed": 1},
+                        headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url + "/")
+            page.wait_for_function("document.getElementById('model').textContent === '(needs the API key)'")
+            assert page.is_visible("#api_key")
+            page.fill("#api_key", "s3cret")
+            page.press("#api_key", "Enter")
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            assert not page.is_visible("#api_key")
+            page.fill("#prompt", "Lily")
+            page.fill("#max_tokens", "6")
+            page.fill("#seed", "1")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
+                                   timeout=30_000)
+            text, error = page.text_content("#generated"), page.text_content("#error")
+            browser.close()
+        assert not errors and error == ""
+        same = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 6, "seed": 1,
+                                                                "temperature": 0.8, "top_p": 0.95},
+                          headers={"Authorization": "Bearer s3cret"})
+        assert text == same.json()["choices"][0]["text"]
+    finally:
+        server.close()

@@ -312,6 +312,26 @@ def test_health_and_metrics(served):
         assert samples[gauge] == 0
 
 
+def test_an_api_key_through_the_openai_client(tmp_path_factory):
+    """With api_key the official client gets AuthenticationError (401) without it or with another
+    key, and its answers with it; the page and /health stay open (the playground test drives it)."""
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(Engine(model, max_batch=2, eos_id=tok.eot_id), tok, "tiny", api_key="k3y"))
+    try:
+        for key in ("unused", "k3y2"):
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                client.completions.create(model="tiny", prompt="Lily", max_tokens=2)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="k3y", max_retries=0)
+        r = client.completions.create(model="tiny", prompt="Lily", max_tokens=3, temperature=0.0)
+        assert r.usage.completion_tokens <= 3 and [m.id for m in client.models.list().data] == ["tiny"]
+        assert httpx.get(server.url + "/").status_code == 200 and httpx.get(server.url + "/health").status_code == 200
+        with pytest.raises(ValueError, match="api_key: must be a non-empty string"):
+            create_app(Engine(model, max_batch=1), tok, "tiny", api_key="")
+    finally:
+        server.close()
+
+
 def test_a_full_queue_answers_503_with_retry_after(tmp_path_factory):
     _, model, tok = model_and_tokenizer(tmp_path_factory)
     engine = Engine(model, max_batch=1, max_queue=2, eos_id=None)
@@ -404,6 +424,7 @@ def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
                           (["--step-sizes", "1,x"], "--step-sizes: need whole numbers separated by commas, got '1,x'"),
                           (["--max-batch", "4", "--step-sizes", "2,8"], "--step-sizes: each must be in [1, "
                                                                          "--max-batch=4], got 8"),
+                          (["--api-key", " "], "--api-key: must not be empty"),
                           (["--checkpoint", str(run / "missing")], "--checkpoint: file not found")):
         argv = ["serve", "--checkpoint", str(run), *args]
         p = subprocess.run([sys.executable, "-m", "lm", *argv], capture_output=True, text=True, timeout=60)

@@ -10,6 +10,7 @@ from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
 EXAMPLES = """
   lm serve --checkpoint runs/cpu-small                     # http://127.0.0.1:8000 (the playground at /)
   lm serve --checkpoint runs/cpu-small --port 8080 --max-batch 32
+  LM_API_KEY=secret lm serve --checkpoint runs/cpu-small --host 0.0.0.0   # on the network: a key
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
       -d '{"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0.8}'
 """
@@ -44,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES", help="largest request body (413 above)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="the model's id in the API (default: the run folder's name)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="answer the API only with Authorization: Bearer KEY (the page, /health and /metrics "
+                   "stay open; the page asks for it) (default: $LM_API_KEY, which other users cannot read "
+                   "from the process list, as they can an argument)")
     add_compute(p)
     add_quiet(p)
     p.set_defaults(func=cmd_serve)
@@ -76,6 +81,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port: must be in [0, 65535], got {args.port}")
+    import os
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("LM_API_KEY")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key: must not be empty (nor $LM_API_KEY, when set)")
     for name in ("max_batch", "max_queue", "max_body"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
@@ -110,7 +120,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run = Path(args.checkpoint)
     name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
                                else run.parent.parent.name)
-    app = create_app(engine, tok, name, max_body=args.max_body)
+    app = create_app(engine, tok, name, max_body=args.max_body, api_key=api_key)
     state = app.state.server
 
     class Server(uvicorn.Server):
@@ -142,6 +152,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.quiet:
         where = f"http://{args.host}:{args.port}"
         print(f"lm serve: {name} ({model.num_parameters():,} parameters, context {model.config.context_length}, "
-              f"max batch {args.max_batch}) at {where}/v1 — playground at {where}/", file=sys.stderr, flush=True)
+              f"max batch {args.max_batch}) at {where}/v1 — playground at {where}/"
+              + (" (the API needs the key)" if api_key is not None else ""), file=sys.stderr, flush=True)
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"lm serve: warning: --host {args.host} without --api-key (or $LM_API_KEY): anyone who can reach "
+              "this address can use the model", file=sys.stderr, flush=True)
     server.run()
     return 0

@@ -14,6 +14,7 @@ pydantic and its own 422 error shape to undo.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 from dataclasses import dataclass, field
 from importlib import resources
@@ -335,10 +336,19 @@ async def playground(request: Request) -> Response:
 
 class _Guard:
     """Pure ASGI middleware: OpenAI-shaped errors for anything a route raises, counts by route
-    and status for /metrics."""
+    and status for /metrics, and with ``api_key`` a 401 for a request to the API (``/v1/...``, the
+    tokenizer endpoints) without ``Authorization: Bearer <api_key>``, as vLLM's ``--api-key``
+    (the page, ``/health`` and ``/metrics`` stay open)."""
 
-    def __init__(self, app, state: ServerState):
+    def __init__(self, app, state: ServerState, api_key: str | None = None):
         self.app, self.state = app, state
+        self.api_key = None if api_key is None else api_key.encode()
+
+    def _authorized(self, scope) -> bool:
+        if self.api_key is None or scope.get("path", "") in OPEN_ROUTES:
+            return True
+        given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+        return given.startswith(b"Bearer ") and hmac.compare_digest(given[len(b"Bearer "):], self.api_key)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -347,6 +357,12 @@ class _Guard:
         route = route if route in ROUTES else "other"
         status = {"code": 500}
         started = False
+        if not self._authorized(scope):
+            status["code"] = 401
+            self.state.http[route, 401] = self.state.http.get((route, 401), 0) + 1
+            error = api.APIError(401, "this server needs an API key: Authorization: Bearer <key>",
+                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return await error_response(error)(scope, receive, send)
 
         async def send_counted(message):
             nonlocal started
@@ -370,11 +386,15 @@ class _Guard:
 
 
 ROUTES = ("/", "/v1/models", "/v1/completions", "/health", "/metrics", "/tokenize", "/detokenize", "/tokenizer_info")
+OPEN_ROUTES = ("/", "/health", "/metrics")  # without the API key (the page asks for it)
 
 
 def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MAX_BODY_BYTES,
-               start_engine: bool = True):
-    """The ASGI app serving ``engine`` (started and stopped with the app unless ``start_engine`` is False)."""
+               start_engine: bool = True, api_key: str | None = None):
+    """The ASGI app serving ``engine`` (started and stopped with the app unless ``start_engine`` is
+    False); with ``api_key``, the API answers only requests that carry it (``Authorization: Bearer``)."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise ValueError("api_key: must be a non-empty string")
     import contextlib
     import time
 
@@ -411,5 +431,5 @@ def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MA
     )
     app.state.server = state
     app.state.started = int(time.time())
-    app.add_middleware(_Guard, state=state)
+    app.add_middleware(_Guard, state=state, api_key=api_key)
     return app
