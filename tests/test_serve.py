@@ -189,6 +189,30 @@ def test_a_max_batch_whose_step_is_not_slot_invariant_gets_a_wider_step(max_batc
         assert _seeded_run(model, max_batch - 1, join_at, engine=Engine(model, max_batch=max_batch)) == alone
 
 
+def test_when_no_width_is_slot_invariant_the_max_batch_step_serves_alone(monkeypatch):
+    """Steps whose rows differ by slot at every width (as a device's kernels might): the engine
+    tries the wider ones, then serves with the max_batch step alone and says so (slot_invariant
+    False); with one width to try it makes its steps once (compiled: one compilation, not two)."""
+    made = []
+
+    class BySlot(engine_module.DecodeStep):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self.rows)
+
+        def __call__(self, ids, lengths, full_span=False):
+            out = super().__call__(ids, lengths, full_span=full_span)
+            return out + torch.arange(out.shape[0], dtype=out.dtype)[:, None] * 1e-3
+
+    monkeypatch.setattr(engine_module, "DecodeStep", BySlot)
+    engine = Engine(tiny_model(), max_batch=6)
+    assert not engine.slot_invariant and engine.step_sizes == [6] and engine.cache.rows == 6
+    assert made == [1, 2, 4, 6, 1, 2, 4, 6, 8, 1, 2, 4, 6]  # widths 6, then 8, then 6 again to serve
+    made.clear()
+    engine = Engine(tiny_model(), max_batch=8)
+    assert not engine.slot_invariant and engine.step_sizes == [8] and made == [1, 2, 4, 8]
+
+
 def test_default_step_sizes_are_the_powers_of_two_below_max_batch_and_max_batch():
     assert default_step_sizes(16) == [1, 2, 4, 8, 16]
     assert default_step_sizes(12) == [1, 2, 4, 8, 12]

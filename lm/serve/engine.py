@@ -254,8 +254,9 @@ class Engine:
             if self.slot_invariant:
                 break
         else:  # none: the max_batch step alone, rows as they fall (gpu_check reports slot_invariant)
-            self._make_steps(sizes, self.max_batch, compile)
-            self.step_sizes, self.dropped_sizes = self._invariant_sizes()
+            if top != self.max_batch:  # (not made again when it was the only width: no second compilation)
+                self._make_steps(sizes, self.max_batch, compile)
+                self.step_sizes, self.dropped_sizes = self._invariant_sizes()
         for slot in range(self.cache.rows):  # the probe's sequences are gone
             self.cache.release(slot)
 
