@@ -10,9 +10,10 @@
   of an unfinished character)."""
 
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from lm.generate import TextStreamer
 from lm.model import Seq2SeqConfig, TransformerLM, build_model
 from lm.serve import Engine, Request, SamplingParams
 from lm.serve.protocol import MAX_STOP, StopText
@@ -119,19 +120,27 @@ READABLE = [ord(c) for c in "ab .\n"] + list(range(256, STOP_TOK.vocab_size))  #
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
+@example(ids=[97, 98, 97], cuts=[(0, 3), (1, 1)], extra=[])  # "b" comes before "aba" is complete: "a"
 @given(ids=st.lists(st.one_of(st.sampled_from(READABLE), st.integers(0, STOP_TOK.vocab_size - 1)), max_size=40),
        cuts=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 4)), max_size=4),
        extra=st.lists(st.sampled_from(["ab", "b a", "🙂", "é", "\n.", "x"]), max_size=2))
 def test_stop_text_sends_the_text_cut_before_the_first_stop_string_and_never_more(ids, cuts, extra):
-    """Brute force: the whole text decoded at once (end-of-text skipped), cut where the first of
-    the stop strings (pieces of that text and others) starts. Streamed token by token, the text
-    sent so far is always a prefix of that, and all of it at the end; ``stopped`` exactly when a
-    stop string occurs."""
+    """Brute force, as vLLM stops: after each token, the text decoded so far (TextStreamer's, end
+    of text skipped) is searched for every stop string; at the first token after which one is
+    there, the answer is that text cut where the earliest of them starts (and generation ends);
+    without one, the whole text. Streamed token by token, the text sent is always a prefix of
+    that, all of it at the end, and ``stopped`` says whether a stop string came."""
     eot = STOP_TOK.eot_id
     full = STOP_TOK.decode([t for t in ids if t != eot])
     stops = list(dict.fromkeys([full[a: a + n] for a, n in cuts if full[a: a + n]] + extra))[:MAX_STOP]
-    found = [i for i in (full.find(s) for s in stops) if i >= 0]
-    want = full[: min(found)] if found else full
+    streamer, seen, want, hit = TextStreamer(STOP_TOK, skip=(eot,)), "", None, False
+    for token in [*ids, None]:  # None: the end (flush)
+        seen += streamer.push(token) if token is not None else streamer.flush()
+        starts = [i for i in (seen.find(s) for s in stops) if i >= 0]
+        if starts:
+            want, hit = seen[: min(starts)], True
+            break
+    want = seen if want is None else want
     text = StopText(STOP_TOK, stops, skip=(eot,))
     sent = ""
     for token in ids:
@@ -140,4 +149,4 @@ def test_stop_text_sends_the_text_cut_before_the_first_stop_string_and_never_mor
         if text.stopped:
             break
     sent += text.flush()
-    assert sent == want and text.stopped == bool(found)
+    assert sent == want and text.stopped == hit
