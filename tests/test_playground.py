@@ -1,6 +1,7 @@
 """The playground at ``/`` in a real browser: headless Chromium (Debian's package) driven by
 Playwright types a prompt, presses Generate, and sees the text grow in, step by step."""
 
+import contextlib
 import os
 import shutil
 import time
@@ -23,6 +24,21 @@ def _need_chromium():
         pytest.skip("chromium is not installed (apt-get install chromium)")
 
 
+@contextlib.contextmanager
+def _page(url: str):
+    """The page at ``url`` in headless Chromium, and the list its script errors go to."""
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            yield page, errors
+        finally:
+            browser.close()
+
+
 def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
     _need_chromium()
     _, model, tok = model_and_tokenizer(tmp_path_factory)
@@ -38,12 +54,7 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
     engine.step = paced_step
     server = ServerThread(create_app(engine, tok, "tiny"))
     try:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(server.url + "/")
+        with _page(server.url + "/") as (page, errors):
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
             page.fill("#prompt", "Lily had")
             page.fill("#temperature", "0.8")
@@ -67,7 +78,6 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
             page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
                                    timeout=30_000)
             default_error = page.text_content("#error")
-            browser.close()
         assert not errors
         assert 0 < len(first) < len(second) < len(final) and final.startswith(second) and second.startswith(first)
         same = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily had", "temperature": 0.8,
@@ -96,12 +106,7 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
         ok = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 2, "seed": 1},
                         headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(server.url + "/")
+        with _page(server.url + "/") as (page, errors):
             page.wait_for_function("document.getElementById('model').textContent === '(needs the API key)'")
             assert page.is_visible("#api_key")
             page.fill("#api_key", "s3cret")
@@ -115,7 +120,6 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
             page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
                                    timeout=30_000)
             text, error = page.text_content("#generated"), page.text_content("#error")
-            browser.close()
         assert not errors and error == ""
         same = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 6, "seed": 1,
                                                                 "temperature": 0.8, "top_p": 0.95},
