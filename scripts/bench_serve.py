@@ -199,11 +199,11 @@ def serve(run: Path, port: int, max_batch: int, compile: bool = False) -> subpro
     return proc
 
 
-async def sigterm(proc: subprocess.Popen, url: str, translation: bool) -> dict:
+async def sigterm(proc: subprocess.Popen, url: str, translation: bool, tokens: int) -> dict:
     """A translation ends at its <eos> (no ignore_eos there): a stream has finished when it ends
-    with a finish reason; a language model's must have all its 128 tokens."""
+    with a finish reason; a language model's must have all its ``tokens`` tokens."""
     async with httpx.AsyncClient(timeout=120) as client:
-        body = {"max_tokens": 128, "temperature": 1.0}
+        body = {"max_tokens": tokens, "temperature": 1.0}
         if not translation:
             body["ignore_eos"] = True  # still decoding when the signal comes
         streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, **body})) for p in PROMPTS[:4]]
@@ -222,7 +222,7 @@ async def sigterm(proc: subprocess.Popen, url: str, translation: bool) -> dict:
     def finished(d) -> bool:
         if not isinstance(d, dict):
             return False
-        return d["finish_reason"] in ("stop", "length") if translation else d["tokens"] == 128
+        return d["finish_reason"] in ("stop", "length") if translation else d["tokens"] == tokens
 
     errors = [repr(d) for d in done if isinstance(d, BaseException)]
     return {"new request during drain": refused.status_code,
@@ -246,6 +246,11 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         proc = serve(run, port, args.clients, args.compile)
         try:
+            context = httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"]
+            most = context - 1 if translation else context - 16  # (a prompt of up to 16 tokens first)
+            if args.tokens > most:
+                raise SystemExit(f"bench_serve.py: --tokens: this model's context is {context} tokens, so at most "
+                                 f"{most}, got {args.tokens}")
             load, answers = asyncio.run(concurrency(url, args.clients, args.tokens))
             rss_before = rss_kib(proc.pid)
             fault = asyncio.run(faults(url, args.requests, answers, args.tokens))
@@ -257,7 +262,7 @@ def main() -> int:
             idle_after = time.perf_counter() - t0
             rss_after = rss_kib(proc.pid)
             healthy = httpx.get(url + "/health").status_code == 200
-            term = asyncio.run(sigterm(proc, url, translation))
+            term = asyncio.run(sigterm(proc, url, translation, args.tokens))
         finally:
             if proc.poll() is None:
                 proc.kill()
