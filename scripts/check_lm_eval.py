@@ -97,8 +97,14 @@ def main() -> int:
         run = make_run(work)
     else:
         run = Path(args.checkpoint)
-    loaded = load_model_and_tokenizer(run)
+    try:
+        loaded = load_model_and_tokenizer(run)
+    except ValueError as e:  # the checkpoint's own one-line message
+        sys.exit(f"check_lm_eval.py: {e}")
     model, tok = loaded.model.eval(), loaded.tokenizer
+    if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
+        sys.exit(f"check_lm_eval.py: --checkpoint: {run} is an {model.config.architecture} model; the harness "
+                 "scores a language model's text")
     write_tasks(work)
     proc, url = start_server(["--checkpoint", str(run), "--model-name", "lm", "--quiet"], free_port(),
                              stderr=subprocess.PIPE, text=True)
