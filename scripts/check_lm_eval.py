@@ -100,9 +100,11 @@ def main() -> int:
     try:
         loaded = load_model_and_tokenizer(run)
     except ValueError as e:  # the checkpoint's own one-line message
+        shutil.rmtree(work)
         sys.exit(f"check_lm_eval.py: {e}")
     model, tok = loaded.model.eval(), loaded.tokenizer
     if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
+        shutil.rmtree(work)
         sys.exit(f"check_lm_eval.py: --checkpoint: {run} is an {model.config.architecture} model; the harness "
                  "scores a language model's text")
     write_tasks(work)
