@@ -2,6 +2,8 @@
 Playwright types a prompt, presses Generate, and sees the text grow in, step by step."""
 
 import contextlib
+import json
+import math
 import os
 import shutil
 import time
@@ -85,6 +87,38 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
         assert final == same.json()["choices"][0]["text"]  # the page shows exactly what the API returns
         assert "40 tokens" in stats and "tokens/s" in stats and "finished: length" in stats
         assert default_tokens == 32 and default_error == ""  # half the context of 64, not 128
+    finally:
+        server.close()
+
+
+def test_show_probabilities_shades_each_piece_and_names_its_tokens(tmp_path_factory):
+    """With 'show probabilities' the page asks for logprobs: the same text as without (asking
+    changes no token), each piece a span whose title lists its tokens with their probability and
+    the likeliest alternatives, as the API's logprobs give them."""
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(Engine(model, max_batch=2, eos_id=None), tok, "tiny"))
+    try:
+        with _page(server.url + "/") as (page, errors):
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            page.fill("#prompt", "Tom saw")
+            page.fill("#max_tokens", "8")
+            page.fill("#seed", "3")
+            page.check("#show_probs")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
+                                   timeout=30_000)
+            text = page.text_content("#generated")
+            titles = page.eval_on_selector_all("#generated span.tok", "spans => spans.map(s => s.title)")
+        assert not errors
+        body = {"prompt": "Tom saw", "max_tokens": 8, "seed": 3, "temperature": 0.8, "top_p": 0.95}
+        plain = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]["text"]
+        lp = httpx.post(server.url + "/v1/completions", json={**body, "logprobs": 5}).json()["choices"][0]["logprobs"]
+        assert text == plain and titles
+        lines = "\n".join(titles).split("\n")
+        assert len(lines) <= len(lp["tokens"]) and all("%" in line for line in lines)
+        first, chance = json.dumps(lp["tokens"][0], ensure_ascii=False), 100 * math.exp(lp["token_logprobs"][0])
+        assert lines[0].startswith(f"{first} {chance:.1f}%")
     finally:
         server.close()
 
