@@ -73,6 +73,8 @@ def test_the_engine_translates_as_greedy_decode_does_and_samples_each_choice_fro
     assert engine.stats.requests["finished"] == 10 and not engine.busy
     with pytest.raises(ValueError, match="max_tokens"):
         engine.submit(Request([5], SamplingParams(max_tokens=32)))
+    with pytest.raises(ValueError, match="prompt_logprobs: only a language model"):
+        engine.submit(Request([5], SamplingParams(prompt_logprobs=1)))
     with pytest.raises(ValueError, match="prompt"):
         engine.submit(Request(list(range(3, 35)), SamplingParams(max_tokens=3)))
     with pytest.raises(ValueError, match="ignore_eos"):

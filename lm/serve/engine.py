@@ -328,8 +328,6 @@ class Engine:
             raise ValueError(f"prompt: token id {bad!r} is outside [0, {vocab})")
         if isinstance(request.n, bool) or not isinstance(request.n, int) or not 1 <= request.n <= self.max_batch:
             raise ValueError(f"n: must be a whole number in [1, {self.max_batch}], got {request.n!r}")
-        if request.params.prompt_logprobs is not None and self.architecture != "decoder_lm":
-            raise ValueError("prompt_logprobs: only a language model gives its prompt's tokens log-probabilities")
         self._check_lengths(request)
 
     def _check_lengths(self, request: Request) -> None:
@@ -442,7 +440,7 @@ class Engine:
         one plain forward over the prompt (every position's logits; the prefill keeps only the last)."""
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with autocast(self.device, self.dtype), self.model.trusted_ids():
-            logits = self.model(ids)[0, :-1, :self.vocab_size]
+            logits = self._allowed(self.model(ids)[0, :-1])
         return [None, *_logprobs(logits, ids[0, 1:], k)]
 
     def _limit(self, request: Request) -> int:
@@ -450,8 +448,9 @@ class Engine:
         return request.params.max_tokens
 
     def _allowed(self, logits: Tensor) -> Tensor:
-        """The logits a row samples from (here the model's own, up to the tokenizer's size)."""
-        return logits[:self.vocab_size]
+        """The logits a row samples from (here the model's own, up to the tokenizer's size), of one
+        position or several."""
+        return logits[..., :self.vocab_size]
 
     def _emit(self, slot: int, row: _Row, logits: Tensor) -> None:
         """Sample the row's next token from its logits, send it, and free the slot if it is done.

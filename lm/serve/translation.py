@@ -54,6 +54,8 @@ class TranslationEngine(Engine):
                              f"got {request.params.max_tokens}")
         if request.params.ignore_eos:
             raise ValueError("ignore_eos: a translation ends at its <eos>; not supported for a translation model")
+        if request.params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs: only a language model gives its prompt's tokens log-probabilities")
 
     def _limit(self, request: Request) -> int:
         return min(request.params.max_tokens, max_target_length(self.model, len(request.prompt_ids)))
