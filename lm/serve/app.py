@@ -357,12 +357,6 @@ class _Guard:
         route = route if route in ROUTES else "other"
         status = {"code": 500}
         started = False
-        if not self._authorized(scope):
-            status["code"] = 401
-            self.state.http[route, 401] = self.state.http.get((route, 401), 0) + 1
-            error = api.APIError(401, "this server needs an API key: Authorization: Bearer <key>",
-                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            return await error_response(error)(scope, receive, send)
 
         async def send_counted(message):
             nonlocal started
@@ -371,6 +365,9 @@ class _Guard:
             await send(message)
 
         try:
+            if not self._authorized(scope):
+                raise api.APIError(401, "this server needs an API key: Authorization: Bearer <key>",
+                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             await self.app(scope, receive, send_counted)
         except api.APIError as e:
             if not started:

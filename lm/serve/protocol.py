@@ -105,7 +105,7 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         texts_or_ids = prompt
     else:
         raise APIError(400, "prompt: must be a string, a list of strings, or token ids", "prompt")
-    prompts, texts = [], []
+    prompts = []
     for p in texts_or_ids:
         if isinstance(p, str):
             ids = tokenizer.encode(p) if p else ([eot_id] if eot_id is not None else [])
@@ -121,7 +121,6 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         if bad is not None:
             raise APIError(400, f"prompt: token id {bad} is outside [0, {vocab})", "prompt")
         prompts.append(ids)
-        texts.append(p if isinstance(p, str) else tokenizer.decode(ids))
     max_tokens = _integer(body, "max_tokens", context_length - 1 if translation else 16, 1)
     longest = max(len(p) for p in prompts)
     if translation:
@@ -179,6 +178,8 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             ignore_eos=ignore_eos, logprobs=logprobs,
                             prompt_logprobs=logprobs if echo else None)
+    texts = [p if isinstance(p, str) else tokenizer.decode(ids) for p, ids in zip(texts_or_ids, prompts)] \
+        if echo else None
     return CompletionRequest(prompts, params, n, stops, stream, include_usage, echo, texts)
 
 
