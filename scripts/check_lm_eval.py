@@ -98,15 +98,14 @@ def main() -> int:
     else:
         run = Path(args.checkpoint)
     try:
-        loaded = load_model_and_tokenizer(run)
-    except ValueError as e:  # the checkpoint's own one-line message
+        loaded = load_model_and_tokenizer(run)  # a bad checkpoint: its own one-line message
+        model, tok = loaded.model.eval(), loaded.tokenizer
+        if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
+            raise ValueError(f"--checkpoint: {run} is an {model.config.architecture} model; the harness scores "
+                             "a language model's text")
+    except ValueError as e:
         shutil.rmtree(work)
         sys.exit(f"check_lm_eval.py: {e}")
-    model, tok = loaded.model.eval(), loaded.tokenizer
-    if getattr(model.config, "architecture", "decoder_lm") != "decoder_lm":
-        shutil.rmtree(work)
-        sys.exit(f"check_lm_eval.py: --checkpoint: {run} is an {model.config.architecture} model; the harness "
-                 "scores a language model's text")
     write_tasks(work)
     proc, url = start_server(["--checkpoint", str(run), "--model-name", "lm", "--quiet"], free_port(),
                              stderr=subprocess.PIPE, text=True)

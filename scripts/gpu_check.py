@@ -139,7 +139,7 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
     report.add("decoding: compiled step tokens == eager tokens (1 and 16 streams)", same_one and same_many,
                f"new tokens/s: 1 stream {one:,.0f} eager / {one_c:,.0f} compiled; 16 streams {many:,.0f} eager / "
                f"{many_c:,.0f} compiled ({many_c / one_c:.1f}x one compiled stream)")
-    from lm.serve.engine import Engine, Request, SamplingParams
+    from lm.serve.engine import Engine, SamplingParams
 
     engine = Engine(model, max_batch=16)  # eager: its start-up probe, on this device
     report.add("serving engine: a row's logits the same in every slot (eager step sizes)", engine.slot_invariant,
@@ -151,14 +151,10 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
     dtype = resolve_dtype("auto", device) or torch.bfloat16
 
     def seeded(engine: Engine, companions: int) -> list[int]:
-        tokens: list[int] = []
-        engine.submit(Request(prompts[0][:8], SamplingParams(max_tokens=24, temperature=1.0, seed=5),
-                              on_token=lambda _, t: tokens.append(t)))
-        for k in range(companions):
-            engine.submit(Request(prompts[k + 1][: 4 + k], SamplingParams(max_tokens=30, temperature=0.8, seed=k)))
-        while engine.step():
-            pass
-        return tokens
+        target = [(prompts[0][:8], SamplingParams(max_tokens=24, temperature=1.0, seed=5))]
+        others = [(prompts[k + 1][: 4 + k], SamplingParams(max_tokens=30, temperature=0.8, seed=k))
+                  for k in range(companions)]
+        return run_requests(engine, target + others)[0]
 
     for compiled in (False, True) if device.type == "cuda" else (False,):
         engine = Engine(model, max_batch=16, dtype=dtype, compile=compiled)
@@ -171,22 +167,30 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
         t0 = time.perf_counter()
         engine = Engine(model, max_batch=4, compile=True)
         seconds = time.perf_counter() - t0
-        got: dict[int, list[int]] = {0: [], 1: [], 2: []}
-        for k in got:
-            engine.submit(Request(prompts[k][: 8 + 8 * k], SamplingParams(max_tokens=24, temperature=0.0),
-                                  on_token=lambda _, t, k=k: got[k].append(t)))
-        while engine.step():
-            pass
-        want = {k: generate(model, prompts[k][: 8 + 8 * k], 24, temperature=0) for k in got}
+        greedy = SamplingParams(max_tokens=24, temperature=0.0)
+        got = run_requests(engine, [(prompts[k][: 8 + 8 * k], greedy) for k in range(3)])
+        want = [generate(model, prompts[k][: 8 + 8 * k], 24, temperature=0) for k in range(3)]
         report.add("serving engine, compiled: greedy tokens == eager generate", got == want,
                    f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; start-up {seconds:.0f} s")
+
+
+def run_requests(engine, requests: list) -> list[list[int]]:
+    """Each (prompt, SamplingParams) submitted to ``engine`` at once, stepped until idle: its tokens."""
+    from lm.serve.engine import Request
+
+    tokens: list[list[int]] = [[] for _ in requests]
+    for k, (prompt, params) in enumerate(requests):
+        engine.submit(Request(prompt, params, on_token=lambda _, t, k=k: tokens[k].append(t)))
+    while engine.step():
+        pass
+    return tokens
 
 
 def part_translation(report: Report, device: torch.device, cpu: bool) -> None:
     """The translation engine's batched steps (compiled on CUDA) against greedy_decode, one sentence at a time."""
     from lm.generate import greedy_decode
     from lm.model import Seq2SeqConfig, build_model
-    from lm.serve.engine import Request, SamplingParams
+    from lm.serve.engine import SamplingParams
     from lm.serve.translation import TranslationEngine
 
     torch.manual_seed(0)
@@ -199,13 +203,8 @@ def part_translation(report: Report, device: torch.device, cpu: bool) -> None:
     t0 = time.perf_counter()
     engine = TranslationEngine(model, max_batch=4, compile=not cpu)
     seconds = time.perf_counter() - t0
-    got: dict[int, list[int]] = {k: [] for k in range(len(sources))}
-    for k, src in enumerate(sources):
-        engine.submit(Request(src, SamplingParams(max_tokens=40, temperature=0.0),
-                              on_token=lambda _, t, k=k: got[k].append(t)))
-    while engine.step():
-        pass
-    want = {k: greedy_decode(model, [src])[0][:40] for k, src in enumerate(sources)}
+    got = run_requests(engine, [(src, SamplingParams(max_tokens=40, temperature=0.0)) for src in sources])
+    want = [greedy_decode(model, [src])[0][:40] for src in sources]
     report.add(f"translation engine{'' if cpu else ', compiled'}: greedy tokens == greedy_decode", got == want,
                f"sizes kept {engine.step_sizes}, dropped {engine.dropped_sizes}; start-up {seconds:.0f} s; "
                f"steps by size {dict(engine.stats.steps)}")

@@ -104,8 +104,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine = TranslationEngine(model, **common)
     else:
         engine = Engine(model, eos_id=tok.eot_id, **common)
+    top = max(engine.steps)  # the largest step: every slot, and idle rows where it is wider
     if not args.quiet:
-        top = max(engine.steps)
         dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the "
                    f"{top}-row step's here, so not used)" if engine.dropped_sizes else "")
         spans = "the positions in use (power-of-two spans)" if engine.bucketed else "the whole context"
@@ -115,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"lm serve: {args.max_batch} slots in a {top}-row step: the {args.max_batch}-row step gives a row "
                   "other bits in other slots here", file=sys.stderr, flush=True)
     if not engine.slot_invariant:  # even --quiet: the server cannot keep its promise
-        print(f"lm serve: warning: the {max(engine.steps)}-row decode step gives a row other bits in other slots "
+        print(f"lm serve: warning: the {top}-row decode step gives a row other bits in other slots "
               "on this device, and no wider step does either: a seeded request may get other text beside "
               "others than alone", file=sys.stderr, flush=True)
     run = Path(args.checkpoint)
