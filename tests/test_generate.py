@@ -355,6 +355,24 @@ def test_greedy_and_top_k_1_are_argmax():
     assert torch.equal(sample_next_token(logits, top_k=1), logits.argmax(-1))
 
 
+def test_vanishing_temperature_and_top_p_are_greedy_not_nan():
+    """A temperature that overflows the logits in float32 (1e-300 is 0 there; 100 / 1e-37 is inf)
+    or a top_p below float32's least (0 there, which had kept no token: 0/0) gave NaN and a
+    RuntimeError from multinomial, which killed `lm serve`'s engine. Below 1e-5 (vLLM's threshold)
+    sampling is greedy; top_p keeps the likeliest token however small it is."""
+    logits = torch.randn(5, 40) * 30
+    g = torch.Generator().manual_seed(0)
+    for t in (1e-300, 1e-37, 9.9e-6):
+        assert torch.equal(sample_next_token(logits, temperature=t, generator=g), logits.argmax(-1))
+    for p in (1e-300, 1e-46):
+        one_hot = torch.nn.functional.one_hot(logits.argmax(-1), 40).float()
+        assert torch.equal(top_p_filter(logits.softmax(-1), p), one_hot)
+        assert torch.equal(sample_next_token(logits, top_p=p, generator=g), logits.argmax(-1))
+    # at 1e-5 it samples: two logits 1e-5 apart are e^-1 as likely, so both come up
+    close = torch.tensor([[0.0, 1e-5, -1.0]]).expand(200, 3)
+    assert set(sample_next_token(close, temperature=1e-5, generator=g).tolist()) == {0, 1}
+
+
 def test_top_k_keeps_exactly_k():
     logits = torch.randn(4, 20)
     kept = torch.isfinite(top_k_filter(logits, 6))

@@ -8,6 +8,11 @@ from torch import Tensor
 
 from lm.nn import softmax
 
+# Below this temperature sampling is greedy, as in vLLM: dividing the logits by a temperature far
+# smaller overflows float32 (1e-300 is 0 in float32, and 100 / 1e-37 is inf), and softmax then
+# gives NaN; at 1e-5 a logit 1e-4 below the largest is already e^-10 as likely.
+GREEDY_BELOW = 1e-5
+
 
 def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> None:
     if not temperature >= 0:  # also rejects NaN
@@ -30,7 +35,8 @@ def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tenso
     mass is ≥ ``top_p``, and renormalise."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    keep_sorted = mass_before < top_p  # the first token is always kept
+    keep_sorted = mass_before < top_p
+    keep_sorted[..., 0] = True  # the likeliest token always (a top_p below float32's least is 0 there)
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     probs = probs.masked_fill(~keep, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
@@ -52,9 +58,10 @@ def sample_next_token(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Int[Tensor, "*shape"]:
-    """One token id per row. ``temperature=0`` is greedy (argmax; top-k/top-p are moot)."""
+    """One token id per row. ``temperature`` 0 (or below :data:`GREEDY_BELOW`) is greedy (argmax;
+    top-k/top-p are moot)."""
     check_sampling_args(temperature, top_p, top_k)
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
     if top_k is not None:
