@@ -1,5 +1,7 @@
 """`lm sample`: streamed text equals the decoded tokens of `generate` with the same seed."""
 
+import copy
+
 import pytest
 import torch
 from helpers.run_dir import make_run_dir, save_model
@@ -76,3 +78,20 @@ def test_bad_arguments(run, capsys, extra, message):
     assert main(["sample", "--checkpoint", str(d), "--prompt", "x", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(run, tmp_path, capsys, bad):
+    """A diverged checkpoint had sampled: greedy, argmax over NaN logits is a plausible token id
+    (garbage text); sampled, multinomial raised (and killed `lm serve`'s engine). Loading it is now
+    a one-line error naming the file and the weight."""
+    d, model, tok = run
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.layers[1].ffn.w2.weight[3, 5] = bad
+    (tmp_path / "tokenizer").symlink_to(d / "tokenizer", target_is_directory=True)
+    save_model(tmp_path, broken)
+    assert main(["sample", "--checkpoint", str(tmp_path), "--prompt", "x", "--temperature", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'layers.1.ffn.w2.weight' holds NaN or infinity" in err
+    assert "model.safetensors" in err and "earlier checkpoint" in err

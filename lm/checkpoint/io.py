@@ -205,6 +205,11 @@ def load_model(
             "tokenizer_sha256": state.get("tokenizer_sha256", ""),
             "metadata": {},
         }
+    bad = [name for name, t in state_dict.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:  # sampling or scoring with them gives NaN, or a plausible argmax of garbage
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ValueError(f"{str(path)!r}: its weight {bad[0]!r}{more} holds NaN or infinity; the run diverged "
+                         "before it was saved: use an earlier checkpoint")
     model = build_model(model_config_from_dict(model_cfg), device=device)
     check_state_dict_fits(model, state_dict, repr(str(path)))
     model.load_state_dict(state_dict)
