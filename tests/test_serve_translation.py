@@ -225,6 +225,19 @@ def test_the_server_answers_with_the_translation_streaming_and_not():
         server.close()
 
 
+def test_tokenizer_info_names_the_translation_models_special_tokens():
+    """vLLM's /tokenizer_info had said null for a translation tokenizer's <eos> and <bos> (it looked
+    for <|endoftext|> only): the engine's end token and the model's <bos> and <pad>, with their ids
+    where `lm tokenizer train` puts the special tokens, first."""
+    tok = Tokenizer({0: b"<pad>", 1: b"<bos>", 2: b"<eos>", **{i + 3: bytes([i]) for i in range(256)}}, [], SPECIALS)
+    server = ServerThread(create_app(TranslationEngine(_model(), max_batch=1), tok, "mt"))
+    try:
+        info = httpx.get(server.url + "/tokenizer_info").json()
+    finally:
+        server.close()
+    assert (info["eos_token"], info["bos_token"], info["pad_token"]) == ("<eos>", "<bos>", "<pad>")
+
+
 def test_lm_serve_serves_a_translation_checkpoint_with_step_sizes(tmp_path):
     model = _model()
     export_safetensors(model, tmp_path / "model.safetensors")

@@ -198,6 +198,11 @@ def test_vllms_tokenizer_endpoints_speak_the_models_tokens(served):
     ({"prompt": "a", "min_p": 0.1}, 400, "min_p"),
     ({"prompt": "a", "stop_token_ids": [3]}, 400, "stop_token_ids"),
     ({"prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": "a", "best_of": 2}, 400, "best_of"),
+    ({"prompt": "a", "n": 2, "best_of": 1}, 400, "best_of"),
+    ({"prompt": "a", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+    ({"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"prompt": "a", "stream_options": []}, 400, "stream_options"),
     ({"prompt": "a", "top_k": 0.5}, 400, "top_k"),
     ({"prompt": "a", "top_k": -2}, 400, "top_k"),
     ({"prompt": "a", "stream": "yes"}, 400, "stream"),
@@ -249,6 +254,16 @@ def test_top_k_and_fields_at_their_no_effect_values(served):
     assert all(t in row.topk(3).indices.tolist() for t, row in zip(tokens, logits))  # each among the top 3
     same = served.client.completions.create(**base, presence_penalty=0.0, extra_body={"skip_special_tokens": True})
     assert same.choices[0].text == plain
+    # OpenAI's defaults, sent as such (they had been refused: best_of 1, logit_bias {}, stream null)
+    same = served.client.completions.create(**base, best_of=1, logit_bias={}, suffix="", extra_body={"stream": None})
+    assert same.choices[0].text == plain
+    r = httpx.post(served.url + "/v1/completions", json={**base, "n": 2, "best_of": 2})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    # a temperature or top_p that vanishes in float32 had turned the probabilities into NaN, and the
+    # engine died with every later request answered 503; below 1e-5 it is greedy, as in vLLM
+    for tiny in ({"temperature": 1e-300}, {"temperature": 1e-37}, {"top_p": 1e-300}):
+        assert served.client.completions.create(**{**base, **tiny}).choices[0].text == greedy
+    assert httpx.get(served.url + "/health").json() == {"status": "ok"}
 
 
 def test_malformed_oversized_and_unknown(served):
@@ -268,9 +283,49 @@ def test_malformed_oversized_and_unknown(served):
     r = httpx.get(served.url + "/v2/nothing")
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
     r = httpx.get(served.url + "/v1/completions")
-    assert r.status_code == 405 and "error" in r.json()
+    assert r.status_code == 405 and "error" in r.json() and r.headers["allow"] == "POST"  # RFC 9110: Allow
     with pytest.raises(openai.BadRequestError, match="temperature"):
         served.client.completions.create(model="tiny", prompt="a", temperature=-1)
+
+
+def test_text_that_is_no_unicode_and_json_too_deep_are_400s(served):
+    """JSON may spell a lone surrogate ("\\ud800"), which no UTF-8 holds: the tokenizer had raised
+    (a 500 and a traceback in the log). A body nested past Python's recursion limit had too."""
+    def post(path, raw: bytes):
+        return httpx.post(served.url + path, content=raw, headers={"Content-Type": "application/json"})
+
+    for path, raw, param in (("/v1/completions", rb'{"prompt": "a\ud800b"}', "prompt"),
+                             ("/v1/completions", rb'{"prompt": ["ok", "\udc80"], "echo": true}', "prompt"),
+                             ("/v1/completions", rb'{"prompt": "a", "stop": ["\ud800"]}', "stop"),
+                             ("/tokenize", rb'{"prompt": "\ud83d"}', "prompt")):
+        r = post(path, raw)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and "lone surrogate" in err["message"], raw
+    r = post("/v1/completions", b"[" * 2000 + b"]" * 2000)  # under the 4,096-byte limit
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = post("/v1/completions", rb'{"prompt": "\ud83d\ude00", "max_tokens": 1}')  # a pair: 😀
+    assert r.status_code == 200
+
+
+def test_integers_past_pythons_digit_limit_and_more_prompts_than_the_queue(tmp_path_factory):
+    """An integer of over 4,300 digits makes json.loads raise ValueError (not JSONDecodeError): it had
+    been a 500. A list of more prompts than --max-queue had been a 503 "busy" with Retry-After even on
+    an idle server, though no retry could succeed: a 400 naming prompt."""
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(Engine(model, max_batch=2, max_queue=3, eos_id=tok.eot_id), tok, "tiny",
+                                     max_body=1 << 20))
+    try:
+        r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}",
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": ["a"] * 4, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        assert r.json()["error"]["message"] == "prompt: 4 prompts, more than this server queues at once (3); " \
+                                               "send them in smaller requests"
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": ["a"] * 3, "max_tokens": 2})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 3
+    finally:
+        server.close()
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_row(served):
@@ -410,6 +465,41 @@ def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_pa
         assert proc.wait(60) == 0
         err = proc.stderr.read()
         assert "SIGTERM: finishing 1 request(s) in flight" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_failing_model_fails_its_requests_and_the_server_exits_1_with_the_traceback(tmp_path_factory):
+    """The engine's thread had stored the error, answered 500 and then 503 "shutting down" for ever
+    without exiting or logging anything. Now the requests in flight get a 500, the log has the
+    traceback, and `lm serve` exits 1 (for a supervisor to restart it), as vLLM's server does."""
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    port = free_port()
+    inject = ("import sys, lm.serve.engine as e\n"
+              "def broken(*args, **kwargs):\n    raise RuntimeError('injected failure')\n"
+              "e.sample_next_token = broken\n"
+              "from lm.cli import main\n"
+              f"sys.exit(main(['serve', '--checkpoint', {str(run)!r}, '--port', '{port}', '--device', 'cpu']))")
+    proc = subprocess.Popen([sys.executable, "-c", inject], stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.time() < deadline, "the server did not start"
+                time.sleep(0.1)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert proc.wait(60) == 1
+        err = proc.stderr.read()
+        assert "lm serve: the model failed while generating" in err
+        assert "Traceback" in err and "RuntimeError: injected failure" in err
     finally:
         if proc.poll() is None:
             proc.kill()

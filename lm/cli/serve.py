@@ -66,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
     import time
+    import traceback
     from pathlib import Path
 
     from lm.cli.common import load_model_and_tokenizer
@@ -158,5 +159,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"lm serve: warning: --host {args.host} without --api-key (or $LM_API_KEY): anyone who can reach "
               "this address can use the model", file=sys.stderr, flush=True)
+
+    def on_engine_error(error: BaseException) -> None:  # the engine's thread; the requests in are failed
+        print("lm serve: the model failed while generating (every request in flight got a 500); exiting:",
+              file=sys.stderr, flush=True)
+        traceback.print_exception(error, file=sys.stderr)
+        state.draining = True
+        server.should_exit = True
+
+    engine.on_error = on_engine_error
     server.run()
-    return 0
+    return 1 if engine.error is not None else 0

@@ -60,7 +60,7 @@ async def read_json(request: Request, limit: int) -> Any:
         chunks.append(chunk)
     try:
         return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # also an integer of over 4,300 digits; nesting too deep
         raise api.APIError(400, f"the request body is not valid JSON: {e}") from None
 
 
@@ -182,7 +182,7 @@ async def completions(request: Request) -> Response:
     engine = state.engine
     req = api.parse_completion(body, state.tokenizer, model_name=state.model_name, max_batch=engine.max_batch,
                                context_length=engine.context_length, eot_id=state.tokenizer.eot_id,
-                               architecture=engine.architecture)
+                               architecture=engine.architecture, max_queue=engine.max_queue)
     completion = Completion(state, req)
     completion.submit()
     state.inflight += 1
@@ -277,9 +277,15 @@ async def detokenize(request: Request) -> Response:
 async def tokenizer_info(request: Request) -> Response:
     state: ServerState = request.app.state.server
     tok = state.tokenizer
-    eos = None if tok.eot_id is None else tok.decode([tok.eot_id])
+    engine = state.engine
+    config = engine.model.config  # a translation model's <bos>, <pad>; the engine's end token either way
+
+    def token(i):
+        return None if i is None else tok.decode([i])
+
     return JSONResponse({"tokenizer_class": f"{type(tok).__module__}.{type(tok).__qualname__}",
-                         "eos_token": eos, "bos_token": None, "pad_token": None, "vocab_size": tok.vocab_size,
+                         "eos_token": token(engine.eos_id), "bos_token": token(getattr(config, "bos_id", None)),
+                         "pad_token": token(getattr(config, "pad_id", None)), "vocab_size": tok.vocab_size,
                          "special_tokens": list(tok.special_tokens),
                          "model_max_length": state.engine.context_length})
 
@@ -400,7 +406,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MA
     async def not_found(request: Request, exc) -> Response:
         status = getattr(exc, "status_code", 404)
         message = "no such endpoint" if status == 404 else f"method {request.method} not allowed here"
-        return error_response(api.APIError(status, f"{message}: {request.method} {request.url.path}"))
+        return error_response(api.APIError(status, f"{message}: {request.method} {request.url.path}",
+                                           headers=getattr(exc, "headers", None)))  # 405: Allow
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

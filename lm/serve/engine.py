@@ -235,6 +235,9 @@ class Engine:
         self._stop = False
         self.accepting = True
         self.error: BaseException | None = None
+        # Called on the engine's thread with the exception when a step fails (every request in
+        # has been failed by then, and no new one is taken): `lm serve` logs it and exits.
+        self.on_error: Callable[[BaseException], None] | None = None
 
     def _set_up_decoding(self, compile: bool, step_sizes: list[int] | None) -> None:
         """A :class:`DecodeStep` for each step size, over the leading rows of one cache (compiled
@@ -519,6 +522,8 @@ class Engine:
         except BaseException as e:  # a failing model must not leave clients waiting forever
             self.error = e
             self._fail_everything()
+            if self.on_error is not None:
+                self.on_error(e)
 
     def _fail_everything(self) -> None:
         with self._lock:

@@ -37,8 +37,8 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-UNSUPPORTED = {  # field: the value that means "not used" (OpenAI's, then vLLM's extensions)
-    "suffix": None, "best_of": None, "logit_bias": None, "presence_penalty": 0, "frequency_penalty": 0,
+UNSUPPORTED = {  # field: the value that means "not used" (OpenAI's, then vLLM's extensions); best_of: = n
+    "suffix": "", "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0,
     "min_p": 0, "repetition_penalty": 1, "min_tokens": 0, "stop_token_ids": [], "include_stop_str_in_output": False,
     "skip_special_tokens": True, "use_beam_search": False, "length_penalty": 1, "bad_words": [],
     "allowed_token_ids": None, "prompt_logprobs": None, "truncate_prompt_tokens": None, "response_format": None,
@@ -57,6 +57,17 @@ class CompletionRequest:
     include_usage: bool
     echo: bool = False
     texts: list[str] | None = None  # each prompt's text (echo): as sent, or its ids decoded
+
+
+def _unicode(text: str, name: str) -> str:
+    """``text``, refused if it holds a lone surrogate (JSON's ``"\\ud800"`` decodes to one), which is
+    no character and has no UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"{name}: not valid Unicode (a lone surrogate {text[e.start]!r} at character "
+                            f"{e.start})", name) from None
+    return text
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -82,8 +93,10 @@ def _integer(body: dict, name: str, default: int | None, lo: int | None = None, 
 
 
 def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, context_length: int,
-                     eot_id: int | None, architecture: str = "decoder_lm") -> CompletionRequest:
+                     eot_id: int | None, architecture: str = "decoder_lm", max_queue: int | None = None
+                     ) -> CompletionRequest:
     """Check a ``POST /v1/completions`` body; every problem is a 400 naming its field.
+    ``max_queue``: the most prompts the engine queues at once (more in one request can never run).
 
     For an ``encoder_decoder`` model the prompt is the source and the completion its
     translation: the source and the target each have the context to themselves, and
@@ -105,10 +118,13 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         texts_or_ids = prompt
     else:
         raise APIError(400, "prompt: must be a string, a list of strings, or token ids", "prompt")
+    if max_queue is not None and len(texts_or_ids) > max_queue:
+        raise APIError(400, f"prompt: {len(texts_or_ids)} prompts, more than this server queues at once "
+                            f"({max_queue}); send them in smaller requests", "prompt")
     prompts = []
     for p in texts_or_ids:
         if isinstance(p, str):
-            ids = tokenizer.encode(p) if p else ([eot_id] if eot_id is not None else [])
+            ids = tokenizer.encode(_unicode(p, "prompt")) if p else ([eot_id] if eot_id is not None else [])
         elif all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             ids = list(p)
         else:
@@ -139,6 +155,10 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     top_k = _integer(body, "top_k", None, -1)  # vLLM's extension: -1 or 0 for all tokens
     top_k = top_k if top_k is not None and top_k > 0 else None
     n = _integer(body, "n", 1, 1, max_batch)
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or best_of != n):
+        raise APIError(400, f"best_of: not supported by this server (only best_of = n, here {n}), got {best_of!r}",
+                       "best_of")
     seed = _integer(body, "seed", None)
     stop = body.get("stop")
     if stop is None:
@@ -151,10 +171,18 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         raise APIError(400, f"stop: must be a string or a list of at most {MAX_STOP} strings, got {stop!r}", "stop")
     if any(s == "" for s in stops):
         raise APIError(400, "stop: the empty string cannot be a stop sequence", "stop")
-    stream = body.get("stream", False)
+    for s in stops:
+        _unicode(s, "stop")
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
         raise APIError(400, f"stream: must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    elif not stream:  # as OpenAI and vLLM
+        raise APIError(400, "stream_options: only allowed when stream is true", "stream_options")
     if not isinstance(options, dict):
         raise APIError(400, "stream_options: must be an object", "stream_options")
     include_usage = options.get("include_usage", False)
@@ -200,6 +228,7 @@ def parse_tokenize(body: Any, *, model_name: str) -> str:
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise APIError(400, f"prompt: must be a string, got {type(prompt).__name__}", "prompt")
+    _unicode(prompt, "prompt")
     special = body.get("add_special_tokens", True)
     if not isinstance(special, bool):
         raise APIError(400, f"add_special_tokens: must be true or false, got {special!r}", "add_special_tokens")
