@@ -343,7 +343,8 @@ def test_top_p_mass_exactly_p_is_enough():
 
 
 def test_sample_next_token_checks_its_arguments():
-    bad = [({"top_k": 0}, "top_k=0"), ({"top_p": 0.0}, "top_p=0.0"), ({"temperature": -1.0}, "temperature")]
+    bad = [({"top_k": 0}, "top_k=0"), ({"top_p": 0.0}, "top_p=0.0"), ({"temperature": -1.0}, "temperature"),
+           ({"temperature": float("inf")}, "temperature=inf"), ({"temperature": float("nan")}, "temperature=nan")]
     for kwargs, match in bad:
         with pytest.raises(ValueError, match=match):
             sample_next_token(torch.randn(2, 5), **kwargs)

@@ -95,3 +95,36 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(run, tmp_pa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'layers.1.ffn.w2.weight' holds NaN or infinity" in err
     assert "model.safetensors" in err and "earlier checkpoint" in err
+
+
+def test_a_run_folder_resolves_to_its_newest_weights(run, tmp_path):
+    """A run resumed and stopped early keeps the model.safetensors of its first end and a newer
+    checkpoint: `lm eval --checkpoint RUN` had scored the old export, silently (step 50 against
+    step 170 in the audit). The folder now resolves to whichever is newer."""
+    from lm.checkpoint import export_safetensors
+    from lm.generate.load import resolve_checkpoint
+
+    _, model, _ = run
+    (tmp_path / "checkpoints").mkdir()
+    checkpoint = tmp_path / "checkpoints" / "step_00000170.pt"
+    checkpoint.write_bytes(b"")  # resolving reads only its name
+    exported = tmp_path / "model.safetensors"
+    for meta, want in (({"step": "50"}, checkpoint), ({"step": "170"}, exported), ({"step": "200"}, exported),
+                       ({}, exported)):  # no step recorded: an export put there by hand
+        export_safetensors(model, exported, meta)
+        assert resolve_checkpoint(tmp_path) == want, meta
+    exported.write_bytes(b"not a safetensors file")
+    assert resolve_checkpoint(tmp_path) == checkpoint
+    checkpoint.unlink()
+    assert resolve_checkpoint(tmp_path) == exported  # the only weights: loading it says what is wrong
+
+
+def test_a_corrupt_safetensors_file_is_one_line(run, tmp_path, capsys):
+    d, _, _ = run
+    data = (d / "model.safetensors").read_bytes()
+    for name, content in (("cut.safetensors", data[:100]), ("header.safetensors", data[:8] + b"{" * 50)):
+        (tmp_path / name).write_bytes(content)
+        argv = ["sample", "--checkpoint", str(tmp_path / name), "--tokenizer", str(d / "tokenizer"), "--prompt", "x"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is not a readable safetensors file" in err and name in err, err

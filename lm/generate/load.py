@@ -38,20 +38,40 @@ class Loaded:
 
 
 def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path:
-    """A checkpoint file, or a run folder (its ``model.safetensors``, else its newest checkpoint)."""
+    """A checkpoint file, or a run folder: its newest weights, ``model.safetensors`` (exported at the
+    end of the run) unless a checkpoint of a later step is there (the run was resumed and stopped
+    early, so the export is older), else its newest checkpoint."""
     from lm.checkpoint import CheckpointManager
 
     p = Path(path)
     if p.is_dir():
-        if (p / "model.safetensors").is_file():
-            return p / "model.safetensors"
         latest = CheckpointManager(p).latest()
+        exported = p / "model.safetensors"
+        if exported.is_file() and (latest is None or _checkpoint_step(latest) <= _exported_step(exported)):
+            return exported
         if latest is None:
             raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no checkpoints/")
         return latest
     if not p.is_file():
         raise ValueError(f"{argument}: file not found: {str(p)!r}")
     return p
+
+
+def _checkpoint_step(path: Path) -> int:
+    return int(path.stem.removeprefix("step_"))
+
+
+def _exported_step(path: Path) -> float:
+    """The step ``lm train`` recorded in an exported file's metadata; infinity when there is none
+    (a file put there by hand is taken as meant), -1 when it cannot be read (the checkpoint wins)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            step = (f.metadata() or {}).get("step")
+    except Exception:  # a corrupt header: safetensors' own error type, an OSError, ...
+        return -1
+    return int(step) if step is not None and step.isdigit() else float("inf")
 
 
 def find_run_tokenizer(checkpoint: Path) -> Path | None:

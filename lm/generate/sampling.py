@@ -15,8 +15,8 @@ GREEDY_BELOW = 1e-5
 
 
 def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> None:
-    if not temperature >= 0:  # also rejects NaN
-        raise ValueError(f"temperature must be >= 0, got temperature={temperature!r}")
+    if not 0 <= temperature < float("inf"):  # also rejects NaN; infinity would sample uniformly
+        raise ValueError(f"temperature must be a finite number >= 0, got temperature={temperature!r}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
