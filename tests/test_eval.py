@@ -129,6 +129,22 @@ def test_cli_eval_token_file_and_text(run, tmp_path, capsys):
         assert r["bits_per_byte"] == pytest.approx(bpb, rel=1e-5), data
 
 
+def test_cli_eval_a_token_file_that_reads_as_text(run, tmp_path, capsys):
+    """Ids of 256 and more hold no NUL byte, so a short token file of them reads as UTF-8 text; with
+    its sidecar it had been refused ("reads as UTF-8 text but has a token-file sidecar"). A sidecar
+    of the format that agrees with the file's size decides it."""
+    d, model, tok = run
+    ids = [t for t in tok.encode(TEXT) if t % 256 != 0 and t >= 256][:40]
+    assert len(ids) >= 20
+    write_token_file(tmp_path / "s.bin", np.array(ids), vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
+    assert b"\0" not in (tmp_path / "s.bin").read_bytes()
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.bin"), "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(reference_loss(model, ids)[0], rel=1e-5)
+    (tmp_path / "s.bin").write_bytes((tmp_path / "s.bin").read_bytes()[:-2])  # no longer what the sidecar says
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.bin"), "--quiet"]) == 2
+    assert "reads as UTF-8 text but has a token-file sidecar" in capsys.readouterr().err
+
+
 def test_cli_eval_errors(run, tmp_path, capsys):
     d, _, tok = run
     write_token_file(tmp_path / "big.bin", np.array([1, 2, 3]), vocab_size=5000)

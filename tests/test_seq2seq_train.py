@@ -80,3 +80,14 @@ def test_trains_resumes_exactly_and_translates(tmp_path):
     assert r.returncode == 0, r.stderr
     assert '"bleu"' in r.stdout and '"chrf"' in r.stdout and "nrefs:1" in r.stdout
 
+    # a fault in the pair of files names its argument (the messages had named only the file)
+    (tmp_path / "short.txt").write_text("cba\n")
+    (tmp_path / "bad.txt").write_bytes(b"cba\n\xff\xfe\n")
+    (tmp_path / "empty.txt").write_text("")
+    for data, target, message in (("s.txt", "nope.txt", "--target: file not found"),
+                                  ("s.txt", "short.txt", "--data/--target: mismatched line counts"),
+                                  ("s.txt", "bad.txt", f"--target: {str(tmp_path / 'bad.txt')!r} line 2"),
+                                  ("empty.txt", "empty.txt", "--data/--target: ")):
+        r = lm("eval", "--checkpoint", tmp_path / "a", "--data", tmp_path / data, "--target", tmp_path / target)
+        err = r.stderr.strip()
+        assert r.returncode == 2 and len(err.splitlines()) == 1 and message in err, err

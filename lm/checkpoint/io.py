@@ -167,14 +167,17 @@ def load_model(
 
     path = Path(path)
     if path.suffix == ".safetensors":
+        import safetensors
         from safetensors import safe_open
         from safetensors.torch import load_file
 
+        # A truncated or corrupt file raises safetensors' own error (an Exception, not a ValueError).
+        unreadable = (OSError, ValueError, RuntimeError, getattr(safetensors, "SafetensorError", ValueError))
         try:
             with safe_open(str(path), "pt") as f:
                 meta = f.metadata() or {}
             state_dict = load_file(str(path))
-        except (OSError, ValueError, RuntimeError) as e:
+        except unreadable as e:
             raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
         if "model_config" not in meta:
             raise ValueError(f"{str(path)!r} has no 'model_config' metadata; it was not written by lm")

@@ -45,12 +45,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def data_kind(path: Path) -> str:
     """``"tokens"`` or ``"text"``, from the sidecar and the content together; ambiguous files are refused."""
-    from lm.data.token_file import sidecar_path
+    from lm.data.token_file import read_token_meta, sidecar_path
     from lm.io import looks_like_text
 
     side = sidecar_path(path)
     text_like = looks_like_text(path)
     if side.is_file():
+        # A short token file can read as UTF-8 (ids of 256+ hold no NUL byte): a sidecar of this
+        # format that agrees with the file's size decides it.
+        try:
+            read_token_meta(path)
+            return "tokens"
+        except ValueError:
+            pass
         if text_like and path.stat().st_size > 0:
             raise ValueError(f"--data: {str(path)!r} reads as UTF-8 text but has a token-file sidecar {side.name!r}; "
                              "if it is text, move the sidecar away")
@@ -132,10 +139,21 @@ def eval_translation(args: argparse.Namespace) -> int:
     from lm.device import autocast, resolve_dtype
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate
+    from lm.io import check_readable_file
 
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
-    pairs = list(read_parallel(args.data, args.target))
+    src_path = check_readable_file(args.data, "--data")
+    tgt_path = check_readable_file(args.target, "--target")
+    try:
+        pairs = list(read_parallel(src_path, tgt_path))
+    except ValueError as e:  # name the argument: the message starts with the file it is about
+        msg = str(e)
+        arg = "--data" if msg.startswith(repr(str(src_path))) else \
+            "--target" if msg.startswith(repr(str(tgt_path))) else "--data/--target"
+        raise ValueError(f"{arg}: {msg}") from None
+    if not pairs:
+        raise ValueError(f"--data/--target: {str(src_path)!r} and {str(tgt_path)!r} hold no lines")
     if args.max_tokens is not None:
         pairs = pairs[: args.max_tokens]  # sentences, for a translation model
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
