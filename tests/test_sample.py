@@ -119,12 +119,22 @@ def test_a_run_folder_resolves_to_its_newest_weights(run, tmp_path):
     assert resolve_checkpoint(tmp_path) == exported  # the only weights: loading it says what is wrong
 
 
-def test_a_corrupt_safetensors_file_is_one_line(run, tmp_path, capsys):
+def test_a_corrupt_or_foreign_checkpoint_is_one_line_naming_the_argument(run, tmp_path, capsys):
+    """safetensors' own error type (a cut file) and whatever torch's weights-only unpickler raises on
+    a text file (KeyError) had escaped as tracebacks; torch's advice to load with weights_only=False
+    (a file that may run code) is not passed on."""
     d, _, _ = run
     data = (d / "model.safetensors").read_bytes()
-    for name, content in (("cut.safetensors", data[:100]), ("header.safetensors", data[:8] + b"{" * 50)):
-        (tmp_path / name).write_bytes(content)
+    torch.save({"format": "lm-checkpoint", "version": 1, "model": {}, "evil": torch.nn.Linear(2, 2)},
+               tmp_path / "pickled.pt")
+    for name, content, message in (("cut.safetensors", data[:100], "is not a readable safetensors file"),
+                                   ("header.safetensors", data[:8] + b"{" * 50, "is not a readable safetensors file"),
+                                   ("text.pt", b"hello\n", "is not a readable checkpoint"),
+                                   ("pickled.pt", None, "holds objects other than tensors and plain data")):
+        if content is not None:
+            (tmp_path / name).write_bytes(content)
         argv = ["sample", "--checkpoint", str(tmp_path / name), "--tokenizer", str(d / "tokenizer"), "--prompt", "x"]
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "is not a readable safetensors file" in err and name in err, err
+        assert len(err.splitlines()) == 1 and err.startswith("lm sample: error: --checkpoint: ") and name in err, err
+        assert message in err and "weights_only=False" not in err, err

@@ -18,7 +18,6 @@ import io
 import json
 import os
 import pickle
-import zipfile
 import zlib
 from pathlib import Path
 from typing import IO, Any
@@ -88,9 +87,14 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
         raise ValueError(f"checkpoint not found: {name}")
     try:
         state = torch.load(src, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{name} is not a readable checkpoint (truncated or corrupt?): {first}") from None
+    except pickle.UnpicklingError as e:
+        if "weights_only" not in str(e):
+            raise ValueError(f"{name} is not a readable checkpoint (truncated or corrupt?): {_first_line(e)}") from None
+        # torch's message goes on to suggest weights_only=False: not for a file that may run code
+        raise ValueError(f"{name} is not a readable checkpoint: it holds objects other than tensors and plain "
+                         "data, which an lm checkpoint never does (not unpickled: that could run code)") from None
+    except Exception as e:  # noqa: BLE001 - a text file or other garbage: torch's unpickler raises anything
+        raise ValueError(f"{name} is not a readable checkpoint (truncated or corrupt?): {_first_line(e)}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
         raise ValueError(f"{name} is not an lm checkpoint")
     if state.get("version") != VERSION:
@@ -99,6 +103,11 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
     if saved is not None and tensor_checksum(state) != saved:
         raise ValueError(f"{name} is corrupt: the checksum of its tensors does not match (a damaged file?)")
     return state
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def check_state_dict_fits(

@@ -101,7 +101,10 @@ def load_model_and_tokenizer(
 
     dev = device if isinstance(device, torch.device) else resolve_device(device, "--device")
     file = resolve_checkpoint(path, argument)
-    model, info = load_model(file, device=dev)
+    try:
+        model, info = load_model(file, device=dev)
+    except ValueError as e:  # the file's own fault: name the argument it came from
+        raise ValueError(f"{argument}: {e}") from None
     model.eval()
     tok_dir = Path(tokenizer) if tokenizer else find_run_tokenizer(file)
     if tok_dir is None:
