@@ -87,7 +87,10 @@ def test_trains_resumes_exactly_and_translates(tmp_path):
     for data, target, message in (("s.txt", "nope.txt", "--target: file not found"),
                                   ("s.txt", "short.txt", "--data/--target: mismatched line counts"),
                                   ("s.txt", "bad.txt", f"--target: {str(tmp_path / 'bad.txt')!r} line 2"),
-                                  ("empty.txt", "empty.txt", "--data/--target: ")):
-        r = lm("eval", "--checkpoint", tmp_path / "a", "--data", tmp_path / data, "--target", tmp_path / target)
+                                  ("empty.txt", "empty.txt", "--data/--target: "),
+                                  ("s.txt", "t.txt --stride 4", "--stride: slides a language model's window")):
+        target, *more = target.split()  # --stride had been ignored for a translation model
+        r = lm("eval", "--checkpoint", tmp_path / "a", "--data", tmp_path / data, "--target", tmp_path / target,
+               *more)
         err = r.stderr.strip()
         assert r.returncode == 2 and len(err.splitlines()) == 1 and message in err, err

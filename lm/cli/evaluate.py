@@ -87,6 +87,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
     set_threads(args.threads)
     if args.target is not None:
+        if args.stride is not None:  # it would be ignored: a translation is scored pair by pair
+            raise ValueError(f"--stride: slides a language model's window over a token stream; a translation "
+                             f"model is scored pair by pair (--target), got --stride {args.stride}")
         return eval_translation(args)
     data = check_readable_file(args.data, "--data")
     kind = data_kind(data)
