@@ -8,8 +8,8 @@ The rules, which every command follows:
   inodes are compared, and a folder output may not contain an input or the working directory);
 - an existing output is replaced only with ``--overwrite``, and only when it is recognisably a
   previous output of the same command (:func:`check_output_file`, :func:`check_output_dir`):
-  a folder carries a marker file :data:`MARKER` naming the command that made it; a folder that
-  holds anything else is never replaced;
+  a folder carries a marker file :data:`MARKER` naming the command that made it, and a folder
+  that holds anything the command does not write (a file the user added to it) is never replaced;
 - a folder output is built beside its final name and swapped in only once it is complete
   (:func:`replace_dir`), so a failed or interrupted command leaves the previous output as it was.
 
@@ -256,6 +256,15 @@ def write_marker(folder: Path, command: str, complete: bool = True) -> None:
         f.write("\n")
 
 
+def _written_by(name: str, files: Iterable[str]) -> bool:
+    """``name`` is an entry the command writes into its output folder: one of ``files``, the marker,
+    or the temporary name :func:`atomic_write` gives one of them (left by a killed run)."""
+    names = (*files, MARKER)
+    return name in names or any(
+        name.startswith(f".{f}.") and name.endswith(".tmp") for f in names
+    )
+
+
 def check_output_dir(
     out: str | os.PathLike,
     *,
@@ -268,8 +277,10 @@ def check_output_dir(
     """Check that the folder ``out`` may be made (or replaced); True when there is one to replace.
 
     A missing or empty folder is fine. A folder is replaced only with ``overwrite``, and only when
-    it is an output of ``command``: its marker says so or, for outputs of older versions without
-    a marker, every entry in it is one of ``files``, the names ``command`` writes.
+    it is an output of ``command``: every entry in it is one of ``files``, the names ``command``
+    writes (or the marker), and its marker, if it has one (outputs of older versions have none),
+    names ``command``. A folder that holds anything else (a file the user added beside the
+    output, a subfolder) is never replaced: the error names the first such entry.
     """
     out = Path(out)
     check_not_input(out, inputs, argument, folder=True)
@@ -277,15 +288,18 @@ def check_output_dir(
         raise ValueError(f"{argument}: {str(out)!r} exists and is not a folder")
     if not out.exists():
         return False
-    entries = {p.name for p in out.iterdir()}
+    files = tuple(files)
+    entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return False
     marker = read_marker(out)
-    ours = marker["command"] == command if marker else entries <= set(files)
-    if not ours:
-        made_by = f" (it is an output of `{marker['command']}`)" if marker else ""
+    foreign = [name for name in entries if not _written_by(name, files)]
+    if foreign or (marker and marker["command"] != command):
+        why = [f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")] if foreign else []
+        if marker and marker["command"] != command:
+            why.append(f"it is an output of `{marker['command']}`")
         raise ValueError(
-            f"{argument}: {str(out)!r} holds files that `{command}` did not write{made_by}; "
+            f"{argument}: {str(out)!r} holds files that `{command}` did not write ({'; '.join(why)}); "
             "refusing to replace it: choose a new or empty folder"
         )
     if not overwrite:

@@ -158,6 +158,28 @@ def test_existing_outputs_need_overwrite_and_must_be_ours(work, tmp_path):
     assert (tmp_path / "other.bin").read_bytes() == b"not ours"
 
 
+def test_overwrite_never_replaces_a_tokenizer_folder_the_user_added_to(work, tmp_path):
+    """The marker says `lm tokenizer train` made the folder, but NOTES.txt (or a subfolder) is the
+    user's: --overwrite refuses, naming it, and changes nothing; a temporary file a killed run left
+    is the command's own and goes with the rest."""
+    train = ["tokenizer", "train", "--input", work / "corpus.txt", "--vocab-size", "260", "--out", "tok",
+             "--quiet", "--holdout-bytes", "0"]
+    assert lm(*train, cwd=tmp_path).returncode == 0
+    for extra in ("NOTES.txt", "sub/a.txt"):
+        (tmp_path / "tok" / extra).parent.mkdir(exist_ok=True)
+        (tmp_path / "tok" / extra).write_text("mine")
+        before = snapshot(tmp_path)
+        one_line_error(lm(*train, "--overwrite", cwd=tmp_path),
+                       f"--out: 'tok' holds files that `lm tokenizer train` did not write ({extra.split('/')[0]!r})")
+        assert snapshot(tmp_path) == before
+        (tmp_path / "tok" / extra).unlink()
+    (tmp_path / "tok" / "sub").rmdir()
+    (tmp_path / "tok" / ".vocab.json.k3j9x.tmp").write_text("half")  # atomic_write's name, from a killed run
+    assert lm(*train, "--overwrite", cwd=tmp_path).returncode == 0
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == sorted(
+        [".lm-output.json", "merges.txt", "summary.json", "tokenizer.json", "tokenizer_config.json", "vocab.json"])
+
+
 def test_a_refused_demo_writes_nothing(work, tmp_path):
     earlier = tmp_path / "demo"
     earlier.mkdir()
@@ -317,6 +339,10 @@ def test_prompt_file_stdin_threads_and_dtype(work, tmp_path):
     assert outs[0] == outs[1] == outs[2] and outs[0].startswith(b"Tom had")
     one_line_error(lm("sample", "--checkpoint", work / "run", "--prompt", "x", "--threads", "0", cwd=tmp_path),
                    "--threads: must be a whole number >= 1, got 0")
+    # torch took any count and crashed at the first parallel op (SIGSEGV, exit 139, from about 32,768 here)
+    for cmd in (["sample", "--checkpoint", work / "run", "--prompt", "x"], ["demo", "--out", tmp_path / "d"]):
+        one_line_error(lm(*cmd, "--threads", "100000", cwd=tmp_path), "--threads: must be at most ", "got 100000")
+    assert not (tmp_path / "d").exists()
 
 
 def test_resume_from_a_named_checkpoint(work, tmp_path):

@@ -63,3 +63,28 @@ def test_variants_without_llama_equivalent_are_refused(tmp_path):
     with pytest.raises(ValueError, match="norm='layernorm' has no Llama equivalent"):
         export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("extra", ["README.md", "sub/notes.txt", ".git/HEAD"])
+def test_overwrite_never_replaces_an_export_the_user_added_to(run, tmp_path, capsys, extra):
+    """A marked export with a file (or folder) added to it is not ours any more: --overwrite refuses
+    it in one line naming the first such entry, and leaves every file as it was."""
+    d, _, _ = run
+    out = tmp_path / "hf"
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out)]) == 0
+    (out / extra).parent.mkdir(exist_ok=True)
+    (out / extra).write_text("my notes")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    first = extra.split("/")[0]
+    assert f"--out: {str(out)!r} holds files that `lm export hf` did not write ({first!r})" in err, err
+    assert len(err.splitlines()) == 1
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # nothing left beside it
+    (out / extra).unlink()  # with the user's file gone, a folder it was in still blocks; then the export is ours
+    if first != extra:
+        assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out), "--overwrite"]) == 2
+        capsys.readouterr()
+        (out / first).rmdir()
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out), "--overwrite"]) == 0

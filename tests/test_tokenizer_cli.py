@@ -156,3 +156,58 @@ def test_invalid_utf8_in_tokenize_warns(trained, tmp_path):
     ids, _ = read_token_file(tmp_path / "b.bin")
     assert ids.tolist() == expected and meta["num_tokens"] == len(expected)
     assert tok.decode(ids.tolist()) == "Tom had a ball \ufffd\ufffd.\n" * 10
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_tokenize_never_writes_into_the_tokenizer_folder(trained, corpus, tmp_path, capsys):
+    """`--out TOK/vocab` would write its sidecar over TOK/vocab.json: the --tokenizer folder is an input."""
+    import shutil
+
+    tok = tmp_path / "tok"
+    shutil.copytree(trained, tok)
+    before = _files(tok)
+    for out in (tok / "vocab", tok / "new.bin"):
+        assert main(["tokenize", "--tokenizer", str(tok), "--input", str(corpus), "--out", str(out),
+                     "--quiet", "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"--out: {str(out)!r} is inside the --tokenizer folder" in err and len(err.splitlines()) == 1, err
+    assert _files(tok) == before and load_tokenizer_dir(tok).vocab_size == 350
+
+
+def test_overwrite_replaces_a_sidecar_or_offsets_only_when_they_are_ours(trained, corpus, tmp_path, capsys):
+    """`--out X` also writes X.json (and for a pair file X.idx): a file of that name that lm did not
+    write is never replaced, even with --overwrite."""
+    (tmp_path / "keep.json").write_text('{"my": "notes"}')
+    (tmp_path / "src.txt").write_text("a red ball\nthe dog\n")
+    (tmp_path / "tgt.txt").write_text("ein roter ball\nder hund\n")
+    pair = ["--target", str(tmp_path / "tgt.txt")]
+    tok = ["tokenize", "--tokenizer", str(trained), "--quiet", "--overwrite"]
+    # a token file whose sidecar name is taken by someone else's file; an earlier token file next
+    # to someone's X.idx, which a pair file would write over
+    assert main([*tok, "--input", str(corpus), "--out", str(tmp_path / "t.bin")]) == 0
+    (tmp_path / "t.bin.idx").write_text("mine")
+    (tmp_path / "p.bin.idx").write_text("mine too")
+    capsys.readouterr()
+    before = _files(tmp_path)
+    for argv, path, what in [
+        ([*tok, "--input", str(corpus), "--out", str(tmp_path / "keep")], "keep.json", "the sidecar of a token"),
+        ([*tok, "--input", str(tmp_path / "src.txt"), *pair, "--out", str(tmp_path / "keep")], "keep.json",
+         "the sidecar of a token"),
+        ([*tok, "--input", str(tmp_path / "src.txt"), *pair, "--out", str(tmp_path / "p.bin")], "p.bin.idx",
+         "the offsets of a pair file"),
+        ([*tok, "--input", str(tmp_path / "src.txt"), *pair, "--out", str(tmp_path / "t.bin")], "t.bin.idx",
+         "the offsets of a pair file"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"--out: {str(tmp_path / path)!r} exists and is not {what}" in err and len(err.splitlines()) == 1, err
+    assert _files(tmp_path) == before
+    # what lm wrote is still replaced with --overwrite: a pair file, then a token file over it (its offsets go)
+    (tmp_path / "p.bin.idx").unlink()
+    assert main([*tok, "--input", str(tmp_path / "src.txt"), *pair, "--out", str(tmp_path / "p.bin")]) == 0
+    assert main([*tok, "--input", str(tmp_path / "src.txt"), *pair, "--out", str(tmp_path / "p.bin")]) == 0
+    assert main([*tok, "--input", str(corpus), "--out", str(tmp_path / "p.bin")]) == 0
+    assert not (tmp_path / "p.bin.idx").exists() and read_token_file(tmp_path / "p.bin")[1]["num_tokens"] > 0

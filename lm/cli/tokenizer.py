@@ -166,7 +166,6 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from lm.data import tokenize_file
     from lm.data.pairs import index_path, is_pair_file
-    from lm.data.token_file import is_token_file, sidecar_path
     from lm.tokenizer import load_tokenizer_dir
 
     if args.num_workers is not None and args.num_workers < 1:
@@ -177,10 +176,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     if src.suffix == ".gz":
         raise ValueError(f"--input: {str(src)!r} is gzip-compressed; decompress it first (only parallel text, "
                          "with --target, is read from .gz)")
-    ours = lambda p: is_token_file(p) or is_pair_file(p)  # an earlier output of `lm tokenize`
-    check_output_file(args.out, overwrite=args.overwrite, inputs=[("--input", src)], recognise=ours,
-                      what="a token file written by `lm tokenize` (it has no valid sidecar)")
-    check_output_file(sidecar_path(args.out), overwrite=args.overwrite, inputs=[("--input", src)])
+    _check_outputs(args, [("--input", src)], what="a token file written by `lm tokenize` (it has no valid sidecar)")
     stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced
     try:
         tok = load_tokenizer_dir(args.tokenizer)
@@ -201,18 +197,13 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def _tokenize_pairs(args: argparse.Namespace) -> int:
     """``lm tokenize --target``: a parallel corpus to a pair file (serially; such corpora are small)."""
-    from lm.data.pairs import index_path, is_pair_file, tokenize_pairs
-    from lm.data.token_file import is_token_file, sidecar_path
+    from lm.data.pairs import tokenize_pairs
     from lm.tokenizer import load_tokenizer_dir
 
     src = check_readable_file(args.input, "--input")
     tgt = check_readable_file(args.target, "--target")
     inputs = [("--input", src), ("--target", tgt)]
-    ours = lambda p: is_pair_file(p) or is_token_file(p)  # an earlier output of `lm tokenize`
-    check_output_file(args.out, overwrite=args.overwrite, inputs=inputs, recognise=ours,
-                      what="a pair or token file written by `lm tokenize` (it has no valid sidecar)")
-    for extra in (sidecar_path(args.out), index_path(args.out)):
-        check_output_file(extra, overwrite=args.overwrite, inputs=inputs)
+    _check_outputs(args, inputs, what="a pair or token file written by `lm tokenize` (it has no valid sidecar)")
     try:
         tok = load_tokenizer_dir(args.tokenizer)
     except (ValueError, OSError) as e:
@@ -230,3 +221,31 @@ def _tokenize_pairs(args: argparse.Namespace) -> int:
         f"{(meta['source_bytes'] + meta['target_bytes']) / 1e6:.1f} MB in {dt:.1f}s -> {args.out}"
     )
     return 0
+
+
+def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, Path]], what: str) -> None:
+    """Check ``--out`` and the files `lm tokenize` writes beside it: its sidecar ``X.json`` and, for a
+    pair file (or one being replaced, whose offsets go), its offsets ``X.idx``.
+
+    Each one is replaced (with ``--overwrite``) only when it is recognisably ours, so a file that
+    merely has the name (``notes.json`` beside ``--out notes``) is never written over; and nothing
+    is written into the ``--tokenizer`` folder, an input.
+    """
+    from lm.data.pairs import index_path, is_pair_file
+    from lm.data.token_file import is_token_file, sidecar_path
+
+    out = Path(args.out)
+    tok = Path(args.tokenizer)
+    if tok.is_dir():
+        where, folder = out.parent.resolve(), tok.resolve()
+        if where == folder or folder in where.parents:
+            raise ValueError(f"--out: {str(out)!r} is inside the --tokenizer folder {str(tok)!r}, an input; "
+                             "choose another output")
+    ours = lambda p: is_token_file(out) or is_pair_file(out)  # an earlier output of `lm tokenize`
+    pair = lambda p: is_pair_file(out)  # its offsets: an earlier pair file's
+    check_output_file(out, overwrite=args.overwrite, inputs=inputs, recognise=ours, what=what)
+    check_output_file(sidecar_path(out), overwrite=args.overwrite, inputs=inputs, recognise=ours,
+                      what="the sidecar of a token or pair file written by `lm tokenize`")
+    if args.target is not None or is_pair_file(out):
+        check_output_file(index_path(out), overwrite=args.overwrite, inputs=inputs, recognise=pair,
+                          what="the offsets of a pair file written by `lm tokenize --target`")
