@@ -128,3 +128,27 @@ def test_offline_is_one_line(tmp_path, monkeypatch, capsys):
     assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot reach 127.0.0.1" in err and "(offline?)" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_folder_where_the_file_goes_is_refused(server, tmp_path, monkeypatch, capsys, overwrite):
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    folder = tmp_path / "TinyStoriesV2-GPT4-valid.txt"
+    folder.mkdir()
+    (folder / "mine.txt").write_text("mine")
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet", *overwrite]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--out: {str(folder)!r} is a folder, not a file" in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["TinyStoriesV2-GPT4-valid.txt", "mine.txt"]  # no .part
+    assert not [r for r in Handler.requests if r[0] == "GET"]
+
+
+def test_out_that_is_a_file_is_refused(server, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    (tmp_path / "small.txt").write_text("mine")
+    for out in (tmp_path / "small.txt", tmp_path / "small.txt" / "sub"):
+        assert main(["data", "download", "tinystories", "--out", str(out), "--quiet", "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"--out: {str(tmp_path / 'small.txt')!r} is a file, not a folder" in err, err
+        assert len(err.splitlines()) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["small.txt"] and (tmp_path / "small.txt").read_text() == "mine"

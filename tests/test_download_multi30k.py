@@ -150,3 +150,20 @@ def test_split_is_for_tinystories_only(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("lm data download: error: --split: multi30k has no --split") and len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_for_out_or_a_folder_for_a_file_is_refused_before_anything_is_fetched(server, tmp_path, monkeypatch,
+                                                                                      capsys):
+    fake_files(monkeypatch)
+    (tmp_path / "small.txt").write_text("mine")
+    out = tmp_path / "m30k"
+    (out / "val.de.gz").mkdir(parents=True)  # the fourth of the six
+    for argv, message in [
+        (["--out", str(tmp_path / "small.txt")], f"--out: {str(tmp_path / 'small.txt')!r} is a file, not a folder"),
+        (["--out", str(out), "--overwrite"], f"--out: {str(out / 'val.de.gz')!r} is a folder, not a file"),
+    ]:
+        assert main(["data", "download", "multi30k", "--quiet", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["m30k", "m30k/val.de.gz", "small.txt"]
+    assert (tmp_path / "small.txt").read_text() == "mine" and not Handler.requests

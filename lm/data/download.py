@@ -102,6 +102,30 @@ def _sha256_of(path: Path) -> hashlib._Hash:
     return h
 
 
+def check_out_dir(out_dir: str | os.PathLike, argument: str = "--out") -> Path:
+    """``out_dir`` as a Path; a one-line ValueError naming ``argument`` when it, or a folder above
+    it, exists and is not a folder (so it cannot hold the downloads)."""
+    out_dir = Path(out_dir)
+    for p in (out_dir, *out_dir.parents):
+        if p.is_dir():
+            break
+        if p.exists() or p.is_symlink():
+            where = "" if p == out_dir else f", so {str(out_dir)!r} cannot be made"
+            raise ValueError(f"{argument}: {str(p)!r} is a file, not a folder{where}; give a folder")
+    return out_dir
+
+
+def check_download_dest(dest: Path, argument: str = "--out") -> None:
+    """Refuse a download whose file, or its ``.part``, is in the way as something other than a file."""
+    check_out_dir(dest.parent, argument)
+    for p in (dest, dest.with_name(dest.name + ".part")):
+        if p.is_dir():
+            raise ValueError(f"{argument}: {str(p)!r} is a folder, not a file; move it away to download "
+                             f"{dest.name} into {str(dest.parent)!r}")
+        if p.exists() and not p.is_file():
+            raise ValueError(f"{argument}: {str(p)!r} is not a regular file; move it away to download {dest.name}")
+
+
 def download(
     url: str,
     dest: str | os.PathLike,
@@ -121,6 +145,7 @@ def download(
     """
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
+    check_download_dest(dest)
     try:
         remote = probe(url, timeout)
     except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
@@ -207,7 +232,9 @@ def download_multi30k(out_dir: str | os.PathLike = "data/multi30k", *, base_url:
     checksum is wrong is replaced only with ``overwrite``.
     """
     base = (base_url or os.environ.get("LM_MULTI30K_URL") or MULTI30K_URL).rstrip("/")
-    out_dir = Path(out_dir)
+    out_dir = check_out_dir(out_dir)
+    for name in MULTI30K_FILES:  # all six before any is fetched
+        check_download_dest(out_dir / name)
     paths = []
     for name, (size, sha) in MULTI30K_FILES.items():
         dest = out_dir / name
