@@ -158,6 +158,27 @@ def test_invalid_utf8_in_tokenize_warns(trained, tmp_path):
     assert tok.decode(ids.tolist()) == "Tom had a ball \ufffd\ufffd.\n" * 10
 
 
+def test_a_token_file_or_binary_data_as_input_text_is_refused(trained, corpus, tmp_path, capsys):
+    """A token file (or other binary data) given as --input had drawn only a warning about invalid
+    UTF-8 and been tokenized, or trained on, as if it were text."""
+    tok = ["--tokenizer", str(trained)]
+    assert main(["tokenize", *tok, "--input", str(corpus), "--out", str(tmp_path / "t.bin")]) == 0
+    capsys.readouterr()
+    (tmp_path / "random.txt").write_bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes())
+    for argv, message in (
+        (["tokenize", *tok, "--input", str(tmp_path / "t.bin"), "--out", str(tmp_path / "u.bin")],
+         "is a token file written by `lm tokenize`, not text"),
+        (["tokenizer", "train", "--input", str(tmp_path / "t.bin"), "--vocab-size", "300", "--out",
+          str(tmp_path / "tok2")], "is a token file written by `lm tokenize`, not text"),
+        (["tokenize", *tok, "--input", str(tmp_path / "random.txt"), "--out", str(tmp_path / "u.bin")],
+         "is not text (it holds NUL bytes, or is mostly not UTF-8)"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--input: " in err and message in err, err
+    assert not (tmp_path / "u.bin").exists() and not (tmp_path / "tok2").exists()
+
+
 def _files(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 

@@ -132,6 +132,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     for p, text in zip(paths, texts):
         if text.stat().st_size == 0:
             raise ValueError(f"--input: file is empty once decompressed: {str(p)!r}")
+        _check_text(p, text)
     train_ranges, heldout = holdout_split(texts, args.special_token, args.holdout_bytes)
 
     stats = TrainStats()
@@ -176,6 +177,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     if src.suffix == ".gz":
         raise ValueError(f"--input: {str(src)!r} is gzip-compressed; decompress it first (only parallel text, "
                          "with --target, is read from .gz)")
+    _check_text(src, src)
     _check_outputs(args, [("--input", src)], what="a token file written by `lm tokenize` (it has no valid sidecar)")
     stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced
     try:
@@ -249,3 +251,19 @@ def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, Path]], wha
     if args.target is not None or is_pair_file(out):
         check_output_file(index_path(out), overwrite=args.overwrite, inputs=inputs, recognise=pair,
                           what="the offsets of a pair file written by `lm tokenize --target`")
+
+
+def _check_text(path: Path, content: Path) -> None:
+    """``--input`` must be text (``content``: the file, or a .gz input's decompressed copy): a token
+    or pair file, or other binary data, had only drawn a warning about invalid UTF-8 and been
+    tokenized (or trained on) as if it were text."""
+    from lm.data.pairs import is_pair_file
+    from lm.data.token_file import is_token_file
+    from lm.io import looks_like_text
+
+    if is_token_file(path) or is_pair_file(path):
+        raise ValueError(f"--input: {str(path)!r} is a token file written by `lm tokenize`, not text; pass the "
+                         "text it was made from")
+    if not looks_like_text(content):
+        raise ValueError(f"--input: {str(path)!r} is not text (it holds NUL bytes, or is mostly not UTF-8); "
+                         "pass a UTF-8 text file")
