@@ -152,7 +152,9 @@ def test_cli_eval_errors(run, tmp_path, capsys):
         (["--checkpoint", str(tmp_path / "nope.pt"), "--data", str(tmp_path / "big.bin")], "file not found"),
         (["--checkpoint", str(d), "--data", str(tmp_path / "missing.bin")], "--data: file not found"),
         (["--checkpoint", str(d), "--data", str(tmp_path / "big.bin")], "more than the model's vocab_size 300"),
+        (["--checkpoint", str(d), "--data", str(tmp_path / "one.txt")], "--data: needs at least 2 tokens"),
     ]
+    (tmp_path / "one.txt").write_text("a")
     for argv, msg in cases:
         assert main(["eval", *argv, "--quiet"]) == 2
         err = capsys.readouterr().err.strip()

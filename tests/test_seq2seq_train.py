@@ -71,6 +71,9 @@ def test_trains_resumes_exactly_and_translates(tmp_path):
 
     r = lm("translate", "--checkpoint", tmp_path / "a", "abc", "hello", "--beam", "2")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+    r = lm("translate", "--checkpoint", tmp_path / "a", "abc", "--beam", "2", "--alpha", "-1")
+    assert r.returncode == 2 and r.stderr.strip() == "lm translate: error: --alpha: must be a finite number >= 0, " \
+                                                     "got -1.0"  # the flag (it had said alpha)
     r = lm("sample", "--checkpoint", tmp_path / "a", "--prompt", "abc")
     assert r.returncode == 2 and "is a translation model (encoder_decoder); use `lm translate`" in r.stderr
     (tmp_path / "s.txt").write_text("abc\nhello\n")

@@ -84,7 +84,7 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
          "--input: file not found: 'MISSING'"),
         (["tokenizer", "train", "--input", "EMPTY", "--vocab-size", "300", "--out", "OUT"], "--input: file is empty"),
         (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "100", "--out", "OUT"],
-         "vocab_size: 100 is below 256 bytes + 0 special token(s) = 256"),
+         "--vocab-size: 100 is below 256 bytes + 0 special token(s) = 256"),  # the flag, not the parameter
         (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "<s>",
           "--special-token", "<s>", "--out", "OUT"], "duplicate special token '<s>'"),
         (["tokenize", "--tokenizer", "NODIR", "--input", "CORPUS", "--out", "OUT/x.bin"], "tokenizer: not a directory"),

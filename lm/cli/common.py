@@ -20,7 +20,10 @@ work for one release and print a deprecation line.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,3 +110,19 @@ def load_model_and_tokenizer(
     from lm.generate.load import load_model_and_tokenizer as load
 
     return tuple(load(checkpoint, tokenizer, device, need_tokenizer=need_tokenizer))
+
+
+@contextlib.contextmanager
+def as_flags(**flags: str) -> Iterator[None]:
+    """Name the command line's flag in a library ValueError that names its parameter: within
+    ``as_flags(vocab_size="--vocab-size")``, ``vocab_size: 100 is below ...`` becomes
+    ``--vocab-size: 100 is below ...`` and ``alpha must be ...`` ``--alpha: must be ...``."""
+    try:
+        yield
+    except ValueError as e:
+        message = str(e)
+        for name, flag in flags.items():
+            m = re.match(rf"{re.escape(name)}(?::\s*|\s+(?=must\b))", message)
+            if m:
+                raise ValueError(f"{flag}: {message[m.end():]}") from None
+        raise

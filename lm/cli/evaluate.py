@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags
 
 EXAMPLES = """
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
@@ -121,7 +121,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         bpt = data.stat().st_size / max(1, len(tokens))
     device = next(model.parameters()).device
     dtype = resolve_dtype(args.dtype, device)
-    with autocast(device, dtype):
+    with autocast(device, dtype), as_flags(data="--data"):
         result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
                                  bytes_per_token=bpt, stride=args.stride, progress=not args.quiet)
     if args.json:

@@ -13,7 +13,7 @@ import time
 import zlib
 from pathlib import Path
 
-from lm.cli.common import add_command, add_out, add_quiet
+from lm.cli.common import add_command, add_out, add_quiet, as_flags
 from lm.io import (
     atomic_write,
     check_output_dir,
@@ -137,10 +137,11 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
     stats = TrainStats()
     t0 = time.perf_counter()
-    vocab, merges = train_bpe(
-        [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
-        num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
-    )
+    with as_flags(vocab_size="--vocab-size", num_workers="--num-workers", special_tokens="--special-token"):
+        vocab, merges = train_bpe(
+            [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
+            num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
+        )
     if len(vocab) < args.vocab_size:
         raise ValueError(
             f"--vocab-size: the input gives at most {len(vocab):,} tokens (it ran out of pairs to merge after "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags
 
 EXAMPLES = """
   lm translate --checkpoint runs/multi30k "A man is riding a bicycle." "Two dogs play in the snow."
@@ -89,8 +89,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
             todo = [j for j, s in enumerate(chunk) if s]  # an empty line translates to an empty line
             result = [[] for _ in chunk]
             if todo:
-                done = translate(model, [chunk[j] for j in todo], beam_size=args.beam,
-                                 **({"alpha": args.alpha} if args.beam > 1 else {}))
+                with as_flags(alpha="--alpha"):
+                    done = translate(model, [chunk[j] for j in todo], beam_size=args.beam,
+                                     **({"alpha": args.alpha} if args.beam > 1 else {}))
                 for j, ids in zip(todo, done):
                     result[j] = ids
             for ids in result:
