@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from lm.cli.common import add_command, add_compute, add_out, add_quiet
 
@@ -48,6 +49,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             corpus_bytes=args.corpus_bytes, vocab_size=args.vocab_size, seed=args.seed,
                             progress=not args.quiet, overwrite=args.overwrite, device=device,
                             dtype=args.dtype)
-    report = run_demo(settings)
+    from lm.train import TrainingDiverged
+
+    try:
+        report = run_demo(settings)
+    except TrainingDiverged as e:  # the demo's folder is removed; as `lm train`, exit 3 (it had been a traceback)
+        print(f"lm demo: error: {e}", file=sys.stderr)
+        return 3
     print(report.to_text())
     return 0

@@ -54,6 +54,11 @@ class DemoSettings:
 
 DEMO_FILES = ("data", "tokenizer", "run", "loss.png", "report.json")
 
+# The validation split is the last 5% of the corpus, cut at a document boundary, and must hold a
+# whole document and more than context_length tokens: a synthetic story is at most ~900 bytes
+# (~250 tokens), so below ~20 KB the split can fail; 50 KB gives the split a few stories.
+MIN_CORPUS_BYTES = 50_000
+
 
 @dataclass
 class DemoReport:
@@ -112,8 +117,13 @@ def choose_corpus(settings: DemoSettings, work: Path) -> tuple[Path, str, bool]:
     return path, "synthetic children's stories", True
 
 
-def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.05) -> tuple[Path, Path]:
-    """The first ``max_bytes`` of ``src`` cut at a document (or line) boundary into train and validation."""
+def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.05,
+                 argument: str = "--data") -> tuple[Path, Path]:
+    """The first ``max_bytes`` of ``src`` cut at a document (or line) boundary into train and validation.
+
+    ``argument`` names the corpus in an error (``--data``, or ``--corpus-bytes`` for a corpus the
+    demo made); an error when only the first ``max_bytes`` were read names ``--corpus-bytes``.
+    """
     from lm.tokenizer.pretokenize import next_safe_cut
 
     size = min(src.stat().st_size, max_bytes)
@@ -123,7 +133,10 @@ def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.
         end = src.stat().st_size if end == -1 else end
         cut = next_safe_cut(f, int(end * (1 - val_fraction)), end, specials)
         if cut <= 0:
-            raise ValueError(f"--data: {str(src)!r} has no document or line boundary to split at")
+            if end < src.stat().st_size or argument == "--corpus-bytes":  # the limit, not the file, is short
+                raise ValueError(f"--corpus-bytes: the first {max_bytes:,} bytes of {str(src)!r} hold no document "
+                                 "or line boundary to split a validation set at; pass a larger --corpus-bytes")
+            raise ValueError(f"{argument}: {str(src)!r} has no document or line boundary to split at")
         f.seek(0)
         train_bytes = f.read(cut)
         val_bytes = f.read(end - cut)
@@ -155,6 +168,13 @@ def run_demo(settings: DemoSettings) -> DemoReport:
         check_readable_file(settings.data, "--data")
     if not settings.train_seconds > 0:
         raise ValueError(f"--train-seconds: must be > 0, got {settings.train_seconds}")
+    if isinstance(settings.corpus_bytes, bool) or not isinstance(settings.corpus_bytes, int) \
+            or settings.corpus_bytes < MIN_CORPUS_BYTES:
+        raise ValueError(f"--corpus-bytes: must be at least {MIN_CORPUS_BYTES:,} (5% of the corpus is split off for "
+                         f"validation, in whole documents), got {settings.corpus_bytes!r}")
+    from lm.train.config import check_seed
+
+    check_seed(settings.seed, "--seed")
     inputs = [("--data", settings.data)] if settings.data else []
     with claim_dir(out, command="lm demo", overwrite=settings.overwrite, inputs=inputs, files=DEMO_FILES):
         return _run(settings, out)
@@ -184,7 +204,8 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
 
     src, report.corpus, report.synthetic = choose_corpus(settings, work)
     _say(f"corpus: {report.corpus}", settings.progress)
-    train_txt, val_txt = split_corpus(src, work, settings.corpus_bytes)
+    train_txt, val_txt = split_corpus(src, work, settings.corpus_bytes,
+                                      argument="--corpus-bytes" if report.synthetic else "--data")
     lap("corpus")
 
     _say(f"training a {settings.vocab_size}-token BPE tokenizer", settings.progress)
@@ -215,10 +236,18 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
         "log": {"interval": 50},
     })
     _say(f"training the model for up to {settings.train_seconds:.0f}s", settings.progress)
-    trainer = Trainer(cfg)
+
+    def say(line: str) -> None:
+        # The trainer's lines are progress (none with --quiet); once a signal stops it, its "saving
+        # a checkpoint ... continue with --resume" does not apply: the demo's folder is removed.
+        if settings.progress and getattr(trainer, "_signal", None) is None:
+            print(line, flush=True)
+
+    trainer = None
+    trainer = Trainer(cfg, quiet=not settings.progress, print_fn=say)
     status = trainer.run()
-    if status != 0:
-        raise RuntimeError(f"training stopped with status {status}")
+    if status != 0:  # 128 + SIGINT or SIGTERM: the trainer saved and stopped; the demo is interrupted
+        raise KeyboardInterrupt(f"training stopped with status {status}")
     model = trainer.model
     model.eval()
     lap("train")
