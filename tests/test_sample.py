@@ -71,6 +71,9 @@ def test_greedy_is_repeatable_and_samples_are_separated(run, capsys):
         (["--top-p", "0"], "top_p"),
         (["--top-k", "0"], "top_k"),
         (["--num-samples", "0"], "--num-samples: must be >= 1, got 0"),
+        # torch's `Overflow when unpacking long long`, naming nothing
+        (["--seed", str(2**64)], f"--seed: must be a whole number in [0, 2**64-1], got {2**64}"),
+        (["--seed", "-1"], "--seed: must be a whole number in [0, 2**64-1], got -1"),
     ],
 )
 def test_bad_arguments(run, capsys, extra, message):

@@ -488,6 +488,9 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
         (["--set", f"data.tokenizer={tmp_path / 'nope'}", "--set", f"train.out_dir={fresh}"], "data.tokenizer: "),
         (["--set", "optim.max_lrr=1"], "did you mean 'optim.max_lr'"),
         (["--set", "train.batch_size=big"], "train.batch_size must be an integer"),
+        (["--set", "train.seed=99999999999999999999"], "config: train.seed must be a whole number in [0, 2**64-1]"),
+        (["--set", "train.seed=-1"], "config: train.seed must be a whole number in [0, 2**64-1], got -1"),
+        (["--set", f"eval.seed={2**64}"], "config: eval.seed must be a whole number in [0, 2**64-1]"),
         (["--resume", "--set", "model.d_model=48"], "is another model: model.d_model is 32 in the checkpoint"),
         ([], "already holds a run; pass --resume"),
     ]
@@ -506,6 +509,36 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
     assert rc == 2 and "is not a readable checkpoint (truncated or corrupt?)" in err and err.count("\n") == 1
     assert _snapshot(tmp_path) == truncated
     assert before.keys() <= truncated.keys()
+
+
+def test_resume_takes_a_run_folder_and_config_must_be_a_file(tmp_path, capsys):
+    """`--config DIR` used to print `[Errno 21] Is a directory`, naming no option; `--resume RUN_DIR`
+    said `checkpoint not found`, where --checkpoint takes a run folder (its latest checkpoint)."""
+    from lm.cli import main
+
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 10}))
+    assert main(["train", "--config", str(good), "--quiet"]) == 0
+    capsys.readouterr()
+    (tmp_path / "adir").mkdir()
+    for config, message in ((tmp_path / "adir", "not a regular file"), (tmp_path / "nope.toml", "file not found")):
+        rc, err = _cli(["train", "--config", str(config)], capsys)
+        assert rc == 2 and err == f"lm train: error: --config: {message}: {str(config)!r}\n", err
+    run = tmp_path / "run"
+    # the run's own folder: as --resume alone
+    assert main(["train", "--config", str(good), "--resume", str(run), "--set", "train.max_steps=12", "--quiet"]) == 0
+    assert f"resumed from {run / 'checkpoints' / 'step_00000010.pt'} at step 10" in capsys.readouterr().out
+    # another run's folder (or its checkpoints/): its latest checkpoint, continued in a new folder
+    for i, folder in enumerate((run, run / "checkpoints")):
+        rc = main(["train", "--config", str(good), "--resume", str(folder), "--set", f"train.out_dir={tmp_path}/b{i}",
+                   "--set", "train.max_steps=13", "--quiet"])
+        assert rc == 0 and f"resumed from {run / 'checkpoints' / 'step_00000012.pt'} at step 12" in \
+            capsys.readouterr().out
+        assert read_checkpoint(tmp_path / f"b{i}" / "checkpoints" / "step_00000013.pt")["iteration"] == 13
+    rc, err = _cli(["train", "--config", str(good), "--resume", str(tmp_path / "adir"), "--set",
+                    f"train.out_dir={tmp_path / 'c'}"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(
+        f"lm train: error: --resume: {str(tmp_path / 'adir')!r} is a folder with no checkpoints/step_*.pt"), err
+    assert not (tmp_path / "c").exists()
 
 
 def test_diverging_run_exits_non_zero_with_one_line(tmp_path, capsys, monkeypatch):
@@ -572,6 +605,32 @@ def test_plot_draws_the_metrics_of_each_run(tmp_path, capsys, monkeypatch):
         assert ((torch.from_numpy(image.copy()) - rgb).abs().max(-1).values < 0.02).sum() > 200, colour
     rc, err = _cli(["plot", str(tmp_path)], capsys)
     assert rc == 2 and "has no metrics.jsonl" in err
+
+
+@pytest.mark.parametrize("lines", ["", "not json\n5\n[1]\nnull\n" + "".join(json.dumps(r) + "\n" for r in (
+    {"split": "train", "loss": "x", "step": 1}, {"split": "compile", "seconds": 1.0, "step": 0}))])
+def test_plot_refuses_a_run_without_loss_records_in_one_line(tmp_path, capsys, lines):
+    """An empty or garbage metrics.jsonl used to give a blank PNG, matplotlib's "No artists" warning
+    and exit 0 (or an AttributeError on a line that is JSON but not an object)."""
+    run = tmp_path / "rr"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(lines)
+    rc, err = _cli(["plot", str(run)], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"lm plot: error: RUN_DIR: {str(run / 'metrics.jsonl')!r} holds no loss records"), err
+    assert not (run / "loss.png").exists()
+
+
+def test_plot_draws_records_without_a_time_against_steps(tmp_path, capsys):
+    """A record without "time" used to end in KeyError: 'time' (a traceback)."""
+    run = tmp_path / "rr"
+    run.mkdir()
+    records = [{"split": "train", "loss": 1, "step": 1}, {"split": "train", "loss": 0.5, "step": 2},
+               {"split": "val", "loss": 0.7, "step": 2, "time": 3.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rc, err = _cli(["plot", str(run), "--quiet"], capsys)
+    assert rc == 0 and err == "", err  # no traceback, no matplotlib warning
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # -- several processes ----------------------------------------------------------------------------------

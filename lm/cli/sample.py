@@ -82,6 +82,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-samples: must be >= 1, got {args.num_samples}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: must be >= 1, got {args.max_new_tokens}")
+    if args.seed is not None:
+        from lm.train.config import check_seed
+
+        check_seed(args.seed, "--seed")
     set_threads(args.threads)
     prompt = read_prompt(args)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)

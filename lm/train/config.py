@@ -255,6 +255,18 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     return config_from_dict(raw, overrides)
 
 
+# torch.manual_seed takes [-2**63, 2**64 - 1] (a negative seed is the same as 2**64 + seed) and numpy's
+# PCG64, which draws the training windows, refuses negative seeds: a seed is a whole number in [0, 2**64 - 1].
+SEED_MAX = 2**64 - 1
+
+
+def check_seed(seed: Any, argument: str) -> int:
+    """``seed`` if it is a whole number in [0, 2**64 - 1], else a ValueError naming ``argument``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"{argument}: must be a whole number in [0, 2**64-1], got {seed!r}")
+    return seed
+
+
 def _check_values(cfg: Config) -> None:
     t, o = cfg.train, cfg.optim
 
@@ -268,6 +280,9 @@ def _check_values(cfg: Config) -> None:
 
     if t.max_steps is None and t.max_time is None:
         raise ValueError("config: set train.max_steps or train.max_time (or both)")
+    for name, seed in (("train.seed", t.seed), ("eval.seed", cfg.eval.seed)):
+        if not 0 <= seed <= SEED_MAX:
+            raise ValueError(f"config: {name} must be a whole number in [0, 2**64-1], got {seed}")
     positive("train.max_steps", t.max_steps)
     positive("train.max_time", t.max_time)
     positive("train.batch_size", t.batch_size)

@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 from lm.train.metrics import read_metrics
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def loss_records(run_dir: str | os.PathLike) -> dict[str, list[dict]]:
+    """The train and validation loss records of a run: JSON objects with a ``split`` of train or
+    val and a number as ``step`` and ``loss`` (``time`` is optional). Other lines are not drawn."""
+    rows: dict[str, list[dict]] = {"train": [], "val": []}
+    for r in read_metrics(run_dir):
+        if isinstance(r, dict) and r.get("split") in rows and _number(r.get("loss")) and _number(r.get("step")):
+            rows[r["split"]].append(r)
+    return rows
+
+
 def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
     """Write a PNG with two panels (loss vs step, loss vs training time) overlaying every run.
 
     Train loss is a solid line and validation loss a dashed line with markers, in one colour per run.
+    Records without a ``time`` are drawn against steps only. A run with no loss record is a
+    ValueError naming it, before anything is written.
     """
+    runs = [(Path(d), loss_records(d)) for d in run_dirs]
+    for run_dir, rows in runs:
+        if not rows["train"] and not rows["val"]:
+            raise ValueError(f"RUN_DIR: {str(run_dir / 'metrics.jsonl')!r} holds no loss records (train or val "
+                             "lines with a step and a loss); nothing to plot")
+
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -20,27 +43,33 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
 
     from lm.io import atomic_write
 
-    runs = [(Path(d), read_metrics(d)) for d in run_dirs]
-    longest = max((r.get("time", 0) for _, records in runs for r in records), default=0)
+    longest = max((r["time"] for _, rows in runs for split in rows.values() for r in split if _number(r.get("time"))),
+                  default=0)
     unit, scale = ("minutes", 60) if longest > 120 else ("seconds", 1)
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
     for i, (run_dir, records) in enumerate(runs):
         color = f"C{i % 10}"
         for split, style in (("train", dict(linestyle="-")), ("val", dict(linestyle="--", marker="o", ms=3))):
-            rows = [r for r in records if r.get("split") == split and r.get("loss") is not None]
+            rows = records[split]
             if not rows:
                 continue
             label = f"{run_dir.name} {split}"
+            if len(rows) == 1:  # a line through one point draws nothing
+                style = {**style, "marker": "o", "ms": 3}
             by_step.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=color, label=label, **style)
-            by_time.plot(
-                [r["time"] / scale for r in rows], [r["loss"] for r in rows], color=color, label=label, **style
-            )
+            timed = [r for r in rows if _number(r.get("time"))]
+            if timed:
+                by_time.plot([r["time"] / scale for r in timed], [r["loss"] for r in timed], color=color,
+                             label=label, **style)
     by_step.set_xlabel("step")
     by_time.set_xlabel(f"training time ({unit})")
     for ax in (by_step, by_time):
         ax.set_ylabel("loss (nats/token)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    if not by_time.lines:
+        by_time.text(0.5, 0.5, "no records with a time", ha="center", va="center", transform=by_time.transAxes)
     fig.tight_layout()
     out = Path(out)
     with atomic_write(out, "wb") as f:
