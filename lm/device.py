@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 
 import torch
@@ -63,12 +64,27 @@ def resolve_dtype(name: str, device: torch.device, argument: str = "--dtype") ->
     return None
 
 
+def max_threads() -> int:
+    """The most CPU threads :func:`set_threads` accepts: 4 per CPU, and at least 1024.
+
+    torch takes any count and starts the threads at the first parallel op, where too many crash
+    the process: on a 2-core machine with 128 GiB (torch 2.13, OpenMP) 12,000 threads ran, 16,384
+    aborted in libgomp ("Thread creation failed") and 32,768 or more died with SIGSEGV; where it
+    happens depends on memory and the process limits. Threads beyond the cores only slow torch
+    down, so the cap is far below any such point and far above any useful count.
+    """
+    return max(1024, 4 * (os.cpu_count() or 1))
+
+
 def set_threads(threads: int | None, argument: str = "--threads") -> None:
     """Use ``threads`` CPU threads for torch's intra-op work (None: torch's default)."""
     if threads is None:
         return
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"{argument}: must be a whole number >= 1, got {threads!r}")
+    if threads > max_threads():
+        raise ValueError(f"{argument}: must be at most {max_threads()} (4 per CPU, {os.cpu_count()} CPUs here, "
+                         f"and at least 1024), got {threads}")
     torch.set_num_threads(threads)
 
 

@@ -46,8 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="overrides",
         help="override one config value (TOML syntax; bare strings allowed); repeatable",
     )
-    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="CHECKPOINT",
-                   help="continue the latest checkpoint in train.out_dir, or the CHECKPOINT given")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH",
+                   help="continue the latest checkpoint in train.out_dir, or the checkpoint PATH given (a file, "
+                   "or a run folder: its latest checkpoint)")
     add_compute(p, device=None, dtype=None)
     add_quiet(p)
     p.set_defaults(func=run_train)
@@ -68,12 +69,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from lm.device import set_threads
+    from lm.io import check_readable_file
     from lm.train import Trainer, TrainingDiverged, load_config
 
     set_threads(args.threads)
     overrides = list(args.overrides)
     overrides += [f"train.device={args.device}"] if args.device else []
     overrides += [f"train.dtype={args.dtype}"] if args.dtype else []
+    check_readable_file(args.config, "--config")  # a folder: "[Errno 21] Is a directory", naming nothing
     cfg = load_config(args.config, overrides)
     try:
         return Trainer(cfg, resume=args.resume, quiet=args.quiet).run()

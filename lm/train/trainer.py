@@ -223,6 +223,15 @@ class Trainer:
             self._load(latest)
             return
         path = Path(resume)
+        if path.is_dir():  # a run folder (or its checkpoints/), as --checkpoint takes: its latest checkpoint
+            run = path.parent if path.name == "checkpoints" and not (path / "checkpoints").is_dir() else path
+            if run.resolve() == self.run_dir.resolve():  # this run's own folder: as --resume alone
+                return self._open_run(True)
+            path = CheckpointManager(run).latest()
+            if path is None:
+                raise ValueError(f"--resume: {str(resume)!r} is a folder with no checkpoints/step_*.pt; pass a "
+                                 "checkpoint file (--resume RUN/checkpoints/step_N.pt), or --resume alone to "
+                                 "continue the run in train.out_dir")
         if not path.is_file():
             raise ValueError(f"--resume: checkpoint not found: {str(path)!r}")
         same_run = path.resolve().parent == self.ckpts.dir.resolve()
