@@ -509,14 +509,25 @@ def test_a_failing_model_fails_its_requests_and_the_server_exits_1_with_the_trac
 def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
     run, model, _ = model_and_tokenizer(tmp_path_factory)
     save_model(run, model)
+    import socket
+
+    taken = socket.socket()  # a port in use: uvicorn said so only after loading the model, with exit 1
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
     for args, message in ((["--port", "70000"], "--port: must be in [0, 65535]"),
+                          # uvicorn's `ERROR: [Errno -2] Name or service not known`, exit 3, after loading
+                          (["--host", "999.999.1.1"], "--host: cannot resolve '999.999.1.1'"),
+                          (["--port", str(port)], f"--port: cannot listen on 127.0.0.1:{port} (Address already "
+                                                  "in use)"),
                           (["--max-batch", "0"], "--max-batch: must be >= 1"),
                           (["--step-sizes", "1,x"], "--step-sizes: need whole numbers separated by commas, got '1,x'"),
                           (["--max-batch", "4", "--step-sizes", "2,8"], "--step-sizes: each must be in [1, "
                                                                          "--max-batch=4], got 8"),
                           (["--api-key", " "], "--api-key: must not be empty"),
                           (["--checkpoint", str(run / "missing")], "--checkpoint: file not found")):
-        argv = ["serve", "--checkpoint", str(run), *args]
+        argv = ["serve", "--checkpoint", str(run), "--port", "0", *args]  # 8000 may be in use here
         p = subprocess.run([sys.executable, "-m", "lm", *argv], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("lm serve: error:"), p.stderr
         assert message in p.stderr and "Traceback" not in p.stderr
+    taken.close()

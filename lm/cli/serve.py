@@ -62,6 +62,27 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"need whole numbers separated by commas, got {text!r}") from None
 
 
+def check_listen_address(host: str, port: int) -> None:
+    """``--host`` must resolve and ``host:port`` be free to listen on, checked before the model loads:
+    uvicorn found out only after loading it, with ``ERROR: [Errno -2] Name or service not known``
+    (or ``address already in use``) and exit status 1 or 3."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (OSError, ValueError) as e:  # socket.gaierror; ValueError: a NUL, or a name IDNA cannot encode
+        raise ValueError(f"--host: cannot resolve {host!r} ({getattr(e, 'strerror', None) or e})") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as e:
+            which = "--port" if e.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+            raise ValueError(f"{which}: cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -94,6 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bad = next((b for b in args.step_sizes or () if not 1 <= b <= args.max_batch), None)
     if bad is not None:
         raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
+    check_listen_address(args.host, args.port)
     set_threads(args.threads)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     dtype = resolve_dtype(args.dtype, model.device)
