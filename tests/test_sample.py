@@ -67,9 +67,10 @@ def test_greedy_is_repeatable_and_samples_are_separated(run, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--temperature", "-1"], "temperature"),
-        (["--top-p", "0"], "top_p"),
-        (["--top-k", "0"], "top_k"),
+        (["--temperature", "-1"], "--temperature: must be a finite number >= 0"),  # the flags (they had said
+        (["--temperature", "inf"], "--temperature: must be a finite number >= 0"),  # temperature, top_p, top_k)
+        (["--top-p", "0"], "--top-p: must be in (0, 1]"),
+        (["--top-k", "0"], "--top-k: must be a positive integer"),
         (["--num-samples", "0"], "--num-samples: must be >= 1, got 0"),
         # torch's `Overflow when unpacking long long`, naming nothing
         (["--seed", str(2**64)], f"--seed: must be a whole number in [0, 2**64-1], got {2**64}"),

@@ -7,7 +7,7 @@ import contextlib
 import sys
 import time
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags
 
 EXAMPLES = """
   lm sample --checkpoint runs/cpu-small --prompt "Once upon a time"
@@ -77,7 +77,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from lm.generate import TextStreamer, generate
     from lm.generate.sampling import check_sampling_args
 
-    check_sampling_args(args.temperature, args.top_p, args.top_k)
+    with as_flags(temperature="--temperature", top_p="--top-p", top_k="--top-k"):
+        check_sampling_args(args.temperature, args.top_p, args.top_k)
     if args.num_samples < 1:
         raise ValueError(f"--num-samples: must be >= 1, got {args.num_samples}")
     if args.max_new_tokens < 1:
