@@ -1,0 +1,104 @@
+"""How fast sixteen decode rows could be on this machine, against one: the bound behind the
+"16 streams ≥ 8× one" target of ``scripts/bench_model.py`` (see docs/benchmarks.md, "Sixteen
+streams against one").
+
+    python scripts/bench_step_bound.py              # about two minutes on a 2-core CPU (compilation)
+
+Two tables for the model of ``bench_model.py``'s generation rows, at 1 and at 16 rows:
+
+* the model's linear layers alone (each block's q, k, v, o, w1, w3, w2 and the output
+  projection), as plain ``F.linear`` and through oneDNN with its weights prepacked for that
+  number of rows (the form inductor's ``freezing`` gives CPU inference), in float32 and
+  bfloat16: the matmuls a step cannot do without;
+* the compiled decode step ``lm serve --compile`` runs (``lm.generate.DecodeStep``), every row at
+  position 160: in float32, under bfloat16 autocast, and with the weights stored in bfloat16.
+
+It prints each one's milliseconds (median of ``--rounds`` runs of ``--steps`` calls) and what
+sixteen rows give against one in tokens/s. Run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from lm.generate.static import DecodeStep
+from lm.model import TransformerLM
+
+SHAPE = dict(vocab_size=10_000, context_length=512, d_model=256, num_layers=4, num_heads=8, d_ff=688)
+
+
+def median_ms(fn, rounds: int, steps: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        times.append((time.perf_counter() - t0) / steps * 1e3)
+    return statistics.median(times)
+
+
+def linear_weights(model: TransformerLM) -> list[torch.Tensor]:
+    return [p.detach() for name, p in model.named_parameters() if p.ndim == 2 and "embedding" not in name]
+
+
+@torch.inference_mode()
+def bench_linears(model: TransformerLM, args) -> None:
+    print(f"{'the linear layers alone':<34}{'1 row':>10}{'16 rows':>10}{'16 vs 1':>10}")
+    for dtype in (torch.float32, torch.bfloat16):
+        weights = [w.to(dtype) for w in linear_weights(model)]
+        for form in ("F.linear", "oneDNN prepacked"):
+            ms = {}
+            for rows in (1, 16):
+                xs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(dtype) for w in weights}
+                if form == "F.linear":
+                    def run(xs=xs, weights=weights):
+                        for w in weights:
+                            F.linear(xs[w.shape[1]], w)
+                else:
+                    packed = [(w.shape[1], torch.ops.mkldnn._reorder_linear_weight(w, rows)) for w in weights]
+
+                    def run(xs=xs, packed=packed):
+                        for d_in, p in packed:
+                            torch.ops.mkldnn._linear_pointwise(xs[d_in], p, None, "none", [], "")
+                ms[rows] = median_ms(run, args.rounds, args.steps)
+            label = f"{form}, {str(dtype).removeprefix('torch.')}"
+            print(f"{label:<34}{ms[1]:>8.3f}ms{ms[16]:>8.3f}ms{16 * ms[1] / ms[16]:>9.2f}×")
+
+
+def bench_steps(model: TransformerLM, args) -> None:
+    print(f"\n{'the compiled decode step':<34}{'1 row':>10}{'16 rows':>10}{'16 vs 1':>10}")
+    bf16_weights = copy.deepcopy(model).to(torch.bfloat16)
+    for label, m, dtype in (("float32", model, None), ("bfloat16 autocast", model, torch.bfloat16),
+                            ("bfloat16 weights", bf16_weights, None)):
+        ms = {}
+        for rows in (1, 16):
+            step = DecodeStep(m, rows, compile=True, dtype=dtype)
+            ms[rows] = median_ms(lambda step=step, rows=rows: step([5] * rows, [160] * rows), args.rounds, args.steps)
+        print(f"{label:<34}{ms[1]:>8.3f}ms{ms[16]:>8.3f}ms{16 * ms[1] / ms[16]:>9.2f}×")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--skip-steps", action="store_true", help="only the linear layers (no compilation)")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = TransformerLM(**SHAPE, attn_impl="einsum").eval()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}\n")
+    bench_linears(model, args)
+    if not args.skip_steps:
+        bench_steps(model, args)
+
+
+if __name__ == "__main__":
+    main()
