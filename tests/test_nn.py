@@ -538,3 +538,148 @@ def test_dropout_statistics():
     torch.testing.assert_close(y[kept], x[kept] / 0.75)
     assert abs(y.mean().item() - x.mean().item()) < 0.01  # expectation kept
     assert dropout(x, 0.25, training=False) is x and dropout(x, 0.0) is x
+
+
+# -- argument checks: what torch refuses, these layers refuse too (no host sync on the hot path) ----
+
+
+def test_cross_entropy_losses_refuse_float_targets():
+    """``.long()`` truncated float targets (1.7 → class 1) into a plausible loss; torch refuses them."""
+    from lm.model import TransformerLM
+
+    logits, targets = torch.randn(4, 7), torch.full((4,), 1.7)
+    with pytest.raises(RuntimeError):
+        F.cross_entropy(logits, targets)
+    with pytest.raises(TypeError, match="targets must be an integer tensor"):
+        cross_entropy(logits, targets)
+    with pytest.raises(TypeError, match="targets must be an integer tensor"):
+        linear_cross_entropy(torch.randn(4, 8), torch.randn(7, 8), targets)
+    model = TransformerLM(16, 8, 16, 1, 2, 32)
+    with pytest.raises(TypeError, match="targets must be an integer tensor"):
+        model.loss(torch.randint(0, 16, (2, 5)), torch.full((2, 5), 1.7))
+    # integer targets of any integer dtype still give torch's loss
+    t = torch.randint(0, 7, (4,))
+    for dtype in (torch.int64, torch.int32, torch.uint8):
+        torch.testing.assert_close(cross_entropy(logits, t.to(dtype)), F.cross_entropy(logits, t))
+
+
+def test_linear_cross_entropy_checks_target_shape_and_chunk_size():
+    x, w = torch.randn(2, 5, 8), torch.randn(7, 8)
+    t = torch.randint(0, 7, (2, 5))
+    with pytest.raises(ValueError, match=r"targets must have shape \(2, 5\)"):
+        linear_cross_entropy(x, w, t.T.contiguous())  # as many targets, beside the wrong rows
+    with pytest.raises(ValueError, match=r"targets must have shape \(4,\)"):
+        cross_entropy(torch.randn(4, 7), torch.randint(0, 7, (3,)))
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+            linear_cross_entropy(x, w, t, chunk_size=bad)
+    expected = F.cross_entropy((x @ w.T).reshape(-1, 7), t.reshape(-1))
+    torch.testing.assert_close(linear_cross_entropy(x, w, t, chunk_size=3), expected)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+def test_sdpa_query_that_attends_nothing_gets_zeros_as_in_torch(impl):
+    """A fully masked row is 0 in torch's kernel; the einsum path gave NaN. Its fix (clamping the
+    softmax's max and sum) must leave every other row's bits as the plain formula gives them."""
+    q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 5)
+    mask = torch.rand(2, 3, 6, 9) > 0.5
+    mask[..., 0] = True
+    mask[:, :, 2] = False  # query 2 may attend nothing
+    mask[1, 0, 4] = False
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = scaled_dot_product_attention(*inputs, mask, impl=impl)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(expected[:, :, 2], torch.zeros(2, 3, 5))  # torch's contract
+    torch.testing.assert_close(out, expected)
+    assert torch.equal(out[:, :, 2], torch.zeros(2, 3, 5)) and torch.equal(out[1, 0, 4], torch.zeros(5))
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), inputs))
+    if impl == "einsum":  # the rows that attend something: the bits of the formula before the fix
+        scores = torch.einsum("...qd,...kd->...qk", q * (1.0 / math.sqrt(8)), k).masked_fill(~mask, float("-inf"))
+        plain = torch.einsum("...qk,...kd->...qd", softmax(scores, -1), v)
+        attends = mask.any(-1)
+        assert torch.equal(out.detach()[attends], plain[attends])
+    # causal with more queries than keys: the first queries come before every key
+    q5 = torch.randn(2, 5, 8)
+    out = scaled_dot_product_attention(q5, k[0, :1, :3], v[0, :1, :3], is_causal=True, impl=impl)
+    expected = F.scaled_dot_product_attention(q5, k[0, :1, :3], v[0, :1, :3], attn_mask=lm.nn.causal_mask(5, 3))
+    assert torch.equal(out[:, :2], torch.zeros(2, 2, 5))
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+def test_sdpa_refuses_a_non_boolean_mask(impl):
+    """The contract is a boolean mask: torch's kernel would add a float one as a bias, einsum failed."""
+    q = torch.randn(2, 4, 8)
+    for mask in (torch.zeros(4, 4), torch.ones(4, 4, dtype=torch.long)):
+        with pytest.raises(TypeError, match="mask must be a boolean tensor"):
+            scaled_dot_product_attention(q, q, q, mask, impl=impl)
+
+
+def test_sdpa_einsum_float64_stays_float64():
+    """The softmax is upcast to float32 for half inputs, never downcast from float64."""
+    q, k, v = (torch.randn(2, 5, 8, dtype=torch.float64) for _ in range(3))
+    mask = torch.rand(2, 5, 5) > 0.3
+    mask[..., 0] = True
+    out = scaled_dot_product_attention(q, k, v, mask, impl="einsum")
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected, atol=1e-13, rtol=1e-13)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_embedding_refuses_float_and_out_of_range_ids(grad):
+    """With or without autograd, as F.embedding: integer ids only, and -1 does not wrap to the last row."""
+    emb = Embedding(10, 3)
+    with torch.set_grad_enabled(grad):
+        ids = torch.tensor([[0, 9, 3], [3, 3, 1]])
+        for dtype in (torch.int64, torch.int32, torch.uint8):
+            assert torch.equal(emb(ids.to(dtype)), F.embedding(ids, emb.weight))
+        for bad in (torch.tensor([-1]), torch.tensor([10])):
+            with pytest.raises(IndexError):
+                F.embedding(bad, emb.weight)
+            with pytest.raises(IndexError, match="out of range"):
+                emb(bad)
+        for bad in (torch.tensor([1.7]), torch.tensor([True])):
+            with pytest.raises(TypeError, match="token_ids must be an integer tensor"):
+                emb(bad)
+
+
+def test_rope_checks_arguments_and_positions():
+    """theta = 0 built NaN tables; position -1 read max_seq_len - 1's angles."""
+    for theta in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="theta must be a positive finite number"):
+            RotaryEmbedding(theta, 8, 4)
+    with pytest.raises(ValueError, match="d_k"):
+        RotaryEmbedding(10000.0, 0, 4)
+    for n in (0, -3):
+        with pytest.raises(ValueError, match="max_seq_len"):
+            RotaryEmbedding(10000.0, 8, n)
+    rope = RotaryEmbedding(10000.0, 8, 4)
+    x = torch.randn(2, 8)
+    for bad in ([-1, 0], [0, 4]):
+        with pytest.raises(IndexError, match="out of range"):
+            rope(x, torch.tensor(bad))
+    with pytest.raises(TypeError, match="token_positions must be an integer tensor"):
+        rope(x, torch.tensor([0.0, 1.7]))
+    positions = torch.tensor([3, 0])
+    for dtype in (torch.int64, torch.int32, torch.uint8):
+        torch.testing.assert_close(rope(x, positions.to(dtype)), rope_loop(x, positions, 10000.0), atol=1e-6, rtol=0)
+
+
+def test_dropout_checks_p_and_drops_everything_at_one():
+    from lm.nn import dropout
+
+    x = torch.randn(1000)
+    assert torch.equal(dropout(x, 1.0), F.dropout(x, 1.0))  # zeros (torch's x * 0), not 0 / 0
+    for p in (-0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="dropout p must be in"):
+            dropout(x, p)
+        with pytest.raises(ValueError, match="dropout p must be in"):
+            dropout(x, p, training=False)  # as torch: checked whatever the mode
+
+
+def test_block_num_heads_zero_is_the_attention_value_error():
+    with pytest.raises(ValueError, match="num_heads=0"):
+        TransformerBlock(32, 0, 48, 16, 10000.0)
+    with pytest.raises(ValueError, match="num_heads=-4"):
+        TransformerBlock(32, -4, 48, 16, 10000.0)

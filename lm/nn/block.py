@@ -57,11 +57,12 @@ class TransformerBlock(torch.nn.Module):
     ):
         super().__init__()
         check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
-        if rope is None and theta is not None:
-            if d_model % num_heads == 0 and (d_model // num_heads) % 2 != 0:
+        # num_heads < 1 (or not dividing d_model) is left to MultiHeadAttention's ValueError: here it
+        # would divide by zero.
+        if rope is None and theta is not None and num_heads >= 1 and d_model % num_heads == 0:
+            if (d_model // num_heads) % 2 != 0:
                 raise ValueError(f"head dimension d_model/num_heads must be even for RoPE, got {d_model}/{num_heads}")
-            if d_model % num_heads == 0:
-                rope = RotaryEmbedding(theta, d_model // num_heads, max_seq_len, device=device)
+            rope = RotaryEmbedding(theta, d_model // num_heads, max_seq_len, device=device)
         self.pre_norm = norm_placement == "pre"
         self.ln1 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.attn = MultiHeadAttention(d_model, num_heads, rope, device=device, dtype=dtype, attn_impl=attn_impl,

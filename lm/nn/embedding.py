@@ -14,6 +14,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lm.nn.functional import check_integer_dtype
+
 
 class Embedding(torch.nn.Module):
     """A lookup table: ``forward(ids)`` returns the rows ``weight[ids]`` (``(num_embeddings, embedding_dim)``)."""
@@ -28,14 +30,22 @@ class Embedding(torch.nn.Module):
         torch.nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
     def forward(self, token_ids: Int[Tensor, "*shape"]) -> Float[Tensor, "... d"]:
+        """The rows of integer ``token_ids``; an id outside ``[0, num_embeddings)`` raises (on a
+        CPU; on a GPU the kernel asserts), where ``weight[ids]`` would read ``-1`` as the last row."""
+        check_integer_dtype("token_ids", token_ids)
         if token_ids.dtype not in (torch.int64, torch.int32):
-            token_ids = token_ids.long()  # indexing with uint8 would be a mask
+            token_ids = token_ids.long()  # index_select takes int32 or int64 only
         if not (self.weight.requires_grad and torch.is_grad_enabled()):
-            return self.weight[token_ids]  # no backward to make deterministic (generation, evaluation)
+            return _lookup(self.weight, token_ids)  # no backward to make deterministic (generation, evaluation)
         return _EmbeddingLookup.apply(self.weight, token_ids)
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
+
+
+def _lookup(weight: Tensor, ids: Tensor) -> Tensor:
+    """``weight[ids]`` by ``index_select``, which checks the range of the ids (no wrapping) in its kernel."""
+    return weight.index_select(0, ids.reshape(-1)).view(*ids.shape, weight.shape[1])
 
 
 class _EmbeddingLookup(torch.autograd.Function):
@@ -49,10 +59,9 @@ class _EmbeddingLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, weight: Tensor, ids: Tensor) -> Tensor:
-        flat = ids.reshape(-1)
-        ctx.save_for_backward(flat)
+        ctx.save_for_backward(ids.reshape(-1))
         ctx.num_embeddings = weight.shape[0]
-        return weight.index_select(0, flat).view(*ids.shape, weight.shape[1])
+        return _lookup(weight, ids)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

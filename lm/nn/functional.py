@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 
 import torch
 from einops import einsum, rearrange
@@ -62,23 +63,37 @@ def softmax(x: Float[Tensor, "*shape"], dim: int) -> Float[Tensor, "*shape"]:
     A slice that is entirely ``-inf`` (every position masked) gives NaN, as in torch.
     The backward pass is written out (:class:`_Softmax`): ``p ⊙ (g - Σ g ⊙ p)``.
     """
-    return _Softmax.apply(x, dim)
+    return _Softmax.apply(x, dim, False)
 
 
 class _Softmax(torch.autograd.Function):
+    """With ``empty_is_zero`` (attention's softmax) an all ``-inf`` slice gives zeros instead of NaN.
+
+    Such a slice's max is ``-inf`` and ``x - max`` NaN; clamping the max to the dtype's lowest
+    finite value makes its exps 0, and clamping the sum to the smallest normal number makes
+    ``0 / sum`` 0. Neither clamp changes any other slice by a bit: its max is finite, and its sum
+    is at least 1 (the max's own ``exp(0)``). Two ops on the (…, 1) max and sum, no host sync.
+    """
+
     @staticmethod
-    def forward(ctx, x: Tensor, dim: int) -> Tensor:
-        p = torch.sub(x, x.amax(dim=dim, keepdim=True)).exp_()
-        p = p.div_(p.sum(dim=dim, keepdim=True))
+    def forward(ctx, x: Tensor, dim: int, empty_is_zero: bool) -> Tensor:
+        row_max = x.amax(dim=dim, keepdim=True)
+        if empty_is_zero:
+            row_max = row_max.clamp_min(torch.finfo(x.dtype).min)
+        p = torch.sub(x, row_max).exp_()
+        total = p.sum(dim=dim, keepdim=True)
+        if empty_is_zero:
+            total = total.clamp_min(torch.finfo(x.dtype).tiny)
+        p = p.div_(total)
         ctx.save_for_backward(p)
         ctx.dim = dim
         return p
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (p,) = ctx.saved_tensors
         gp = grad * p
-        return gp.sub_(p * gp.sum(dim=ctx.dim, keepdim=True)), None
+        return gp.sub_(p * gp.sum(dim=ctx.dim, keepdim=True)), None, None
 
 
 def silu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
@@ -117,8 +132,15 @@ def scaled_dot_product_attention(
     ``is_causal=True`` applies the causal mask (queries aligned to the end of the keys)
     in addition to ``mask``. ``impl="sdpa"`` uses torch's fused kernel, which never
     materialises the (q, k) score matrix; ``"einsum"`` is the readable reference.
+
+    A query that may attend no key (its mask row all ``False``, or a causal query before the
+    first key when ``q > k``) gets zeros, not NaN, from both impls, as from
+    ``torch.nn.functional.scaled_dot_product_attention``. The mask must be boolean: torch's
+    kernel would take a float mask as an additive bias, which the einsum path does not implement.
     """
     check_choice("impl", impl, ("einsum", "sdpa"))
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a boolean tensor (True = may attend), got dtype {mask.dtype}")
     if impl == "sdpa" and not _batch_invariant[0]:
         return _fused_sdpa(Q, K, V, mask, is_causal)
     # Scaling Q (q × d) is cheaper than scaling the scores (q × k).
@@ -128,8 +150,9 @@ def scaled_dot_product_attention(
         mask = causal if mask is None else mask & causal
     if mask is not None:
         scores = scores.masked_fill_(~mask, float("-inf"))  # in place: nothing else reads the raw scores
-    # Softmax in float32 so bfloat16 inputs keep their precision in the normaliser.
-    probs = softmax(scores.float(), dim=-1).to(V.dtype)
+    # Softmax in float32 (or float64 for float64 inputs) so bfloat16 inputs keep their precision in
+    # the normaliser; a fully masked row gives zeros (see _Softmax).
+    probs = _Softmax.apply(scores.to(torch.promote_types(scores.dtype, torch.float32)), -1, True).to(V.dtype)
     return einsum(probs, V, "... q k, ... k d -> ... q d")
 
 
@@ -149,9 +172,17 @@ def _fused_sdpa(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, is_causal:
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Zero each element with probability ``p`` and scale the others by ``1 / (1 - p)``, so the
-    expectation is unchanged (inverted dropout); the identity when not ``training`` or ``p == 0``."""
+    expectation is unchanged (inverted dropout); the identity when not ``training`` or ``p == 0``.
+
+    ``p`` must be in [0, 1] (checked even when not ``training``, as torch does); ``p == 1`` gives
+    ``x * 0``, as ``torch.nn.functional.dropout`` does, where the scaling would give ``0 / 0``.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout p must be in [0, 1], got {p!r}")
     if not training or p == 0.0:
         return x
+    if p == 1.0:
+        return x * 0.0
     keep = torch.rand(x.shape, device=x.device) >= p
     return x * keep / (1.0 - p)
 
@@ -176,12 +207,29 @@ def cross_entropy(
     ``torch.nn.functional.cross_entropy``.
     """
     _check_smoothing(label_smoothing)
+    _check_targets(targets, logits.shape[:-1], "logits")
     return _CrossEntropy.apply(logits, targets, float(label_smoothing), ignore_index)
 
 
 def _check_smoothing(label_smoothing: float) -> None:
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+
+
+def check_integer_dtype(name: str, t: Tensor) -> None:
+    """Raise ``TypeError`` unless ``t`` holds integers: ids, targets and positions index tables, and
+    ``.long()`` would truncate a float (1.7 → 1) and a bool would index as a mask."""
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+
+
+def _check_targets(targets: Tensor, shape: torch.Size, of: str) -> None:
+    """Integer targets, one per position: a target tensor of another shape with as many elements
+    would be flattened beside the wrong rows (a transposed batch) and give a plausible loss."""
+    check_integer_dtype("targets", targets)
+    if targets.shape != shape:
+        raise ValueError(f"targets must have shape {tuple(shape)} (that of {of} without its last dimension), "
+                         f"got {tuple(targets.shape)}")
 
 
 def _nll_terms(logits: Tensor, row_max: Tensor, sums: Tensor, targets: Tensor, eps: float) -> Tensor:
@@ -280,8 +328,13 @@ def linear_cross_entropy(
     unfused ones up to float rounding; in ``no_grad`` mode no gradient work is done.
     ``label_smoothing`` and ``ignore_index`` are those of :func:`cross_entropy`. ``chunk_size``
     defaults to :func:`loss_chunk_size` for the device (and whether it is being compiled).
+    ``targets`` must be integers of the shape of ``x`` without its last dimension.
     """
     _check_smoothing(label_smoothing)
+    _check_targets(targets, x.shape[:-1], "x")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
+                                   or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if chunk_size is None:
         chunk_size = loss_chunk_size(targets.numel(), weight.shape[0], x.device, is_compiling())
     return _LinearCrossEntropy.apply(x, weight, targets, chunk_size, float(label_smoothing), ignore_index)

@@ -3,10 +3,15 @@ by the angle ``pos · theta^(-2i/d_k)``."""
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from lm.nn.functional import check_integer_dtype
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -14,8 +19,13 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, theta: float, d_k: int, max_seq_len: int, device=None):
         super().__init__()
-        if d_k % 2 != 0:
-            raise ValueError(f"d_k must be even for RoPE (it rotates pairs), got d_k={d_k}")
+        # theta = 0 would build NaN tables without a word (0 ** negative = inf, then inf * 0 = NaN).
+        if not (_is_number(theta, numbers.Real) and 0 < theta < math.inf):
+            raise ValueError(f"theta must be a positive finite number, got theta={theta!r}")
+        if not (_is_number(d_k, numbers.Integral) and d_k > 0 and d_k % 2 == 0):
+            raise ValueError(f"d_k must be a positive even int for RoPE (it rotates pairs), got d_k={d_k!r}")
+        if not (_is_number(max_seq_len, numbers.Integral) and max_seq_len > 0):
+            raise ValueError(f"max_seq_len must be a positive int, got max_seq_len={max_seq_len!r}")
         self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
         self._build_tables(device)
 
@@ -37,12 +47,28 @@ class RotaryEmbedding(torch.nn.Module):
     def forward(
         self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
     ) -> Float[Tensor, "... seq d_k"]:
-        """``(x[2i], x[2i+1]) ↦ (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)``, in float32."""
-        cos, sin = self.cos[token_positions], self.sin[token_positions]
+        """``(x[2i], x[2i+1]) ↦ (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)``, in float32.
+
+        A position outside ``[0, max_seq_len)`` raises ``index_select``'s "index out of range" (on a
+        CPU; on a GPU the kernel asserts) instead of ``cos[-1]`` reading the last position's angles:
+        checked in the gather, with no read back to the host."""
+        check_integer_dtype("token_positions", token_positions)
+        cos, sin = self._table(self.cos, token_positions), self._table(self.sin, token_positions)
         pairs = rearrange(x.float(), "... seq (half two) -> ... seq half two", two=2)
         x_even, x_odd = pairs.unbind(-1)
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rearrange(rotated, "... seq half two -> ... seq (half two)").to(x.dtype)
 
+    @staticmethod
+    def _table(table: Tensor, positions: Tensor) -> Tensor:
+        flat = positions.reshape(-1)
+        if flat.dtype not in (torch.int64, torch.int32):
+            flat = flat.long()  # index_select takes int32 or int64 only
+        return table.index_select(0, flat).view(*positions.shape, table.shape[1])
+
     def extra_repr(self) -> str:
         return f"theta={self.theta}, d_k={self.d_k}, max_seq_len={self.max_seq_len}"
+
+
+def _is_number(value: object, kind: type) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
