@@ -160,6 +160,11 @@ def test_config_round_trips_json_and_toml(tmp_path):
         ({"ffn": "geglu"}, "'geglu'"),
         ({"attn_impl": "flash"}, "'flash'"),
         ({"vocab_size": 0}, "vocab_size"),
+        ({"norm_eps": -1.0}, r"norm_eps must be a finite number > 0, got -1.0"),
+        ({"norm_eps": 0.0}, "norm_eps"),
+        ({"norm_eps": float("nan")}, "norm_eps"),
+        ({"norm_eps": float("inf")}, "norm_eps"),
+        ({"norm_eps": "1e-5"}, "norm_eps"),
     ],
 )
 def test_bad_config_raises(kwargs, match):
@@ -181,6 +186,34 @@ def test_bad_ids_raise():
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="float"):
         model(torch.zeros(1, 4))
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+def test_token_positions_are_checked_like_ids(positions):
+    """Out-of-range positions were read from the end of the tables (-1 gave the logits of 15) or
+    raised a bare IndexError; now a ValueError naming token_positions, on the host check of the ids
+    (skipped under trusted_ids). In-range positions give the independent formula's logits."""
+    model = small_model(positions=positions)
+    ids = torch.tensor([[5, 9]])
+    for bad, got in (([[-1, 0]], -1), ([[16, 17]], 17), ([3, 16], 16)):
+        message = rf"token_positions must be in \[0, context_length=16\), got position {got}$"
+        with pytest.raises(ValueError, match=message):
+            model(ids, torch.tensor(bad))
+        with pytest.raises(ValueError, match="token_positions"):
+            model.loss(ids, ids, torch.tensor(bad))
+    with pytest.raises(ValueError, match="token_positions must be an integer tensor, got dtype torch.float32"):
+        model(ids, torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"token_positions must end in the sequence dimension of ids \(2\)"):
+        model(ids, torch.tensor([0, 1, 2]))
+    with HostReads() as reads:
+        logits = model(ids, torch.tensor([[0, 1]]))
+    assert reads.reads == ["__int__"] * 4  # the ids' min and max, the positions'
+    expected = transformer_lm_ref(dict(model.state_dict()), ids, 2, 4, positions=positions)
+    torch.testing.assert_close(logits, expected, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(model(ids, torch.arange(2)), logits, atol=0, rtol=0)
+    with model.trusted_ids(), HostReads() as trusted:
+        model(ids, torch.tensor([[0, 1]]))
+    assert trusted.reads == []
 
 
 @pytest.mark.parametrize("variant", [{}, {"positions": "learned"}, {"norm_placement": "post"}])

@@ -187,6 +187,58 @@ def test_config_round_trip_and_the_architecture_key():
         _config(pad_id=99)
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"pad_id": 2}, r"pad_id, bos_id and eos_id must be distinct, got pad_id=2, bos_id=1, eos_id=2"),
+    ({"bos_id": 2}, "must be distinct"),
+    ({"pad_id": 1}, "must be distinct"),
+    ({"eos_id": -1}, r"eos_id must be an id in \[0, vocab_size=53\), got -1"),
+    ({"bos_id": True}, "bos_id must be an id"),
+    ({"norm_eps": -1.0}, "norm_eps must be a finite number > 0"),
+    ({"norm_eps": 0.0}, "norm_eps"),
+])
+def test_bad_config_raises(kwargs, match):
+    """An <eos> sharing an id with <pad> or <bos> would never end a target (their logits are -inf);
+    a norm_eps <= 0 makes every logit NaN."""
+    with pytest.raises(ValueError, match=match):
+        _config(**kwargs)
+
+
+def test_ids_are_checked_like_the_decoder_only_model():
+    """encode, decode and forward refuse ids outside the vocabulary as TransformerLM does (before,
+    -1 read the last embedding row and 53 raised a bare IndexError), by two reads from the device
+    that trusted_ids() skips: decoding checks the sources on the host and reads only its choices."""
+    from helpers.host_reads import HostReads
+
+    from lm.generate import DecodeStep, greedy_decode
+
+    model = build_model(_config()).eval()
+    good = torch.tensor([[5, 52]])
+    for bad, got in (([[-1, 5]], -1), ([[5, 53]], 53)):
+        with pytest.raises(ValueError, match=rf"src must be in \[0, vocab_size=53\), got id {got}$"):
+            model.encode(torch.tensor(bad))
+        with pytest.raises(ValueError, match=rf"tgt must be in \[0, vocab_size=53\), got id {got}$"):
+            model.decode(torch.tensor(bad), model.encode(good))
+        with pytest.raises(ValueError, match="src must be in"):
+            model(torch.tensor(bad), good)
+        with pytest.raises(ValueError, match="tgt must be in"):
+            model(good, torch.tensor(bad))
+    with pytest.raises(ValueError, match="src must be an integer tensor, got dtype torch.float32"):
+        model.encode(torch.zeros(1, 2))
+    with HostReads() as plain:
+        memory = model.encode(good)
+    assert plain.reads == ["__int__", "__int__"] and model.validate_ids
+    with model.trusted_ids(), HostReads() as trusted:
+        again = model.encode(good)
+    torch.testing.assert_close(again, memory, atol=0, rtol=0)
+    assert trusted.reads == [] and model.validate_ids
+    with HostReads() as decoding:
+        out = greedy_decode(model, [[5, 6, 7]], max_extra=2)
+        DecodeStep(model, 2)([4, 5], [0, 0])
+    assert decoding.reads == ["tolist"] * len(out[0])  # the chosen ids, a list a step
+    with pytest.raises(ValueError, match=r"source 0: id 53 is outside \[0, vocab_size=53\)"):
+        greedy_decode(model, [[5, 53]])
+
+
 @pytest.mark.parametrize("positions", ["learned", "rope", "none"])
 def test_variants_train(positions):
     torch.manual_seed(0)

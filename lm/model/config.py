@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,7 +25,8 @@ POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 
 def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
     """The checks every model config shares: positive sizes, known choices, heads that divide
-    ``d_model``, even widths for RoPE and sinusoids, and ``d_ff`` resolved to its default."""
+    ``d_model``, even widths for RoPE and sinusoids, ``d_ff`` resolved to its default, and a
+    positive ``norm_eps``."""
     for name in sizes:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -46,6 +48,9 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
         raise ValueError(f"d_ff must be a positive integer, got {cfg.d_ff!r}")
     if cfg.rope_theta <= 0:
         raise ValueError(f"rope_theta must be positive, got {cfg.rope_theta!r}")
+    eps = cfg.norm_eps  # a norm divides by sqrt(variance + eps): eps <= 0 can make every logit NaN
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"norm_eps must be a finite number > 0, got {eps!r}")
 
 
 class ConfigIO:

@@ -15,7 +15,9 @@ the tests hold the two to 1e-5. No layer has a bias.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +25,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.model.config import ConfigIO, check_architecture
-from lm.model.transformer import sinusoidal_table
+from lm.model.transformer import INDEX_DTYPES, check_range, sinusoidal_table
 from lm.nn import (
     DecoderBlock,
     Embedding,
@@ -79,8 +81,13 @@ class Seq2SeqConfig(ConfigIO):
                 raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
-            if not isinstance(value, int) or not 0 <= value < self.vocab_size:
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name} must be an id in [0, vocab_size={self.vocab_size}), got {value!r}")
+        # Decoding never emits <pad> or <bos> (their logits are -inf): an <eos> that shared an id
+        # with either could never end a target.
+        if len({self.pad_id, self.bos_id, self.eos_id}) < 3:
+            raise ValueError(f"pad_id, bos_id and eos_id must be distinct, got pad_id={self.pad_id}, "
+                             f"bos_id={self.bos_id}, eos_id={self.eos_id}")
 
     @property
     def head_dim(self) -> int:
@@ -100,6 +107,9 @@ class EncoderDecoder(torch.nn.Module):
     def __init__(self, config: Seq2SeqConfig, device=None, dtype=None):
         super().__init__()
         self.config = cfg = config
+        # As TransformerLM's: encode and decode check their ids against the vocabulary (two reads
+        # from the device each) unless the trainer turned it off or the caller is in trusted_ids().
+        self.validate_ids = True
         d = cfg.d_model
         if cfg.tie_embeddings:
             self.embeddings = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
@@ -146,6 +156,18 @@ class EncoderDecoder(torch.nn.Module):
     def device(self) -> torch.device:
         return self.output_weight.device
 
+    @contextlib.contextmanager
+    def trusted_ids(self) -> Iterator[EncoderDecoder]:
+        """Within the block ``encode`` and ``decode`` do not check that every id is in
+        ``[0, vocab_size)`` (on a GPU, two syncs a call), as :meth:`TransformerLM.trusted_ids`: for
+        callers that checked the sources on the host and feed the decoder ``<bos>`` and the ids
+        it chose (greedy decoding, beam search, the decode step)."""
+        before, self.validate_ids = self.validate_ids, False
+        try:
+            yield self
+        finally:
+            self.validate_ids = before
+
     def new_cache(self, batch_size: int, max_len: int | None = None):
         """An empty :class:`lm.generate.Seq2SeqCache` for decoding with this model: ``batch_size`` rows
         of up to ``max_len`` (default ``context_length``) target positions."""
@@ -170,16 +192,20 @@ class EncoderDecoder(torch.nn.Module):
             x = x + getattr(self, f"{side}_positions")(positions)
         return dropout(x, cfg.dropout, self.training)
 
-    def _check(self, ids: Tensor, what: str, offset: int = 0) -> None:
+    def _check(self, ids: Tensor, name: str, what: str, offset: int = 0) -> None:
+        if ids.dtype not in INDEX_DTYPES:
+            raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
         if ids.shape[-1] + offset > self.config.context_length:
             length = ids.shape[-1] + offset
             raise ValueError(f"{what} length {length} exceeds context_length={self.config.context_length}")
+        if self.validate_ids and not is_compiling():  # a data-dependent check would break the graph
+            check_range(ids, name, "vocab_size", self.config.vocab_size, "id")
 
     def encode(
         self, src: Int[Tensor, "batch src"], src_mask: Bool[Tensor, "batch src"] | None = None
     ) -> Float[Tensor, "batch src d_model"]:
         """The memory: the encoder's output for every source position."""
-        self._check(src, "source")
+        self._check(src, "src", "source")
         positions = torch.arange(src.shape[-1], device=src.device)
         x = self.embed(src, "src", positions)
         for layer in self.encoder:
@@ -206,7 +232,7 @@ class EncoderDecoder(torch.nn.Module):
         # Compiled, a cache's length (a Python int) would recompile the graph at every step: the
         # compiled caller (lm.generate.DecodeStep) checks it instead.
         offset = 0 if cache is None or is_compiling() else cache.length
-        self._check(tgt, "target", offset)
+        self._check(tgt, "tgt", "target", offset)
         if cache is None:
             positions = torch.arange(tgt.shape[-1], device=tgt.device)
         else:  # (batch, tgt): each row's own, for a cache whose rows have different lengths

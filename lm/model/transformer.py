@@ -22,6 +22,20 @@ def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_m
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()
 
 
+INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def check_range(values: Tensor, name: str, bound_name: str, bound: int, what: str) -> None:
+    """Refuse ``values`` outside ``[0, bound)``, naming the argument: reads their minimum and
+    maximum back from the device (two syncs on a GPU), so callers skip it under ``trusted_ids``."""
+    if values.numel() == 0:
+        return
+    lo, hi = int(values.min()), int(values.max())
+    if lo < 0 or hi >= bound:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} must be in [0, {bound_name}={bound}), got {what} {bad}")
+
+
 class TransformerLM(torch.nn.Module):
     """token_embeddings → (positions) → layers → ln_final → lm_head, returning unnormalised logits.
 
@@ -47,9 +61,10 @@ class TransformerLM(torch.nn.Module):
         super().__init__()
         cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant)
         self.config = cfg
-        # Every forward checks that the ids are in the vocabulary, which reads two numbers back
-        # from the device; callers that checked them on the host turn it off: the trainer (its
-        # data was checked when opened) for good, generation and evaluation by trusted_ids().
+        # Every forward checks that the ids are in the vocabulary (and given token_positions in the
+        # context), which reads two numbers back from the device; callers that checked them on the
+        # host turn it off: the trainer (its data was checked when opened) for good, generation
+        # and evaluation by trusted_ids().
         self.validate_ids = True
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         if cfg.positions == "learned":
@@ -103,10 +118,11 @@ class TransformerLM(torch.nn.Module):
 
     @contextlib.contextmanager
     def trusted_ids(self) -> Iterator[TransformerLM]:
-        """Within the block ``forward`` does not check that every id is in ``[0, vocab_size)``, a
-        check that reads two numbers back from the device (on a GPU, two syncs per forward). For
-        callers that checked the ids where they had them on the host: generation (the prompt; the
-        sampled ids are in range by construction), the serving engine, ``evaluate_tokens``."""
+        """Within the block ``forward`` does not check that every id is in ``[0, vocab_size)`` (nor
+        given ``token_positions`` in ``[0, context_length)``), a check that reads two numbers back
+        from the device (on a GPU, two syncs per forward). For callers that checked the ids where
+        they had them on the host: generation (the prompt; the sampled ids are in range by
+        construction), the serving engine, ``evaluate_tokens``."""
         before, self.validate_ids = self.validate_ids, False
         try:
             yield self
@@ -173,7 +189,7 @@ class TransformerLM(torch.nn.Module):
     ) -> Float[Tensor, "batch seq d_model"]:
         """Everything before ``lm_head``: the final (normalised) residual stream."""
         seq = ids.shape[-1]
-        self._check_input(ids, kv_cache)
+        self._check_input(ids, kv_cache, token_positions)
         if token_positions is None:
             if kv_cache is not None:
                 token_positions = kv_cache.start_step(seq)
@@ -191,10 +207,16 @@ class TransformerLM(torch.nn.Module):
             kv_cache.advance(seq)
         return self.ln_final(x)
 
-    def _check_input(self, ids: Tensor, kv_cache) -> None:
-        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+    def _check_input(self, ids: Tensor, kv_cache, token_positions: Tensor | None = None) -> None:
+        if ids.dtype not in INDEX_DTYPES:
             raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
         seq = ids.shape[-1]
+        if token_positions is not None:
+            if token_positions.dtype not in INDEX_DTYPES:
+                raise ValueError(f"token_positions must be an integer tensor, got dtype {token_positions.dtype}")
+            if token_positions.ndim == 0 or token_positions.shape[-1] != seq:
+                raise ValueError(f"token_positions must end in the sequence dimension of ids ({seq}), "
+                                 f"got shape {tuple(token_positions.shape)}")
         compiling = is_compiling()
         # Compiled, a cache's length (a Python int) would recompile the graph at every step: the
         # compiled caller (lm.generate.static.DecodeStep) checks it instead. Data-dependent id
@@ -205,12 +227,13 @@ class TransformerLM(torch.nn.Module):
                 f"sequence length {total} exceeds context_length={self.config.context_length}"
                 + ("" if kv_cache is None else f" (cached {kv_cache.length} + new {seq})")
             )
-        if ids.numel() == 0 or compiling or not self.validate_ids:
+        if compiling or not self.validate_ids:
             return
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= self.config.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"ids must be in [0, vocab_size={self.config.vocab_size}), got id {bad}")
+        check_range(ids, "ids", "vocab_size", self.config.vocab_size, "id")
+        # Out-of-range positions would index the position tables from the end (-1 reads the last
+        # position's encoding) or past it; a model without positions does not read them.
+        if token_positions is not None and self.config.positions != "none":
+            check_range(token_positions, "token_positions", "context_length", self.config.context_length, "position")
 
     # -- accounting --------------------------------------------------------------------
     def num_parameters(self, include_embeddings: bool = True) -> int:
