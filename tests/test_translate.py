@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lm.generate import beam_search, greedy_decode
+from lm.generate import beam_search, greedy_decode, translate
 from lm.generate.seq2seq import length_penalty
 from lm.model import Seq2SeqConfig, build_model
 
@@ -108,3 +108,26 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="outside"):
         greedy_decode(model, [[99]])
     assert not math.isnan(length_penalty(3, 0.6))
+
+
+def test_translate_and_the_decoders_check_beam_size_max_extra_and_an_empty_batch():
+    """beam_size 0 or -3 ran greedy decoding; max_extra=-5 failed inside torch.zeros (one source)
+    or gave each of three sources one token; [] failed in max(). Each is now a ValueError naming
+    the argument, as beam_search's beam_size and generate's empty batch are."""
+    model = _model()
+    for beam_size in (0, -3, 2.0, True):
+        with pytest.raises(ValueError, match=rf"beam_size must be a positive integer, got {beam_size!r}"):
+            translate(model, SOURCES, beam_size=beam_size)
+    for sources in (SOURCES[:1], SOURCES):
+        for decode in (greedy_decode, beam_search, translate):
+            with pytest.raises(ValueError, match="max_extra must be a non-negative integer, got max_extra=-5"):
+                decode(model, sources, max_extra=-5)
+        with pytest.raises(ValueError, match="max_extra"):
+            translate(model, sources, beam_size=3, max_extra=1.5)
+    for decode in (greedy_decode, beam_search, translate):
+        with pytest.raises(ValueError, match="src_ids: got an empty batch of sources"):
+            decode(model, [])
+    # max_extra=0: at most as many tokens as the source, and the same first ones
+    short, full = greedy_decode(model, SOURCES, max_extra=0), greedy_decode(model, SOURCES)
+    assert all(len(o) <= len(s) and f[: len(o)] == o for o, s, f in zip(short, SOURCES, full))
+    assert translate(model, SOURCES, beam_size=1) == full

@@ -59,9 +59,14 @@ def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -
     return ids.to(device), mask.to(device)
 
 
-def _check(model, src_ids) -> list[list[int]]:
+def _check(model, src_ids, max_extra: int) -> list[list[int]]:
+    """The sources as lists of ints, each checked on the host (so the model need not check them)."""
+    if isinstance(max_extra, bool) or not isinstance(max_extra, int) or max_extra < 0:
+        raise ValueError(f"max_extra must be a non-negative integer, got max_extra={max_extra!r}")
     cfg = model.config
     src = [list(map(int, s)) for s in src_ids]
+    if not src:
+        raise ValueError("src_ids: got an empty batch of sources")
     for i, s in enumerate(src):
         if not s:
             raise ValueError(f"source {i} is empty")
@@ -78,6 +83,11 @@ def _never_pad_or_bos(logits: Tensor, cfg) -> Tensor:
     """A target never holds ``<pad>`` or a second ``<bos>`` (as in fairseq): their logits are -inf."""
     logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
     return logits
+
+
+def _check_beam_size(beam_size: int) -> None:
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
 
 
 def max_target_length(model, src_len: int, extra: int = 50) -> int:
@@ -106,49 +116,50 @@ def greedy_decode(
     them); an exception it raises stops the decoding and propagates.
     """
     check_sampling_args(temperature, top_p, top_k)
+    cfg = model.config
+    src = _check(model, src_ids, max_extra)
     was_training = model.training
     model.eval()
     try:
-        cfg = model.config
-        src = _check(model, src_ids)
-        ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, model.device)
-        memory = model.encode(ids, mask)
-        limits = [max_target_length(model, len(s), max_extra) for s in src]
-        out: list[list[int]] = [[] for _ in src]
-        alive = list(range(len(src)))  # the source of each batch row; a finished row leaves the batch
-        prefix = torch.full((len(src), 1), cfg.bos_id, dtype=torch.long, device=model.device)
-        cache = model.new_cache(len(src), max_len=max(limits) + 1) if use_cache else None
-        step_ids = prefix
-        for step in range(max(limits)):
-            if use_cache:
-                hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
-            else:
-                hidden = model.decode(prefix, memory, mask)
-            logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg)
-            next_ids = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
-                                         generator=generator)
-            keep = []
-            for j, t in enumerate(next_ids.tolist()):
-                r = alive[j]
-                if t != cfg.eos_id:
-                    out[r].append(t)
-                    if on_token is not None:
-                        on_token(r, t)
-                    if len(out[r]) < limits[r]:
-                        keep.append(j)
-            if not keep:
-                break
-            if len(keep) < len(alive):  # drop the finished rows: their cache, memory and mask rows
-                sel = torch.tensor(keep, device=model.device)
-                alive = [alive[j] for j in keep]
-                next_ids, mask, prefix = next_ids[sel], mask[sel], prefix[sel]
+        with model.trusted_ids():  # the sources were checked above; the decoder reads <bos> and its own ids
+            ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, model.device)
+            memory = model.encode(ids, mask)
+            limits = [max_target_length(model, len(s), max_extra) for s in src]
+            out: list[list[int]] = [[] for _ in src]
+            alive = list(range(len(src)))  # the source of each batch row; a finished row leaves the batch
+            prefix = torch.full((len(src), 1), cfg.bos_id, dtype=torch.long, device=model.device)
+            cache = model.new_cache(len(src), max_len=max(limits) + 1) if use_cache else None
+            step_ids = prefix
+            for step in range(max(limits)):
                 if use_cache:
-                    cache.select(sel)
+                    hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
                 else:
-                    memory = memory[sel]
-            step_ids = next_ids[:, None]
-            prefix = torch.cat([prefix, step_ids], dim=1)
-        return out
+                    hidden = model.decode(prefix, memory, mask)
+                logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg)
+                next_ids = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                                             generator=generator)
+                keep = []
+                for j, t in enumerate(next_ids.tolist()):
+                    r = alive[j]
+                    if t != cfg.eos_id:
+                        out[r].append(t)
+                        if on_token is not None:
+                            on_token(r, t)
+                        if len(out[r]) < limits[r]:
+                            keep.append(j)
+                if not keep:
+                    break
+                if len(keep) < len(alive):  # drop the finished rows: their cache, memory and mask rows
+                    sel = torch.tensor(keep, device=model.device)
+                    alive = [alive[j] for j in keep]
+                    next_ids, mask, prefix = next_ids[sel], mask[sel], prefix[sel]
+                    if use_cache:
+                        cache.select(sel)
+                    else:
+                        memory = memory[sel]
+                step_ids = next_ids[:, None]
+                prefix = torch.cat([prefix, step_ids], dim=1)
+            return out
     finally:
         model.train(was_training)
 
@@ -182,16 +193,16 @@ def beam_search(
     reordered by :meth:`Seq2SeqCache.select` after each step). ``on_sentence(i, tokens)`` is called
     as soon as sentence ``i`` is decided.
     """
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    _check_beam_size(beam_size)
     if not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     check_choice("stopping", stopping, ("exact", "heuristic"))
+    src = _check(model, src_ids, max_extra)
     was_training = model.training
     model.eval()
     try:
-        return _beam_search(model, _check(model, src_ids), beam_size, alpha, max_extra, on_sentence,
-                            stopping == "exact")
+        with model.trusted_ids():  # the sources were checked above; the decoder reads <bos> and its own ids
+            return _beam_search(model, src, beam_size, alpha, max_extra, on_sentence, stopping == "exact")
     finally:
         model.train(was_training)
 
@@ -270,6 +281,7 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool) -> l
 
 def translate(model, src_ids: Sequence[Sequence[int]], *, beam_size: int = 1, **kwargs) -> list[list[int]]:
     """Beam search for ``beam_size`` > 1, else greedy (or sampled, with ``temperature``) decoding."""
+    _check_beam_size(beam_size)
     if beam_size > 1:
         return beam_search(model, src_ids, beam_size=beam_size, **kwargs)
     return greedy_decode(model, src_ids, **kwargs)

@@ -310,8 +310,7 @@ class DecodeStep:
         self.batch_invariant = self.device.type == "cpu"
         self._invariant_matmuls = compile and dtype is None
         self._ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
-        # The decoder-only model checks ids on the host unless told they are trusted; the
-        # encoder-decoder does not check them.
+        # Both models check ids on the host unless told they are trusted (a sync a step).
         self._trusted = model.trusted_ids if hasattr(model, "trusted_ids") else contextlib.nullcontext
         model_ = model
 
