@@ -282,6 +282,48 @@ def test_clip_grad_norm_matches_torch(max_norm):
         assert float(total) == pytest.approx(max_norm, rel=1e-4)
 
 
+def test_clip_grad_norm_takes_a_single_tensor_as_torch_does():
+    """One tensor is one parameter, not an iterable of its rows (which have no gradient)."""
+    ours, ref = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    ours.grad, ref.grad = torch.tensor([30.0, 40.0]), torch.tensor([30.0, 40.0])
+    norm = clip_grad_norm_(ours, 1.0)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+    assert norm == float(ref_norm) == 50.0
+    assert torch.equal(ours.grad, ref.grad)
+    torch.testing.assert_close(ours.grad, torch.tensor([0.6, 0.8]))
+    tensor_norm = clip_grad_norm_(ours, 0.5, return_tensor=True)
+    assert isinstance(tensor_norm, torch.Tensor) and tensor_norm.ndim == 0
+
+
+@pytest.mark.parametrize("foreach", [None, True, False])
+def test_clip_grad_norm_scales_each_dtype_as_torch_does(foreach):
+    """Every gradient is multiplied by the float32 scale, as torch does whatever the gradient's dtype
+    (a bfloat16 gradient in float32, rounded once); the scale rounded to the first gradient's dtype
+    gave a float32 gradient [0.059766, 0.079687] for torch's [0.059702, 0.079603]. The norm is taken
+    in float32 here (torch's is rounded to a bfloat16 gradient's dtype), so torch clips with ours."""
+    from torch.nn.utils.clip_grad import _clip_grads_with_norm_
+
+    def params():
+        g = torch.Generator().manual_seed(0)
+        grads = [torch.tensor([3.0, 4.0], dtype=torch.bfloat16), torch.tensor([0.3, 0.4]),
+                 torch.randn(64, generator=g).bfloat16(), torch.randn(5, 3, generator=g)]
+        out = [torch.zeros_like(t, requires_grad=True) for t in grads]
+        for p, grad in zip(out, grads):
+            p.grad = grad
+        return out
+
+    ours, ref = params(), params()
+    norm = clip_grad_norm_(ours, 1.0, return_tensor=True)
+    _clip_grads_with_norm_(ref, 1.0, norm, foreach=foreach)
+    for p, r in zip(ours, ref):
+        assert p.grad.dtype == r.grad.dtype and torch.equal(p.grad, r.grad), (p.grad, r.grad)
+    torch.testing.assert_close(ours[1].grad, torch.tensor([0.3, 0.4]) / float(norm), rtol=1e-6, atol=0)
+    # float32 gradients alone: the whole of torch's clip_grad_norm_, norm and all, bit for bit
+    ours, ref = params()[1::2], params()[1::2]
+    assert clip_grad_norm_(ours, 0.5) == float(torch.nn.utils.clip_grad_norm_(ref, 0.5, foreach=foreach))
+    assert all(torch.equal(p.grad, r.grad) for p, r in zip(ours, ref))
+
+
 class _TinyWithPositions(_Tiny):
     """Token + position embeddings: enough context to memorise one batch of random ids."""
 
