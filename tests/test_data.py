@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from lm.data import TokenDataset, get_batch, read_token_file, write_token_file
+from lm.data.batch import batch_at
 from lm.data.token_file import max_token_id
 
 
@@ -121,6 +122,57 @@ def test_get_batch_starts_are_uniform():
     counts = np.bincount(x[:, 0].numpy(), minlength=15)
     assert len(counts) == 15  # every start 0..14 and none past it
     assert counts.min() > 1100 and counts.max() < 1570  # ~1333 each
+
+
+def test_get_batch_refuses_bad_arguments():
+    """context_length -5 gave empty (2, 0) tensors, a 2-D dataset (2, 3, 10) ones, batch_size 0 an
+    error from np.stack: each a ValueError naming the argument. Good ones give the windows at the
+    generator's starts, as before."""
+    data = np.arange(100)
+    for kwargs, match in (
+        ({"context_length": -5}, "context_length must be a positive integer, got context_length=-5"),
+        ({"context_length": 0}, "context_length=0"),
+        ({"context_length": 2.0}, "context_length=2.0"),
+        ({"batch_size": 0}, "batch_size must be a positive integer, got batch_size=0"),
+        ({"batch_size": -1}, "batch_size=-1"),
+        ({"dataset": data.reshape(10, 10)}, "dataset must be a 1-D array of token ids, got 2 dimensions"),
+        ({"dataset": np.arange(8)}, "it needs more than context_length=8"),
+    ):
+        args = {"dataset": data, "batch_size": 2, "context_length": 8, **kwargs}
+        with pytest.raises(ValueError, match=match):
+            get_batch(args["dataset"], args["batch_size"], args["context_length"], "cpu")
+    with pytest.raises(ValueError, match=r"starts must be in \[0, 91\] .* got start 92"):
+        batch_at(data, np.array([0, 92]), 8, "cpu")
+    with pytest.raises(ValueError, match="got start -1"):
+        batch_at(data, np.array([-1]), 8, "cpu")
+    with pytest.raises(ValueError, match="starts must be a non-empty 1-D array"):
+        batch_at(data, np.array([], dtype=np.int64), 8, "cpu")
+    x, y = get_batch(data, 3, 8, "cpu", generator=np.random.default_rng(4))
+    starts = np.random.default_rng(4).integers(0, 92, size=3)
+    assert torch.equal(x, torch.from_numpy(starts[:, None] + np.arange(8))) and torch.equal(y, x + 1)
+    assert np.array_equal(batch_at(data, np.array([91]), 8, "cpu")[1][0].numpy(), np.arange(92, 100))
+
+
+def test_dataset_refuses_bad_context_rank_and_batch_size(tmp_path):
+    """context_length 0 or -1 and a rank outside [0, world_size) were accepted (the latter sampled
+    empty batches)."""
+    write_token_file(tmp_path / "t.bin", np.arange(100) % 50, vocab_size=64)
+    path = tmp_path / "t.bin"
+    for kwargs, match in (
+        ({"context_length": 0}, "context_length must be a positive integer, got context_length=0"),
+        ({"context_length": -1}, "context_length=-1"),
+        ({"rank": 2, "world_size": 2}, r"rank must be an integer in \[0, world_size=2\), got rank=2"),
+        ({"rank": -1, "world_size": 2}, "rank=-1"),
+        ({"world_size": 0}, "world_size must be a positive integer, got world_size=0"),
+    ):
+        args = {"context_length": 8, **kwargs}
+        with pytest.raises(ValueError, match=match):
+            TokenDataset(path, args.pop("context_length"), **args)
+    ds = TokenDataset(path, 8, rank=1, world_size=2)
+    for batch_size in (0, -2):
+        with pytest.raises(ValueError, match=f"batch_size must be a positive integer, got batch_size={batch_size}"):
+            ds.sample(batch_size, "cpu")
+    assert ds.sample(2, "cpu")[0].shape == (2, 8)
 
 
 def test_dataset_checks_vocab_and_length(tmp_path):

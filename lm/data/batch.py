@@ -26,10 +26,24 @@ class LMBatch:
         return self.targets.numel()
 
 
+def check_positive(name: str, value) -> None:
+    """Refuse a size that is not a positive integer (numpy's too), naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
+
+
+def _check_tokens(dataset) -> None:
+    ndim = dataset.ndim if hasattr(dataset, "ndim") else np.ndim(dataset)
+    if ndim != 1:
+        raise ValueError(f"dataset must be a 1-D array of token ids, got {ndim} dimensions")
+
+
 def random_starts(
     num_tokens: int, batch_size: int, context_length: int, generator: np.random.Generator | None = None
 ) -> np.ndarray:
     """``batch_size`` uniform start positions such that ``context_length + 1`` ids fit after each."""
+    check_positive("batch_size", batch_size)
+    check_positive("context_length", context_length)
     if num_tokens <= context_length:
         raise ValueError(f"the token array has {num_tokens} ids; it needs more than context_length={context_length}")
     high = num_tokens - context_length  # exclusive: the last start still has its target
@@ -42,6 +56,16 @@ def batch_at(
     dataset: np.ndarray, starts: np.ndarray, context_length: int, device: str | torch.device
 ) -> tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]:
     """Inputs and next-token targets for windows beginning at ``starts``."""
+    _check_tokens(dataset)
+    check_positive("context_length", context_length)
+    starts = np.asarray(starts)
+    if starts.ndim != 1 or len(starts) == 0:
+        raise ValueError(f"starts must be a non-empty 1-D array of positions, got shape {starts.shape}")
+    high = len(dataset) - context_length - 1  # the last start whose window and target fit
+    if starts.min() < 0 or starts.max() > high:
+        bad = starts.min() if starts.min() < 0 else starts.max()
+        raise ValueError(f"starts must be in [0, {high}] for windows of context_length={context_length} "
+                         f"in {len(dataset)} ids, got start {bad}")
     # One contiguous slice per row reads just the pages a window covers from a memmap.
     rows = np.stack([np.asarray(dataset[s : s + context_length + 1]) for s in starts])
     return windows_to_xy(rows, device)
@@ -83,5 +107,6 @@ def get_batch(
     >>> x.shape, bool((y[:, :-1] == x[:, 1:]).all())
     (torch.Size([4, 8]), True)
     """
+    _check_tokens(dataset)  # before len(dataset), which counts a 2-D array's rows
     starts = random_starts(len(dataset), batch_size, context_length, generator)
     return batch_at(dataset, starts, context_length, device)

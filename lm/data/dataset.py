@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.data.batch import windows_to_xy
+from lm.data.batch import check_positive, windows_to_xy
 from lm.data.token_file import bytes_per_token, max_token_id, read_token_file
 
 
@@ -33,6 +33,10 @@ class TokenDataset:
         world_size: int = 1,
         check_ids: bool = True,
     ):
+        check_positive("context_length", context_length)
+        check_positive("world_size", world_size)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
         self.path = Path(path)
         self.tokens, self.meta = read_token_file(path)
         self.context_length = context_length
@@ -44,7 +48,7 @@ class TokenDataset:
             if self.meta["vocab_size"] > vocab_size:
                 raise ValueError(
                     f"{str(self.path)!r} was tokenized with vocab_size {self.meta['vocab_size']}, "
-                    f"larger than the model's {vocab_size}"
+                    f"larger than the model's vocab_size {vocab_size}"
                 )
             if check_ids:
                 top = max_token_id(self.path, self.tokens.dtype)
@@ -72,6 +76,7 @@ class TokenDataset:
 
     def global_starts(self, batch_size: int, generator: np.random.Generator | None = None) -> np.ndarray:
         """Start positions of one global batch (every rank's rows) from ``generator``."""
+        check_positive("batch_size", batch_size)
         gen = self.generator if generator is None else generator
         high = len(self.tokens) - self.context_length
         return gen.integers(0, high, size=batch_size * self.world_size)
