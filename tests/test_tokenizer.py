@@ -88,6 +88,28 @@ def test_decode_malformed_utf8_and_bad_ids(small_tokenizer):
         small_tokenizer.decode([-1])
 
 
+def test_decode_takes_any_iterable_of_ids_and_names_the_bad_one(small_tokenizer):
+    """An iterator was read twice (a bad id then raised an empty StopIteration) and a tensor's
+    elements, 0-d tensors, were never keys of the vocab (so 104 "is not a token id")."""
+    import torch
+
+    tok = small_tokenizer
+    ids = tok.encode("hello world")
+    text = tok.decode(ids)
+    assert text == "hello world"
+    for same in (iter(ids), tuple(ids), (i for i in ids), torch.tensor(ids), np.array(ids, dtype=np.uint16),
+                 np.array(ids), [np.int64(i) for i in ids]):
+        assert tok.decode(same) == text
+    bad = ids[:1] + [999999]
+    for form in (iter(bad), torch.tensor(bad), np.array(bad), (i for i in bad), [np.int64(bad[0]), bad[1]]):
+        with pytest.raises(ValueError, match="ids: 999999 is not a token id"):
+            tok.decode(form)
+    with pytest.raises(ValueError, match="ids: 2.5 is not a token id"):
+        tok.decode(iter([ids[0], 2.5]))
+    with pytest.raises(ValueError, match="ids: expected a 1-D sequence of token ids, got the scalar 104"):
+        tok.decode(torch.tensor(104))
+
+
 def test_encode_to_numpy_equals_encode(small_tokenizer):
     text = (SAMPLE + EOT) * 3
     ids = small_tokenizer.encode(text)

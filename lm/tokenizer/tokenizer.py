@@ -43,6 +43,14 @@ _UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # native uin
 _NO_MERGE = 1 << 80
 
 
+def _is_key(mapping: dict, key) -> bool:
+    """``key in mapping``, False for an unhashable key."""
+    try:
+        return key in mapping
+    except TypeError:
+        return False
+
+
 class Tokenizer:
     """A byte-level BPE tokenizer.
 
@@ -291,13 +299,24 @@ class Tokenizer:
     # ------------------------------------------------------------ decoding
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Decode token ids to text; byte sequences that are not valid UTF-8 become U+FFFD."""
+        """Decode token ids (any iterable of ints, or a 1-D integer tensor or numpy array) to text;
+        byte sequences that are not valid UTF-8 become U+FFFD.
+
+        >>> tok = Tokenizer({i: bytes([i]) for i in range(256)}, [])
+        >>> tok.decode(iter([104, 105])), tok.decode(np.array([104, 105]))
+        ('hi', 'hi')
+        """
+        if hasattr(ids, "tolist"):  # a tensor or an array: its elements as Python ints, not 0-d tensors
+            ids = ids.tolist()
+            if not isinstance(ids, list):
+                raise ValueError(f"ids: expected a 1-D sequence of token ids, got the scalar {ids!r}")
+        elif not isinstance(ids, (list, tuple)):
+            ids = list(ids)  # an iterator is used up by one pass; the error below needs a second
         vocab = self.vocab
         try:
             data = b"".join([vocab[i] for i in ids])
         except (KeyError, TypeError):
-            ids = list(ids) if not isinstance(ids, list) else ids
-            bad = next(i for i in ids if not isinstance(i, int) or i not in vocab)
+            bad = next(i for i in ids if not _is_key(vocab, i))
             raise ValueError(f"ids: {bad!r} is not a token id of this vocab (size {self.vocab_size})") from None
         return data.decode("utf-8", errors="replace")
 
