@@ -177,7 +177,7 @@ def test_dataset_refuses_bad_context_rank_and_batch_size(tmp_path):
 
 def test_dataset_checks_vocab_and_length(tmp_path):
     write_token_file(tmp_path / "t.bin", np.arange(100) % 50, vocab_size=64)
-    with pytest.raises(ValueError, match="vocab_size 64, larger than the model's 32"):
+    with pytest.raises(ValueError, match="vocab_size 64, larger than the model's vocab_size 32"):
         TokenDataset(tmp_path / "t.bin", 8, vocab_size=32)
     write_token_file(tmp_path / "u.bin", np.array([1, 2, 49, 3]), vocab_size=50)
     with pytest.raises(ValueError, match="fewer than context_length"):

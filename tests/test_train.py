@@ -771,3 +771,203 @@ def test_a_training_step_never_waits_for_the_device(tmp_path):
         trainer.train_step(1e-3)
     assert reads.reads == []
     assert isinstance(loss, torch.Tensor) and isinstance(norm, torch.Tensor) and torch.isfinite(norm)
+
+
+# -- resume, run folders and failures (audit) --------------------------------------------------
+
+
+def test_resuming_from_a_best_older_than_the_latest_checkpoint_is_refused(tmp_path):
+    """best.pt of an earlier step slipped past the check for older checkpoints: the resumed run's
+    checkpoints were deleted at once (the old, higher steps kept) and its metrics mixed two histories."""
+    cfg = config_from_dict(_raw_config(tmp_path))
+    assert Trainer(cfg, print_fn=_quiet).run() == 0
+    ckpts = tmp_path / "run" / "checkpoints"
+    (ckpts / "best.pt").write_bytes((ckpts / "step_00000010.pt").read_bytes())  # the best was at step 10
+    before = _snapshot(tmp_path / "run")
+    with pytest.raises(ValueError, match=r"best.pt' \(step 10\) is older than the run's latest checkpoint "
+                                         r"'step_00000020.pt'"):
+        Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 30})), resume=ckpts / "best.pt",
+                print_fn=_quiet)
+    assert _snapshot(tmp_path / "run") == before
+    # a best.pt of the latest step continues the run; in a new folder any checkpoint can
+    (ckpts / "best.pt").write_bytes((ckpts / "step_00000020.pt").read_bytes())
+    raw = _raw_config(tmp_path, train={"max_steps": 22})
+    assert Trainer(config_from_dict(raw), resume=ckpts / "best.pt", print_fn=_quiet).run() == 0
+    raw["train"]["out_dir"] = str(tmp_path / "branch")
+    trainer = Trainer(config_from_dict(raw), resume=ckpts / "step_00000020.pt", print_fn=_quiet)
+    assert trainer.step == 20 and trainer.run() == 0
+
+
+def test_resume_refuses_changes_that_shape_training_and_records_the_others(tmp_path, capsys):
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 10}))
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+    run = tmp_path / "run"
+    before = _snapshot(tmp_path)
+    for key, value, old in (("train.batch_size", "8", "4"), ("data.train", str(tmp_path / "val.bin"),
+                            repr(str(tmp_path / "train.bin"))), ("train.seed", "7", "0"),
+                            ("optim.max_lr", "0.02", "0.01"), ("train.grad_accum_steps", "2", "1"),
+                            ("train.dtype", "bfloat16", "'float32'")):
+        rc, err = _cli(["train", "--config", str(good), "--resume", "--set", f"{key}={value}"], capsys)
+        assert rc == 2 and err.count("\n") == 1 and f"--resume: {key} is {old} in " in err, err
+    assert _snapshot(tmp_path) == before  # config.toml still says what steps 1-10 used
+    rc, _ = _cli(["train", "--config", str(good), "--resume", "--quiet", "--set", "train.max_steps=12",
+                  "--set", "log.interval=2", "--set", "checkpoint.keep_last=3"], capsys)
+    assert rc == 0
+    assert load_config(run / "config.toml").train.max_steps == 12  # what the run uses now...
+    changed = [r for r in read_metrics(run) if r["split"] == "config"]  # ... and what it used before
+    assert changed == [{"step": 10, "split": "config", "changed": {
+        "train.max_steps": {"was": 10, "now": 12}, "checkpoint.keep_last": {"was": 2, "now": 3},
+        "log.interval": {"was": 1, "now": 2}}}]
+
+
+def test_resuming_a_finished_run_repeats_nothing(tmp_path, capsys):
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path))
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+    run = tmp_path / "run"
+    metrics = (run / "metrics.jsonl").read_text()
+    weights = run / "model.safetensors"
+    exported = (weights.read_bytes(), weights.stat().st_mtime_ns)
+    for _ in range(2):
+        assert _cli(["train", "--config", str(good), "--resume", "--quiet"], capsys)[0] == 0
+        assert (run / "metrics.jsonl").read_text() == metrics  # it ended [20, train] [20, val] [20, val]...
+        assert (weights.read_bytes(), weights.stat().st_mtime_ns) == exported  # not written again
+
+
+def test_a_failed_checkpoint_write_is_one_line_naming_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    import lm.checkpoint.io as io_module
+
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, f, *args, **kwargs):  # best.pt and step 10 written, then the disk is full
+        calls.append(1)
+        if len(calls) > 2:
+            f.write(b"partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 64 vs 0")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(io_module.torch, "save", full_disk)
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 30}))
+    rc, err = _cli(["train", "--config", str(toml), "--quiet"], capsys)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"lm train: error: could not write checkpoint {str(ckpts / 'best.pt')!r}: RuntimeError: "
+                          "[enforce fail") and "(disk full?)" in err, err
+    assert err.endswith(f"; the last good checkpoint is {ckpts / 'step_00000010.pt'}\n"), err
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.pt", "step_00000010.pt"]  # no temporary file left
+
+
+def test_a_lock_that_cannot_be_removed_does_not_hide_the_real_error(tmp_path, capsys, monkeypatch):
+    """A read-only run folder: exporting the weights fails, then so does removing the lock. The
+    lock's error used to be the one reported."""
+    import lm.train.trainer as trainer_module
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "run" / ".model.safetensors.x.tmp"))
+
+    real_unlink = Path.unlink
+
+    def unlink(self, *args, **kwargs):
+        if self.name == ".lock":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "export_safetensors", read_only)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 10}))
+    rc, err = _cli(["train", "--config", str(toml), "--quiet"], capsys)
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 2, err
+    assert lines[0].startswith("lm train: warning: could not remove the lock") and ".lock" in lines[0], err
+    assert lines[1].startswith("lm train: error: [Errno 13] Permission denied") and ".model.safetensors" in lines[1]
+
+
+def test_a_fresh_run_refuses_a_folder_that_holds_no_run(tmp_path, capsys):
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    m = tmp_path / "m"
+    (m / "tokenizer").mkdir(parents=True)
+    (m / "model.safetensors").write_bytes(b"someone's weights")
+    (m / "tokenizer" / "vocab.json").write_text("{}")
+    (m / "wandb_id.txt").write_text("x\n")
+    before = _snapshot(tmp_path)
+    for resume in ([], ["--resume"]):
+        rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={m}", *resume], capsys)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"train.out_dir: {str(m)!r} is not empty ('model.safetensors' and more) and holds no run" in err, err
+    assert _snapshot(tmp_path) == before
+    lock_only = tmp_path / "killed"  # a run killed before it wrote anything but its lock
+    lock_only.mkdir()
+    (lock_only / ".lock").write_text("999999\n")
+    assert _cli(["train", "--config", str(good), "--set", f"train.out_dir={lock_only}", "--quiet"], capsys)[0] == 0
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path, capsys):
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(
+        tmp_path, optim={"max_lr": 1e38, "warmup_iters": 0}, checkpoint={"interval": 1}, eval={"interval": 0}))
+    rc, err = _cli(["train", "--config", str(toml), "--quiet"], capsys)
+    assert rc == 3 and err.count("\n") == 1, err
+    assert "a weight became NaN or infinite by step 1; no checkpoint was written" in err, err
+    assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
+
+
+def test_a_checkpoint_left_half_written_is_removed_when_the_run_reopens(tmp_path):
+    cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 10}))
+    assert Trainer(cfg, print_fn=_quiet).run() == 0
+    ckpts = tmp_path / "run" / "checkpoints"
+    partial = [ckpts / ".step_00000020.pt.k2j_8xq1.tmp", ckpts / ".best.pt.abc12345.tmp"]
+    others = [ckpts / ".notes.txt.abc12345.tmp", ckpts / "step_00000020.pt.tmp", ckpts / "mine.tmp"]
+    for p in partial + others:
+        p.write_bytes(b"x" * 100)
+    printed = []
+    cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 12}))
+    assert Trainer(cfg, resume=True, print_fn=printed.append).run() == 0
+    assert not any(p.exists() for p in partial) and all(p.exists() for p in others)
+    assert any(line.startswith("removed ") and "half-written" in line for line in printed)
+
+
+def test_errors_of_data_and_config_files_name_the_key(tmp_path, capsys):
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    binary = tmp_path / "ids.bin"
+    binary.write_bytes(bytes([0x81, 0x00, 0xFF, 0x10]) * 8)
+    rc, err = _cli(["train", "--config", str(binary)], capsys)  # a token file, say: not UTF-8
+    assert rc == 2 and err == f"lm train: error: --config: {str(binary)!r} is not a TOML file " \
+        "(not UTF-8 text)\n", err
+    big = tmp_path / "big.bin"
+    write_token_file(big, np.arange(200) % 100, vocab_size=100)
+    fresh = f"train.out_dir={tmp_path / 'fresh'}"
+    for extra, message in (
+        (["--set", "data.val=missing.bin"], "data.val: token file not found: 'missing.bin'"),
+        (["--set", f"data.train={big}"], f"data.train: {str(big)!r} was tokenized with vocab_size 100, larger than "
+                                         f"the model's vocab_size {VOCAB}"),
+        (["--set", "model.architecture=encoder_decoder"],
+         "unknown key model.num_layers for model.architecture 'encoder_decoder' (did you mean 'model."),
+    ):
+        rc, err = _cli(["train", "--config", str(good), "--set", fresh, *extra], capsys)
+        assert rc == 2 and err.count("\n") == 1 and message in err, (extra, err)
+        assert "did you mean 'model.num_layers'" not in err
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_second_sigterm_exits_143(tmp_path):
+    trainer = Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 2})), print_fn=_quiet)
+    trainer._on_signal(signal.SIGTERM, None)
+    try:
+        trainer._on_signal(signal.SIGTERM, None)
+        stopped = None
+    except BaseException as e:  # noqa: BLE001 - it was KeyboardInterrupt (exit 130)
+        stopped = e
+    finally:
+        trainer._lock.release()
+    assert isinstance(stopped, SystemExit) and stopped.code == 143, repr(stopped)
+
+
+def test_a_closed_stdout_pipe_does_not_stop_training(tmp_path):
+    """`lm train ... | head -1` died at the next log line with "[Errno 32] Broken pipe", exit 2."""
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"out_dir": str(tmp_path / "piped")}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "train", "--config", str(toml)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.readline()  # `lm train ... | head -1`
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and err == "", err
+    assert read_checkpoint(tmp_path / "piped" / "checkpoints" / "step_00000020.pt")["iteration"] == 20

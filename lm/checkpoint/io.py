@@ -69,13 +69,22 @@ def tensor_checksum(state: Any) -> int:
     return crc
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (the disk full, a file size limit...); nothing was replaced."""
+
+
 def write_checkpoint(state: dict[str, Any], out: PathOrFile) -> None:
-    """``torch.save`` ``state`` with the CRC-32 of its tensors; to a path atomically (temp file, fsync, rename)."""
+    """``torch.save`` ``state`` with the CRC-32 of its tensors; to a path atomically (temp file, fsync,
+    rename). A path that cannot be written raises :class:`CheckpointWriteError` in one line."""
     state = {"format": FORMAT, "version": VERSION, **state}
     state["tensor_crc32"] = tensor_checksum({k: v for k, v in state.items() if k != "tensor_crc32"})
     if isinstance(out, str | os.PathLike):
-        with atomic_write(out, "wb") as f:
-            torch.save(state, f)
+        try:
+            with atomic_write(out, "wb") as f:
+                torch.save(state, f)
+        except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
+            raise CheckpointWriteError(f"could not write checkpoint {str(out)!r}: {_first_line(e)} (disk full?)") \
+                from None
     else:
         torch.save(state, out)
 

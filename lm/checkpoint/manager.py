@@ -10,6 +10,9 @@ from typing import Any
 from lm.checkpoint.io import write_checkpoint
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+# The temporary file of an atomic write of a checkpoint (lm.io.atomic_write: ".NAME.RANDOM.tmp"),
+# left behind when a run was killed while writing it.
+_PARTIAL_FILE = re.compile(r"^\.(step_\d+|best)\.pt\.[A-Za-z0-9_]+\.tmp$")
 
 
 class CheckpointManager:
@@ -34,6 +37,16 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         steps = self.steps()
         return self.step_path(steps[-1]) if steps else None
+
+    def remove_partial_writes(self) -> list[Path]:
+        """Delete the temporary files of checkpoint writes that a killed run left (call with the
+        run folder locked: no write is in progress); return their paths."""
+        if not self.dir.is_dir():
+            return []
+        partial = sorted(p for p in self.dir.iterdir() if _PARTIAL_FILE.match(p.name) and p.is_file())
+        for p in partial:
+            p.unlink(missing_ok=True)
+        return partial
 
     def save(self, state: dict[str, Any], step: int) -> Path:
         """Write the checkpoint of ``step`` atomically, then delete all but the newest ``keep_last``."""

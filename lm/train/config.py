@@ -139,8 +139,44 @@ def _suggest(name: str, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _all_keys() -> list[str]:
-    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+# What ``--resume`` may change: how long the run goes on and how it is watched, run and recorded.
+# Everything else (data, batch, seed, dtype, optimizer and schedule, model...) shapes the
+# trajectory: a resumed run keeps it, so that it ends where the uninterrupted run does.
+RESUME_MAY_CHANGE = (
+    "train.out_dir", "train.max_steps", "train.max_time", "train.device", "train.compile", "data.tokenizer",
+    "eval.interval", "checkpoint.*", "log.*", "wandb.*",
+)
+
+
+def _may_change(key: str) -> bool:
+    return key in RESUME_MAY_CHANGE or f"{key.split('.')[0]}.*" in RESUME_MAY_CHANGE
+
+
+def resume_changes(saved: dict[str, Any], cfg: Config, checkpoint: str) -> dict[str, tuple[Any, Any]]:
+    """The settings that differ between a checkpoint's config ``saved`` and ``cfg``, as
+    ``{key: (saved value, new value)}``; a ValueError naming the first that ``--resume`` may not
+    change (see :data:`RESUME_MAY_CHANGE`). Keys a checkpoint does not record are not compared."""
+    changes = {}
+    for section, values in cfg.to_dict().items():
+        old_values = saved.get(section)
+        if section == "model" or not isinstance(old_values, dict):  # the model is checked with its weights
+            continue
+        for name, new in values.items():
+            key = f"{section}.{name}"
+            if name not in old_values or old_values[name] == new:
+                continue
+            if not _may_change(key):
+                raise ValueError(
+                    f"--resume: {key} is {old_values[name]!r} in {checkpoint} but {new!r} in the config; a resumed "
+                    f"run keeps what shapes its training (it may change only {', '.join(RESUME_MAY_CHANGE)})"
+                )
+            changes[key] = (old_values[name], new)
+    return changes
+
+
+def _all_keys(model_cls: type = ModelConfig) -> list[str]:
+    classes = {**SECTIONS, "model": model_cls}
+    return [f"{s}.{f.name}" for s, cls in classes.items() for f in dataclasses.fields(cls)]
 
 
 def _check_type(where: str, value: Any, annotation: Any) -> Any:
@@ -163,23 +199,25 @@ def _type_name(annotation: Any) -> str:
     )
 
 
-def _build(section: str, cls: type, values: dict[str, Any]) -> Any:
+def _build(section: str, cls: type, values: dict[str, Any], arch: str | None = None) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    known = _all_keys(cls if section == "model" else ModelConfig)
     kwargs = {}
     for key, value in values.items():
         if key not in names:
             # The right key in the wrong table, or a key that is the start of a known one.
-            elsewhere = [k for k in _all_keys() if k.endswith(f".{key}")] or [
-                k for k in _all_keys() if k.split(".")[1].startswith(key) and len(key) >= 4
+            elsewhere = [k for k in known if k.endswith(f".{key}") and k != f"{section}.{key}"] or [
+                k for k in known if k.split(".")[1].startswith(key) and len(key) >= 4
             ]
             hint = (
                 f" (did you mean {elsewhere[0]!r}?)"
                 if elsewhere
                 else _suggest(f"{section}.{key}", [f"{section}.{n}" for n in names])
-                or _suggest(f"{section}.{key}", _all_keys())
+                or _suggest(f"{section}.{key}", known)
             )
-            raise ValueError(f"config: unknown key {section}.{key}{hint}")
+            where = f" for model.architecture {arch!r}" if arch and arch != "decoder_lm" else ""
+            raise ValueError(f"config: unknown key {section}.{key}{where}{hint}")
         kwargs[key] = _check_type(f"{section}.{key}", value, hints[key])
     for s, k in _REQUIRED:
         if s == section and k not in kwargs:
@@ -232,6 +270,8 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
             cls = ARCHITECTURES[arch][0]
             if arch == "decoder_lm":
                 values.pop("architecture", None)
+            sections[section] = _build(section, cls, values, arch)
+            continue
         sections[section] = _build(section, cls, values)
     if "model" not in sections:
         raise ValueError("config: missing section [model]")
@@ -250,6 +290,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"config file not found: {str(path)!r}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--config: {str(path)!r} is not a TOML file (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{str(path)!r} is not valid TOML: {e}") from None
     return config_from_dict(raw, overrides)

@@ -1,15 +1,16 @@
 """The run folder of `lm train`: what may be started in it, and one process at a time.
 
-A run folder holds only what a run writes (:data:`RUN_ENTRIES`). A new run starts in a missing
-or empty folder; a folder that holds a run is continued with ``--resume`` (a run that stopped
-before its first checkpoint starts again from step 0, its earlier ``metrics.jsonl`` kept beside);
-a folder that holds anything else is refused. :class:`RunLock` keeps a second ``lm train`` out
-of a folder while one is running in it.
+A run folder holds what a run writes (:data:`RUN_ENTRIES`). A new run starts in a missing or
+empty folder; a folder that holds a run (its ``config.toml``, ``metrics.jsonl`` or ``checkpoints/``)
+is continued with ``--resume`` (a run that stopped before its first checkpoint starts again from
+step 0, its earlier ``metrics.jsonl`` kept beside); any other folder is refused. :class:`RunLock`
+keeps a second ``lm train`` out of a folder while one is running in it.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,15 +35,18 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def check_run_folder(run_dir: Path) -> None:
-    """Refuse a folder that is not a folder, or that holds files a run does not write."""
+    """Refuse a folder that is not a folder, or that is neither empty nor a run's: a run is recognised
+    by what it writes first (``config.toml``; ``metrics.jsonl`` and ``checkpoints/`` follow), so files
+    that only share a run's names (``model.safetensors``, ``tokenizer/``...) are not taken for one."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.out_dir: {str(run_dir)!r} exists and is not a folder")
     entries = run_entries(run_dir)
-    foreign = sorted(n for n in entries - RUN_ENTRIES if not n.startswith("metrics.jsonl."))
-    if foreign and not holds_run(run_dir):
+    others = sorted(entries - {LOCK_NAME})  # a lock alone: a run killed before it wrote anything
+    if others and not holds_run(run_dir):
         raise ValueError(
-            f"train.out_dir: {str(run_dir)!r} holds files that `lm train` did not write ({foreign[0]!r}"
-            f"{' and more' if len(foreign) > 1 else ''}); choose a new or empty folder"
+            f"train.out_dir: {str(run_dir)!r} is not empty ({others[0]!r}{' and more' if len(others) > 1 else ''}) "
+            "and holds no run of `lm train` (no config.toml, metrics.jsonl or checkpoints/); choose a new or "
+            "empty folder"
         )
 
 
@@ -108,6 +112,8 @@ class RunLock:
             return
         try:
             self.path.unlink(missing_ok=True)
+        except OSError as e:  # a read-only folder, say: the run's own outcome is what matters
+            warnings.warn(f"could not remove the lock {str(self.path)!r}: {e}", stacklevel=2)
         finally:
             os.close(self._fd)
             self._fd = None

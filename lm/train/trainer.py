@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 
 from lm.checkpoint import CheckpointManager, export_safetensors, read_checkpoint
 from lm.checkpoint.background import BackgroundWriter
-from lm.checkpoint.io import check_state_dict_fits, unwrap
+from lm.checkpoint.io import CheckpointWriteError, check_state_dict_fits, unwrap
 from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
@@ -38,7 +39,7 @@ from lm.optim import (
     wsd_lr_schedule,
 )
 from lm.tokenizer import check_tokenizer_checksum
-from lm.train.config import Config
+from lm.train.config import Config, resume_changes
 from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
 from lm.train.flops import peak_flops
@@ -129,6 +130,8 @@ class Trainer:
         self.best_val_loss = math.inf
         self._resumed_from: Path | None = None
         self._restarted = False
+        self._last_eval = -1  # the last step evaluated (carried by checkpoints: a resume does not repeat it)
+        self._config_changes: dict[str, tuple[Any, Any]] = {}  # key: (the checkpoint's value, this run's)
 
     def _take_run_folder(self, resume) -> None:
         """The run folder: locked first (rank 0), then checked, then (if resuming) read. On a
@@ -141,6 +144,9 @@ class Trainer:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self._lock.acquire(self._print)
             self._open_run(resume)
+            if self.dist.is_main:  # the lock is ours: no other lm train is writing in this folder
+                for tmp in self.ckpts.remove_partial_writes():
+                    self._log(f"removed {tmp}, a checkpoint left half-written by a killed run", always=True)
         except BaseException:
             self._lock.release()
             if made_dir and self.dist.is_main and not any(self.run_dir.iterdir()):
@@ -193,8 +199,10 @@ class Trainer:
                       eos_id=m.eos_id, print_fn=say, **ranks)
             train = PairDataset(cfg.data.train, seed=t.seed, name="data.train", **kw)
             return train, PairDataset(cfg.data.val, name="data.val", **kw) if cfg.data.val else None
-        train = TokenDataset(cfg.data.train, m.context_length, vocab_size=m.vocab_size, seed=t.seed, **ranks)
-        val = TokenDataset(cfg.data.val, m.context_length, vocab_size=m.vocab_size, **ranks) if cfg.data.val else None
+        train = _named("data.train", TokenDataset, cfg.data.train, m.context_length, vocab_size=m.vocab_size,
+                       seed=t.seed, **ranks)
+        val = _named("data.val", TokenDataset, cfg.data.val, m.context_length, vocab_size=m.vocab_size,
+                     **ranks) if cfg.data.val else None
         return train, val
 
     def _open_run(self, resume: bool | str | os.PathLike) -> None:
@@ -240,21 +248,28 @@ class Trainer:
                 f"--resume: {str(path)!r} is not a checkpoint of the run in {str(self.run_dir)!r}; to continue it "
                 "in a new run, set train.out_dir to a new folder"
             )
-        if same_run and latest is not None and path.resolve() != latest.resolve() and path.resolve() != \
-                self.ckpts.best_path.resolve():
+        state = self._read_for_resume(path)
+        # best.pt, or an older step_*.pt, of this run: its later checkpoints (kept as the highest steps)
+        # and metrics belong to the history that went on from it
+        if same_run and latest is not None and int(state.get("iteration", 0)) < self.ckpts.steps()[-1]:
             raise ValueError(
-                f"--resume: {str(path)!r} is older than the run's latest checkpoint {latest.name!r}; continuing "
-                "from it would mix two histories in one folder: set train.out_dir to a new folder"
+                f"--resume: {str(path)!r} (step {int(state.get('iteration', 0))}) is older than the run's latest "
+                f"checkpoint {latest.name!r}; continuing from it would mix two histories in one folder: set "
+                "train.out_dir to a new folder"
             )
-        self._load(path)
+        self._load(path, state)
 
-    def _load(self, path: Path) -> None:
+    def _read_for_resume(self, path: Path) -> dict[str, Any]:
         try:
-            state = read_checkpoint(path)
+            return read_checkpoint(path)
         except ValueError as e:
             older = [s for s in self.ckpts.steps() if self.ckpts.step_path(s) != path]
             hint = f"; resume from step {older[-1]} with --resume {self.ckpts.step_path(older[-1])}" if older else ""
             raise ValueError(f"--resume: {e}{hint}") from None
+
+    def _load(self, path: Path, state: dict[str, Any] | None = None) -> None:
+        if state is None:
+            state = self._read_for_resume(path)
         saved_model = (state.get("config") or {}).get("model")
         if saved_model is not None and saved_model != self.cfg.model.to_dict():
             diff = next(
@@ -263,6 +278,7 @@ class Trainer:
                 if saved_model.get(k) != v
             )
             raise ValueError(f"--resume: {str(path)!r} is another model: {diff}")
+        self._config_changes = resume_changes(state.get("config") or {}, self.cfg, repr(str(path)))
         check_state_dict_fits(self.model, state["model"], repr(str(path)))
         check_tokenizer_checksum(self.tokenizer_sha256, state.get("tokenizer_sha256", ""), argument="--resume",
                                  what=f"the tokenizer of data.train {self.cfg.data.train!r}",
@@ -278,6 +294,7 @@ class Trainer:
         self.elapsed = float(state["schedule"]["elapsed"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.best_val_loss = float(state.get("best_val_loss", math.inf))
+        self._last_eval = int(state.get("last_eval_step", -1))
         self._resumed_from = path
 
     def _check_tokenizer(self, directory: str) -> None:
@@ -316,6 +333,11 @@ class Trainer:
         self.metrics = MetricsLog(
             self.run_dir, self.cfg.wandb, self.cfg.to_dict(), resume=self._resumed_from is not None
         )
+        if self._config_changes:  # config.toml now says what the run uses; what it used before is kept here
+            self.metrics.write({"step": self.step, "split": "config",
+                                "changed": {k: {"was": a, "now": b} for k, (a, b) in self._config_changes.items()}})
+            self._log("resumed with " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self._config_changes.items()),
+                      always=True)
 
     # -- schedule --------------------------------------------------------------------------
     def schedule_position(self) -> float:
@@ -449,9 +471,11 @@ class Trainer:
             "tokenizer_sha256": self.tokenizer_sha256,
             "tokens_seen": self.tokens_seen,
             "best_val_loss": self.best_val_loss,
+            "last_eval_step": self._last_eval,
         }
 
     def save_checkpoint(self) -> Path | None:
+        self._check_weights_finite()  # on every rank (the weights are the same): they stop together
         if not self.dist.is_main:
             return None
         path = self._writer.save(self.training_state(), self.step)
@@ -459,6 +483,13 @@ class Trainer:
             self._writer.wait()
             self.on_checkpoint(self.step, path)
         return path
+
+    def _check_weights_finite(self) -> None:
+        """TrainingDiverged if a weight is NaN or infinite: a checkpoint holding one is not a good one.
+        One read of the device, at checkpoint time only."""
+        params = [p.detach() for p in unwrap(self.model).parameters()]
+        if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+            raise self._diverged(f"a weight became NaN or infinite by step {self.step}")
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> int:
@@ -471,6 +502,10 @@ class Trainer:
             # under it makes gloo abort the other ranks ("terminate called without an active exception").
             self.dist.barrier()
             return status
+        except CheckpointWriteError as e:
+            latest = self.ckpts.latest()
+            kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
+            raise CheckpointWriteError(f"{e}; {kept}") from None
         finally:
             with contextlib.suppress(Exception):  # an error on the way out: still finish the file being written
                 self._writer.wait()
@@ -482,21 +517,28 @@ class Trainer:
             shutdown_distributed()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._signal is not None:  # a second Ctrl-C: stop now, without a checkpoint
-            raise KeyboardInterrupt
+        if self._signal is not None:  # a second signal: stop now, without a checkpoint
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            print(f"lm train: {signal.Signals(signum).name} again: stopped without a checkpoint", file=sys.stderr)
+            raise SystemExit(128 + signum)  # a second SIGTERM: terminated, as the first would have been
         self._signal = signum
         self._log(f"{signal.Signals(signum).name}: saving a checkpoint after this step (again to abort)", always=True)
 
     def _log(self, line: str, always: bool = False) -> None:
         """A console line from rank 0; with ``quiet`` only the ``always`` ones (start, stop, end)."""
         if self.dist.is_main and (always or not self._quiet):
-            self._print(line)
+            try:
+                self._print(line)
+            except BrokenPipeError:  # `lm train ... | head`: the reader is gone; train on, silently
+                self._print = _silent_stdout()
 
     def _loop(self) -> int:
         cfg = self.cfg
         self._log_start()
         last_saved = self.step if self._resumed_from is not None else -1
-        last_eval = -1
+        last_eval = self._last_eval  # a resume at a step that was evaluated does not evaluate it again
+        first_step = self.step
         window = _LogWindow(torch.zeros((), device=self.device))
         compiling = cfg.train.compile  # this process's first step compiles the training graph
         clock = self.clock()
@@ -525,7 +567,8 @@ class Trainer:
                 self.save_checkpoint()
                 last_saved = self.step
             clock = self.clock()  # evaluation and checkpoints are not training time
-        self._finish(window, evaluated=last_eval == self.step, saved=last_saved == self.step)
+        self._finish(window, evaluated=last_eval == self.step, saved=last_saved == self.step,
+                     trained=self.step > first_step)
         return 0
 
     def _due(self) -> _Due:
@@ -604,9 +647,9 @@ class Trainer:
             self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
         return 128 + int(self._signal or signal.SIGTERM)
 
-    def _finish(self, window: _LogWindow, evaluated: bool, saved: bool) -> None:
+    def _finish(self, window: _LogWindow, evaluated: bool, saved: bool, trained: bool = True) -> None:
         """The end of the budget: a last evaluation and checkpoint if this step has none, and the
-        exported weights."""
+        exported weights (unless a resume at the budget's end found them exported already)."""
         cfg = self.cfg
         if self.val_data is not None and not evaluated and cfg.eval.interval:
             self._run_eval()
@@ -614,9 +657,19 @@ class Trainer:
             self._check_finite(window)
             path = self.save_checkpoint()
             self._log(f"done: step {self.step}, checkpoint {path}", always=True)
-        if self.dist.is_main and cfg.checkpoint.export_safetensors:
+        if self.dist.is_main and cfg.checkpoint.export_safetensors and (trained or not self._exported()):
             meta = {"step": str(self.step), "tokenizer_sha256": self.tokenizer_sha256}
             export_safetensors(self.model, self.run_dir / "model.safetensors", meta)
+
+    def _exported(self) -> bool:
+        """``model.safetensors`` holds the weights of this step already."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.run_dir / "model.safetensors"), "pt") as f:
+                return (f.metadata() or {}).get("step") == str(self.step)
+        except Exception:  # noqa: BLE001 - missing or unreadable: export again
+            return False
 
     def _check_finite(self, window: _LogWindow) -> float:
         """The window's summed loss as a float (over ranks); TrainingDiverged (before anything is
@@ -683,8 +736,11 @@ class Trainer:
                     "time": round(self.elapsed, 3),
                 }
             )
+        self._last_eval = self.step
         if result["loss"] < self.best_val_loss:
             self.best_val_loss = result["loss"]
+            if self.cfg.checkpoint.keep_best:
+                self._check_weights_finite()
             if self.cfg.checkpoint.keep_best and self.dist.is_main:
                 self._writer.save_best(self.training_state())
 
@@ -692,6 +748,26 @@ class Trainer:
 def train(cfg: Config, *, resume: bool = False) -> int:
     """Build a :class:`Trainer` and run it; the exit status (0, or 128 + a signal number)."""
     return Trainer(cfg, resume=resume).run()
+
+
+def _named(key: str, open_data: Callable[..., Any], *args, **kwargs) -> Any:
+    """``open_data(*args, **kwargs)``, its one-line errors prefixed with the config key of the file."""
+    try:
+        return open_data(*args, **kwargs)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{key}: {e}") from None
+
+
+def _silent_stdout() -> Callable[[str], None]:
+    """Point stdout at /dev/null (so that nothing fails on it again, the interpreter's last flush
+    included) and return a print that does nothing."""
+    import sys
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return lambda *_: None
 
 
 class _Due(NamedTuple):
