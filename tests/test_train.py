@@ -931,6 +931,10 @@ def test_errors_of_data_and_config_files_name_the_key(tmp_path, capsys):
     rc, err = _cli(["train", "--config", str(binary)], capsys)  # a token file, say: not UTF-8
     assert rc == 2 and err == f"lm train: error: --config: {str(binary)!r} is not a TOML file " \
         "(not UTF-8 text)\n", err
+    (tmp_path / "broken.toml").write_text("[train\nmax_steps = 2\n")  # a TOML syntax error names --config too
+    rc, err = _cli(["train", "--config", str(tmp_path / "broken.toml")], capsys)
+    assert rc == 2 and err.startswith(f"lm train: error: --config: {str(tmp_path / 'broken.toml')!r} is not "
+                                      "valid TOML: ") and err.count("\n") == 1, err
     big = tmp_path / "big.bin"
     write_token_file(big, np.arange(200) % 100, vocab_size=100)
     fresh = f"train.out_dir={tmp_path / 'fresh'}"

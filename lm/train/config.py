@@ -289,11 +289,11 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"config file not found: {str(path)!r}") from None
+        raise ValueError(f"--config: file not found: {str(path)!r}") from None
     except UnicodeDecodeError:
         raise ValueError(f"--config: {str(path)!r} is not a TOML file (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{str(path)!r} is not valid TOML: {e}") from None
+        raise ValueError(f"--config: {str(path)!r} is not valid TOML: {e}") from None
     return config_from_dict(raw, overrides)
 
 
