@@ -131,3 +131,55 @@ def test_translate_and_the_decoders_check_beam_size_max_extra_and_an_empty_batch
     short, full = greedy_decode(model, SOURCES, max_extra=0), greedy_decode(model, SOURCES)
     assert all(len(o) <= len(s) and f[: len(o)] == o for o, s, f in zip(short, SOURCES, full))
     assert translate(model, SOURCES, beam_size=1) == full
+
+
+def test_vocab_size_limits_the_target_to_the_tokenizers_ids():
+    """A model's vocabulary may be larger than its tokenizer's (configs/multi30k-en-de.toml says so),
+    and `lm translate` / `lm eval --target` then failed on the first id past the tokenizer's
+    ("ids: 4067 is not a token id"). vocab_size limits the target as `generate`'s does; greedy
+    decoding against a brute-force loop over the model without a cache."""
+    model, limit = _model(), 20
+    cfg = model.config
+
+    def reference(src):
+        out = []
+        with torch.no_grad():
+            s = torch.tensor([src + [cfg.eos_id]])
+            while len(out) < min(len(src) + 12, cfg.context_length - 1):
+                logits = model(s, torch.tensor([[cfg.bos_id, *out]]))[0, -1].float()
+                logits[[cfg.pad_id, cfg.bos_id]] = float("-inf")
+                t = int(logits[:limit].argmax())
+                if t == cfg.eos_id:
+                    break
+                out.append(t)
+        return out
+
+    unlimited = greedy_decode(model, SOURCES, max_extra=12)
+    assert any(t >= limit for ts in unlimited for t in ts)  # the model does pick ids past the limit
+    limited = greedy_decode(model, SOURCES, max_extra=12, vocab_size=limit)
+    assert limited == [reference(s) for s in SOURCES]
+    beams = translate(model, SOURCES, beam_size=3, max_extra=12, vocab_size=limit)
+    assert all(t < limit for ts in beams for t in ts) and beams != [[] for _ in SOURCES]
+    assert greedy_decode(model, SOURCES, max_extra=12, vocab_size=cfg.vocab_size) == unlimited
+    with pytest.raises(ValueError, match="vocab_size"):
+        translate(model, SOURCES, vocab_size=cfg.vocab_size + 1)
+
+
+def test_lm_translate_and_eval_with_a_model_vocabulary_larger_than_the_tokenizers(tmp_path, capsys):
+    from lm.checkpoint import export_safetensors
+    from lm.cli import main
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+
+    tok = Tokenizer({0: b"<pad>", 1: b"<bos>", 2: b"<eos>", **{i + 3: bytes([i]) for i in range(256)}}, [],
+                    ["<pad>", "<bos>", "<eos>"])
+    model = _model(vocab=320)  # 61 ids past the tokenizer's 259
+    export_safetensors(model, tmp_path / "model.safetensors")
+    save_tokenizer_dir(tok, tmp_path / "tokenizer")
+    assert main(["translate", "--checkpoint", str(tmp_path), "abc", "hello", "--beam", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    want = greedy_decode(model, [tok.encode("abc"), tok.encode("hello")], vocab_size=tok.vocab_size)
+    assert out == [tok.decode(ids).strip() for ids in want]
+    (tmp_path / "s.txt").write_text("abc\nhello\n")
+    (tmp_path / "t.txt").write_text("cba\nolleh\n")
+    assert main(["eval", "--checkpoint", str(tmp_path), "--data", str(tmp_path / "s.txt"), "--target",
+                 str(tmp_path / "t.txt"), "--beam", "2", "--json", "--quiet"]) == 0

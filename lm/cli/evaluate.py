@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="translation models: the reference translations, one a line (plain or .gz)")
     p.add_argument("--beam", type=int, default=4, metavar="K", help="translation models: beam size for BLEU")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
-    p.add_argument("--batch-size", type=int, default=8, metavar="N")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="windows (or sentence pairs) a forward pass")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="evaluate the first N tokens only")
     p.add_argument("--stride", type=int, default=None, metavar="N",
                    help="slide the window by N tokens and score only the new ones, so each token sees at least "
@@ -182,7 +182,8 @@ def eval_translation(args: argparse.Namespace) -> int:
         for j in range(0, len(order), size):
             rows = [i for i in order[j : j + size] if 0 < len(src[i]) < cfg.context_length]
             if rows:
-                for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=args.beam)):
+                for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=args.beam,
+                                                       vocab_size=tok.vocab_size)):
                     hyps[i] = tok.decode(ids).strip()
     result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=args.beam)
     if args.json:

@@ -91,6 +91,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             if todo:
                 with as_flags(alpha="--alpha"):
                     done = translate(model, [chunk[j] for j in todo], beam_size=args.beam,
+                                     vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
                                      **({"alpha": args.alpha} if args.beam > 1 else {}))
                 for j, ids in zip(todo, done):
                     result[j] = ids

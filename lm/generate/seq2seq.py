@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from lm.generate.kv_cache import KVCache
-from lm.generate.sampling import check_sampling_args, sample_next_token
+from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
 from lm.nn.choices import check_choice
 
 
@@ -79,9 +79,12 @@ def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     return src
 
 
-def _never_pad_or_bos(logits: Tensor, cfg) -> Tensor:
-    """A target never holds ``<pad>`` or a second ``<bos>`` (as in fairseq): their logits are -inf."""
+def _never_pad_or_bos(logits: Tensor, cfg, vocab_size: int | None = None) -> Tensor:
+    """A target never holds ``<pad>`` or a second ``<bos>`` (as in fairseq), nor an id at or past
+    ``vocab_size`` (the tokenizer's, when the model's vocabulary is larger): their logits are -inf."""
     logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+    if vocab_size is not None and vocab_size < logits.shape[-1]:
+        logits[:, vocab_size:] = float("-inf")
     return logits
 
 
@@ -107,8 +110,10 @@ def greedy_decode(
     use_cache: bool = True,
     max_extra: int = 50,
     on_token: Callable[[int, int], None] | None = None,
+    vocab_size: int | None = None,
 ) -> list[list[int]]:
     """Translate a batch of sources token by token: greedy (``temperature=0``) or sampled.
+    ``vocab_size`` (the tokenizer's size) limits the target to ids below it.
 
     ``use_cache=False`` re-runs the decoder over the whole prefix at every step (the reference
     the tests compare the cached loop with). Returns each row's tokens without ``<bos>``/``<eos>``.
@@ -117,6 +122,7 @@ def greedy_decode(
     """
     check_sampling_args(temperature, top_p, top_k)
     cfg = model.config
+    check_vocab_limit(vocab_size, cfg.vocab_size)
     src = _check(model, src_ids, max_extra)
     was_training = model.training
     model.eval()
@@ -135,7 +141,7 @@ def greedy_decode(
                     hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
                 else:
                     hidden = model.decode(prefix, memory, mask)
-                logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg)
+                logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg, vocab_size)
                 next_ids = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
                                              generator=generator)
                 keep = []
@@ -179,6 +185,7 @@ def beam_search(
     max_extra: int = 50,
     on_sentence: Callable[[int, list[int]], None] | None = None,
     stopping: str = "heuristic",
+    vocab_size: int | None = None,
 ) -> list[list[int]]:
     """The best hypothesis of each source by ``log P / lp`` (see the module doc), batched.
 
@@ -191,23 +198,27 @@ def beam_search(
 
     Every sentence keeps ``beam_size`` live hypotheses in one cache (``sentences × beam`` rows,
     reordered by :meth:`Seq2SeqCache.select` after each step). ``on_sentence(i, tokens)`` is called
-    as soon as sentence ``i`` is decided.
+    as soon as sentence ``i`` is decided. ``vocab_size`` (the tokenizer's size) limits the target
+    to ids below it.
     """
     _check_beam_size(beam_size)
     if not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     check_choice("stopping", stopping, ("exact", "heuristic"))
+    check_vocab_limit(vocab_size, model.config.vocab_size)
     src = _check(model, src_ids, max_extra)
     was_training = model.training
     model.eval()
     try:
         with model.trusted_ids():  # the sources were checked above; the decoder reads <bos> and its own ids
-            return _beam_search(model, src, beam_size, alpha, max_extra, on_sentence, stopping == "exact")
+            return _beam_search(model, src, beam_size, alpha, max_extra, on_sentence, stopping == "exact",
+                                vocab_size)
     finally:
         model.train(was_training)
 
 
-def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool) -> list[list[int]]:
+def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
+                 vocab_size: int | None) -> list[list[int]]:
     cfg = model.config
     dev = model.device
     ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, dev)
@@ -227,7 +238,8 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool) -> l
     alive = list(range(n))  # the sentence of each block of k rows; a decided sentence leaves the batch
     for step in range(max(limits)):
         hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
-        logp = torch.log_softmax(_never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg), dim=-1)
+        logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg, vocab_size)
+        logp = torch.log_softmax(logits, dim=-1)
         logp = logp.view(len(alive), k, -1)
         vocab = logp.shape[-1]
         cand = (scores[..., None] + logp).view(len(alive), -1)  # (sentences, k * vocab)
