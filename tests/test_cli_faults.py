@@ -440,7 +440,8 @@ def test_every_subcommand_follows_the_grammar(path, parser):
     formatter = parser._get_formatter()
     for a in parser._actions:
         if a.option_strings and a.help != "==SUPPRESS==" and a.default not in (None, False, [], "==SUPPRESS=="):
-            assert "%(default)s" in formatter._get_help_string(a), (name, a.dest)  # the default is shown
+            # the default is shown (argparse shows it only for an option with a help text: five had none)
+            assert a.help and "%(default)s" in formatter._get_help_string(a), (name, a.dest)
     assert "--out-dir" not in text and "OUT_DIR" not in text, name  # old spellings are hidden
     if name in OUTPUT_COMMANDS:
         assert "--out" in options and "--overwrite" in options, name

@@ -30,10 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None, metavar="FILE", help="a UTF-8 text corpus")
     add_out(p, "the folder for the tokenizer, data, run, report and plot", default=d.out_dir, metavar="DIR",
             old="--out-dir")
-    p.add_argument("--train-seconds", type=float, default=d.train_seconds, metavar="S")
-    p.add_argument("--corpus-bytes", type=int, default=d.corpus_bytes, metavar="B")
-    p.add_argument("--vocab-size", type=int, default=d.vocab_size, metavar="N")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--train-seconds", type=float, default=d.train_seconds, metavar="S", help="training time budget")
+    p.add_argument("--corpus-bytes", type=int, default=d.corpus_bytes, metavar="B",
+                   help="bytes of the corpus to use (5%% of them for validation; at least 50,000)")
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size, metavar="N", help="the BPE tokenizer's size")
+    p.add_argument("--seed", type=int, default=d.seed, help="for a repeatable run (data, model, batches)")
     add_compute(p, dtype=d.dtype)
     add_quiet(p)
     p.set_defaults(func=cmd_demo)

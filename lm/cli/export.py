@@ -21,10 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         esub,
         "hf",
         help="a folder that transformers loads as LlamaForCausalLM",
-        description="Write config.json, model.safetensors (q/k rows permuted to Llama's rotate-half RoPE) and "
-        "tokenizer.json into the --out folder, which transformers.AutoModelForCausalLM.from_pretrained loads as "
-        "Llama. The folder is built beside --out and renamed into place when complete; --overwrite replaces "
-        "only an earlier export.",
+        description="Write config.json, model.safetensors (q/k rows permuted to Llama's rotate-half RoPE), "
+        "tokenizer.json and tokenizer_config.json into the --out folder, which "
+        "transformers.AutoModelForCausalLM.from_pretrained loads as Llama. The folder is built beside --out and "
+        "renamed into place when complete; --overwrite replaces only an earlier export.",
         examples=EXAMPLES,
     )
     add_checkpoint(h, required=False)
@@ -52,5 +52,5 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     model, tok, _ = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
     out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
-    print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json' if tok else ''})")
+    print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json, tokenizer_config.json' if tok else ''})")
     return 0

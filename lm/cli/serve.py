@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_checkpoint(p)
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--max-batch", type=int, default=16, metavar="N", help="rows decoded together")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting for a row before new ones get 503")

@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train BPE on text files",
         description="Train a byte-level BPE tokenizer (GPT-2 pre-tokenizer) and write DIR/vocab.json, "
-        "DIR/merges.txt, DIR/tokenizer.json (Hugging Face) and DIR/summary.json. The folder is built beside "
-        "DIR and renamed into place when complete.",
+        "DIR/merges.txt, DIR/tokenizer.json and DIR/tokenizer_config.json (Hugging Face), and DIR/summary.json. "
+        "The folder is built beside DIR and renamed into place when complete.",
         examples=TRAIN_EXAMPLES,
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE",
