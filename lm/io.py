@@ -251,9 +251,24 @@ def read_marker(folder: Path) -> dict | None:
 
 
 def write_marker(folder: Path, command: str, complete: bool = True) -> None:
+    """Mark ``folder`` as ``command``'s output; once ``complete``, the marker lists every file in it
+    (relative paths), so that a file added later, at any depth, is known not to be the command's."""
+    marker = {"format": "lm-output", "command": command, "complete": complete}
+    if complete:
+        marker["files"] = sorted(p for p in _tree(folder) if p != MARKER)
     with atomic_write(folder / MARKER) as f:
-        json.dump({"format": "lm-output", "command": command, "complete": complete}, f)
+        json.dump(marker, f)
         f.write("\n")
+
+
+def _tree(folder: Path) -> list[str]:
+    """Every file (and symlink) under ``folder``, as POSIX paths relative to it."""
+    found = []
+    for root, dirs, names in os.walk(folder):  # symlinks to folders are listed, not followed
+        rel = Path(root).relative_to(folder)
+        found += [(rel / n).as_posix() for n in names]
+        found += [(rel / d).as_posix() for d in dirs if (Path(root) / d).is_symlink()]
+    return found
 
 
 def _written_by(name: str, files: Iterable[str]) -> bool:
@@ -263,6 +278,13 @@ def _written_by(name: str, files: Iterable[str]) -> bool:
     return name in names or any(
         name.startswith(f".{f}.") and name.endswith(".tmp") for f in names
     )
+
+
+def _temp_of(path: str, known: set[str]) -> bool:
+    """``path`` is the temporary name :func:`atomic_write` gives a file of ``known`` (a killed writer's)."""
+    p = Path(path)
+    return p.name.endswith(".tmp") and any(
+        p.name.startswith(f".{Path(k).name}.") and Path(k).parent == p.parent for k in known)
 
 
 def check_output_dir(
@@ -278,9 +300,10 @@ def check_output_dir(
 
     A missing or empty folder is fine. A folder is replaced only with ``overwrite``, and only when
     it is an output of ``command``: every entry in it is one of ``files``, the names ``command``
-    writes (or the marker), and its marker, if it has one (outputs of older versions have none),
-    names ``command``. A folder that holds anything else (a file the user added beside the
-    output, a subfolder) is never replaced: the error names the first such entry.
+    writes (or the marker), its marker, if it has one (outputs of older versions have none),
+    names ``command``, and every file at any depth is one the marker lists (a complete output's
+    marker lists its files). A folder that holds anything else (a file the user added beside the
+    output or inside one of its subfolders) is never replaced: the error names the first such entry.
     """
     out = Path(out)
     check_not_input(out, inputs, argument, folder=True)
@@ -294,6 +317,10 @@ def check_output_dir(
         return False
     marker = read_marker(out)
     foreign = [name for name in entries if not _written_by(name, files)]
+    listed = marker.get("files") if marker else None
+    if not foreign and isinstance(listed, list):  # a complete output lists its files: anything added since,
+        known = set(listed) | {MARKER}             # at any depth (a note in a demo's run/), is not the command's
+        foreign = [p for p in sorted(_tree(out)) if p not in known and not _temp_of(p, known)]
     if foreign or (marker and marker["command"] != command):
         why = [f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")] if foreign else []
         if marker and marker["command"] != command:

@@ -51,6 +51,20 @@ def test_quiet_demo_prints_nothing_but_the_report(tmp_path, monkeypatch, capsys)
     assert report.sizes["steps"] == 2 and (tmp_path / "demo" / "report.json").exists()
 
 
+def test_overwrite_keeps_a_demo_folder_a_file_was_added_to_at_any_depth(tmp_path, monkeypatch):
+    """--overwrite had checked only the folder's top level: a note put in the demo's run/ went with
+    the old demo. A complete output's marker lists its files; anything else, at any depth, is kept."""
+    monkeypatch.chdir(tmp_path)
+    run_demo(_tiny(tmp_path, progress=False))
+    note = tmp_path / "demo" / "run" / "NOTES.txt"
+    note.write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files that `lm demo` did not write \('run/NOTES.txt'\)"):
+        run_demo(_tiny(tmp_path, progress=False, overwrite=True))
+    assert note.read_text() == "mine"
+    note.unlink()
+    assert run_demo(_tiny(tmp_path, progress=False, overwrite=True)).sizes["steps"] == 2  # its own files: replaced
+
+
 def test_ctrl_c_during_demo_training_is_one_line_and_removes_the_folder(tmp_path, monkeypatch, capsys):
     """SIGINT while the model trains: the trainer stops with status 130, which used to end in
     `RuntimeError: training stopped with status 130` (a traceback, exit 1)."""
