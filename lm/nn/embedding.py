@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lm.nn.functional import check_integer_dtype
+from lm.nn.functional import check_integer_dtype, index_rows
 
 
 class Embedding(torch.nn.Module):
@@ -33,19 +33,12 @@ class Embedding(torch.nn.Module):
         """The rows of integer ``token_ids``; an id outside ``[0, num_embeddings)`` raises (on a
         CPU; on a GPU the kernel asserts), where ``weight[ids]`` would read ``-1`` as the last row."""
         check_integer_dtype("token_ids", token_ids)
-        if token_ids.dtype not in (torch.int64, torch.int32):
-            token_ids = token_ids.long()  # index_select takes int32 or int64 only
         if not (self.weight.requires_grad and torch.is_grad_enabled()):
-            return _lookup(self.weight, token_ids)  # no backward to make deterministic (generation, evaluation)
+            return index_rows(self.weight, token_ids)  # no backward to make deterministic (generation, evaluation)
         return _EmbeddingLookup.apply(self.weight, token_ids)
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
-
-
-def _lookup(weight: Tensor, ids: Tensor) -> Tensor:
-    """``weight[ids]`` by ``index_select``, which checks the range of the ids (no wrapping) in its kernel."""
-    return weight.index_select(0, ids.reshape(-1)).view(*ids.shape, weight.shape[1])
 
 
 class _EmbeddingLookup(torch.autograd.Function):
@@ -61,7 +54,7 @@ class _EmbeddingLookup(torch.autograd.Function):
     def forward(ctx, weight: Tensor, ids: Tensor) -> Tensor:
         ctx.save_for_backward(ids.reshape(-1))
         ctx.num_embeddings = weight.shape[0]
-        return _lookup(weight, ids)
+        return index_rows(weight, ids)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -223,6 +223,16 @@ def check_integer_dtype(name: str, t: Tensor) -> None:
         raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
 
 
+def index_rows(table: Float[Tensor, "n d"], ids: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape d"]:
+    """``table[ids]`` by ``index_select``, which checks the range of the ids in its kernel (on a CPU
+    it raises; on a GPU it asserts) where ``table[-1]`` would read the last row: no read back to the
+    host. Integer ids of any width (``index_select`` takes int32 or int64 only)."""
+    flat = ids.reshape(-1)
+    if flat.dtype not in (torch.int64, torch.int32):
+        flat = flat.long()
+    return table.index_select(0, flat).view(*ids.shape, table.shape[1])
+
+
 def _check_targets(targets: Tensor, shape: torch.Size, of: str) -> None:
     """Integer targets, one per position: a target tensor of another shape with as many elements
     would be flattened beside the wrong rows (a transposed batch) and give a plausible loss."""

@@ -11,7 +11,7 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lm.nn.functional import check_integer_dtype
+from lm.nn.functional import check_integer_dtype, index_rows
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -53,18 +53,11 @@ class RotaryEmbedding(torch.nn.Module):
         CPU; on a GPU the kernel asserts) instead of ``cos[-1]`` reading the last position's angles:
         checked in the gather, with no read back to the host."""
         check_integer_dtype("token_positions", token_positions)
-        cos, sin = self._table(self.cos, token_positions), self._table(self.sin, token_positions)
+        cos, sin = index_rows(self.cos, token_positions), index_rows(self.sin, token_positions)
         pairs = rearrange(x.float(), "... seq (half two) -> ... seq half two", two=2)
         x_even, x_odd = pairs.unbind(-1)
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rearrange(rotated, "... seq half two -> ... seq (half two)").to(x.dtype)
-
-    @staticmethod
-    def _table(table: Tensor, positions: Tensor) -> Tensor:
-        flat = positions.reshape(-1)
-        if flat.dtype not in (torch.int64, torch.int32):
-            flat = flat.long()  # index_select takes int32 or int64 only
-        return table.index_select(0, flat).view(*positions.shape, table.shape[1])
 
     def extra_repr(self) -> str:
         return f"theta={self.theta}, d_k={self.d_k}, max_seq_len={self.max_seq_len}"
