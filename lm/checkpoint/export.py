@@ -39,3 +39,16 @@ def export_safetensors(
     with atomic_write(path, "wb") as f:
         f.write(save(tensors, metadata=meta))
     return Path(path)
+
+
+def exported_step(path: str | os.PathLike) -> int | None:
+    """The training step ``lm train`` recorded in an exported file's metadata (``"step"``), None
+    when it records none; a ValueError when the file cannot be read (missing, or not safetensors)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            step = (f.metadata() or {}).get("step")
+    except Exception as e:  # noqa: BLE001 - a corrupt header is safetensors' own error type
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
+    return int(step) if step is not None and step.isdigit() else None

@@ -45,9 +45,11 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
 
     p = Path(path)
     if p.is_dir():
-        latest = CheckpointManager(p).latest()
+        checkpoints = CheckpointManager(p)
+        steps = checkpoints.steps()
+        latest = checkpoints.step_path(steps[-1]) if steps else None
         exported = p / "model.safetensors"
-        if exported.is_file() and (latest is None or _checkpoint_step(latest) <= _exported_step(exported)):
+        if exported.is_file() and (latest is None or steps[-1] <= _exported_step(exported)):
             return exported
         if latest is None:
             raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no checkpoints/")
@@ -57,21 +59,16 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
     return p
 
 
-def _checkpoint_step(path: Path) -> int:
-    return int(path.stem.removeprefix("step_"))
-
-
 def _exported_step(path: Path) -> float:
-    """The step ``lm train`` recorded in an exported file's metadata; infinity when there is none
-    (a file put there by hand is taken as meant), -1 when it cannot be read (the checkpoint wins)."""
-    from safetensors import safe_open
+    """The step ``lm train`` recorded in an exported file; infinity when there is none (a file put
+    there by hand is taken as meant), -1 when it cannot be read (the checkpoint wins)."""
+    from lm.checkpoint.export import exported_step
 
     try:
-        with safe_open(str(path), "pt") as f:
-            step = (f.metadata() or {}).get("step")
-    except Exception:  # a corrupt header: safetensors' own error type, an OSError, ...
+        step = exported_step(path)
+    except ValueError:
         return -1
-    return int(step) if step is not None and step.isdigit() else float("inf")
+    return float("inf") if step is None else step
 
 
 def find_run_tokenizer(checkpoint: Path) -> Path | None:

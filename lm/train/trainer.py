@@ -21,6 +21,7 @@ import torch
 
 from lm.checkpoint import CheckpointManager, export_safetensors, read_checkpoint
 from lm.checkpoint.background import BackgroundWriter
+from lm.checkpoint.export import exported_step
 from lm.checkpoint.io import CheckpointWriteError, check_state_dict_fits, unwrap
 from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
@@ -663,12 +664,9 @@ class Trainer:
 
     def _exported(self) -> bool:
         """``model.safetensors`` holds the weights of this step already."""
-        from safetensors import safe_open
-
         try:
-            with safe_open(str(self.run_dir / "model.safetensors"), "pt") as f:
-                return (f.metadata() or {}).get("step") == str(self.step)
-        except Exception:  # noqa: BLE001 - missing or unreadable: export again
+            return exported_step(self.run_dir / "model.safetensors") == self.step
+        except ValueError:  # missing or unreadable: export again
             return False
 
     def _check_finite(self, window: _LogWindow) -> float:
