@@ -96,13 +96,11 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
         raise ValueError(f"checkpoint not found: {name}")
     try:
         state = torch.load(src, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "weights_only" not in str(e):
-            raise ValueError(f"{name} is not a readable checkpoint (truncated or corrupt?): {_first_line(e)}") from None
-        # torch's message goes on to suggest weights_only=False: not for a file that may run code
-        raise ValueError(f"{name} is not a readable checkpoint: it holds objects other than tensors and plain "
-                         "data, which an lm checkpoint never does (not unpickled: that could run code)") from None
     except Exception as e:  # noqa: BLE001 - a text file or other garbage: torch's unpickler raises anything
+        if isinstance(e, pickle.UnpicklingError) and "weights_only" in str(e):
+            # torch's message goes on to suggest weights_only=False: not for a file that may run code
+            raise ValueError(f"{name} is not a readable checkpoint: it holds objects other than tensors and plain "
+                             "data, which an lm checkpoint never does (not unpickled: that could run code)") from None
         raise ValueError(f"{name} is not a readable checkpoint (truncated or corrupt?): {_first_line(e)}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
         raise ValueError(f"{name} is not an lm checkpoint")
