@@ -81,6 +81,16 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open
     return float(value)
 
 
+def _boolean(body: dict, name: str, default: bool, null: bool = True) -> bool:
+    """``body[name]`` as true or false; absent (or, with ``null``, null as OpenAI allows) ``default``."""
+    value = body.get(name, default)
+    if value is None and null:
+        return default
+    if not isinstance(value, bool):
+        raise APIError(400, f"{name}: must be true or false, got {value!r}", name)
+    return value
+
+
 def _integer(body: dict, name: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
     value = body.get(name, default)
     if value is None:
@@ -173,11 +183,7 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         raise APIError(400, "stop: the empty string cannot be a stop sequence", "stop")
     for s in stops:
         _unicode(s, "stop")
-    stream = body.get("stream")
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise APIError(400, f"stream: must be true or false, got {stream!r}", "stream")
+    stream = _boolean(body, "stream", False)
     options = body.get("stream_options")
     if options is None:
         options = {}
@@ -188,18 +194,12 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise APIError(400, "stream_options.include_usage: must be true or false", "stream_options")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise APIError(400, f"ignore_eos: must be true or false, got {ignore_eos!r}", "ignore_eos")
+    ignore_eos = _boolean(body, "ignore_eos", False, null=False)  # vLLM's: a bool, not null
     if ignore_eos and translation:
         raise APIError(400, "ignore_eos: a translation ends at its <eos>; not supported for a translation model",
                        "ignore_eos")
     logprobs = _integer(body, "logprobs", None, 0, MAX_LOGPROBS)
-    echo = body.get("echo", False)
-    if echo is None:
-        echo = False
-    if not isinstance(echo, bool):
-        raise APIError(400, f"echo: must be true or false, got {echo!r}", "echo")
+    echo = _boolean(body, "echo", False)
     if echo and translation:
         raise APIError(400, "echo: a translation's prompt is in another language; not supported for a "
                             "translation model", "echo")
@@ -229,9 +229,7 @@ def parse_tokenize(body: Any, *, model_name: str) -> str:
     if not isinstance(prompt, str):
         raise APIError(400, f"prompt: must be a string, got {type(prompt).__name__}", "prompt")
     _unicode(prompt, "prompt")
-    special = body.get("add_special_tokens", True)
-    if not isinstance(special, bool):
-        raise APIError(400, f"add_special_tokens: must be true or false, got {special!r}", "add_special_tokens")
+    _boolean(body, "add_special_tokens", True, null=False)  # this tokenizer adds none either way
     return prompt
 
 
