@@ -41,6 +41,13 @@ def _page(url: str):
             browser.close()
 
 
+def _fill(page, prompt: str, **settings: str) -> None:
+    """Type the prompt, and each setting into the input of that id, as a user would."""
+    page.fill("#prompt", prompt)
+    for name, value in settings.items():
+        page.fill(f"#{name}", value)
+
+
 def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
     _need_chromium()
     _, model, tok = model_and_tokenizer(tmp_path_factory)
@@ -58,11 +65,7 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
     try:
         with _page(server.url + "/") as (page, errors):
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
-            page.fill("#prompt", "Lily had")
-            page.fill("#temperature", "0.8")
-            page.fill("#top_p", "0.95")
-            page.fill("#max_tokens", "40")
-            page.fill("#seed", "7")
+            _fill(page, "Lily had", temperature="0.8", top_p="0.95", max_tokens="40", seed="7")
             page.click("#generate")
             grown = "document.getElementById('generated').textContent.length > "
             page.wait_for_function(grown + "0")
@@ -101,9 +104,7 @@ def test_show_probabilities_shades_each_piece_and_names_its_tokens(tmp_path_fact
     try:
         with _page(server.url + "/") as (page, errors):
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
-            page.fill("#prompt", "Tom saw")
-            page.fill("#max_tokens", "8")
-            page.fill("#seed", "3")
+            _fill(page, "Tom saw", max_tokens="8", seed="3")
             page.check("#show_probs")
             page.click("#generate")
             page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
@@ -147,9 +148,7 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
             page.press("#api_key", "Enter")
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
             assert not page.is_visible("#api_key")
-            page.fill("#prompt", "Lily")
-            page.fill("#max_tokens", "6")
-            page.fill("#seed", "1")
+            _fill(page, "Lily", max_tokens="6", seed="1")
             page.click("#generate")
             page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
                                    timeout=30_000)
