@@ -160,3 +160,123 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
         assert text == same.json()["choices"][0]["text"]
     finally:
         server.close()
+
+
+def _paced(engine, seconds: float):
+    """Slow the engine's steps to ``seconds`` each, so a generation lasts long enough to act during it."""
+    step = engine.step
+
+    def paced_step():
+        did = step()
+        if did:
+            time.sleep(seconds)
+        return did
+
+    engine.step = paced_step
+    return engine
+
+
+def test_one_generation_at_a_time_and_stop_stops_the_one_shown(tmp_path_factory):
+    """Ctrl+Enter while a generation runs starts no second one (the page once sent another request,
+    hid the first one's text while it kept its server row, and the first one's end then disabled
+    Stop while the second still streamed)."""
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(_paced(Engine(model, max_batch=4, eos_id=None), 0.03), tok, "tiny"))
+    try:
+        with _page(server.url + "/") as (page, errors):
+            sent = []
+            page.on("request", lambda r: sent.append(r.url) if r.url.endswith("/v1/completions") else None)
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            _fill(page, "Lily had", max_tokens="60", seed="1")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('generated').textContent.length > 0")
+            page.press("#prompt", "Control+Enter")
+            page.wait_for_timeout(300)
+            assert len(sent) == 1 and page.is_enabled("#stop") and page.is_disabled("#generate")
+            page.click("#stop")
+            page.wait_for_function("!document.getElementById('generate').disabled")
+            assert page.is_disabled("#stop")
+            deadline = time.monotonic() + 10
+            while 'lm_batch_size 0' not in httpx.get(server.url + "/metrics").text:  # the row is freed
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            page.press("#prompt", "Control+Enter")  # when idle the shortcut does generate
+            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
+                                   timeout=30_000)
+        assert not errors and len(sent) == 2
+    finally:
+        server.close()
+
+
+def test_unreadable_settings_are_errors_and_a_failed_request_clears_the_old_stats(tmp_path_factory):
+    """A number box the browser cannot read ("0.8e") once became a hidden default (temperature 1, a
+    random seed); now the page names the box and sends nothing. A refused request no longer shows the
+    previous run's 'N tokens ... finished' beside its error. An empty box leaves the field out (the
+    server's default), and a seed past 2**53 goes out digit for digit (Number() rounded it)."""
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(Engine(model, max_batch=2, eos_id=None), tok, "tiny"))
+    bodies = []
+    try:
+        with _page(server.url + "/") as (page, errors):
+            page.on("request", lambda r: bodies.append(r.post_data) if r.url.endswith("/v1/completions") else None)
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            finished = "document.getElementById('stats').textContent.includes('finished')"
+            _fill(page, "Tom saw", max_tokens="5", seed="12345678901234567891")
+            page.click("#generate")
+            page.wait_for_function(finished, timeout=30_000)
+            big_seed_text = page.text_content("#generated")
+            for box, typed, message in [("temperature", "0.8e", "temperature: not a number"),
+                                        ("max_tokens", "1-2", "max_tokens: not a number")]:
+                page.fill(f"#{box}", "")
+                page.focus(f"#{box}")
+                page.keyboard.type(typed)  # as a user types it: the browser lets 'e' and '-' in
+                page.click("#generate")
+                page.wait_for_function("document.getElementById('error').textContent !== ''")
+                assert page.text_content("#error") == message and page.text_content("#stats") == ""
+                page.fill(f"#{box}", "0.8" if box == "temperature" else "5")
+            _fill(page, "Tom saw", seed="1e")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('error').textContent !== ''")
+            assert page.text_content("#error") == "seed: must be an integer, got 1e"
+            assert len(bodies) == 1  # none of the three was sent
+            _fill(page, "Tom saw", max_tokens="-3", seed="2")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('error').textContent !== ''")
+            refused = page.text_content("#error"), page.text_content("#stats")
+            _fill(page, "Tom saw", temperature="", top_p="", max_tokens="", seed="")
+            page.click("#generate")
+            page.wait_for_function(finished, timeout=30_000)
+            defaults = page.text_content("#stats")
+        assert not errors
+        assert '"seed":12345678901234567891}' in bodies[0]
+        body = {"prompt": "Tom saw", "max_tokens": 5, "temperature": 0.8, "top_p": 0.95, "seed": 12345678901234567891}
+        same = httpx.post(server.url + "/v1/completions", json=body)
+        assert big_seed_text == same.json()["choices"][0]["text"]
+        assert refused[0].startswith("max_tokens:") and "-3" in refused[0] and refused[1] == ""
+        empty_boxes = {"prompt": "Tom saw", "stream": True, "stream_options": {"include_usage": True}}
+        assert json.loads(bodies[-1]) == empty_boxes
+        assert defaults.startswith("16 tokens")  # the server's default max_tokens, as OpenAI's
+    finally:
+        server.close()
+
+
+def test_the_rate_shown_is_bounded_by_the_time_the_request_took(tmp_path_factory):
+    """tokens/s from the pieces' arrival times once showed 170000 tokens/s when the whole answer came
+    in one read (a 0.1 ms span), and 0.0 for one token; now a span under 50 ms falls back to the
+    whole request's time."""
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(Engine(model, max_batch=2, eos_id=None), tok, "tiny"))
+    try:
+        with _page(server.url + "/") as (page, errors):
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            # rate(tokens, first, last, started), times in ms as performance.now() gives them
+            assert page.evaluate("rate(35, 1000, 1000.1, 958)") == f"{35 / 0.0421:.1f}"  # one read: whole request
+            assert page.evaluate("rate(35, 1000, 1200, 958)") == f"{34 / 0.2:.1f}"  # streamed: between pieces
+            assert page.evaluate("rate(1, 1000, 1000, 990)") == "100.0"
+            assert page.evaluate("rate(0, null, 1000, 990)") == "–"
+        assert not errors
+    finally:
+        server.close()
