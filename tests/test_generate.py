@@ -264,10 +264,12 @@ def test_sampling_follows_the_softmax():
 
 def filtered_distribution(logits, temperature, top_k, top_p):
     """The distribution sample_next_token should draw from, by brute force in float64: divide by the
-    temperature, keep the top_k largest, softmax, then keep the most likely tokens until their
-    mass reaches top_p, and renormalise."""
+    temperature, keep the top_k largest (and any tied with the k-th), softmax, then keep the most
+    likely tokens until their mass reaches top_p, and renormalise."""
     scaled = [x / temperature for x in logits]
-    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])[: top_k or len(scaled)]
+    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+    if top_k is not None and top_k < len(order):
+        order = [i for i in order if scaled[i] >= scaled[order[top_k - 1]]]
     z = sum(math.exp(scaled[i]) for i in order)
     nucleus, mass = [], 0.0
     for i in order:
@@ -356,6 +358,26 @@ def test_greedy_and_top_k_1_are_argmax():
     assert torch.equal(sample_next_token(logits, top_k=1), logits.argmax(-1))
 
 
+def test_top_k_keeps_every_logit_tied_with_the_kth_as_hugging_face_does():
+    """top_k kept exactly the k entries torch.topk returned: among tied logits an arbitrary subset,
+    always the same one (top_k=1 drew index 2 of three tied maxima, never 0 or 3). Hugging Face's
+    TopKLogitsWarper and vLLM keep every logit not below the k-th; so does top_k_filter now, in
+    bfloat16 (where ties are common) as in float32."""
+    transformers = pytest.importorskip("transformers")
+    logits = torch.tensor([[2.0, 1.0, 2.0, 2.0, 0.5], [3.0, 1.0, 1.0, 1.0, 0.0]])
+    assert torch.isfinite(top_k_filter(logits, 1)).tolist() == [[True, False, True, True, False],
+                                                                [True, False, False, False, False]]
+    assert torch.isfinite(top_k_filter(logits, 2))[1].tolist() == [True, True, True, True, False]
+    draws = sample_next_token(logits[:1].expand(3000, 5), top_k=1, generator=torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) == {0, 2, 3}  # each of the tied maxima, as HF samples them
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        rows = (torch.randn(64, 200, generator=g) * 3).to(dtype)
+        for k in (1, 5, 20, 199, 200, 500):
+            theirs = transformers.TopKLogitsWarper(top_k=k)(None, rows.clone())
+            assert torch.equal(top_k_filter(rows, k), theirs), (dtype, k)
+
+
 def test_vanishing_temperature_and_top_p_are_greedy_not_nan():
     """A temperature that overflows the logits in float32 (1e-300 is 0 there; 100 / 1e-37 is inf)
     or a top_p below float32's least (0 there, which had kept no token: 0/0) gave NaN and a
@@ -374,7 +396,7 @@ def test_vanishing_temperature_and_top_p_are_greedy_not_nan():
     assert set(sample_next_token(close, temperature=1e-5, generator=g).tolist()) == {0, 1}
 
 
-def test_top_k_keeps_exactly_k():
+def test_top_k_keeps_exactly_k_when_nothing_ties():
     logits = torch.randn(4, 20)
     kept = torch.isfinite(top_k_filter(logits, 6))
     assert (kept.sum(-1) == 6).all()

@@ -43,11 +43,13 @@ def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tenso
 
 
 def top_k_filter(logits: Float[Tensor, "... vocab"], top_k: int) -> Float[Tensor, "... vocab"]:
-    """Keep exactly the ``top_k`` largest logits (``-inf`` elsewhere)."""
+    """Keep the ``top_k`` largest logits and every logit tied with the k-th (``-inf`` elsewhere), as
+    Hugging Face's ``TopKLogitsWarper`` and vLLM do: which of tied tokens ``topk`` returns is
+    arbitrary, and bfloat16 logits tie often."""
     if top_k >= logits.shape[-1]:
         return logits
-    values, indices = logits.topk(top_k, dim=-1)
-    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+    kth = logits.topk(top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def sample_next_token(
