@@ -13,7 +13,7 @@ from lm.device import autocast
 from lm.generate import generate
 from lm.model import TransformerLM
 from lm.serve import Engine, QueueFull, Request, SamplingParams
-from lm.serve.engine import default_step_sizes
+from lm.serve.engine import choice_seed, default_step_sizes
 
 
 def tiny_model(positions="rope", **kw):
@@ -126,6 +126,30 @@ def test_a_seeded_request_is_the_same_alone_or_beside_fifteen_others(dtype):
         assert logits == alone_logits, (companions, join_at)  # bit for bit, every step
         if companions == 15:
             assert 16 in engine.stats.steps  # beside fifteen others: the full step, then smaller ones
+
+
+def test_each_seed_and_choice_has_its_own_stream():
+    """Choice j of seed s was seeded (s << 8 | j) mod 2**63: seeds 2**55 apart (0 and 2**55, -1 and
+    2**55 - 1) gave the same text, and choice 256 of a request (n up to --max-batch) repeated its
+    choice 0. Now a 64-bit hash of (seed, choice): every pair its own generator seed."""
+    pairs = [(s, j) for s in (0, 1, 4, 5, -1, 2**55, 2**55 - 1, 2**63, 2**64 - 1, -(2**63), 10**30)
+             for j in (0, 1, 255, 256, 257)]
+    seeds = [choice_seed(s, j) for s, j in pairs]
+    assert len(set(seeds)) == len(pairs) and all(0 <= x < 2**64 for x in seeds)
+    assert choice_seed(5, 0) == choice_seed(5, 0)  # a function of the pair only
+    model = tiny_model()
+    engine = Engine(model, max_batch=4)
+    texts = {}
+    for seed in (0, 2**55, -1, 2**55 - 1):
+        engine.submit((rec := Recorder(2)).request([3, 4], SamplingParams(max_tokens=12, seed=seed), n=2))
+        run_until_idle(engine)
+        texts[seed] = rec.tokens
+    assert texts[0] != texts[2**55] and texts[-1] != texts[2**55 - 1]
+    assert all(t[0] != t[1] for t in texts.values())
+    again = Recorder(2)
+    engine.submit(again.request([3, 4], SamplingParams(max_tokens=12, seed=0), n=2))
+    run_until_idle(engine)
+    assert again.tokens == texts[0]
 
 
 def test_logprobs_are_the_models_own_beside_others_and_leave_the_tokens_alone():

@@ -17,7 +17,7 @@ from lm.device import autocast
 from lm.generate import greedy_decode
 from lm.model import Seq2SeqConfig, build_model
 from lm.serve import SamplingParams, create_app
-from lm.serve.engine import Request
+from lm.serve.engine import Request, choice_seed
 from lm.serve.process import free_port, start_server
 from lm.serve.translation import TranslationEngine
 from lm.tokenizer import Tokenizer, save_tokenizer_dir
@@ -68,7 +68,7 @@ def test_the_engine_translates_as_greedy_decode_does_and_samples_each_choice_fro
     b, _ = _run(engine, [5, 9, 12], params, n=2)
     assert a == b and a[0] != a[1]  # repeatable, and each choice its own stream
     for index in range(2):
-        g = torch.Generator().manual_seed(5 << 8 | index)
+        g = torch.Generator().manual_seed(choice_seed(5, index))
         assert a[index] == greedy_decode(model, [[5, 9, 12]], temperature=1.0, top_p=0.9, generator=g)[0]
     assert engine.stats.requests["finished"] == 10 and not engine.busy
     with pytest.raises(ValueError, match="max_tokens"):
@@ -118,10 +118,13 @@ def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions, dtype
             full = model(torch.tensor([src + [cfg.eos_id]]), torch.tensor([tgt]))[0]
         full[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
         assert len(logits) == len(tokens) + (len(tokens) < 8)  # an <eos> sampled is not a token
-        # bfloat16: within two units in the last place of the largest logit
-        tol = 1e-5 if dtype is None else 2 * torch.finfo(dtype).eps * full[full.isfinite()].abs().max().item()
+        # within a few units in the last place of the largest logit: two in bfloat16 (its rounding of
+        # the output dominates), 16 in float32 (the plain float32 forward itself is up to 13 from a
+        # float64 one here: the sum orders differ, and the logits reach 30)
+        ulps = 16 if dtype is None else 2
+        tol = ulps * torch.finfo(dtype or torch.float32).eps * full[full.isfinite()].abs().max().item()
         for j, got in enumerate(logits):  # token j was chosen from the logits at target position j
-            torch.testing.assert_close(got.float(), full[j].float(), rtol=1e-5 if dtype is None else 0, atol=tol)
+            torch.testing.assert_close(got.float(), full[j].float(), rtol=0, atol=tol)
 
 
 def test_a_finished_row_no_longer_widens_the_source_span():

@@ -34,6 +34,7 @@ The engine knows ids only; text (decoding, stop strings) is the server's.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import threading
 import time
@@ -107,11 +108,19 @@ class SamplingParams:
                 raise ValueError(f"{name} must be None or a whole number in [0, {MAX_LOGPROBS}], got {k!r}")
 
     def choice_generators(self, n: int) -> list[torch.Generator]:
-        """A generator for each of ``n`` choices, from ``seed`` (a fresh random one without). Choice
-        ``j`` draws from its own stream, (seed, j), never another request's (seed + j would be the
-        first choice of seed + j)."""
-        seed = self.seed if self.seed is not None else secrets.randbits(62)
-        return [torch.Generator(device="cpu").manual_seed((seed << 8 | j) & ((1 << 63) - 1)) for j in range(n)]
+        """A generator for each of ``n`` choices, from ``seed`` (a fresh random one without): choice
+        ``j`` draws from the stream :func:`choice_seed` gives (seed, j)."""
+        seed = self.seed if self.seed is not None else secrets.randbits(64)
+        return [torch.Generator(device="cpu").manual_seed(choice_seed(seed, j)) for j in range(n)]
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The generator seed of choice ``index`` of a request seeded ``seed`` (any integer): a 64-bit
+    hash of the pair, so each (seed, choice) has its own stream, never another request's or another
+    choice's (seed + j would be the first choice of seed + j; ``seed << 8 | j`` made seeds 2**55 apart
+    the same and choice 256 choice 0)."""
+    digest = hashlib.blake2b(f"{seed},{index}".encode(), digest_size=8, person=b"lm-choice").digest()
+    return int.from_bytes(digest, "little")
 
 
 # Events the engine sends a request, from its own thread: a new token of choice ``index``, or the
