@@ -43,9 +43,10 @@ def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tenso
 
 
 def top_k_filter(logits: Float[Tensor, "... vocab"], top_k: int) -> Float[Tensor, "... vocab"]:
-    """Keep the ``top_k`` largest logits and every logit tied with the k-th (``-inf`` elsewhere), as
-    Hugging Face's ``TopKLogitsWarper`` and vLLM do: which of tied tokens ``topk`` returns is
-    arbitrary, and bfloat16 logits tie often."""
+    """Keep the ``top_k`` largest logits and any tied with the k-th (``-inf`` elsewhere).
+
+    Ties are kept as Hugging Face's ``TopKLogitsWarper`` and vLLM keep them: which of tied tokens
+    ``topk`` returns is arbitrary, and bfloat16 logits tie often."""
     if top_k >= logits.shape[-1]:
         return logits
     kth = logits.topk(top_k, dim=-1).values[..., -1:]
