@@ -7,8 +7,11 @@ by ``stride`` tokens and each scores only the tokens the previous one did not, s
 after the first window sees at least ``context_length - stride`` tokens of context: the
 sliding-window evaluation of Hugging Face's perplexity guide, at ``context_length / stride``
 times the compute.
-Bits per byte divide the loss (nats per token) by ``ln 2`` and by the bytes per token of
-the source text, which makes tokenizers of different vocabularies comparable.
+Bits per byte divide the summed loss (in bits) by the bytes of the text it was summed over,
+which makes tokenizers of different vocabularies comparable. Given each token's byte length
+(``token_bytes``), the bytes are those of the tokens actually scored: a prefix cut by
+``max_tokens`` can have quite another bytes per token than the whole file, and the first token,
+never predicted, is not counted. A ``bytes_per_token`` ratio is an estimate of the scored text's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["bits_per_byte", "bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens", "perplexity"]
+__all__ = ["bits_per_byte", "bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens", "perplexity",
+           "token_byte_lengths"]
 
 
 def perplexity(loss: float) -> float:
@@ -36,6 +40,14 @@ def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
     return loss / math.log(2) / bytes_per_token if bytes_per_token else None
 
 
+def token_byte_lengths(tokenizer) -> np.ndarray:
+    """The length in bytes of each token id's text (0 for an id the vocabulary lacks): the
+    ``token_bytes`` of :func:`evaluate_tokens`. A special token counts as the bytes of its text,
+    as it stands in the source file."""
+    vocab = tokenizer.vocab
+    return np.array([len(vocab.get(i, b"")) for i in range(tokenizer.vocab_size)], dtype=np.int64)
+
+
 @torch.no_grad()
 def evaluate_tokens(
     model: torch.nn.Module,
@@ -44,12 +56,19 @@ def evaluate_tokens(
     batch_size: int = 8,
     max_tokens: int | None = None,
     bytes_per_token: float | None = None,
+    token_bytes: np.ndarray | None = None,
     stride: int | None = None,
     progress: bool = False,
 ) -> dict[str, float | int | None]:
     """Mean next-token loss of ``model`` over ``tokens`` (a 1-D id array, a memmap is fine).
 
-    ``stride`` (default ``context_length``): how far each window moves on (see the module doc)."""
+    ``stride`` (default ``context_length``): how far each window moves on (see the module doc).
+    Bits per byte count the bytes of the scored tokens with ``token_bytes`` (each id's byte
+    length, :func:`token_byte_lengths`), else estimate them with ``bytes_per_token``; the result's
+    ``bytes`` is the count used (None for an estimate)."""
+    if bytes_per_token is not None and token_bytes is not None:
+        raise ValueError("bytes_per_token: give it or token_bytes, not both")
+    lengths = None if token_bytes is None else np.asarray(token_bytes, dtype=np.int64)
     if batch_size < 1:
         raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
@@ -71,7 +90,7 @@ def evaluate_tokens(
         end = min(begin + ctx, n - 1)
         windows.append((begin, end, done - begin))
         done, begin = end, begin + stride
-    total, count = 0.0, 0
+    total, count, nbytes = 0.0, 0, 0
     bar = tqdm(total=n - 1, unit="tok", unit_scale=True, desc="eval",
                disable=None if progress else True, file=sys.stderr)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -85,18 +104,31 @@ def evaluate_tokens(
                 for i in range(0, len(same), batch_size):
                     rows = _window_rows(tokens, same[i : i + batch_size], vocab)
                     total, count = _add(model, rows, first, device, total, count)
+                    if lengths is not None:
+                        nbytes += _scored_bytes(rows[:, first + 1 :], lengths)
                     bar.update(rows.shape[0] * (length - first))
     finally:
         bar.close()
         model.train(was_training)
     loss = total / count
+    if lengths is not None:
+        bytes_per_token = nbytes / count
     return {
         "loss": loss,
         "perplexity": perplexity(loss),
         "bits_per_byte": bits_per_byte(loss, bytes_per_token),
         "bytes_per_token": bytes_per_token,
         "tokens": count,
+        "bytes": None if lengths is None else nbytes,
     }
+
+
+def _scored_bytes(targets: np.ndarray, lengths: np.ndarray) -> int:
+    """The bytes of the scored target ids (already checked against the model's vocabulary)."""
+    hi = int(targets.max())
+    if hi >= len(lengths):
+        raise ValueError(f"token_bytes: has {len(lengths)} entries, no byte length for id {hi}")
+    return int(lengths[targets].sum())
 
 
 def _window_rows(tokens: np.ndarray, windows, vocab: int | None) -> np.ndarray:

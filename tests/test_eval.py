@@ -2,6 +2,10 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +17,7 @@ from lm.data import write_token_file
 from lm.evaluate import evaluate_tokens
 from lm.optim import AdamW
 
+REPO = Path(__file__).resolve().parents[1]
 TEXT = "The cat sat on the mat. The dog ran to the park and back again.\n" * 60
 
 
@@ -120,13 +125,15 @@ def test_cli_eval_token_file_and_text(run, tmp_path, capsys):
     ids = tok.encode(text)
     write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=len(text.encode()),
                      tokenizer_sha256=tok.checksum())
-    expected, _ = reference_loss(model, ids)
-    bpb = expected / math.log(2) / (len(text.encode()) / len(ids))
+    expected, count = reference_loss(model, ids)
+    scored_bytes = len(text.encode()) - len(tok.decode(ids[:1]).encode())  # the first token is never predicted
+    bpb = expected * count / math.log(2) / scored_bytes
     for data in ("v.bin", "v.txt"):
         assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / data), "--json", "--quiet"]) == 0
         r = json.loads(capsys.readouterr().out)
         assert r["loss"] == pytest.approx(expected, rel=1e-5), data
         assert r["bits_per_byte"] == pytest.approx(bpb, rel=1e-5), data
+        assert r["bytes"] == scored_bytes and r["tokens"] == count, data
 
 
 def test_cli_eval_a_token_file_that_reads_as_text(run, tmp_path, capsys):
@@ -159,3 +166,79 @@ def test_cli_eval_errors(run, tmp_path, capsys):
         assert main(["eval", *argv, "--quiet"]) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_cli_eval_bits_per_byte_count_the_bytes_of_the_tokens_scored(run, tmp_path, capsys):
+    """Bits per byte had divided by the whole file's bytes per token (the sidecar's, or the text
+    file's size over its tokens), whatever --max-tokens scored: on a file of English then Japanese,
+    scoring the English part gave a figure far too high. Against brute force: the summed loss of
+    the scored tokens over the bytes of their text."""
+    d, model, tok = run
+    head = TEXT[:700]
+    text = head + "日本語の物語です。小さな女の子がいました。\n" * 12  # not in the tokenizer's corpus: ~1 byte a token
+    ids, head_ids = tok.encode(text), tok.encode(head)
+    assert ids[: len(head_ids)] == head_ids  # so the first N tokens are exactly the English part
+    n = len(head_ids) - 1  # tokens scored: head_ids[1:]
+    (tmp_path / "v.txt").write_text(text, encoding="utf-8")
+    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=len(text.encode()),
+                     tokenizer_sha256=tok.checksum())
+    loss, count = reference_loss(model, head_ids)
+    scored_bytes = len(head.encode()) - len(tok.decode(head_ids[:1]).encode())
+    brute = loss * count / math.log(2) / scored_bytes
+    whole_file = loss / math.log(2) / (len(text.encode()) / len(ids))  # what it had printed
+    assert abs(whole_file / brute - 1) > 0.3  # the test tells the two apart
+    for data in ("v.bin", "v.txt"):
+        argv = ["eval", "--checkpoint", str(d), "--data", str(tmp_path / data), "--max-tokens", str(n), "--quiet"]
+        assert main([*argv, "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert r["tokens"] == count == n and r["loss"] == pytest.approx(loss, rel=1e-5), data
+        assert r["bits_per_byte"] == pytest.approx(brute, rel=1e-5), data
+        assert r["bytes"] == scored_bytes, data
+        assert r["bytes_per_token"] == pytest.approx(scored_bytes / n, rel=1e-12), data
+        assert main(argv) == 0  # the text output says the byte count too
+        assert f"({n:,} tokens, {scored_bytes:,} bytes)" in capsys.readouterr().out
+    # a sliding window scores each token once as well: the same bytes
+    from lm.evaluate import token_byte_lengths
+
+    r = evaluate_tokens(model, np.array(ids), max_tokens=n, stride=5, token_bytes=token_byte_lengths(tok))
+    assert r["bytes"] == scored_bytes and r["tokens"] == n
+    with pytest.raises(ValueError, match="bytes_per_token: give it or token_bytes, not both"):
+        evaluate_tokens(model, np.array(ids), bytes_per_token=2.0, token_bytes=token_byte_lengths(tok))
+
+
+def test_cli_eval_a_token_file_without_a_tokenizer_has_no_bits_per_byte(run, tmp_path, capsys):
+    """The scored tokens' bytes need the tokenizer; a whole-file ratio would be a guess (see above)."""
+    d, model, tok = run
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+    ids = tok.encode(TEXT[:300])
+    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=300,
+                     tokenizer_sha256=tok.checksum())
+    argv = ["eval", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(tmp_path / "v.bin"), "--quiet"]
+    assert main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["bits_per_byte"] is None and r["bytes"] is None and r["loss"] == pytest.approx(
+        reference_loss(model, ids)[0], rel=1e-5)
+    assert main(argv) == 0
+    assert "bits/byte n/a (no tokenizer to count the scored bytes: pass --tokenizer DIR)" in capsys.readouterr().out
+
+
+def test_cli_eval_help_says_what_max_tokens_counts(capsys):
+    """For a translation model --max-tokens cuts sentence pairs, not tokens; the help said tokens."""
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--help"])
+    assert stop.value.code == 0
+    assert "(with --target: the first N sentence pairs)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_cli_eval_into_a_closed_pipe_stops_quietly(run):
+    """`lm eval ... --json | head -c 10` reported "[Errno 32] Broken pipe" as an error, exit 2: a
+    reader gone before the result is printed now ends it quietly, status 141 (128 + SIGPIPE)."""
+    d, _, _ = run
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "eval", "--checkpoint", str(d), "--data",
+                             str(d / "corpus.txt"), "--max-tokens", "100", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err

@@ -1,6 +1,10 @@
 """`lm sample`: streamed text equals the decoded tokens of `generate` with the same seed."""
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +14,7 @@ from lm.cli import main
 from lm.generate import generate
 from lm.model import TransformerLM
 
+REPO = Path(__file__).resolve().parents[1]
 TEXT = "Lily had a red ball. She threw it to Tom. Tom said, \"Thank you!\" Café. 😀\n"
 
 
@@ -142,3 +147,18 @@ def test_a_corrupt_or_foreign_checkpoint_is_one_line_naming_the_argument(run, tm
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("lm sample: error: --checkpoint: ") and name in err, err
         assert message in err and "weights_only=False" not in err, err
+
+
+def test_sampling_into_a_closed_pipe_stops_quietly(run):
+    """`lm sample ... | head -c 20` printed "lm sample: error: [Errno 32] Broken pipe" and exited 2:
+    only the last flush had been guarded, not the tokens streamed as they come. It now stops as a
+    Unix tool cut short by `head` does: nothing on stderr, status 141 (128 + SIGPIPE)."""
+    d, _, _ = run
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "sample", "--checkpoint", str(d), "--prompt", "Lily had",
+                             "--max-new-tokens", "200", "--num-samples", "50", "--seed", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.read(8) == b"Lily had"  # `| head -c 8`: the prompt, then the reader is gone
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err

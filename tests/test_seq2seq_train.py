@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from lm.checkpoint import load_model
@@ -97,3 +98,21 @@ def test_trains_resumes_exactly_and_translates(tmp_path):
                *more)
         err = r.stderr.strip()
         assert r.returncode == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_a_batch_budget_below_the_longest_pair_names_the_setting(tmp_path):
+    """It said `data.val: max_tokens 8 is less than ...`: max_tokens is the dataset's parameter, no
+    config has it. The error names what the user set, before the run folder is touched."""
+    _data(tmp_path)  # pairs of up to 8 letters: 9 tokens with <eos>
+    for budgets, message in (
+        ({"train": {"batch_tokens": 8}}, "train.batch_tokens: 8 is less than the longest pair kept in data.train "
+                                         "(9 tokens with <bos>/<eos>); raise it to at least 9"),
+        ({"eval": {"batch_tokens": 6}}, "eval.batch_tokens: 6 is less than the longest pair kept in data.val"),
+    ):
+        raw = _config(tmp_path, "never", max_steps=2)
+        for section, values in budgets.items():
+            raw[section].update(values)
+        with pytest.raises(ValueError) as error:
+            Trainer(config_from_dict(raw), print_fn=lambda *a: None)
+        assert str(error.value).startswith(message), str(error.value)
+        assert not (tmp_path / "never").exists()

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from lm.cli import main
 from lm.generate import beam_search, greedy_decode, translate
 from lm.generate.seq2seq import length_penalty
 from lm.model import Seq2SeqConfig, build_model
 
+REPO = Path(__file__).resolve().parents[1]
 
 def _model(vocab=40, seed=0, **kw):
     torch.manual_seed(seed)
@@ -183,3 +190,120 @@ def test_lm_translate_and_eval_with_a_model_vocabulary_larger_than_the_tokenizer
     (tmp_path / "t.txt").write_text("cba\nolleh\n")
     assert main(["eval", "--checkpoint", str(tmp_path), "--data", str(tmp_path / "s.txt"), "--target",
                  str(tmp_path / "t.txt"), "--beam", "2", "--json", "--quiet"]) == 0
+
+
+def test_translate_accepts_beam_search_options_at_beam_1():
+    """A sweep over beam sizes with a fixed alpha crashed at beam_size=1 ("greedy_decode() got an
+    unexpected keyword argument 'alpha'"): a beam of one is greedy whatever alpha and stopping are."""
+    model = _model()
+    greedy = greedy_decode(model, SOURCES, max_extra=12)
+    for alpha in (0.0, 0.6, 2.0):
+        assert translate(model, SOURCES, beam_size=1, alpha=alpha, stopping="exact", max_extra=12) == greedy
+    with pytest.raises(ValueError, match="alpha must be a finite number >= 0, got nan"):
+        translate(model, SOURCES, beam_size=1, alpha=float("nan"))
+    with pytest.raises(ValueError, match="stopping must be one of"):
+        translate(model, SOURCES, beam_size=1, stopping="soon")
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run folder of a (random) translation model over a byte tokenizer, context 32."""
+    from lm.checkpoint import export_safetensors
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+
+    d = tmp_path_factory.mktemp("run")
+    tok = Tokenizer({0: b"<pad>", 1: b"<bos>", 2: b"<eos>", **{i + 3: bytes([i]) for i in range(256)}}, [],
+                    ["<pad>", "<bos>", "<eos>"])
+    model = _model(vocab=tok.vocab_size)
+    export_safetensors(model, d / "model.safetensors")
+    save_tokenizer_dir(tok, d / "tokenizer")
+    return d, model, tok
+
+
+def _greedy_lines(model, tok, lines):
+    """What `lm translate --beam 1` prints for ``lines``: one translation a line, "" for a blank one."""
+    out = []
+    for line in lines:
+        ids = tok.encode(line.strip())
+        out.append(tok.decode(greedy_decode(model, [ids], vocab_size=tok.vocab_size)[0]).strip() if ids else "")
+    return out
+
+
+def test_lm_translate_input_splits_lines_at_newline_only(run, tmp_path, capsys):
+    """`str.splitlines` also split at U+2028, \\x0c, \\x85 and a lone \\r: a line holding one became
+    several output lines, and every later translation stopped lining up with its reference. Lines
+    now end where `lm eval --target` (read_parallel) and sacrebleu end them: at \\n, less a \\r."""
+    from lm.data.pairs import read_parallel
+
+    d, model, tok = run
+    body = "ab\u2028cd\nef\x0cgh\r\nij\x85kl\rmn\nop\u2029q\n"
+    (tmp_path / "in.txt").write_bytes(body.encode())
+    lines = [s for s, _ in read_parallel(tmp_path / "in.txt", tmp_path / "in.txt")]
+    assert lines == ["ab\u2028cd", "ef\x0cgh", "ij\x85kl\rmn", "op\u2029q"]
+    (tmp_path / "blank.txt").write_bytes((body + "\nrs").encode())  # a blank line, and no final newline
+    for name, want in (("in.txt", lines), ("blank.txt", [*lines, "", "rs"])):
+        assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / name), "--beam", "1",
+                     "--quiet"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("\n") == len(want), out  # one line out for each line in
+        assert out.split("\n")[:-1] == _greedy_lines(model, tok, want)
+
+
+def test_a_long_positional_sentence_is_named_as_text(run, tmp_path, capsys):
+    """It was reported as `--input: line 2`, an option the user had not given."""
+    d, _, _ = run
+    assert main(["translate", "--checkpoint", str(d), "ok", "a" * 40, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "lm translate: error: TEXT: sentence 2 has 40 tokens, more than the model's context 31", err
+    (tmp_path / "in.txt").write_text("ok\n" + "a" * 40 + "\n")
+    assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "in.txt"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "lm translate: error: --input: line 2 has 40 tokens, more than the model's context 31", err
+
+
+def test_lm_eval_refuses_a_source_longer_than_the_context(run, tmp_path, capsys):
+    """It was scored in BLEU as an empty translation (lowering BLEU and chrF without a word; the
+    message said such pairs were left out of the loss, "not of BLEU"). `lm translate` refuses the
+    line, and so does fairseq-generate without --skip-invalid-size-inputs-valid-test."""
+    d, model, tok = run
+    (tmp_path / "s.txt").write_text("abc\n" + "x" * 40 + "\nhello\n")
+    (tmp_path / "t.txt").write_text("cba\nxx\nolleh\n")
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.txt"), "--target",
+                 str(tmp_path / "t.txt"), "--beam", "1", "--json", "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == (f"lm eval: error: --data: line 2 of {str(tmp_path / 's.txt')!r} has 40 tokens, "
+                                    "more than the model's context 31"), captured.err
+    # a reference too long for the loss: the pair is still translated and scored in BLEU and chrF
+    from lm.evaluate import bleu_chrf
+
+    sources, references = ["abc", "xyz", "hello"], ["cba", "z" * 40, "olleh"]
+    (tmp_path / "s.txt").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "t.txt").write_text("".join(t + "\n" for t in references))
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.txt"), "--target",
+                 str(tmp_path / "t.txt"), "--beam", "1", "--json", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "1 of 3 references are longer than the context" in captured.err
+    assert "left out of the loss, not of BLEU and chrF" in captured.err
+    r = json.loads(captured.out)
+    assert r["sentences"] == 3 and r["tokens"] == (3 + 1) + (5 + 1)  # the loss: the other two pairs, with <eos>
+    assert r["bleu"] == bleu_chrf(_greedy_lines(model, tok, sources), references)["bleu"]
+
+
+def test_lm_translate_into_a_closed_pipe_stops_quietly(run, tmp_path):
+    """`lm translate ... | head -1` printed "lm translate: error: [Errno 32] Broken pipe" and exited 2
+    (the status the README keeps for bad arguments). It now stops as a Unix tool cut short by
+    `head` does: nothing on stderr, status 141 (128 + SIGPIPE)."""
+    d, _, _ = run
+    (tmp_path / "in.txt").write_text("".join(f"line {i}\n" for i in range(200)))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "translate", "--checkpoint", str(d), "--input",
+                             str(tmp_path / "in.txt"), "--beam", "1", "--batch-size", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = proc.stdout.readline()  # `| head -1`: one line read, then the reader is gone
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
+    assert first.endswith(b"\n")

@@ -11,7 +11,9 @@ One convention (README, "The command line"):
 - ``--quiet`` on every command: no progress bars or progress lines (results and errors still print);
 - commands that run a model take ``--device`` (default ``auto``: CUDA, then MPS, then CPU),
   ``--dtype`` (``auto``, ``float32``, ``bfloat16``) and ``--threads N`` (torch's CPU threads);
-- every ``--help`` shows the defaults and ends with examples.
+- every ``--help`` shows the defaults and ends with examples;
+- a command that prints its results (``translate``, ``eval``, ``sample``) stops quietly when the
+  reader of its output goes away (``| head``), as a Unix tool does (see :func:`quiet_on_closed_pipe`).
 
 Old spellings (``--out-dir``, the positional checkpoint and folder of ``lm export hf``) still
 work for one release and print a deprecation line.
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,3 +130,38 @@ def as_flags(**flags: str) -> Iterator[None]:
             if m:
                 raise ValueError(f"{flag}: {message[m.end():]}") from None
         raise
+
+
+# -- a closed output pipe ----------------------------------------------------------------------
+
+CLOSED_PIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a tool that `| head` cut short
+
+
+def quiet_on_closed_pipe(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Wrap a command that prints its results so that ``lm CMD ... | head`` ends as ``seq 1e9 | head``
+    does: no error line, no traceback, status 141. Python ignores SIGPIPE, so a write to a closed
+    pipe raises BrokenPipeError, which would otherwise be reported as an error with exit 2."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            status = command(args)
+            sys.stdout.flush()  # the last buffered lines: their reader may be gone too
+            return status
+        except BrokenPipeError:
+            silence_stdout()
+            return CLOSED_PIPE_STATUS
+
+    return run
+
+
+def silence_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, so that no later write or flush fails on the
+    closed pipe, the interpreter's last flush included (its "Exception ignored ... BrokenPipeError"):
+    the Python docs' "Note on SIGPIPE"."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # captured or replaced stdout: no descriptor
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
 
 EXAMPLES = """
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
@@ -22,18 +22,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "eval",
         help="evaluate a model: loss, perplexity, bits per byte",
         description="Evaluate a checkpoint on every token of a token file (from `lm tokenize`, with its sidecar) "
-        "or of a UTF-8 text file, which is tokenized on the fly with the run's tokenizer.",
+        "or of a UTF-8 text file, which is tokenized on the fly with the run's tokenizer; bits per byte count "
+        "the bytes of the tokens scored. A translation model (--target) is scored pair by pair: the loss by "
+        "teacher forcing, BLEU and chrF of its translations; a source line longer than the context is "
+        "refused, as `lm translate` refuses it.",
         examples=EXAMPLES,
     )
     add_checkpoint(p)
     p.add_argument("--data", required=True, metavar="FILE",
                    help="FILE.bin token file, or a UTF-8 text file; for a translation model the source sentences")
     p.add_argument("--target", default=None, metavar="FILE",
-                   help="translation models: the reference translations, one a line (plain or .gz)")
+                   help="translation models: the reference translations, one a line (plain or .gz); a pair "
+                        "whose reference is longer than the context is translated and scored in BLEU and "
+                        "chrF but left out of the loss")
     p.add_argument("--beam", type=int, default=4, metavar="K", help="translation models: beam size for BLEU")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="windows (or sentence pairs) a forward pass")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="evaluate the first N tokens only")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="evaluate the first N tokens only (with --target: the first N sentence pairs)")
     p.add_argument("--stride", type=int, default=None, metavar="N",
                    help="slide the window by N tokens and score only the new ones, so each token sees at least "
                         "context_length - N tokens of context (default: the context length, windows do not overlap)")
@@ -68,6 +74,7 @@ def data_kind(path: Path) -> str:
     return "text"
 
 
+@quiet_on_closed_pipe
 def cmd_eval(args: argparse.Namespace) -> int:
     import warnings
 
@@ -75,9 +82,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.data import read_token_file
-    from lm.data.token_file import bytes_per_token
     from lm.device import autocast, resolve_dtype, set_threads
-    from lm.evaluate import evaluate_tokens
+    from lm.evaluate import evaluate_tokens, token_byte_lengths
     from lm.io import check_readable_file, decode_utf8
     from lm.tokenizer import check_tokenizer_checksum
 
@@ -111,25 +117,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              f"the model's vocab_size {model.config.vocab_size}")
         check_tokenizer_checksum(meta["tokenizer_sha256"], info["tokenizer_sha256"], argument="--data",
                                  what=f"the tokenizer of {str(data)!r}", against=f"the model {args.checkpoint!r}")
-        bpt = bytes_per_token(meta)
+        if tok is not None and meta["vocab_size"] > tok.vocab_size:
+            raise ValueError(f"--data: {str(data)!r} was tokenized with {meta['vocab_size']} tokens, more than "
+                             f"the tokenizer's {tok.vocab_size}")
     else:
         text, bad = decode_utf8(data.read_bytes())
         if bad:
             warnings.warn(f"--data: {bad:,} bytes of {str(data)!r} are not valid UTF-8; they were replaced by "
-                          "U+FFFD, and bits/byte counts the file's bytes", stacklevel=1)
+                          "U+FFFD, which bits/byte counts as its 3 bytes", stacklevel=1)
         tokens = np.asarray(tok.encode(text), dtype=np.int64)
-        bpt = data.stat().st_size / max(1, len(tokens))
+    # The bytes of the tokens scored, not a whole-file average: --max-tokens may stop anywhere (and
+    # the file's head may be English, its tail code or Japanese), and the first token is never scored.
+    token_bytes = None if tok is None else token_byte_lengths(tok)
     device = next(model.parameters()).device
     dtype = resolve_dtype(args.dtype, device)
     with autocast(device, dtype), as_flags(data="--data"):
         result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                                 bytes_per_token=bpt, stride=args.stride, progress=not args.quiet)
+                                 token_bytes=token_bytes, stride=args.stride, progress=not args.quiet)
     if args.json:
         print(json.dumps(result))
     else:
-        bpb = "n/a (no source byte count)" if result["bits_per_byte"] is None else f"{result['bits_per_byte']:.4f}"
+        if result["bits_per_byte"] is None:
+            bpb = "n/a (no tokenizer to count the scored bytes: pass --tokenizer DIR)"
+        else:
+            bpb = f"{result['bits_per_byte']:.4f}"
+        nbytes = "" if result["bytes"] is None else f", {result['bytes']:,} bytes"
         print(f"loss {result['loss']:.4f}  perplexity {result['perplexity']:.3f}  bits/byte {bpb}  "
-              f"({result['tokens']:,} tokens)")
+              f"({result['tokens']:,} tokens{nbytes})")
     return 0
 
 
@@ -166,10 +180,15 @@ def eval_translation(args: argparse.Namespace) -> int:
     src = [tok.encode(s) for s, _ in pairs]
     ref = [tok.encode(t) for _, t in pairs]
     fits = cfg.context_length - 1  # room for <eos> (source) and <bos> (target)
-    keep = [i for i in range(len(pairs)) if len(src[i]) <= fits and len(ref[i]) <= fits]
+    for i, s in enumerate(src):  # it cannot be translated: scoring "" would lower BLEU without a word
+        if len(s) > fits:
+            raise ValueError(f"--data: line {i + 1} of {str(src_path)!r} has {len(s)} tokens, more than the "
+                             f"model's context {fits}")
+    keep = [i for i in range(len(pairs)) if len(ref[i]) <= fits]
     if len(keep) < len(pairs):
-        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} pairs are longer than the context "
-              f"({cfg.context_length} tokens) and are left out of the loss (not of BLEU)", file=sys.stderr)
+        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} references are longer than the context "
+              f"({cfg.context_length} tokens): their pairs are left out of the loss, not of BLEU and chrF",
+              file=sys.stderr)
     dtype = resolve_dtype(args.dtype, model.device)
     size = args.batch_size
     with autocast(model.device, dtype):
@@ -180,7 +199,7 @@ def eval_translation(args: argparse.Namespace) -> int:
         order = sorted(range(len(src)), key=lambda i: len(src[i]))  # similar lengths decode together
         hyps = [""] * len(src)
         for j in range(0, len(order), size):
-            rows = [i for i in order[j : j + size] if 0 < len(src[i]) < cfg.context_length]
+            rows = [i for i in order[j : j + size] if src[i]]  # an empty source: an empty translation
             if rows:
                 for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=args.beam,
                                                        vocab_size=tok.vocab_size)):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
 
 EXAMPLES = """
   lm sample --checkpoint runs/cpu-small --prompt "Once upon a time"
@@ -68,6 +67,7 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise ValueError(f"--prompt-file: not valid UTF-8 (byte {e.start})") from None
 
 
+@quiet_on_closed_pipe
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
@@ -129,6 +129,4 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if not args.quiet:
         note = ", the step's compilation included" if args.compile else ""
         print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s{note}]", file=sys.stderr)
-    with contextlib.suppress(BrokenPipeError):
-        out.flush()
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
 
 EXAMPLES = """
   lm translate --checkpoint runs/multi30k "A man is riding a bicycle." "Two dogs play in the snow."
@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_checkpoint(p)
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (or use --input)")
-    p.add_argument("--input", metavar="FILE", help="a file of sentences, one a line ('-': standard input)")
+    p.add_argument("--input", metavar="FILE",
+                   help="a file of sentences, one a line ('-': standard input); lines end at \\n (a \\r before "
+                        "it is dropped), as `lm eval --target` and sacrebleu read them")
     p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size; 1 is greedy decoding")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A", help="length penalty exponent (GNMT)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences decoded together")
@@ -46,6 +48,21 @@ def require_architecture(model, want: str, checkpoint: str) -> None:
     raise ValueError(f"--checkpoint: {checkpoint!r} is {kind}; use {hint}")
 
 
+def split_lines(text: str) -> list[str]:
+    """The lines of ``text`` as every reader of a corpus here splits them (``lm.data.pairs``,
+    sacrebleu): at ``\\n`` only, less one ``\\r`` before it. ``str.splitlines`` also splits at
+    ``\\r``, ``\\x0c``, ``\\x85``, U+2028..., which scraped corpora hold inside sentences: the
+    translations would stop lining up with the references.
+
+    >>> split_lines("A dog\\u2028runs.\\r\\nTwo birds.\\n")
+    ['A dog\\u2028runs.', 'Two birds.']
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":  # the final newline ends the last line; it does not start another
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def read_lines(args: argparse.Namespace) -> list[str]:
     from lm.io import check_readable_file, decode_utf8
 
@@ -59,9 +76,10 @@ def read_lines(args: argparse.Namespace) -> list[str]:
     text, bad = decode_utf8(data)
     if bad:
         raise ValueError(f"--input: {bad:,} bytes are not valid UTF-8")
-    return text.splitlines()
+    return split_lines(text)
 
 
+@quiet_on_closed_pipe
 def cmd_translate(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads
@@ -78,9 +96,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
     cfg = model.config
     dtype = resolve_dtype(args.dtype, model.device)
     sources = [tok.encode(line.strip()) for line in lines]
+    where = "TEXT: sentence" if args.text else "--input: line"  # what the user gave the sentences as
     for i, s in enumerate(sources):
         if len(s) + 1 > cfg.context_length:
-            raise ValueError(f"--input: line {i + 1} has {len(s)} tokens, more than the model's context "
+            raise ValueError(f"{where} {i + 1} has {len(s)} tokens, more than the model's context "
                              f"{cfg.context_length - 1}")
     out = sys.stdout
     with autocast(model.device, dtype):
@@ -90,9 +109,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
             result = [[] for _ in chunk]
             if todo:
                 with as_flags(alpha="--alpha"):
-                    done = translate(model, [chunk[j] for j in todo], beam_size=args.beam,
-                                     vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
-                                     **({"alpha": args.alpha} if args.beam > 1 else {}))
+                    done = translate(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
+                                     vocab_size=tok.vocab_size)  # a model's vocabulary may be larger
                 for j, ids in zip(todo, done):
                     result[j] = ids
             for ids in result:

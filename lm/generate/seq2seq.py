@@ -93,6 +93,12 @@ def _check_beam_size(beam_size: int) -> None:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
 
 
+def _check_beam_options(alpha: float, stopping: str) -> None:
+    if not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    check_choice("stopping", stopping, ("exact", "heuristic"))
+
+
 def max_target_length(model, src_len: int, extra: int = 50) -> int:
     """``src_len + extra`` new tokens, within the context (which also holds ``<bos>``)."""
     return min(src_len + extra, model.config.context_length - 1)
@@ -202,9 +208,7 @@ def beam_search(
     to ids below it.
     """
     _check_beam_size(beam_size)
-    if not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    check_choice("stopping", stopping, ("exact", "heuristic"))
+    _check_beam_options(alpha, stopping)
     check_vocab_limit(vocab_size, model.config.vocab_size)
     src = _check(model, src_ids, max_extra)
     was_training = model.training
@@ -291,9 +295,14 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
     return [r if r is not None else (finished[i][0][1] if finished[i] else []) for i, r in enumerate(results)]
 
 
-def translate(model, src_ids: Sequence[Sequence[int]], *, beam_size: int = 1, **kwargs) -> list[list[int]]:
-    """Beam search for ``beam_size`` > 1, else greedy (or sampled, with ``temperature``) decoding."""
+def translate(model, src_ids: Sequence[Sequence[int]], *, beam_size: int = 1, alpha: float = 0.6,
+              stopping: str = "heuristic", **kwargs) -> list[list[int]]:
+    """Beam search for ``beam_size`` > 1, else greedy (or sampled, with ``temperature``) decoding.
+
+    ``alpha`` and ``stopping`` are beam search's; with ``beam_size=1`` they are checked and have no
+    effect (a beam of one is greedy whatever they are), so a sweep over beam sizes can keep them."""
     _check_beam_size(beam_size)
     if beam_size > 1:
-        return beam_search(model, src_ids, beam_size=beam_size, **kwargs)
+        return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, stopping=stopping, **kwargs)
+    _check_beam_options(alpha, stopping)
     return greedy_decode(model, src_ids, **kwargs)

@@ -110,7 +110,23 @@ class Trainer:
         self.tokenizer_sha256 = self.train_data.tokenizer_sha256
         if cfg.data.tokenizer:
             self._check_tokenizer(cfg.data.tokenizer)
+        if cfg.model.architecture == "encoder_decoder":
+            self._check_pair_budgets()
         check_step_memory(cfg, self.device)
+
+    def _check_pair_budgets(self) -> None:
+        """Every kept pair fits one batch, said in the settings' names (the dataset's own error
+        names its parameter, max_tokens, which no config has)."""
+        t, e = self.cfg.train, self.cfg.eval
+        budgets = [(self.train_data, t.batch_tokens, "train.batch_tokens")]
+        if self.val_data is not None:
+            budgets.append((self.val_data, e.batch_tokens or t.batch_tokens,
+                            "eval.batch_tokens" if e.batch_tokens else "train.batch_tokens"))
+        for data, budget, key in budgets:
+            if budget < data.longest:
+                raise ValueError(f"{key}: {budget} is less than the longest pair kept in {data.name} "
+                                 f"({data.longest} tokens with <bos>/<eos>); raise it to at least {data.longest}, "
+                                 "or lower model.context_length")
 
     def _build_model_and_optimizer(self) -> None:
         """The model and AdamW; the same seed gives every rank the same initial weights."""
