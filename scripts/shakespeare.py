@@ -6,8 +6,8 @@
 The first 90% of the bytes train (tokenizer and model), the last 10% validate. The clock starts
 before the tokenizer is trained; model training gets what is left of the budget after a margin
 for the final evaluation, with the cosine schedule running on elapsed time (train.max_time).
-Bits per byte = validation loss (nats/token) / ln 2 / (validation bytes / validation tokens),
-over every validation token. The headline figure slides the evaluation window by half the
+Bits per byte = the validation loss summed over every scored token, in bits, over those tokens'
+bytes (every validation token but the first). The headline figure slides the evaluation window by half the
 context (``--eval-stride``), so every token after the first window is predicted from at least
 64 tokens; the figure for windows that do not overlap is printed too, computed after the clock.
 
@@ -79,7 +79,7 @@ def main() -> int:
 
 def run(args, out: Path, t_start: float) -> int:
     from lm.data import read_token_file, tokenize_file
-    from lm.evaluate import evaluate_tokens
+    from lm.evaluate import evaluate_tokens, token_byte_lengths
     from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
     from lm.train import Trainer, config_from_dict
@@ -123,13 +123,13 @@ def run(args, out: Path, t_start: float) -> int:
         return 1
     t_train = time.perf_counter() - t_start - t_tok
 
-    val, meta = read_token_file(out / "data" / "val.bin")
-    bpt = meta["source_bytes"] / meta["num_tokens"]
+    val, _ = read_token_file(out / "data" / "val.bin")
+    token_bytes = token_byte_lengths(tok)  # bits per byte over the bytes of the tokens scored
     stride = args.eval_stride or args.context_length // 2
-    r = evaluate_tokens(trainer.model, val, batch_size=32, bytes_per_token=bpt, stride=stride)
+    r = evaluate_tokens(trainer.model, val, batch_size=32, token_bytes=token_bytes, stride=stride)
     total = time.perf_counter() - t_start
     # for comparison, after the clock: windows that do not overlap (less context per token)
-    flat = evaluate_tokens(trainer.model, val, batch_size=32, bytes_per_token=bpt)
+    flat = evaluate_tokens(trainer.model, val, batch_size=32, token_bytes=token_bytes)
     result = {"bits_per_byte": round(r["bits_per_byte"], 4), "val_loss": round(r["loss"], 4), "eval_stride": stride,
               "bits_per_byte_no_overlap": round(flat["bits_per_byte"], 4),
               "wall_seconds": round(total, 1), "tokenizer_seconds": round(t_tok, 1),

@@ -1,6 +1,7 @@
 """`lm demo` end to end on tiny settings: every stage runs and the report holds what it promises."""
 
 import json
+import math
 
 import pytest
 
@@ -8,8 +9,6 @@ from lm.demo.pipeline import DemoSettings, run_demo, unigram_bits_per_byte
 
 
 def test_unigram_baseline_formula():
-    import math
-
     import numpy as np
 
     train = np.array([0, 0, 0, 1])  # counts +1: [4, 2, 1] of 7
@@ -49,6 +48,10 @@ def test_quiet_demo_prints_nothing_but_the_report(tmp_path, monkeypatch, capsys)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == "", captured
     assert report.sizes["steps"] == 2 and (tmp_path / "demo" / "report.json").exists()
+    # bits per byte over the bytes of the tokens scored: all but the first (fewer than 200,000 here)
+    val = report.val
+    assert val["tokens"] == report.sizes["val_tokens"] - 1 and 0 < report.sizes["val_bytes"] - val["bytes"] <= 64
+    assert val["bits_per_byte"] == pytest.approx(val["loss"] * val["tokens"] / math.log(2) / val["bytes"])
 
 
 def test_overwrite_keeps_a_demo_folder_a_file_was_added_to_at_any_depth(tmp_path, monkeypatch):

@@ -184,7 +184,7 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
     import torch
 
     from lm.data import read_token_file, tokenize_file
-    from lm.evaluate import evaluate_tokens
+    from lm.evaluate import evaluate_tokens, token_byte_lengths
     from lm.generate import generate
     from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
@@ -253,8 +253,11 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
     lap("train")
 
     bpt = bytes_per_token(val_meta)
-    report.val = evaluate_tokens(model, val_ids, batch_size=16, max_tokens=200_000, bytes_per_token=bpt)
-    report.unigram_bpb = unigram_bits_per_byte(train_ids, val_ids, tok.vocab_size, val_meta["source_bytes"])
+    # bits per byte over the bytes of the tokens scored (the first 200,000 at most), and the
+    # unigram baseline over the very same tokens and bytes
+    report.val = evaluate_tokens(model, val_ids, batch_size=16, max_tokens=200_000, token_bytes=token_byte_lengths(tok))
+    scored = val_ids[1 : report.val["tokens"] + 1]
+    report.unigram_bpb = unigram_bits_per_byte(train_ids, scored, tok.vocab_size, report.val["bytes"])
     lap("evaluate")
 
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(settings.seed)
