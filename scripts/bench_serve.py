@@ -199,18 +199,19 @@ def serve(run: Path, port: int, max_batch: int, compile: bool = False) -> subpro
     return proc
 
 
-async def sigterm(proc: subprocess.Popen, url: str, translation: bool, tokens: int) -> dict:
-    """A translation ends at its <eos> (no ignore_eos there): a stream has finished when it ends
-    with a finish reason; a language model's must have all its ``tokens`` tokens."""
+async def sigterm(proc: subprocess.Popen, url: str, translation: bool, tokens: int, streams: int) -> dict:
+    """``streams`` streams decoding when the signal comes (at most the server's --max-batch). A
+    translation ends at its <eos> (no ignore_eos there): a stream has finished when it ends with a
+    finish reason; a language model's must have all its ``tokens`` tokens."""
     async with httpx.AsyncClient(timeout=120) as client:
         body = {"max_tokens": tokens, "temperature": 1.0}
         if not translation:
             body["ignore_eos"] = True  # still decoding when the signal comes
-        streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, **body})) for p in PROMPTS[:4]]
+        streams = [asyncio.ensure_future(stream_one(client, url, {"prompt": p, **body})) for p in PROMPTS[:streams]]
         deadline = time.perf_counter() + 60
-        while metrics(url).get("lm_batch_size", 0) < len(streams):  # all four are decoding
+        while metrics(url).get("lm_batch_size", 0) < len(streams):  # all of them are decoding
             if time.perf_counter() > deadline or any(s.done() for s in streams):
-                raise SystemExit("bench_serve.py: SIGTERM: the four streams were never decoding at once")
+                raise SystemExit(f"bench_serve.py: SIGTERM: the {len(streams)} streams were never decoding at once")
             await asyncio.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         while (await client.get(url + "/health")).status_code == 200:  # until the signal is handled
@@ -239,6 +240,10 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--compile", action="store_true", help="serve with lm serve --compile")
     args = ap.parse_args()
+    for flag, value in (("--clients", args.clients), ("--tokens", args.tokens), ("--requests", args.requests)):
+        if value < 1:
+            ap.error(f"{flag}: must be >= 1, got {value}")
+    draining = min(4, args.clients)  # streams in flight when SIGTERM comes: the server has --clients rows
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.checkpoint) if args.checkpoint else make_run(Path(tmp))
         translation = is_translation(run)
@@ -262,7 +267,7 @@ def main() -> int:
             idle_after = time.perf_counter() - t0
             rss_after = rss_kib(proc.pid)
             healthy = httpx.get(url + "/health").status_code == 200
-            term = asyncio.run(sigterm(proc, url, translation, args.tokens))
+            term = asyncio.run(sigterm(proc, url, translation, args.tokens, draining))
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -283,12 +288,14 @@ def main() -> int:
     # The >= 4x target is the default server's. With --compile a lone stream runs the compiled one-row
     # step, several times cheaper than the sixteen-row one (0.31 against 1.40 ms for the default model
     # here), which caps the ratio on a CPU whose sixteen-row step is bound by arithmetic: reported only.
-    ratio_ok = args.compile or load["ratio"] >= 4
+    # The target is set for sixteen clients; fewer cannot reach it (two at once are at most 2x one).
+    ratio_ok = args.compile or args.clients < 16 or load["ratio"] >= 4
     ok = (ratio_ok and load["identical texts"] and fault["valid correct"] == fault["valid"]
           and fault["malformed refused"] == fault["malformed"] and fault["unexpected"] == 0 and healthy
           and m.get("lm_batch_size") == 0 and term["new request during drain"] == 503 and term["exit status"] == 0
-          and term["streams finished"] == "4 of 4")
-    target = "no target with --compile: see the code" if args.compile else "target >= 4x"
+          and term["streams finished"] == f"{draining} of {draining}")
+    target = ("no target with --compile: see the code" if args.compile else
+              "target >= 4x" if args.clients >= 16 else "the >= 4x target is for 16 clients")
     print(f"\nall checks {'pass' if ok else 'FAIL'}; concurrency ratio {load['ratio']:.2f}x ({target})")
     return 0 if ok else 1
 

@@ -5,17 +5,21 @@ computed by the independent formulas of tests/helpers/model_reference.py (torch.
 plain-loop RoPE, in float64), never by ``lm``. tests/test_model.py and tests/test_seq2seq.py
 load the files and check that ``lm`` reproduces every tensor, so any regression in a model shows.
 
-    python scripts/make_fixtures.py          # rewrites the fixture (only if the formulas change)
+    python scripts/make_fixtures.py --check        # do the committed files hold what the formulas give?
+    python scripts/make_fixtures.py --overwrite    # rewrite them (only when the formulas change)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +55,7 @@ def make_state_dict(g: torch.Generator) -> dict[str, torch.Tensor]:
     return sd
 
 
-def main() -> None:
+def make_lm() -> tuple[dict[str, torch.Tensor], dict[str, str], Path]:
     g = torch.Generator().manual_seed(1234)
     c = CONFIG
     sd = make_state_dict(g)
@@ -75,11 +79,10 @@ def main() -> None:
     tensors["greedy_prompt"] = ids[0, :5].clone()
     tensors["greedy_tokens"] = torch.tensor(seq[5:])
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(OUT), metadata={"config": json.dumps(CONFIG)})
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+    return tensors, {"config": json.dumps(CONFIG)}, OUT
 
 
-def make_seq2seq() -> None:
+def make_seq2seq() -> tuple[dict[str, torch.Tensor], dict[str, str], Path]:
     """A post-norm encoder–decoder on a ragged, padded batch: memory, hidden states, logits, loss."""
     g = torch.Generator().manual_seed(4321)
     c = SEQ2SEQ
@@ -116,10 +119,40 @@ def make_seq2seq() -> None:
     tensors = {f"weights.{k}": t.contiguous() for k, t in sd.items()}
     tensors.update(src=src, src_mask=src_mask, tgt_in=tgt_in, tgt_out=tgt_out, tgt_mask=tgt_mask,
                    memory=memory.float(), hidden=hidden.float(), logits=logits.float(), loss=loss.float().reshape(()))
-    save_file(tensors, str(SEQ2SEQ_OUT), metadata={"config": json.dumps(SEQ2SEQ)})
-    print(f"wrote {SEQ2SEQ_OUT} ({SEQ2SEQ_OUT.stat().st_size} bytes)")
+    return tensors, {"config": json.dumps(SEQ2SEQ)}, SEQ2SEQ_OUT
+
+
+def differences(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> list[str]:
+    """What in the file at ``path`` differs from what the formulas give (bit for bit)."""
+    if not path.exists():
+        return [f"{path} is missing"]
+    with safe_open(str(path), "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+        diff = [] if f.metadata() == metadata else ["its config"]
+    diff += [k for k in sorted(set(stored) | set(tensors))
+             if k not in stored or k not in tensors or not torch.equal(stored[k], tensors[k])]
+    return diff
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="compare the committed fixtures with the formulas' tensors")
+    mode.add_argument("--overwrite", action="store_true", help="write the fixtures over the committed ones")
+    args = ap.parse_args()
+    status = 0
+    for tensors, metadata, path in (make_lm(), make_seq2seq()):
+        if args.check:
+            diff = differences(tensors, metadata, path)
+            print(f"{path.name}: " + ("up to date" if not diff else "differs: " + ", ".join(diff[:8])))
+            status |= bool(diff)
+        else:
+            tmp = path.with_name(path.name + ".tmp")
+            save_file(tensors, str(tmp), metadata=metadata)
+            os.replace(tmp, path)
+            print(f"wrote {path} ({path.stat().st_size} bytes)")
+    return status
 
 
 if __name__ == "__main__":
-    main()
-    make_seq2seq()
+    sys.exit(main())
