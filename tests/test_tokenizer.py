@@ -2,7 +2,11 @@
 
 import io
 import json
+import random
+import re
+import time
 import tracemalloc
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -10,8 +14,9 @@ from helpers.data import data_file, gpt2_published_pattern
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lm.tokenizer import Tokenizer, train_bpe
-from lm.tokenizer.byte_unicode import unicode_str_to_bytes
+import lm.tokenizer.tokenizer as tokenizer_module
+from lm.tokenizer import Tokenizer, load_tokenizer_dir, save_tokenizer_dir, train_bpe
+from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
 
 EOT = "<|endoftext|>"
 
@@ -241,3 +246,161 @@ def test_hf_tokenizer_json_encodes_identically(small_tokenizer, gpt2, tmp_path):
 def test_stream_from_stringio(small_tokenizer):
     text = SAMPLE * 3 + EOT
     assert list(small_tokenizer.encode_iterable(io.StringIO(text))) == small_tokenizer.encode(text)
+
+
+# ------------------------------------------------------------ long pre-tokens: BPE in O(n log n)
+
+
+@pytest.fixture(scope="module")
+def gpt2_ranks(gpt2) -> dict[tuple[bytes, bytes], int]:
+    return {pair: rank for rank, pair in reversed(list(enumerate(gpt2.merges)))}
+
+
+def brute_force_bpe_word(tok: Tokenizer, ranks: dict[tuple[bytes, bytes], int], word: bytes) -> list[int]:
+    """BPE as defined, on bytes: merge the leftmost occurrence of the pair of lowest rank until none is left."""
+    parts = [bytes([b]) for b in word]
+    while True:
+        pairs = [(ranks[p], i) for i, p in enumerate(zip(parts, parts[1:])) if p in ranks]
+        if not pairs:
+            return [tok.token_to_id[p] for p in parts]
+        _, i = min(pairs)
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(word=st.one_of(st.text(alphabet="ACGT", max_size=300), st.text(alphabet="aeinorst -.'\n", max_size=300),
+                      st.text(max_size=120)))
+def test_both_forms_of_bpe_equal_brute_force(small_tokenizer, gpt2, gpt2_ranks, word):
+    """Short pre-tokens take the list form of BPE, long ones the heap form; each must give the ids of
+    the textbook merge loop, whatever the length."""
+    small_ranks = {pair: rank for rank, pair in reversed(list(enumerate(small_tokenizer.merges)))}
+    data = word.encode("utf-8")
+    for tok, ranks in ((small_tokenizer, small_ranks), (gpt2, gpt2_ranks)):
+        expected = brute_force_bpe_word(tok, ranks, data)
+        assert tok._bpe(data) == expected
+        for threshold in (0, 1 << 30):  # the heap form on every word, then the list form on every word
+            with mock.patch.object(tokenizer_module, "_LONG_WORD", threshold):
+                assert tok._bpe(data) == expected
+
+
+def test_a_long_word_encodes_like_tiktoken_without_quadratic_time(gpt2):
+    """A pre-token of 100,000 characters (a DNA line, a ruler of dashes, a hex dump) took about a minute,
+    each merge rescanning the word, and stalled `lm tokenize` and `lm serve`. The bound is only a guard;
+    the timings are in scripts/bench_tokenizer.py."""
+    enc = tiktoken_gpt2()
+    rng = random.Random(0)
+    for alphabet in ("ACGT", "ACGTacgtNnXYZ"):
+        word = "".join(rng.choice(alphabet) for _ in range(100_000))
+        t0 = time.perf_counter()
+        ids = gpt2.encode(word)
+        assert time.perf_counter() - t0 < 10
+        assert ids == enc.encode(word)
+    assert gpt2.encode("-" * 50_000) == enc.encode("-" * 50_000)
+
+
+# ------------------------------------------------------------ streaming across whitespace runs
+
+WHITESPACE_RUNS = st.lists(
+    st.sampled_from(["\n\t", " \xa0", "\r\n", "\n", "\t", " ", "  ", "   ", "\xa0", "\u3000", "Hello", "word", "x",
+                     "é", "1", ".", "'s", EOT]),
+    max_size=30,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=WHITESPACE_RUNS, cuts=st.lists(st.integers(0, 400), max_size=6), buffer=st.integers(1, 12))
+def test_encode_iterable_equals_encode_across_whitespace_runs(gpt2, text, cuts, buffer):
+    """A stream cut after a whitespace run that ends in a character other than a space gave other ids:
+    "\\n\\tHi" splits as "\\n", "\\t", "Hi" only because "H" follows, and "\\n\\t" at the end of a piece
+    stayed whole. A small buffer puts the cut everywhere."""
+    cuts = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    with mock.patch.object(tokenizer_module, "_STREAM_BUFFER_CHARS", buffer):
+        assert list(gpt2.encode_iterable(pieces)) == gpt2.encode(text)
+
+
+def test_encode_iterable_on_tab_indented_and_crlf_text_in_blocks(gpt2):
+    """The cases the buffer of 64K characters met: " \\xa0" before a word at the cut, and files of
+    tab-indented code or CRLF lines read in blocks."""
+    text = "word " * 13106 + "end \xa0Hello"
+    assert list(gpt2.encode_iterable([text[:65539], text[65539:]])) == gpt2.encode(text)
+    code = "".join(f"def f{i}(x):\n\tif x:\n\t\treturn {i}\n\treturn x\n\n" for i in range(20000))
+    crlf = "".join(f"line {i}:\tsome text, and more\r\n\t\r\n" for i in range(20000))
+    for text in (code, crlf):
+        blocks = [text[i : i + (1 << 16)] for i in range(0, len(text), 1 << 16)]  # as f.read(1 << 16) gives
+        assert list(gpt2.encode_iterable(blocks)) == gpt2.encode(text)
+
+
+# ------------------------------------------------------------ special tokens in the tokenizer's files
+
+
+@pytest.mark.parametrize("special", ["@", "\n", "é", "Ġ", "«", " ", "<sep> ", "\r\n", "Ġhello"])
+def test_a_trained_tokenizer_reloads_exactly_or_is_refused(tmp_path, special):
+    """A special token written under the same vocab.json key as an ordinary token ("@" and "\\n" as their
+    byte, "é" and "Ġ" as the byte-mapped string of bytes 0xE9 and 0x20) lost one of the two ids, or left a
+    byte missing on reading. Each format now reads back to the same tokenizer (same ids, same checksum),
+    or refuses the special token when it is saved: vocab.json has one key per token string ("@" is also
+    the byte b"@"), and Hugging Face gives an added token the id of its text in the BPE vocab ("é")."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(f"hello world{special}foo bar é « Ġ x\n" * 30 + "café\r\nhello hello\n", encoding="utf-8")
+    vocab, merges = train_bpe(corpus, 300, [special, EOT], num_workers=1)
+    tok = Tokenizer(vocab, merges, [special, EOT])
+    text = f"hello{special}world é«Ġ\n{special}{special}café\r\n{EOT}"
+
+    def check_same(loaded: Tokenizer) -> None:
+        assert loaded.vocab == tok.vocab and loaded.checksum() == tok.checksum()
+        assert loaded.encode(text) == tok.encode(text)
+        assert loaded.decode(tok.encode(text)) == text
+
+    if special == "@":
+        with pytest.raises(ValueError, match=r"special_tokens: '@' cannot be saved in vocab.json: '@' is already"):
+            tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+        assert not (tmp_path / "vocab.json").exists()
+    else:
+        tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+        check_same(Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [special, EOT]))
+        save_tokenizer_dir(tok, tmp_path / "folder")
+        check_same(load_tokenizer_dir(tmp_path / "folder"))
+    if special in ("@", "é", "Ġ", "«", "Ġhello"):  # Ġhello: the learned token " hello" has that string
+        with pytest.raises(ValueError, match=f"special_tokens: {re.escape(repr(special))} cannot be saved in "
+                                             "tokenizer.json"):
+            save_tokenizer_dir(tok, tmp_path / "hf", hf=True)
+        assert not (tmp_path / "hf").exists()  # refused before anything is written
+        return
+    save_tokenizer_dir(tok, tmp_path / "hf", hf=True)
+    check_same(load_tokenizer_dir(tmp_path / "hf"))
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    assert hf.encode(text).ids == tok.encode(text)
+    assert hf.decode(tok.encode(text), skip_special_tokens=False) == text
+
+
+def test_gpt2_files_with_a_special_token_that_is_a_byte_string(gpt2, tmp_path):
+    """"é" is byte 0xE9 in GPT-2's vocab.json: as a special token it was read as the text "é" instead,
+    and byte 0xE9 went missing. The special token is now the existing token of its bytes ("Ã©")."""
+    tok = Tokenizer.from_files(data_file("gpt2_vocab.json"), data_file("gpt2_merges.txt"), [EOT, "é"])
+    assert tok.vocab == gpt2.vocab
+    e_acute = gpt2.token_to_id["é".encode()]
+    assert bytes_to_unicode_str(gpt2.vocab[e_acute]) == "Ã©"
+    assert tok.encode("café, é") == gpt2.encode("caf") + [e_acute] + gpt2.encode(", ") + [e_acute]
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    loaded = Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [EOT, "é"])
+    assert loaded.checksum() == tok.checksum()
+
+
+def test_a_folder_written_by_earlier_versions_still_loads(small_tokenizer, tmp_path):
+    """Earlier versions wrote each special token's text as its key (what GPT-2's files do for
+    <|endoftext|>): such folders must load to the same tokenizer."""
+    specials = [EOT, "<pad>", "<sep> ", "<|début|>"]
+    tok = Tokenizer(small_tokenizer.vocab, small_tokenizer.merges, specials)
+    special_bytes = {t.encode() for t in specials}
+    vocab = {(b.decode() if b in special_bytes else bytes_to_unicode_str(b)): i for i, b in sorted(tok.vocab.items())}
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(
+        f"{bytes_to_unicode_str(a)} {bytes_to_unicode_str(b)}\n" for a, b in tok.merges), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"special_tokens": specials, "pre_tokenizer": "gpt2"}))
+    loaded = load_tokenizer_dir(folder)
+    assert loaded.vocab == tok.vocab and loaded.checksum() == tok.checksum()
+    assert loaded.encode(SAMPLE + "<sep> <|début|>") == tok.encode(SAMPLE + "<sep> <|début|>")

@@ -9,7 +9,7 @@ import pytest
 
 from lm.cli import main
 from lm.data import read_token_file, tokenize_file
-from lm.tokenizer import Tokenizer, load_tokenizer_dir
+from lm.tokenizer import Tokenizer, load_tokenizer_dir, save_tokenizer_dir, train_bpe
 
 EOT = "<|endoftext|>"
 STORY = (
@@ -63,6 +63,32 @@ def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers, warm_by
     assert meta["tokenizer_sha256"] == tok.checksum() and meta["vocab_size"] == tok.vocab_size
 
 
+@pytest.mark.parametrize("specials", [["<|a|>", "<|a|><|b|>", "<|b|>"], ["ab", "bc"], ["<|endoftext|>", "endoftext"]])
+def test_tokenize_file_equals_encode_for_any_chunk_size_with_overlapping_special_tokens(tmp_path, specials):
+    """The file was cut at the first occurrence of a special token after the chunk target, even one
+    inside a longer special token that starts before it ("<|b|>" in "<|a|><|b|>"): the ids then
+    depended on where the targets fell, and differed from encode's."""
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
+    text = "xx<|a|><|b|>yy abc\n<|endoftext|>endoftext bcab.\n<|b|><|a|><|b|>ab\nbc"
+    path = tmp_path / "in.txt"
+    path.write_text(text, encoding="utf-8")
+    expected = tok.encode(text)
+    for chunk_bytes in range(1, len(text) + 1):
+        tokenize_file(tok, path, tmp_path / "out.bin", num_workers=1, chunk_bytes=chunk_bytes)
+        assert read_token_file(tmp_path / "out.bin")[0].tolist() == expected, chunk_bytes
+
+
+def test_tokenize_cli_with_the_default_chunk_target_inside_a_special_token(tmp_path, capsys):
+    specials = ["<|a|>", "<|a|><|b|>", "<|b|>"]
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
+    save_tokenizer_dir(tok, tmp_path / "tok")
+    text = "x" * ((1 << 21) - 2) + "<|a|><|b|> tail\n"  # the 2 MiB chunk target falls 2 bytes into "<|a|><|b|>"
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    assert main(["tokenize", "--tokenizer", str(tmp_path / "tok"), "--input", str(tmp_path / "in.txt"),
+                 "--out", str(tmp_path / "in.bin"), "--num-workers", "1", "--quiet"]) == 0
+    assert read_token_file(tmp_path / "in.bin")[0].tolist() == tok.encode(text)
+
+
 def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
     assert main(["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out",
                  str(tmp_path / "c.bin"), "--quiet"]) == 0
@@ -89,7 +115,14 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
           "--special-token", "<s>", "--out", "OUT"], "duplicate special token '<s>'"),
         (["tokenize", "--tokenizer", "NODIR", "--input", "CORPUS", "--out", "OUT/x.bin"], "tokenizer: not a directory"),
         (["tokenize", "--tokenizer", "TOK", "--input", "MISSING", "--out", "OUT/x.bin"],
-         "input: file not found: 'MISSING'"),
+         "--input: file not found: 'MISSING'"),
+        (["tokenize", "--tokenizer", "TOK", "--input", "EMPTY", "--out", "OUT/x.bin"],
+         "--input: file is empty: 'EMPTY'"),  # the flag, not the library's parameter "input"
+        # special tokens that the tokenizer's files could not hold: refused before training
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "@", "--out", "OUT"],
+         "--special-token: '@' cannot be saved in vocab.json: '@' is already the key of token"),
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "é", "--out", "OUT"],
+         "--special-token: 'é' cannot be saved in tokenizer.json"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsys, monkeypatch):
@@ -100,6 +133,25 @@ def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "OUT").exists() or not any((tmp_path / "OUT").iterdir())
+
+
+def test_train_with_a_newline_special_token_reloads_exactly(tmp_path, capsys):
+    """With --special-token "\n" the special token and the byte b"\n" were written under one key: the
+    folder reloaded with one token fewer and the special token at another id."""
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("".join(f"{STORY}line {i}\n" for i in range(200)), encoding="utf-8")
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--special-token", "\n",
+                 "--special-token", EOT, "--out", str(out), "--quiet", "--holdout-bytes", "0",
+                 "--num-workers", "1"]) == 0
+    vocab, merges = train_bpe(corpus, 300, ["\n", EOT], num_workers=1)
+    trained = Tokenizer(vocab, merges, ["\n", EOT])
+    loaded = load_tokenizer_dir(out)
+    assert loaded.checksum() == trained.checksum() and loaded.vocab_size == 300
+    assert loaded.encode(STORY) == trained.encode(STORY) and loaded.token_to_id[b"\n"] == 0
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert hf.encode(STORY + EOT).ids == trained.encode(STORY + EOT)
 
 
 def test_interrupted_tokenize_leaves_no_output(trained, corpus, tmp_path, monkeypatch):

@@ -132,6 +132,28 @@ def test_chunks_cut_no_pretoken(tmp_path, text, target):
     assert pieces == whole
 
 
+OVERLAPPING_SPECIALS = [
+    (["<|a|>", "<|a|><|b|>", "<|b|>"], "xx<|a|><|b|>yy<|a|>\n<|b|><|a|><|b|><|a|>z.\n"),
+    (["ab", "bc"], "xxabcxx\nabc.\nbcab"),
+    (["<|endoftext|>", "endoftext"], "aa<|endoftext|>bb\nendoftext.\n<|endoftext|>"),
+    (["ab", "ba"], "xabababx.\nbababa.\n"),  # a chain of overlaps
+]
+
+
+@pytest.mark.parametrize(("specials", "text"), OVERLAPPING_SPECIALS)
+def test_chunks_never_cut_inside_an_overlapping_special_token(tmp_path, specials, text):
+    """A chunk target inside "<|a|><|b|>" cut the file at the inner "<|b|>", so the counts (and the ids of
+    `lm tokenize`) differed from those of the whole text, by where the targets fell."""
+    path = tmp_path / "t.txt"
+    path.write_text(text, encoding="utf-8")
+    whole = Counter()
+    for seg in regex.split("|".join(regex.escape(t) for t in sorted(specials, key=len, reverse=True)), text):
+        whole.update(REFERENCE_REGEX.findall(seg))
+    for chunk_bytes in range(1, len(text) + 1):
+        counts = count_pretokens([(str(path), 0, len(text))], specials, num_workers=1, chunk_bytes=chunk_bytes)
+        assert counts == whole, (chunk_bytes, chunk_boundaries(path, specials, chunk_bytes))
+
+
 def test_parallel_counting_equals_serial(tmp_path, monkeypatch):
     rows = [f"Line {i}: the quick brown fox {i % 97} jumps — über café.\n" for i in range(20000)]
     text = "<|endoftext|>".join("".join(rows[i : i + 500]) for i in range(0, len(rows), 500))

@@ -1,16 +1,22 @@
 """The vectorised fast path of encoding against the regex path it replaces on plain text."""
 
+import json
+
 import numpy as np
 import pytest
+from helpers.data import data_file, gpt2_published_pattern
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lm.tokenizer.vectorized as vz
 from lm.tokenizer import Tokenizer, train_bpe
+from lm.tokenizer.byte_unicode import unicode_str_to_bytes
 from lm.tokenizer.pretokenize import _SAFE_NON_ASCII, GPT2_REGEX, is_plain, plain_stretches
 from lm.tokenizer.vectorized import HashedEncoder
 
 EOT = "<|endoftext|>"
+# special tokens that end in a space, which the fast path once took for a space before the next word
+SPACE_ENDED = ["<sep> ", "x ", "' ", "  ", " "]
 # plain text, weighted towards what the rules care about: contractions, runs of whitespace
 PLAIN = st.text(
     alphabet=st.sampled_from(list("abcABZ019 '''sdmtlverSDLVE.,!?-\"\n\n  \t\r\x0b\x0c") + list(_SAFE_NON_ASCII[:8])),
@@ -48,9 +54,10 @@ def test_pretoken_starts_on_corner_cases(text):
 
 @settings(max_examples=500, deadline=None)
 @given(st.lists(PLAIN, min_size=1, max_size=5),
-       st.lists(st.sampled_from(["<s>", "<|x|>", "l"]), min_size=5, max_size=5))
+       st.lists(st.sampled_from(["<s>", "<|x|>", "l", *SPACE_ENDED, "'"]), min_size=5, max_size=5))
 def test_special_tokens_cut_the_text_like_separate_texts(pieces, specials):
-    """Around a special token the text splits as if it ended (or began) there."""
+    """Around a special token the text splits as if it ended (or began) there: the last space of
+    "<sep> " does not join the word after it, nor is a special token "'" the start of "'s"."""
     text, mask, sp_starts, expected = "", [], [], []
     for i, piece in enumerate(pieces):
         if i:
@@ -86,6 +93,48 @@ def test_fast_path_equals_regex_path(tok, parts):
     text = "".join(parts)
     assert tok.encode(text) == regex_path(tok, text)
     assert tok.encode_to_numpy(text, np.uint16).tolist() == regex_path(tok, text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(PLAIN, st.sampled_from([*SPACE_ENDED, "'", EOT, "é"])), max_size=8),
+       st.sampled_from([*SPACE_ENDED, "'"]))
+def test_fast_path_equals_regex_path_with_special_tokens_ending_in_a_space(tok, parts, special):
+    """ "a<sep> b" gave [a, <sep> , " ", b] on the fast path (the space of the special token was taken
+    for one before "b"), and decoded to "a<sep>  b"; the regex path gives [a, <sep> , b]."""
+    tok = Tokenizer(tok.vocab, tok.merges, [EOT, special])
+    text = "".join(parts)
+    assert tok.encode(text) == regex_path(tok, text)
+    assert tok.decode(tok.encode(text)) == text
+
+
+def tiktoken_gpt2_with(tok: Tokenizer):
+    """tiktoken's encoding of the GPT-2 files (GPT-2's published pattern), with the special tokens of ``tok``."""
+    tiktoken = pytest.importorskip("tiktoken")
+    vocab = json.loads(data_file("gpt2_vocab.json").read_text(encoding="utf-8"))
+    ranks = {unicode_str_to_bytes(s): i for s, i in vocab.items() if s != EOT}
+    specials = {t: tok.token_to_id[t.encode()] for t in tok.special_tokens}
+    return tiktoken.Encoding("gpt2-local", pat_str=gpt2_published_pattern(), mergeable_ranks=ranks,
+                             special_tokens=specials)
+
+
+@pytest.fixture(scope="module")
+def gpt2_space_ended() -> dict[str, tuple]:
+    """GPT-2 with each special token of SPACE_ENDED, and tiktoken given the same special tokens."""
+    gpt2 = Tokenizer.from_files(data_file("gpt2_vocab.json"), data_file("gpt2_merges.txt"), [EOT])
+    out = {}
+    for special in SPACE_ENDED:
+        tok = Tokenizer(gpt2.vocab, gpt2.merges, [EOT, special])
+        out[special] = tok, tiktoken_gpt2_with(tok)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(PLAIN, st.sampled_from([*SPACE_ENDED, "»", "…", EOT])), max_size=8),
+       st.sampled_from(SPACE_ENDED))
+def test_special_tokens_ending_in_a_space_encode_like_tiktoken(gpt2_space_ended, parts, special):
+    tok, enc = gpt2_space_ended[special]
+    text = "".join(parts)
+    assert tok.encode(text) == enc.encode(text, allowed_special="all")
 
 
 def test_a_hash_collision_falls_back_to_the_regex_path(tok, monkeypatch):

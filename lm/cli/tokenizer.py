@@ -116,6 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from lm.tokenizer import Tokenizer, save_tokenizer_dir
+    from lm.tokenizer.files import check_special_tokens_savable
     from lm.tokenizer.train import TrainStats, holdout_split, train_bpe, training_summary
 
     paths = [check_readable_file(p, "--input") for p in args.input]
@@ -124,6 +125,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             raise ValueError(f"--input: file is empty: {str(p)!r}")
     if args.holdout_bytes < 0:
         raise ValueError(f"--holdout-bytes: must be >= 0, got {args.holdout_bytes}")
+    with as_flags(special_tokens="--special-token"):
+        check_special_tokens_savable(args.special_token)  # "@" could not be saved: refuse it before the work
     out = Path(args.out)
     inputs = [("--input", p) for p in paths]
     output = dict(command="lm tokenizer train", overwrite=args.overwrite, inputs=inputs, files=TOKENIZER_FILES)
@@ -149,8 +152,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         )
     tok = Tokenizer(vocab, merges, args.special_token)
     t1 = time.perf_counter()
-    with replace_dir(out, **output) as tmp:
-        save_tokenizer_dir(tok, tmp, hf=True)
+    with replace_dir(out, **output) as tmp, as_flags(special_tokens="--special-token"):
+        save_tokenizer_dir(tok, tmp, hf=True)  # refuses a special token that clashes with a learned token
         t2 = time.perf_counter()
         summary = training_summary(tok, stats, paths, heldout, {"save": t2 - t1, "since_start": t2 - t0})
         with atomic_write(tmp / "summary.json") as f:
@@ -178,6 +181,8 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     if src.suffix == ".gz":
         raise ValueError(f"--input: {str(src)!r} is gzip-compressed; decompress it first (only parallel text, "
                          "with --target, is read from .gz)")
+    if src.stat().st_size == 0:
+        raise ValueError(f"--input: file is empty: {str(src)!r}")
     _check_text(src, src)
     _check_outputs(args, [("--input", src)], what="a token file written by `lm tokenize` (it has no valid sidecar)")
     stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced

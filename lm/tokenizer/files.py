@@ -2,7 +2,8 @@
 and the tokenizer directory that ``lm tokenizer train`` writes and every run carries.
 
 Byte-level tokens are stored as strings through GPT-2's byte-to-character mapping
-(:mod:`lm.tokenizer.byte_unicode`); special tokens are stored as their own text.
+(:mod:`lm.tokenizer.byte_unicode`); special tokens as their own text where that cannot be taken
+for another token (see :func:`vocab_strings`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,67 @@ from pathlib import Path
 
 from lm.io import atomic_write, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
-from lm.tokenizer.pretokenize import GPT2_PATTERN
+from lm.tokenizer.pretokenize import GPT2_PATTERN, check_special_tokens
 from lm.tokenizer.tokenizer import Tokenizer
 
 
 def vocab_strings(tokenizer: Tokenizer) -> dict[str, int]:
-    """``{token string: id}`` as GPT-2's ``vocab.json`` (and Hugging Face's BPE model) store it."""
-    specials = {t.encode("utf-8") for t in tokenizer.special_tokens}
-    return {(tok.decode("utf-8") if tok in specials else bytes_to_unicode_str(tok)): i
-            for i, tok in sorted(tokenizer.vocab.items())}
+    """``{token string: id}`` as GPT-2's ``vocab.json`` stores it, in id order; :func:`read_gpt2_files`
+    reads it back to the same vocab.
+
+    Every token is written through the byte mapping except the special tokens (by id, not by
+    bytes: "@" may be both a special token and the byte ``b"@"``), which are written as their
+    own text unless that is already another token's key ("é" is byte 0xE9's) or would read back
+    as other bytes; then through the byte mapping ("Ã©"). A special token that fits neither way
+    (a printable ASCII character, whose text is its byte's key) is refused: one key cannot hold two ids.
+    """
+    specials = set(tokenizer.special_tokens)
+    special_ids = {i: t for t, i in tokenizer._special_ids.items()}
+    needed = _bpe_tokens(tokenizer.merges)
+    keys: dict[str, int] = {}
+    for i, tok in sorted(tokenizer.vocab.items()):
+        if i in special_ids:
+            continue
+        key = bytes_to_unicode_str(tok)
+        if key in keys:
+            raise ValueError(f"vocab: ids {keys[key]} and {i} are both the token {tok!r}; "
+                             "vocab.json holds one id per token")
+        keys[key] = i
+    for i, t in special_ids.items():
+        tok = tokenizer.vocab[i]
+        forms = [t, bytes_to_unicode_str(tok)]
+        key = next((k for k in forms if k not in keys and _token_bytes(k, specials, needed) == tok), None)
+        if key is None:
+            other = keys.get(t, keys.get(forms[1]))
+            why = (f"{t!r} is already the key of token {other} ({tokenizer.vocab[other]!r})" if other is not None
+                   else "its text would read back as other bytes")
+            raise ValueError(f"special_tokens: {t!r} cannot be saved in vocab.json: {why}; "
+                             "use a special token that is not also an ordinary token, such as '<|...|>'")
+        keys[key] = i
+    return dict(sorted(keys.items(), key=lambda kv: kv[1]))
+
+
+def _bpe_tokens(merges: Sequence[tuple[bytes, bytes]]) -> set[bytes]:
+    """The tokens that BPE itself needs: the 256 single bytes and the result of every merge."""
+    return {bytes([i]) for i in range(256)} | {a + b for a, b in merges}
+
+
+def _token_bytes(key: str, specials: set[str], needed: set[bytes]) -> bytes:
+    """The bytes of a ``vocab.json`` key: through GPT-2's byte mapping, or a special token's own text.
+
+    A special token's text can also be a valid byte-mapped string that means other bytes:
+    "é" is byte 0xE9 in GPT-2's own ``vocab.json``. It stands for those bytes when the
+    tokenizer needs them (a single byte, or what a merge makes), else for the special token.
+    """
+    try:
+        tok = unicode_str_to_bytes(key)
+    except ValueError:
+        if key in specials:
+            return key.encode("utf-8")
+        raise
+    if key in specials and tok not in needed:
+        return key.encode("utf-8")
+    return tok
 
 
 def merge_strings(tokenizer: Tokenizer) -> list[tuple[str, str]]:
@@ -36,17 +89,6 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
     vocab_path = check_readable_file(vocab_path, "vocab_path")
     merges_path = check_readable_file(merges_path, "merges_path")
     raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
-    specials = set(special_tokens or [])
-    vocab: dict[int, bytes] = {}
-    for s, i in raw.items():
-        if not isinstance(i, int):
-            raise ValueError(f"vocab_path: id of token {s!r} is {i!r}, not an integer")
-        if i in vocab:
-            raise ValueError(f"vocab_path: id {i} is used twice")
-        try:  # special tokens are stored as plain text; every other token in the byte mapping
-            vocab[i] = s.encode("utf-8") if s in specials else unicode_str_to_bytes(s)
-        except ValueError as e:
-            raise ValueError(f"vocab_path: {e}") from None
     merges: list[tuple[bytes, bytes]] = []
     with open(merges_path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -57,13 +99,26 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
             if len(parts) != 2:
                 raise ValueError(f"merges_path: line {lineno} of {str(merges_path)!r} is not 'left right': {line!r}")
             merges.append((unicode_str_to_bytes(parts[0]), unicode_str_to_bytes(parts[1])))
+    specials = set(special_tokens or [])
+    needed = _bpe_tokens(merges)
+    vocab: dict[int, bytes] = {}
+    for s, i in raw.items():
+        if not isinstance(i, int):
+            raise ValueError(f"vocab_path: id of token {s!r} is {i!r}, not an integer")
+        if i in vocab:
+            raise ValueError(f"vocab_path: id {i} is used twice")
+        try:  # the byte mapping, or a special token's own text
+            vocab[i] = _token_bytes(s, specials, needed)
+        except ValueError as e:
+            raise ValueError(f"vocab_path: {e}") from None
     return vocab, merges
 
 
 def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> None:
     """GPT-2 style files, each written atomically: ``{token_string: id}`` JSON and one merge per line."""
+    vocab = vocab_strings(tokenizer)  # may refuse a special token: before anything is written
     with atomic_write(vocab_path) as f:
-        json.dump(vocab_strings(tokenizer), f, ensure_ascii=False, indent=0)
+        json.dump(vocab, f, ensure_ascii=False, indent=0)
         f.write("\n")
     with atomic_write(merges_path) as f:
         f.write("#version: 0.2\n")
@@ -74,8 +129,12 @@ def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges
 def hf_json(tokenizer: Tokenizer) -> dict:
     """A Hugging Face ``tokenizer.json`` document that encodes exactly like ``tokenizer``.
 
-    Special tokens sit in the model vocab under their own text too, as in GPT-2's file:
-    ``tokenizers`` gives an added token the id it has there (else a new id past the end)."""
+    Special tokens sit in the model vocab under their own text, as in GPT-2's file:
+    ``tokenizers`` gives an added token the id that its text has there (else a new id past the
+    end), whatever id the file records. So a special token whose text is also an ordinary
+    token's byte-mapped string ("é", "Ġ" and "@" are single bytes' keys) cannot keep its own
+    id there, and is refused."""
+    vocab = hf_vocab(tokenizer)
     return {
         "version": "1.0",
         "truncation": None,
@@ -104,10 +163,36 @@ def hf_json(tokenizer: Tokenizer) -> dict:
             "fuse_unk": False,
             "byte_fallback": False,
             "ignore_merges": False,
-            "vocab": vocab_strings(tokenizer),
+            "vocab": vocab,
             "merges": [list(pair) for pair in merge_strings(tokenizer)],
         },
     }
+
+
+def hf_vocab(tokenizer: Tokenizer) -> dict[str, int]:
+    """The BPE model's ``{token string: id}`` of :func:`hf_json`: every token through the byte
+    mapping, and each special token's id under its own text (as well, when BPE needs its bytes)."""
+    special_ids = {i: t for t, i in tokenizer._special_ids.items()}
+    needed = _bpe_tokens(tokenizer.merges)
+    keys: dict[str, int] = {}
+    for i, tok in sorted(tokenizer.vocab.items()):
+        if i not in special_ids:
+            key = bytes_to_unicode_str(tok)
+            if key in keys:
+                raise ValueError(f"vocab: ids {keys[key]} and {i} are both the token {tok!r}; "
+                                 "tokenizer.json holds one id per token")
+            keys[key] = i
+    for i, t in special_ids.items():
+        if tokenizer.vocab[i] in needed:  # also an ordinary token, which BPE makes or starts from
+            keys.setdefault(bytes_to_unicode_str(tokenizer.vocab[i]), i)
+        other = keys.setdefault(t, i)
+        if other != i:
+            raise ValueError(
+                f"special_tokens: {t!r} cannot be saved in tokenizer.json: Hugging Face gives an added token the id "
+                f"of the same string in the BPE vocab, where {t!r} is token {other} ({tokenizer.vocab[other]!r}); "
+                "use a special token that is not also an ordinary token, such as '<|...|>'"
+            )
+    return dict(sorted(keys.items(), key=lambda kv: kv[1]))
 
 
 def write_hf_json(tokenizer: Tokenizer, path: str | os.PathLike) -> None:
@@ -120,10 +205,12 @@ def save_tokenizer_dir(tokenizer: Tokenizer, directory: str | os.PathLike, *, hf
     """Write ``DIR/vocab.json``, ``DIR/merges.txt`` and ``DIR/tokenizer_config.json`` (the special
     tokens), plus ``DIR/tokenizer.json`` for Hugging Face when ``hf``; :func:`load_tokenizer_dir` reads it."""
     d = Path(directory)
+    hf_doc = hf_json(tokenizer) if hf else None  # may refuse a special token: before anything is written
     d.mkdir(parents=True, exist_ok=True)
     tokenizer.save(d / "vocab.json", d / "merges.txt")
-    if hf:
-        tokenizer.save_hf(d / "tokenizer.json")
+    if hf_doc is not None:
+        with atomic_write(d / "tokenizer.json") as f:
+            json.dump(hf_doc, f, ensure_ascii=False)
     with atomic_write(d / "tokenizer_config.json") as f:
         json.dump({"special_tokens": tokenizer.special_tokens, "pre_tokenizer": "gpt2"}, f, indent=1)
     return d
@@ -148,6 +235,19 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
             if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
                 raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
     return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)
+
+
+def check_special_tokens_savable(special_tokens: Sequence[str]) -> None:
+    """Refuse, before training, a special token that the files of a trained tokenizer could not
+    keep apart from the 256 single bytes ("@" in ``vocab.json``; "é", "Ġ" in ``tokenizer.json``:
+    see :func:`vocab_strings` and :func:`hf_json`). A clash with a token that training has yet
+    to learn is found when the files are written."""
+    from lm.tokenizer.train import build_vocab
+
+    special_tokens = check_special_tokens(special_tokens)
+    tokenizer = Tokenizer(build_vocab(special_tokens, []), [], special_tokens)
+    vocab_strings(tokenizer)
+    hf_vocab(tokenizer)
 
 
 def check_tokenizer_checksum(got: str, expected: str, *, argument: str, what: str, against: str) -> None:

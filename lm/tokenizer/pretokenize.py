@@ -11,6 +11,7 @@ precedes it. (A cut *after* a newline is not safe: in "a  \nb" the run "  \n" sp
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -146,24 +147,37 @@ def split_on_special(text: str, special_re: regex.Pattern | None) -> list[str]:
 _PRINTABLE_ASCII = frozenset(range(0x21, 0x7F))
 
 
-def find_safe_cut(buf: bytes, specials: Sequence[bytes]) -> int:
-    r"""Index in ``buf`` where a text may be cut with no token crossing it, or -1.
+def find_safe_cut(buf: bytes, specials: Sequence[bytes], start: int = 0) -> int:
+    r"""Index in ``buf``, at or after ``start``, where a text may be cut with no token crossing it, or -1.
 
-    Prefers the start of the first special token (a document boundary); otherwise the
-    first ``\n`` whose preceding byte is printable ASCII (the cut goes before the ``\n``).
-    The newline rule is off when a special token holds a newline.
+    Prefers the start of a special token (a document boundary); otherwise the first ``\n``
+    whose preceding byte is printable ASCII (the cut goes before the ``\n``). The newline rule
+    is off when a special token holds a newline. ``buf[:start]`` is context for the search: the
+    bytes just before ``start`` (as many as the longest special token, less one), or all of them.
 
     >>> find_safe_cut(b"ab  \ncd\nef", [])
     7
+    >>> find_safe_cut(b"xx<a><b>yy<b>", [b"<a>", b"<a><b>", b"<b>"], start=4)  # not inside "<a><b>"
+    10
     """
-    best = -1
-    for s in specials:
-        i = buf.find(s)
-        if i != -1 and (best == -1 or i < best):
-            best = i
-    if best != -1 or any(b"\n" in s for s in specials):
-        return best
-    i = buf.find(b"\n", 1)
+    special_re = _special_bytes_regex(tuple(specials))
+    if special_re is not None:
+        # Special tokens may overlap ("<a>" and "<a><b>", "ab" and "bc"), so an occurrence at or
+        # after ``start`` may lie inside the one that ``encode``, matching from the beginning of
+        # the text, takes. Search instead from the first position no occurrence straddles: that
+        # scan of the whole text is between two matches there, and goes on as a scan from there.
+        longest = max(map(len, specials))
+        resync = start
+        for m in special_re.finditer(buf, max(0, start - longest + 1), overlapped=True):
+            if m.start() >= resync:
+                break
+            resync = max(resync, m.end())
+        m = special_re.search(buf, resync)
+        if m is not None:
+            return m.start()
+        if any(b"\n" in s for s in specials):
+            return -1
+    i = buf.find(b"\n", max(start, 1))
     while i != -1:
         if buf[i - 1] in _PRINTABLE_ASCII:
             return i
@@ -171,20 +185,28 @@ def find_safe_cut(buf: bytes, specials: Sequence[bytes]) -> int:
     return -1
 
 
+@functools.lru_cache(maxsize=16)
+def _special_bytes_regex(specials: tuple[bytes, ...]) -> regex.Pattern | None:
+    """:func:`special_tokens_regex` over bytes (longest first, as ``encode`` matches them)."""
+    return special_tokens_regex([s.decode("utf-8") for s in specials], as_bytes=True)
+
+
 def next_safe_cut(f, pos: int, end: int, specials: Sequence[bytes], search_block: int = 1 << 16) -> int:
     """The first safe cut at or after ``pos`` (and before ``end``) in the open binary file ``f``, or -1."""
-    overlap = max((len(s) for s in specials), default=1)
+    longest = max((len(s) for s in specials), default=1)
     scan = pos
     while scan < end:
-        f.seek(scan)
-        buf = f.read(min(search_block, end - scan))
-        if not buf:
+        # read a little before the block (a special token that straddles its start) and a little
+        # past it (one on its end), so that every special token near the block is seen whole
+        back = min(max(longest - 1, 1), scan)
+        f.seek(scan - back)
+        buf = f.read(back + min(search_block, end - scan))
+        if len(buf) <= back:
             break
-        # look a little past the block so a special token on its edge is seen whole
-        j = find_safe_cut(buf + f.read(overlap), specials)
+        j = find_safe_cut(buf + f.read(longest), specials, back)
         if j != -1 and j < len(buf):
-            return scan + j
-        scan += len(buf)
+            return scan - back + j
+        scan += len(buf) - back
     return -1
 
 

@@ -11,6 +11,7 @@ pre-token (:mod:`lm.tokenizer.vectorized`); tests check the two against each oth
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
+import regex
 
 from lm.tokenizer.pretokenize import (
     GPT2_REGEX,
@@ -30,6 +32,9 @@ from lm.tokenizer.pretokenize import (
 )
 from lm.tokenizer.vectorized import HashedEncoder
 
+# a character of a whitespace run, as the GPT-2 pattern's \s sees it
+_WHITESPACE = regex.compile(r"\s")
+
 EOT = "<|endoftext|>"  # the end-of-text special token, as GPT-2's: documents end with it
 
 # Bound on cached pre-tokens, so that encoding an endless stream runs in constant memory.
@@ -39,6 +44,9 @@ _STREAM_BUFFER_CHARS = 1 << 16
 # the largest id a character can stand for (see Tokenizer._encode_chars)
 _MAX_ID = sys.maxunicode
 _UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # native uint32
+# pre-tokens longer than this take the heap form of BPE (Tokenizer._bpe_long), O(n log n); the two
+# forms cost about the same near this length, and the list form is faster below it
+_LONG_WORD = 48
 # rank entry of a pair that has no merge: greater than every real ``rank << 32 | id``
 _NO_MERGE = 1 << 80
 
@@ -152,7 +160,12 @@ class Tokenizer:
 
         ``rank[i]`` describes the pair at positions (i, i+1) as ``rank << 32 | merged id``
         (one int, so ``min`` compares fast); after a merge only its two neighbours change.
+        Each merge scans the whole list, which is fastest for the short words of ordinary
+        text but quadratic in the length; long pre-tokens (a DNA line, a ruler of dashes, a
+        hex dump) go to :meth:`_bpe_long` instead.
         """
+        if len(word) > _LONG_WORD:
+            return self._bpe_long(word)
         ids = list(map(self._byte_ids.__getitem__, word))
         get = self._packed_ranks.get
         rank = [get(a << 32 | b, _NO_MERGE) for a, b in zip(ids, ids[1:])]
@@ -169,6 +182,54 @@ class Tokenizer:
             if i < len(rank):
                 rank[i] = get(ids[i] << 32 | ids[i + 1], _NO_MERGE)
         return ids
+
+    def _bpe_long(self, word: bytes) -> list[int]:
+        """:meth:`_bpe` in O(n log n) for a long pre-token: the same merges in the same order.
+
+        The symbols form a linked list (``nxt``/``prv`` over their first byte's position; a
+        merged-away symbol gets id -1), and a heap holds ``rank << 32 | position`` for the
+        pairs that have a merge, so the lowest rank pops first and, among equal ranks (the
+        same pair), the leftmost. A merge changes the pairs on either side; their old heap
+        entries are not removed but skipped when popped, as Hugging Face ``tokenizers``
+        does: an entry is stale when its position no longer starts a pair of that rank (a
+        symbol's id only ever grows into a longer token, so a stale pair never comes back).
+        """
+        ids = list(map(self._byte_ids.__getitem__, word))
+        n = len(ids)
+        get = self._packed_ranks.get
+        nxt = list(range(1, n + 1))  # n: no next symbol
+        prv = list(range(-1, n - 1))  # -1: no previous symbol
+        heap = []
+        for i in range(n - 1):
+            r = get(ids[i] << 32 | ids[i + 1])
+            if r is not None:
+                heap.append(r >> 32 << 32 | i)
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        while heap:
+            entry = pop(heap)
+            i = entry & 0xFFFFFFFF
+            left = ids[i]
+            j = nxt[i]
+            if left < 0 or j == n:
+                continue
+            r = get(left << 32 | ids[j])
+            if r is None or r >> 32 != entry >> 32:
+                continue  # stale: the pair at i changed since this entry was pushed
+            ids[i] = merged = r & 0xFFFFFFFF
+            ids[j] = -1
+            k = nxt[i] = nxt[j]
+            if k < n:
+                prv[k] = i
+                r = get(merged << 32 | ids[k])
+                if r is not None:
+                    push(heap, r >> 32 << 32 | i)
+            h = prv[i]
+            if h >= 0:
+                r = get(ids[h] << 32 | merged)
+                if r is not None:
+                    push(heap, r >> 32 << 32 | h)
+        return [t for t in ids if t >= 0]
 
     def _encode_ordinary(self, text: str) -> str:
         """Encode text that holds no special tokens, as a string of ``chr(id)`` (see ``_encode_chars``).
@@ -289,12 +350,22 @@ class Tokenizer:
                 pass
             if last is not None:
                 start = last.end()
-        # Every pre-token but the last is final: the regex decides where a token ends by
-        # looking at most one character past it.
-        last_word = None
-        for last_word in GPT2_REGEX.finditer(head, start):  # noqa: B007
-            pass
-        return start if last_word is None else last_word.start()
+        # Every pre-token but the last is final: the regex decides where a token ends by looking
+        # no further than the first character after it that it cannot take (after a whitespace
+        # run, the first non-space), which for all but the last lies in ``head``. A cut before
+        # the last pre-token also needs the one before it to come out the same at the end of
+        # the prefix, which a whitespace token may not: "\n\tHi" splits as "\n", "\t", "Hi" only
+        # because "H" follows, and "\n\t" at the end stays whole. So when the one before is
+        # whitespace, cut before it: what precedes it is then not whitespace, or whitespace
+        # that stopped before more whitespace, as it also does at the end of a text.
+        last = before = None
+        for m in GPT2_REGEX.finditer(head, start):
+            before, last = last, m
+        if last is None:
+            return start
+        if before is not None and _WHITESPACE.match(before.group()[-1]):
+            return before.start()
+        return last.start()
 
     # ------------------------------------------------------------ decoding
 

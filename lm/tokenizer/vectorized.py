@@ -26,7 +26,7 @@ _CLASS[ord("0") : ord("9") + 1] = _DIGIT
 _CLASS[ord(" ")] = _SPACE
 for _c in "\t\n\x0b\x0c\r":
     _CLASS[ord(_c)] = _WS
-_APOSTROPHE, _SPACE_BYTE = ord("'"), ord(" ")
+_APOSTROPHE = ord("'")
 # second (and third) letters of the contractions '(?:[sdmt]|ll|ve|re)
 _ONE_LETTER_CONTRACTION = np.zeros(256, dtype=bool)
 _ONE_LETTER_CONTRACTION[[ord(c) for c in "sdmt"]] = True
@@ -61,11 +61,13 @@ def pretoken_starts(
         follow = (c[2:] != _SPECIAL) & ~ws[2:]
         start[1:-1] |= ws[1:-1] & ws[:-2] & follow
     # " ?\p{L}+" etc.: a space just before letters, digits or other characters joins their token
-    attach = start[1:] & (c[1:] <= _OTHER) & (b[:-1] == _SPACE_BYTE)  # attach[k]: position k + 1
+    # (the class, not the byte: the last space of a special token such as "<sep> " is no such space)
+    attach = start[1:] & (c[1:] <= _OTHER) & (c[:-1] == _SPACE)  # attach[k]: position k + 1
     start[1:] &= ~attach
     start[:-1] |= attach
-    # '(?:[sdmt]|ll|ve|re): a token that starts at an apostrophe followed by a letter
-    ap = np.flatnonzero(start[:-1] & (b[:-1] == _APOSTROPHE) & (c[1:] == _LETTER))
+    # '(?:[sdmt]|ll|ve|re): a token that starts at an apostrophe followed by a letter (an apostrophe
+    # of the text: not a special token "'")
+    ap = np.flatnonzero(start[:-1] & (b[:-1] == _APOSTROPHE) & (c[:-1] == _OTHER) & (c[1:] == _LETTER))
     if ap.size:
         nxt = b[ap + 1]
         after = np.zeros(ap.size, dtype=np.int64)
