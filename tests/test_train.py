@@ -454,6 +454,30 @@ def test_signal_saves_a_checkpoint_and_resume_finishes(tmp_path, sig):
     )
 
 
+def test_a_signal_on_a_checkpointed_step_still_says_where_the_run_stopped(tmp_path):
+    """A signal that came while a step was being checkpointed (or evaluated) ended the run with 130
+    and no line after "saving a checkpoint after this step": the step's checkpoint was written
+    already, so the stop line was skipped with the save. It names that checkpoint now."""
+    raw = _raw_config(tmp_path, train={"max_steps": 100}, checkpoint={"interval": 3}, log={"interval": 1})
+    lines = []
+    trainer = None
+
+    def signal_now(step, path):
+        if step == 6:
+            trainer._signal = signal.SIGINT  # as the handler sets it, while step 6 is being saved
+
+    trainer = Trainer(config_from_dict(raw), print_fn=lines.append, on_checkpoint=signal_now)
+    assert trainer.run() == 128 + signal.SIGINT
+    saved = tmp_path / "run" / "checkpoints" / "step_00000006.pt"
+    assert lines[-1] == f"stopped at step 6; checkpoint {saved}; continue with --resume"
+    assert sorted(p.name for p in saved.parent.glob("step_*.pt")) == ["step_00000003.pt", "step_00000006.pt"]
+    resumed = []
+    again = Trainer(config_from_dict(raw), resume=True, print_fn=resumed.append)
+    again._signal = signal.SIGTERM  # stopped at once: the checkpoint it resumed from is where it stopped
+    assert again.run() == 128 + signal.SIGTERM
+    assert resumed[-1] == f"stopped at step 6; checkpoint {saved}; continue with --resume"
+
+
 def _snapshot(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()

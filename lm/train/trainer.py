@@ -554,6 +554,7 @@ class Trainer:
         cfg = self.cfg
         self._log_start()
         last_saved = self.step if self._resumed_from is not None else -1
+        saved_path = self._resumed_from  # the checkpoint of step last_saved
         last_eval = self._last_eval  # a resume at a step that was evaluated does not evaluate it again
         first_step = self.step
         window = _LogWindow(torch.zeros((), device=self.device))
@@ -563,7 +564,7 @@ class Trainer:
         agreed_stop = False  # under DDP: a signal somewhere, as of the last poll
         while True:
             if agreed_stop if self.dist.enabled else self._signal is not None:
-                return self._stop_for_signal(window, saved=self.step == last_saved)
+                return self._stop_for_signal(window, saved=self.step == last_saved, path=saved_path)
             if self.budget_spent():
                 break
             lr = self.learning_rate()
@@ -581,7 +582,7 @@ class Trainer:
                 last_eval = self.step
             if due.save and not final:  # maybe save
                 self._check_finite(window)
-                self.save_checkpoint()
+                saved_path = self.save_checkpoint()
                 last_saved = self.step
             clock = self.clock()  # evaluation and checkpoints are not training time
         self._finish(window, evaluated=last_eval == self.step, saved=last_saved == self.step,
@@ -656,12 +657,14 @@ class Trainer:
         if self._precision:
             self._log(self._precision)
 
-    def _stop_for_signal(self, window: _LogWindow, saved: bool) -> int:
-        """SIGINT/SIGTERM: save (unless this step is saved already) and return 128 + the signal."""
+    def _stop_for_signal(self, window: _LogWindow, saved: bool, path: Path | None) -> int:
+        """SIGINT/SIGTERM: save (unless this step is saved already, at ``path``), say where the run
+        stopped (also when it was saved: the user was told a checkpoint would be), and return 128 +
+        the signal."""
         if not saved:
             self._check_finite(window)
             path = self.save_checkpoint()
-            self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
+        self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
         return 128 + int(self._signal or signal.SIGTERM)
 
     def _finish(self, window: _LogWindow, evaluated: bool, saved: bool, trained: bool = True) -> None:
