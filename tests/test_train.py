@@ -799,6 +799,34 @@ def test_wandb_offline_needs_no_network(tmp_path):
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
 
 
+def test_a_run_that_wandb_refuses_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """wandb.init failing (a project name it rejects, online mode without a login) was a traceback
+    that left a locked folder with config.toml, an empty metrics.jsonl and wandb_id.txt, which the
+    same command then refused ('pass --resume'). Now one line naming wandb, and nothing left; a
+    project name wandb would reject is refused by the config's checks before anything starts."""
+    wandb = pytest.importorskip("wandb")
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, wandb={"mode": "offline", "project": "my/proj"})
+    with pytest.raises(ValueError, match=r"config: wandb.project must be a name .* got 'my/proj'"):
+        config_from_dict(raw)
+    raw["wandb"]["project"] = "lm-test"
+
+    def refuse(**kwargs):
+        Path(kwargs["dir"], "wandb").mkdir()  # as wandb does before it gives up
+        raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(ValueError, match=r"^wandb: could not start a offline run \(project 'lm-test'\): api_key not "):
+        Trainer(config_from_dict(raw), print_fn=_quiet)
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()  # a folder the user made: kept, empty
+    with pytest.raises(ValueError, match="^wandb: "):
+        Trainer(config_from_dict(raw), print_fn=_quiet)
+    assert (tmp_path / "run").is_dir() and not any((tmp_path / "run").iterdir())
+    monkeypatch.undo()
+    raw["wandb"]["mode"] = "disabled"
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0  # the same folder, no --resume
+
+
 def test_a_training_step_never_waits_for_the_device(tmp_path):
     """No aten._local_scalar_dense (a tensor read back to the host: on a GPU, a sync) inside a
     train_step: the loss, the gradient norm and the optimizer's step counts stay where they are;

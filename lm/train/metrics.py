@@ -26,24 +26,29 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, wandb_cfg: Any = None, config: dict | None = None, resume: bool = False):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
         self._wandb = None
-        if wandb_cfg is not None and wandb_cfg.mode != "disabled":
+        if wandb_cfg is not None and wandb_cfg.mode != "disabled":  # first: if it cannot start, nothing is written
             import wandb
 
             id_file = Path(run_dir) / "wandb_id.txt"
             run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:8]
+            try:
+                self._wandb = wandb.init(
+                    project=wandb_cfg.project,
+                    name=wandb_cfg.name or Path(run_dir).name,
+                    mode=wandb_cfg.mode,
+                    dir=str(run_dir),
+                    config=config,
+                    id=run_id,
+                    resume="allow",
+                )
+            except Exception as e:  # wandb's own errors (a bad project name, online without a login): one line
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(f"wandb: could not start a {wandb_cfg.mode} run (project {wandb_cfg.project!r}): "
+                                 f"{first}") from None
             with atomic_write(id_file) as f:
                 f.write(run_id + "\n")
-            self._wandb = wandb.init(
-                project=wandb_cfg.project,
-                name=wandb_cfg.name or Path(run_dir).name,
-                mode=wandb_cfg.mode,
-                dir=str(run_dir),
-                config=config,
-                id=run_id,
-                resume="allow",
-            )
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
 
     @staticmethod
     def truncate(run_dir: Path, after_step: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -95,7 +96,11 @@ class Trainer:
         self._plan_steps_and_evaluation()
         self.metrics: MetricsLog | None = None
         if self.dist.is_main:
-            self._prepare_run_dir()
+            try:
+                self._prepare_run_dir()
+            except BaseException:
+                self._undo_fresh_start()
+                raise
 
     # -- setup ---------------------------------------------------------------------------
     def _check_data(self) -> None:
@@ -154,7 +159,7 @@ class Trainer:
         """The run folder: locked first (rank 0), then checked, then (if resuming) read. On a
         failure the lock is released and a folder this run made (still empty) is removed."""
         self._lock = RunLock(self.run_dir)
-        made_dir = not self.run_dir.exists()
+        self._made_dir = made_dir = not self.run_dir.exists()
         try:
             if self.dist.is_main:
                 check_run_folder(self.run_dir)
@@ -329,6 +334,27 @@ class Trainer:
             )
         check_tokenizer_checksum(tok.checksum(), self.tokenizer_sha256, argument="data.tokenizer",
                                  what=repr(directory), against=f"data.train {self.cfg.data.train!r}")
+
+    def _undo_fresh_start(self) -> None:
+        """A new run that failed to start (wandb refused it, say): remove what it wrote in its folder,
+        which held no run before, and release the lock, so that the same command can simply be run
+        again. A resumed or restarted run keeps its folder as it is."""
+        if self._resumed_from is not None or self._restarted:
+            self._lock.release()
+            return
+        if self.metrics is not None:
+            self.metrics.close()
+        for name in ("config.toml", "metrics.jsonl", "wandb_id.txt"):
+            (self.run_dir / name).unlink(missing_ok=True)
+        tok = self.run_dir / "tokenizer"
+        for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            (tok / name).unlink(missing_ok=True)
+        if tok.is_dir() and not any(tok.iterdir()):
+            tok.rmdir()
+        shutil.rmtree(self.run_dir / "wandb", ignore_errors=True)  # what wandb.init made of its run before failing
+        self._lock.release()
+        if self._made_dir and self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
+            self.run_dir.rmdir()
 
     def _prepare_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
