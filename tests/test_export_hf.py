@@ -1,12 +1,15 @@
 """`lm export hf`: transformers loads the folder as Llama with equal logits and equal token ids."""
 
+import itertools
+
 import pytest
 import torch
 from helpers.run_dir import make_run_dir, save_model
 
+from lm.checkpoint import export_safetensors
 from lm.cli import main
-from lm.export import export_hf
-from lm.model import TransformerLM
+from lm.export import export_hf, to_transformers
+from lm.model import Seq2SeqConfig, TransformerLM, build_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,6 +35,29 @@ def test_export_loads_as_llama_with_equal_logits(tmp_path, tied):
     export_hf(model, tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
+    ids = torch.randint(0, 300, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("reader", ["installed", "4.x"])
+def test_to_transformers_rotates_with_the_models_rope_theta(monkeypatch, reader, tied):
+    """to_transformers passed θ only as rope_parameters, which transformers 4.x (allowed by the bench
+    extra's pins) ignores: it rotated with θ = 10000 and gave other logits, with no error. "4.x" builds
+    the config as 4.x reads it (rope_theta, or its default), so this is checked with transformers 5 too."""
+    if reader == "4.x":
+        llama_config = transformers.LlamaConfig
+
+        def as_4x_reads_it(rope_parameters=None, rope_theta=10000.0, **fields):
+            rope_parameters = {"rope_type": "default", "rope_theta": rope_theta}  # what 4.x's LlamaConfig uses
+            return llama_config(rope_theta=rope_theta, rope_parameters=rope_parameters, **fields)
+
+        # by name: once a model is built, `import transformers` may give another module object than ours
+        monkeypatch.setattr("transformers.LlamaConfig", as_4x_reads_it)
+    torch.manual_seed(2)
+    model = TransformerLM(300, 32, 64, 2, 4, 128, 500.0, tie_embeddings=tied).eval()
+    hf = to_transformers(model)
     ids = torch.randint(0, 300, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=1e-4)
@@ -63,6 +89,45 @@ def test_variants_without_llama_equivalent_are_refused(tmp_path):
     with pytest.raises(ValueError, match="norm='layernorm' has no Llama equivalent"):
         export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+SEQ2SEQ_VARIANTS = [dict(norm=norm, norm_placement=placement, positions=positions, ffn=ffn)
+                    for norm, placement, positions, ffn in itertools.product(
+                        ["layernorm", "rmsnorm", "none"], ["post", "pre"], ["sinusoidal", "learned", "rope", "none"],
+                        ["relu", "gelu", "silu", "swiglu"])]
+
+
+def _seq2seq(**variant):
+    cfg = Seq2SeqConfig(vocab_size=40, context_length=16, d_model=16, encoder_layers=1, decoder_layers=1, num_heads=2,
+                        **variant)
+    return build_model(cfg)
+
+
+def test_encoder_decoders_are_refused_as_translation_models(tmp_path):
+    """An encoder–decoder was refused for its norm ("norm='layernorm' has no Llama equivalent", as if
+    rmsnorm would do), or, with Llama's choices, ended in AttributeError: 'num_layers'. Every variant
+    is now refused for what it is, by both functions, before anything is written."""
+    expected = ("model: architecture='encoder_decoder' is a translation model with no Llama equivalent; "
+                "Llama export writes decoder-only models (architecture='decoder_lm')")
+    for variant in SEQ2SEQ_VARIANTS:
+        model = _seq2seq(**variant)
+        for export in (lambda m: export_hf(m, tmp_path / "x"), to_transformers):
+            with pytest.raises(ValueError) as e:
+                export(model)
+            assert str(e.value) == expected, (variant, str(e.value))
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("variant", [{}, dict(norm="rmsnorm", norm_placement="pre", positions="rope", ffn="swiglu")],
+                         ids=["multi30k-defaults", "llama-choices"])
+def test_cli_refuses_an_encoder_decoder_in_one_line(tmp_path, capsys, variant):
+    checkpoint = tmp_path / "s2s.safetensors"
+    export_safetensors(_seq2seq(**variant), checkpoint)
+    assert main(["export", "hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lm export hf: error: --checkpoint: {str(checkpoint)!r} is an encoder_decoder (translation) "
+                   "model; lm export hf writes decoder-only Llama models\n"), err
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("extra", ["README.md", "sub/notes.txt", ".git/HEAD"])

@@ -243,6 +243,22 @@ def test_hf_tokenizer_json_encodes_identically(small_tokenizer, gpt2, tmp_path):
         assert hf.encode(SAMPLE + EOT + "x").ids == tok.encode(SAMPLE + EOT + "x")
 
 
+def test_hf_tokenizer_json_is_in_the_form_every_allowed_tokenizers_reads(small_tokenizer, gpt2, tmp_path):
+    """The merges were written as [left, right] pairs, a form that tokenizers 0.20 added: 0.19, inside
+    the bench extra's tokenizers>=0.15, failed to load the file ("data did not match any variant of
+    untagged enum ModelWrapper"), and so did transformers.AutoTokenizer on an export. Merges are now
+    "left right" strings (a byte-mapped token has no literal space), and the BPE model holds only the
+    keys that tokenizers 0.15 knows; test_hf_tokenizer_json_encodes_identically checks that the
+    installed release still encodes alike."""
+    for tok in (small_tokenizer, gpt2):
+        tok.save_hf(tmp_path / "tokenizer.json")
+        model = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+        assert set(model) <= {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                              "fuse_unk", "byte_fallback", "vocab", "merges"}, sorted(model)
+        assert all(isinstance(m, str) and m.count(" ") == 1 for m in model["merges"])
+        assert [tuple(unicode_str_to_bytes(s) for s in m.split(" ")) for m in model["merges"]] == tok.merges
+
+
 def test_stream_from_stringio(small_tokenizer):
     text = SAMPLE * 3 + EOT
     assert list(small_tokenizer.encode_iterable(io.StringIO(text))) == small_tokenizer.encode(text)

@@ -25,6 +25,7 @@ One `lm train` at a time holds a run folder (RUN_DIR/.lock).
 PLOT_EXAMPLES = """
   lm plot runs/cpu-small                       # writes runs/cpu-small/loss.png
   lm plot runs/a runs/b --out compare.png      # overlay two runs
+  lm plot demoA/run demoB/run --out demos.png  # same folder names: the legend says demoA/run, demoB/run
   lm plot runs/cpu-small --overwrite           # redraw an existing loss.png
 """
 
@@ -85,20 +86,16 @@ def run_train(args: argparse.Namespace) -> int:
         return 3
 
 
-def _is_png(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(8) == b"\x89PNG\r\n\x1a\n"
-
-
 def run_plot(args: argparse.Namespace) -> int:
     from lm.io import check_output_file
-    from lm.train.plot import plot_runs
+    from lm.train.plot import is_marked_plot, plot_runs
 
     out = args.out or (Path(args.run_dirs[0]) / "loss.png" if len(args.run_dirs) == 1 else Path("loss.png"))
     if Path(out).suffix.lower() != ".png":
         raise ValueError(f"--out: {str(out)!r} must end in .png")
     inputs = [("RUN_DIR", Path(d) / "metrics.jsonl") for d in args.run_dirs]
-    check_output_file(out, overwrite=args.overwrite, inputs=inputs, recognise=_is_png, what="a PNG")
+    check_output_file(out, overwrite=args.overwrite, inputs=inputs, recognise=is_marked_plot,
+                      what="a plot that lm plot wrote (marked Software='lm plot' in its PNG metadata)")
     path = plot_runs(args.run_dirs, out)
     print(path)
     return 0

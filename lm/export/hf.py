@@ -49,6 +49,15 @@ def to_llama_state_dict(sd: dict[str, torch.Tensor], num_layers: int, num_heads:
 
 
 def _check_llama_compatible(cfg) -> None:
+    """Refuse a model that Llama's architecture cannot hold, in one line naming the reason.
+
+    The architecture comes first: an encoder–decoder has the same norm, position and FFN choices
+    as the decoder-only LM, so naming one of those would suggest a change that cannot make a
+    translation model exportable."""
+    architecture = getattr(cfg, "architecture", "decoder_lm")
+    if architecture != "decoder_lm":
+        raise ValueError(f"model: architecture={architecture!r} is a translation model with no Llama equivalent; "
+                         "Llama export writes decoder-only models (architecture='decoder_lm')")
     wanted = {"norm": "rmsnorm", "norm_placement": "pre", "positions": "rope", "ffn": "swiglu"}
     for key, value in wanted.items():
         got = getattr(cfg, key)
@@ -83,15 +92,20 @@ def llama_config(cfg, eos_token_id: int | None = None) -> dict:
 
 
 def to_transformers(model: torch.nn.Module, **config_overrides):
-    """A ``transformers.LlamaForCausalLM`` in memory with ``model``'s weights (needs transformers)."""
+    """A ``transformers.LlamaForCausalLM`` in memory with ``model``'s weights (needs transformers).
+
+    The config carries θ both ways, as ``config.json`` does: transformers 5 reads ``rope_parameters``,
+    4.x only ``rope_theta`` (without it, 4.x ignores ``rope_parameters`` and rotates with its default
+    θ = 10000: other logits, and no error).
+    """
     import transformers
 
     cfg = model.config
     _check_llama_compatible(cfg)
     fields = llama_config(cfg)
-    for key in ("architectures", "model_type", "torch_dtype", "rope_theta"):
+    for key in ("architectures", "model_type", "torch_dtype"):
         fields.pop(key)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields, **config_overrides))
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**fields, **config_overrides}))
     sd = to_llama_state_dict(model.state_dict(), cfg.num_layers, cfg.num_heads)
     if cfg.tie_embeddings:
         del sd["lm_head.weight"]

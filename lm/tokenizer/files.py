@@ -133,7 +133,12 @@ def hf_json(tokenizer: Tokenizer) -> dict:
     ``tokenizers`` gives an added token the id that its text has there (else a new id past the
     end), whatever id the file records. So a special token whose text is also an ordinary
     token's byte-mapped string ("é", "Ġ" and "@" are single bytes' keys) cannot keep its own
-    id there, and is refused."""
+    id there, and is refused.
+
+    The document is in the form every ``tokenizers`` release that the project allows reads (0.15
+    on): merges as ``"left right"`` strings, which are unambiguous because a byte-mapped token has
+    no literal space (0.20 added the ``[left, right]`` form, which older releases fail to load),
+    and no ``ignore_merges`` (0.19 added it; absent, it is false, as lm's BPE needs)."""
     vocab = hf_vocab(tokenizer)
     return {
         "version": "1.0",
@@ -162,9 +167,8 @@ def hf_json(tokenizer: Tokenizer) -> dict:
             "end_of_word_suffix": None,
             "fuse_unk": False,
             "byte_fallback": False,
-            "ignore_merges": False,
             "vocab": vocab,
-            "merges": [list(pair) for pair in merge_strings(tokenizer)],
+            "merges": [f"{a} {b}" for a, b in merge_strings(tokenizer)],
         },
     }
 

@@ -8,6 +8,11 @@ from pathlib import Path
 
 from lm.train.metrics import read_metrics
 
+# The PNG text chunk that marks a plot of plot_runs, so that `lm plot --overwrite` replaces its own
+# plots and no other PNG (a user's figure or screenshot given as --out).
+PLOT_MARK = ("Software", "lm plot")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -23,14 +28,62 @@ def loss_records(run_dir: str | os.PathLike) -> dict[str, list[dict]]:
     return rows
 
 
+def is_marked_plot(path: str | os.PathLike) -> bool:
+    """The file is a PNG whose metadata carries :data:`PLOT_MARK`: a plot that :func:`plot_runs` wrote.
+
+    Reads the text chunks before the image data (where matplotlib writes them), nothing past it.
+    Plots written before the mark existed carry matplotlib's own ``Software`` tag and are not
+    recognised: every figure a user saves with matplotlib carries it too, and a plot is redrawn in
+    seconds once the old file is removed by hand, while a user's figure would be lost.
+    """
+    keyword, value = (s.encode("latin-1") for s in PLOT_MARK)
+    with open(path, "rb") as f:
+        if f.read(8) != PNG_SIGNATURE:
+            return False
+        while True:
+            head = f.read(8)
+            if len(head) < 8 or head[4:] in (b"IDAT", b"IEND"):
+                return False
+            size = int.from_bytes(head[:4], "big")
+            if head[4:] == b"tEXt" and size <= 1 << 16:
+                if f.read(size) == keyword + b"\0" + value:
+                    return True
+                f.seek(4, os.SEEK_CUR)  # the CRC
+            else:
+                f.seek(size + 4, os.SEEK_CUR)
+
+
+def run_labels(run_dirs: list[str | os.PathLike]) -> list[str]:
+    """The legend name of each run: the shortest ending of its resolved path that no other run's shares.
+
+    Folders often share a name (``lm demo`` writes ``runs/demo/run``): two demos are ``demoA/run``
+    and ``demoB/run``. Resolving first gives ``lm plot .`` its folder's name instead of "".
+
+    >>> run_labels(["/a/x/run", "/b/x/run", "/c/other"])
+    ['a/x/run', 'b/x/run', 'other']
+    """
+    paths = [Path(d).resolve() for d in run_dirs]
+    depth = [1] * len(paths)
+    while True:
+        labels = [str(Path(*p.parts[-n:])) for p, n in zip(paths, depth)]
+        clashing = [i for i, p in enumerate(paths)  # with another folder: the same one given twice keeps its name
+                    if depth[i] < len(p.parts) and any(q != p and name == labels[i] for q, name in zip(paths, labels))]
+        if not clashing:
+            return labels
+        for i in clashing:
+            depth[i] += 1
+
+
 def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
     """Write a PNG with two panels (loss vs step, loss vs training time) overlaying every run.
 
-    Train loss is a solid line and validation loss a dashed line with markers, in one colour per run.
+    Train loss is a solid line and validation loss a dashed line with markers, in one colour per run,
+    named by :func:`run_labels`; the PNG carries :data:`PLOT_MARK` (see :func:`is_marked_plot`).
     Records without a ``time`` are drawn against steps only. A run with no loss record is a
     ValueError naming it, before anything is written.
     """
     runs = [(Path(d), loss_records(d)) for d in run_dirs]
+    labels = run_labels(run_dirs)
     for run_dir, rows in runs:
         if not rows["train"] and not rows["val"]:
             raise ValueError(f"RUN_DIR: {str(run_dir / 'metrics.jsonl')!r} holds no loss records (train or val "
@@ -47,13 +100,13 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
                   default=0)
     unit, scale = ("minutes", 60) if longest > 120 else ("seconds", 1)
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, (run_dir, records) in enumerate(runs):
+    for i, ((_, records), name) in enumerate(zip(runs, labels)):
         color = f"C{i % 10}"
         for split, style in (("train", dict(linestyle="-")), ("val", dict(linestyle="--", marker="o", ms=3))):
             rows = records[split]
             if not rows:
                 continue
-            label = f"{run_dir.name} {split}"
+            label = f"{name} {split}"
             if len(rows) == 1:  # a line through one point draws nothing
                 style = {**style, "marker": "o", "ms": 3}
             by_step.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=color, label=label, **style)
@@ -73,6 +126,6 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
     fig.tight_layout()
     out = Path(out)
     with atomic_write(out, "wb") as f:
-        fig.savefig(f, format="png", dpi=120)
+        fig.savefig(f, format="png", dpi=120, metadata=dict([PLOT_MARK]))
     plt.close(fig)
     return out

@@ -1,0 +1,116 @@
+"""`lm plot`: legend names that tell runs apart, and --overwrite that replaces only a plot it wrote."""
+
+import json
+from pathlib import Path
+
+import matplotlib.figure
+import matplotlib.image
+import pytest
+
+from lm.cli import main
+
+
+def _run(folder: Path, loss: float = 4.0) -> Path:
+    folder.mkdir(parents=True)
+    records = [{"step": s, "split": "train", "loss": loss - s / 10, "time": float(s)} for s in range(1, 6)]
+    records += [{"step": 5, "split": "val", "loss": loss - 0.3, "time": 5.0}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def _cli(argv, capsys) -> tuple[int, str]:
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+@pytest.fixture
+def legend(monkeypatch) -> list[str]:
+    """The labels of the lines of the step panel, as drawn when the PNG is written."""
+    labels, savefig = [], matplotlib.figure.Figure.savefig
+
+    def capture(fig, *args, **kwargs):
+        labels.extend(line.get_label() for line in fig.axes[0].lines)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
+    return labels
+
+
+def test_runs_whose_folders_share_a_name_are_told_apart(tmp_path, capsys, legend):
+    """Two demos (lm demo writes RUN/run) were both "run train" and "run val": four lines, two names."""
+    a, b = _run(tmp_path / "demoA" / "run"), _run(tmp_path / "demoB" / "run", loss=5.0)
+    c = _run(tmp_path / "other")
+    rc, err = _cli(["plot", str(a), str(b), str(c), "--out", str(tmp_path / "p.png")], capsys)
+    assert rc == 0, err
+    assert legend == ["demoA/run train", "demoA/run val", "demoB/run train", "demoB/run val", "other train",
+                      "other val"]
+
+
+def test_plot_of_the_current_folder_is_named_after_it(tmp_path, capsys, legend, monkeypatch):
+    """`lm plot .` labelled its lines " train" and " val" (the name of "." is "")."""
+    run = _run(tmp_path / "my-run")
+    monkeypatch.chdir(run)
+    rc, err = _cli(["plot", "."], capsys)
+    assert rc == 0, err
+    assert legend == ["my-run train", "my-run val"]
+
+
+def test_run_labels_grow_only_as_far_as_needed():
+    from lm.train.plot import run_labels
+
+    assert run_labels(["/x/a/run", "/y/a/run", "/x/b"]) == ["x/a/run", "y/a/run", "b"]
+    assert run_labels(["/a/run", "/run"]) == ["a/run", "/run"]
+    assert run_labels(["/a/run", "/a/run"]) == ["run", "run"]  # the same run twice: nothing to tell apart
+
+
+def _matplotlib_figure(path: Path) -> None:
+    fig = matplotlib.figure.Figure()
+    fig.add_subplot().plot([1, 2, 3])
+    fig.savefig(path)  # with matplotlib's own Software tag, as the plots of lm before the mark
+
+
+@pytest.mark.parametrize("kind", ["matplotlib figure", "other PNG", "not a PNG"])
+def test_overwrite_replaces_only_a_plot_that_lm_plot_wrote(tmp_path, capsys, kind):
+    """--overwrite replaced any file that began with the PNG signature: a user's figure or screenshot
+    given as --out was lost. Only a PNG marked Software='lm plot' is an earlier output now."""
+    run = _run(tmp_path / "run")
+    mine = tmp_path / "mine.png"
+    if kind == "matplotlib figure":
+        _matplotlib_figure(mine)
+    elif kind == "other PNG":
+        from PIL import Image
+
+        Image.new("RGB", (8, 8), "red").save(mine)  # a screenshot, say: no Software tag at all
+    else:
+        mine.write_text("my notes")
+    before = mine.read_bytes()
+    rc, err = _cli(["plot", str(run), "--out", str(mine), "--overwrite"], capsys)
+    assert rc == 2 and err == (f"lm plot: error: --out: {str(mine)!r} exists and is not a plot that lm plot wrote "
+                               "(marked Software='lm plot' in its PNG metadata); refusing to replace it\n"), (rc, err)
+    assert mine.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "run"]  # no temporary file left
+
+
+def test_a_plot_that_lm_plot_wrote_is_replaced_with_overwrite_only(tmp_path, capsys):
+    run = _run(tmp_path / "run")
+    assert _cli(["plot", str(run)], capsys)[0] == 0
+    plot = run / "loss.png"
+    rc, err = _cli(["plot", str(run)], capsys)
+    assert rc == 2 and "exists; pass --overwrite to replace it" in err, err
+    before = plot.read_bytes()
+    _run(tmp_path / "other")
+    assert _cli(["plot", str(run), str(tmp_path / "other"), "--out", str(plot), "--overwrite"], capsys)[0] == 0
+    assert plot.read_bytes() != before
+
+    from lm.train.plot import is_marked_plot
+
+    assert is_marked_plot(plot)
+
+
+def test_plot_runs_marks_its_png_for_every_caller(tmp_path):
+    """lm demo and the notebooks call plot_runs: their loss.png is a plot that `lm plot --overwrite` redraws."""
+    from lm.train.plot import is_marked_plot, plot_runs
+
+    out = plot_runs([_run(tmp_path / "run")], tmp_path / "loss.png")
+    assert is_marked_plot(out)
+    assert matplotlib.image.imread(out).shape[:2] == (540, 1440)  # 12 x 4.5 inches at 120 dpi: the image is whole
