@@ -329,6 +329,50 @@ def test_evaluation_batches_are_fixed_and_complete(pair_path):
     assert batches[0].to("cpu").src.equal(batches[0].src) and len(batches[0]) == len(first[0])
 
 
+def test_a_number_of_evaluation_batches_spreads_over_every_length_whatever_the_ranks(pair_path):
+    """eval.batches cut the length-sorted plan to its first batches: one process scored only the
+    shortest sentences, and N ranks each took their first ones (N times as many pairs, other
+    lengths). The batches are now spread over the whole plan, and chosen before the ranks split them."""
+    budget = 200
+    one = dataset(pair_path)
+    plan = one.fixed_batches(budget)
+    assert len(plan) > 12
+    chosen = one.fixed_batches(budget, 4)
+    assert len(chosen) == 4
+    positions = [next(k for k, b in enumerate(plan) if b.tolist() == c.tolist()) for c in chosen]
+    assert positions == sorted(positions) and len(set(positions)) == 4
+    assert positions[0] < len(plan) // 4 and positions[-1] >= 3 * len(plan) // 4  # short and long sentences
+    longest = max(one.target_tokens([i]) for i in np.concatenate(plan))
+    assert max(one.target_tokens([i]) for i in np.concatenate(chosen)) >= longest - 3
+    for world in (2, 3, 5):  # 5 ranks for 4 batches: one rank scores nothing
+        ranks = [dataset(pair_path, rank=r, world_size=world) for r in range(world)]
+        got = sorted(ix.tolist() for r in ranks for ix in r.fixed_batches(budget, 4))
+        assert got == sorted(ix.tolist() for ix in chosen)
+    assert [b.index.tolist() for b in one.batches(budget, num_batches=4)] == [ix.tolist() for ix in chosen]
+    assert [ix.tolist() for ix in one.fixed_batches(budget, len(plan) + 5)] == [ix.tolist() for ix in plan]
+    with pytest.raises(ValueError, match="num_batches must be a positive int, got 0"):
+        one.fixed_batches(budget, 0)
+
+
+def test_upcoming_tokens_are_the_real_target_tokens_of_the_next_batches(pair_path):
+    """What the trainer weights micro-batches by: known on the host before the batches are drawn,
+    the same on every rank, across an epoch's end, and drawing nothing."""
+    budget = 170
+    ds = dataset(pair_path, seed=3)
+    n = ds.batches_per_epoch(budget)
+    for _ in range(n - 2):  # two batches before the epoch's end
+        ds.sample(budget)
+    ahead = ds.upcoming_tokens(5, budget)
+    assert ds.upcoming_tokens(5, budget) == ahead and ds.state_dict()["position"] == n - 2
+    drawn = [ds.sample(budget) for _ in range(5)]
+    assert ahead == [b.num_tokens for b in drawn] == [ds.target_tokens(b.index) for b in drawn]
+    ahead = dataset(pair_path, seed=3).upcoming_tokens(4, budget)
+    ranks = [dataset(pair_path, seed=3, rank=r, world_size=2) for r in range(2)]
+    assert ranks[0].upcoming_tokens(4, budget) == ranks[1].upcoming_tokens(4, budget) == ahead
+    # a step of 2 ranks draws the stream's batches in turn: rank 0 the even ones, rank 1 the odd ones
+    assert [b.num_tokens for _ in range(2) for b in (ranks[0].sample(budget), ranks[1].sample(budget))] == ahead
+
+
 def test_dataset_errors_are_one_line(pair_path, tmp_path):
     # ids beyond the vocabulary the sidecar states (a damaged file) are found too
     for suffix in ("", ".idx"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -11,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from lm.checkpoint import load_model
-from lm.data.pairs import write_pair_file
+from lm.checkpoint import load_model, read_checkpoint
+from lm.data.pairs import PairDataset, write_pair_file
 from lm.tokenizer import Tokenizer, save_tokenizer_dir
+from lm.tomlio import dump_tables
 from lm.train import Trainer, config_from_dict, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,3 +118,167 @@ def test_a_batch_budget_below_the_longest_pair_names_the_setting(tmp_path):
             Trainer(config_from_dict(raw), print_fn=lambda *a: None)
         assert str(error.value).startswith(message), str(error.value)
         assert not (tmp_path / "never").exists()
+
+
+# -- the trainer's arithmetic on sentence pairs (audit: training math) --------------------------
+
+
+def _quiet(*_args) -> None:
+    pass
+
+
+def _without_dropout(raw: dict) -> dict:
+    raw["model"]["dropout"] = 0.0  # ranks, processes and batches compared: the same function
+    return raw
+
+
+def test_accumulated_pair_micro_batches_weigh_every_target_token_the_same(tmp_path):
+    """Each micro-batch's loss is a mean over its own real target tokens. Averaging those means
+    over the micro-batches (what the step did) gave a gradient ~10% off that of one batch of the
+    same pairs when they hold different numbers of tokens; each now counts its share of the step's
+    tokens, as fairseq normalises. The step's tokens are the real ones, known before the batches
+    are drawn (no read of the device)."""
+    _data(tmp_path)
+    raw = _without_dropout(_config(tmp_path, "acc", max_steps=1, grad_accum_steps=3))
+    raw["optim"]["grad_clip"] = 0.0  # the optimizer sees the raw gradients
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    reference = copy.deepcopy(trainer.model)
+    drawn, next_batch = [], trainer._next_batch
+    trainer._next_batch = lambda: drawn.append(next_batch()) or drawn[-1]
+    grads, optimizer_step = [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.append({name: p.grad.clone() for name, p in trainer.model.named_parameters()})
+        return optimizer_step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    loss, _ = trainer.train_step(1e-3)
+    tokens = [b.num_tokens for b in drawn]
+    assert len(drawn) == 3 and len(set(tokens)) > 1 and trainer.step_tokens == sum(tokens)
+    whole = trainer.train_data.batch(np.concatenate([b.index for b in drawn]))  # one batch of the same pairs
+    whole_loss = reference.loss(whole)
+    whole_loss.backward()
+    torch.testing.assert_close(loss, whole_loss.detach(), rtol=1e-6, atol=0)
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[0][name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_pair_training_step_never_waits_for_the_device(tmp_path):
+    """The step's token count was read from each batch's mask (``int(tgt_mask.sum())``: on a GPU, a
+    sync per micro-batch); it now comes from the sampler's plan, on the host."""
+    from helpers.host_reads import HostReads
+
+    _data(tmp_path)
+    trainer = Trainer(config_from_dict(_config(tmp_path, "r", max_steps=3, grad_accum_steps=2)), print_fn=_quiet)
+    trainer.train_step(1e-3)
+    with HostReads() as reads:
+        loss, norm = trainer.train_step(1e-3)
+        trainer.train_step(1e-3)
+    assert reads.reads == []
+    assert isinstance(loss, torch.Tensor) and isinstance(norm, torch.Tensor)
+
+
+def test_evaluation_of_pairs_spreads_over_every_length(tmp_path):
+    """``eval.batches`` took the first batches of the length-sorted plan: the shortest sentences
+    only (0.2 nats too low on Multi30k), and under DDP each rank took its own first ones. The
+    batches are now spread over the plan, the loss is the token mean over their pairs, and two
+    ranks splitting the same batches add up to it."""
+    _data(tmp_path)
+    raw = _config(tmp_path, "ev", max_steps=1)
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    val = trainer.val_data
+    plan = val.fixed_batches(128)
+    assert len(plan) >= 4 and raw["eval"]["batches"] == 2
+    scored = np.concatenate(trainer._val_starts)
+    longest = max(val.target_tokens([i]) for i in val.kept)
+    assert max(val.target_tokens([i]) for i in scored) == longest  # the first two batches stop short of it
+    result = trainer.evaluate()
+    trainer.model.eval()  # as evaluate: no dropout
+    with torch.no_grad():
+        expected = float(trainer.model.loss(val.batch(scored), label_smoothing=0.0))
+    assert result["loss"] == pytest.approx(expected, rel=1e-6)
+    kw = dict(max_len=16, pad_id=0, bos_id=1, eos_id=2, print_fn=None)
+    ranks = [PairDataset(tmp_path / "val.bin", rank=r, world_size=2, **kw).fixed_batches(128, 2) for r in range(2)]
+    with torch.no_grad():
+        sums = [(float(trainer.model.loss(val.batch(ix), label_smoothing=0.0)) * val.target_tokens(ix),
+                 val.target_tokens(ix)) for r in ranks for ix in r]
+    assert sum(s for s, _ in sums) / sum(n for _, n in sums) == pytest.approx(result["loss"], rel=1e-6)
+
+
+def test_two_gloo_processes_equal_one_process_with_two_accumulation_steps(tmp_path):
+    """Two ranks with a validation file of one batch: rank 1 has none. Its empty mean was 0/0, the
+    all-reduce spread the NaN and the run stopped as 'diverged' (exit 3, no checkpoint). The
+    validation loss is now the ranks' summed losses over their summed tokens; the logged tokens
+    are the real ones of every rank (they were rank 0's times two); and the gradients weigh
+    every target token the same across ranks as across micro-batches."""
+    _data(tmp_path)
+    write_pair_file(tmp_path / "small.bin", [(np.array([100, 101, 102]), np.array([102, 101, 100]))] * 5,
+                    vocab_size=259, target_bytes=20)
+    raws = {"one": _config(tmp_path, "one", max_steps=4, grad_accum_steps=2),
+            "two": _config(tmp_path, "two", max_steps=4)}
+    for raw in raws.values():
+        _without_dropout(raw)
+        raw["data"]["val"] = str(tmp_path / "small.bin")
+        raw["eval"]["interval"] = raw["checkpoint"]["interval"] = 2
+    assert Trainer(config_from_dict(raws["one"]), print_fn=_quiet).run() == 0
+    (tmp_path / "two.toml").write_text(dump_tables(raws["two"]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "lm", "train", "--config", str(tmp_path / "two.toml")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    records = {name: read_metrics(tmp_path / name) for name in raws}
+    train = {name: {r["step"]: r for r in rs if r["split"] == "train"} for name, rs in records.items()}
+    logged = sorted(train["two"])  # every step once the run ends; first, what it logged before any end
+    assert [train["two"][s]["tokens"] for s in logged] == [train["one"][s]["tokens"] for s in logged]
+    assert [train["two"][s]["loss"] for s in logged] == pytest.approx([train["one"][s]["loss"] for s in logged],
+                                                                      rel=1e-6)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert logged == [1, 2, 3, 4]
+    for step in (2, 4):
+        a = read_checkpoint(tmp_path / "one" / "checkpoints" / f"step_{step:08d}.pt")["model"]
+        b = read_checkpoint(tmp_path / "two" / "checkpoints" / f"step_{step:08d}.pt")["model"]
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+    val = {name: [r["loss"] for r in rs if r["split"] == "val"] for name, rs in records.items()}
+    assert len(val["one"]) == 2 and val["two"] == pytest.approx(val["one"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_pair_training_compiles_once_and_equals_eager(tmp_path):
+    """Pair batches change shape at every step. The fused loss's loop over the token count made
+    the compiled step guard on rows x target length, so almost every step compiled again (~10 s
+    each, counted as training time; 5 graphs for these 6 steps). With symbolic sizes and one chunk
+    taken without a loop it compiles once, and once more for the lone-row batch here (torch
+    specialises a size of 1), and the losses are eager's."""
+    from torch._dynamo.utils import counters
+
+    tok = _data(tmp_path)
+    rng = np.random.default_rng(1)
+    pairs = []
+    for _ in range(300):  # targets 0-3 letters longer than their sources: the two lengths differ
+        src = rng.integers(ord("a"), ord("z") + 1, rng.integers(3, 9)) + 3
+        pairs.append((src, np.concatenate([src[::-1], src[: rng.integers(0, 4)]])))
+    write_pair_file(tmp_path / "ragged.bin", pairs, vocab_size=259, tokenizer_sha256=tok.checksum())
+    runs = {}
+    for compiled in (False, True):
+        raw = _without_dropout(_config(tmp_path, f"c{compiled}", max_steps=6, compile=compiled))
+        raw["data"]["train"] = str(tmp_path / "ragged.bin")
+        del raw["data"]["val"]
+        raw["eval"]["interval"] = 0
+        torch._dynamo.reset()
+        counters.clear()
+        trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+        shapes, next_batch = [], trainer._next_batch
+
+        def recording_batch(next_batch=next_batch, shapes=shapes):
+            batch = next_batch()
+            shapes.append((*batch.src.shape, batch.tgt_in.shape[1]))
+            return batch
+
+        trainer._next_batch = recording_batch
+        assert trainer.run() == 0
+        runs[compiled] = [r["loss"] for r in read_metrics(tmp_path / f"c{compiled}") if r["split"] == "train"]
+        graphs = counters["stats"]["unique_graphs"]
+    assert len(set(shapes)) >= 5
+    assert 1 <= graphs <= 2, graphs
+    assert runs[True] == pytest.approx(runs[False], rel=1e-5)

@@ -435,8 +435,10 @@ class PairDataset:
     them all).
 
     **Evaluation order** (:meth:`fixed_batches`, :meth:`batches`): every kept pair once, sorted
-    by length (ties in file order), cut the same way, the same at every call; rank ``r`` takes
-    batches ``r, r + world_size, ...``.
+    by length (ties in file order), cut the same way, the same at every call; with a number of
+    batches, that many spread evenly over this plan (short and long sentences both); rank ``r``
+    takes batches ``r, r + world_size, ...`` of them, so together the ranks score the pairs one
+    process scores.
     """
 
     def __init__(
@@ -579,7 +581,30 @@ class PairDataset:
             epoch += 1
         return epoch, position
 
+    def target_tokens(self, indices: np.ndarray) -> int:
+        """The real target tokens of the pairs ``indices`` (what :attr:`PairBatch.num_tokens`
+        counts), from the lengths on the host: no read of a batch's tensors, which on a GPU waits
+        for the device."""
+        return int(self._tgt_len[np.asarray(indices, dtype=np.int64)].sum())
+
     # -- training
+
+    def upcoming_tokens(self, count: int, max_tokens: int) -> list[int]:
+        """The real target tokens of each of the next ``count`` batches of the training stream
+        (the global stream: every rank's), without drawing them.
+
+        A step of ``world_size`` ranks and ``A`` accumulation steps draws ``A * world_size``
+        consecutive batches, micro-step ``m`` of rank ``r`` the ``(m * world_size + r)``-th. Every
+        rank computes the same list from the same state, so a trainer knows the step's token count
+        and each micro-batch's share of it on the host, with no collective and no device read.
+        """
+        max_tokens = self._check_budget(max_tokens)
+        epoch, position, tokens = self.epoch, self.position, []
+        for _ in range(count):
+            epoch, position = self._advance(epoch, position, 0, max_tokens)  # past an epoch's end
+            tokens.append(self.target_tokens(self.epoch_batches(epoch, max_tokens)[position]))
+            position += 1
+        return tokens
 
     def sample(self, max_tokens: int, device: str | torch.device = "cpu") -> PairBatch:
         """This rank's next batch of the training stream (see the class), on ``device``."""
@@ -613,14 +638,28 @@ class PairDataset:
 
     # -- evaluation
 
-    def fixed_batches(self, max_tokens: int) -> list[np.ndarray]:
-        """This rank's evaluation batches (pair indices): together, the ranks' batches hold every kept pair once."""
+    def fixed_batches(self, max_tokens: int, num_batches: int | None = None) -> list[np.ndarray]:
+        """This rank's evaluation batches (pair indices), the same at every call.
+
+        The plan is every kept pair once, sorted by length and cut under ``max_tokens``. With
+        ``num_batches`` (fewer than the plan holds) it keeps that many of its batches spread evenly
+        over it, the middle one of each of ``num_batches`` equal stretches: the first batches alone
+        would be the shortest sentences. The choice is made on the global plan and only then split
+        between the ranks (rank ``r`` takes batches ``r, r + world_size, ...``; a rank may get none),
+        so together the ranks score the pairs one process scores, whatever their number.
+        """
+        if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                        or num_batches < 1):
+            raise ValueError(f"{self.name}: num_batches must be a positive int, got {num_batches!r}")
         plan = self._cut(self._sorted(self.kept), self._check_budget(max_tokens))
+        if num_batches is not None and num_batches < len(plan):
+            plan = [plan[(2 * i + 1) * len(plan) // (2 * num_batches)] for i in range(num_batches)]
         return plan[self.rank :: self.world_size]
 
-    def batches(self, max_tokens: int, device: str | torch.device = "cpu") -> Iterator[PairBatch]:
+    def batches(self, max_tokens: int, device: str | torch.device = "cpu",
+                num_batches: int | None = None) -> Iterator[PairBatch]:
         """:meth:`fixed_batches` as :class:`PairBatch` es on ``device``."""
-        for indices in self.fixed_batches(max_tokens):
+        for indices in self.fixed_batches(max_tokens, num_batches):
             yield self.batch(indices, device)
 
     def batch(self, indices: np.ndarray, device: str | torch.device = "cpu") -> PairBatch:

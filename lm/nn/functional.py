@@ -365,7 +365,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         low_precision = torch.is_autocast_enabled(x.device.type)
-        for start in range(0, n, chunk_size):
+        # one chunk without a range over n: compiled with dynamic shapes (sentence-pair batches),
+        # iterating a range would make the graph guard on the exact token count (a compile per batch)
+        for start in range(0, n, chunk_size) if n > chunk_size else (0,):
             xc, tc = x2[start : start + chunk_size], t[start : start + chunk_size]
             vc = None if valid is None else valid[start : start + chunk_size]
             logits = einsum(xc, weight, "n d, v d -> n v").float()

@@ -33,6 +33,14 @@ class Dist:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value / self.world_size
 
+    def all_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of ``value`` over ranks (``value`` itself when there is one process)."""
+        if not self.enabled:
+            return value
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

@@ -187,7 +187,10 @@ class Trainer:
             if t.deterministic:
                 deterministic_ddp(self.train_model, self.dist.world_size)
         if t.compile:
-            self.train_model = torch.compile(self.train_model)
+            # pair batches change shape at every step: one graph with symbolic sizes, compiled once,
+            # instead of a static one per shape (token windows are one shape: the static graph)
+            dynamic = True if self.cfg.model.architecture == "encoder_decoder" else None
+            self.train_model = torch.compile(self.train_model, dynamic=dynamic)
         dtype = autocast_dtype(t.dtype, self.device)
         self._autocast = lambda: autocast(self.device, dtype)
 
@@ -202,9 +205,9 @@ class Trainer:
         self._signal: int | None = None
         self._unagreed_seconds = 0.0  # this rank's training seconds not yet agreed on (DDP, see _agree)
         self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
-        self._val_starts = []  # token windows' starts, or pair batches' indices
+        self._val_starts = []  # token windows' starts, or pair batches' indices (a rank may have none)
         if self.val_data is not None and self.pairs:
-            self._val_starts = self.val_data.fixed_batches(cfg.eval.batch_tokens or t.batch_tokens)[: cfg.eval.batches]
+            self._val_starts = self.val_data.fixed_batches(cfg.eval.batch_tokens or t.batch_tokens, cfg.eval.batches)
         elif self.val_data is not None:
             self._val_starts = self.val_data.fixed_batches(cfg.eval.batches, cfg.eval.batch_size or t.batch_size,
                                                            seed=cfg.eval.seed)
@@ -426,15 +429,24 @@ class Trainer:
     def train_step(self, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step over ``grad_accum_steps`` micro-batches; returns (mean loss, grad norm),
         both 0-d tensors on the device: nothing here waits for it (their finiteness is checked at the
-        log interval and before every checkpoint, see :meth:`_check_finite`)."""
+        log interval and before every checkpoint, see :meth:`_check_finite`).
+
+        Token windows: each micro-batch's loss counts 1 / ``grad_accum_steps`` (they hold equal
+        tokens). Sentence pairs: each counts its share of the real target tokens of the whole step,
+        every rank's (see :meth:`_pair_weights`), so that every target token weighs the same, as
+        one batch of the same pairs would (fairseq's normalisation); the loss returned is then this
+        rank's part of the step's token mean times the world size, whose mean over ranks (taken at
+        the log interval) is the step's."""
         t = self.cfg.train
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
         self.step_tokens = 0
+        weights = self._pair_weights() if self.pairs else None
         for micro in range(t.grad_accum_steps):
             batch = self._next_batch()
-            self.step_tokens += batch.num_tokens * self.dist.world_size
+            if weights is None:
+                self.step_tokens += batch.num_tokens * self.dist.world_size
             # DDP all-reduces gradients on the last micro-batch only.
             last = micro == t.grad_accum_steps - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.train_model.no_sync()
@@ -443,14 +455,31 @@ class Trainer:
                     # the model's loss of the batch (the fused lm_head + cross-entropy: never holds the
                     # batch x seq x vocab logits), through forward so that DDP sees it
                     loss = self.train_model(batch=batch)
-                (loss / t.grad_accum_steps).backward()
-            total += loss.detach()
+                if weights is None:
+                    (loss / t.grad_accum_steps).backward()
+                else:
+                    (loss * weights[micro]).backward()
+            total += loss.detach() if weights is None else loss.detach() * weights[micro]
         norm = None
         if self.cfg.optim.grad_clip > 0:
             norm = clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip, return_tensor=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total / t.grad_accum_steps, norm
+        return (total / t.grad_accum_steps if weights is None else total), norm
+
+    def _pair_weights(self) -> list[float]:
+        """The factor of each of this rank's pair micro-batch losses in the coming step, and the
+        step's real target tokens (every rank's) in ``step_tokens``.
+
+        The loss of a micro-batch is its mean over its real target tokens ``n``; the step's, the
+        mean over all ``N`` of them. DDP averages the ranks' gradients, so a rank scales its loss by
+        ``world_size * n / N``. The sampler knows the step's batches before they are drawn, the same
+        on every rank (:meth:`PairDataset.upcoming_tokens`), so this costs no collective and no read
+        of the device."""
+        world = self.dist.world_size
+        tokens = self.train_data.upcoming_tokens(self.cfg.train.grad_accum_steps * world, self.cfg.train.batch_tokens)
+        self.step_tokens = sum(tokens)
+        return [world * n / self.step_tokens for n in tokens[self.dist.rank :: world]]
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float] | None:
@@ -458,21 +487,32 @@ class Trainer:
         if self.val_data is None:
             return None
         self.train_model.eval()
-        total = torch.zeros((), device=self.device)
-        if self.pairs:  # the plain loss (no label smoothing) per real target token
-            count = 0
-            for indices in self._val_starts:
-                batch = self.val_data.batch(indices, self.device)
-                with self._autocast():
-                    total += self.model.loss(batch, label_smoothing=0.0) * batch.num_tokens
-                count += batch.num_tokens
-            total = total * len(self._val_starts) / max(count, 1)
+        if self.pairs:
+            loss = self._pair_val_loss()
         else:
+            total = torch.zeros((), device=self.device)
             for starts in self._val_starts:
                 total += self._val_loss(starts)
+            loss = float(self.dist.all_mean(total / len(self._val_starts)).item())
         self.train_model.train()
-        loss = float(self.dist.all_mean(total / len(self._val_starts)).item())
         return {"loss": loss, "ppl": perplexity(loss), "bpb": bits_per_byte(loss, self.val_data.bytes_per_token)}
+
+    def _pair_val_loss(self) -> float:
+        """The plain loss (no label smoothing) per real target token over every rank's validation
+        pairs: the ranks' summed losses and token counts, added in one all-reduce and divided once,
+        so N ranks report what one process does (a rank may hold no batch). Not compiled: pair
+        batches change shape."""
+        total = torch.zeros((), device=self.device)
+        tokens = 0
+        for indices in self._val_starts:
+            batch = self.val_data.batch(indices, self.device)
+            n = self.val_data.target_tokens(indices)
+            with self._autocast():
+                total += self.model.loss(batch, label_smoothing=0.0) * n
+            tokens += n
+        sums = self.dist.all_sum(torch.stack([total, torch.tensor(float(tokens), device=self.device)]))
+        loss_sum, count = sums.tolist()
+        return loss_sum / count
 
     def _val_loss(self, starts) -> torch.Tensor:
         """The loss of one validation batch of token windows, through the compiled model when there is one."""
@@ -667,7 +707,8 @@ class Trainer:
 
     def _report_compile(self, seconds: float) -> None:
         """The first step's time with compile on (and the evaluation graph's, compiled before it)."""
-        self._log(f"compiled in {seconds:.1f} s (the first step and an evaluation batch; not counted as training time)")
+        what = "the first step" if self.pairs else "the first step and an evaluation batch"
+        self._log(f"compiled in {seconds:.1f} s ({what}; not counted as training time)")
         if self.metrics is not None:
             self.metrics.write({"step": self.step, "split": "compile", "seconds": round(seconds, 3)})
 
