@@ -123,6 +123,9 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
          "--special-token: '@' cannot be saved in vocab.json: '@' is already the key of token"),
         (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "é", "--out", "OUT"],
          "--special-token: 'é' cannot be saved in tokenizer.json"),
+        # ... and the spelling of a token training may learn: found only after training, it had thrown it away
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "Ġthe", "--out", "OUT"],
+         "--special-token: 'Ġthe' is how vocab.json and tokenizer.json spell the bytes b' the', which training may"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsys, monkeypatch):

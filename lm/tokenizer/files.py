@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lm.io import atomic_write, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
-from lm.tokenizer.pretokenize import GPT2_PATTERN, check_special_tokens
+from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
 from lm.tokenizer.tokenizer import Tokenizer
 
 
@@ -243,15 +243,32 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
 
 def check_special_tokens_savable(special_tokens: Sequence[str]) -> None:
     """Refuse, before training, a special token that the files of a trained tokenizer could not
-    keep apart from the 256 single bytes ("@" in ``vocab.json``; "é", "Ġ" in ``tokenizer.json``:
-    see :func:`vocab_strings` and :func:`hf_json`). A clash with a token that training has yet
-    to learn is found when the files are written."""
+    keep apart from an ordinary token: one of the 256 single bytes ("@" in ``vocab.json``; "é",
+    "Ġ" in ``tokenizer.json``: see :func:`vocab_strings` and :func:`hf_json`), or a token that
+    training could learn, whose key would be the special token's text ("Ġthe" is the key of the
+    learned token " the"): a text that is GPT-2's byte-mapped spelling of bytes that one pre-token
+    can hold. Found only when the files were written, such a clash threw the whole training away.
+    ``"<|endoftext|>"``, ``"<pad>"``, ``"[SEP]"`` are several pre-tokens, and ``"<sep> "`` or
+    ``"\n\n"`` no byte-mapped string at all: none of them can clash."""
     from lm.tokenizer.train import build_vocab
 
     special_tokens = check_special_tokens(special_tokens)
     tokenizer = Tokenizer(build_vocab(special_tokens, []), [], special_tokens)
     vocab_strings(tokenizer)
     hf_vocab(tokenizer)
+    for t in special_tokens:
+        try:
+            raw = unicode_str_to_bytes(t)
+        except ValueError:
+            continue  # not GPT-2's spelling of any bytes: no learned token has it as its key
+        try:
+            learnable = len(GPT2_REGEX.findall(raw.decode("utf-8"))) == 1
+        except UnicodeDecodeError:
+            learnable = True  # part of a character: BPE learns such pieces inside a pre-token
+        if learnable:
+            raise ValueError(f"special_tokens: {t!r} is how vocab.json and tokenizer.json spell the bytes "
+                             f"{raw!r}, which training may learn as an ordinary token; use a special token "
+                             "that is not, such as '<|...|>'")
 
 
 def check_tokenizer_checksum(got: str, expected: str, *, argument: str, what: str, against: str) -> None:

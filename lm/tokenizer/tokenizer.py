@@ -342,30 +342,38 @@ class Tokenizer:
                 if k > hold and t.startswith(text[-k:]):
                     hold = k
                     break
-        head = text[: len(text) - hold]
+        end = len(text) - hold
         start = 0
         if self._special_re is not None:
+            # Special tokens are matched over the whole text, as encode does: one that is complete in
+            # the text but cut by the held tail (" <sep> " when " <" is held for another " <sep> ")
+            # moves the end of the head before it; the head's pre-tokens start after the last one.
             last = None
-            for last in self._special_re.finditer(head):  # noqa: B007
-                pass
-            if last is not None:
+            for m in self._special_re.finditer(text):
+                if m.end() <= end:
+                    last = m
+                    continue
+                if m.start() < end:
+                    end = m.start()
+                break
+            if last is not None and last.end() <= end:
                 start = last.end()
+        head = text[:end]
         # Every pre-token but the last is final: the regex decides where a token ends by looking
         # no further than the first character after it that it cannot take (after a whitespace
         # run, the first non-space), which for all but the last lies in ``head``. A cut before
-        # the last pre-token also needs the one before it to come out the same at the end of
-        # the prefix, which a whitespace token may not: "\n\tHi" splits as "\n", "\t", "Hi" only
-        # because "H" follows, and "\n\t" at the end stays whole. So when the one before is
-        # whitespace, cut before it: what precedes it is then not whitespace, or whitespace
-        # that stopped before more whitespace, as it also does at the end of a text.
-        last = before = None
-        for m in GPT2_REGEX.finditer(head, start):
-            before, last = last, m
-        if last is None:
+        # the last pre-token also needs the ones before it to come out the same at the end of the
+        # prefix, which two kinds may not: a whitespace token ("\n\tHi" splits as "\n", "\t", "Hi"
+        # only because "H" follows; "\n\t" at the end stays whole), and one that starts with an
+        # apostrophe ("'l" splits as "'", "l" until a second "l" makes the contraction "'ll"). So
+        # the cut moves back before every such token that precedes it.
+        words = list(GPT2_REGEX.finditer(head, start))
+        if not words:
             return start
-        if before is not None and _WHITESPACE.match(before.group()[-1]):
-            return before.start()
-        return last.start()
+        k = len(words) - 1
+        while k > 0 and (_WHITESPACE.match(words[k - 1].group()[-1]) or words[k - 1].group().startswith("'")):
+            k -= 1
+        return words[k].start()
 
     # ------------------------------------------------------------ decoding
 
