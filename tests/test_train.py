@@ -808,6 +808,8 @@ def test_a_run_that_wandb_refuses_leaves_no_folder_behind(tmp_path, monkeypatch)
     raw = _raw_config(tmp_path, train={"max_steps": 2}, wandb={"mode": "offline", "project": "my/proj"})
     with pytest.raises(ValueError, match=r"config: wandb.project must be a name .* got 'my/proj'"):
         config_from_dict(raw)
+    # with wandb disabled nothing reads the project: a config that held any name before still loads
+    config_from_dict({**raw, "wandb": {"mode": "disabled", "project": "cs336:a1"}})
     raw["wandb"]["project"] = "lm-test"
 
     def refuse(**kwargs):
@@ -825,6 +827,39 @@ def test_a_run_that_wandb_refuses_leaves_no_folder_behind(tmp_path, monkeypatch)
     monkeypatch.undo()
     raw["wandb"]["mode"] = "disabled"
     assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0  # the same folder, no --resume
+
+
+def test_a_run_resumed_into_a_new_folder_is_undone_or_stopped_there(tmp_path, monkeypatch):
+    """A run resumed from another run's checkpoint into a new folder is new there: when wandb refuses
+    it, what it wrote goes (config.toml was left, and the same command was then refused), and a
+    signal before its first step saves its checkpoint in that folder (the stop line named the other
+    run's checkpoint, and --resume here then started again from step 0)."""
+    wandb = pytest.importorskip("wandb")
+    raw = _raw_config(tmp_path, train={"max_steps": 4}, checkpoint={"interval": 2})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    source = tmp_path / "run" / "checkpoints" / "step_00000002.pt"
+    raw["train"]["out_dir"] = str(tmp_path / "run2")
+    raw["train"]["max_steps"] = 6
+    raw["wandb"] = {"mode": "offline", "project": "lm-test"}
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(ValueError, match="^wandb: "):
+        Trainer(config_from_dict(raw), resume=source, print_fn=_quiet)
+    assert not (tmp_path / "run2").exists()
+    monkeypatch.undo()
+    raw["wandb"]["mode"] = "disabled"
+    lines = []
+    trainer = Trainer(config_from_dict(raw), resume=source, print_fn=lines.append)  # the same command again
+    trainer._signal = signal.SIGTERM  # before its first step
+    assert trainer.run() == 128 + signal.SIGTERM
+    saved = tmp_path / "run2" / "checkpoints" / "step_00000002.pt"
+    assert saved.is_file() and lines[-1] == f"stopped at step 2; checkpoint {saved}; continue with --resume"
+    again = []
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=again.append).run() == 0
+    assert f"resumed from {saved} at step 2" in again
 
 
 def test_a_training_step_never_waits_for_the_device(tmp_path):

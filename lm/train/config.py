@@ -361,8 +361,10 @@ def _check_values(cfg: Config) -> None:
     if not 0 < cfg.optim.decay_fraction <= 1:
         raise ValueError(f"config: optim.decay_fraction must be in (0, 1], got {cfg.optim.decay_fraction}")
     check_choice("config: wandb.mode", cfg.wandb.mode, ("disabled", "offline", "online"))
-    project = cfg.wandb.project
-    if not isinstance(project, str) or not 0 < len(project) <= 128 or any(c in project for c in "/\\#?%:"):
+    project = cfg.wandb.project  # only wandb reads it: a disabled run's config keeps whatever it held
+    if cfg.wandb.mode != "disabled" and (
+        not isinstance(project, str) or not 0 < len(project) <= 128 or any(c in project for c in "/\\#?%:")
+    ):
         raise ValueError(f"config: wandb.project must be a name of 1 to 128 characters without any of / \\ # ? % :, "
                          f"got {project!r}")
     if not cfg.data.train:

@@ -160,6 +160,7 @@ class Trainer:
         failure the lock is released and a folder this run made (still empty) is removed."""
         self._lock = RunLock(self.run_dir)
         self._made_dir = made_dir = not self.run_dir.exists()
+        self._held_run = not made_dir and holds_run(self.run_dir)  # else all in it is this run's doing
         try:
             if self.dist.is_main:
                 check_run_folder(self.run_dir)
@@ -339,10 +340,11 @@ class Trainer:
                                  what=repr(directory), against=f"data.train {self.cfg.data.train!r}")
 
     def _undo_fresh_start(self) -> None:
-        """A new run that failed to start (wandb refused it, say): remove what it wrote in its folder,
-        which held no run before, and release the lock, so that the same command can simply be run
-        again. A resumed or restarted run keeps its folder as it is."""
-        if self._resumed_from is not None or self._restarted:
+        """A run that failed to start (wandb refused it, say) in a folder that held no run before (a
+        fresh one, or one resumed from another run's checkpoint): remove what it wrote there and
+        release the lock, so that the same command can simply be run again. A run resumed or
+        restarted in its own folder keeps the folder as it is."""
+        if self._held_run:
             self._lock.release()
             return
         if self.metrics is not None:
@@ -619,8 +621,11 @@ class Trainer:
     def _loop(self) -> int:
         cfg = self.cfg
         self._log_start()
-        last_saved = self.step if self._resumed_from is not None else -1
-        saved_path = self._resumed_from  # the checkpoint of step last_saved
+        # a resume from this run's own checkpoint has this step saved (one from another run's
+        # folder does not: a stop before the first step saves here, where --resume will look)
+        own = self._resumed_from is not None and self._resumed_from.resolve().parent == self.ckpts.dir.resolve()
+        last_saved = self.step if own else -1
+        saved_path = self._resumed_from if own else None  # the checkpoint of step last_saved
         last_eval = self._last_eval  # a resume at a step that was evaluated does not evaluate it again
         first_step = self.step
         window = _LogWindow(torch.zeros((), device=self.device))
