@@ -206,8 +206,11 @@ def test_cli_eval_bits_per_byte_count_the_bytes_of_the_tokens_scored(run, tmp_pa
         evaluate_tokens(model, np.array(ids), bytes_per_token=2.0, token_bytes=token_byte_lengths(tok))
 
 
-def test_cli_eval_a_token_file_without_a_tokenizer_has_no_bits_per_byte(run, tmp_path, capsys):
-    """The scored tokens' bytes need the tokenizer; a whole-file ratio would be a guess (see above)."""
+def test_cli_eval_a_token_file_without_a_tokenizer_estimates_bits_per_byte_for_the_whole_file_only(
+        run, tmp_path, capsys):
+    """Without a tokenizer (a run trained without data.tokenizer) the scored tokens' bytes cannot be
+    counted: the whole file's bits per byte is estimated from its sidecar's bytes per token, as
+    before, and said to be; a prefix (--max-tokens) gets none, since its bytes per token may differ."""
     d, model, tok = run
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
@@ -217,9 +220,14 @@ def test_cli_eval_a_token_file_without_a_tokenizer_has_no_bits_per_byte(run, tmp
     argv = ["eval", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(tmp_path / "v.bin"), "--quiet"]
     assert main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["bits_per_byte"] is None and r["bytes"] is None and r["loss"] == pytest.approx(
-        reference_loss(model, ids)[0], rel=1e-5)
+    loss = reference_loss(model, ids)[0]
+    assert r["bytes"] is None and r["loss"] == pytest.approx(loss, rel=1e-5)
+    assert r["bits_per_byte"] == pytest.approx(loss / math.log(2) / (300 / len(ids)), rel=1e-5)
     assert main(argv) == 0
+    assert "(from the file's bytes per token)" in capsys.readouterr().out
+    assert main([*argv, "--json", "--max-tokens", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["bits_per_byte"] is None
+    assert main([*argv, "--max-tokens", "20"]) == 0
     assert "bits/byte n/a (no tokenizer to count the scored bytes: pass --tokenizer DIR)" in capsys.readouterr().out
 
 

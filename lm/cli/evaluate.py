@@ -82,6 +82,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.data import read_token_file
+    from lm.data.token_file import bytes_per_token
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.evaluate import evaluate_tokens, token_byte_lengths
     from lm.io import check_readable_file, decode_utf8
@@ -129,18 +130,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # The bytes of the tokens scored, not a whole-file average: --max-tokens may stop anywhere (and
     # the file's head may be English, its tail code or Japanese), and the first token is never scored.
     token_bytes = None if tok is None else token_byte_lengths(tok)
+    whole_file = args.max_tokens is None or args.max_tokens + 1 >= len(tokens)
+    # No tokenizer (a run trained without data.tokenizer): when every token is scored, the sidecar's
+    # bytes per token is a close estimate (it counts the first token too); for a prefix it may not be.
+    estimate = bytes_per_token(meta) if token_bytes is None and kind == "tokens" and whole_file else None
     device = next(model.parameters()).device
     dtype = resolve_dtype(args.dtype, device)
     with autocast(device, dtype), as_flags(data="--data"):
         result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                                 token_bytes=token_bytes, stride=args.stride, progress=not args.quiet)
+                                 token_bytes=token_bytes, bytes_per_token=estimate, stride=args.stride,
+                                 progress=not args.quiet)
     if args.json:
         print(json.dumps(result))
     else:
         if result["bits_per_byte"] is None:
             bpb = "n/a (no tokenizer to count the scored bytes: pass --tokenizer DIR)"
         else:
-            bpb = f"{result['bits_per_byte']:.4f}"
+            bpb = f"{result['bits_per_byte']:.4f}" + (" (from the file's bytes per token)" if estimate else "")
         nbytes = "" if result["bytes"] is None else f", {result['bytes']:,} bytes"
         print(f"loss {result['loss']:.4f}  perplexity {result['perplexity']:.3f}  bits/byte {bpb}  "
               f"({result['tokens']:,} tokens{nbytes})")
