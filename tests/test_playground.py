@@ -241,6 +241,10 @@ def test_unreadable_settings_are_errors_and_a_failed_request_clears_the_old_stat
             page.wait_for_function("document.getElementById('error').textContent !== ''")
             assert page.text_content("#error") == "seed: must be an integer, got 1e"
             assert len(bodies) == 1  # none of the three was sent
+            _fill(page, "Tom saw", max_tokens="2", seed="007")  # as 7: "007" is no JSON number
+            page.click("#generate")
+            page.wait_for_function(finished, timeout=30_000)
+            assert page.text_content("#error") == "" and '"seed":7}' in bodies[-1]
             _fill(page, "Tom saw", max_tokens="-3", seed="2")
             page.click("#generate")
             page.wait_for_function("document.getElementById('error').textContent !== ''")
