@@ -201,7 +201,7 @@ class Trainer:
         self.pairs = m.architecture == "encoder_decoder"
         per_rank = t.batch_tokens if self.pairs else t.batch_size * m.context_length  # nominal for pairs
         self.tokens_per_step = per_rank * t.grad_accum_steps * self.dist.world_size
-        self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops)
+        self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops, autocast_dtype(t.dtype, self.device))
         self._flops_per_token = 3 * unwrap(self.model).flops_per_token()  # forward and backward
         self._signal: int | None = None
         self._unagreed_seconds = 0.0  # this rank's training seconds not yet agreed on (DDP, see _agree)
