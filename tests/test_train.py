@@ -1099,3 +1099,7 @@ def test_the_cpu_peak_for_mfu_follows_the_autocast_dtype(monkeypatch):
     monkeypatch.setattr(flops, "_measured_bfloat16_matmul_flops", lambda: 5e12)  # a chip above its nominal figure
     assert flops.peak_flops(cpu, dtype=torch.bfloat16) == 5e12
     assert flops.peak_flops(cpu, 0.5, dtype=torch.bfloat16) == 0.5e12  # log.peak_tflops wins
+    monkeypatch.undo()
+    state = torch.get_rng_state()
+    assert flops._measured_bfloat16_matmul_flops() > 0
+    assert torch.equal(torch.get_rng_state(), state)  # the run's generator untouched: a resume stays exact

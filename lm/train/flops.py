@@ -72,8 +72,9 @@ def _cpu_flags_and_hz() -> tuple[set[str], float]:
 
 def _measured_bfloat16_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of a bfloat16 n x n matrix product on this CPU with torch's threads: the best of a few."""
-    a = torch.randn(n, n, dtype=torch.bfloat16)
-    b = torch.randn(n, n, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)  # its own: the global generator is the run's (a resume restores it)
+    a = torch.randn(n, n, dtype=torch.bfloat16, generator=g)
+    b = torch.randn(n, n, dtype=torch.bfloat16, generator=g)
     a @ b  # the first call sets up the kernel
     best = float("inf")
     for _ in range(repeats):
