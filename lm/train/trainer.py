@@ -223,8 +223,9 @@ class Trainer:
             say = self._print if self.dist.is_main else (lambda *_: None)
             kw = dict(max_len=m.context_length, vocab_size=m.vocab_size, pad_id=m.pad_id, bos_id=m.bos_id,
                       eos_id=m.eos_id, print_fn=say, **ranks)
-            train = PairDataset(cfg.data.train, seed=t.seed, name="data.train", **kw)
-            return train, PairDataset(cfg.data.val, name="data.val", **kw) if cfg.data.val else None
+            train = _named("data.train", PairDataset, cfg.data.train, seed=t.seed, name="data.train", **kw)
+            val = _named("data.val", PairDataset, cfg.data.val, name="data.val", **kw) if cfg.data.val else None
+            return train, val
         train = _named("data.train", TokenDataset, cfg.data.train, m.context_length, vocab_size=m.vocab_size,
                        seed=t.seed, **ranks)
         val = _named("data.val", TokenDataset, cfg.data.val, m.context_length, vocab_size=m.vocab_size,
@@ -839,12 +840,17 @@ def train(cfg: Config, *, resume: bool = False) -> int:
     return Trainer(cfg, resume=resume).run()
 
 
-def _named(key: str, open_data: Callable[..., Any], *args, **kwargs) -> Any:
-    """``open_data(*args, **kwargs)``, its one-line errors prefixed with the config key of the file."""
+def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> Any:
+    """``open_data(path, *args, **kwargs)``, its one-line errors prefixed with the config key of the
+    file (unless they name it already); a relative path that is not there is said to be read from
+    the working directory (a config's paths are not relative to the config file)."""
     try:
-        return open_data(*args, **kwargs)
+        return open_data(path, *args, **kwargs)
     except (ValueError, OSError) as e:
-        raise ValueError(f"{key}: {e}") from None
+        message = str(e) if str(e).startswith(f"{key}:") else f"{key}: {e}"
+        if not Path(path).is_absolute() and not Path(path).exists():
+            message += f" (a config's paths are read from the working directory, {os.getcwd()!r})"
+        raise ValueError(message) from None
 
 
 def _silent_stdout() -> Callable[[str], None]:
