@@ -1,6 +1,6 @@
 """Multi30k English→German in a fixed wall-clock budget, through the toolkit, ending in BLEU.
 
-    python scripts/multi30k.py --budget 300                  # needs LM_TEST_DATA (multi30k/)
+    python scripts/multi30k.py --budget 300                  # data/multi30k/ of `lm data download multi30k`
     python scripts/multi30k.py --budget 300 --test SRC.gz REF.gz
 
 The defaults are the best of the 300-second runs in docs/benchmarks.md (pre-norm, a 4,000-token joint
@@ -43,7 +43,9 @@ def cpu_has_bfloat16() -> bool:
 def main() -> int:
     t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"), help="folder holding multi30k/")
+    ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA") or "data",
+                    help="folder holding multi30k/ (default: $LM_TEST_DATA, else data, where "
+                    "`lm data download multi30k` puts it)")
     ap.add_argument("--out", default="runs/multi30k", help="the run's folder: data, tokenizer, run, result.json")
     ap.add_argument("--overwrite", action="store_true", help="replace an earlier output of this script in --out")
     ap.add_argument("--budget", type=float, default=300.0, help="wall-clock seconds, tokenizer included")
@@ -74,9 +76,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.dtype == "auto":
         args.dtype = "bfloat16" if cpu_has_bfloat16() else "float32"
-    src_dir = Path(args.data or "") / "multi30k"
-    if not args.data or not (src_dir / "train.en.gz").is_file():
-        sys.exit("multi30k.py: --data or LM_TEST_DATA must name a folder holding multi30k/train.en.gz")
+    src_dir = Path(args.data) / "multi30k"
+    if not (src_dir / "train.en.gz").is_file():
+        print(f"multi30k.py: error: --data: {args.data!r} holds no multi30k/train.en.gz; run `lm data download "
+              "multi30k` (it writes data/multi30k/) or pass --data FOLDER", file=sys.stderr)
+        return 2
     if args.threads:
         import torch
 

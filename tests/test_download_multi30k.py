@@ -167,3 +167,14 @@ def test_a_file_for_out_or_a_folder_for_a_file_is_refused_before_anything_is_fet
         assert message in err and len(err.splitlines()) == 1, err
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["m30k", "m30k/val.de.gz", "small.txt"]
     assert (tmp_path / "small.txt").read_text() == "mine" and not Handler.requests
+
+
+def test_complete_files_are_kept_without_the_network(tmp_path, monkeypatch, capsys):
+    files = fake_files(monkeypatch)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    monkeypatch.setenv("LM_MULTI30K_URL", "http://127.0.0.1:9/offline")  # port 9 (discard): nothing answers
+    monkeypatch.setattr(dl, "probe", lambda *a, **k: pytest.fail("a complete, verified file needs no request"))
+    assert main(["data", "download", "multi30k", "--out", str(tmp_path), "--quiet"]) == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+    assert len(capsys.readouterr().out.splitlines()) == 6

@@ -250,3 +250,37 @@ def test_cli_eval_into_a_closed_pipe_stops_quietly(run):
     proc.stdout.close()  # the reader is gone before anything is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_cli_eval_says_what_is_missing_when_data_and_model_are_of_other_kinds(run, tmp_path, capsys):
+    """A translation model without --target, given the README's .gz source, had been told to pass a
+    token file or a text file; a pair file given to a language model was only "not an 'lm-tokens'
+    sidecar"."""
+    import gzip
+
+    from lm.checkpoint import export_safetensors
+    from lm.data.pairs import write_pair_file
+    from lm.model import Seq2SeqConfig, build_model
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+
+    d, _, _ = run
+    s2s = tmp_path / "s2s"
+    torch.manual_seed(0)
+    export_safetensors(build_model(Seq2SeqConfig(vocab_size=259, context_length=16, d_model=16, encoder_layers=1,
+                                                 decoder_layers=1, num_heads=2, d_ff=32)), s2s / "model.safetensors")
+    save_tokenizer_dir(Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<pad>", "<bos>", "<eos>"]),
+                       s2s / "tokenizer")
+    (tmp_path / "test.en.gz").write_bytes(gzip.compress(b"A dog runs.\n"))
+    write_pair_file(tmp_path / "val.bin", [(np.array([5, 6]), np.array([7, 8]))], vocab_size=259)
+    cases = [
+        (["--checkpoint", str(s2s), "--data", str(tmp_path / "test.en.gz")],
+         f"--target: {str(s2s)!r} is a translation model: pass the source sentences as --data and the reference"),
+        (["--checkpoint", str(d), "--data", str(tmp_path / "test.en.gz")],
+         f"--data: {str(tmp_path / 'test.en.gz')!r} is gzip-compressed; decompress it first"),
+        (["--checkpoint", str(d), "--data", str(tmp_path / "val.bin")],
+         "is not an 'lm-tokens' sidecar (it is a translation pair file, for an encoder-decoder model"),
+    ]
+    for argv, msg in cases:
+        assert main(["eval", *argv, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err

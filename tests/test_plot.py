@@ -114,3 +114,11 @@ def test_plot_runs_marks_its_png_for_every_caller(tmp_path):
     out = plot_runs([_run(tmp_path / "run")], tmp_path / "loss.png")
     assert is_marked_plot(out)
     assert matplotlib.image.imread(out).shape[:2] == (540, 1440)  # 12 x 4.5 inches at 120 dpi: the image is whole
+
+
+def test_a_missing_run_dir_is_named_as_not_found(tmp_path, capsys):
+    """It was "'runs/x' has no metrics.jsonl; is it a run directory of `lm train`?", naming no argument."""
+    _run(tmp_path / "a")
+    rc, err = _cli(["plot", str(tmp_path / "a"), str(tmp_path / "missing"), "--out", str(tmp_path / "p.png")], capsys)
+    assert rc == 2 and err.strip() == f"lm plot: error: RUN_DIR: folder not found: {str(tmp_path / 'missing')!r}"
+    assert not (tmp_path / "p.png").exists()

@@ -536,3 +536,34 @@ def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
         assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("lm serve: error:"), p.stderr
         assert message in p.stderr and "Traceback" not in p.stderr
     taken.close()
+
+
+def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory, monkeypatch, capsys):
+    """``--checkpoint .`` (or ``model.safetensors``) from inside the run folder had served the model
+    as ``''``, so the README's clients, which ask for the run's name, got 404."""
+    from lm.cli import main
+
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    names = []
+
+    class Started(Exception):
+        pass
+
+    def create_app(engine, tok, name, **kw):
+        names.append(name)
+        raise Started
+
+    monkeypatch.setattr("lm.serve.app.create_app", create_app)
+    monkeypatch.chdir(run)
+    for checkpoint in (".", "model.safetensors"):
+        with pytest.raises(Started):
+            main(["serve", "--checkpoint", checkpoint, "--port", "0", "--device", "cpu", "--max-batch", "1",
+                  "--quiet"])
+    assert names == [run.name, run.name]
+    for argv, message in ((["--model-name", ""], "--model-name: must not be empty"),
+                          (["--checkpoint", "/"], "--model-name: '/' is in no named run folder")):
+        assert main(["serve", "--checkpoint", ".", "--port", "0", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    assert names == [run.name, run.name]  # refused before the model loaded

@@ -251,6 +251,23 @@ def test_lm_translate_input_splits_lines_at_newline_only(run, tmp_path, capsys):
         assert out.split("\n")[:-1] == _greedy_lines(model, tok, want)
 
 
+def test_lm_translate_reads_a_gzip_input_as_lm_eval_does(run, tmp_path, capsys):
+    """The Multi30k files come as .gz, which `lm eval --data/--target` read; `lm translate --input`
+    had said only `--input: 9,200 bytes are not valid UTF-8`."""
+    import gzip
+
+    d, model, tok = run
+    (tmp_path / "in.en.gz").write_bytes(gzip.compress(b"ab\ncd\n"))
+    assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "in.en.gz"), "--beam", "1",
+                 "--quiet"]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == _greedy_lines(model, tok, ["ab", "cd"])
+    (tmp_path / "cut.en.gz").write_bytes(gzip.compress(b"ab\ncd\n")[:-6])
+    assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "cut.en.gz"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lm translate: error: --input: {str(tmp_path / 'cut.en.gz')!r} is not a valid gzip "
+                          "file") and len(err.splitlines()) == 1, err
+
+
 def test_a_long_positional_sentence_is_named_as_text(run, tmp_path, capsys):
     """It was reported as `--input: line 2`, an option the user had not given."""
     d, _, _ = run

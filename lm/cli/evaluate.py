@@ -68,6 +68,11 @@ def data_kind(path: Path) -> str:
             raise ValueError(f"--data: {str(path)!r} reads as UTF-8 text but has a token-file sidecar {side.name!r}; "
                              "if it is text, move the sidecar away")
         return "tokens"
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    if gzipped:
+        raise ValueError(f"--data: {str(path)!r} is gzip-compressed; decompress it first (only a translation "
+                         "model's --data and --target may be .gz)")
     if path.suffix == ".bin" or not text_like:
         raise ValueError(f"--data: {str(path)!r} has no sidecar {side.name!r} and is not UTF-8 text; pass a token "
                          "file written by `lm tokenize` (with its sidecar) or a text file")
@@ -99,12 +104,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              f"model is scored pair by pair (--target), got --stride {args.stride}")
         return eval_translation(args)
     data = check_readable_file(args.data, "--data")
-    kind = data_kind(data)
+    try:
+        kind, unreadable = data_kind(data), None
+    except ValueError as e:  # said after the model's kind: a translation model's fault is the missing --target
+        kind, unreadable = None, e
     model, tok, info = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device,
                                                 need_tokenizer=kind == "text")
     if model.config.architecture != "decoder_lm":
         raise ValueError(f"--target: {args.checkpoint!r} is a translation model: pass the source sentences as "
                          "--data and the reference translations as --target")
+    if unreadable is not None:
+        raise unreadable
     ctx = model.config.context_length
     if args.stride is not None and args.stride > ctx:
         raise ValueError(f"--stride: must be between 1 and the context length {ctx}, got {args.stride}")

@@ -83,12 +83,29 @@ def check_listen_address(host: str, port: int) -> None:
             raise ValueError(f"{which}: cannot listen on {host}:{port} ({e.strerror or e})") from None
 
 
+def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
+    """The model's id in the API: ``model_name``, else the run folder's name. The path is resolved
+    first: ``--checkpoint .`` (or ``model.safetensors``) from inside the run folder had served the
+    model as ``''``, so clients asking for the run's name got 404."""
+    from pathlib import Path
+
+    if model_name is not None:
+        if not model_name.strip():
+            raise ValueError("--model-name: must not be empty")
+        return model_name
+    run = Path(checkpoint).resolve()
+    if not run.is_dir():
+        run = run.parent.parent if run.parent.name == "checkpoints" else run.parent
+    if not run.name:
+        raise ValueError(f"--model-name: {checkpoint!r} is in no named run folder; pass --model-name NAME")
+    return run.name
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
     import time
     import traceback
-    from pathlib import Path
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import resolve_dtype, set_threads
@@ -116,6 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if bad is not None:
         raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
     check_listen_address(args.host, args.port)
+    name = served_model_name(args.checkpoint, args.model_name)
     set_threads(args.threads)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     dtype = resolve_dtype(args.dtype, model.device)
@@ -141,9 +159,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"lm serve: warning: the {top}-row decode step gives a row other bits in other slots "
               "on this device, and no wider step does either: a seeded request may get other text beside "
               "others than alone", file=sys.stderr, flush=True)
-    run = Path(args.checkpoint)
-    name = args.model_name or (run.name if run.is_dir() else run.parent.name if run.parent.name != "checkpoints"
-                               else run.parent.parent.name)
     app = create_app(engine, tok, name, max_body=args.max_body, api_key=api_key)
     state = app.state.server
 

@@ -90,6 +90,9 @@ def run_plot(args: argparse.Namespace) -> int:
     from lm.io import check_output_file
     from lm.train.plot import is_marked_plot, plot_runs
 
+    for d in args.run_dirs:
+        if not Path(d).exists():
+            raise ValueError(f"RUN_DIR: folder not found: {d!r}")
     out = args.out or (Path(args.run_dirs[0]) / "loss.png" if len(args.run_dirs) == 1 else Path("loss.png"))
     if Path(out).suffix.lower() != ".png":
         raise ValueError(f"--out: {str(out)!r} must end in .png")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
+import zlib
 
 from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
 
@@ -27,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_checkpoint(p)
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (or use --input)")
     p.add_argument("--input", metavar="FILE",
-                   help="a file of sentences, one a line ('-': standard input); lines end at \\n (a \\r before "
-                        "it is dropped), as `lm eval --target` and sacrebleu read them")
+                   help="a file of sentences, one a line ('-': standard input; gzip is read as such); lines end "
+                        "at \\n (a \\r before it is dropped), as `lm eval --target` and sacrebleu read them")
     p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size; 1 is greedy decoding")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A", help="length penalty exponent (GNMT)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences decoded together")
@@ -73,9 +75,15 @@ def read_lines(args: argparse.Namespace) -> list[str]:
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
     data = sys.stdin.buffer.read() if args.input == "-" else check_readable_file(args.input, "--input").read_bytes()
+    name = "standard input" if args.input == "-" else repr(args.input)
+    if data[:2] == b"\x1f\x8b":  # gzip, as the Multi30k files come and `lm eval --data/--target` read them
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            raise ValueError(f"--input: {name} is not a valid gzip file: {e}") from None
     text, bad = decode_utf8(data)
     if bad:
-        raise ValueError(f"--input: {bad:,} bytes are not valid UTF-8")
+        raise ValueError(f"--input: {name} has {bad:,} bytes that are not valid UTF-8")
     return split_lines(text)
 
 

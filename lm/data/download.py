@@ -139,13 +139,17 @@ def download(
 ) -> Path:
     """Download ``url`` to ``dest``, resuming ``dest.part`` if present; verify size and checksum.
 
-    Returns ``dest``. A file already at ``dest`` with the right size is kept as it is; one of
+    Returns ``dest``. A file already at ``dest`` with the right size is kept as it is (without any
+    request when ``expected_size`` and ``expected_sha256`` vouch for it); one of
     another size is replaced only with ``overwrite``. Raises ``OSError`` with one line on
     failure (the partial file stays, for the next attempt).
     """
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
     check_download_dest(dest)
+    if (expected_size is not None and dest.is_file() and dest.stat().st_size == expected_size
+            and (expected_sha256 is None or _sha256_of(dest).hexdigest() == expected_sha256.lower())):
+        return dest  # complete and verified: no need for the network
     try:
         remote = probe(url, timeout)
     except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:

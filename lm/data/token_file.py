@@ -157,7 +157,9 @@ def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     side = sidecar_path(path)
     meta = load_sidecar(path, side, "token file", "`lm tokenize`")
     if meta.get("format") != FORMAT:
-        raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar")
+        what = (" (it is a translation pair file, for an encoder-decoder model; make a language model's token "
+                "file with `lm tokenize`)" if meta.get("format") == "lm-pairs" else "")
+        raise ValueError(f"sidecar {str(side)!r} is not an {FORMAT!r} sidecar{what}")
     if meta.get("version") != VERSION:
         raise ValueError(f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}")
     check_ids_sidecar(meta, side, path)

@@ -88,6 +88,8 @@ def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a run's ``metrics.jsonl`` (lines cut short by a kill are skipped)."""
     path = Path(run_dir) / "metrics.jsonl"
+    if not Path(run_dir).exists():
+        raise ValueError(f"run directory not found: {str(run_dir)!r}")
     if not path.exists():
         raise ValueError(f"{str(run_dir)!r} has no metrics.jsonl; is it a run directory of `lm train`?")
     return [record for _, record in _records(path)]
