@@ -282,3 +282,17 @@ def test_compiled_pair_training_compiles_once_and_equals_eager(tmp_path):
     assert len(set(shapes)) >= 5
     assert 1 <= graphs <= 2, graphs
     assert runs[True] == pytest.approx(runs[False], rel=1e-5)
+
+
+def test_pair_data_errors_name_the_config_key_and_the_working_directory(tmp_path):
+    """A translation config's data errors said "pair file not found: 'data/...'" where a language
+    model's say "data.train: ..."; run from another folder, neither said that a config's paths are
+    read from the working directory."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for config, kind in (("multi30k-en-de.toml", "pair file"), ("tinystories-17m.toml", "token file")):
+        done = subprocess.run([sys.executable, "-m", "lm", "train", "--config", str(REPO / "configs" / config)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        line = done.stderr.strip()
+        assert "\n" not in line and line.startswith(f"lm train: error: data.train: {kind} not found: 'data/")
+        assert line.endswith(f"(a config's paths are read from the working directory, {str(tmp_path)!r})")
