@@ -113,6 +113,20 @@ class InterruptGuard:
             raise KeyboardInterrupt
 
 
+def silence_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, so that no later write or flush fails on a pipe
+    whose reader went away (``| head``), the interpreter's last flush included (its "Exception
+    ignored ... BrokenPipeError"): the Python docs' "Note on SIGPIPE"."""
+    import sys
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # captured or replaced stdout: no descriptor
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+
+
 def check_readable_file(path: str | os.PathLike, argument: str) -> Path:
     """Return ``path`` as a Path, or raise ValueError naming the argument when it is not a readable file."""
     p = Path(path)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -149,19 +148,9 @@ def quiet_on_closed_pipe(command: Callable[[argparse.Namespace], int]) -> Callab
             sys.stdout.flush()  # the last buffered lines: their reader may be gone too
             return status
         except BrokenPipeError:
+            from lm.io import silence_stdout
+
             silence_stdout()
             return CLOSED_PIPE_STATUS
 
     return run
-
-
-def silence_stdout() -> None:
-    """Point stdout's file descriptor at /dev/null, so that no later write or flush fails on the
-    closed pipe, the interpreter's last flush included (its "Exception ignored ... BrokenPipeError"):
-    the Python docs' "Note on SIGPIPE"."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):  # captured or replaced stdout: no descriptor
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        finally:
-            os.close(devnull)

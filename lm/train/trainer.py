@@ -29,7 +29,7 @@ from lm.data import TokenDataset
 from lm.data.batch import LMBatch
 from lm.device import autocast, configure_matmul_precision, resolve_dtype
 from lm.evaluate import bits_per_byte, perplexity
-from lm.io import atomic_write
+from lm.io import atomic_write, silence_stdout
 from lm.model import build_model
 from lm.optim import (
     AdamW,
@@ -617,7 +617,8 @@ class Trainer:
             try:
                 self._print(line)
             except BrokenPipeError:  # `lm train ... | head`: the reader is gone; train on, silently
-                self._print = _silent_stdout()
+                silence_stdout()  # nothing fails on it again, the interpreter's last flush included
+                self._print = lambda *_: None
 
     def _loop(self) -> int:
         cfg = self.cfg
@@ -851,18 +852,6 @@ def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> An
         if not Path(path).is_absolute() and not Path(path).exists():
             message += f" (a config's paths are read from the working directory, {os.getcwd()!r})"
         raise ValueError(message) from None
-
-
-def _silent_stdout() -> Callable[[str], None]:
-    """Point stdout at /dev/null (so that nothing fails on it again, the interpreter's last flush
-    included) and return a print that does nothing."""
-    import sys
-
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    return lambda *_: None
 
 
 class _Due(NamedTuple):
