@@ -32,15 +32,7 @@ def vocab_strings(tokenizer: Tokenizer) -> dict[str, int]:
     specials = set(tokenizer.special_tokens)
     special_ids = {i: t for t, i in tokenizer._special_ids.items()}
     needed = _bpe_tokens(tokenizer.merges)
-    keys: dict[str, int] = {}
-    for i, tok in sorted(tokenizer.vocab.items()):
-        if i in special_ids:
-            continue
-        key = bytes_to_unicode_str(tok)
-        if key in keys:
-            raise ValueError(f"vocab: ids {keys[key]} and {i} are both the token {tok!r}; "
-                             "vocab.json holds one id per token")
-        keys[key] = i
+    keys = _ordinary_keys(tokenizer, special_ids, "vocab.json")
     for i, t in special_ids.items():
         tok = tokenizer.vocab[i]
         forms = [t, bytes_to_unicode_str(tok)]
@@ -53,6 +45,21 @@ def vocab_strings(tokenizer: Tokenizer) -> dict[str, int]:
                              "use a special token that is not also an ordinary token, such as '<|...|>'")
         keys[key] = i
     return dict(sorted(keys.items(), key=lambda kv: kv[1]))
+
+
+def _ordinary_keys(tokenizer: Tokenizer, special_ids: dict[int, str], file: str) -> dict[str, int]:
+    """``{byte-mapped string: id}`` of every token but the special ones, in id order, for ``file``
+    (which holds one id per string: two ids of the same bytes are refused)."""
+    keys: dict[str, int] = {}
+    for i, tok in sorted(tokenizer.vocab.items()):
+        if i in special_ids:
+            continue
+        key = bytes_to_unicode_str(tok)
+        if key in keys:
+            raise ValueError(f"vocab: ids {keys[key]} and {i} are both the token {tok!r}; "
+                             f"{file} holds one id per token")
+        keys[key] = i
+    return keys
 
 
 def _bpe_tokens(merges: Sequence[tuple[bytes, bytes]]) -> set[bytes]:
@@ -178,14 +185,7 @@ def hf_vocab(tokenizer: Tokenizer) -> dict[str, int]:
     mapping, and each special token's id under its own text (as well, when BPE needs its bytes)."""
     special_ids = {i: t for t, i in tokenizer._special_ids.items()}
     needed = _bpe_tokens(tokenizer.merges)
-    keys: dict[str, int] = {}
-    for i, tok in sorted(tokenizer.vocab.items()):
-        if i not in special_ids:
-            key = bytes_to_unicode_str(tok)
-            if key in keys:
-                raise ValueError(f"vocab: ids {keys[key]} and {i} are both the token {tok!r}; "
-                                 "tokenizer.json holds one id per token")
-            keys[key] = i
+    keys = _ordinary_keys(tokenizer, special_ids, "tokenizer.json")
     for i, t in special_ids.items():
         if tokenizer.vocab[i] in needed:  # also an ordinary token, which BPE makes or starts from
             keys.setdefault(bytes_to_unicode_str(tokenizer.vocab[i]), i)
