@@ -17,6 +17,7 @@ from lm.serve import Engine, create_app
 sync_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FINISHED = "document.getElementById('stats').textContent.includes('finished')"  # the page says how a generation ended
 
 
 def _need_chromium():
@@ -48,19 +49,25 @@ def _fill(page, prompt: str, **settings: str) -> None:
         page.fill(f"#{name}", value)
 
 
-def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
-    _need_chromium()
-    _, model, tok = model_and_tokenizer(tmp_path_factory)
-    engine = Engine(model, max_batch=4, eos_id=None)  # no end of text: exactly max_tokens
+def _paced(engine, seconds: float):
+    """Slow the engine's steps to ``seconds`` each (the tiny model is too fast to watch; 20 ms a token is
+    a real model's pace), so a generation lasts long enough to see and to act during it."""
     step = engine.step
 
-    def paced_step():  # the tiny model is too fast to watch; 20 ms a token is a real model's pace
+    def paced_step():
         did = step()
         if did:
-            time.sleep(0.02)
+            time.sleep(seconds)
         return did
 
     engine.step = paced_step
+    return engine
+
+
+def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = _paced(Engine(model, max_batch=4, eos_id=None), 0.02)  # no end of text: exactly max_tokens
     server = ServerThread(create_app(engine, tok, "tiny"))
     try:
         with _page(server.url + "/") as (page, errors):
@@ -80,8 +87,7 @@ def test_the_playground_streams_a_completion_into_the_page(tmp_path_factory):
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
             default_tokens = int(page.input_value("#max_tokens"))
             page.click("#generate")
-            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
-                                   timeout=30_000)
+            page.wait_for_function(FINISHED, timeout=30_000)
             default_error = page.text_content("#error")
         assert not errors
         assert 0 < len(first) < len(second) < len(final) and final.startswith(second) and second.startswith(first)
@@ -107,8 +113,7 @@ def test_show_probabilities_shades_each_piece_and_names_its_tokens(tmp_path_fact
             _fill(page, "Tom saw", max_tokens="8", seed="3")
             page.check("#show_probs")
             page.click("#generate")
-            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
-                                   timeout=30_000)
+            page.wait_for_function(FINISHED, timeout=30_000)
             text = page.text_content("#generated")
             titles = page.eval_on_selector_all("#generated span.tok", "spans => spans.map(s => s.title)")
         assert not errors
@@ -150,8 +155,7 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
             assert not page.is_visible("#api_key")
             _fill(page, "Lily", max_tokens="6", seed="1")
             page.click("#generate")
-            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
-                                   timeout=30_000)
+            page.wait_for_function(FINISHED, timeout=30_000)
             text, error = page.text_content("#generated"), page.text_content("#error")
         assert not errors and error == ""
         same = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 6, "seed": 1,
@@ -160,20 +164,6 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
         assert text == same.json()["choices"][0]["text"]
     finally:
         server.close()
-
-
-def _paced(engine, seconds: float):
-    """Slow the engine's steps to ``seconds`` each, so a generation lasts long enough to act during it."""
-    step = engine.step
-
-    def paced_step():
-        did = step()
-        if did:
-            time.sleep(seconds)
-        return did
-
-    engine.step = paced_step
-    return engine
 
 
 def test_one_generation_at_a_time_and_stop_stops_the_one_shown(tmp_path_factory):
@@ -202,8 +192,7 @@ def test_one_generation_at_a_time_and_stop_stops_the_one_shown(tmp_path_factory)
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             page.press("#prompt", "Control+Enter")  # when idle the shortcut does generate
-            page.wait_for_function("document.getElementById('stats').textContent.includes('finished')",
-                                   timeout=30_000)
+            page.wait_for_function(FINISHED, timeout=30_000)
         assert not errors and len(sent) == 2
     finally:
         server.close()
@@ -222,10 +211,9 @@ def test_unreadable_settings_are_errors_and_a_failed_request_clears_the_old_stat
         with _page(server.url + "/") as (page, errors):
             page.on("request", lambda r: bodies.append(r.post_data) if r.url.endswith("/v1/completions") else None)
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
-            finished = "document.getElementById('stats').textContent.includes('finished')"
             _fill(page, "Tom saw", max_tokens="5", seed="12345678901234567891")
             page.click("#generate")
-            page.wait_for_function(finished, timeout=30_000)
+            page.wait_for_function(FINISHED, timeout=30_000)
             big_seed_text = page.text_content("#generated")
             for box, typed, message in [("temperature", "0.8e", "temperature: not a number"),
                                         ("max_tokens", "1-2", "max_tokens: not a number")]:
@@ -243,7 +231,7 @@ def test_unreadable_settings_are_errors_and_a_failed_request_clears_the_old_stat
             assert len(bodies) == 1  # none of the three was sent
             _fill(page, "Tom saw", max_tokens="2", seed="007")  # as 7: "007" is no JSON number
             page.click("#generate")
-            page.wait_for_function(finished, timeout=30_000)
+            page.wait_for_function(FINISHED, timeout=30_000)
             assert page.text_content("#error") == "" and '"seed":7}' in bodies[-1]
             _fill(page, "Tom saw", max_tokens="-3", seed="2")
             page.click("#generate")
@@ -251,7 +239,7 @@ def test_unreadable_settings_are_errors_and_a_failed_request_clears_the_old_stat
             refused = page.text_content("#error"), page.text_content("#stats")
             _fill(page, "Tom saw", temperature="", top_p="", max_tokens="", seed="")
             page.click("#generate")
-            page.wait_for_function(finished, timeout=30_000)
+            page.wait_for_function(FINISHED, timeout=30_000)
             defaults = page.text_content("#stats")
         assert not errors
         assert '"seed":12345678901234567891}' in bodies[0]
