@@ -57,6 +57,9 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite."""
 
 
+# what a run keeps of data.tokenizer in RUN_DIR/tokenizer/ (what lm sample, serve and eval load)
+RUN_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``train.dtype``: ``auto`` is bfloat16 on CUDA devices that support it."""
     return resolve_dtype(dtype, device, "train.dtype")
@@ -353,7 +356,7 @@ class Trainer:
         for name in ("config.toml", "metrics.jsonl", "wandb_id.txt"):
             (self.run_dir / name).unlink(missing_ok=True)
         tok = self.run_dir / "tokenizer"
-        for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        for name in RUN_TOKENIZER_FILES:
             (tok / name).unlink(missing_ok=True)
         if tok.is_dir() and not any(tok.iterdir()):
             tok.rmdir()
@@ -368,7 +371,7 @@ class Trainer:
             f.write(self.cfg.to_toml())
         tok = self.cfg.data.tokenizer
         if tok:
-            for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            for name in RUN_TOKENIZER_FILES:
                 src, dst = Path(tok) / name, self.run_dir / "tokenizer" / name
                 if src.is_file() and not (dst.exists() and os.path.samefile(src, dst)):
                     with atomic_write(dst, "wb") as f:
