@@ -11,7 +11,6 @@ from lm.train.metrics import read_metrics
 # The PNG text chunk that marks a plot of plot_runs, so that `lm plot --overwrite` replaces its own
 # plots and no other PNG (a user's figure or screenshot given as --out).
 PLOT_MARK = ("Software", "lm plot")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _number(value) -> bool:
@@ -31,26 +30,18 @@ def loss_records(run_dir: str | os.PathLike) -> dict[str, list[dict]]:
 def is_marked_plot(path: str | os.PathLike) -> bool:
     """The file is a PNG whose metadata carries :data:`PLOT_MARK`: a plot that :func:`plot_runs` wrote.
 
-    Reads the text chunks before the image data (where matplotlib writes them), nothing past it.
+    Reads the text chunks before the image data (where matplotlib writes them), not the pixels.
     Plots written before the mark existed carry matplotlib's own ``Software`` tag and are not
     recognised: every figure a user saves with matplotlib carries it too, and a plot is redrawn in
     seconds once the old file is removed by hand, while a user's figure would be lost.
     """
-    keyword, value = (s.encode("latin-1") for s in PLOT_MARK)
-    with open(path, "rb") as f:
-        if f.read(8) != PNG_SIGNATURE:
-            return False
-        while True:
-            head = f.read(8)
-            if len(head) < 8 or head[4:] in (b"IDAT", b"IEND"):
-                return False
-            size = int.from_bytes(head[:4], "big")
-            if head[4:] == b"tEXt" and size <= 1 << 16:
-                if f.read(size) == keyword + b"\0" + value:
-                    return True
-                f.seek(4, os.SEEK_CUR)  # the CRC
-            else:
-                f.seek(size + 4, os.SEEK_CUR)
+    from PIL import Image, UnidentifiedImageError  # matplotlib's own dependency
+
+    try:
+        with Image.open(path) as image:  # reads the chunks before the image data, not the pixels
+            return image.format == "PNG" and image.info.get(PLOT_MARK[0]) == PLOT_MARK[1]
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError):
+        return False
 
 
 def run_labels(run_dirs: list[str | os.PathLike]) -> list[str]:
