@@ -84,6 +84,40 @@ def test_cli_export_with_tokenizer(run, tmp_path, capsys):
     assert "CHECKPOINT is deprecated" in err and "exists; pass --overwrite to replace it" in err
 
 
+def test_exported_tokenizer_decodes_as_lm_on_transformers_4(run, tmp_path):
+    """tokenizer_config.json left clean_up_tokenization_spaces to transformers' default, True up to
+    4.44 (allowed by the bench extra): decode deleted the space before "." or "n't". Written False, the
+    folder decodes as lm's tokenizer on every version; with True, 4.44 would decode this text otherwise."""
+    import json
+
+    _, model, tok = run
+    out = export_hf(model, tmp_path / "hf", tok)
+    assert json.loads((out / "tokenizer_config.json").read_text())["clean_up_tokenization_spaces"] is False
+    text = "a . b , c ? I 'm here , don 't go x n't"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert not hf_tok.clean_up_tokenization_spaces and hf_tok.decode(ids) == text
+    # the clean-up that 4.44 applies by default (5.x ignores the flag for BPE tokenizers)
+    assert hf_tok.clean_up_tokenization(text) == "a. b, c? I'm here, don 't go xn't"
+
+
+def test_compiled_models_export_as_the_plain_model(tmp_path):
+    """export_hf and to_transformers read the state dict of the model they were given: torch.compile's
+    wrapper (and DDP's) prefixes every key, and both raised KeyError 'token_embeddings.weight'.
+    They unwrap it as export_safetensors does (compiling is lazy: nothing here runs the model)."""
+    torch.manual_seed(3)
+    model = TransformerLM(300, 32, 64, 2, 4, 128, 500.0).eval()
+    compiled = torch.compile(model)
+    export_hf(compiled, tmp_path / "hf")
+    ids = torch.randint(0, 300, (2, 32))
+    with torch.no_grad():
+        expected = model(ids)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+        torch.testing.assert_close(hf(ids).logits, expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(to_transformers(compiled)(ids).logits, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_variants_without_llama_equivalent_are_refused(tmp_path):
     model = TransformerLM(300, 32, 64, 2, 4, 128, 10000.0, norm="layernorm")
     with pytest.raises(ValueError, match="norm='layernorm' has no Llama equivalent"):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from lm.checkpoint.io import unwrap
 from lm.io import atomic_write, replace_dir
 from lm.tokenizer import EOT, Tokenizer
 
@@ -100,6 +101,7 @@ def to_transformers(model: torch.nn.Module, **config_overrides):
     """
     import transformers
 
+    model = unwrap(model)  # torch.compile and DDP prefix the state-dict keys
     cfg = model.config
     _check_llama_compatible(cfg)
     fields = llama_config(cfg)
@@ -126,6 +128,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
     """
     from safetensors.torch import save
 
+    model = unwrap(model)  # torch.compile and DDP prefix the state-dict keys
     cfg = model.config
     _check_llama_compatible(cfg)
     eos = None
@@ -146,7 +149,10 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
             f.write(save(tensors, metadata={"format": "pt"}))
         if tokenizer is not None:
             tokenizer.save_hf(tmp / "tokenizer.json")
-            tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length}
+            # transformers 4.44 and older default clean_up_tokenization_spaces to True, which deletes
+            # the space before "." or "n't": decode would differ from lm's tokenizer
+            tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length,
+                       "clean_up_tokenization_spaces": False}
             if eos is not None:
                 tok_cfg.update(eos_token=EOT, bos_token=EOT)
             with atomic_write(tmp / "tokenizer_config.json") as f:
