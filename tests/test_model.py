@@ -165,6 +165,16 @@ def test_config_round_trips_json_and_toml(tmp_path):
         ({"norm_eps": float("nan")}, "norm_eps"),
         ({"norm_eps": float("inf")}, "norm_eps"),
         ({"norm_eps": "1e-5"}, "norm_eps"),
+        # NaN and inf passed `rope_theta <= 0`; a string raised a TypeError; "no" tied the weights
+        ({"rope_theta": float("nan")}, r"^rope_theta must be a positive finite number, got nan$"),
+        ({"rope_theta": float("inf")}, r"^rope_theta must be a positive finite number, got inf$"),
+        ({"rope_theta": 0.0}, r"^rope_theta must be a positive finite number, got 0.0$"),
+        ({"rope_theta": -1}, "rope_theta.*-1"),
+        ({"rope_theta": "1e4"}, "rope_theta.*'1e4'"),
+        ({"rope_theta": True}, "rope_theta.*True"),
+        ({"tie_embeddings": "no"}, r"^tie_embeddings must be a bool, got 'no'$"),
+        ({"tie_embeddings": 1}, "tie_embeddings.*1"),
+        ({"tie_embeddings": None}, "tie_embeddings.*None"),
     ],
 )
 def test_bad_config_raises(kwargs, match):
@@ -186,6 +196,29 @@ def test_bad_ids_raise():
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="float"):
         model(torch.zeros(1, 4))
+
+
+def test_loss_checks_targets_like_ids():
+    """An out-of-range target raised the gather's "index 64 is out of bounds for dimension 1 with size
+    64"; -100 (transformers' "ignore") the same. Now a ValueError naming targets, from the same host
+    check as the ids (two reads more), skipped under trusted_ids and by the trainer."""
+    model = small_model()
+    ids = torch.randint(0, 64, (2, 8))
+    for bad in (64, -1, -100):
+        targets = ids.clone()
+        targets[1, 3] = bad
+        message = rf"^targets must be in \[0, vocab_size=64\), got target {bad}$"
+        with pytest.raises(ValueError, match=message):
+            model.loss(ids, targets)
+        with pytest.raises(ValueError, match=message):
+            model(ids, targets=targets)
+    with HostReads() as reads:
+        loss = model.loss(ids, ids)
+    assert reads.reads == ["__int__"] * 4  # the targets' min and max, the ids'
+    with model.trusted_ids(), HostReads() as trusted:
+        again = model.loss(ids, ids)
+    assert trusted.reads == []
+    torch.testing.assert_close(again, loss, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])

@@ -577,6 +577,74 @@ def test_linear_cross_entropy_checks_target_shape_and_chunk_size():
     torch.testing.assert_close(linear_cross_entropy(x, w, t, chunk_size=3), expected)
 
 
+@pytest.mark.parametrize("ignore_index", [None, -100, 3])
+def test_cross_entropy_losses_name_out_of_range_targets(ignore_index):
+    """A target outside the vocabulary raised the gather's "index 7 is out of bounds for dimension 1
+    with size 7" (torch: "Target 7 is out of bounds"); now a ValueError naming targets and the value,
+    read back only once the loss has failed (no host read when the targets are good)."""
+    from helpers.host_reads import HostReads
+
+    x, w = torch.randn(4, 8), torch.randn(7, 8)
+    kw = {} if ignore_index is None else {"ignore_index": ignore_index}
+    also = "" if ignore_index is None else rf" or ignore_index={ignore_index}"
+    for bad in (7, -1, -100, 1000):
+        if bad == ignore_index:
+            continue
+        t = torch.tensor([0, bad, 2, bad])
+        message = rf"^targets must be in \[0, vocab_size=7\){also}, got target {bad}$"
+        with pytest.raises(ValueError, match=message):
+            cross_entropy(x @ w.T, t, **kw)
+        for chunk_size in (1, 3, None):
+            with pytest.raises(ValueError, match=message):
+                linear_cross_entropy(x, w, t, chunk_size, **kw)
+    t = torch.tensor([0, 6, 2, 3 if ignore_index is None else ignore_index])
+    with HostReads() as reads:
+        loss = cross_entropy(x @ w.T, t, **kw)
+        fused = linear_cross_entropy(x, w, t, **kw)
+    assert reads.reads == []
+    expected = F.cross_entropy(x @ w.T, t, ignore_index=-100 if ignore_index is None else ignore_index)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(fused, expected)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("fused", [False, True])
+def test_ignored_positions_do_not_contribute_at_all(eps, fused):
+    """Ignored positions were multiplied by 0, so a NaN or inf logit there made the loss NaN, and an
+    all-ignored batch had NaN gradients (0 · g / 0); torch leaves them out: a finite loss, and zero
+    gradients when every position is ignored (its loss NaN, as torch's). Unlike torch, the ignored
+    rows of the logits get a zero gradient even where they are NaN."""
+    torch.manual_seed(0)
+    kw = dict(label_smoothing=eps, ignore_index=-100)
+    w = torch.randn(11, 8, requires_grad=True)
+
+    def losses(x, t):  # ours and torch's; x is the logits, or with fused the rows that make them
+        if fused:
+            return linear_cross_entropy(x, w, t, 2, **kw), F.cross_entropy(x @ w.T, t, **kw)
+        return cross_entropy(x, t, **kw), F.cross_entropy(x, t, **kw)
+
+    x = torch.randn(5, 8 if fused else 11)
+    x[1], x[3] = float("nan"), float("inf")  # NaN and ±inf logits at the ignored positions
+    x.requires_grad_()
+    t = torch.tensor([1, -100, 4, -100, 10])
+    ours, ref = losses(x, t)
+    assert torch.isfinite(ref)
+    torch.testing.assert_close(ours, ref)
+    # torch's gradient where counted, zero where ignored (torch's is NaN there: its log-softmax
+    # backward multiplies the zero upstream gradient by exp(NaN))
+    (g,), (g_ref,) = torch.autograd.grad(ours, x), torch.autograd.grad(ref, x)
+    kept = t != -100
+    torch.testing.assert_close(g[kept], g_ref[kept])
+    assert torch.equal(g[~kept], torch.zeros_like(g[~kept]))
+    # every position ignored: loss NaN and gradients 0, as torch
+    x = torch.randn_like(x, requires_grad=True)
+    ours, ref = losses(x, torch.full_like(t, -100))
+    assert ours.isnan() and ref.isnan()
+    inputs = (x, w) if fused else (x,)
+    for a, b in zip(torch.autograd.grad(ours, inputs), torch.autograd.grad(ref, inputs)):
+        assert torch.equal(b, torch.zeros_like(b)) and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("impl", ["einsum", "sdpa"])
 def test_sdpa_query_that_attends_nothing_gets_zeros_as_in_torch(impl):
     """A fully masked row is 0 in torch's kernel; the einsum path gave NaN. Its fix (clamping the

@@ -25,8 +25,8 @@ POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 
 def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
     """The checks every model config shares: positive sizes, known choices, heads that divide
-    ``d_model``, even widths for RoPE and sinusoids, ``d_ff`` resolved to its default, and a
-    positive ``norm_eps``."""
+    ``d_model``, even widths for RoPE and sinusoids, ``d_ff`` resolved to its default, a positive
+    finite ``rope_theta`` and ``norm_eps``, and a bool ``tie_embeddings``."""
     for name in sizes:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -46,8 +46,11 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
         cfg.d_ff = ffn_hidden_dim(cfg.d_model, cfg.ffn)
     if not isinstance(cfg.d_ff, int) or cfg.d_ff < 1:
         raise ValueError(f"d_ff must be a positive integer, got {cfg.d_ff!r}")
-    if cfg.rope_theta <= 0:
-        raise ValueError(f"rope_theta must be positive, got {cfg.rope_theta!r}")
+    theta = cfg.rope_theta  # NaN would pass a `<= 0` test and reach RotaryEmbedding, or be saved unused
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 0):
+        raise ValueError(f"rope_theta must be a positive finite number, got {theta!r}")
+    if not isinstance(cfg.tie_embeddings, bool):  # "no" would be truthy and tie the weights
+        raise ValueError(f"tie_embeddings must be a bool, got {cfg.tie_embeddings!r}")
     eps = cfg.norm_eps  # a norm divides by sqrt(variance + eps): eps <= 0 can make every logit NaN
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"norm_eps must be a finite number > 0, got {eps!r}")

@@ -12,7 +12,7 @@ from torch import Tensor
 from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
 from lm.nn.block import make_norm
-from lm.nn.functional import is_compiling
+from lm.nn.functional import check_integer_dtype, is_compiling
 
 
 def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
@@ -62,9 +62,9 @@ class TransformerLM(torch.nn.Module):
         cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant)
         self.config = cfg
         # Every forward checks that the ids are in the vocabulary (and given token_positions in the
-        # context), which reads two numbers back from the device; callers that checked them on the
-        # host turn it off: the trainer (its data was checked when opened) for good, generation
-        # and evaluation by trusted_ids().
+        # context; loss, its targets too), which reads two numbers back from the device; callers
+        # that checked them on the host turn it off: the trainer (its data was checked when
+        # opened) for good, generation and evaluation by trusted_ids().
         self.validate_ids = True
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         if cfg.positions == "learned":
@@ -119,10 +119,10 @@ class TransformerLM(torch.nn.Module):
     @contextlib.contextmanager
     def trusted_ids(self) -> Iterator[TransformerLM]:
         """Within the block ``forward`` does not check that every id is in ``[0, vocab_size)`` (nor
-        given ``token_positions`` in ``[0, context_length)``), a check that reads two numbers back
-        from the device (on a GPU, two syncs per forward). For callers that checked the ids where
-        they had them on the host: generation (the prompt; the sampled ids are in range by
-        construction), the serving engine, ``evaluate_tokens``."""
+        given ``token_positions`` in ``[0, context_length)``, nor ``loss`` its targets), a check that
+        reads two numbers back from the device (on a GPU, two syncs per forward). For callers that
+        checked the ids where they had them on the host: generation (the prompt; the sampled ids
+        are in range by construction), the serving engine, ``evaluate_tokens``."""
         before, self.validate_ids = self.validate_ids, False
         try:
             yield self
@@ -175,9 +175,13 @@ class TransformerLM(torch.nn.Module):
     ) -> Float[Tensor, ""]:
         """Mean next-token cross-entropy, ``cross_entropy(self(ids), targets)``, computed with
         :func:`lm.nn.linear_cross_entropy` so the full logits tensor is never materialised
-        (faster and smaller; same value and gradients)."""
+        (faster and smaller; same value and gradients). Every target must be in ``[0, vocab_size)``
+        (there is no ``ignore_index``), checked as the ids are."""
         if targets.shape != ids.shape:
             raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
+        if self.validate_ids and not is_compiling():  # skipped with the ids' check: no device sync
+            check_integer_dtype("targets", targets)  # before reading a float's range as ids
+            check_range(targets, "targets", "vocab_size", self.config.vocab_size, "target")
         return linear_cross_entropy(self.hidden_states(ids, token_positions), self.lm_head.weight, targets)
 
     def hidden_states(

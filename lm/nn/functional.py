@@ -203,12 +203,21 @@ def cross_entropy(
 
     ``label_smoothing`` ε mixes the one-hot target with the uniform distribution:
     ``(1 - ε) · nll + ε · mean_j(-log p_j)``; positions whose target is ``ignore_index`` (the
-    padding of a batch of sentences) are left out of the loss and of the mean. Both as in
-    ``torch.nn.functional.cross_entropy``.
+    padding of a batch of sentences) are left out of the loss and of the mean, whatever their
+    logits (NaN included), and get a zero gradient. Both as in ``torch.nn.functional.cross_entropy``.
+    A target outside ``[0, vocab)`` (other than ``ignore_index``) raises a ``ValueError`` naming it
+    on a CPU, and asserts in the kernel on a GPU (the range is not read back before the loss).
     """
     _check_smoothing(label_smoothing)
     _check_targets(targets, logits.shape[:-1], "logits")
-    return _CrossEntropy.apply(logits, targets, float(label_smoothing), ignore_index)
+    args = (logits, targets, float(label_smoothing), ignore_index)
+    if is_compiling():
+        return _CrossEntropy.apply(*args)
+    try:
+        return _CrossEntropy.apply(*args)
+    except RuntimeError:
+        _name_bad_targets(targets, logits.shape[-1], ignore_index)
+        raise
 
 
 def _check_smoothing(label_smoothing: float) -> None:
@@ -242,6 +251,24 @@ def _check_targets(targets: Tensor, shape: torch.Size, of: str) -> None:
                          f"got {tuple(targets.shape)}")
 
 
+def _name_bad_targets(targets: Tensor, vocab_size: int, ignore_index: int | None) -> None:
+    """After the loss failed: raise a ``ValueError`` naming the first target outside
+    ``[0, vocab_size)`` (other than ``ignore_index``), if there is one.
+
+    The losses do not check the range up front, which would read the targets back from the
+    device (a sync per training step on a GPU). On a CPU the ``gather`` raises a ``RuntimeError``
+    ("index 97 is out of bounds for dimension 1") and this names the argument instead; on a GPU
+    the kernel asserts. The models check their targets under ``validate_ids``."""
+    if targets.device.type != "cpu":
+        return  # after a device-side assert, reading the targets would only raise again
+    kept = targets if ignore_index is None else targets[targets != ignore_index]
+    bad = kept[(kept < 0) | (kept >= vocab_size)]
+    if bad.numel():
+        ignored = "" if ignore_index is None else f" or ignore_index={ignore_index}"
+        raise ValueError(f"targets must be in [0, vocab_size={vocab_size}){ignored}, got target {int(bad[0])}") \
+            from None
+
+
 def _nll_terms(logits: Tensor, row_max: Tensor, sums: Tensor, targets: Tensor, eps: float) -> Tensor:
     """Per-position ``(1 - ε)(log Z - x_t) + ε(log Z - mean_j x_j)``."""
     log_z = sums.log() + row_max
@@ -252,16 +279,17 @@ def _nll_terms(logits: Tensor, row_max: Tensor, sums: Tensor, targets: Tensor, e
 
 
 def _dlogits(probs: Tensor, targets: Tensor, eps: float, valid: Tensor | None, scale: Tensor | None = None) -> Tensor:
-    """``scale · (softmax - (1 - ε) onehot - ε / V)``, zero on ignored positions: in place in
-    ``probs`` without ``scale``, else a new tensor (one pass over the logits when ε = 0 and
-    nothing is ignored, so ``probs`` can be used again)."""
+    """``scale · (softmax - (1 - ε) onehot - ε / V)``, zero on ignored positions (filled, not
+    multiplied: their probabilities may be NaN): in place in ``probs`` without ``scale``, else a
+    new tensor (one pass over the logits when ε = 0 and nothing is ignored, so ``probs`` can be
+    used again)."""
     grad = probs if scale is None else probs * scale
     one = 1.0 if scale is None else scale
     grad.scatter_add_(-1, targets.unsqueeze(-1), (-(1.0 - eps) * one) * grad.new_ones((*targets.shape, 1)))
     if eps:
         grad.sub_(eps / probs.shape[-1] * one)
     if valid is not None:
-        grad.mul_(valid.unsqueeze(-1))
+        grad.masked_fill_(~valid.unsqueeze(-1), 0.0)
     return grad
 
 
@@ -283,7 +311,7 @@ class _CrossEntropy(torch.autograd.Function):
             loss = per.mean()
         else:
             count = valid.sum().float()
-            loss = (per * valid).sum() / count
+            loss = torch.where(valid, per, 0.0).sum() / count  # where: a NaN row times 0 is NaN
         probs.div_(total)  # softmax, kept for the backward pass
         ctx.save_for_backward(probs, targets, count, valid if valid is not None else count)
         ctx.in_dtype, ctx.eps, ctx.has_valid = in_dtype, eps, valid is not None
@@ -293,7 +321,8 @@ class _CrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None, None]:
         probs, targets, count, valid = ctx.saved_tensors
-        grad = _dlogits(probs, targets, ctx.eps, valid if ctx.has_valid else None, grad_loss / count)
+        # nothing counted (every target ignored): a zero gradient, as torch, not 0 · (g / 0) = NaN
+        grad = _dlogits(probs, targets, ctx.eps, valid if ctx.has_valid else None, grad_loss / count.clamp_min(1))
         return grad.to(ctx.in_dtype), None, None, None
 
 
@@ -336,7 +365,7 @@ def linear_cross_entropy(
     gradients of ``x`` and ``weight`` are computed in the same pass while the chunk is still in
     cache, as in Liger-Kernel's fused linear cross-entropy. The result and gradients equal the
     unfused ones up to float rounding; in ``no_grad`` mode no gradient work is done.
-    ``label_smoothing`` and ``ignore_index`` are those of :func:`cross_entropy`. ``chunk_size``
+    ``label_smoothing``, ``ignore_index`` and out-of-range targets are as in :func:`cross_entropy`. ``chunk_size``
     defaults to :func:`loss_chunk_size` for the device (and whether it is being compiled).
     ``targets`` must be integers of the shape of ``x`` without its last dimension.
     """
@@ -347,7 +376,14 @@ def linear_cross_entropy(
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if chunk_size is None:
         chunk_size = loss_chunk_size(targets.numel(), weight.shape[0], x.device, is_compiling())
-    return _LinearCrossEntropy.apply(x, weight, targets, chunk_size, float(label_smoothing), ignore_index)
+    args = (x, weight, targets, chunk_size, float(label_smoothing), ignore_index)
+    if is_compiling():
+        return _LinearCrossEntropy.apply(*args)
+    try:
+        return _LinearCrossEntropy.apply(*args)
+    except RuntimeError:
+        _name_bad_targets(targets, weight.shape[0], ignore_index)
+        raise
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -375,7 +411,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             probs = torch.sub(logits, row_max).exp_()
             sums = probs.sum(dim=-1, keepdim=True)
             per = _nll_terms(logits, row_max, sums, tc, eps)
-            total += (per if vc is None else per * vc).sum()
+            total += (per if vc is None else torch.where(vc, per, 0.0)).sum()
             if want_x or want_w:
                 # d loss_i / d logits_i = softmax_i - (1 - ε) onehot(target_i) - ε / V  (1 / n in backward)
                 dlogits = _dlogits(probs.div_(sums), tc, eps, vc)
@@ -395,7 +431,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor):
         grad_x, grad_w, count = ctx.saved_tensors
-        scale = grad_loss / count
+        scale = grad_loss / count.clamp_min(1)  # every target ignored: zero gradients, as torch
         gx = None if grad_x is None else (grad_x * scale).reshape(ctx.x_shape)
         gw = None if grad_w is None else (grad_w * scale).to(ctx.w_dtype)
         return gx, gw, None, None, None, None
