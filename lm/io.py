@@ -127,12 +127,17 @@ def silence_stdout() -> None:
             os.close(devnull)
 
 
-def check_readable_file(path: str | os.PathLike, argument: str) -> Path:
-    """Return ``path`` as a Path, or raise ValueError naming the argument when it is not a readable file."""
+def check_readable_file(path: str | os.PathLike, argument: str, *, stream: bool = False) -> Path:
+    """Return ``path`` as a Path, or raise ValueError naming the argument when it is not a readable file.
+
+    With ``stream``, for a caller that reads the file once from its start, anything readable that is
+    not a directory passes too: a named pipe, ``/dev/stdin``, a shell's ``<(cmd)`` (``/dev/fd/N``)."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{argument}: file not found: {str(p)!r}")
-    if not p.is_file():
+    if stream and p.is_dir():
+        raise ValueError(f"{argument}: is a directory: {str(p)!r}")
+    if not stream and not p.is_file():
         raise ValueError(f"{argument}: not a regular file: {str(p)!r}")
     if not os.access(p, os.R_OK):
         raise ValueError(f"{argument}: file is not readable: {str(p)!r}")

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lm.generate import KVCache, generate, sample_next_token, top_k_filter, top_p_filter
+from lm.generate.sampling import NonFiniteLogitsError, next_token_and_finite
 from lm.model import TransformerLM
 
 SMALL = dict(vocab_size=50, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48)
@@ -117,6 +118,35 @@ def test_window_shift_equals_rerunning_the_documented_window(attn_impl, shift):
     assert sum(prefills) == 1 + rebuilds  # a larger shift rebuilds less often
 
 
+def batch_window_reference(model, prompts, n, shift):
+    """Greedy decoding of a batch over the windows that lm.generate's docstring describes, re-running
+    the model on each row's window: as :func:`window_reference`, except that every row's window is
+    rebuilt (to its last ``context_length - shift + 1`` tokens) when the longest one is full."""
+    ctx = model.config.context_length
+    ids = [list(p) for p in prompts]
+    begin = [max(0, len(row) - ctx) for row in ids]
+    with torch.no_grad():
+        for _ in range(n):
+            for row, b in zip(ids, begin):
+                row.append(int(model(torch.tensor([row[b:]]))[0, -1].argmax()))
+            if max(len(row) - 1 - b for row, b in zip(ids, begin)) == ctx:
+                begin = [max(0, len(row) - (ctx - shift + 1)) for row in ids]
+    return [row[len(p):] for row, p in zip(ids, prompts)]
+
+
+def test_a_batch_slides_its_window_when_its_longest_row_fills_the_cache():
+    """The README had said that a row of a batch generates what it would alone, with any window_shift.
+    The whole batch slides when its longest row fills the cache: with window_shift=1 no row can tell,
+    with a larger shift the shorter rows slide at other tokens than alone (the docs now say so)."""
+    model = TransformerLM(**SMALL).eval()
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 3], list(range(20, 40))]
+    for shift in (1, 3):
+        batched = generate(model, prompts, 30, temperature=0, window_shift=shift)
+        assert batched == batch_window_reference(model, prompts, 30, shift)
+        alone = [generate(model, p, 30, temperature=0, window_shift=shift) for p in prompts]
+        assert [b == a for b, a in zip(batched, alone)] == ([True] * 3 if shift == 1 else [False, False, True])
+
+
 def test_batch_of_different_lengths_equals_one_by_one():
     model = TransformerLM(**SMALL, positions="learned")
     prompts = [[1, 2, 3], [7], [9, 8, 7, 6, 5, 4, 3], list(range(20))]
@@ -131,6 +161,100 @@ def test_tensor_prompts():
     assert one == generate(model, [1, 2, 3], 4, temperature=0)
     two = generate(model, torch.tensor([[1, 2, 3], [4, 5, 6]]), 4, temperature=0)
     assert two[0] == one and len(two) == 2
+
+
+@pytest.mark.parametrize("prompt", [torch.tensor([1.7, 2.9]), [1.7, 2], [[1, 2], [3, 4.0]], [True, 2],
+                                    torch.tensor([True, False]), [torch.tensor(1.0)], "12"])
+def test_prompt_ids_that_are_not_integers_are_refused(prompt):
+    """A float tensor or list had been truncated to ids (1.7 and 2.9 generated as 1 and 2), as
+    transformers' generate refuses float input_ids. Bools and strings are refused too."""
+    model = TransformerLM(**SMALL)
+    with pytest.raises(ValueError, match=r"^prompt_ids: token ids must be integers, got "):
+        generate(model, prompt, 3, temperature=0)
+
+
+def test_integer_prompt_ids_of_any_type_are_taken():
+    import numpy as np
+
+    model = TransformerLM(**SMALL)
+    want = generate(model, [1, 2], 3, temperature=0)
+    for prompt in ([np.int64(1), torch.tensor(2)], torch.tensor([1, 2], dtype=torch.int32), np.array([1, 2])):
+        assert generate(model, prompt, 3, temperature=0) == want
+    assert generate(model, [torch.tensor([1, 2]), [1, 2]], 3, temperature=0) == [want, want]
+
+
+@pytest.mark.parametrize("shift", [2.5, 2.0, True])
+def test_window_shift_must_be_an_integer_before_any_token(shift):
+    """A float passed the range check, streamed tokens, then failed with an unnamed TypeError
+    ("slice indices must be integers") when the window first slid."""
+    model = TransformerLM(**SMALL)
+    streamed = []
+    with pytest.raises(ValueError, match=r"window_shift must be an integer in \[1, context_length=16\), got "):
+        generate(model, [1, 2], 30, window_shift=shift, on_token=lambda row, t: streamed.append(t))
+    assert streamed == []
+
+
+def nan_logits_from(model, call: int, row: int = 0):
+    """Make the model's logits NaN (one token's, for one batch row) from its ``call``-th forward on."""
+    calls = []
+
+    def hook(module, args, output):
+        calls.append(1)
+        if len(calls) >= call:
+            output[row, :, 7] = float("nan")
+        return output
+
+    return model.lm_head.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("batch", [False, True])
+def test_logits_that_are_not_finite_raise_before_their_token(temperature, batch):
+    """A model whose logits overflow: sampled, multinomial had raised torch's "probability tensor
+    contains either inf, nan or element < 0" (a traceback from `lm sample`); greedy, argmax had
+    picked a token, and the text meant nothing. Both raise, naming the token, before it is passed on."""
+    model = TransformerLM(**SMALL).eval()
+    hook = nan_logits_from(model, 3, row=1 if batch else 0)  # the prefill, one step, then NaN
+    streamed = []
+    prompts = [[1, 2], [3, 4, 5]] if batch else [1, 2]
+    message = "the model's logits are not finite (NaN or inf) at new token 3" + (" of prompt 1" if batch else "")
+    with pytest.raises(NonFiniteLogitsError, match=r"^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        generate(model, prompts, 10, temperature=temperature, generator=torch.Generator().manual_seed(0),
+                 on_token=lambda row, t: streamed.append(row))
+    hook.remove()
+    assert streamed == ([0, 1] * 2 if batch else [0, 0])
+    assert issubclass(NonFiniteLogitsError, ValueError)  # the command line prints it as one line
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_finiteness_check_reads_nothing_but_the_tokens(temperature):
+    """The flags come back with the tokens, in one read a step (on a GPU a read is a sync)."""
+    from helpers.host_reads import HostReads
+
+    model = TransformerLM(**SMALL).eval()
+    with HostReads() as reads:
+        generate(model, [[1, 2, 3], [4]], 20, temperature=temperature, generator=torch.Generator().manual_seed(0))
+    assert reads.reads == ["tolist"] * 20
+
+
+def test_next_token_and_finite_flags_the_rows_it_cannot_choose_from():
+    """NaN, +inf, or every token at -inf: no token to choose (sampled, the row is drawn from a uniform
+    distribution instead, so that multinomial takes the batch). A -inf for some tokens (top-k, a
+    decoder that never emits padding) is fine. sample_next_token itself is unchanged."""
+    inf = float("inf")
+    good = torch.tensor([0.5, -inf, 1.0, -inf])
+    for temperature in (0.0, 1.0):
+        for bad in ([0.5, float("nan"), 1.0, 0.0], [0.5, inf, 1.0, 0.0], [-inf] * 4):
+            logits = torch.stack([good, torch.tensor(bad), good])
+            tokens, finite = next_token_and_finite(logits, temperature=temperature, top_k=1,
+                                                   generator=torch.Generator().manual_seed(0))
+            assert finite.tolist() == [True, False, True] and tokens[[0, 2]].tolist() == [2, 2]
+    g, h = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 20)
+    assert torch.equal(next_token_and_finite(logits, top_p=0.9, generator=g)[0],
+                       sample_next_token(logits, top_p=0.9, generator=h))  # the same draws
+    _, finite = next_token_and_finite(torch.tensor([3e38, 0.0]), temperature=1e-3)  # the temperature overflows
+    assert not finite
 
 
 def test_vocab_size_samples_only_ids_below_it():

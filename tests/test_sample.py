@@ -2,8 +2,10 @@
 
 import copy
 import os
+import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,89 @@ def test_sampling_into_a_closed_pipe_stops_quietly(run):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_a_model_whose_logits_overflow_is_one_line_naming_the_checkpoint(run, tmp_path, capsys, temperature):
+    """Finite weights whose logits overflow to inf (a model that diverged has the same effect): sampled,
+    a 20-line traceback from multinomial with exit 1; greedy, argmax over the infinities printed
+    text that meant nothing, with exit 0."""
+    d, model, tok = run
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.ln_final.weight.mul_(100)
+        broken.lm_head.weight[7], broken.lm_head.weight[8] = 3e38, -3e38  # so one of them is +inf
+        assert not torch.isfinite(broken(torch.tensor([tok.encode("x")]))[0, -1].max())
+    (tmp_path / "tokenizer").symlink_to(d / "tokenizer", target_is_directory=True)
+    save_model(tmp_path, broken)
+    argv = ["sample", "--checkpoint", str(tmp_path), "--prompt", "x", "--temperature", temperature, "--seed", "1"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "x\n"  # the prompt, and the error line below it
+    assert captured.err == ("lm sample: error: --checkpoint: the model's logits are not finite (NaN or inf) at "
+                            "new token 1\n")
+
+
+def test_the_seeded_generator_is_on_the_cpu_whatever_the_models_device(run, capsys, monkeypatch):
+    """`lm sample` had made its generator on the model's device, so on a GPU `--seed` drew other tokens
+    than on the CPU; lm serve draws with a CPU generator, which sample_next_token uses with logits on
+    any device. A model on the meta device stands for a GPU here (its generator could not even be made)."""
+    import lm.cli.common
+    import lm.generate
+
+    d, model, tok = run
+    used = []
+
+    def load(*args, **kwargs):
+        return copy.deepcopy(model).to("meta"), tok, {}
+
+    def fake_generate(model, prompt_ids, max_new_tokens, *, generator, **kwargs):
+        used.append(generator)
+        return []
+
+    monkeypatch.setattr(lm.cli.common, "load_model_and_tokenizer", load)
+    monkeypatch.setattr(lm.generate, "generate", fake_generate)
+    assert main(["sample", "--checkpoint", str(d), "--prompt", "x", "--seed", "5", "--quiet"]) == 0
+    assert [(g.device.type, g.initial_seed()) for g in used] == [("cpu", 5)]
+
+
+def test_the_prompt_file_may_be_a_pipe_dev_stdin_or_a_process_substitution(run, tmp_path, capsys):
+    """`--prompt-file /dev/stdin`, `<(cmd)` and a named pipe had been refused ("not a regular file"),
+    though the file is only read once from its start. A directory or a missing path is still one line."""
+    d, _, _ = run
+    common = ["sample", "--checkpoint", str(d), "--max-new-tokens", "6", "--temperature", "0", "--quiet"]
+    assert main([*common, "--prompt", "Lily had"]) == 0
+    want = capsys.readouterr().out
+    assert want.startswith("Lily had")
+
+    fifo = tmp_path / "prompt"
+    os.mkfifo(fifo)
+
+    def write():
+        try:
+            with open(fifo, "wb") as f:  # waits for lm sample to open it for reading
+                f.write(b"Lily had")
+        except OSError:
+            pass
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        status = main([*common, "--prompt-file", str(fifo)])
+    finally:
+        if writer.is_alive():  # refused without being opened: let the writer go
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(10)
+    captured = capsys.readouterr()
+    assert (status, captured.out, captured.err) == (0, want, "")
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    lm = shlex.join([sys.executable, "-m", "lm", *common])
+    for command, stdin in ((f"{lm} --prompt-file /dev/stdin", b"Lily had"),
+                           (f"{lm} --prompt-file <(printf 'Lily had')", None)):
+        r = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, env=env, timeout=120)
+        assert (r.returncode, r.stdout.decode(), r.stderr.decode()) == (0, want, ""), command
+
+    for path, message in ((tmp_path, "is a directory"), (tmp_path / "missing.txt", "file not found")):
+        assert main([*common, "--prompt-file", str(path)]) == 2
+        assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {message}: {str(path)!r}\n"

@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_checkpoint(p)
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="text to continue; '' starts a new document")
-    prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE ('-': standard input)")
+    prompt.add_argument("--prompt-file", metavar="FILE",
+                        help="read the prompt from FILE ('-': standard input; a pipe or <(cmd) works too)")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens to generate at most")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass")
@@ -60,7 +61,11 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file == "-":
         data = sys.stdin.buffer.read()
     else:
-        data = check_readable_file(args.prompt_file, "--prompt-file").read_bytes()
+        path = check_readable_file(args.prompt_file, "--prompt-file", stream=True)
+        try:
+            data = path.read_bytes()
+        except OSError as e:  # /dev/stdin when it is a socket, say: "[Errno 6] ..." would name nothing
+            raise ValueError(f"--prompt-file: cannot read {str(path)!r}: {e.strerror or e}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -75,7 +80,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from lm.cli.translate import require_architecture
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import TextStreamer, generate
-    from lm.generate.sampling import check_sampling_args
+    from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args
 
     with as_flags(temperature="--temperature", top_p="--top-p", top_k="--top-k"):
         check_sampling_args(args.temperature, args.top_p, args.top_k)
@@ -99,7 +104,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         if eos is None:
             raise ValueError("--prompt: empty, and the tokenizer has no <|endoftext|> to start a document with")
         prompt_ids = [eos]
-    gen = torch.Generator(device=device)
+    gen = torch.Generator()  # on the CPU, as lm serve's: sampling draws there, so a seed gives the same tokens anywhere
     if args.seed is not None:
         gen.manual_seed(args.seed)
     else:
@@ -119,10 +124,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
                 out.write(piece)
                 out.flush()
 
-        with autocast(device, dtype):
-            new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                           top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit,
-                           vocab_size=tok.vocab_size, compile=args.compile)
+        try:
+            with autocast(device, dtype):
+                new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature,
+                               top_p=args.top_p, top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit,
+                               vocab_size=tok.vocab_size, compile=args.compile)
+        except NonFiniteLogitsError as e:  # a diverged or overflowing model: no token after that is text
+            out.write("\n")  # the error line goes below the text streamed so far
+            out.flush()
+            raise ValueError(f"--checkpoint: {e}") from None
         out.write(streamer.flush() + "\n")
         total += len(new)
     dt = time.perf_counter() - t0

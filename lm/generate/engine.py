@@ -10,16 +10,25 @@ the last ``context_length`` tokens, exactly as if the model were re-run on
 happens for every token once the window is full (exact, but each token then costs a full
 forward); a larger shift rebuilds less often, and a token is then conditioned on between
 ``context_length - window_shift`` and ``context_length`` tokens.
+
+**A batch** of prompts of different lengths is left-padded into one cache, and the window slides
+for the whole batch at once, when its longest row fills the cache. With ``window_shift=1`` that
+changes no row's tokens: each row still sees its own last ``context_length`` tokens, so a row
+generates what it would alone. With a larger shift, a shorter row's window slides at other tokens
+than it would alone (each token is still conditioned on between ``context_length - window_shift``
+and ``context_length`` tokens).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
 
-from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
+from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, check_vocab_limit, next_token_and_finite
 from lm.generate.static import DecodeStep, StaticKVCache
 
 
@@ -29,12 +38,32 @@ def _as_prompt_list(prompt_ids) -> tuple[list[list[int]], bool]:
         if prompt_ids.dim() not in (1, 2):
             raise ValueError(f"prompt_ids must be 1-D or 2-D, got shape {tuple(prompt_ids.shape)}")
         single = prompt_ids.dim() == 1
-        prompts = [prompt_ids.tolist()] if single else prompt_ids.tolist()
+        prompts = [_token_ids(prompt_ids)] if single else [_token_ids(p) for p in prompt_ids]
         return prompts, single
     prompt_ids = list(prompt_ids)
-    if prompt_ids and all(isinstance(p, Sequence) or isinstance(p, torch.Tensor) for p in prompt_ids):
-        return [list(map(int, p)) for p in prompt_ids], False
-    return [list(map(int, prompt_ids))], True
+    if prompt_ids and all(isinstance(p, Sequence) or isinstance(p, torch.Tensor) and p.dim() for p in prompt_ids):
+        return [_token_ids(p) for p in prompt_ids], False
+    return [_token_ids(prompt_ids)], True
+
+
+def _token_ids(prompt) -> list[int]:
+    """One prompt's ids as ints. A float had been truncated to an id (1.7 became 1), as the embedding
+    cannot be indexed by one: like transformers' ``generate``, anything but integers is refused."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+            raise ValueError(f"prompt_ids: token ids must be integers, got a tensor of {prompt.dtype}")
+        if prompt.dim() != 1:
+            raise ValueError(f"prompt_ids: a prompt must be 1-D, got a tensor of shape {tuple(prompt.shape)}")
+        return prompt.tolist()
+    return [_token_id(t) for t in prompt]
+
+
+def _token_id(t) -> int:
+    """``t`` as an id: an int, a numpy integer or a one-element integer tensor, but not a bool."""
+    if not (isinstance(t, bool) or isinstance(t, torch.Tensor) and t.dtype == torch.bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(t)
+    raise ValueError(f"prompt_ids: token ids must be integers, got {t!r}")
 
 
 def _in_eval_mode(fn):
@@ -79,6 +108,12 @@ def generate(
     only ids below it: a tokenizer with fewer tokens than the model's (padded) vocabulary has no
     text for the others.
 
+    ``window_shift`` (an integer in ``[1, context_length)``) is how many tokens the window slides
+    at a time past ``context_length`` (see the module's docstring; a batch slides together, so only
+    with 1 does a row of a batch generate what it would alone). A model whose logits are not finite
+    (NaN or inf) raises :class:`~lm.generate.sampling.NonFiniteLogitsError` before its token is
+    passed on.
+
     ``compile=True`` decodes with a compiled fixed-shape step (:mod:`lm.generate.static`):
     seconds to compile on the first call of a shape, then several times faster per token on a
     CPU; the same tokens (each prompt is prefilled alone, then every row steps at its own
@@ -92,9 +127,9 @@ def generate(
         )
     cfg = model.config
     ctx = cfg.context_length
-    if not 1 <= window_shift < ctx:
+    if isinstance(window_shift, bool) or not isinstance(window_shift, int) or not 1 <= window_shift < ctx:
         raise ValueError(
-            f"window_shift must be in [1, context_length={ctx}), got window_shift={window_shift!r}"
+            f"window_shift must be an integer in [1, context_length={ctx}), got window_shift={window_shift!r}"
         )
     check_vocab_limit(vocab_size, cfg.vocab_size)
     prompts, single = _as_prompt_list(prompt_ids)
@@ -118,9 +153,13 @@ def generate(
         for step in range(max_new_tokens):
             if vocab_size is not None:
                 logits = logits[..., :vocab_size]
-            next_ids = sample_next_token(
+            tokens, finite = next_token_and_finite(
                 logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator
-            ).tolist()
+            )
+            next_ids, finite = torch.stack([tokens, finite.to(tokens.dtype)]).tolist()  # one read for both
+            bad = [row for row, ok in enumerate(finite) if not ok and not done[row]]
+            if bad:
+                raise NonFiniteLogitsError(step + 1, None if single else bad[0])
             for row, tok in enumerate(next_ids):
                 history[row].append(tok)
                 if not done[row]:
@@ -130,7 +169,8 @@ def generate(
                     done[row] = eos_id is not None and tok == eos_id
             if all(done) or step == max_new_tokens - 1:
                 break
-            # The window slides for every row at once when the (padded) cache is full.
+            # The window slides for every row at once when the (padded) cache is full, that is when
+            # the longest row fills it (the module's docstring says what that means for window_shift > 1).
             logits = rows.prefill(ctx - window_shift + 1) if rows.full else rows.step(next_ids)
     return new_tokens[0] if single else new_tokens
 

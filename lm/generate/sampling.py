@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.nn import softmax
@@ -62,7 +62,11 @@ def sample_next_token(
     generator: torch.Generator | None = None,
 ) -> Int[Tensor, "*shape"]:
     """One token id per row. ``temperature`` 0 (or below :data:`GREEDY_BELOW`) is greedy (argmax;
-    top-k/top-p are moot)."""
+    top-k/top-p are moot).
+
+    Logits that are not finite are not checked here (on a GPU that is a read from the device of its
+    own): greedy picks a token anyway, sampling raises torch's error. :func:`next_token_and_finite`
+    returns the tokens with a flag to read with them."""
     check_sampling_args(temperature, top_p, top_k)
     if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1)
@@ -77,3 +81,36 @@ def sample_next_token(
         # A CPU generator with a GPU model: draw on the CPU, so a seed gives the same tokens anywhere.
         return torch.multinomial(flat.cpu(), 1, generator=generator).to(probs.device).reshape(probs.shape[:-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+class NonFiniteLogitsError(ValueError):
+    """The model's next-token logits hold NaN or +inf (or are -inf for every token), so no token can be
+    chosen: a model that diverged, or that overflows. Sampled, ``multinomial`` had raised torch's own
+    error; greedy, ``argmax`` had picked a token anyway (text that means nothing)."""
+
+    def __init__(self, token: int | None = None, prompt: int | None = None):
+        where = "" if token is None else f" at new token {token}" + ("" if prompt is None else f" of prompt {prompt}")
+        super().__init__(f"the model's logits are not finite (NaN or inf){where}")
+
+
+def next_token_and_finite(
+    logits: Float[Tensor, "... vocab"],
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Int[Tensor, "*shape"], Bool[Tensor, "*shape"]]:
+    """:func:`sample_next_token`'s token per row, and whether the row could be chosen from: its largest
+    logit (after the temperature) is finite, so no NaN, no +inf, and not every token at -inf (a -inf
+    where top-k or a decoder rules a token out is fine). Both stay on the logits' device: a loop that
+    reads its tokens back reads the flags in the same transfer, not in a second sync
+    (:func:`lm.generate.generate`); a row that is not finite gets an arbitrary token."""
+    check_sampling_args(temperature, top_p, top_k)
+    top = logits.amax(dim=-1).float()
+    if temperature < GREEDY_BELOW:
+        return sample_next_token(logits, temperature=temperature), torch.isfinite(top)
+    finite = torch.isfinite(top / temperature)  # the temperature can overflow a finite logit
+    logits = torch.where(finite[..., None], logits, 0)  # or multinomial refuses the whole batch
+    tokens = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
+    return tokens, finite
