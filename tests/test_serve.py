@@ -52,7 +52,7 @@ def test_slot_decoding_equals_the_model_without_a_cache(positions, dtype):
     engine = Engine(model, max_batch=4, dtype=dtype)
     prompts = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42], [3, 1, 4, 1, 5]]
     seen = {}
-    real = engine_module.sample_next_token
+    real = engine_module.next_token_and_finite
 
     def spy(logits, **kw):
         token = real(logits, **kw)
@@ -60,13 +60,13 @@ def test_slot_decoding_equals_the_model_without_a_cache(positions, dtype):
         return token
 
     recs = [Recorder() for _ in prompts]
-    engine_module.sample_next_token = spy
+    engine_module.next_token_and_finite = spy
     try:
         for rec, p in zip(recs, prompts):
             engine.submit(rec.request(p, SamplingParams(max_tokens=6, temperature=0.0)))
         run_until_idle(engine)
     finally:
-        engine_module.sample_next_token = real
+        engine_module.next_token_and_finite = real
     assert len(seen) == len(prompts)
     for rec, p, logits in zip(recs, prompts, seen.values()):
         seq = p + rec.tokens[0]
@@ -447,3 +447,31 @@ def test_the_engine_thread_serves_and_stops():
     assert done.wait(30)
     assert rec.tokens[0] == generate(model, [1, 2, 3], 8, temperature=0.0)
     engine.stop()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_whose_logits_are_not_finite_fails_alone(temperature):
+    """A prompt that makes the model's logits NaN (here: a token whose embedding is NaN) ends its
+    own choice with "error" (a 500 for its request, the log told through ``on_row_error``); the
+    rows beside it go on, and the engine takes new requests. Greedy had sent tokens picked from
+    NaN logits as text; sampled, torch's multinomial had raised and the whole server had exited."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.token_embeddings.weight[13] = float("nan")
+    engine = Engine(model, max_batch=2)
+    failed = []
+    engine.on_row_error = lambda request, error: failed.append((request, str(error)))
+    params = SamplingParams(max_tokens=6, temperature=temperature, seed=3)
+    bad, good, later = Recorder(), Recorder(), Recorder()
+    bad_request = bad.request([5, 13, 7], params)
+    engine.submit(bad_request)
+    engine.submit(good.request([5, 6, 7], params))
+    run_until_idle(engine)
+    assert bad.reasons == ["error"] and bad.tokens == [[]]
+    assert failed == [(bad_request, "the model's logits are not finite (NaN or inf) at new token 1")]
+    assert good.reasons == ["length"] and len(good.tokens[0]) == 6
+    engine.submit(later.request([5, 6, 7], params))
+    run_until_idle(engine)
+    assert later.tokens == good.tokens and engine.error is None
+    if temperature == 0.0:
+        assert good.tokens[0] == generate(model, [5, 6, 7], 6, temperature=0.0)

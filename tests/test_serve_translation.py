@@ -91,14 +91,14 @@ def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions, dtype
     engine = TranslationEngine(model, max_batch=4, dtype=dtype)
     sources = [[5, 9, 12, 7], [30, 4], [8, 8, 8, 21, 22, 3, 17, 40, 41, 42, 43], [60]]
     seen = {}
-    real = engine_module.sample_next_token
+    real = engine_module.next_token_and_finite
 
     def spy(logits, **kw):
         seen.setdefault(id(kw["generator"]), []).append(logits[0].clone())
         return real(logits, **kw)
 
     runs = []
-    engine_module.sample_next_token = spy
+    engine_module.next_token_and_finite = spy
     try:
         for k, src in enumerate(sources):  # one joins at each step: rows at different target positions
             tokens = []
@@ -109,7 +109,7 @@ def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions, dtype
         while engine.step():
             pass
     finally:
-        engine_module.sample_next_token = real
+        engine_module.next_token_and_finite = real
     assert max(engine.stats.steps) == 4 and len(seen) == len(sources)
     cfg = model.config
     for src, tokens, logits in zip(sources, runs, seen.values()):

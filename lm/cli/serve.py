@@ -205,5 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     engine.on_error = on_engine_error
+    engine.on_row_error = lambda request, error: print(f"lm serve: a request failed: {error}", file=sys.stderr,
+                                                        flush=True)
     server.run()
     return 1 if engine.error is not None else 0

@@ -117,6 +117,14 @@ class StaticKVCache:
     def release(self, row: int) -> None:
         """``row`` holds nothing any more (its contents are left; nothing reads them)."""
 
+    def clear(self, row: int) -> None:
+        """Zero ``row``'s keys and values. A step masks a row's positions past its length, but a
+        masked weight of 0 times a NaN value left there by a row whose model overflowed is NaN:
+        the serving engine clears such a row before the slot is used again."""
+        for t in self.tensors():
+            if t.dim() > 1:
+                t[row] = 0
+
     def set_lengths(self, lengths: list[int], bucketed: bool = False) -> None:
         """Every row's length before the next step (its new token goes at that position), and the
         span the step attends over: ``max_len``, or with ``bucketed`` :func:`span_for` the longest

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from lm.device import autocast
 from lm.generate.kv_cache import KVCache
-from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
+from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, check_vocab_limit, next_token_and_finite
 from lm.generate.static import DecodeStep, StaticKVCache
 
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (vLLM's default)
@@ -247,6 +247,9 @@ class Engine:
         # Called on the engine's thread with the exception when a step fails (every request in
         # has been failed by then, and no new one is taken): `lm serve` logs it and exits.
         self.on_error: Callable[[BaseException], None] | None = None
+        # Called on the engine's thread when one row cannot go on (its logits are not finite): that
+        # choice ends with "error" (a 500 for its request) and the other rows go on.
+        self.on_row_error: Callable[[Request, BaseException], None] | None = None
 
     def _set_up_decoding(self, compile: bool, step_sizes: list[int] | None) -> None:
         """A :class:`DecodeStep` for each step size, over the leading rows of one cache (compiled
@@ -471,8 +474,14 @@ class Engine:
         if request.is_cancelled(row.index):
             return self._free(slot, "cancelled")
         allowed = self._allowed(logits)
-        token = int(sample_next_token(allowed[None], temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                      generator=row.generator)[0])
+        token, finite = next_token_and_finite(allowed[None], temperature=p.temperature, top_p=p.top_p,
+                                              top_k=p.top_k, generator=row.generator)
+        token, finite = torch.stack([token[0], finite[0].to(token.dtype)]).tolist()  # one read for both
+        if not finite:  # this row's logits overflowed (NaN or inf): its request fails, the others go on
+            if self.on_row_error is not None:
+                self.on_row_error(request, NonFiniteLogitsError(row.generated + 1))
+            self.cache.clear(slot)  # its NaN keys would reach the next row in the slot through the mask
+            return self._free(slot, "error")
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
             self.stats.time_to_first_token(request.first_token_at - request.arrival)

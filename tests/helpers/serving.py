@@ -46,14 +46,14 @@ def logits_beside(engine, target, companions, join_at: int, steps: int = 60) -> 
     ``companions`` (Requests) that arrive ``join_at`` steps after it (-1: just before it, so that
     it takes a slot after theirs), until the engine is idle."""
     log = []
-    real = engine_module.sample_next_token
+    real = engine_module.next_token_and_finite
 
     def spy(logits, **kw):
         if any(r is not None and r.request is target and r.generator is kw["generator"] for r in engine.rows):
             log.append(logits.float().numpy().tobytes())  # bfloat16 (autocast) exactly in float32
         return real(logits, **kw)
 
-    engine_module.sample_next_token = spy
+    engine_module.next_token_and_finite = spy
     try:
         if join_at >= 0:
             engine.submit(target)
@@ -69,4 +69,4 @@ def logits_beside(engine, target, companions, join_at: int, steps: int = 60) -> 
                 return log
         raise AssertionError("the engine did not finish")
     finally:
-        engine_module.sample_next_token = real
+        engine_module.next_token_and_finite = real
