@@ -14,6 +14,9 @@ text (with <pad>, <bos>, <eos>), the pair token files, and the encoder–decoder
 time); decoding the test set comes after the clock stops. The last line printed is
 ``BLEU <x>`` (sacrebleu's default 13a tokenization on the detokenized output; its signature is
 printed above it, with chrF).
+
+The test pair is read and checked before anything is trained (and its sources against the context
+as soon as the tokenizer exists); a failure while testing keeps the trained run in ``OUT/run``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import time
 from pathlib import Path
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
+CONTEXT = 128  # the model's context length, in tokens; every Multi30k pair fits it
+MARGIN = 3.0  # seconds of the budget kept for the final validation and checkpoint
 
 
 def cpu_has_bfloat16() -> bool:
@@ -38,6 +43,12 @@ def cpu_has_bfloat16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def error(message: str) -> int:
+    """One line on stderr, and the status of a bad argument (2), as `lm` commands give."""
+    print(f"multi30k.py: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main() -> int:
@@ -78,30 +89,75 @@ def main() -> int:
         args.dtype = "bfloat16" if cpu_has_bfloat16() else "float32"
     src_dir = Path(args.data) / "multi30k"
     if not (src_dir / "train.en.gz").is_file():
-        print(f"multi30k.py: error: --data: {args.data!r} holds no multi30k/train.en.gz; run `lm data download "
-              "multi30k` (it writes data/multi30k/) or pass --data FOLDER", file=sys.stderr)
-        return 2
+        return error(f"--data: {args.data!r} holds no multi30k/train.en.gz; run `lm data download multi30k` (it "
+                     "writes data/multi30k/) or pass --data FOLDER")
+    from lm.io import claim_dir, write_marker
+
+    try:
+        test = read_test(args, src_dir)  # before any training: a typo must not cost the budget
+    except ValueError as e:
+        return error(str(e))
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
 
-    from lm.io import claim_dir
-
     out = Path(args.out)
     try:
         with claim_dir(out, command="scripts/multi30k.py", overwrite=args.overwrite, argument="--out",
                        files=("data", "tokenizer", "run", "result.json", "test.hyp")):
-            return run(args, src_dir, out, t_start)
+            trained = train(args, src_dir, out, t_start, test)
     except ValueError as e:
-        sys.exit(f"multi30k.py: error: {e}")
+        return error(str(e))
+    if trained is None:
+        return 1
+    # From here on the trained run stays, whatever happens: testing it again needs no training.
+    kept = f"the trained run is kept in {str(out / 'run')!r}"
+    try:
+        status = report(args, out, test, *trained)
+    except Exception as e:
+        from lm.cli.translate import is_out_of_memory
+
+        if is_out_of_memory(e):
+            return error(f"--beam: decoding the test set at beam {args.beam} does not fit in memory; {kept}")
+        if isinstance(e, ValueError):
+            return error(f"{e}; {kept}")
+        print(f"multi30k.py: {kept}", file=sys.stderr)
+        raise
+    finally:
+        write_marker(out, "scripts/multi30k.py")  # lists test.hyp and result.json too, once written
+    return status
 
 
-def run(args, src_dir: Path, out: Path, t_start: float) -> int:
-    from lm.data.pairs import read_parallel, tokenize_pairs
-    from lm.evaluate import bleu_chrf
-    from lm.generate import translate
-    from lm.io import atomic_write
+def read_test(args, src_dir: Path) -> tuple[Path, Path, list[tuple[str, str]], str]:
+    """The test pair (``--test``, else Multi30k's test_2016_flickr), read and checked, with the
+    argument it came from; the budget and the beam are checked here too, all before any training."""
+    from lm.data.pairs import read_parallel
+
+    if args.budget <= MARGIN:
+        raise ValueError(f"--budget: must be more than the {MARGIN:g} s kept for the final validation, "
+                         f"got {args.budget:g}")
+    if args.beam < 1:
+        raise ValueError(f"--beam: must be >= 1, got {args.beam}")
+    if args.test:
+        src, ref = map(Path, args.test)
+        arg = "--test"
+    else:
+        src, ref = src_dir / "test_2016_flickr.en.gz", src_dir / "test_2016_flickr.de.gz"
+        arg = "--data"  # the default test pair lives in --data's multi30k/
+    try:
+        pairs = list(read_parallel(src, ref))  # readable, UTF-8, no empty line, aligned
+    except ValueError as e:
+        raise ValueError(f"{arg}: {e}") from None
+    if not pairs:
+        raise ValueError(f"{arg}: {str(src)!r} and {str(ref)!r} hold no lines")
+    return src, ref, pairs, arg
+
+
+def train(args, src_dir: Path, out: Path, t_start: float, test):
+    """The tokenizer, the pair files and the trained model in ``out``: ``(trainer, tokenizer,
+    tokenizer seconds, training seconds, wall seconds)``, or None when training failed."""
+    from lm.data.pairs import tokenize_pairs
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
     from lm.train import Trainer, config_from_dict
 
@@ -114,19 +170,29 @@ def run(args, src_dir: Path, out: Path, t_start: float) -> int:
                 shutil.copyfileobj(g, f)
     vocab, merges = train_bpe(joint, args.vocab_size, SPECIALS)
     tok = Tokenizer(vocab, merges, SPECIALS)
+    test_src, _, test_pairs, arg = test
+    for i, (s, _) in enumerate(test_pairs):  # as `lm translate` refuses it, before the model trains
+        n = len(tok.encode(s.strip()))
+        if n + 1 > CONTEXT:
+            raise ValueError(f"{arg}: line {i + 1} of {str(test_src)!r} has {n} tokens, more than the model's "
+                             f"context {CONTEXT - 1}")
     tok_dir = save_tokenizer_dir(tok, out / "tokenizer")
     for split in ("train", "val"):
         tokenize_pairs(tok, src_dir / f"{split}.en.gz", src_dir / f"{split}.de.gz", data / f"{split}.bin")
     t_tok = time.perf_counter() - t_start
     ids = {s: tok.token_to_id[s.encode()] for s in SPECIALS}
 
-    margin = 3.0  # the final validation and checkpoint
-    train_seconds = args.budget - (time.perf_counter() - t_start) - margin
+    train_seconds = args.budget - (time.perf_counter() - t_start) - MARGIN
+    if train_seconds <= 0:
+        left = max(args.budget - t_tok, 0.0)
+        raise ValueError(f"--budget: {args.budget:g} s leaves {left:.1f} s once the tokenizer and the pair files "
+                         f"are made ({t_tok:.1f} s), not more than the {MARGIN:g} s kept for the final validation: "
+                         "no time to train; raise --budget")
     schedule = {"schedule": args.schedule, "max_lr": args.max_lr, "min_lr": 0.0, "warmup_iters": args.warmup}
     if args.schedule == "cosine":  # on elapsed time: 10,000 "iterations" stand for the training time
         schedule.update(cosine_cycle_iters=10_000, warmup_iters=300)
     cfg = config_from_dict({
-        "model": {"architecture": "encoder_decoder", "vocab_size": tok.vocab_size, "context_length": 128,
+        "model": {"architecture": "encoder_decoder", "vocab_size": tok.vocab_size, "context_length": CONTEXT,
                   "d_model": args.d_model, "encoder_layers": args.layers, "decoder_layers": args.layers,
                   "num_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout,
                   "label_smoothing": args.label_smoothing, "norm_placement": args.norm_placement,
@@ -143,20 +209,30 @@ def run(args, src_dir: Path, out: Path, t_start: float) -> int:
     })
     trainer = Trainer(cfg)
     if trainer.run() != 0:
-        return 1
+        return None
     t_train = time.perf_counter() - t_start - t_tok
     wall = time.perf_counter() - t_start  # the clock stops here: decoding is not counted
+    return trainer, tok, t_tok, t_train, wall
 
-    test_src, test_ref = args.test or (src_dir / "test_2016_flickr.en.gz", src_dir / "test_2016_flickr.de.gz")
-    pairs = list(read_parallel(test_src, test_ref))
+
+def report(args, out: Path, test, trainer, tok, t_tok: float, t_train: float, wall: float) -> int:
+    """Translate the test sources as `lm translate` does, write ``test.hyp`` and ``result.json``, print BLEU."""
+    from lm.evaluate import bleu_chrf
+    from lm.generate import translate
+    from lm.generate.seq2seq import line_break_ids
+    from lm.io import atomic_write
+
+    _, _, pairs, _ = test
     model = trainer.model.eval()
-    sources = [tok.encode(s) for s, _ in pairs]
+    sources = [tok.encode(s.strip()) for s, _ in pairs]
+    banned = line_break_ids(tok)  # one hypothesis a line of test.hyp
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     hyps = [""] * len(sources)
     t0 = time.perf_counter()
     for j in range(0, len(order), 64):
         rows = order[j : j + 64]
-        for i, o in zip(rows, translate(model, [sources[i] for i in rows], beam_size=args.beam)):
+        for i, o in zip(rows, translate(model, [sources[i] for i in rows], beam_size=args.beam,
+                                        banned_ids=banned)):
             hyps[i] = tok.decode(o).strip()
     t_decode = time.perf_counter() - t0
     with atomic_write(out / "test.hyp") as f:

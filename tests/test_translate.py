@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -224,10 +225,13 @@ def run(tmp_path_factory):
 
 def _greedy_lines(model, tok, lines):
     """What `lm translate --beam 1` prints for ``lines``: one translation a line, "" for a blank one."""
+    from lm.generate.seq2seq import line_break_ids
+
     out = []
     for line in lines:
         ids = tok.encode(line.strip())
-        out.append(tok.decode(greedy_decode(model, [ids], vocab_size=tok.vocab_size)[0]).strip() if ids else "")
+        out.append(tok.decode(greedy_decode(model, [ids], vocab_size=tok.vocab_size,
+                                            banned_ids=line_break_ids(tok))[0]).strip() if ids else "")
     return out
 
 
@@ -324,3 +328,220 @@ def test_lm_translate_into_a_closed_pipe_stops_quietly(run, tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
     assert first.endswith(b"\n")
+
+
+# -- one translation a line, one encoding of a source, memory, progress ------------------------------
+
+def _lm(*argv) -> int:
+    return main([str(a) for a in argv])
+
+
+def test_lm_eval_translates_a_source_line_as_lm_translate_does(run, tmp_path, capsys):
+    """`lm translate` stripped each line before encoding it and `lm eval --target` did not: a source
+    file with trailing spaces (Multi30k's train.de has 40 such lines) gave other translations, and
+    so another BLEU, than `lm translate | sacrebleu`. The references here are `lm translate`'s own
+    output, so eval's BLEU is 100 exactly when it translates the lines as `lm translate` does. Its
+    loss stays the loss of the pairs as training reads them (lm.data.pairs keeps the whole line)."""
+    import torch.nn.functional as F
+
+    d, model, tok = run
+    sources = [" two dogs ", "abc ", " abc", "hello  "]
+    (tmp_path / "s.txt").write_text("".join(s + "\n" for s in sources))
+    assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "s.txt", "--beam", "2", "--quiet") == 0
+    hyps = capsys.readouterr().out.split("\n")[:-1]
+    assert len(hyps) == len(sources) and all(hyps)
+    (tmp_path / "t.txt").write_text("".join(h + "\n" for h in hyps))
+    # the whole lines translate otherwise (the test would not tell the two apart if they did not)
+    raw = translate(model, [tok.encode(s) for s in sources], beam_size=2, vocab_size=tok.vocab_size)
+    assert [tok.decode(ids).strip() for ids in raw] != hyps
+    assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt", "--beam", "2",
+               "--json", "--quiet") == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["bleu"] == pytest.approx(100.0) and r["chrf"] == pytest.approx(100.0), r
+    cfg = model.config
+    total, count = 0.0, 0
+    with torch.no_grad():  # teacher forcing on the whole lines, pair by pair, those that fit the context
+        for s, t in zip(sources, hyps):
+            src, tgt = tok.encode(s) + [cfg.eos_id], tok.encode(t)
+            if len(src) > cfg.context_length or len(tgt) + 1 > cfg.context_length:
+                continue  # (a hypothesis of U+FFFD re-encodes as 3 bytes a character)
+            logits = model(torch.tensor([src]), torch.tensor([[cfg.bos_id, *tgt]])).float()[0]
+            total += F.cross_entropy(logits, torch.tensor(tgt + [cfg.eos_id]), reduction="sum").item()
+            count += len(tgt) + 1
+    assert count and r["tokens"] == count and r["loss"] == pytest.approx(total / count, rel=1e-5)
+    # which is how training reads a pair: the whole line (a pair file of `lm tokenize --target`)
+    from lm.data.pairs import read_pair_file, tokenize_pairs
+
+    tokenize_pairs(tok, tmp_path / "s.txt", tmp_path / "t.txt", tmp_path / "pairs.bin")
+    pairs = read_pair_file(tmp_path / "pairs.bin")
+    assert [pairs.src(i).tolist() for i in range(len(pairs))] == [tok.encode(s) for s in sources]
+
+
+@pytest.mark.parametrize("command", ["translate", "eval"])
+def test_a_beam_too_large_for_memory_is_one_line_naming_beam_and_batch_size(run, tmp_path, capsys, command):
+    """`--beam 10000000000` was a traceback ("DefaultCPUAllocator: can't allocate memory"), status 1;
+    the README promises one line naming the argument and the value, and status 2, for a batch that
+    cannot fit in memory. (The cache, the largest allocation, is made first: it fails at once.)"""
+    d, _, _ = run
+    (tmp_path / "s.txt").write_text("abc\nhello\n")
+    (tmp_path / "t.txt").write_text("cba\nolleh\n")
+    beam = 10**12  # a cache of ~10^16 bytes: more than any address space, whatever the overcommit policy
+    args = (["translate", "--checkpoint", d, "--input", tmp_path / "s.txt"] if command == "translate" else
+            ["eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt"])
+    assert _lm(*args, "--beam", beam, "--batch-size", "5", "--quiet") == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"lm {command}: error: --beam/--batch-size: a batch of up to 5 sentences at beam {beam} "
+                          "does not fit in memory (torch tried to allocate "), err
+    assert err.endswith("; lower --beam or --batch-size"), err
+
+
+def test_only_an_allocation_failure_is_reported_as_memory():
+    """decoding_fits turns torch's allocator errors into the one line, and nothing else."""
+    from lm.cli.translate import decoding_fits, is_out_of_memory
+
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ..."))
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 80000000000 bytes. Error code 12 (Cannot allocate memory)")
+    assert is_out_of_memory(cpu)
+    assert not is_out_of_memory(RuntimeError("shape mismatch")) and not is_out_of_memory(ValueError("x"))
+    with pytest.raises(ValueError, match=r"^--beam/--batch-size: a batch of up to 8 sentences at beam 4 does not "
+                                         r"fit in memory \(torch tried to allocate 2.00 GiB\); lower"):
+        with decoding_fits(4, 8):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total ...")
+    with pytest.raises(RuntimeError, match="shape mismatch"), decoding_fits(4, 8):
+        raise RuntimeError("shape mismatch")
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal: tqdm draws its bar there (``disable=None``)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("command", ["translate", "eval"])
+def test_progress_is_shown_on_a_terminal_only(run, tmp_path, capsys, monkeypatch, command):
+    """`lm translate` and `lm eval --target` were silent for the whole decode (tens of seconds to
+    minutes for a test set), and `lm translate --quiet` turned off nothing. They now draw a bar over
+    the sentences on stderr where it is a terminal, as `lm eval`'s language-model bar does; never
+    with --quiet, nor when stderr is a file or a pipe."""
+    d, _, _ = run
+    (tmp_path / "s.txt").write_text("abc\nhello\nxy\n")
+    (tmp_path / "t.txt").write_text("cba\nolleh\nyx\n")
+    args = (["translate", "--checkpoint", d, "--input", tmp_path / "s.txt"] if command == "translate" else
+            ["eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt"])
+    args += ["--beam", "1", "--batch-size", "2"]
+    assert _lm(*args) == 0
+    assert capsys.readouterr().err == ""  # not a terminal
+    for quiet in (False, True):
+        terminal = _Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert _lm(*args, *(["--quiet"] if quiet else [])) == 0
+        out = capsys.readouterr().out
+        assert out.count("\n") == 3  # the results on stdout (3 translations; eval's line and 2 signatures)
+        bar = terminal.getvalue()
+        if quiet:
+            assert bar == ""
+        else:
+            assert "translate: 100%" in bar and "3/3" in bar and "sentences/s" in bar, bar
+
+
+def test_a_translation_never_holds_a_line_break(run, tmp_path, capsys):
+    """A model that emits the "\\n" token (every byte-level BPE has one) broke `lm translate`'s one
+    line a sentence: 5 inputs gave 10 lines, and sacrebleu refused the file ("different lengths").
+    No line of a parallel corpus holds one, so no training target did: tokens whose text holds a
+    line break are never chosen, as <pad> and <bos> are not. The model here is edited as in the
+    audit: its output row for "\\n" is the row of the token it picks most, 5% larger (untied, so
+    that "\\n" read back is an ordinary input and the text goes on after it). Greedy decoding is
+    compared with a loop over the whole model that rules the token out itself."""
+    from collections import Counter
+
+    from lm.checkpoint import export_safetensors
+    from lm.tokenizer import save_tokenizer_dir
+
+    _, _, tok = run
+    assert tok.encode("\n") == [13]
+    torch.manual_seed(0)
+    edited = build_model(Seq2SeqConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, encoder_layers=2,
+                                       decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
+                                       tie_embeddings=False)).eval()
+    sources = ["abc", "hello", "two dogs", "xyz", "a man rides"]
+    picked = Counter(sum(greedy_decode(edited, [tok.encode(s) for s in sources]), []))
+    with torch.no_grad():
+        edited.lm_head.weight[13] = edited.lm_head.weight[picked.most_common(1)[0][0]] * 1.05
+    emitted = [tok.decode(ids).strip() for ids in greedy_decode(edited, [tok.encode(s) for s in sources])]
+    assert sum(text.count("\n") for text in emitted) >= 3  # inside the text, where strip() leaves them
+    d = tmp_path / "run"
+    export_safetensors(edited, d / "model.safetensors")
+    save_tokenizer_dir(tok, d / "tokenizer")
+    cfg = edited.config
+
+    def reference(src):
+        out = []
+        with torch.no_grad():
+            s = torch.tensor([src + [cfg.eos_id]])
+            while len(out) < min(len(src) + 50, cfg.context_length - 1):
+                logits = edited(s, torch.tensor([[cfg.bos_id, *out]]))[0, -1].float()
+                logits[[cfg.pad_id, cfg.bos_id, 13]] = float("-inf")
+                t = int(logits.argmax())
+                if t == cfg.eos_id:
+                    break
+                out.append(t)
+        return out
+
+    (tmp_path / "s.txt").write_text("".join(s + "\n" for s in sources))
+    for beam in ("1", "3"):
+        assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "s.txt", "--beam", beam, "--quiet") == 0
+        lines = capsys.readouterr().out.split("\n")[:-1]
+        assert len(lines) == len(sources), lines  # one line out for each line in
+        if beam == "1":
+            assert lines == [tok.decode(reference(tok.encode(s))).strip() for s in sources]
+    # the library: line_break_ids gives the banned_ids, checked
+    from lm.generate.seq2seq import line_break_ids
+
+    assert line_break_ids(tok) == [13]
+    src = [tok.encode(s) for s in sources]
+    assert greedy_decode(edited, src, banned_ids=[13]) == [reference(s) for s in src]
+    beams = beam_search(edited, src, beam_size=3, banned_ids=[13])
+    assert all(13 not in ids for ids in beams) and any(beams)
+    with pytest.raises(ValueError, match=r"banned_ids: holds <eos> \(2\)"):
+        translate(edited, src, banned_ids=[13, cfg.eos_id])
+    with pytest.raises(ValueError, match=r"banned_ids: id 259 is outside \[0, vocab_size=259\)"):
+        translate(edited, src, beam_size=2, banned_ids=[259])
+
+
+def test_line_break_ids_finds_every_token_holding_a_newline():
+    from lm.generate.seq2seq import line_break_ids
+    from lm.tokenizer import Tokenizer
+
+    vocab = {0: b"<pad>", 1: b"<eos>", **{i + 2: bytes([i]) for i in range(256)}, 258: b".\n", 259: b"\r\n",
+             260: b" \xe2\x80\xa8"}  # U+2028: no line end for read_parallel, sacrebleu or `lm translate --input`
+    tok = Tokenizer(vocab, [], ["<pad>", "<eos>"])
+    assert line_break_ids(tok) == [12, 258, 259]
+
+
+def test_lm_eval_with_every_reference_too_long_for_the_loss_still_gives_bleu(run, tmp_path, capsys):
+    """The first line said the pairs were left out of the loss, "not of BLEU and chrF"; the next was
+    `error: data: no target tokens to evaluate` (an argument that does not exist) and no BLEU. The
+    loss is now n/a (null in --json) and BLEU and chrF are given."""
+    from lm.evaluate import bleu_chrf
+
+    d, model, tok = run
+    sources, references = ["abc", "hello"], ["z" * 40, "y" * 35]
+    (tmp_path / "s.txt").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "t.txt").write_text("".join(t + "\n" for t in references))
+    args = ["eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt", "--beam", "1",
+            "--quiet"]
+    assert _lm(*args, "--json") == 0
+    captured = capsys.readouterr()
+    assert "2 of 2 references are longer than the context" in captured.err
+    r = json.loads(captured.out)
+    assert r["loss"] is None and r["perplexity"] is None and r["tokens"] == 0 and r["sentences"] == 2
+    want = bleu_chrf(_greedy_lines(model, tok, sources), references)
+    assert (r["bleu"], r["chrf"]) == (want["bleu"], want["chrf"])
+    assert _lm(*args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"loss n/a  perplexity n/a  BLEU {want['bleu']:.2f}  chrF {want['chrf']:.2f}"), first

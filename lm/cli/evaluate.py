@@ -24,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Evaluate a checkpoint on every token of a token file (from `lm tokenize`, with its sidecar) "
         "or of a UTF-8 text file, which is tokenized on the fly with the run's tokenizer; bits per byte count "
         "the bytes of the tokens scored. A translation model (--target) is scored pair by pair: the loss by "
-        "teacher forcing, BLEU and chrF of its translations; a source line longer than the context is "
-        "refused, as `lm translate` refuses it.",
+        "teacher forcing on the pairs as training reads them, BLEU and chrF of its translations of the "
+        "source lines as `lm translate` reads them (stripped of surrounding whitespace); a source line "
+        "longer than the context is refused, as `lm translate` refuses it.",
         examples=EXAMPLES,
     )
     add_checkpoint(p)
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, metavar="FILE",
                    help="translation models: the reference translations, one a line (plain or .gz); a pair "
                         "whose reference is longer than the context is translated and scored in BLEU and "
-                        "chrF but left out of the loss")
+                        "chrF but left out of the loss (n/a when every pair is)")
     p.add_argument("--beam", type=int, default=4, metavar="K", help="translation models: beam size for BLEU")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="windows (or sentence pairs) a forward pass")
@@ -168,10 +169,12 @@ def eval_translation(args: argparse.Namespace) -> int:
     import sys
 
     from lm.cli.common import load_model_and_tokenizer
+    from lm.cli.translate import decoding_fits, progress_bar
     from lm.data.pairs import read_parallel
     from lm.device import autocast, resolve_dtype
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate
+    from lm.generate.seq2seq import line_break_ids
     from lm.io import check_readable_file
 
     if args.beam < 1:
@@ -193,38 +196,50 @@ def eval_translation(args: argparse.Namespace) -> int:
     cfg = model.config
     if cfg.architecture != "encoder_decoder":
         raise ValueError(f"--target: {args.checkpoint!r} is a language model; evaluate it on --data alone")
-    src = [tok.encode(s) for s, _ in pairs]
+    # Translated: each source line as `lm translate` reads it, stripped. Scored by teacher forcing:
+    # each pair as training reads it (`lm tokenize --target`, lm.data.pairs: the whole line), so that
+    # the loss on a validation pair file's text is the loss training reports on it.
+    src = [tok.encode(s.strip()) for s, _ in pairs]
+    src_raw = [tok.encode(s) for s, _ in pairs]
     ref = [tok.encode(t) for _, t in pairs]
     fits = cfg.context_length - 1  # room for <eos> (source) and <bos> (target)
     for i, s in enumerate(src):  # it cannot be translated: scoring "" would lower BLEU without a word
         if len(s) > fits:
             raise ValueError(f"--data: line {i + 1} of {str(src_path)!r} has {len(s)} tokens, more than the "
                              f"model's context {fits}")
-    keep = [i for i in range(len(pairs)) if len(ref[i]) <= fits]
-    if len(keep) < len(pairs):
-        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} references are longer than the context "
+    keep = [i for i in range(len(pairs)) if len(ref[i]) <= fits and len(src_raw[i]) <= fits]
+    if len(keep) < len(pairs):  # a source too long only with its surrounding whitespace counts as a pair
+        what = "references are" if all(len(s) <= fits for s in src_raw) else "pairs are"
+        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} {what} longer than the context "
               f"({cfg.context_length} tokens): their pairs are left out of the loss, not of BLEU and chrF",
               file=sys.stderr)
     dtype = resolve_dtype(args.dtype, model.device)
     size = args.batch_size
-    with autocast(model.device, dtype):
-        batches = (collate_pairs([src[i] for i in keep[j : j + size]], [ref[i] for i in keep[j : j + size]],
-                                 pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, device=model.device)
-                   for j in range(0, len(keep), size))
-        result = evaluate_pairs(model, batches)
+    banned = line_break_ids(tok)  # as `lm translate`: one translation a line
+    with autocast(model.device, dtype), decoding_fits(args.beam, size):
+        result = {"loss": None, "perplexity": None, "tokens": 0}  # no pair fits: no loss, still BLEU
+        if keep:
+            result = evaluate_pairs(model, (
+                collate_pairs([src_raw[i] for i in keep[j : j + size]], [ref[i] for i in keep[j : j + size]],
+                              pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, device=model.device)
+                for j in range(0, len(keep), size)))
         order = sorted(range(len(src)), key=lambda i: len(src[i]))  # similar lengths decode together
         hyps = [""] * len(src)
-        for j in range(0, len(order), size):
-            rows = [i for i in order[j : j + size] if src[i]]  # an empty source: an empty translation
-            if rows:
-                for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=args.beam,
-                                                       vocab_size=tok.vocab_size)):
-                    hyps[i] = tok.decode(ids).strip()
+        with progress_bar(len(order), args.quiet) as bar:
+            for j in range(0, len(order), size):
+                rows = [i for i in order[j : j + size] if src[i]]  # an empty source: an empty translation
+                if rows:
+                    for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=args.beam,
+                                                           vocab_size=tok.vocab_size, banned_ids=banned)):
+                        hyps[i] = tok.decode(ids).strip()
+                bar.update(len(order[j : j + size]))
     result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=args.beam)
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"loss {result['loss']:.4f}  perplexity {result['perplexity']:.3f}  BLEU {result['bleu']:.2f}  "
-              f"chrF {result['chrf']:.2f}  ({len(pairs):,} sentences, beam {args.beam})")
+        loss = "n/a" if result["loss"] is None else f"{result['loss']:.4f}"
+        ppl = "n/a" if result["perplexity"] is None else f"{result['perplexity']:.3f}"
+        print(f"loss {loss}  perplexity {ppl}  BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
+              f"({len(pairs):,} sentences, beam {args.beam})")
         print(f"  {result['bleu_signature']}\n  {result['chrf_signature']}")
     return 0

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import re
 import sys
 import zlib
+from collections.abc import Iterator
 
 from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
 
@@ -22,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "translate",
         help="translate sentences with an encoder-decoder checkpoint",
         description="Translate sentences, one per line, with a model trained on parallel text (architecture "
-        "encoder_decoder). Prints one translation a line, in the input's order, as each batch is done. "
-        "Beam search ranks hypotheses by log-probability over GNMT's length penalty.",
+        "encoder_decoder). Prints one translation a line, in the input's order, as each batch is done (a "
+        "translation never holds a line break: tokens holding one are never chosen); a progress bar on a "
+        "terminal's stderr. Beam search ranks hypotheses by log-probability over GNMT's length penalty.",
         examples=EXAMPLES,
     )
     add_checkpoint(p)
@@ -48,6 +52,40 @@ def require_architecture(model, want: str, checkpoint: str) -> None:
     hint = "`lm translate`" if arch == "encoder_decoder" else "`lm sample`"
     kind = "a translation model (encoder_decoder)" if arch == "encoder_decoder" else "a language model (decoder_lm)"
     raise ValueError(f"--checkpoint: {checkpoint!r} is {kind}; use {hint}")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether torch's allocator failed: ``torch.OutOfMemoryError`` (a GPU), or the CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...")."""
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+@contextlib.contextmanager
+def decoding_fits(beam: int, batch_size: int) -> Iterator[None]:
+    """Within it, a batch that cannot fit in memory is one line naming ``--beam`` and
+    ``--batch-size`` and their values (README, "Errors"), not torch's traceback: the decoder's
+    cache holds ``batch_size × beam`` rows of keys and values."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not is_out_of_memory(e):
+            raise
+        size = re.search(r"[Tt]ried to allocate ([\d.]+ ?[A-Za-z]+)", str(e))
+        tried = f" (torch tried to allocate {size.group(1)})" if size else ""
+        raise ValueError(f"--beam/--batch-size: a batch of up to {batch_size} sentences at beam {beam} does not "
+                         f"fit in memory{tried}; lower --beam or --batch-size") from None
+
+
+def progress_bar(total: int, quiet: bool):
+    """A bar over ``total`` sentences on stderr, drawn only where stderr is a terminal (and not with
+    ``--quiet``), as every progress bar of the project decides."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit=" sentences", desc="translate", disable=True if quiet else None,
+                file=sys.stderr)
 
 
 def split_lines(text: str) -> list[str]:
@@ -89,9 +127,12 @@ def read_lines(args: argparse.Namespace) -> list[str]:
 
 @quiet_on_closed_pipe
 def cmd_translate(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import translate
+    from lm.generate.seq2seq import line_break_ids
 
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
@@ -109,8 +150,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
         if len(s) + 1 > cfg.context_length:
             raise ValueError(f"{where} {i + 1} has {len(s)} tokens, more than the model's context "
                              f"{cfg.context_length - 1}")
+    banned = line_break_ids(tok)  # one translation a line, whatever the model would emit
     out = sys.stdout
-    with autocast(model.device, dtype):
+    with autocast(model.device, dtype), progress_bar(len(sources), args.quiet) as bar, \
+            decoding_fits(args.beam, args.batch_size):
         for start in range(0, len(sources), args.batch_size):
             chunk = sources[start : start + args.batch_size]
             todo = [j for j, s in enumerate(chunk) if s]  # an empty line translates to an empty line
@@ -118,10 +161,12 @@ def cmd_translate(args: argparse.Namespace) -> int:
             if todo:
                 with as_flags(alpha="--alpha"):
                     done = translate(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
-                                     vocab_size=tok.vocab_size)  # a model's vocabulary may be larger
+                                     vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
+                                     banned_ids=banned)
                 for j, ids in zip(todo, done):
                     result[j] = ids
-            for ids in result:
-                out.write(tok.decode(ids).strip() + "\n")
-            out.flush()
+            with tqdm.external_write_mode(file=out):  # the bar steps aside when both share a terminal
+                out.write("".join(tok.decode(ids).strip() + "\n" for ids in result))
+                out.flush()
+            bar.update(len(chunk))
     return 0

@@ -5,7 +5,8 @@ The source is encoded once. The decoder keeps its self-attention keys and values
 step only, so each new target token costs one position of decoder compute. Like
 :func:`lm.generate.generate` the functions know nothing of text: ids in, ids out, without the
 ``<bos>`` that starts every target and without the ``<eos>`` that ends it; ``<pad>`` and
-``<bos>`` are never chosen.
+``<bos>`` are never chosen, nor the ``banned_ids`` a caller gives (:func:`line_break_ids`: a
+translation is one line of text, as every target in training was).
 
 Beam search follows Wu et al. (GNMT) as Vaswani et al. used it: hypotheses are ranked by
 ``log P(y) / lp(y)`` with ``lp(y) = ((5 + |y|) / 6) ** alpha`` (``|y|`` counts the tokens of
@@ -79,10 +80,33 @@ def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     return src
 
 
-def _never_pad_or_bos(logits: Tensor, cfg, vocab_size: int | None = None) -> Tensor:
-    """A target never holds ``<pad>`` or a second ``<bos>`` (as in fairseq), nor an id at or past
-    ``vocab_size`` (the tokenizer's, when the model's vocabulary is larger): their logits are -inf."""
-    logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+def line_break_ids(tokenizer) -> list[int]:
+    """The ids whose text holds a line break (``\\n``): the ``banned_ids`` of a translation.
+
+    A line of a parallel corpus never holds one (:func:`lm.data.pairs.read_parallel` splits at
+    ``\\n``), so no target in training did; a model that emits one anyway would break the one
+    translation a line of ``lm translate --input``. A byte-level BPE always has ``\\n`` among its
+    256 byte tokens, and may have merged tokens holding it."""
+    return sorted(i for i, text in tokenizer.vocab.items() if b"\n" in text)
+
+
+def _banned(model, banned_ids: Sequence[int] | None) -> Tensor:
+    """``<pad>``, ``<bos>`` and ``banned_ids``, checked, as one index on the model's device."""
+    cfg = model.config
+    banned = [int(i) for i in banned_ids or ()]
+    for i in banned:
+        if not 0 <= i < cfg.vocab_size:
+            raise ValueError(f"banned_ids: id {i} is outside [0, vocab_size={cfg.vocab_size})")
+        if i == cfg.eos_id:
+            raise ValueError(f"banned_ids: holds <eos> ({i}), which ends every target")
+    return torch.tensor(sorted({cfg.pad_id, cfg.bos_id, *banned}), dtype=torch.long, device=model.device)
+
+
+def _never_banned(logits: Tensor, banned: Tensor, vocab_size: int | None = None) -> Tensor:
+    """A target never holds ``<pad>``, a second ``<bos>`` (as in fairseq) or a banned id (see
+    :func:`_banned`), nor an id at or past ``vocab_size`` (the tokenizer's, when the model's
+    vocabulary is larger): their logits are -inf."""
+    logits[:, banned] = float("-inf")
     if vocab_size is not None and vocab_size < logits.shape[-1]:
         logits[:, vocab_size:] = float("-inf")
     return logits
@@ -117,9 +141,11 @@ def greedy_decode(
     max_extra: int = 50,
     on_token: Callable[[int, int], None] | None = None,
     vocab_size: int | None = None,
+    banned_ids: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Translate a batch of sources token by token: greedy (``temperature=0``) or sampled.
-    ``vocab_size`` (the tokenizer's size) limits the target to ids below it.
+    ``vocab_size`` (the tokenizer's size) limits the target to ids below it; ``banned_ids`` are
+    never chosen (:func:`line_break_ids`).
 
     ``use_cache=False`` re-runs the decoder over the whole prefix at every step (the reference
     the tests compare the cached loop with). Returns each row's tokens without ``<bos>``/``<eos>``.
@@ -130,6 +156,7 @@ def greedy_decode(
     cfg = model.config
     check_vocab_limit(vocab_size, cfg.vocab_size)
     src = _check(model, src_ids, max_extra)
+    banned = _banned(model, banned_ids)
     was_training = model.training
     model.eval()
     try:
@@ -147,7 +174,7 @@ def greedy_decode(
                     hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
                 else:
                     hidden = model.decode(prefix, memory, mask)
-                logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg, vocab_size)
+                logits = _never_banned(model.logits(hidden[:, -1]).float(), banned, vocab_size)
                 next_ids = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
                                              generator=generator)
                 keep = []
@@ -192,47 +219,52 @@ def beam_search(
     on_sentence: Callable[[int, list[int]], None] | None = None,
     stopping: str = "heuristic",
     vocab_size: int | None = None,
+    banned_ids: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """The best hypothesis of each source by ``log P / lp`` (see the module doc), batched.
 
     ``stopping`` says when a sentence is decided, once it has ``beam_size`` finished hypotheses:
     ``"exact"`` when no live hypothesis could beat the worst of them at any allowed length (its
     log-probability only falls, and ``lp`` is largest at the length limit), so a beam as large
-    as the search space finds the best sequence; ``"heuristic"`` (the default, as Hugging Face's
-    ``early_stopping=False``) when none beats it were it to end at the next token, which is
-    what fairseq and Hugging Face do and stops long before the limit.
+    as the search space finds the best sequence; ``"heuristic"`` (the default) when none beats it
+    were it to end at the next token, which stops long before the limit: Hugging Face's rule with
+    ``early_stopping=False``. (fairseq's ``SequenceGenerator`` compares no scores: it decides a
+    sentence as soon as it has ``beam_size`` finished hypotheses, or at the length limit, where it
+    forces ``<eos>``; here a hypothesis cut at the limit has none.)
 
     Every sentence keeps ``beam_size`` live hypotheses in one cache (``sentences × beam`` rows,
     reordered by :meth:`Seq2SeqCache.select` after each step). ``on_sentence(i, tokens)`` is called
     as soon as sentence ``i`` is decided. ``vocab_size`` (the tokenizer's size) limits the target
-    to ids below it.
+    to ids below it; ``banned_ids`` are never chosen (:func:`line_break_ids`).
     """
     _check_beam_size(beam_size)
     _check_beam_options(alpha, stopping)
     check_vocab_limit(vocab_size, model.config.vocab_size)
     src = _check(model, src_ids, max_extra)
+    banned = _banned(model, banned_ids)
     was_training = model.training
     model.eval()
     try:
         with model.trusted_ids():  # the sources were checked above; the decoder reads <bos> and its own ids
             return _beam_search(model, src, beam_size, alpha, max_extra, on_sentence, stopping == "exact",
-                                vocab_size)
+                                vocab_size, banned)
     finally:
         model.train(was_training)
 
 
 def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
-                 vocab_size: int | None) -> list[list[int]]:
+                 vocab_size: int | None, banned: Tensor) -> list[list[int]]:
     cfg = model.config
     dev = model.device
     ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, dev)
     memory = model.encode(ids, mask)
     n = len(src)
     limits = [max_target_length(model, len(s), max_extra) for s in src]
+    # the largest allocation first: a beam too large for memory fails here, at once
+    cache = model.new_cache(n * k, max_len=max(limits) + 1)
     # live hypotheses: sentence i owns rows [i*k, (i+1)*k); at the start only its first row is real
     rows = torch.arange(n, device=dev).repeat_interleave(k)
     memory, mask = memory[rows], mask[rows]
-    cache = model.new_cache(n * k, max_len=max(limits) + 1)
     scores = torch.full((n, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0
     tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
@@ -242,7 +274,7 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
     alive = list(range(n))  # the sentence of each block of k rows; a decided sentence leaves the batch
     for step in range(max(limits)):
         hidden = model.decode(step_ids, memory if step == 0 else None, mask, cache=cache)
-        logits = _never_pad_or_bos(model.logits(hidden[:, -1]).float(), cfg, vocab_size)
+        logits = _never_banned(model.logits(hidden[:, -1]).float(), banned, vocab_size)
         logp = torch.log_softmax(logits, dim=-1)
         logp = logp.view(len(alive), k, -1)
         vocab = logp.shape[-1]

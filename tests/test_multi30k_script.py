@@ -1,0 +1,145 @@
+"""scripts/multi30k.py: its arguments are checked before the budget is spent, and a failure after
+training keeps the trained run. A made-up Multi30k of a hundred short pairs and a tiny model."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = {"a": "ein", "dog": "Hund", "man": "Mann", "runs": "rennt", "sits": "sitzt", "red": "roter", "big": "großer",
+         "the": "der", "in": "im", "park": "Park", "snow": "Schnee", "two": "zwei", "cats": "Katzen"}
+TINY = ["--vocab-size", "300", "--d-model", "32", "--d-ff", "64", "--layers", "1", "--heads", "2",
+        "--batch-tokens", "256", "--warmup", "2", "--dtype", "float32", "--threads", "1"]
+
+
+def _pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        en = [rng.choice(list(WORDS)) for _ in range(rng.randint(2, 6))]
+        out.append((" ".join(en) + ".", " ".join(WORDS[w] for w in en) + "."))
+    return out
+
+
+def _write(path: Path, lines) -> Path:
+    data = "".join(line + "\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A --data folder holding multi30k/{train,val,test_2016_flickr}.{en,de}.gz."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "multi30k").mkdir()
+    for split, n in (("train", 100), ("val", 20), ("test_2016_flickr", 6)):
+        pairs = _pairs(n, seed=len(split))
+        _write(root / "multi30k" / f"{split}.en.gz", [s for s, _ in pairs])
+        _write(root / "multi30k" / f"{split}.de.gz", [t for _, t in pairs])
+    return root
+
+
+def _main(monkeypatch, *argv) -> int | str | None:
+    """The script's main() on ``argv``, in this process; its exit status (a message, for sys.exit(str))."""
+    spec = importlib.util.spec_from_file_location("multi30k_script", REPO / "scripts" / "multi30k.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", ["multi30k.py", *map(str, argv)])
+    try:
+        return script.main()
+    except SystemExit as e:
+        return e.code
+
+
+def _error(capsys) -> str:
+    """The one error line on stderr."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("multi30k.py: error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("fault", ["missing", "mismatched", "empty line"])
+def test_a_bad_test_pair_is_refused_before_training(data, tmp_path, monkeypatch, capsys, fault):
+    """--test was read only after the whole budget was spent on training, and the error (not naming
+    --test) then deleted the trained run with the rest of --out: a typo cost five minutes and the model."""
+    src = _write(tmp_path / "t.en", ["a dog runs.", "two cats sit."])
+    ref = _write(tmp_path / "t.de", ["ein Hund rennt.", "zwei Katzen sitzen."])
+    if fault == "missing":
+        src, why = tmp_path / "nope.en.gz", f"--test: {str(tmp_path / 'nope.en.gz')!r}: file not found"
+    elif fault == "mismatched":
+        _write(ref, ["ein Hund rennt."])
+        why = f"--test: mismatched line counts: {str(ref)!r} ends after line 1"
+    else:
+        _write(ref, ["ein Hund rennt.", ""])
+        why = f"--test: {str(ref)!r} line 2: empty line"
+    out = tmp_path / "out"
+    started = time.perf_counter()
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--test", src, ref, *TINY) == 2
+    assert _error(capsys).startswith(f"multi30k.py: error: {why}")
+    assert time.perf_counter() - started < 4 and not out.exists()  # nothing trained, nothing made
+
+
+def test_a_test_source_longer_than_the_context_is_refused_before_the_model_trains(data, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """It was found by `translate` after training ("source 0 has 201 tokens: ...", 0-based, no
+    argument named), and the run deleted. It is checked once the tokenizer can count its tokens."""
+    src = _write(tmp_path / "t.en", ["a dog runs.", " ".join(["two big red cats"] * 40)])
+    ref = _write(tmp_path / "t.de", ["ein Hund rennt.", "zwei Katzen."])
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--test", src, ref, *TINY) == 2
+    err = _error(capsys)
+    assert err.startswith(f"multi30k.py: error: --test: line 2 of {str(src)!r} has "), err
+    assert err.endswith("tokens, more than the model's context 127"), err
+    assert not (out / "run").exists()
+
+
+def test_a_budget_too_small_names_budget(data, tmp_path, monkeypatch, capsys):
+    """`--budget 1` said `config: train.max_time must be > 0, got -11.86`: a setting the user never
+    made. Now the error names --budget: up front when it cannot hold the final validation, else
+    once the tokenizer has taken its time, with the time left."""
+    test = [data / "multi30k" / "test_2016_flickr.en.gz", data / "multi30k" / "test_2016_flickr.de.gz"]
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 2, "--test", *test, *TINY) == 2
+    assert _error(capsys) == ("multi30k.py: error: --budget: must be more than the 3 s kept for the final "
+                              "validation, got 2")
+    import lm.tokenizer
+
+    real = lm.tokenizer.train_bpe
+
+    def slow(*args, **kwargs):  # a tokenizer that takes 2 of the 4.5 seconds
+        time.sleep(2.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm.tokenizer, "train_bpe", slow)
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 4.5, "--test", *test, *TINY) == 2
+    err = _error(capsys)
+    assert err.startswith("multi30k.py: error: --budget: 4.5 s leaves "), err
+    assert "s once the tokenizer and the pair files are made (" in err and err.endswith("raise --budget"), err
+    assert not out.exists()
+
+
+def test_a_failure_after_training_keeps_the_trained_run(data, tmp_path, monkeypatch, capsys):
+    """A failure while decoding the test set (here a beam that cannot fit in memory) came after the
+    budget was spent, and deleted the trained run with the rest of --out. The run stays, and the
+    error says where; --overwrite then replaces the output, and a run that succeeds lists its
+    test.hyp (one hypothesis a test line) and result.json."""
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 10**12, *TINY) == 2
+    assert _error(capsys) == (f"multi30k.py: error: --beam: decoding the test set at beam {10**12} does not fit in "
+                              f"memory; the trained run is kept in {str(out / 'run')!r}")
+    assert list((out / "run" / "checkpoints").glob("step_*.pt")) and (out / "tokenizer" / "vocab.json").is_file()
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 2, "--overwrite", *TINY) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1].startswith("BLEU ")
+    assert len((out / "test.hyp").read_text().split("\n")) == 6 + 1
+    assert json.loads((out / "result.json").read_text())["beam"] == 2
+    marker = json.loads((out / ".lm-output.json").read_text())
+    assert marker["complete"] and {"test.hyp", "result.json"} <= set(marker["files"])
