@@ -15,6 +15,7 @@ import lm.serve.engine as engine_module
 from lm.checkpoint import export_safetensors
 from lm.device import autocast
 from lm.generate import greedy_decode
+from lm.generate.seq2seq import line_break_ids
 from lm.model import Seq2SeqConfig, build_model
 from lm.serve import SamplingParams, create_app
 from lm.serve.engine import Request, choice_seed
@@ -260,3 +261,20 @@ def test_lm_serve_serves_a_translation_checkpoint_with_step_sizes(tmp_path):
     err = proc.stderr.read()
     assert "decode steps of 4 rows (2: a row's logits differ" in err and "attending over the whole context" in err
     assert "Traceback" not in err
+
+
+def test_banned_ids_are_never_chosen_as_in_greedy_decode():
+    """``lm serve`` bans the tokens holding a line break, as ``lm translate`` does (one translation
+    a line): the engine's ``banned_ids`` give greedy_decode's tokens with the same ban."""
+    model = _model()
+    src = [5, 9, 12, 7]
+    free = greedy_decode(model, [src])[0]
+    banned = sorted(set(free[:2]) - {model.config.eos_id})
+    want = greedy_decode(model, [src], banned_ids=banned)[0]
+    assert want != free and not set(want) & set(banned)
+    tokens, _ = _run(TranslationEngine(model, max_batch=4, banned_ids=banned), src,
+                     SamplingParams(max_tokens=31, temperature=0.0))
+    assert tokens == [want]
+    with pytest.raises(ValueError, match="banned_ids: holds <eos>"):
+        TranslationEngine(model, banned_ids=[model.config.eos_id])
+    assert 10 in line_break_ids(TOK)  # b"\n", banned by lm serve

@@ -109,6 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import resolve_dtype, set_threads
+    from lm.generate.seq2seq import line_break_ids
 
     try:
         import uvicorn
@@ -142,7 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     common = dict(max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype, vocab_size=tok.vocab_size,
                   compile=args.compile, step_sizes=args.step_sizes)
     if model.config.architecture == "encoder_decoder":  # a translation model: prompt in, translation out
-        engine = TranslationEngine(model, **common)
+        engine = TranslationEngine(model, banned_ids=line_break_ids(tok), **common)  # one line, as lm translate
     else:
         engine = Engine(model, eos_id=tok.eot_id, **common)
     top = max(engine.steps)  # the largest step: every slot, and idle rows where it is wider

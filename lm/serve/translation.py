@@ -23,14 +23,16 @@ from torch import Tensor
 
 from lm.device import autocast
 from lm.generate.kv_cache import KVCache
-from lm.generate.seq2seq import _batch, max_target_length
+from lm.generate.seq2seq import _banned, _batch, max_target_length
 from lm.generate.static import StaticSeq2SeqCache
 from lm.serve.engine import Engine, Request
 
 
 class TranslationEngine(Engine):
     """An :class:`Engine` for ``encoder_decoder`` models (see the module): the same arguments, and
-    a choice ends at the model's ``eos_id``."""
+    a choice ends at the model's ``eos_id``; ``banned_ids`` are never chosen, as in
+    :func:`lm.generate.greedy_decode` (``lm serve`` bans :func:`lm.generate.seq2seq.line_break_ids`,
+    as ``lm translate`` does: a translation is one line)."""
 
     architecture = "encoder_decoder"
     sends_eos = False  # <eos> ends a translation; it is not a token of the text
@@ -38,10 +40,11 @@ class TranslationEngine(Engine):
 
     def __init__(self, model, *, max_batch: int = 16, max_queue: int = 256, eos_id: int | None = None,
                  dtype: torch.dtype | None = None, vocab_size: int | None = None, compile: bool = False,
-                 step_sizes: list[int] | None = None):
+                 step_sizes: list[int] | None = None, banned_ids: list[int] | None = None):
         own = getattr(model.config, "eos_id", None)
         if eos_id not in (None, own):
             raise ValueError(f"eos_id: a translation ends at the model's <eos> ({own}), got {eos_id!r}")
+        self.banned = _banned(model, banned_ids)  # <pad>, <bos> and banned_ids (checked)
         super().__init__(model, max_batch=max_batch, max_queue=max_queue, eos_id=own, dtype=dtype,
                          vocab_size=vocab_size, compile=compile, step_sizes=step_sizes)
 
@@ -61,10 +64,10 @@ class TranslationEngine(Engine):
         return min(request.params.max_tokens, max_target_length(self.model, len(request.prompt_ids)))
 
     def _allowed(self, logits: Tensor) -> Tensor:
-        """A target never holds ``<pad>`` or a second ``<bos>`` (as :func:`lm.generate.greedy_decode`)."""
-        cfg = self.model.config
+        """A target never holds ``<pad>``, a second ``<bos>`` or a banned id (as
+        :func:`lm.generate.greedy_decode`)."""
         logits = logits[:self.vocab_size].float().clone()
-        logits[[cfg.pad_id, cfg.bos_id]] = float("-inf")
+        logits[self.banned] = float("-inf")
         return logits
 
     def _prefilled(self, prompt_ids: list[int]) -> tuple[Tensor, KVCache]:
