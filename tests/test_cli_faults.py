@@ -214,7 +214,8 @@ def test_one_process_per_run_folder_and_stale_locks(work, tmp_path):
         first.kill()
         first.wait()
     assert (work / "locked" / ".lock").exists()  # SIGKILL left it behind
-    r = lm("train", "--config", toml, "--resume", "--set", "train.max_steps=1", "--quiet", cwd=tmp_path)
+    reached = max(int(p.stem.removeprefix("step_")) for p in ckpt.glob("step_*.pt"))  # nothing left to train there
+    r = lm("train", "--config", toml, "--resume", "--set", f"train.max_steps={reached}", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, err_of(r)
     assert f"took over the lock of {str(work / 'locked')!r} from pid {first.pid}" in r.stdout.decode()
     assert not (work / "locked" / ".lock").exists()

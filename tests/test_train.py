@@ -2,6 +2,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -1103,3 +1104,90 @@ def test_the_cpu_peak_for_mfu_follows_the_autocast_dtype(monkeypatch):
     state = torch.get_rng_state()
     assert flops._measured_bfloat16_matmul_flops() > 0
     assert torch.equal(torch.get_rng_state(), state)  # the run's generator untouched: a resume stays exact
+
+
+# -- config and run-folder errors (audit "train", items 2, 5, 6) -----------------------------------
+
+
+def test_batch_tokens_of_a_decoder_lm_is_refused_naming_the_key(tmp_path):
+    """train.batch_tokens and eval.batch_tokens size encoder–decoder batches only: a decoder LM used to
+    accept them silently (and config.toml recorded them as if they were used)."""
+    for section, other in (("train", "train.batch_size"), ("eval", "eval.batch_size")):
+        raw = _raw_config(tmp_path, **{section: {"batch_tokens": 4096}})
+        with pytest.raises(ValueError) as e:
+            config_from_dict(raw)
+        assert str(e.value) == (f'config: {section}.batch_tokens applies to model.architecture = "encoder_decoder" '
+                                f"only; a decoder_lm model is batched by {other}")
+
+
+def test_several_missing_model_keys_are_listed_in_plain_words(tmp_path):
+    """Python's TypeError for missing arguments used to leave "is missing s: 'd_model', ...". """
+    raw = _raw_config(tmp_path)
+    raw["model"] = {"vocab_size": VOCAB, "context_length": 8}
+    with pytest.raises(ValueError) as e:
+        config_from_dict(raw)
+    assert str(e.value) == "config: [model] is missing 'd_model', 'num_layers' and 'num_heads'"
+    raw["model"] = {"vocab_size": VOCAB, "context_length": 8, "d_model": 32, "num_layers": 1}
+    with pytest.raises(ValueError) as e:
+        config_from_dict(raw)
+    assert str(e.value) == "config: [model] is missing 'num_heads'"
+
+
+def test_an_out_dir_that_cannot_be_made_or_written_names_train_out_dir(tmp_path, capsys, monkeypatch):
+    """The folder could not be made (here: under a regular file); the cleanup listed the folder that
+    was never made, and its FileNotFoundError (or NotADirectoryError) replaced the real error, naming
+    no key. A folder whose lock file cannot be written (a read-only folder) gave a bare OSError."""
+    from lm.train.run_dir import RunLock
+
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    (tmp_path / "afile").write_text("not a folder\n")
+    under_file = tmp_path / "afile" / "run"
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={under_file}"], capsys)
+    assert rc == 2 and err == f"lm train: error: train.out_dir: cannot create {str(under_file)!r}: not a directory\n"
+
+    def read_only(self, say=print):
+        raise PermissionError(13, "Permission denied", str(self.path))
+
+    monkeypatch.setattr(RunLock, "acquire", read_only)
+    ro = tmp_path / "ro"
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={ro}"], capsys)
+    assert rc == 2 and err == (f"lm train: error: train.out_dir: cannot write in {str(ro)!r}: permission denied "
+                               f"({str(ro / '.lock')!r})\n"), err
+    assert not ro.exists()  # the folder it made is removed again
+
+
+def _setpriv_drops_root_permissions(folder: Path) -> bool:
+    """Whether `setpriv` can run a process whose root user no longer overrides file permissions."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return False
+    probe = folder / "probe"
+    probe.mkdir(mode=0o555)
+    try:
+        done = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--", "mkdir", str(probe / "x")],
+                              capture_output=True, text=True)  # fmt: skip
+        return done.returncode != 0 and "Permission denied" in done.stderr
+    finally:
+        probe.chmod(0o755)
+        shutil.rmtree(probe)
+
+
+def test_a_read_only_parent_of_out_dir_is_one_line_naming_it(tmp_path):
+    """The audit's case with real permissions: `mkdir` of out_dir in a read-only folder (root
+    ignores permissions, so the process drops its capabilities first; skipped where it cannot)."""
+    if not _setpriv_drops_root_permissions(tmp_path):
+        pytest.skip("needs root and setpriv to make a permission error as root")
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    try:
+        for out, what in ((ro / "run", "cannot create"), (ro, "cannot write in")):
+            done = subprocess.run([*drop, sys.executable, "-m", "lm", "train", "--config", str(good), "--set",
+                                   f"train.out_dir={out}"], capture_output=True, text=True, env=env, timeout=300)
+            assert done.returncode == 2, done.stderr
+            assert done.stderr.startswith(f"lm train: error: train.out_dir: {what} {str(out)!r}: permission denied"), \
+                done.stderr
+            assert done.stderr.count("\n") == 1, done.stderr
+    finally:
+        ro.chmod(0o755)

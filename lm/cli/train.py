@@ -72,6 +72,7 @@ def run_train(args: argparse.Namespace) -> int:
     from lm.device import set_threads
     from lm.io import check_readable_file
     from lm.train import Trainer, TrainingDiverged, load_config
+    from lm.train.trainer import PeerStopped
 
     set_threads(args.threads)
     overrides = list(args.overrides)
@@ -84,6 +85,9 @@ def run_train(args: argparse.Namespace) -> int:
     except TrainingDiverged as e:
         print(f"lm train: error: {e}", file=sys.stderr)
         return 3
+    except PeerStopped as e:  # under torchrun: the process that failed says why; this one, where it stopped
+        print(f"lm train: error: {e}", file=sys.stderr)
+        return 1
 
 
 def run_plot(args: argparse.Namespace) -> int:

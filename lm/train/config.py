@@ -14,6 +14,7 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,10 +153,14 @@ def _may_change(key: str) -> bool:
     return key in RESUME_MAY_CHANGE or f"{key.split('.')[0]}.*" in RESUME_MAY_CHANGE
 
 
-def resume_changes(saved: dict[str, Any], cfg: Config, checkpoint: str) -> dict[str, tuple[Any, Any]]:
+def resume_changes(saved: dict[str, Any], cfg: Config, checkpoint: str,
+                   same: Callable[[str, Any, Any], bool] | None = None) -> dict[str, tuple[Any, Any]]:
     """The settings that differ between a checkpoint's config ``saved`` and ``cfg``, as
     ``{key: (saved value, new value)}``; a ValueError naming the first that ``--resume`` may not
-    change (see :data:`RESUME_MAY_CHANGE`). Keys a checkpoint does not record are not compared."""
+    change (see :data:`RESUME_MAY_CHANGE`). Keys a checkpoint does not record are not compared.
+
+    ``same(key, saved value, new value)`` may accept a value that is spelled differently but
+    means the same (a data file by another path): such a change is returned, not refused."""
     changes = {}
     for section, values in cfg.to_dict().items():
         old_values = saved.get(section)
@@ -165,7 +170,7 @@ def resume_changes(saved: dict[str, Any], cfg: Config, checkpoint: str) -> dict[
             key = f"{section}.{name}"
             if name not in old_values or old_values[name] == new:
                 continue
-            if not _may_change(key):
+            if not _may_change(key) and not (same is not None and same(key, old_values[name], new)):
                 raise ValueError(
                     f"--resume: {key} is {old_values[name]!r} in {checkpoint} but {new!r} in the config; a resumed "
                     f"run keeps what shapes its training (it may change only {', '.join(RESUME_MAY_CHANGE)})"
@@ -222,13 +227,19 @@ def _build(section: str, cls: type, values: dict[str, Any], arch: str | None = N
     for s, k in _REQUIRED:
         if s == section and k not in kwargs:
             raise ValueError(f"config: missing required key {s}.{k}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:  # required fields without a default: named here, not in TypeError's grammar
+        raise ValueError(f"config: [{section}] is missing {_and([repr(m) for m in missing])}")
     try:
         return cls(**kwargs)
-    except TypeError as e:  # a required dataclass field without a default
-        missing = str(e).split("argument")[-1].strip(": ")
-        raise ValueError(f"config: [{section}] is missing {missing}") from None
     except ValueError as e:
         raise ValueError(f"config: [{section}] {e}") from None
+
+
+def _and(items: list[str]) -> str:
+    """``'a'``, ``'a' and 'b'``, ``'a', 'b' and 'c'``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
@@ -354,6 +365,12 @@ def _check_values(cfg: Config) -> None:
     positive("eval.batch_tokens", cfg.eval.batch_tokens)
     if cfg.model.architecture == "encoder_decoder" and t.batch_tokens is None:
         raise ValueError("config: an encoder_decoder model trains on batches of sentence pairs: set train.batch_tokens")
+    if cfg.model.architecture != "encoder_decoder":  # token windows: batch_size rows, never a token budget
+        for key, value, instead in (("train.batch_tokens", t.batch_tokens, "train.batch_size"),
+                                    ("eval.batch_tokens", cfg.eval.batch_tokens, "eval.batch_size")):
+            if value is not None:
+                raise ValueError(f'config: {key} applies to model.architecture = "encoder_decoder" only; '
+                                 f"a {cfg.model.architecture} model is batched by {instead}")
     if o.schedule == "inverse_sqrt" and o.warmup_iters < 1:
         raise ValueError(f"config: optim.schedule = inverse_sqrt needs optim.warmup_iters >= 1, got {o.warmup_iters}")
     check_choice("config: train.dtype", t.dtype, ("auto", "float32", "bfloat16"))

@@ -8,8 +8,10 @@ written: config → token files (checked) → model and optimizer → the checkp
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -42,6 +44,7 @@ from lm.optim import (
 )
 from lm.tokenizer import check_tokenizer_checksum
 from lm.train.config import Config, resume_changes
+from lm.train.data_identity import data_fingerprint, same_data_file
 from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
 from lm.train.flops import peak_flops
@@ -52,9 +55,43 @@ from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside_met
 # Under DDP, the steps between two agreements on signals and the time (see Trainer._agree).
 POLL_STEPS = 10
 
+# The model's buffers (RoPE and position tables) are constants, the same on every rank: nothing to
+# broadcast before each forward. torch 2.13 deprecates broadcast_buffers (a FutureWarning per rank)
+# for forward_sync_buffers, which still syncs the buffers once when DDP wraps the model (a copy of
+# the same values); older torch has broadcast_buffers alone.
+NO_BUFFER_SYNC_PER_FORWARD = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
+
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite."""
+
+
+class PeerStopped(RuntimeError):
+    """Under DDP, a collective failed because another process of the run stopped (crashed or was killed)."""
+
+
+# gloo's words when the process at the other end of a connection is gone (a plain RuntimeError)
+_GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def peer_stopped(error: BaseException) -> str | None:
+    """What to tell the user when ``error``, raised in a run of several processes, says that another
+    of them is gone: gloo's lost connection, or one of torch.distributed's own errors (nccl's among
+    them); None for any other error, which keeps its traceback."""
+    text = str(error).strip()
+    if isinstance(error, RuntimeError) and "gloo" in text:
+        gone = next((words for words in _GLOO_PEER_GONE if words in text), None)
+        if gone is not None:
+            return f"another process of the run stopped (gloo: {gone.lower()})"
+    dist_error = getattr(torch.distributed, "DistError", None)  # torch >= 2.1 names them
+    if dist_error is not None and isinstance(error, dist_error):
+        first = text.splitlines()[0][:200] if text else ""
+        return f"another process of the run stopped or cannot be reached ({type(error).__name__}: {first})"
+    return None
 
 
 # what a run keeps of data.tokenizer in RUN_DIR/tokenizer/ (what lm sample, serve and eval load)
@@ -116,6 +153,9 @@ class Trainer:
                                      argument="data.val", what=f"the tokenizer of {cfg.data.val!r}",
                                      against=f"data.train {cfg.data.train!r}")
         self.tokenizer_sha256 = self.train_data.tokenizer_sha256
+        # recorded in checkpoints: --resume accepts these files by another path, or moved
+        self._data_fingerprints = {key: data_fingerprint(data.path, data.meta) for key, data in
+                                   (("data.train", self.train_data), ("data.val", self.val_data)) if data is not None}
         if cfg.data.tokenizer:
             self._check_tokenizer(cfg.data.tokenizer)
         if cfg.model.architecture == "encoder_decoder":
@@ -162,20 +202,25 @@ class Trainer:
         """The run folder: locked first (rank 0), then checked, then (if resuming) read. On a
         failure the lock is released and a folder this run made (still empty) is removed."""
         self._lock = RunLock(self.run_dir)
-        self._made_dir = made_dir = not self.run_dir.exists()
-        self._held_run = not made_dir and holds_run(self.run_dir)  # else all in it is this run's doing
+        with _out_dir_error(self.run_dir, "cannot read"):
+            self._made_dir = made_dir = not self.run_dir.exists()
+            self._held_run = not made_dir and holds_run(self.run_dir)  # else all in it is this run's doing
         try:
             if self.dist.is_main:
-                check_run_folder(self.run_dir)
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                self._lock.acquire(self._print)
+                with _out_dir_error(self.run_dir, "cannot read"):
+                    check_run_folder(self.run_dir)
+                with _out_dir_error(self.run_dir, "cannot create"):
+                    self.run_dir.mkdir(parents=True, exist_ok=True)
+                with _out_dir_error(self.run_dir, "cannot write in"):
+                    self._lock.acquire(self._print)
             self._open_run(resume)
             if self.dist.is_main:  # the lock is ours: no other lm train is writing in this folder
                 for tmp in self.ckpts.remove_partial_writes():
                     self._log(f"removed {tmp}, a checkpoint left half-written by a killed run", always=True)
         except BaseException:
             self._lock.release()
-            if made_dir and self.dist.is_main and not any(self.run_dir.iterdir()):
+            # a folder that could not be made is not there to list: the error is the one raised
+            if made_dir and self.dist.is_main and self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
                 self.run_dir.rmdir()
             raise
 
@@ -185,9 +230,8 @@ class Trainer:
         self.train_model: torch.nn.Module = self.model
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            # the model's buffers (RoPE and position tables) are constants: nothing to broadcast per forward
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids,
-                                                                         broadcast_buffers=False)
+                                                                         **NO_BUFFER_SYNC_PER_FORWARD)
             if t.deterministic:
                 deterministic_ddp(self.train_model, self.dist.world_size)
         if t.compile:
@@ -293,9 +337,23 @@ class Trainer:
         try:
             return read_checkpoint(path)
         except ValueError as e:
-            older = [s for s in self.ckpts.steps() if self.ckpts.step_path(s) != path]
-            hint = f"; resume from step {older[-1]} with --resume {self.ckpts.step_path(older[-1])}" if older else ""
-            raise ValueError(f"--resume: {e}{hint}") from None
+            raise ValueError(f"--resume: {e}{self._unreadable_hint(path)}") from None
+
+    def _unreadable_hint(self, path: Path) -> str:
+        """What to do when the run's latest checkpoint cannot be read: move it to a name that is no
+        checkpoint's and resume again, from the checkpoint before it (an older checkpoint of the run
+        cannot be resumed while a later one is there: see _open_run)."""
+        latest = self.ckpts.latest()
+        if latest is None or not path.is_file() or path.resolve() != latest.resolve():
+            return ""
+        aside, n = latest.with_name(f"{latest.name}.unreadable"), 1
+        while aside.exists():
+            aside, n = latest.with_name(f"{latest.name}.unreadable{n}"), n + 1
+        older = self.ckpts.steps()[:-1]
+        then = (f"it continues from step {older[-1]}" if older
+                else "with no older checkpoint, the run starts again from step 0")
+        return (f"; move it aside (mv {shlex.quote(str(latest))} {shlex.quote(str(aside))}) and run again with "
+                f"--resume alone: {then}")
 
     def _load(self, path: Path, state: dict[str, Any] | None = None) -> None:
         if state is None:
@@ -308,7 +366,8 @@ class Trainer:
                 if saved_model.get(k) != v
             )
             raise ValueError(f"--resume: {str(path)!r} is another model: {diff}")
-        self._config_changes = resume_changes(state.get("config") or {}, self.cfg, repr(str(path)))
+        self._config_changes = resume_changes(state.get("config") or {}, self.cfg, repr(str(path)),
+                                              same=self._same_data(state))
         check_state_dict_fits(self.model, state["model"], repr(str(path)))
         check_tokenizer_checksum(self.tokenizer_sha256, state.get("tokenizer_sha256", ""), argument="--resume",
                                  what=f"the tokenizer of data.train {self.cfg.data.train!r}",
@@ -316,6 +375,8 @@ class Trainer:
         for key in ("optimizer", "rng", "data", "schedule"):
             if key not in state:
                 raise ValueError(f"--resume: {str(path)!r} holds no {key} state; it is not a training checkpoint")
+        self._check_world_size(state, path)
+        self._check_max_steps(state, path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_data.load_state_dict(state["data"])
@@ -326,6 +387,43 @@ class Trainer:
         self.best_val_loss = float(state.get("best_val_loss", math.inf))
         self._last_eval = int(state.get("last_eval_step", -1))
         self._resumed_from = path
+
+    def _same_data(self, state: dict[str, Any]) -> Callable[[str, Any, Any], bool]:
+        """For :func:`resume_changes`: whether data.train or data.val, named by another path than the
+        checkpoint's, is the same file, or one with the fingerprint the checkpoint recorded (moved)."""
+        saved = state.get("data_files") or {}
+
+        def same(key: str, old: Any, new: Any) -> bool:
+            if key not in self._data_fingerprints or not isinstance(old, str):
+                return False
+            return same_data_file(old, new, saved.get(key), self._data_fingerprints[key])
+
+        return same
+
+    def _check_world_size(self, state: dict[str, Any], path: Path) -> None:
+        """The processes of the checkpoint's run: another number would change the global batch (each
+        process draws its own rows) and the validation batches. Older checkpoints do not say."""
+        saved, world = state.get("world_size"), self.dist.world_size
+        if saved is None or int(saved) == world:
+            return
+        saved = int(saved)
+        t, m = self.cfg.train, self.cfg.model
+        per_rank = (t.batch_tokens if m.architecture == "encoder_decoder" else t.batch_size * m.context_length)
+        per_rank *= t.grad_accum_steps
+
+        def processes(n: int) -> str:
+            return f"{n} process{'es' if n != 1 else ''} ({per_rank * n:,} tokens per step)"
+
+        how = "in one process (without torchrun)" if saved == 1 else f"with torchrun --nproc_per_node {saved}"
+        raise ValueError(f"--resume: {str(path)!r} was trained by {processes(saved)} but this run has "
+                         f"{processes(world)}; a resumed run keeps its global batch: resume it {how}")
+
+    def _check_max_steps(self, state: dict[str, Any], path: Path) -> None:
+        """A budget below the checkpoint's step cannot be met (a run does not go back)."""
+        step, max_steps = int(state["iteration"]), self.cfg.train.max_steps
+        if max_steps is not None and max_steps < step:
+            raise ValueError(f"--resume: train.max_steps {max_steps} is below the step of {str(path)!r}, {step}; "
+                             f"set train.max_steps to {step} or more (at {step} there is nothing left to train)")
 
     def _check_tokenizer(self, directory: str) -> None:
         """The tokenizer copied into the run must be the one that wrote the token files."""
@@ -561,6 +659,8 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "best_val_loss": self.best_val_loss,
             "last_eval_step": self._last_eval,
+            "world_size": self.dist.world_size,
+            "data_files": self._data_fingerprints,
         }
 
     def save_checkpoint(self) -> Path | None:
@@ -592,18 +692,30 @@ class Trainer:
             self.dist.barrier()
             return status
         except CheckpointWriteError as e:
-            latest = self.ckpts.latest()
-            kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
-            raise CheckpointWriteError(f"{e}; {kept}") from None
+            raise CheckpointWriteError(f"{e}; {self._last_good_checkpoint()}") from None
+        except Exception as e:
+            reason = peer_stopped(e) if self.dist.enabled else None
+            if reason is None:
+                raise
+            with contextlib.suppress(Exception):  # the checkpoint being written, if any, was good: keep it
+                self._writer.wait()
+            then = "; --resume continues from it" if self.ckpts.latest() else ""
+            raise PeerStopped(f"{reason}; {self._last_good_checkpoint()}{then}") from e
         finally:
             with contextlib.suppress(Exception):  # an error on the way out: still finish the file being written
                 self._writer.wait()
-            for s, h in handlers.items():
-                signal.signal(s, h)
             if self.metrics is not None:
                 self.metrics.close()
             self._lock.release()
             shutdown_distributed()
+            # last: under torchrun a SIGTERM follows the failure of another process, and the default
+            # handler would end this one before it says why
+            for s, h in handlers.items():
+                signal.signal(s, h)
+
+    def _last_good_checkpoint(self) -> str:
+        latest = self.ckpts.latest()
+        return f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._signal is not None:  # a second signal: stop now, without a checkpoint
@@ -748,6 +860,11 @@ class Trainer:
         """The end of the budget: a last evaluation and checkpoint if this step has none, and the
         exported weights (unless a resume at the budget's end found them exported already)."""
         cfg = self.cfg
+        if not trained:  # resumed at the end of its budget
+            t = cfg.train
+            limit = (f"train.max_steps {t.max_steps}" if t.max_steps is not None and self.step >= t.max_steps
+                     else f"train.max_time {t.max_time:g} s")
+            self._log(f"nothing left to train: step {self.step} has reached {limit}", always=True)
         if self.val_data is not None and not evaluated and cfg.eval.interval:
             self._run_eval()
         if not saved:
@@ -779,9 +896,8 @@ class Trainer:
     def _diverged(self, what: str) -> TrainingDiverged:
         with contextlib.suppress(Exception):  # the checkpoint being written, if any, was good: keep it
             self._writer.wait()
-        latest = self.ckpts.latest()
-        kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
-        return TrainingDiverged(f"{what}; {kept}. Lower optim.max_lr, raise optim.warmup_iters or set optim.grad_clip")
+        return TrainingDiverged(f"{what}; {self._last_good_checkpoint()}. Lower optim.max_lr, raise "
+                                "optim.warmup_iters or set optim.grad_clip")
 
     def _report_train(self, loss: float, lr: float, norm: float | None, tok_s: float | None, mfu: float | None,
                       step_s: float | None):
@@ -855,6 +971,19 @@ def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> An
         if not Path(path).is_absolute() and not Path(path).exists():
             message += f" (a config's paths are read from the working directory, {os.getcwd()!r})"
         raise ValueError(message) from None
+
+
+@contextlib.contextmanager
+def _out_dir_error(run_dir: Path, what: str):
+    """An OSError on the run folder as one line naming train.out_dir, the folder, the reason, and
+    the file it was about when that is another (a parent being made, the lock)."""
+    try:
+        yield
+    except OSError as e:
+        reason = e.strerror or str(e)
+        reason = reason[:1].lower() + reason[1:]
+        about = f" ({str(e.filename)!r})" if e.filename and Path(e.filename) != run_dir else ""
+        raise ValueError(f"train.out_dir: {what} {str(run_dir)!r}: {reason}{about}") from None
 
 
 class _Due(NamedTuple):

@@ -1,0 +1,162 @@
+"""What `--resume` accepts and refuses (audit "train", items 1, 3, 7 and 10): another number of
+processes, a budget below the checkpoint's step, the same data file by another path, and the way
+out of an unreadable latest checkpoint."""
+
+import shlex
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from test_train import VOCAB, _cli, _quiet, _raw_config, _snapshot, _write_toml
+
+from lm.checkpoint import read_checkpoint
+from lm.checkpoint.io import write_checkpoint
+from lm.cli import main
+from lm.data import write_token_file
+from lm.train import Trainer, config_from_dict, load_config, read_metrics
+from lm.train.distributed import Dist
+
+
+def _processes(monkeypatch, world_size: int) -> None:
+    """The next Trainers see ``world_size`` processes (this one is rank 0); nothing here trains
+    under more than one, so no process group is needed: the refusals come first."""
+    import lm.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "init_distributed",
+                        lambda device: (Dist(0, 0, world_size), torch.device("cpu")))  # fmt: skip
+
+
+def _rewrite(path, **changes) -> None:
+    """The checkpoint at ``path`` with some of its entries changed (None: removed), as an older or
+    other lm would have written it."""
+    state = read_checkpoint(path)
+    for key, value in changes.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    state.pop("format"), state.pop("version")
+    write_checkpoint(state, path)
+
+
+def test_resume_with_another_number_of_processes_is_refused(tmp_path, monkeypatch):
+    """Each process draws its own rows, so 2 processes resuming a 1-process run doubled the global
+    batch (and changed the validation batches) with no word said."""
+    raw = _raw_config(tmp_path, train={"max_steps": 4})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000004.pt"
+    assert read_checkpoint(ckpt)["world_size"] == 1
+    before = _snapshot(tmp_path / "run")
+    raw["train"]["max_steps"] = 8
+    _processes(monkeypatch, 2)
+    with pytest.raises(ValueError) as e:
+        Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
+    assert str(e.value) == (f"--resume: {str(ckpt)!r} was trained by 1 process (64 tokens per step) but this run has "
+                            "2 processes (128 tokens per step); a resumed run keeps its global batch: resume it in one "
+                            "process (without torchrun)")
+    assert _snapshot(tmp_path / "run") == before
+    _processes(monkeypatch, 1)
+    _rewrite(ckpt, world_size=2)  # the other way round
+    with pytest.raises(ValueError, match=r"was trained by 2 processes \(128 tokens per step\) but this run has 1 "
+                                         r"process \(64 tokens per step\); .* resume it with torchrun "
+                                         r"--nproc_per_node 2$"):
+        Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
+    _rewrite(ckpt, world_size=None)  # a checkpoint from before the field: accepted as it always was
+    trainer = Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
+    assert trainer.step == 4 and trainer.run() == 0
+
+
+def test_resume_with_max_steps_below_the_checkpoint_is_refused(tmp_path, capsys):
+    """It used to exit 0 saying nothing, and config.toml then said max_steps = 3 for a run at step 10."""
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 10}))
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+    before = _snapshot(tmp_path)
+    rc, err = _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=3"], capsys)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000010.pt"
+    assert rc == 2 and err == (f"lm train: error: --resume: train.max_steps 3 is below the step of {str(ckpt)!r}, 10; "
+                               "set train.max_steps to 10 or more (at 10 there is nothing left to train)\n"), err
+    assert _snapshot(tmp_path) == before
+    assert load_config(tmp_path / "run" / "config.toml").train.max_steps == 10
+    # the checkpoint's own step: nothing to do, and it says so
+    assert main(["train", "--config", str(good), "--resume", "--quiet"]) == 0
+    assert "nothing left to train: step 10 has reached train.max_steps 10" in capsys.readouterr().out
+
+
+def test_the_same_data_by_another_path_or_moved_resumes_and_other_data_is_refused(tmp_path, capsys, monkeypatch):
+    """data.train was compared as a string: `./train.bin` for `train.bin`, an absolute path for a
+    relative one, or the file moved to another folder, could never resume. The same file (or a file
+    with the fingerprint the checkpoint recorded) resumes, and the new path is recorded."""
+    monkeypatch.chdir(tmp_path)
+    raw = _raw_config(tmp_path, train={"max_steps": 4, "out_dir": "run"})
+    raw["data"] = {"train": "train.bin", "val": "val.bin"}
+    good = _write_toml(tmp_path / "good.toml", raw)
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+
+    def resume(train: str, val: str = "val.bin", steps: int = 4) -> tuple[int, str]:
+        return _cli(["train", "--config", str(good), "--resume", "--quiet", "--set", f"data.train={train}",
+                     "--set", f"data.val={val}", "--set", f"train.max_steps={steps}"], capsys)
+
+    assert resume("./train.bin") == (0, "")
+    assert resume(str(tmp_path / "train.bin"), str(tmp_path / "val.bin"), 5) == (0, "")
+    (tmp_path / "moved").mkdir()
+    for name in ("train.bin", "train.bin.json"):
+        shutil.move(tmp_path / name, tmp_path / "moved" / name)
+    assert resume("moved/train.bin", steps=6) == (0, "")
+    changed = [r["changed"] for r in read_metrics(tmp_path / "run") if r["split"] == "config"]
+    assert changed[0] == {"data.train": {"was": "train.bin", "now": "./train.bin"}}
+    assert changed[1]["data.train"] == {"was": "train.bin", "now": str(tmp_path / "train.bin")}
+    assert changed[1]["data.val"] == {"was": "val.bin", "now": str(tmp_path / "val.bin")}
+    assert changed[2]["data.train"] == {"was": str(tmp_path / "train.bin"), "now": "moved/train.bin"}
+    assert load_config(tmp_path / "run" / "config.toml").data.train == "moved/train.bin"
+
+    # other data: another file, or one of the same size, sidecar and tokenizer with other ids
+    n = len(np.fromfile(tmp_path / "moved" / "train.bin", dtype=np.uint16))
+    other = tmp_path / "other.bin"
+    write_token_file(other, np.random.default_rng(1).integers(0, VOCAB, n), vocab_size=VOCAB, source_bytes=3 * n,
+                     tokenizer_sha256="abc")  # fmt: skip
+    before = _snapshot(tmp_path / "run")
+    for data in ("val.bin", str(other)):
+        rc, err = resume(data, steps=7)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert "--resume: data.train is 'moved/train.bin' in " in err and f"but {data!r} in the config" in err, err
+    assert _snapshot(tmp_path / "run") == before
+
+
+def test_the_hint_for_an_unreadable_latest_checkpoint_works(tmp_path, capsys):
+    """The hint used to be `--resume RUN/checkpoints/step_10.pt`, which is then refused (older than
+    the latest checkpoint of the run). Now it says to move the file aside: doing exactly that and
+    running --resume again continues from the checkpoint before it."""
+    raw = _raw_config(tmp_path, train={"max_steps": 15}, checkpoint={"interval": 5, "keep_last": 3})
+    good = _write_toml(tmp_path / "good.toml", raw)
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+    ckpts = tmp_path / "run" / "checkpoints"
+    latest = ckpts / "step_00000015.pt"
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
+    rc, err = _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=20"], capsys)
+    assert rc == 2 and err.count("\n") == 1, err
+    aside = ckpts / "step_00000015.pt.unreadable"
+    move = f"mv {latest} {aside}"
+    assert err.startswith(f"lm train: error: --resume: {str(latest)!r} is not a readable checkpoint (truncated or "
+                          "corrupt?)"), err
+    assert err.endswith(f"; move it aside ({move}) and run again with --resume alone: it continues from step 10\n"), err
+    subprocess.run(shlex.split(err.split("move it aside (")[1].split(")")[0]), check=True)
+    assert aside.is_file() and not latest.exists()
+    assert main(["train", "--config", str(good), "--resume", "--set", "train.max_steps=20", "--quiet"]) == 0
+    assert f"resumed from {ckpts / 'step_00000010.pt'} at step 10" in capsys.readouterr().out
+    assert read_checkpoint(ckpts / "step_00000020.pt")["iteration"] == 20
+    assert aside.is_file()  # kept, for whoever wants to look at it; never taken for a checkpoint
+    steps = [r["step"] for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert steps == list(range(1, 21))  # the steps after 10 were logged once, by the resumed run
+    # with no older checkpoint, the way out starts the run again from step 0
+    latest = ckpts / "step_00000020.pt"
+    for step in (10, 15):
+        (ckpts / f"step_{step:08d}.pt").unlink()
+    latest.write_bytes(b"garbage")
+    rc, err = _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=20"], capsys)
+    assert rc == 2 and err.endswith("--resume alone: with no older checkpoint, the run starts again from step 0\n")
+    subprocess.run(shlex.split(err.split("move it aside (")[1].split(")")[0]), check=True)
+    assert main(["train", "--config", str(good), "--resume", "--set", "train.max_steps=20", "--quiet"]) == 0
+    assert "starting again from step 0" in capsys.readouterr().out
+    assert read_checkpoint(ckpts / "step_00000020.pt")["iteration"] == 20
