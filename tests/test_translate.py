@@ -545,3 +545,41 @@ def test_lm_eval_with_every_reference_too_long_for_the_loss_still_gives_bleu(run
     assert _lm(*args) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(f"loss n/a  perplexity n/a  BLEU {want['bleu']:.2f}  chrF {want['chrf']:.2f}"), first
+
+
+def test_logits_that_are_not_finite_are_an_error_greedy_beam_and_lm_translate(run, tmp_path, capsys):
+    """A model whose logits overflow (NaN or inf) had translated into text that means nothing
+    (greedy: argmax of NaN logits; beam search: NaN scores ranked first by topk), exit 0. Now the
+    decoders raise NonFiniteLogitsError (read with the tokens, no other read), and lm translate
+    and lm eval --target say it in one line naming --checkpoint."""
+    from lm.checkpoint import export_safetensors
+    from lm.generate import NonFiniteLogitsError
+    from lm.tokenizer import save_tokenizer_dir
+
+    torch.manual_seed(0)
+    model = build_model(Seq2SeqConfig(vocab_size=40, context_length=32, d_model=32, encoder_layers=2,
+                                      decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
+                                      tie_embeddings=False)).eval()
+    with torch.no_grad():
+        model.src_embeddings.weight[7] = float("nan")  # a source holding id 7 reaches NaN in cross-attention
+    assert greedy_decode(model, [[5, 9]])  # the others translate
+    for decode in (lambda s: greedy_decode(model, s), lambda s: greedy_decode(model, s, temperature=1.0),
+                   lambda s: beam_search(model, s, beam_size=3)):
+        with pytest.raises(NonFiniteLogitsError, match="not finite .* at new token 1 of prompt 1"):
+            decode([[5, 9], [5, 7, 9]])
+    _, good, tok = run
+    overflowing = build_model(good.config).eval()
+    overflowing.load_state_dict(good.state_dict())
+    with torch.no_grad():  # finite weights (load_model checks them), logits past float32's range
+        overflowing.embeddings.weight.mul_(1e37)
+    d = tmp_path / "overflow"
+    export_safetensors(overflowing, d / "model.safetensors")
+    save_tokenizer_dir(tok, d / "tokenizer")
+    (tmp_path / "src.txt").write_text("abc\n")
+    (tmp_path / "ref.txt").write_text("abc\n")
+    for argv in (("translate", "--checkpoint", d, "--beam", 1, "abc"), ("translate", "--checkpoint", d, "abc"),
+                 ("eval", "--checkpoint", d, "--data", tmp_path / "src.txt", "--target", tmp_path / "ref.txt")):
+        assert _lm(*argv) == 2
+        err = capsys.readouterr().err
+        assert "error: --checkpoint: the model's logits are not finite (NaN or inf) at new token 1" in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

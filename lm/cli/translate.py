@@ -67,9 +67,14 @@ def is_out_of_memory(error: BaseException) -> bool:
 def decoding_fits(beam: int, batch_size: int) -> Iterator[None]:
     """Within it, a batch that cannot fit in memory is one line naming ``--beam`` and
     ``--batch-size`` and their values (README, "Errors"), not torch's traceback: the decoder's
-    cache holds ``batch_size × beam`` rows of keys and values."""
+    cache holds ``batch_size × beam`` rows of keys and values. A model whose logits are not finite
+    (NaN or inf: it overflows) is one line naming ``--checkpoint``."""
+    from lm.generate.sampling import NonFiniteLogitsError
+
     try:
         yield
+    except NonFiniteLogitsError as e:
+        raise ValueError(f"--checkpoint: {e}") from None
     except RuntimeError as e:
         if not is_out_of_memory(e):
             raise

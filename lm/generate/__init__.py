@@ -4,8 +4,8 @@ a next-token sampler; greedy and beam search for translation) and text streaming
 from lm.generate.engine import generate
 from lm.generate.kv_cache import KVCache
 from lm.generate.load import Loaded, load_model_and_tokenizer
-from lm.generate.sampling import sample_next_token, top_k_filter, top_p_filter
-from lm.generate.seq2seq import Seq2SeqCache, beam_search, greedy_decode, translate
+from lm.generate.sampling import NonFiniteLogitsError, sample_next_token, top_k_filter, top_p_filter
+from lm.generate.seq2seq import Seq2SeqCache, beam_search, greedy_decode, line_break_ids, translate
 from lm.generate.static import DecodeStep, StaticKVCache, StaticSeq2SeqCache
 from lm.generate.text import TextStreamer
 
@@ -13,6 +13,7 @@ __all__ = [
     "DecodeStep",
     "KVCache",
     "Loaded",
+    "NonFiniteLogitsError",
     "Seq2SeqCache",
     "StaticKVCache",
     "StaticSeq2SeqCache",
@@ -20,6 +21,7 @@ __all__ = [
     "beam_search",
     "generate",
     "greedy_decode",
+    "line_break_ids",
     "load_model_and_tokenizer",
     "sample_next_token",
     "top_k_filter",

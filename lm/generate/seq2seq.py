@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from lm.generate.kv_cache import KVCache
-from lm.generate.sampling import check_sampling_args, check_vocab_limit, sample_next_token
+from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, check_vocab_limit, next_token_and_finite
 from lm.nn.choices import check_choice
 
 
@@ -175,10 +175,13 @@ def greedy_decode(
                 else:
                     hidden = model.decode(prefix, memory, mask)
                 logits = _never_banned(model.logits(hidden[:, -1]).float(), banned, vocab_size)
-                next_ids = sample_next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
-                                             generator=generator)
+                next_ids, finite = next_token_and_finite(logits, temperature=temperature, top_p=top_p,
+                                                         top_k=top_k, generator=generator)
+                chosen, finite = torch.stack([next_ids, finite.to(next_ids.dtype)]).tolist()  # one read
+                if not all(finite):
+                    raise NonFiniteLogitsError(step + 1, alive[finite.index(0)])
                 keep = []
-                for j, t in enumerate(next_ids.tolist()):
+                for j, t in enumerate(chosen):
                     r = alive[j]
                     if t != cfg.eos_id:
                         out[r].append(t)
@@ -281,6 +284,9 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
         cand = (scores[..., None] + logp).view(len(alive), -1)  # (sentences, k * vocab)
         top_scores, top_idx = cand.topk(min(2 * k, cand.shape[-1]), dim=-1)
         top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
+        for j, i in enumerate(alive):  # NaN logits (a model that overflows) rank first in topk
+            if any(math.isnan(score) for score in top_scores[j]):
+                raise NonFiniteLogitsError(step + 1, i)
         new_rows, new_tokens, new_scores, new_lists, still = [], [], [], [], []
         length = step + 1  # tokens of a hypothesis after this step, its <eos> included
         for j, i in enumerate(alive):
