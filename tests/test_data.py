@@ -31,6 +31,36 @@ def test_token_file_uint32_and_chunks(tmp_path):
     assert max_token_id(tmp_path / "b.bin", tokens.dtype, chunk=2) == 99999
 
 
+@pytest.mark.parametrize("form", ["list", "tuple", "range", "tensor", "tensor2d", "ids_stream", "lists", "mixed"])
+def test_a_list_or_tensor_of_ids_is_one_array(tmp_path, monkeypatch, form):
+    """A list of ints or a tensor had been taken as an iterable of chunks: one check and one write
+    per id (60x slower than the array). Each form writes the array's bytes, in a few writes."""
+    import lm.data.token_file as tf
+
+    n = 20_000
+    ids = np.arange(n) % 70_000
+    write_token_file(tmp_path / "ref.bin", ids, vocab_size=70_000)
+    given = {
+        "list": ids.tolist(), "tuple": tuple(ids.tolist()), "range": range(n), "tensor": torch.arange(n),
+        "tensor2d": torch.arange(n).reshape(100, -1),
+        "ids_stream": (int(i) for i in ids),  # as Tokenizer.encode_iterable yields them
+        "lists": [ids[:7].tolist(), ids[7:].tolist()],  # a list of chunks stays a list of chunks
+        "mixed": iter([ids[:5], 5, 6, np.array([7]), *ids[8:].tolist()]),
+    }[form]
+    calls = []
+    check = tf.check_ids
+    monkeypatch.setattr(tf, "check_ids", lambda chunk, vocab: calls.append(1) or check(chunk, vocab))
+    meta = write_token_file(tmp_path / "x.bin", given, vocab_size=70_000)
+    assert meta["num_tokens"] == n and (tmp_path / "x.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    assert len(calls) <= 4, len(calls)
+
+
+def test_a_list_of_ids_and_arrays_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="holds either ids or arrays of ids, not both"):
+        write_token_file(tmp_path / "x.bin", [1, np.array([2, 3])], vocab_size=10)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_write_rejects_ids_outside_vocab_and_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match="token id 300 is outside"):
         write_token_file(tmp_path / "c.bin", np.array([1, 300]), vocab_size=300)

@@ -142,3 +142,122 @@ def test_a_corpus_limit_too_small_to_split_names_corpus_bytes(tmp_path):
     src.write_text("one long document without a boundary " * 100 + "\n<|endoftext|>\n" + "more text\n" * 100)
     with pytest.raises(ValueError, match=r"^--corpus-bytes: the first 1,000 bytes of .* hold no document"):
         split_corpus(src, tmp_path, 1000)
+
+
+# Corpora whose lines end after no printable ASCII byte: the demo had refused them, saying they had
+# "no document or line boundary to split at".
+DEMO_CORPORA = {
+    "crlf": "".join(f"Tom had a red ball number {i}. He liked it.\r\n" for i in range(4000)),
+    "cjk": "\u4ece\u524d\u6709\u4e00\u4e2a\u5c0f\u5973\u5b69\uff0c\u5979\u559c\u6b22\u5728\u82b1\u56ed\u91cc\u73a9"
+           "\u3002\n" * 4000,
+    "trailing-space": "Once upon a time there was a cat. \n" * 4000,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DEMO_CORPORA))
+def test_split_corpus_cuts_crlf_cjk_and_trailing_space_text_at_a_line_end(tmp_path, kind):
+    from lm.demo.pipeline import split_corpus
+
+    src = tmp_path / "c.txt"
+    src.write_bytes(DEMO_CORPORA[kind].encode())
+    train, val = split_corpus(src, tmp_path, 10**9)
+    t, v = train.read_bytes(), val.read_bytes()
+    assert t + v == src.read_bytes() and 0.04 < len(v) / len(t + v) < 0.06
+    line_end = {"crlf": b"\r\n", "cjk": b"\n", "trailing-space": b" \n"}[kind]
+    assert v.startswith(line_end) and not t.endswith((b" ", b"\r", b"\n"))
+
+
+def test_split_corpus_with_a_limit_ends_at_a_line_end_of_a_crlf_file(tmp_path):
+    from lm.demo.pipeline import split_corpus
+
+    src = tmp_path / "c.txt"
+    src.write_bytes(DEMO_CORPORA["crlf"].encode())
+    train, val = split_corpus(src, tmp_path, 100_000)
+    data = train.read_bytes() + val.read_bytes()
+    assert 100_000 <= len(data) < 100_100 and src.read_bytes()[len(data):].startswith(b"\r\n")
+
+
+def test_no_boundary_after_corpus_bytes_is_refused_not_widened_to_the_whole_file(tmp_path):
+    """With no boundary after the first --corpus-bytes, the corpus had silently become the whole file
+    (however large: it is read into memory)."""
+    from lm.demo.pipeline import split_corpus
+
+    src = tmp_path / "c.txt"
+    src.write_text("A line of text.\n" * 5000 + "x" * 2_000, encoding="utf-8")  # a last line with no end
+    with pytest.raises(ValueError, match=r"^--corpus-bytes: .* has no document boundary \(<\|endoftext\|>\) or line "
+                                         r"end after text after its first 81,000 bytes .*--corpus-bytes 82000 to"):
+        split_corpus(src, tmp_path, 81_000)
+    assert not (tmp_path / "train.txt").exists()
+
+
+def test_a_corpus_whose_end_has_no_line_end_is_refused_truthfully(tmp_path):
+    """Thousands of lines, but none in the last 5%: the message had said the file had no line boundary."""
+    from lm.demo.pipeline import split_corpus
+
+    src = tmp_path / "c.txt"
+    src.write_text("A line of text.\n" * 5000 + "x" * 20_000, encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        split_corpus(src, tmp_path, 10**9)
+    assert str(e.value) == (f"--data: {str(src)!r} has no document boundary (<|endoftext|>) or line end after text in "
+                            "the last 5,000 bytes (the 5% split off for validation) to split a validation set at")
+
+
+def test_the_report_says_higher_when_the_model_loses_to_the_baseline():
+    """A model worse than the baseline was reported as "0.7x lower"."""
+    from lm.demo.pipeline import DemoReport
+
+    sizes = dict(corpus_bytes=1e5, train_bytes=9.5e4, val_bytes=5e3, vocab_size=300, train_tokens=1, val_tokens=1,
+                 bytes_per_token=2.0, parameters=1e5, steps=1, tokens_seen=10)
+    report = DemoReport(corpus="c", sizes=sizes, val=dict(loss=4.0, perplexity=55.0, bits_per_byte=5.915),
+                        unigram_bpb=4.120)
+    line = next(x for x in report.to_text().splitlines() if "bits per byte" in x)
+    assert line.endswith("(unigram baseline 4.120: 1.4x higher: worse than the baseline)"), line
+    report.val["bits_per_byte"] = 1.373
+    line = next(x for x in report.to_text().splitlines() if "bits per byte" in x)
+    assert line.endswith("(unigram baseline 4.120: 3.0x lower)"), line
+
+
+def test_sigterm_while_the_demo_prepares_its_data_is_one_line_exit_143(tmp_path, monkeypatch, capsys):
+    """SIGTERM during the tokenizer's training (its worker pool) or the tokenization does what Ctrl-C
+    does: the folder removed, exit 143 with one line. (During the model's training the trainer stops.)"""
+    import os
+    import signal
+    import time
+
+    import lm.tokenizer
+    from lm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    train_bpe = lm.tokenizer.train_bpe
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+        return train_bpe(*args, **kwargs)
+
+    class Escaped(Exception):
+        pass
+
+    def escaped(signum, frame):  # the signal reached no handler of lm's (it would have ended pytest)
+        raise Escaped
+
+    monkeypatch.setattr(lm.tokenizer, "train_bpe", terminated)
+    previous = signal.signal(signal.SIGTERM, escaped)
+    try:
+        rc = main(["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300", "--device", "cpu",
+                   "--quiet"])
+    finally:
+        assert signal.signal(signal.SIGTERM, previous) is escaped  # and lm's handler was put back
+    assert rc == 143 and capsys.readouterr().err.strip() == "lm demo: terminated"
+    assert not (tmp_path / "d").exists()
+
+
+def test_sigterm_during_the_demos_training_exits_143(tmp_path, monkeypatch, capsys):
+    from lm.cli import main
+    from lm.train import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Trainer, "run", lambda self: 143)  # stopped by SIGTERM (its own handler)
+    rc = main(["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300", "--device", "cpu", "--quiet"])
+    assert rc == 143 and capsys.readouterr().err.strip() == "lm demo: terminated"
+    assert not (tmp_path / "d").exists()

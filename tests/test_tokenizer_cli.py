@@ -1,15 +1,23 @@
 """`lm tokenizer train` and `lm tokenize`: outputs, sidecar, parallel = serial, and one-line errors."""
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.data import data_file
 
 from lm.cli import main
 from lm.data import read_token_file, tokenize_file
 from lm.tokenizer import Tokenizer, load_tokenizer_dir, save_tokenizer_dir, train_bpe
+from lm.tokenizer.pretokenize import chunk_boundaries
 
 EOT = "<|endoftext|>"
 STORY = (
@@ -87,6 +95,60 @@ def test_tokenize_cli_with_the_default_chunk_target_inside_a_special_token(tmp_p
     assert main(["tokenize", "--tokenizer", str(tmp_path / "tok"), "--input", str(tmp_path / "in.txt"),
                  "--out", str(tmp_path / "in.bin"), "--num-workers", "1", "--quiet"]) == 0
     assert read_token_file(tmp_path / "in.bin")[0].tolist() == tok.encode(text)
+
+
+# Texts whose line ends follow no printable ASCII byte, once cut nowhere: each was one chunk, read,
+# decoded and encoded whole in one process, with a peak memory of about 25 times the file.
+LINE_END_TEXTS = {
+    "crlf": "".join(f"{STORY}Story {i}.\n" for i in range(600)).replace("\n", "\r\n"),
+    "cjk": "\u4ece\u524d\u6709\u4e00\u4e2a\u5c0f\u5973\u5b69\uff0c\u5979\u559c\u6b22\u5728\u82b1\u56ed\u91cc\u73a9"
+           "\u3002\n" * 3000,
+    "trailing-space": "Once upon a time there was a cat. \n" * 3000,
+    "unicode-spaces": "Le chat\u00a0!\u2002\n\u3000\u4f60\u597d\u3000\r\nend\u0085\n" * 3000,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LINE_END_TEXTS))
+def test_tokenize_file_cuts_text_whose_lines_end_after_no_ascii(trained, tmp_path, kind):
+    tok = load_tokenizer_dir(trained)
+    text = LINE_END_TEXTS[kind]
+    path = tmp_path / "in.txt"
+    path.write_bytes(text.encode())
+    size = path.stat().st_size
+    assert len(chunk_boundaries(path, [EOT], 10_000)) >= size // 12_000
+    tokenize_file(tok, path, tmp_path / "t.bin", num_workers=2, chunk_bytes=10_000, warm_bytes=3000)
+    assert read_token_file(tmp_path / "t.bin")[0].tolist() == tok.encode(text)
+
+
+def test_a_long_stretch_without_a_line_end_is_encoded_whole_with_a_warning(trained, tmp_path, monkeypatch, recwarn):
+    """Text with no safe cut for long (one huge line) is still one chunk, held whole: it had been silent."""
+    import lm.data.tokenize as tokenize_mod
+
+    monkeypatch.setattr(tokenize_mod, "LONG_CHUNK_BYTES", 2000)
+    tok = load_tokenizer_dir(trained)
+    path = tmp_path / "in.txt"
+    path.write_text("Short line.\n" * 100 + "word " * 1000 + "\nShort line.\n" * 100, encoding="utf-8")
+    tokenize_file(tok, path, tmp_path / "t.bin", num_workers=1, chunk_bytes=100)
+    assert [str(w.message) for w in recwarn] == [
+        f"input: in {str(path)!r}, the 5,012 bytes from byte 1,187 hold no line end or document boundary past their "
+        "first 100 to cut at: they are encoded in one piece, in memory"]
+    assert read_token_file(tmp_path / "t.bin")[0].tolist() == tok.encode(path.read_text(encoding="utf-8"))
+    recwarn.clear()
+    path.write_text("Short line.\n" * 1000, encoding="utf-8")
+    tokenize_file(tok, path, tmp_path / "t.bin", num_workers=1, chunk_bytes=100)
+    assert not recwarn
+
+
+def test_tokenize_file_cuts_a_crlf_copy_of_gutenberg(trained, tmp_path):
+    """The audit's case: Project Gutenberg text with CRLF line ends (as the raw files come)."""
+    text = data_file("gutenberg.txt").read_bytes()[: 3 << 20].decode("utf-8", "ignore").replace(EOT, "")
+    text = text.replace("\r\n", "\n").replace("\n", "\r\n")
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(text.encode())
+    tok = load_tokenizer_dir(trained)
+    assert len(chunk_boundaries(path, [EOT], 1 << 18)) >= 10
+    tokenize_file(tok, path, tmp_path / "t.bin", num_workers=2, chunk_bytes=1 << 18)
+    assert read_token_file(tmp_path / "t.bin")[0].tolist() == tok.encode(text)
 
 
 def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
@@ -197,6 +259,118 @@ def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd)
     assert "Exception ignored" not in capfd.readouterr().err
     with WorkerPool(2, abs) as pool:  # and the pool works as before
         assert list(pool.map([-1, -2, 3])) == [1, 2, 3]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and has not died (a zombie, dead but not yet reaped by its new parent, has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+@contextlib.contextmanager
+def _running_with_workers(args: list[str], tmp: Path) -> Iterator[tuple[subprocess.Popen, list[int], Path, Path]]:
+    """``lm ARGS`` with 2 workers, in a session of its own, in ``tmp/run``, once its workers run; its
+    stderr goes to ``tmp/err`` (a pipe would be held open by a worker that outlived it). Yields the
+    process, its workers, the folder and stderr's file; any of them still running at the end is killed."""
+    cwd, err = tmp / "run", tmp / "err"
+    cwd.mkdir()
+    with open(err, "wb") as f:
+        p = subprocess.Popen([sys.executable, "-m", "lm", *args, "--num-workers", "2", "--quiet"], cwd=cwd,
+                             stdout=subprocess.DEVNULL, stderr=f, start_new_session=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(p.pid)) < 2:
+            assert p.poll() is None and time.monotonic() < deadline, (p.returncode, err.read_text())
+            time.sleep(0.02)
+        time.sleep(0.3)  # at work
+        yield p, workers, cwd, err
+    finally:
+        for q in [p.pid, *workers]:
+            if _running(q):
+                os.kill(q, signal.SIGKILL)
+        p.wait()
+
+
+def _gone(pids: list[int], seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(map(_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(map(_running, pids))
+
+
+@pytest.fixture(scope="module")
+def big_text(tmp_path_factory):
+    """Enough text (12 MB) to keep two workers busy for a few seconds, of words the cache has not seen."""
+    rng = np.random.default_rng(0)
+    words = ["".join(w) for w in rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=(200_000, 7))]
+    line = " ".join(words) + ".\n"
+    path = tmp_path_factory.mktemp("big") / "big.txt"
+    path.write_text(line * (12_000_000 // len(line)), encoding="utf-8")
+    return path
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("command", ["tokenize", "tokenizer train"])
+def test_sigterm_stops_like_ctrl_c(trained, big_text, tmp_path, command):
+    """`kill PID` had killed only the parent: its workers (blocked for ever in a send) and a hidden
+    partial temporary file stayed. Now it exits 143 with one line, and leaves neither."""
+    out = "out.bin" if command == "tokenize" else "tok-out"
+    args = (["tokenize", "--tokenizer", str(trained), "--input", str(big_text), "--out", out] if command == "tokenize"
+            else ["tokenizer", "train", "--input", str(big_text), "--vocab-size", "300", "--out", out])
+    with _running_with_workers(args, tmp_path) as (p, workers, cwd, err):
+        os.kill(p.pid, signal.SIGTERM)  # the parent only, as `kill PID` or a process manager
+        rc = p.wait(timeout=30)
+        assert rc == 128 + signal.SIGTERM and err.read_text().strip() == f"lm {command}: terminated", \
+            (rc, err.read_text())
+        assert _gone(workers), workers
+    assert list(cwd.iterdir()) == []  # no output, no temporary file
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_die_with_a_killed_parent(trained, big_text, tmp_path):
+    """SIGKILL leaves nothing to clean up for the parent: the workers must end by themselves."""
+    args = ["tokenize", "--tokenizer", str(trained), "--input", str(big_text), "--out", "out.bin"]
+    with _running_with_workers(args, tmp_path) as (p, workers, _, _):
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        assert _gone(workers), workers
+
+
+def _pid(_):
+    return os.getpid()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_workers_hold_no_parent_end_of_a_pipe():
+    """Each worker had kept the parent's ends of its own pipe and of the earlier workers' pipes: with
+    the parent dead, a worker blocked in a send waited for ever. Without them, the send fails."""
+    from lm.tokenizer.workers import WorkerPool
+
+    with WorkerPool(3, _pid) as pool:
+        assert len(list(pool.map(range(6)))) == 6  # the workers are up
+        parent_ends = {os.readlink(f"/proc/self/fd/{c.fileno()}") for _, c in pool._workers}  # socket:[inode]
+        for p, _ in pool._workers:
+            held = {os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{p.pid}/fd")}
+            assert not held & parent_ends, (held, parent_ends)
 
 
 def test_invalid_utf8_in_tokenize_warns(trained, tmp_path):

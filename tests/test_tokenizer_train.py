@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lm.tokenizer.train as train_mod
+from lm.io import decode_utf8
 from lm.tokenizer import train_bpe
-from lm.tokenizer.pretokenize import chunk_boundaries, pretokenize
+from lm.tokenizer.pretokenize import chunk_boundaries, find_safe_cut, next_safe_cut, pretokenize
 from lm.tokenizer.train import count_pretokens, merge_counts
 
 REFERENCE_REGEX = regex.compile(gpt2_published_pattern())  # not lm's GPT2_PATTERN
@@ -107,14 +108,35 @@ def test_pretokenize_non_ascii_equals_the_published_patterns():
     assert pretokenize("Café and Über Straße") == ["Café", " and", " Über", " Straße"]
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _pieces(data: bytes, specials: list[str]) -> list[str]:
+    """The special tokens and the reference pre-tokens of ``data``, in order, as lm decodes it."""
+    text, _ = decode_utf8(data)
+    out = []
+    alternation = "|".join(regex.escape(t) for t in sorted(specials, key=len, reverse=True))
+    for k, seg in enumerate(regex.split(f"({alternation})", text) if specials else [text]):
+        out += [seg] if k % 2 else REFERENCE_REGEX.findall(seg)
+    return out
+
+
+# Line ends of every kind that a chunk may be cut before: CRLF, trailing spaces, CJK lines ("。" ends
+# in the byte that U+2002 ends in), Unicode spaces before "\n" (U+2002, U+3000, U+00A0, U+0085, U+2028),
+# "\x1c" (whitespace to str.isspace, not to the pattern), invalid UTF-8 before "\n" ("\xff", a stray
+# continuation byte, a truncated character), and the contraction "'s" and the digits of the pattern.
+CUT_ALPHABET = [b"a", b"b", b" ", b"  ", b"\n", b"\n", b"\r\n", b"\t", b".", b"'", b"s", b"1", "\u00e9".encode(),
+                "\u3002".encode(), "\u4ece".encode(), "\u2002".encode(), "\u3000".encode(), "\u00a0".encode(),
+                "\u0085".encode(), "\u2028".encode(), b"\x1c", b"\xff", b"\x80", b"\xe2\x80", b"<|e|>"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    text=st.lists(st.sampled_from(list("ab  \n\n.é\u00a0") + ["<|e|>"]), max_size=400).map("".join),
+    data=st.lists(st.sampled_from(CUT_ALPHABET), max_size=400).map(b"".join),
     target=st.integers(1, 50),
+    block=st.integers(1, 40),
 )
-def test_chunks_cut_no_pretoken(tmp_path, text, target):
+def test_chunks_cut_no_pretoken(tmp_path, data, target, block):
+    """Pre-tokenizing the chunks one by one gives the pre-tokens (and special tokens) of the whole
+    text, in order, also when the blocks that ``next_safe_cut`` reads end anywhere."""
     path = tmp_path / "t.txt"
-    data = text.encode("utf-8")
     path.write_bytes(data)
     chunks = chunk_boundaries(path, ["<|e|>"], target)
     if not data:
@@ -122,14 +144,120 @@ def test_chunks_cut_no_pretoken(tmp_path, text, target):
         return
     assert chunks[0][0] == 0 and chunks[-1][1] == len(data)
     assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
-    whole = Counter()
-    for seg in regex.split(r"<\|e\|>", text):
-        whole.update(REFERENCE_REGEX.findall(seg))
-    pieces = Counter()
-    for a, b in chunks:
-        for seg in regex.split(r"<\|e\|>", data[a:b].decode("utf-8")):
-            pieces.update(REFERENCE_REGEX.findall(seg))
-    assert pieces == whole
+    whole = _pieces(data, ["<|e|>"])
+    assert [p for a, b in chunks for p in _pieces(data[a:b], ["<|e|>"])] == whole
+    with open(path, "rb") as f:
+        for pos in range(0, len(data), max(1, target // 3)):
+            cut = next_safe_cut(f, pos, len(data), [b"<|e|>"], search_block=block)
+            assert cut == -1 or pos <= cut < len(data)
+            if cut != -1:
+                assert _pieces(data[:cut], ["<|e|>"]) + _pieces(data[cut:], ["<|e|>"]) == whole, (pos, cut)
+
+
+def _first_line_end(text: str, start: int) -> int:
+    """A reference for ``find_safe_cut`` without special tokens, on valid UTF-8, written on the text:
+    the first character position at or after ``start`` that begins a whitespace run holding a "\n"
+    and follows a character that is not whitespace; as a byte offset."""
+    ws = regex.compile(r"\s")
+    for k in range(1, len(text)):
+        at = len(text[:k].encode())
+        if at < start or ws.match(text[k - 1]) or not ws.match(text[k]):
+            continue
+        run = regex.match(r"\s*", text[k:]).group()
+        if "\n" in run:
+            return at
+    return -1
+
+
+LINE_ENDS = [
+    ("ab\r\ncd", 2),
+    ("cat. \nThe dog.  \r\n", 4),
+    ("\u4e00\u3002\n\u4e8c", 6),  # after "。" (E3 80 82)
+    ("x\u2002\ny", 1),  # before U+2002 (E2 80 82: the same last byte as "。")
+    ("x\u3000\u3000\ny", 1),
+    ("x\u00a0\n", 1),
+    ("x\u0085\n", 1),
+    ("\u3002\t\u2028 \r\n", 3),
+    ("x\x1c\ny", 2),  # "\x1c" is no whitespace to the pattern: the cut is before the "\n"
+    ("\n\n\nab\n", 5),  # the run at the start follows nothing
+    ("ab  \ncd\nef", 2),
+]
+
+
+@pytest.mark.parametrize(("text", "cut"), LINE_ENDS)
+def test_find_safe_cut_at_the_start_of_a_line_end(text, cut):
+    data = text.encode()
+    assert find_safe_cut(data, []) == cut == _first_line_end(text, 0)
+    assert _pieces(data[:cut], []) + _pieces(data[cut:], []) == _pieces(data, [])
+
+
+@pytest.mark.parametrize(
+    ("data", "cut"),
+    [(b"\xff\nab\n", 4), (b"a\x80\nb\n", 4), (b"a\xe2\x80\nb\n", 5), (b"\xe2\x80\x80\x80\nb\n", 6),
+     (b"\xc0\xaf\nb\n", 4), (b"\xed\xa0\x80\nb\n", 5)],  # an overlong "/" and a surrogate are not valid either
+)
+def test_find_safe_cut_not_after_invalid_utf8(data, cut):
+    """A line end after invalid UTF-8 is not taken (the character before the run must be whole and valid)."""
+    assert find_safe_cut(data, []) == cut
+    assert _pieces(data[:cut], []) + _pieces(data[cut:], []) == _pieces(data, [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.lists(st.sampled_from(list("ab .'\n\r\t\x1c\u00e9\u3002\u2002\u3000\u00a0\u0085\u2028")), max_size=60)
+       .map("".join), start=st.integers(0, 80))
+def test_find_safe_cut_is_the_first_line_end(text, start):
+    """On valid UTF-8, the cut is the reference's: the first place the rule allows (no place missed)."""
+    data = text.encode()
+    assert find_safe_cut(data, [], min(start, len(data))) == _first_line_end(text, min(start, len(data)))
+
+
+def test_every_cut_before_short_line_ends_is_safe():
+    """Brute force: after every start, in every text "a" + three pieces + "\nb" over the line-end alphabet,
+    the cut that ``find_safe_cut`` returns splits the text into the pre-tokens of the whole."""
+    import itertools
+
+    alphabet = [b" ", b"\r", b"\n", b"\t", b".", b"'", b"s", "\u3002".encode(), "\u2002".encode(), "\u3000".encode(),
+                "\u00a0".encode(), "\u0085".encode(), b"\x1c", b"\xff", b"\x80", b"\xe2\x80"]
+    for parts in itertools.product(alphabet, repeat=3):
+        data = b"a" + b"".join(parts) + b"\nb"
+        whole = _pieces(data, [])
+        for start in range(len(data)):
+            cut = find_safe_cut(data, [], start)
+            assert cut == -1 or start <= cut < len(data)
+            if cut != -1:
+                assert _pieces(data[:cut], []) + _pieces(data[cut:], []) == whole, (data, start, cut)
+
+
+def test_the_whitespace_of_the_chunker_is_the_patterns():
+    """The characters that the chunker walks back over are exactly those the GPT-2 pattern's \\s matches,
+    and its byte patterns match each one whole (and nothing else), forwards and backwards."""
+    import lm.tokenizer.pretokenize as P
+
+    every = "".join(map(chr, range(0x110000)))
+    assert P._WHITESPACE_CHARS == "".join(regex.findall(r"\s", every))
+    wide = set(c.encode() for c in P._WHITESPACE_CHARS)
+    for c in map(chr, range(0x80, 0x110000)):
+        b = c.encode("utf-8", "surrogatepass")
+        assert (P._WS_RUN.fullmatch(b) is not None) == (P._WS_RUN_REVERSED.fullmatch(b[::-1]) is not None) \
+            == (b in wide), hex(ord(c))
+
+
+def test_chunks_of_crlf_cjk_and_trailing_space_text(tmp_path):
+    """Text whose line ends follow no printable ASCII had no cut at all: the whole file was one chunk."""
+    texts = {
+        "crlf": "".join(f"Line {i} of a Windows text, with a comma,\r\n" for i in range(5000)),
+        "cjk": "\u4ece\u524d\u6709\u4e00\u4e2a\u5c0f\u5973\u5b69\uff0c\u5979\u559c\u6b22\u5728\u82b1\u56ed"
+               "\u91cc\u73a9\u3002\n" * 5000,
+        "trailing": "Once upon a time there was a cat. \n" * 5000,
+        "spaces": "Le chat\u00a0!\u2002\n\u3000\u3000\u4f60\u597d\u3000\r\n" * 5000,
+    }
+    for name, text in texts.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_text(text, encoding="utf-8", newline="")
+        chunks = chunk_boundaries(path, ["<|endoftext|>"], 10_000)
+        assert len(chunks) >= path.stat().st_size // 12_000, name
+        data = path.read_bytes()
+        assert [p for a, b in chunks for p in _pieces(data[a:b], [])] == _pieces(data, []), name
 
 
 OVERLAPPING_SPECIALS = [
@@ -137,6 +265,7 @@ OVERLAPPING_SPECIALS = [
     (["ab", "bc"], "xxabcxx\nabc.\nbcab"),
     (["<|endoftext|>", "endoftext"], "aa<|endoftext|>bb\nendoftext.\n<|endoftext|>"),
     (["ab", "ba"], "xabababx.\nbababa.\n"),  # a chain of overlaps
+    (["x\t", "<|a b|>", "y \r"], "ax\t\nb<|a b|>\r\n<|a\ny \r\n.y \r\n"),  # whitespace inside special tokens
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from lm.cli.common import add_command, add_compute, add_out, add_quiet
@@ -53,12 +54,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             corpus_bytes=args.corpus_bytes, vocab_size=args.vocab_size, seed=args.seed,
                             progress=not args.quiet, overwrite=args.overwrite, device=device,
                             dtype=args.dtype)
+    from lm.cli.tokenizer import terminate_as_interrupt
+    from lm.demo.pipeline import TrainingInterrupted
     from lm.train import TrainingDiverged
 
-    try:
-        report = run_demo(settings)
-    except TrainingDiverged as e:  # the demo's folder is removed; as `lm train`, exit 3 (it had been a traceback)
-        print(f"lm demo: error: {e}", file=sys.stderr)
-        return 3
-    print(report.to_text())
-    return 0
+    def run() -> int:
+        try:
+            report = run_demo(settings)
+        except TrainingDiverged as e:  # the demo's folder is removed; as `lm train`, exit 3 (it had been a traceback)
+            print(f"lm demo: error: {e}", file=sys.stderr)
+            return 3
+        except TrainingInterrupted as e:  # the trainer's own handler took the signal
+            if e.status != 128 + signal.SIGTERM:
+                raise
+            print("lm demo: terminated", file=sys.stderr)
+            return e.status
+        print(report.to_text())
+        return 0
+
+    # SIGTERM as Ctrl-C, while the tokenizer is trained and the corpus tokenized (the trainer handles it itself)
+    return terminate_as_interrupt("demo", run)

@@ -8,9 +8,13 @@ import gzip
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from lm.cli.common import add_command, add_out, add_quiet, as_flags
@@ -109,9 +113,44 @@ def _decompressed(paths: list[Path], stack: contextlib.ExitStack) -> list[Path]:
     return out
 
 
+def terminate_as_interrupt(command: str, run: Callable[[], int]) -> int:
+    """``run()`` with SIGTERM (``kill PID``, a job scheduler, a process manager) doing what Ctrl-C does:
+    the worker processes killed, no temporary or partial output left. Then exit 143 (128 + SIGTERM)
+    with one line, as Ctrl-C exits 130.
+
+    The signal goes to whatever handles Ctrl-C at that moment, so where a Ctrl-C waits (the renames
+    that make a token file and its sidecar complete, :class:`lm.io.InterruptGuard`), SIGTERM waits too.
+    """
+    if threading.current_thread() is not threading.main_thread():  # no signal handler can be set there
+        return run()
+    received = []
+
+    def handle(signum, frame) -> None:
+        received.append(signum)
+        on_interrupt = signal.getsignal(signal.SIGINT)
+        if callable(on_interrupt):  # Python's own (raises KeyboardInterrupt), or an InterruptGuard's
+            on_interrupt(signal.SIGINT, frame)
+        else:  # SIGINT ignored (a background job of a script) or at its default
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        return run()
+    except KeyboardInterrupt:
+        if not received:
+            raise
+        print(f"lm {command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    with contextlib.ExitStack() as stack:  # holds the decompressed copies of .gz inputs
-        return _cmd_train(args, stack)
+    def run() -> int:
+        with contextlib.ExitStack() as stack:  # holds the decompressed copies of .gz inputs
+            return _cmd_train(args, stack)
+
+    return terminate_as_interrupt("tokenizer train", run)
 
 
 def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
@@ -169,6 +208,10 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    return terminate_as_interrupt("tokenize", lambda: _cmd_tokenize(args))
+
+
+def _cmd_tokenize(args: argparse.Namespace) -> int:
     from lm.data import tokenize_file
     from lm.data.pairs import index_path, is_pair_file
     from lm.tokenizer import load_tokenizer_dir

@@ -86,13 +86,34 @@ class DemoReport:
             "  time          " + ", ".join(f"{k} {v:.0f}s" for k, v in self.seconds.items()),
             f"  validation    loss {self.val['loss']:.3f} nats/token, perplexity {self.val['perplexity']:.2f}",
             f"  bits per byte {self.val['bits_per_byte']:.3f}   (unigram baseline {self.unigram_bpb:.3f}: "
-            f"{self.unigram_bpb / self.val['bits_per_byte']:.1f}x lower)",
+            f"{versus_baseline(self.val['bits_per_byte'], self.unigram_bpb)})",
             f"  loss curve    {self.plot}",
             "",
         ]
         for i, text in enumerate(self.samples, 1):
             lines += [f"--- sample {i} " + "-" * 58, text.strip(), ""]
         return "\n".join(lines)
+
+
+def versus_baseline(model: float, baseline: float) -> str:
+    """How the model's bits per byte compare with the baseline's, the larger over the smaller.
+
+    >>> versus_baseline(1.5, 4.5), versus_baseline(5.9, 4.1), versus_baseline(4.1, 4.1)
+    ('3.0x lower', '1.4x higher: worse than the baseline', 'the same')
+    """
+    if model < baseline:
+        return f"{baseline / model:.1f}x lower"
+    if model > baseline:
+        return f"{model / baseline:.1f}x higher: worse than the baseline"
+    return "the same"
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """The trainer stopped for a signal and the demo with it; ``status`` is 128 + the signal's number."""
+
+    def __init__(self, status: int):
+        super().__init__(f"training stopped with status {status}")
+        self.status = status
 
 
 def _say(msg: str, progress: bool) -> None:
@@ -121,22 +142,35 @@ def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.
                  argument: str = "--data") -> tuple[Path, Path]:
     """The first ``max_bytes`` of ``src`` cut at a document (or line) boundary into train and validation.
 
+    Both cuts are safe cuts (:func:`lm.tokenizer.pretokenize.find_safe_cut`): before an end-of-text
+    token, or before the line end (``\\n``, ``\\r\\n``, ``  \\n``...) after a line of text. The corpus
+    ends at the first such cut after ``max_bytes`` (a file with none there is refused rather than
+    read whole), and the validation split starts at the first one in its last ``val_fraction``.
     ``argument`` names the corpus in an error (``--data``, or ``--corpus-bytes`` for a corpus the
     demo made); an error when only the first ``max_bytes`` were read names ``--corpus-bytes``.
     """
     from lm.tokenizer.pretokenize import next_safe_cut
 
-    size = min(src.stat().st_size, max_bytes)
+    file_size = src.stat().st_size
     specials = [EOT.encode()]
+    boundary = f"document boundary ({EOT}) or line end after text"
     with open(src, "rb") as f:
-        end = size if size == src.stat().st_size else next_safe_cut(f, size, src.stat().st_size, specials)
-        end = src.stat().st_size if end == -1 else end
-        cut = next_safe_cut(f, int(end * (1 - val_fraction)), end, specials)
+        end = file_size
+        if max_bytes < file_size:
+            end = next_safe_cut(f, max_bytes, file_size, specials)
+            if end == -1:  # the rest of the file is one piece: taking it all could mean reading gigabytes
+                raise ValueError(f"--corpus-bytes: {str(src)!r} has no {boundary} after its first {max_bytes:,} "
+                                 f"bytes for the corpus to end at; pass --corpus-bytes {file_size} to use the whole "
+                                 "file")
+        start = int(end * (1 - val_fraction))
+        cut = next_safe_cut(f, start, end, specials)
         if cut <= 0:
-            if end < src.stat().st_size or argument == "--corpus-bytes":  # the limit, not the file, is short
-                raise ValueError(f"--corpus-bytes: the first {max_bytes:,} bytes of {str(src)!r} hold no document "
-                                 "or line boundary to split a validation set at; pass a larger --corpus-bytes")
-            raise ValueError(f"{argument}: {str(src)!r} has no document or line boundary to split at")
+            where = f"in the last {end - start:,} bytes (the {val_fraction:.0%} split off for validation)"
+            if end < file_size or argument == "--corpus-bytes":  # the limit, not the file, is short
+                read = f" (to the boundary at byte {end:,})" if end > max_bytes else ""
+                raise ValueError(f"--corpus-bytes: the first {max_bytes:,} bytes of {str(src)!r}{read} hold no "
+                                 f"{boundary} {where}; pass a larger --corpus-bytes")
+            raise ValueError(f"{argument}: {str(src)!r} has no {boundary} {where} to split a validation set at")
         f.seek(0)
         train_bytes = f.read(cut)
         val_bytes = f.read(end - cut)
@@ -247,7 +281,7 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
     trainer = Trainer(cfg, quiet=not settings.progress, print_fn=say)
     status = trainer.run()
     if status != 0:  # 128 + SIGINT or SIGTERM: the trainer saved and stopped; the demo is interrupted
-        raise KeyboardInterrupt(f"training stopped with status {status}")
+        raise TrainingInterrupted(status)
     model = trainer.model
     model.eval()
     lap("train")

@@ -2,11 +2,10 @@ r"""Pre-tokenization: split out special tokens, then cut text with the GPT-2 reg
 
 BPE merges never cross a pre-token boundary, so everything downstream works on
 pre-tokens. This module also knows where a text can be cut so that no pre-token or
-special token crosses the cut: at the start of a special token, or just before a newline
-that follows a printable ASCII character. There the GPT-2 pattern always ends a token,
-and the newline starts a whitespace run that splits the same way with or without what
-precedes it. (A cut *after* a newline is not safe: in "a  \nb" the run "  \n" splits as
-"  ", "\n", but at the end of a chunk it would stay whole.)
+special token crosses the cut: at the start of a special token, or at the start of a
+whitespace run that holds a newline and follows a character that is not whitespace
+(see :func:`find_safe_cut` for why). (A cut *after* a newline is not safe: in "a  \nb" the
+run "  \n" splits as "  ", "\n", but at the end of a chunk it would stay whole.)
 """
 
 from __future__ import annotations
@@ -144,23 +143,62 @@ def split_on_special(text: str, special_re: regex.Pattern | None) -> list[str]:
 
 # ---------------------------------------------------------------- cutting files into chunks
 
-_PRINTABLE_ASCII = frozenset(range(0x21, 0x7F))
+# The characters that the GPT-2 pattern's \s matches: the `regex` module's White_Space (not
+# str.isspace, which adds \x1c-\x1f: those are "other" characters to the pattern). A test checks
+# this list against the pattern's \s over every code point.
+_WHITESPACE_CHARS = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+# A run of those characters in UTF-8, whole characters at a time (ASCII ones in a tight loop); and
+# the same run read backwards, over the reversed bytes. Every character starts with an ASCII or a
+# lead byte, never a continuation byte, so wherever a match starts it is a run of whole characters,
+# also in a text that holds invalid UTF-8 (the decoder starts a new character at every such byte).
+_ASCII_WS = bytes(c for c in map(ord, _WHITESPACE_CHARS) if c < 0x80)
+_WIDE_WS = [c.encode() for c in _WHITESPACE_CHARS if ord(c) >= 0x80]
+_WS_RUN = re.compile(b"(?:[%s]+|%s)*" % (re.escape(_ASCII_WS), b"|".join(map(re.escape, _WIDE_WS))))
+_WS_RUN_REVERSED = re.compile(
+    b"(?:[%s]+|%s)*" % (re.escape(_ASCII_WS), b"|".join(re.escape(c[::-1]) for c in _WIDE_WS)))
+_ASCII_TEXT = frozenset(range(0x80)) - frozenset(_ASCII_WS)  # an ASCII character that is not whitespace
+_WS_LAST_BYTES = frozenset(c.encode()[-1] for c in _WHITESPACE_CHARS)  # the byte a whitespace character ends with
+_WS_CHAR = regex.compile(r"\s")
+
+
+def _char_before(buf: bytes, i: int) -> str | None:
+    """The character whose UTF-8 bytes end just before ``buf[i]``, or None when they are not valid UTF-8."""
+    for k in range(1, 5):  # back to the nearest byte that is not a continuation byte (10xxxxxx)
+        if i - k < 0:
+            return None
+        lead = buf[i - k]
+        if lead & 0xC0 != 0x80:
+            # the length that the lead byte announces (0: never valid)
+            n = 1 if lead < 0x80 else 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else \
+                4 if 0xF0 <= lead <= 0xF4 else 0
+            if n != k:
+                return None
+            try:  # an overlong form or a surrogate is still refused here
+                return buf[i - k : i].decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+    return None
 
 
 def find_safe_cut(buf: bytes, specials: Sequence[bytes], start: int = 0) -> int:
     r"""Index in ``buf``, at or after ``start``, where a text may be cut with no token crossing it, or -1.
 
-    Prefers the start of a special token (a document boundary); otherwise the first ``\n``
-    whose preceding byte is printable ASCII (the cut goes before the ``\n``). The newline rule
-    is off when a special token holds a newline. ``buf[:start]`` is context for the search: the
-    bytes just before ``start`` (as many as the longest special token, less one), or all of them.
+    Prefers the start of a special token (a document boundary); otherwise the start of the first
+    whitespace run that holds a ``\n`` and follows a character that is not whitespace (a line end:
+    before "\n", "\r\n", " \n" after "。"...). The newline rule is off when a special token holds a
+    newline. ``buf[:start]`` is context for the search: the bytes just before ``start`` (at least 4,
+    and as many as the longest special token, less one), or all of them.
 
     >>> find_safe_cut(b"ab  \ncd\nef", [])
-    7
+    2
     >>> find_safe_cut(b"xx<a><b>yy<b>", [b"<a>", b"<a><b>", b"<b>"], start=4)  # not inside "<a><b>"
     10
     """
     special_re = _special_bytes_regex(tuple(specials))
+    floor = start
     if special_re is not None:
         # Special tokens may overlap ("<a>" and "<a><b>", "ab" and "bc"), so an occurrence at or
         # after ``start`` may lie inside the one that ``encode``, matching from the beginning of
@@ -177,11 +215,39 @@ def find_safe_cut(buf: bytes, specials: Sequence[bytes], start: int = 0) -> int:
             return m.start()
         if any(b"\n" in s for s in specials):
             return -1
-    i = buf.find(b"\n", max(start, 1))
+        # No occurrence starts at or after ``resync``, and every one before it ends by then: no
+        # special token straddles a cut at or after ``resync``.
+        floor = resync
+    # Why the start of a whitespace run that follows a non-whitespace character c is safe: the
+    # GPT-2 pattern has no look-behind, so the pre-tokens from the cut on are those of the text after
+    # it alone. Before the cut, no pre-token reaches past c: only its whitespace alternatives take a
+    # whitespace character other than a first optional " ", and those take nothing but whitespace,
+    # so they cannot hold c too. And none of them is decided by what lies past c: the one look-ahead,
+    # (?!\S), is only tried after whitespace, so before c; every other alternative fails on the
+    # whitespace after c as it fails at the end of the text. (Special tokens are split off first;
+    # none straddles the cut, see above.) The cut is also a boundary of the UTF-8 decoder (the run
+    # starts with an ASCII or lead byte), and c is checked to be a whole, valid character, so the
+    # two halves decode to the text of the whole.
+    #
+    # The work is per "\n" (found at C speed), never per byte: each run is read backwards to its
+    # start once, and when it is no cut, forwards to its end, to skip its other newlines.
+    i = buf.find(b"\n", max(floor, 1))
+    reversed_buf = None
     while i != -1:
-        if buf[i - 1] in _PRINTABLE_ASCII:
+        if buf[i - 1] in _ASCII_TEXT:  # the common case, "\n" after ASCII text: the run starts at the "\n"
             return i
-        i = buf.find(b"\n", i + 1)
+        cut = i
+        if buf[i - 1] in _WS_LAST_BYTES:  # it may start earlier: back, whole whitespace characters at a time
+            if reversed_buf is None:
+                reversed_buf = buf[::-1]
+            r = len(buf) - 1 - i  # the "\n" in reversed_buf
+            cut = i + 1 - (_WS_RUN_REVERSED.match(reversed_buf, r).end() - r)
+        if cut >= max(floor, 1):
+            c = _char_before(buf, cut)
+            if c is not None and not _WS_CHAR.match(c):
+                return cut
+        # no cut in this run (it starts too early, or after invalid UTF-8): on past its end
+        i = buf.find(b"\n", _WS_RUN.match(buf, i).end())
     return -1
 
 
@@ -196,9 +262,10 @@ def next_safe_cut(f, pos: int, end: int, specials: Sequence[bytes], search_block
     longest = max((len(s) for s in specials), default=1)
     scan = pos
     while scan < end:
-        # read a little before the block (a special token that straddles its start) and a little
-        # past it (one on its end), so that every special token near the block is seen whole
-        back = min(max(longest - 1, 1), scan)
+        # read a little before the block (a special token that straddles its start, the character
+        # before a line end) and a little past it (a special token on its end), so that every special
+        # token near the block is seen whole
+        back = min(max(longest - 1, 4), scan)
         f.seek(scan - back)
         buf = f.read(back + min(search_block, end - scan))
         if len(buf) <= back:

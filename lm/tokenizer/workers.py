@@ -3,16 +3,21 @@
 :class:`WorkerPool` forks ``n`` workers and feeds each through a pipe of its own. Unlike
 ``multiprocessing.Pool`` the workers share no lock with the parent: a worker killed at any
 moment cannot leave the parent waiting on a semaphore it held, so Ctrl-C stops the command at
-once (the workers ignore SIGINT; the parent kills them). Objects that exist before the fork
-go to a permanent GC generation, so the children's collections never copy the parent's pages.
+once (the workers ignore SIGINT; the parent kills them). A worker also ends with its parent
+when that dies without cleaning up (SIGKILL, a crash): the kernel kills it (Linux), or its
+pipe reports the parent gone. Objects that exist before the fork go to a permanent GC
+generation, so the children's collections never copy the parent's pages.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import multiprocessing as mp
+import os
 import signal
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -22,21 +27,50 @@ from lm.io import InterruptGuard
 _IN_FLIGHT = 2  # tasks queued per worker: one running, one waiting
 
 
-def _serve(conn: Connection, func: Callable, initializer: Callable | None, initargs: tuple) -> None:
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies, however it dies (Linux only).
+
+    (Strictly, when the parent's thread that forked it ends: the pool is made and closed by one thread.)
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the request
+        os._exit(1)
+
+
+def _serve(conn: Connection, func: Callable, initializer: Callable | None, initargs: tuple,
+           parent: int, inherited: list[Connection]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler the parent set is not this process's
+    _die_with_parent(parent)
+    # The parent's ends of the pipes (this worker's and the earlier workers'), copied by the fork: held
+    # here, they would keep a pipe open after the parent died, and a worker blocked in send would
+    # wait for ever instead of failing.
+    for c in inherited:
+        c.close()
     if initializer is not None:
         initializer(*initargs)
     while True:
         try:
             item = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the parent closed its end, or is gone
             return
         if item is None:
             return
         index, task = item
         try:
-            conn.send((index, True, func(task)))
+            reply = (index, True, func(task))
         except BaseException as e:  # noqa: BLE001 (sent to the parent, which raises it)
+            reply = (index, False, e)
+        try:
+            conn.send(reply)
+        except OSError:  # the parent is gone: nobody wants the reply
+            return
+        except BaseException as e:  # noqa: BLE001 (the reply does not pickle: the parent raises why)
             conn.send((index, False, e))
 
 
@@ -60,7 +94,9 @@ class WorkerPool:
                 guard.hold()
                 for _ in range(max(1, n)):
                     parent, child = ctx.Pipe()
-                    p = ctx.Process(target=_serve, args=(child, func, initializer, initargs), daemon=True)
+                    inherited = [c for _, c in self._workers] + [parent]
+                    p = ctx.Process(target=_serve, args=(child, func, initializer, initargs, os.getpid(), inherited),
+                                    daemon=True)
                     p.start()
                     child.close()
                     self._workers.append((p, parent))
