@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The ``lm`` executable: :func:`main`, then exit. After Ctrl-C (status 130) the process ends at
-    once, without the interpreter's teardown of torch and its threads, which can take a second:
+    """The ``lm`` executable: :func:`main`, then exit. After Ctrl-C or SIGTERM (status 130, 143) the
+    process ends at once, without the interpreter's teardown of torch and its threads, which can take a second:
     every output was already cleaned up while the interrupt unwound. Once :func:`main` has
     returned, Ctrl-C is ignored: there is nothing left to interrupt."""
     import os
@@ -98,6 +98,6 @@ def entry() -> None:
         status = 130
     sys.stdout.flush()
     sys.stderr.flush()
-    if status == 130:
-        os._exit(130)
+    if status in (130, 143):
+        os._exit(status)
     sys.exit(status)
