@@ -421,6 +421,77 @@ def test_cancel_end_of_text_choices_and_a_full_queue():
     assert engine.stats.requests == {"finished": 2, "cancelled": 3, "rejected": 2, "failed": 0}
 
 
+def test_a_request_cancelled_while_waiting_leaves_the_queue_at_once():
+    """A request cancelled whole while it waits (its client gone) frees its place in the queue at
+    once: ``max_queue`` and the queue depth count live requests only. Dead ones had stayed until
+    they reached the head, so that live requests got QueueFull (503) with the queue full of them.
+    The engine's thread ends its choices ("cancelled") at its next step. Several requests (the
+    prompts of one call) queue all or none: refused, none of them waits, all counted rejected."""
+    engine = Engine(tiny_model(), max_batch=1, max_queue=2)
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    running, gone, live, late = Recorder(), Recorder(), Recorder(), Recorder()
+    engine.submit(running.request([1], params))
+    engine.step()  # it holds the only row: the others wait
+    engine.submit(dead := gone.request([2], params))
+    engine.submit(live.request([3], params))
+    with pytest.raises(QueueFull):
+        engine.submit(Recorder().request([4], params))
+    dead.cancel()
+    assert len(engine.waiting) == 1 and engine.stats.queue_depth == 1 and engine.busy
+    engine.submit(late.request([4], params))  # the place it left
+    with pytest.raises(QueueFull, match="this request has 2 prompts"):
+        engine.submit_all([Recorder().request([5], params), Recorder().request([6], params)])
+    assert len(engine.waiting) == 2
+    engine.step()
+    assert gone.reasons == ["cancelled"] and gone.tokens == [[]]  # told at the next step, the head still waiting
+    run_until_idle(engine)
+    assert running.reasons == live.reasons == late.reasons == ["length"] and engine.stats.queue_depth == 0
+    assert engine.stats.requests == {"finished": 3, "cancelled": 1, "rejected": 3, "failed": 0}
+
+
+def test_a_choice_the_server_stops_ends_finished_and_frees_its_row_at_once():
+    """``Request.stop(index)`` (the server saw a stop string in that choice's text) ends the choice
+    at the next step as "stop", counted finished (it had been ended with cancel and counted as an
+    abandoned request); the other choice goes on, and a waiting request takes the freed row."""
+    engine = Engine(tiny_model(), max_batch=2)
+    both, waiting = Recorder(n=2), Recorder()
+    engine.submit(r := both.request([1, 2], SamplingParams(max_tokens=10, seed=1), n=2))
+    engine.submit(waiting.request([3], SamplingParams(max_tokens=3, seed=2)))
+    engine.step()
+    engine.step()
+    r.stop(0)
+    engine.step()
+    assert both.reasons == ["stop", None] and len(both.tokens[0]) == 3 and waiting.tokens[0]  # in the freed row
+    run_until_idle(engine)
+    assert both.reasons == ["stop", "length"] and waiting.reasons == ["length"]
+    assert engine.stats.requests == {"finished": 3, "cancelled": 0, "rejected": 0, "failed": 0}
+
+
+def test_max_tokens_0_scores_the_prompt_without_a_slot_or_a_token():
+    """``max_tokens`` 0 (echo without generation, as OpenAI's and vLLM's): the prompt's
+    log-probabilities, computed on the engine's thread, and every choice ended "length" with no
+    token; it needs no row, so it does not wait behind the requests that hold them."""
+    model = tiny_model()
+    engine = Engine(model, max_batch=2)
+    busy, scored = Recorder(n=2), Recorder(n=2)
+    engine.submit(busy.request([1], SamplingParams(max_tokens=20), n=2))
+    engine.step()
+    prompt = [11, 12, 13, 14]
+    engine.submit(r := scored.request(prompt, SamplingParams(max_tokens=0, logprobs=1, prompt_logprobs=2), n=2))
+    engine.step()
+    assert scored.reasons == ["length", "length"] and scored.tokens == [[], []] and busy.reasons == [None, None]
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([prompt]))[0].float(), dim=-1)
+    assert r.prompt_logprobs[0] is None and len(r.prompt_logprobs) == len(prompt)
+    for t in range(1, len(prompt)):
+        own, top = r.prompt_logprobs[t]
+        assert abs(own - want[t - 1, prompt[t]].item()) < 1e-5
+        assert [i for i, _ in top] == want[t - 1].topk(2)[1].tolist()
+    assert engine.stats.generated_tokens == sum(map(len, busy.tokens)) and engine.stats.requests["finished"] == 2
+    with pytest.raises(ValueError, match="max_tokens must be a whole number >= 0, got -1"):
+        SamplingParams(max_tokens=-1)
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(prompt_ids=[]), "prompt: empty"),
     (dict(prompt_ids=[1, 97]), "prompt: token id 97"),

@@ -4,6 +4,7 @@ errors, a full queue, a client that leaves mid-stream, metrics, and SIGTERM on t
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -162,6 +163,61 @@ def test_echo_scores_a_text_as_lm_evaluation_harness_asks(served):
     assert chunks[0].text == "Tom saw" and "".join(ch.text for ch in chunks) == whole.text
 
 
+def test_echo_with_max_tokens_0_returns_the_prompt_scored_without_generating(served):
+    """OpenAI's and vLLM's way to score a text (older lm-evaluation-harness versions send it):
+    echo with max_tokens 0 returns the prompt and, with logprobs, its tokens' log-probabilities
+    (the first null), finish_reason "length" and no completion token, streaming and not; nothing is
+    generated. It had been a 400; max_tokens 0 without echo still is one."""
+    tok, client = served.tok, served.client
+    ids = tok.encode("Lily had a red ball")
+    text, want = tok.decode(ids), _reference_logprobs(served, ids)
+    generated = served.engine.stats.generated_tokens
+    kwargs = dict(model="tiny", prompt=text, max_tokens=0, echo=True, logprobs=1, n=2)
+    r = client.completions.create(**kwargs)
+    assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    for c in r.choices:
+        lp = c.logprobs
+        assert c.text == text and c.finish_reason == "length"
+        assert lp.tokens == [token_text(tok, i) for i in ids] and lp.token_logprobs[0] is None
+        assert lp.top_logprobs[0] is None and [text[o:o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] \
+            == lp.tokens
+        scores = [want[t - 1, ids[t]].item() for t in range(1, len(ids))]
+        assert lp.token_logprobs[1:] == pytest.approx(scores, abs=1e-5)
+    stream = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert stream[-1].choices == [] and stream[-1].usage.completion_tokens == 0
+    for index, c in enumerate(r.choices):
+        chunks = [ch.choices[0] for ch in stream if ch.choices and ch.choices[0].index == index]
+        assert "".join(ch.text for ch in chunks) == text and chunks[-1].finish_reason == "length"
+        assert sum((ch.logprobs.token_logprobs for ch in chunks if ch.logprobs), []) == c.logprobs.token_logprobs
+    plain = client.completions.create(model="tiny", prompt=[ids], max_tokens=0, echo=True).choices[0]
+    assert plain.text == text and plain.logprobs is None and plain.finish_reason == "length"
+    assert served.engine.stats.generated_tokens == generated
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="tiny", prompt=text, max_tokens=0)
+
+
+def test_a_stop_string_ends_a_choice_counted_finished_in_the_metrics(served):
+    """A choice cut by a stop string is finished (finish_reason "stop"), in /metrics too: the server
+    had ended its row as a cancel, so that stop-string completions counted as abandoned requests."""
+    def outcomes():
+        wait_idle(served.engine)  # the row freed after the answer: at the engine's next step
+        text = httpx.get(served.url + "/metrics").text
+        return {s.labels["outcome"]: s.value for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name == "lm_requests_total"}
+
+    base = dict(model="tiny", prompt="Lily had", max_tokens=60, temperature=1.0, seed=11,
+                extra_body={"ignore_eos": True})
+    whole = served.client.completions.create(**base).choices[0].text
+    stop = whole[len(whole) // 4: len(whole) // 4 + 2]
+    before = outcomes()
+    cut = served.client.completions.create(**base, stop=[stop]).choices[0]
+    streamed = [ch.choices[0] for ch in served.client.completions.create(**base, stop=[stop], stream=True)]
+    assert cut.text == whole[:whole.find(stop)] == "".join(ch.text for ch in streamed)
+    assert cut.finish_reason == streamed[-1].finish_reason == "stop"
+    after = outcomes()
+    assert after["finished"] - before["finished"] == 2 and after["cancelled"] == before["cancelled"]
+
+
 def test_vllms_tokenizer_endpoints_speak_the_models_tokens(served):
     """POST /tokenize and /detokenize and GET /tokenizer_info, as vLLM's (lm-evaluation-harness's
     remote tokenizer checks for /tokenizer_info with an eos_token and /tokenize returning tokens)."""
@@ -203,6 +259,12 @@ def test_vllms_tokenizer_endpoints_speak_the_models_tokens(served):
     ({"prompt": "a", "logit_bias": {"5": 1}}, 400, "logit_bias"),
     ({"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"prompt": "a", "stream_options": []}, 400, "stream_options"),
+    # vLLM's extensions that change the answer: ids as token names, usage in every chunk; and unknown options
+    ({"prompt": "a", "logprobs": 1, "return_tokens_as_token_ids": True}, 400, "return_tokens_as_token_ids"),
+    ({"prompt": "a", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400, "stream_options"),
+    ({"prompt": "a", "stream": True, "stream_options": {"include_usage": True, "frobnicate": 1}}, 400,
+     "stream_options"),
+    ({"prompt": "a", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     ({"prompt": "a", "top_k": 0.5}, 400, "top_k"),
     ({"prompt": "a", "top_k": -2}, 400, "top_k"),
     ({"prompt": "a", "stream": "yes"}, 400, "stream"),
@@ -257,6 +319,11 @@ def test_top_k_and_fields_at_their_no_effect_values(served):
     # OpenAI's defaults, sent as such (they had been refused: best_of 1, logit_bias {}, stream null)
     same = served.client.completions.create(**base, best_of=1, logit_bias={}, suffix="", extra_body={"stream": None})
     assert same.choices[0].text == plain
+    same = served.client.completions.create(**base, extra_body={"return_tokens_as_token_ids": False})
+    assert same.choices[0].text == plain
+    chunks = list(served.client.completions.create(**base, stream=True, stream_options={
+        "include_usage": True, "continuous_usage_stats": False}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == plain and chunks[-1].usage is not None
     r = httpx.post(served.url + "/v1/completions", json={**base, "n": 2, "best_of": 2})
     assert r.status_code == 200 and len(r.json()["choices"]) == 2
     # a temperature or top_p that vanishes in float32 had turned the probabilities into NaN, and the
@@ -417,6 +484,130 @@ def test_a_full_queue_answers_503_with_retry_after(tmp_path_factory):
         server.close()
 
 
+def test_a_request_refused_part_way_or_left_while_waiting_keeps_no_place_in_the_queue(tmp_path_factory):
+    """The queue holds live requests only. A request of several prompts refused part-way (503) had
+    left its first prompts queued, counted rejected and then cancelled too; a stream closed while
+    it waited had kept its place until it reached the head: with clients that retry, live requests
+    got 503s from a queue of dead ones. Now neither keeps a place, at once, and /metrics counts the
+    refused choices as rejected only."""
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = Engine(model, max_batch=4, max_queue=3, eos_id=tok.eot_id)
+    server = ServerThread(create_app(engine, tok, "tiny", start_engine=False))  # it steps when the test says
+    url = server.url + "/v1/completions"
+    answers = []
+
+    def post(body):
+        thread = threading.Thread(target=lambda: answers.append(httpx.post(url, json=body, timeout=60)), daemon=True)
+        thread.start()
+        return thread
+
+    def depth(want):
+        deadline = time.time() + 10
+        while engine.stats.queue_depth != want:
+            assert time.time() < deadline, f"queue depth {engine.stats.queue_depth}, not {want}"
+            time.sleep(0.01)
+        assert f"lm_queue_depth {want}\n" in httpx.get(server.url + "/metrics").text
+
+    try:
+        first = post({"prompt": ["a", "b"], "n": 2, "max_tokens": 2})
+        depth(2)
+        r = httpx.post(url, json={"prompt": ["c", "d"], "n": 2, "max_tokens": 2})
+        assert r.status_code == 503
+        depth(2)  # its first prompt had stayed queued
+        assert "this request has 2 prompts" in r.json()["error"]["message"]
+        with httpx.stream("POST", url, json={"prompt": "e", "max_tokens": 2, "stream": True}) as gone:
+            assert gone.status_code == 200
+            depth(3)
+        depth(2)  # closed while it waited: its place is free before the engine runs a step
+        last = post({"prompt": "f", "max_tokens": 2})
+        depth(3)
+        while first.is_alive() or last.is_alive():
+            engine.step()
+        assert [a.status_code for a in answers] == [200, 200]
+        assert sorted(len(a.json()["choices"]) for a in answers) == [1, 4]
+        assert engine.stats.requests == {"finished": 5, "cancelled": 1, "rejected": 4, "failed": 0}
+    finally:
+        server.close()
+
+
+def test_sigterm_gives_a_client_that_stops_reading_the_graceful_timeout_not_for_ever(tmp_path_factory):
+    """SIGTERM waits for the engine to finish the requests in it, then for the answers still being
+    sent at most the graceful timeout (30 s in `lm serve`, 1 s here): a client that stops reading
+    had kept the process up for as long as it did not read."""
+    from lm.cli.serve import draining_server
+
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = Engine(model, max_batch=4, eos_id=tok.eot_id)
+    app = create_app(engine, tok, "tiny")
+    state = app.state.server
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # inherited by the accepted socket
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    server = draining_server(app, host="127.0.0.1", port=0, quiet=True, graceful_shutdown=1.0)
+    thread = ServerThread(app, server=server, sock=listener)
+    body = json.dumps({"prompt": "Lily", "n": 4, "max_tokens": 60, "logprobs": 20, "echo": True,
+                       "ignore_eos": True, "stream": True}).encode()  # about 220 kB of events
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    try:
+        client.connect(listener.getsockname())
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # and reads nothing
+        deadline = time.time() + 30
+        while state.inflight == 0 or engine.busy or engine.stats.requests["finished"] < 4:
+            assert time.time() < deadline, "the request did not run"
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert state.inflight == 1  # its tokens all made, its answer stuck in the buffers
+        signalled = time.time()
+        server.handle_exit(signal.SIGTERM, None)
+        thread.thread.join(15)
+        assert not thread.thread.is_alive() and time.time() - signalled < 5
+        assert state.inflight == 0 and engine.stats.requests == {"finished": 4, "cancelled": 0, "rejected": 0,
+                                                                 "failed": 0}
+    finally:
+        client.close()
+        thread.close()
+
+
+def test_start_server_fails_naming_the_port_where_another_process_answers(tmp_path_factory):
+    """``start_server`` had returned as soon as anything answered /health on the port: another
+    server's URL, with its own process about to fail to bind. The listening socket must be its
+    process's own (Linux: /proc), else it fails naming the port."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    port = other.server_address[1]
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        with pytest.raises(RuntimeError, match=f"did not start on port {port} .*another process answers") as e:
+            proc, _ = start_server(["--checkpoint", str(run), "--device", "cpu", "--quiet"], port,
+                                   stderr=subprocess.PIPE, text=True)
+            proc.kill()  # (not reached: it must not return another server's URL)
+        assert f"cannot listen on 127.0.0.1:{port}" in str(e.value)
+        from lm.serve.process import listens_on
+
+        if sys.platform == "linux":  # the check: the port's listening socket among the process's files
+            assert listens_on(os.getpid(), port) is True and listens_on(os.getpid(), free_port()) is False
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
 def test_lm_serve_dtype_bfloat16_answers_as_the_engine_under_autocast(tmp_path_factory):
     """``--dtype bfloat16`` (autocast; ``auto`` picks it on CUDA): the decode steps write autocast's
     keys and values into the float32 cache (this had failed at start-up) and the server answers
@@ -485,7 +676,7 @@ def test_a_failing_model_fails_its_requests_and_the_server_exits_1_with_the_trac
     port = free_port()
     inject = ("import sys, lm.serve.engine as e\n"
               "def broken(*args, **kwargs):\n    raise RuntimeError('injected failure')\n"
-              "e.sample_next_token = broken\n"
+              "e.next_token_and_finite = broken\n"
               "from lm.cli import main\n"
               f"sys.exit(main(['serve', '--checkpoint', {str(run)!r}, '--port', '{port}', '--device', 'cpu']))")
     proc = subprocess.Popen([sys.executable, "-c", inject], stderr=subprocess.PIPE, text=True)

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "/detokenize and /tokenizer_info, and a playground page at /. Requests "
         "that arrive while others decode join the running batch (continuous batching). A translation "
         "(encoder-decoder) checkpoint is served the same way: the prompt is the source, the completion its "
-        "translation. SIGTERM or Ctrl-C finishes the requests in flight, answers new ones with 503, then exits.",
+        "translation. SIGTERM or Ctrl-C finishes the requests in flight, answers new ones with 503, then exits "
+        f"(a client still reading its answer gets {GRACEFUL_SHUTDOWN_S:g} s more).",
         examples=EXAMPLES,
     )
     add_checkpoint(p)
@@ -101,10 +102,54 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
     return run.name
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+GRACEFUL_SHUTDOWN_S = 30.0  # once the engine has drained: the most time the answers still being sent get
+
+
+def draining_server(app, *, host: str, port: int, quiet: bool = False,
+                    graceful_shutdown: float = GRACEFUL_SHUTDOWN_S):
+    """A uvicorn server of ``app`` (:func:`lm.serve.app.create_app`'s) that drains on SIGTERM or
+    Ctrl-C: new requests get 503 at once, the engine finishes the requests in it (their generation,
+    bounded by ``max_tokens``), then the server stops, giving the answers still being sent at most
+    ``graceful_shutdown`` seconds (uvicorn's graceful timeout), so that a client that stops reading
+    cannot keep the process up. A second signal exits at once."""
     import signal
     import threading
     import time
+
+    import uvicorn
+
+    state = app.state.server
+    engine = state.engine
+
+    class Server(uvicorn.Server):
+        draining = False
+
+        def handle_exit(self, sig, frame):
+            if self.draining:
+                return super().handle_exit(sig, frame)
+            self.draining = True
+            state.draining = True
+            engine.stop_accepting()
+            if not quiet:
+                print(f"lm serve: {signal.Signals(sig).name}: finishing {state.inflight} request(s) in flight "
+                      f"(then at most {graceful_shutdown:g} s to send them); new ones get 503", file=sys.stderr,
+                      flush=True)
+
+            def wait_then_exit():
+                # The engine only: a response whose tokens are all made may still wait for its client
+                # to read it, which the graceful timeout bounds once should_exit is set.
+                while engine.busy:
+                    time.sleep(0.02)
+                self.should_exit = True
+
+            threading.Thread(target=wait_then_exit, daemon=True).start()
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
+                            access_log=not quiet, timeout_graceful_shutdown=graceful_shutdown)
+    return Server(config)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
     import traceback
 
     from lm.cli.common import load_model_and_tokenizer
@@ -112,7 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from lm.generate.seq2seq import line_break_ids
 
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - checked here, before the model loads; draining_server uses it
 
         from lm.serve.app import create_app
         from lm.serve.engine import Engine
@@ -162,33 +207,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "others than alone", file=sys.stderr, flush=True)
     app = create_app(engine, tok, name, max_body=args.max_body, api_key=api_key)
     state = app.state.server
-
-    class Server(uvicorn.Server):
-        """SIGTERM / Ctrl-C: stop taking requests (503), let those in flight finish, then exit.
-        A second signal exits at once."""
-
-        draining = False
-
-        def handle_exit(self, sig, frame):
-            if self.draining:
-                return super().handle_exit(sig, frame)
-            self.draining = True
-            state.draining = True
-            engine.stop_accepting()
-            if not args.quiet:
-                print(f"lm serve: {signal.Signals(sig).name}: finishing {state.inflight} request(s) in flight; "
-                      "new ones get 503", file=sys.stderr, flush=True)
-
-            def wait_then_exit():
-                while state.inflight or engine.busy:
-                    time.sleep(0.02)
-                self.should_exit = True
-
-            threading.Thread(target=wait_then_exit, daemon=True).start()
-
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
-                            access_log=not args.quiet, timeout_graceful_shutdown=30)
-    server = Server(config)
+    server = draining_server(app, host=args.host, port=args.port, quiet=args.quiet)
     if not args.quiet:
         where = f"http://{args.host}:{args.port}"
         print(f"lm serve: {name} ({model.num_parameters():,} parameters, context {model.config.context_length}, "

@@ -110,19 +110,16 @@ class Completion:
         self.remaining = len(self.choices)
 
     def submit(self) -> None:
+        """Queue every prompt, or none: a request refused part-way leaves nothing queued."""
         try:
-            for r in self.requests:
-                self.state.engine.submit(r)
+            self.state.engine.submit_all(self.requests)
         except QueueFull as e:
-            self.cancel()
             raise api.APIError(503, f"the server is busy: {e}", type="server_error",
                                headers={"Retry-After": "1"}) from None
         except EngineStopped:
-            self.cancel()
             raise api.APIError(503, "the server is shutting down", type="server_error",
                                headers={"Retry-After": "5"}) from None
         except ValueError as e:  # the engine's own checks (parse_completion makes them all first)
-            self.cancel()
             raise api.APIError(400, str(e), str(e).split(":")[0]) from None
 
     def cancel(self) -> None:
@@ -152,7 +149,7 @@ class Completion:
             if c.text.stopped:
                 c.done, c.reason = True, "stop"
                 self.remaining -= 1
-                self.requests[index // self.req.n].cancel(index % self.req.n)
+                self.requests[index // self.req.n].stop(index % self.req.n)  # finished, its row freed
                 return [*pieces, (index, text, "stop", c.take())]
             return [*pieces, (index, text, None, c.take())] if text else pieces
         if reason == "error":

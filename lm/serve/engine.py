@@ -5,8 +5,10 @@ cache of ``context_length`` positions. A request waits in a queue until enough s
 (one per choice, ``n``). It then has its prompt prefilled (one forward over the prompt, alone),
 its keys and values copied into its slots, and it joins the rows already decoding at the next
 step. Each step advances every active row by one token. A row that finishes (end of text,
-``max_tokens``) or is cancelled (a stop string seen, a client gone) gives its slot back at once,
-to the next request in the queue.
+``max_tokens``, a stop string the server saw) or is cancelled (its client gone) gives its slot back
+at once, to the next request in the queue; a request cancelled while it waits leaves the queue at
+once, so that ``max_queue`` counts live requests only. A request of ``max_tokens`` 0 takes no slot:
+its prompt is scored (``prompt_logprobs``) and nothing generated.
 
 **Batch invariance.** A row's tokens must not depend on which other rows share the batch: a
 request with a ``seed`` returns the same text alone or beside fifteen others. torch's CPU matmul
@@ -96,8 +98,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         check_sampling_args(self.temperature, self.top_p, self.top_k)
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a whole number >= 1, got {self.max_tokens!r}")
+        # 0: nothing generated, the prompt only scored (OpenAI's and vLLM's echo with max_tokens 0)
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be a whole number >= 0, got {self.max_tokens!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
@@ -124,8 +127,8 @@ def choice_seed(seed: int, index: int) -> int:
 
 
 # Events the engine sends a request, from its own thread: a new token of choice ``index``, or the
-# end of that choice with a finish reason ("stop": end of text or cancelled by a stop string;
-# "length": max_tokens; "cancelled": the client went away; "error": the engine failed).
+# end of that choice with a finish reason ("stop": end of text, or ended by Request.stop, a stop
+# string; "length": max_tokens; "cancelled": the client went away; "error": the engine failed).
 OnToken = Callable[[int, int], None]
 OnFinish = Callable[[int, str], None]
 
@@ -136,7 +139,9 @@ class Request:
     reason)`` are called from the engine's thread; they must return quickly. With
     ``params.logprobs`` the engine appends each token's :data:`TokenLogprobs` to ``logprobs[index]``
     before it calls ``on_token``; with ``params.prompt_logprobs`` it sets ``prompt_logprobs`` (None
-    for the first token, which nothing predicts) before the first ``on_token``."""
+    for the first token, which nothing predicts) before the first ``on_token`` or ``on_finish``.
+    :meth:`cancel` (the client went away) and :meth:`stop` (the server saw a stop string) end
+    choices early, from any thread."""
 
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -147,18 +152,32 @@ class Request:
     first_token_at: float | None = None
     logprobs: list[list[TokenLogprobs]] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
-    _cancelled: set[int] | bool = field(default_factory=set)
+    # Set from the server's thread, read by the engine's: each is replaced whole, never changed in place.
+    _ended: dict[int, str] = field(default_factory=dict, init=False, repr=False)  # choice -> why it ends early
+    _cancelled: bool = field(default=False, init=False, repr=False)  # every choice
+    _engine: Engine | None = field(default=None, init=False, repr=False, compare=False)  # set by submit
 
     def cancel(self, index: int | None = None) -> None:
-        """Stop choice ``index`` (all choices when None) at the next step; safe from any thread."""
-        if index is None:
-            self._cancelled = True
-        elif self._cancelled is not True:
-            self._cancelled = self._cancelled | {index}
+        """Stop choice ``index`` (all choices when None) at the next step, as ``"cancelled"``; safe
+        from any thread. A request cancelled whole while it waits leaves the queue at once."""
+        if index is not None:
+            return self._end(index, "cancelled")
+        self._cancelled = True  # before reading _engine: submit sets _engine, then reads _cancelled
+        if self._engine is not None:
+            self._engine._withdraw(self)
 
-    def is_cancelled(self, index: int) -> bool:
-        c = self._cancelled
-        return c is True or index in c
+    def stop(self, index: int) -> None:
+        """End choice ``index`` at the next step as finished (``"stop"``: the server found a stop
+        string in its text), its row freed at once; safe from any thread."""
+        self._end(index, "stop")
+
+    def _end(self, index: int, reason: str) -> None:
+        if index not in self._ended:
+            self._ended = {**self._ended, index: reason}
+
+    def ended(self, index: int) -> str | None:
+        """Why choice ``index`` is to end before its time (``"stop"``, ``"cancelled"``), or None."""
+        return self._ended.get(index, "cancelled" if self._cancelled else None)
 
 
 @dataclass
@@ -189,8 +208,9 @@ class Stats:
         self.batch_size = 0
 
     def ended(self, reason: str, choices: int = 1) -> None:
-        """``choices`` choices ended: ``cancelled``, ``error`` (failed) or finished. :attr:`requests`
-        counts choices (a request of ``n`` counts ``n``), whether they ran or ended waiting."""
+        """``choices`` choices ended: ``cancelled``, ``error`` (failed) or finished (``stop``: end of
+        text or a stop string; ``length``). :attr:`requests` counts choices (a request of ``n``
+        counts ``n``), whether they ran or ended waiting."""
         outcome = "cancelled" if reason == "cancelled" else "failed" if reason == "error" else "finished"
         self.requests[outcome] += choices
 
@@ -236,7 +256,8 @@ class Engine:
         self.rows: list[_Row | None] = [None] * max_batch
         self.dtype = dtype  # autocast's, None for the weights' own
         self._set_up_decoding(compile, step_sizes)
-        self.waiting: deque[Request] = deque()
+        self.waiting: deque[Request] = deque()  # live requests only: a cancelled one leaves at once
+        self._withdrawn: list[Request] = []  # cancelled while waiting: the engine's thread ends their choices
         self.stats = Stats()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -355,28 +376,52 @@ class Engine:
             )
 
     def submit(self, request: Request) -> None:
-        self.check(request)
+        """Queue ``request``: :class:`QueueFull` when ``max_queue`` requests wait already."""
+        self.submit_all([request])
+
+    def submit_all(self, requests: list[Request]) -> None:
+        """Queue ``requests`` (the prompts of one API call) all or none: :class:`QueueFull`, every
+        choice counted rejected, when they do not all fit in the queue; ``ValueError`` if one can
+        never run."""
+        for request in requests:
+            self.check(request)
         with self._lock:
             if not self.accepting:
                 raise EngineStopped("the server is shutting down")
-            if len(self.waiting) >= self.max_queue:
-                self.stats.requests["rejected"] += request.n
-                raise QueueFull(f"{len(self.waiting)} requests are waiting already (max_queue={self.max_queue})")
-            self.waiting.append(request)
+            if len(self.waiting) + len(requests) > self.max_queue:
+                self.stats.requests["rejected"] += sum(r.n for r in requests)
+                these = f", and this request has {len(requests)} prompts" if len(requests) > 1 else ""
+                raise QueueFull(f"{len(self.waiting)} requests are waiting already{these} "
+                                f"(max_queue={self.max_queue})")
+            for request in requests:
+                request._engine = self
+                (self._withdrawn if request._cancelled else self.waiting).append(request)
             self.stats.queue_depth = len(self.waiting)
+            self._wake.notify()
+
+    def _withdraw(self, request: Request) -> None:
+        """Take a request cancelled whole out of the queue, if it waits there (any thread); the
+        engine's thread then ends its choices. One that runs ends at the next step."""
+        with self._lock:
+            at = next((i for i, r in enumerate(self.waiting) if r is request), None)  # `is`: requests compare by value
+            if at is None:
+                return
+            del self.waiting[at]
+            self.stats.queue_depth = len(self.waiting)
+            self._withdrawn.append(request)
             self._wake.notify()
 
     @property
     def busy(self) -> bool:
-        """Whether any request is waiting or decoding."""
-        return bool(self.waiting) or any(r is not None for r in self.rows)
+        """Whether any request is waiting, decoding, or cancelled and not yet told."""
+        return bool(self.waiting or self._withdrawn) or any(r is not None for r in self.rows)
 
     # -- the scheduler (the engine's thread) -------------------------------------------------
     @torch.inference_mode()
     def step(self) -> bool:
         """Admit waiting requests into free slots, then decode one token of every active row.
         Returns whether there was anything to do."""
-        self._drop_cancelled()
+        self._drop_ended()
         self._admit()
         self._compact()
         active = [i for i, r in enumerate(self.rows) if r is not None]
@@ -412,22 +457,24 @@ class Engine:
             self.rows[slot], self.rows[last] = row, None
 
     def _admit(self) -> None:
+        """End the choices of the requests cancelled while they waited, then prefill waiting
+        requests into free slots, first come first served (``max_tokens`` 0 needs none)."""
         while True:
+            free = [i for i, r in enumerate(self.rows) if r is None]  # rows change on this thread only
             with self._lock:
-                if not self.waiting:
-                    break
-                request = self.waiting[0]
-                free = [i for i, r in enumerate(self.rows) if r is None]
-                if request._cancelled is True:  # cancelled while waiting
+                withdrawn, self._withdrawn = self._withdrawn, []
+                request = self.waiting[0] if self.waiting else None
+                need = 0 if request is None or request.params.max_tokens == 0 else request.n
+                if request is not None and len(free) >= need:
                     self.waiting.popleft()
                     self.stats.queue_depth = len(self.waiting)
-                    self._finish_all(request, "cancelled")
-                    continue
-                if len(free) < request.n:
-                    break
-                self.waiting.popleft()
-                self.stats.queue_depth = len(self.waiting)
-            self._prefill(request, free[: request.n])
+                else:
+                    request = None
+            for cancelled in withdrawn:  # (callbacks outside the lock: one may cancel a request)
+                self._finish_all(cancelled, "cancelled")
+            if request is None:
+                return
+            self._prefill(request, free[:need])
 
     def _prefilled(self, prompt_ids: list[int]) -> tuple[Tensor, KVCache]:
         """The prompt run alone: its last position's logits, and the one-row cache holding it."""
@@ -437,12 +484,16 @@ class Engine:
             return self.model(ids, kv_cache=one, last_only=True)[0, -1], one
 
     def _prefill(self, request: Request, slots: list[int]) -> None:
-        logits, one = self._prefilled(request.prompt_ids)
+        """Run the prompt and start a row in each slot (none: ``max_tokens`` 0, the prompt only
+        scored with ``prompt_logprobs``, every choice ended with ``"length"``)."""
         self.stats.prompt_tokens += len(request.prompt_ids)
         if request.params.logprobs is not None:
-            request.logprobs = [[] for _ in slots]
+            request.logprobs = [[] for _ in range(request.n)]
         if request.params.prompt_logprobs is not None:
             request.prompt_logprobs = self._prompt_logprobs(request.prompt_ids, request.params.prompt_logprobs)
+        if not slots:
+            return self._finish_all(request, "length")
+        logits, one = self._prefilled(request.prompt_ids)
         generators = request.params.choice_generators(len(slots))
         for index, (slot, generator) in enumerate(zip(slots, generators)):
             self.cache.fill_from(slot, one)
@@ -471,8 +522,8 @@ class Engine:
         """Sample the row's next token from its logits, send it, and free the slot if it is done.
         The end-of-text token is sent as a token unless :attr:`sends_eos` is False."""
         request, p = row.request, row.request.params
-        if request.is_cancelled(row.index):
-            return self._free(slot, "cancelled")
+        if (early := request.ended(row.index)) is not None:
+            return self._free(slot, early)
         allowed = self._allowed(logits)
         token, finite = next_token_and_finite(allowed[None], temperature=p.temperature, top_p=p.top_p,
                                               top_k=p.top_k, generator=row.generator)
@@ -509,10 +560,11 @@ class Engine:
         if row.request.on_finish is not None:
             row.request.on_finish(row.index, reason)
 
-    def _drop_cancelled(self) -> None:
+    def _drop_ended(self) -> None:
+        """Free the rows that :meth:`Request.cancel` or :meth:`Request.stop` ended."""
         for slot, row in enumerate(self.rows):
-            if row is not None and row.request.is_cancelled(row.index):
-                self._free(slot, "cancelled")
+            if row is not None and (early := row.request.ended(row.index)) is not None:
+                self._free(slot, early)
 
     def _finish_all(self, request: Request, reason: str) -> None:
         if request.on_finish is not None:
@@ -532,7 +584,7 @@ class Engine:
         try:
             while True:
                 with self._lock:
-                    while not self._stop and not self.waiting and not any(r is not None for r in self.rows):
+                    while not self._stop and not self.busy:
                         self._wake.wait()
                     if self._stop:
                         break
@@ -547,11 +599,15 @@ class Engine:
         with self._lock:
             self.accepting = False
             waiting, self.waiting = list(self.waiting), deque()
+            withdrawn, self._withdrawn = self._withdrawn, []
+            self.stats.queue_depth = 0
         for slot, row in enumerate(self.rows):
             if row is not None:
                 self._free(slot, "error")
         for request in waiting:
             self._finish_all(request, "error")
+        for request in withdrawn:
+            self._finish_all(request, "cancelled")
 
     def stop_accepting(self) -> None:
         """New requests get :class:`EngineStopped`; the ones already in go on to the end."""
@@ -571,6 +627,9 @@ class Engine:
                 self._free(slot, "cancelled")
         with self._lock:
             waiting, self.waiting = list(self.waiting), deque()
+            waiting += self._withdrawn
+            self._withdrawn = []
+            self.stats.queue_depth = 0
         for request in waiting:
             self._finish_all(request, "cancelled")
 

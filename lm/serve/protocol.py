@@ -9,7 +9,9 @@ under the model (over the tokenizer's tokens, before temperature and top-p, as v
 ``logprobs`` most likely alternatives and the token itself in ``top_logprobs``, its text in
 ``tokens`` and where it starts in the choice's text in ``text_offset``; ``echo`` puts the prompt
 before the completion, its tokens too when ``logprobs`` is given (the first one's log-probability
-``null``), which scores a text (what lm-evaluation-harness's ``local-completions`` asks for).
+``null``), which scores a text (what lm-evaluation-harness's ``local-completions`` asks for);
+with ``max_tokens`` 0 it returns the prompt alone, nothing generated (finish_reason ``length``), as
+OpenAI's and vLLM's.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ UNSUPPORTED = {  # field: the value that means "not used" (OpenAI's, then vLLM's
     "skip_special_tokens": True, "use_beam_search": False, "length_penalty": 1, "bad_words": [],
     "allowed_token_ids": None, "prompt_logprobs": None, "truncate_prompt_tokens": None, "response_format": None,
     "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+    "return_tokens_as_token_ids": False,
 }
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")  # OpenAI's; vLLM's (refused unless false)
 MAX_STOP = 4  # as OpenAI
 
 
@@ -147,7 +151,14 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         if bad is not None:
             raise APIError(400, f"prompt: token id {bad} is outside [0, {vocab})", "prompt")
         prompts.append(ids)
-    max_tokens = _integer(body, "max_tokens", context_length - 1 if translation else 16, 1)
+    echo = _boolean(body, "echo", False)
+    if echo and translation:
+        raise APIError(400, "echo: a translation's prompt is in another language; not supported for a "
+                            "translation model", "echo")
+    max_tokens = _integer(body, "max_tokens", context_length - 1 if translation else 16, 0)
+    if max_tokens == 0 and not echo:  # with echo, 0 scores the prompt (OpenAI's, vLLM's); else nothing to do
+        raise APIError(400, "max_tokens: must be an integer >= 1 (0 only with echo: the prompt alone), got 0",
+                       "max_tokens")
     longest = max(len(p) for p in prompts)
     if translation:
         if longest + 1 > context_length:  # the source ends in <eos>
@@ -191,18 +202,22 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         raise APIError(400, "stream_options: only allowed when stream is true", "stream_options")
     if not isinstance(options, dict):
         raise APIError(400, "stream_options: must be an object", "stream_options")
+    unknown = [k for k in options if k not in STREAM_OPTIONS]
+    if unknown:  # as OpenAI's
+        raise APIError(400, f"stream_options: unknown field(s) {', '.join(map(repr, unknown))}; this server takes "
+                            "include_usage", "stream_options")
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise APIError(400, "stream_options.include_usage: must be true or false", "stream_options")
+    continuous = options.get("continuous_usage_stats")  # vLLM's: usage in every chunk
+    if continuous is not None and continuous is not False:
+        raise APIError(400, "stream_options.continuous_usage_stats: not supported by this server (usage comes "
+                            "once, in the last chunk, with include_usage)", "stream_options")
     ignore_eos = _boolean(body, "ignore_eos", False, null=False)  # vLLM's: a bool, not null
     if ignore_eos and translation:
         raise APIError(400, "ignore_eos: a translation ends at its <eos>; not supported for a translation model",
                        "ignore_eos")
     logprobs = _integer(body, "logprobs", None, 0, MAX_LOGPROBS)
-    echo = _boolean(body, "echo", False)
-    if echo and translation:
-        raise APIError(400, "echo: a translation's prompt is in another language; not supported for a "
-                            "translation model", "echo")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             ignore_eos=ignore_eos, logprobs=logprobs,
                             prompt_logprobs=logprobs if echo else None)

@@ -14,11 +14,13 @@ TEXT = ("Lily had a red ball. She liked to play with it in the park. " + EOT
 
 
 class ServerThread:
-    """uvicorn serving ``app`` on a free port of 127.0.0.1, in a thread."""
+    """uvicorn serving ``app`` on a free port of 127.0.0.1, in a thread; or ``server`` (a
+    uvicorn.Server of ``app``), listening on ``sock`` (a socket bound and listening) if given."""
 
-    def __init__(self, app):
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+    def __init__(self, app, server=None, sock=None):
+        self.server = server or uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]} if sock else {},
+                                       daemon=True)
         self.thread.start()
         deadline = time.time() + 30
         while not self.server.started:
