@@ -71,6 +71,37 @@ def test_checkpoint_of_another_shape_is_refused_and_model_untouched(tmp_path):
         assert torch.equal(v, before[k])
 
 
+def test_an_optimizer_of_other_groups_is_refused_before_the_model_is_touched(tmp_path):
+    """lm train saves AdamW(param_groups(...)): two groups, weight decay and none. The CS336-style
+    call with AdamW(model.parameters()) failed inside torch ("loaded state dict has a different
+    number of parameter groups", no file named) after the model had been overwritten."""
+    from lm.optim import param_groups
+
+    model = _model()
+    opt = AdamW(param_groups(model, 0.1), lr=1e-2)
+    model(torch.randn(4, 6)).square().sum().backward()
+    opt.step()
+    save_checkpoint(model, opt, 7, tmp_path / "c.pt")
+    fresh = _model()
+    with torch.no_grad():
+        fresh[0].weight.zero_()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    one_group = AdamW(fresh.parameters(), lr=1e-2)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(tmp_path / "c.pt", fresh, one_group)
+    assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} holds 2 parameter groups (2 and 2 parameters, weight decay "
+                            "0.1 and 0) but the optimizer has 1 (4 parameters); build it as lm train does: "
+                            "AdamW(lm.optim.param_groups(model, weight_decay))")
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())  # nothing was copied
+    assert not one_group.state
+    with pytest.raises(ValueError, match="holds no optimizer state"):  # nor when there is none to load
+        save_checkpoint(model, None, 7, tmp_path / "no_opt.pt")
+        load_checkpoint(tmp_path / "no_opt.pt", fresh, one_group)
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+    assert load_checkpoint(tmp_path / "c.pt", fresh, AdamW(param_groups(fresh, 0.1), lr=1e-2)) == 7
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.state_dict().items())
+
+
 @pytest.mark.parametrize("cut", [0, 10, 0.5, -20])
 def test_truncated_checkpoint_is_one_clear_error(tmp_path, cut):
     model, opt = _trained()

@@ -284,3 +284,74 @@ def test_cli_eval_says_what_is_missing_when_data_and_model_are_of_other_kinds(ru
         assert main(["eval", *argv, "--quiet"]) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_cli_eval_of_a_run_without_a_tokenizer_never_takes_the_one_of_the_folder_above(run, tmp_path, capsys):
+    """proj/run, trained without data.tokenizer, beside proj/tokenizer (another model's): `lm eval
+    --checkpoint proj/run` used proj/tokenizer, so a text was scored silently with it and a token
+    file, which needs no tokenizer, was refused naming a --tokenizer never passed (audit "ckpt" #1)."""
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+
+    d, model, tok = run
+    proj = tmp_path / "proj"
+    (proj / "run").mkdir(parents=True)
+    (proj / "run" / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+    save_tokenizer_dir(Tokenizer({i: bytes([i]) for i in range(256)}, []), proj / "tokenizer")  # bytes: not tok
+    ids = tok.encode(TEXT[:300])
+    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=300,
+                     tokenizer_sha256=tok.checksum())
+    (tmp_path / "v.txt").write_text(TEXT[:300])
+    argv = ["eval", "--checkpoint", str(proj / "run"), "--quiet"]
+    assert main([*argv, "--data", str(tmp_path / "v.bin"), "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["loss"] == pytest.approx(reference_loss(model, ids)[0], rel=1e-5)
+    assert main([*argv, "--data", str(tmp_path / "v.txt")]) == 2
+    captured = capsys.readouterr()
+    weights = proj / "run" / "model.safetensors"
+    assert captured.out == ""
+    assert captured.err == f"lm eval: error: --tokenizer: no tokenizer/ beside {str(weights)!r}; pass --tokenizer DIR\n"
+
+
+def test_cli_eval_names_the_weights_it_scored(run, tmp_path, capsys):
+    """`--checkpoint RUN` is its model.safetensors or a later step_N.pt: nothing in the result said
+    which (audit "ckpt" #5). The file and its step are in --json and at the end of the result line
+    (printed with --quiet too, as the result is)."""
+    from lm.checkpoint import export_safetensors
+
+    d, model, _ = run
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tokenizer").symlink_to(d / "tokenizer", target_is_directory=True)
+    export_safetensors(model, tmp_path / "run" / "model.safetensors", {"step": "40"})
+    (tmp_path / "v.txt").write_text(TEXT[:300])
+    for folder, step in ((tmp_path / "run", 40), (d, None)):  # an export that records no step: none said
+        weights = folder / "model.safetensors"
+        argv = ["eval", "--checkpoint", str(folder), "--data", str(tmp_path / "v.txt"), "--quiet"]
+        assert main([*argv, "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert (r["checkpoint"], r["step"]) == (str(weights), step)
+        assert main(argv) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("loss ")
+        assert lines[0].endswith(" bytes)  checkpoint " + str(weights) + ("" if step is None else f" (step {step})"))
+
+
+def test_cli_eval_of_a_translation_model_names_the_weights_it_scored(tmp_path, capsys):
+    from test_translate import _model as translation_model
+
+    from lm.checkpoint import export_safetensors
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+
+    tok = Tokenizer({0: b"<pad>", 1: b"<bos>", 2: b"<eos>", **{i + 3: bytes([i]) for i in range(256)}}, [],
+                    ["<pad>", "<bos>", "<eos>"])
+    export_safetensors(translation_model(vocab=tok.vocab_size), tmp_path / "model.safetensors", {"step": "7"})
+    save_tokenizer_dir(tok, tmp_path / "tokenizer")
+    (tmp_path / "s.txt").write_text("abc\nhello\n")
+    (tmp_path / "t.txt").write_text("cba\nolleh\n")
+    argv = ["eval", "--checkpoint", str(tmp_path), "--data", str(tmp_path / "s.txt"), "--target",
+            str(tmp_path / "t.txt"), "--beam", "1", "--quiet"]
+    assert main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["checkpoint"], r["step"]) == (str(tmp_path / "model.safetensors"), 7)
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(f"(2 sentences, beam 1)  checkpoint {tmp_path / 'model.safetensors'} (step 7)")
+    assert len(lines) == 3  # and the two signatures

@@ -92,3 +92,69 @@ def test_load_errors_name_the_argument(tmp_path, where, message):
         load_model_and_tokenizer(tmp_path / where)
     with pytest.raises(ValueError, match="^model: file not found"):
         load_model_and_tokenizer(tmp_path / "nowhere", argument="model")
+
+
+def _project(tmp_path):
+    """proj/run: a run's model.safetensors and a checkpoint, trained without data.tokenizer (no
+    run/tokenizer/), in proj/, which has a tokenizer/ of its own (another model's)."""
+    from lm.checkpoint import write_checkpoint
+
+    tiny = dict(context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    for d in ("other", "model"):
+        (tmp_path / d).mkdir()
+    make_run_dir(tmp_path / "other", ("The cat sat. " + EOT) * 40, 280, **tiny)  # another model's tokenizer
+    _, model, _ = make_run_dir(tmp_path / "model", ("Lily had a red ball. " + EOT) * 40, 300, **tiny)
+    run = tmp_path / "proj" / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (tmp_path / "other" / "tokenizer").rename(tmp_path / "proj" / "tokenizer")
+    save_model(run, model)
+    write_checkpoint({"iteration": 30, "model": model.state_dict(), "config": {"model": model.config.to_dict()}},
+                     run / "checkpoints" / "step_00000030.pt")
+    return run, tmp_path / "model" / "tokenizer"
+
+
+def test_the_tokenizer_of_a_run_is_its_own_never_the_one_of_the_folder_above(tmp_path):
+    """`--checkpoint proj/run` (its model.safetensors) looked for a tokenizer in proj/run, then in
+    proj/: a run trained without data.tokenizer was scored and sampled with proj/tokenizer, whatever
+    model that belonged to (audit "ckpt" #1). The folder above is the run only for a file in its
+    checkpoints/."""
+    from lm.generate.load import find_run_tokenizer
+    from lm.tokenizer import load_tokenizer_dir
+
+    run, own = _project(tmp_path)
+    assert find_run_tokenizer(run / "model.safetensors") is None
+    assert find_run_tokenizer(run / "checkpoints" / "step_00000030.pt") is None  # proj/run has none either
+    assert load_model_and_tokenizer(run, need_tokenizer=False).tokenizer is None
+    with pytest.raises(ValueError, match=r"^--tokenizer: no tokenizer/ beside .*; pass --tokenizer DIR$"):
+        load_model_and_tokenizer(run)
+    (run / "tokenizer").symlink_to(own, target_is_directory=True)  # the run's own: found from either file
+    assert find_run_tokenizer(run / "model.safetensors") == run / "tokenizer"
+    assert find_run_tokenizer(run / "checkpoints" / "step_00000030.pt") == run / "tokenizer"
+    loaded = load_model_and_tokenizer(run / "checkpoints" / "step_00000030.pt")
+    assert loaded.tokenizer.checksum() == load_tokenizer_dir(own).checksum()
+
+
+def test_a_runs_checkpoints_folder_gives_its_latest_step_file(tmp_path):
+    """`--checkpoint RUN/checkpoints` (what a shell completes) was refused: "run directory
+    'RUN/checkpoints' holds no model.safetensors and no checkpoints/", beside its step files. It
+    takes the latest step_N.pt now, as `lm train --resume RUN/checkpoints` does; a folder without
+    weights says what it holds."""
+    from lm.generate.load import resolve_checkpoint
+
+    run, _ = _project(tmp_path)
+    ckpts = run / "checkpoints"
+    (ckpts / "step_00000010.pt").write_bytes(b"")  # resolving reads only the names
+    (ckpts / "best.pt").write_bytes(b"")
+    assert resolve_checkpoint(ckpts) == ckpts / "step_00000030.pt"
+    assert load_model_and_tokenizer(ckpts, need_tokenizer=False).info["iteration"] == 30
+    for step in (10, 30):
+        (ckpts / f"step_{step:08d}.pt").unlink()
+    with pytest.raises(ValueError) as e:
+        resolve_checkpoint(ckpts)
+    assert str(e.value) == (f"--checkpoint: {str(ckpts)!r} holds no step_*.pt (it holds 'best.pt'); pass a "
+                            "checkpoint file or the run folder")
+    (run / "model.safetensors").unlink()
+    with pytest.raises(ValueError) as e:
+        resolve_checkpoint(run)
+    assert str(e.value) == (f"--checkpoint: run directory {str(run)!r} holds no model.safetensors and no "
+                            "checkpoints/step_*.pt (it holds 'checkpoints/'); pass a checkpoint file or a run folder")

@@ -122,3 +122,16 @@ def test_a_missing_run_dir_is_named_as_not_found(tmp_path, capsys):
     rc, err = _cli(["plot", str(tmp_path / "a"), str(tmp_path / "missing"), "--out", str(tmp_path / "p.png")], capsys)
     assert rc == 2 and err.strip() == f"lm plot: error: RUN_DIR: folder not found: {str(tmp_path / 'missing')!r}"
     assert not (tmp_path / "p.png").exists()
+
+
+def test_a_path_that_is_not_a_run_folder_is_named_as_run_dir(tmp_path, capsys):
+    """`lm plot RUN/config.toml` said "'RUN/config.toml' has no metrics.jsonl; is it a run directory
+    of `lm train`?": no RUN_DIR, as its other errors have, and a file spoken of as a folder."""
+    run = _run(tmp_path / "run")
+    (run / "config.toml").write_text("")
+    (tmp_path / "empty").mkdir()
+    for path, message in ((run / "config.toml", "is not a folder; pass a run directory of `lm train`"),
+                          (tmp_path / "empty", "has no metrics.jsonl; is it a run directory of `lm train`?")):
+        rc, err = _cli(["plot", str(path), "--out", str(tmp_path / "p.png")], capsys)
+        assert rc == 2 and err == f"lm plot: error: RUN_DIR: {str(path)!r} {message}\n", err
+    assert not (tmp_path / "p.png").exists()

@@ -193,12 +193,13 @@ def test_the_seeded_generator_is_on_the_cpu_whatever_the_models_device(run, caps
     any device. A model on the meta device stands for a GPU here (its generator could not even be made)."""
     import lm.cli.common
     import lm.generate
+    from lm.generate import Loaded
 
     d, model, tok = run
     used = []
 
     def load(*args, **kwargs):
-        return copy.deepcopy(model).to("meta"), tok, {}
+        return Loaded(copy.deepcopy(model).to("meta"), tok, {}, d / "model.safetensors")
 
     def fake_generate(model, prompt_ids, max_new_tokens, *, generator, **kwargs):
         used.append(generator)
@@ -250,3 +251,18 @@ def test_the_prompt_file_may_be_a_pipe_dev_stdin_or_a_process_substitution(run, 
     for path, message in ((tmp_path, "is a directory"), (tmp_path / "missing.txt", "file not found")):
         assert main([*common, "--prompt-file", str(path)]) == 2
         assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {message}: {str(path)!r}\n"
+
+
+def test_the_stats_line_names_the_weights_sampled(run, tmp_path, capsys):
+    """`--checkpoint RUN` is its model.safetensors or a later step_N.pt (audit "ckpt" #5): the line
+    on stderr says which file, and its step when it records one."""
+    from lm.checkpoint import export_safetensors
+
+    d, model, _ = run
+    (tmp_path / "tokenizer").symlink_to(d / "tokenizer", target_is_directory=True)
+    export_safetensors(model, tmp_path / "model.safetensors", {"step": "40"})
+    for folder, step in ((tmp_path, ", step 40"), (d, "")):
+        assert main(["sample", "--checkpoint", str(folder), "--prompt", "Lily", "--max-new-tokens", "3",
+                     "--temperature", "0"]) == 0
+        err = capsys.readouterr().err
+        assert err.startswith("[") and err.endswith(f" tokens/s; {folder / 'model.safetensors'}{step}]\n"), err

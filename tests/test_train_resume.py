@@ -160,3 +160,36 @@ def test_the_hint_for_an_unreadable_latest_checkpoint_works(tmp_path, capsys):
     assert main(["train", "--config", str(good), "--resume", "--set", "train.max_steps=20", "--quiet"]) == 0
     assert "starting again from step 0" in capsys.readouterr().out
     assert read_checkpoint(ckpts / "step_00000020.pt")["iteration"] == 20
+
+
+def test_a_restart_from_step_0_sets_the_earlier_weights_aside(tmp_path):
+    """A run kept as model.safetensors with its checkpoints/ deleted, then `--resume`d to train longer,
+    starts again from step 0. Its old model.safetensors stayed: `--checkpoint RUN` served the other
+    history's weights until this one passed its step, and this run's end wrote over them (audit
+    "ckpt" #2). It is set aside as metrics.jsonl is, under the next free name."""
+    import shutil
+    import signal
+
+    from lm.checkpoint.export import exported_step
+    from lm.generate.load import resolve_checkpoint
+
+    raw = _raw_config(tmp_path, train={"max_steps": 10}, checkpoint={"interval": 2}, eval={"interval": 0})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    run = tmp_path / "run"
+    shutil.rmtree(run / "checkpoints")
+    (run / "model.safetensors.1").write_bytes(b"an earlier one")  # taken: the next free name is .2
+    old = (run / "model.safetensors").read_bytes()
+    lines, trainer = [], None
+
+    def stop(step, path):
+        trainer._signal = signal.SIGTERM
+
+    raw["train"]["max_steps"] = 6
+    trainer = Trainer(config_from_dict(raw), resume=True, print_fn=lines.append, on_checkpoint=stop)
+    assert trainer.run() == 128 + signal.SIGTERM
+    assert lines[0] == (f"no checkpoint in {str(run)!r}: starting again from step 0 (the earlier metrics are in "
+                        "metrics.jsonl.1, the earlier weights are in model.safetensors.2)")
+    assert (run / "model.safetensors.2").read_bytes() == old and not (run / "model.safetensors").exists()
+    assert resolve_checkpoint(run) == run / "checkpoints" / "step_00000002.pt"  # this history's newest
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
+    assert exported_step(run / "model.safetensors") == 6 and (run / "model.safetensors.2").read_bytes() == old

@@ -8,7 +8,9 @@ A checkpoint is a ``torch.save`` dictionary holding only tensors and plain Pytho
 
 so ``torch.load(..., weights_only=True)`` reads it and a file received from someone else cannot
 run code. ``save_checkpoint`` / ``load_checkpoint`` are the minimal API; the trainer stores its
-full state in the same format, so every checkpoint of a run also loads with ``load_checkpoint``.
+full state in the same format, so every checkpoint of a run also loads with ``load_checkpoint``,
+into an optimizer built as the trainer builds it (``AdamW(lm.optim.param_groups(model, ...))``: one
+group with weight decay, one without) or into none.
 :func:`load_model` rebuilds a model from a checkpoint or from exported safetensors.
 """
 
@@ -152,20 +154,47 @@ def save_checkpoint(
 def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
     """Restore ``model`` and ``optimizer`` (if given) from ``src``; return the saved iteration.
 
-    The shapes are checked before anything is copied, so a checkpoint of another model raises a
-    ValueError and leaves ``model`` as it was.
+    The model's keys and shapes and the optimizer's parameter groups (their number and sizes) are
+    checked before anything is copied, so a checkpoint of another model, or an optimizer grouped
+    otherwise than the one saved, raises a one-line ValueError and leaves both as they were.
+    A checkpoint of ``lm train`` holds the groups of :func:`lm.optim.param_groups`.
     """
     if isinstance(src, io.IOBase) and src.seekable():
         src.seek(0)
     state = read_checkpoint(src)
     name = repr(str(src)) if isinstance(src, str | os.PathLike) else "checkpoint"
     check_state_dict_fits(model, state["model"], name)
-    unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:
         if state.get("optimizer") is None:
             raise ValueError(f"{name} holds no optimizer state")
-        optimizer.load_state_dict(state["optimizer"])
+        check_optimizer_fits(optimizer, state["optimizer"], name)
+        optimizer.load_state_dict(state["optimizer"])  # before the model: if torch still refuses, nothing changed
+    unwrap(model).load_state_dict(state["model"])
     return int(state["iteration"])
+
+
+def check_optimizer_fits(
+    optimizer: torch.optim.Optimizer, state_dict: dict[str, Any], name: str = "checkpoint"
+) -> None:
+    """Raise a one-line ValueError when ``state_dict`` (an optimizer's) has other parameter groups
+    than ``optimizer``: another number of them, or of parameters in one (what torch's
+    ``load_state_dict`` refuses, in words that name neither the file nor the fix)."""
+    saved = state_dict.get("param_groups") or []
+    want = [len(g.get("params", [])) for g in saved]
+    have = [len(g["params"]) for g in optimizer.param_groups]
+    if want == have:
+        return
+    decays = [g["weight_decay"] for g in saved if isinstance(g.get("weight_decay"), int | float)]
+    decay = f", weight decay {_and(f'{d:g}' for d in decays)}" if len(decays) == len(saved) else ""
+    raise ValueError(f"{name} holds {len(want)} parameter group{'s' if len(want) != 1 else ''} ({_and(want)} "
+                     f"parameters{decay}) but the optimizer has {len(have)} ({_and(have)} parameters); build it as "
+                     "lm train does: AdamW(lm.optim.param_groups(model, weight_decay))")
+
+
+def _and(items) -> str:
+    """``1``, ``1 and 2``, ``1, 2 and 3``."""
+    items = [str(x) for x in items]
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def load_model(

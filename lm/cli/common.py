@@ -28,10 +28,10 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
+    from lm.generate.load import Loaded
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -107,12 +107,12 @@ def resolve_checkpoint(path: str, argument: str = "--checkpoint") -> Path:
 
 def load_model_and_tokenizer(
     checkpoint: str, tokenizer: str | None = None, device: str = "cpu", need_tokenizer: bool = True
-) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
-    """``(model, tokenizer or None, info)``: :func:`lm.generate.load_model_and_tokenizer`, the
-    library's loader, with the command line's argument names in its errors."""
+) -> Loaded:
+    """:func:`lm.generate.load_model_and_tokenizer`, the library's loader, with the command line's
+    argument names in its errors: ``model, tokenizer, info = ...``, and ``.path``, the file loaded."""
     from lm.generate.load import load_model_and_tokenizer as load
 
-    return tuple(load(checkpoint, tokenizer, device, need_tokenizer=need_tokenizer))
+    return load(checkpoint, tokenizer, device, need_tokenizer=need_tokenizer)
 
 
 @contextlib.contextmanager

@@ -109,8 +109,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         kind, unreadable = data_kind(data), None
     except ValueError as e:  # said after the model's kind: a translation model's fault is the missing --target
         kind, unreadable = None, e
-    model, tok, info = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device,
-                                                need_tokenizer=kind == "text")
+    loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device, need_tokenizer=kind == "text")
+    model, tok, info = loaded
     if model.config.architecture != "decoder_lm":
         raise ValueError(f"--target: {args.checkpoint!r} is a translation model: pass the source sentences as "
                          "--data and the reference translations as --target")
@@ -151,6 +151,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
                                  token_bytes=token_bytes, bytes_per_token=estimate, stride=args.stride,
                                  progress=not args.quiet)
+    result.update(checkpoint_used(loaded))
     if args.json:
         print(json.dumps(result))
     else:
@@ -160,8 +161,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
             bpb = f"{result['bits_per_byte']:.4f}" + (" (from the file's bytes per token)" if estimate else "")
         nbytes = "" if result["bytes"] is None else f", {result['bytes']:,} bytes"
         print(f"loss {result['loss']:.4f}  perplexity {result['perplexity']:.3f}  bits/byte {bpb}  "
-              f"({result['tokens']:,} tokens{nbytes})")
+              f"({result['tokens']:,} tokens{nbytes})  {checkpoint_line(result)}")
     return 0
+
+
+def checkpoint_used(loaded) -> dict:
+    """The weights a result is of: the file ``--checkpoint`` resolved to (a run folder: its newest
+    weights) and the training step it holds (None when it records none)."""
+    return {"checkpoint": str(loaded.path), "step": loaded.info.get("iteration")}
+
+
+def checkpoint_line(result: dict) -> str:
+    """What the result line says of :func:`checkpoint_used`: "checkpoint runs/a/model.safetensors (step 40)"."""
+    step = "" if result["step"] is None else f" (step {result['step']})"
+    return f"checkpoint {result['checkpoint']}{step}"
 
 
 def eval_translation(args: argparse.Namespace) -> int:
@@ -192,7 +205,8 @@ def eval_translation(args: argparse.Namespace) -> int:
         raise ValueError(f"--data/--target: {str(src_path)!r} and {str(tgt_path)!r} hold no lines")
     if args.max_tokens is not None:
         pairs = pairs[: args.max_tokens]  # sentences, for a translation model
-    model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    model, tok, _ = loaded
     cfg = model.config
     if cfg.architecture != "encoder_decoder":
         raise ValueError(f"--target: {args.checkpoint!r} is a language model; evaluate it on --data alone")
@@ -233,13 +247,14 @@ def eval_translation(args: argparse.Namespace) -> int:
                                                            vocab_size=tok.vocab_size, banned_ids=banned)):
                         hyps[i] = tok.decode(ids).strip()
                 bar.update(len(order[j : j + size]))
-    result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=args.beam)
+    result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=args.beam,
+                  **checkpoint_used(loaded))
     if args.json:
         print(json.dumps(result))
     else:
         loss = "n/a" if result["loss"] is None else f"{result['loss']:.4f}"
         ppl = "n/a" if result["perplexity"] is None else f"{result['perplexity']:.3f}"
         print(f"loss {loss}  perplexity {ppl}  BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
-              f"({len(pairs):,} sentences, beam {args.beam})")
+              f"({len(pairs):,} sentences, beam {args.beam})  {checkpoint_line(result)}")
         print(f"  {result['bleu_signature']}\n  {result['chrf_signature']}")
     return 0

@@ -94,7 +94,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         check_seed(args.seed, "--seed")
     set_threads(args.threads)
     prompt = read_prompt(args)
-    model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    model, tok, info = loaded
     require_architecture(model, "decoder_lm", args.checkpoint)
     device = model.device
     dtype = resolve_dtype(args.dtype, device)
@@ -138,5 +139,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     if not args.quiet:
         note = ", the step's compilation included" if args.compile else ""
-        print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s{note}]", file=sys.stderr)
+        step = "" if info.get("iteration") is None else f", step {info['iteration']}"
+        print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s{note}; {loaded.path}{step}]", file=sys.stderr)
     return 0

@@ -97,6 +97,10 @@ def run_plot(args: argparse.Namespace) -> int:
     for d in args.run_dirs:
         if not Path(d).exists():
             raise ValueError(f"RUN_DIR: folder not found: {d!r}")
+        if not Path(d).is_dir():
+            raise ValueError(f"RUN_DIR: {d!r} is not a folder; pass a run directory of `lm train`")
+        if not (Path(d) / "metrics.jsonl").is_file():
+            raise ValueError(f"RUN_DIR: {d!r} has no metrics.jsonl; is it a run directory of `lm train`?")
     out = args.out or (Path(args.run_dirs[0]) / "loss.png" if len(args.run_dirs) == 1 else Path("loss.png"))
     if Path(out).suffix.lower() != ".png":
         raise ValueError(f"--out: {str(out)!r} must end in .png")

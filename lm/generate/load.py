@@ -1,9 +1,10 @@
 """A trained model and its tokenizer, loaded once, for inference (``lm sample``, ``lm translate``,
 ``lm eval``, ``lm export``, ``lm serve``).
 
-``path`` is a checkpoint file or a run folder (its ``model.safetensors``, else its newest
-checkpoint); the tokenizer is the one ``lm train`` copied into the run unless another is named,
-and it must be the model's: its checksum is compared with the one the checkpoint recorded.
+``path`` is a checkpoint file, a run folder (its newest weights) or its ``checkpoints/`` (see
+:func:`resolve_checkpoint`); the tokenizer is the one ``lm train`` copied into the run (see
+:func:`find_run_tokenizer`) unless another is named, and it must be the model's: its checksum is
+compared with the one the checkpoint recorded.
 Errors are ``ValueError`` naming the argument (``--checkpoint``/``--tokenizer`` by default, so
 the command line can print them as they are).
 """
@@ -40,11 +41,18 @@ class Loaded:
 def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path:
     """A checkpoint file, or a run folder: its newest weights, ``model.safetensors`` (exported at the
     end of the run) unless a checkpoint of a later step is there (the run was resumed and stopped
-    early, so the export is older), else its newest checkpoint."""
+    early, so the export is older), else its newest checkpoint; or a run's ``checkpoints/`` folder:
+    its newest ``step_N.pt``, as ``lm train --resume`` takes it."""
     from lm.checkpoint import CheckpointManager
 
     p = Path(path)
     if p.is_dir():
+        if p.name == "checkpoints" and not (p / "checkpoints").is_dir():  # RUN/checkpoints itself
+            latest = CheckpointManager(p.parent).latest()
+            if latest is None:
+                raise ValueError(f"{argument}: {str(p)!r} holds no step_*.pt ({_holding(p)}); pass a checkpoint "
+                                 "file or the run folder")
+            return latest
         checkpoints = CheckpointManager(p)
         steps = checkpoints.steps()
         latest = checkpoints.step_path(steps[-1]) if steps else None
@@ -52,11 +60,21 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
         if exported.is_file() and (latest is None or steps[-1] <= _exported_step(exported)):
             return exported
         if latest is None:
-            raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no checkpoints/")
+            raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no "
+                             f"checkpoints/step_*.pt ({_holding(p)}); pass a checkpoint file or a run folder")
         return latest
     if not p.is_file():
         raise ValueError(f"{argument}: file not found: {str(p)!r}")
     return p
+
+
+def _holding(folder: Path) -> str:
+    """What a folder holds, in a few names: "it holds 'best.pt' and 'notes.txt'", "it is empty"."""
+    names = sorted(q.name + ("/" if q.is_dir() else "") for q in folder.iterdir())
+    if not names:
+        return "it is empty"
+    shown = [repr(n) for n in names[:3]] + ([f"{len(names) - 3} more"] if len(names) > 3 else [])
+    return "it holds " + (shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1])
 
 
 def _exported_step(path: Path) -> float:
@@ -72,8 +90,13 @@ def _exported_step(path: Path) -> float:
 
 
 def find_run_tokenizer(checkpoint: Path) -> Path | None:
-    """The ``tokenizer/`` folder that ``lm train`` copies into a run, looked up from a checkpoint path."""
-    for d in (checkpoint.parent, checkpoint.parent.parent):
+    """The ``tokenizer/`` folder that ``lm train`` copies into a run, looked up from a checkpoint path:
+    beside the file (``RUN/model.safetensors``), or in the run of a file in its ``checkpoints/``
+    (``RUN/checkpoints/step_N.pt``); never in the folder that holds a run (another model's, maybe)."""
+    folders = [checkpoint.parent]
+    if checkpoint.parent.name == "checkpoints":
+        folders.append(checkpoint.parent.parent)
+    for d in folders:
         if (d / "tokenizer" / "vocab.json").is_file():
             return d / "tokenizer"
     return None

@@ -90,6 +90,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not Path(run_dir).exists():
         raise ValueError(f"run directory not found: {str(run_dir)!r}")
+    if not Path(run_dir).is_dir():
+        raise ValueError(f"{str(run_dir)!r} is not a folder, so not a run directory of `lm train`")
     if not path.exists():
         raise ValueError(f"{str(run_dir)!r} has no metrics.jsonl; is it a run directory of `lm train`?")
     return [record for _, record in _records(path)]

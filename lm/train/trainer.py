@@ -292,8 +292,8 @@ class Trainer:
             if has_run:
                 raise ValueError(
                     f"train.out_dir: {str(self.run_dir)!r} holds a run that stopped before its first checkpoint; "
-                    "pass --resume to start it again from step 0 (its metrics.jsonl is kept), or choose "
-                    "another train.out_dir"
+                    "pass --resume to start it again from step 0 (its metrics.jsonl and model.safetensors are kept "
+                    "aside as NAME.1, or the next free number), or choose another train.out_dir"
                 )
             return
         if resume is True:
@@ -475,9 +475,13 @@ class Trainer:
                     with atomic_write(dst, "wb") as f:
                         f.write(src.read_bytes())
         if self._restarted:
-            kept = set_aside_metrics(self.run_dir)
+            # the earlier history's metrics and exported weights: kept, out of this history's way
+            # (`--checkpoint RUN` would serve the old weights, and the end of this run replace them)
+            metrics, weights = set_aside_metrics(self.run_dir), _set_aside(self.run_dir / "model.safetensors")
+            kept = [f"the earlier {what} are in {path.name}"
+                    for what, path in (("metrics", metrics), ("weights", weights)) if path is not None]
             self._log(f"no checkpoint in {str(self.run_dir)!r}: starting again from step 0"
-                      + (f" (the earlier metrics are in {kept.name})" if kept else ""), always=True)
+                      + (f" ({', '.join(kept)})" if kept else ""), always=True)
         if self._resumed_from is not None:
             MetricsLog.truncate(self.run_dir, self.step)
         self.metrics = MetricsLog(
@@ -853,6 +857,7 @@ class Trainer:
         if not saved:
             self._check_finite(window)
             path = self.save_checkpoint()
+        self._writer.wait()  # the line says it is on disk: a write that fails says so instead
         self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
         return 128 + int(self._signal or signal.SIGTERM)
 
@@ -870,10 +875,24 @@ class Trainer:
         if not saved:
             self._check_finite(window)
             path = self.save_checkpoint()
+        # the checkpoint (and best.pt) on disk before the line says so and before the export: weights
+        # exported beside a checkpoint that failed would be newer than any checkpoint of the run
+        self._writer.wait()
+        if not saved:
             self._log(f"done: step {self.step}, checkpoint {path}", always=True)
         if self.dist.is_main and cfg.checkpoint.export_safetensors and (trained or not self._exported()):
-            meta = {"step": str(self.step), "tokenizer_sha256": self.tokenizer_sha256}
-            export_safetensors(self.model, self.run_dir / "model.safetensors", meta)
+            self._export()
+
+    def _export(self) -> None:
+        """``model.safetensors`` of this step; a write that fails (the disk full) is one line naming it
+        and the reason: the checkpoint of this step is on disk, and ``--resume`` exports it again."""
+        path = self.run_dir / "model.safetensors"
+        try:
+            export_safetensors(self.model, path, {"step": str(self.step), "tokenizer_sha256": self.tokenizer_sha256})
+        except OSError as e:
+            reason = e.strerror or str(e)
+            raise OSError(f"could not write {str(path)!r}: {reason[:1].lower() + reason[1:]}; the checkpoint of "
+                          f"step {self.step} is written: `lm train --resume` exports it again") from None
 
     def _exported(self) -> bool:
         """``model.safetensors`` holds the weights of this step already."""
@@ -971,6 +990,18 @@ def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> An
         if not Path(path).is_absolute() and not Path(path).exists():
             message += f" (a config's paths are read from the working directory, {os.getcwd()!r})"
         raise ValueError(message) from None
+
+
+def _set_aside(path: Path) -> Path | None:
+    """Rename ``path`` to the first free ``NAME.N`` (as :func:`set_aside_metrics` does); the new name."""
+    if not path.exists():
+        return None
+    n = 1
+    while path.with_name(f"{path.name}.{n}").exists():
+        n += 1
+    target = path.with_name(f"{path.name}.{n}")
+    os.replace(path, target)
+    return target
 
 
 @contextlib.contextmanager
