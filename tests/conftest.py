@@ -13,3 +13,16 @@ def test_data() -> Path:
     if d is None:
         pytest.skip("LM_TEST_DATA is not set to a folder of reference data")
     return d
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A test that runs a command in this process with ``--threads N`` (torch.set_num_threads) must
+    not leave it set for the tests after it: the serving engine's slot-invariance probe, for one,
+    finds other kernels at one thread than at two."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
