@@ -319,12 +319,15 @@ def _gone(pids: list[int], seconds: float = 5) -> bool:
 
 @pytest.fixture(scope="module")
 def big_text(tmp_path_factory):
-    """Enough text (12 MB) to keep two workers busy for a few seconds, of words the cache has not seen."""
+    """Enough text (12 MB) to keep two workers busy for a few seconds, of words the cache has not seen
+    (each line its own words: a text of repeated lines is encoded from the cache, in a blink)."""
     rng = np.random.default_rng(0)
-    words = ["".join(w) for w in rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=(200_000, 7))]
-    line = " ".join(words) + ".\n"
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
+    words = letters[rng.integers(0, 26, size=(1_500_000, 7))]
+    text = np.concatenate([words, np.full((1_500_000, 1), ord(" "), dtype=np.uint8)], axis=1).reshape(-1, 80)
+    text[:, -1] = ord("\n")  # lines of ten words
     path = tmp_path_factory.mktemp("big") / "big.txt"
-    path.write_text(line * (12_000_000 // len(line)), encoding="utf-8")
+    path.write_bytes(text.tobytes())
     return path
 
 
@@ -342,7 +345,10 @@ def test_sigterm_stops_like_ctrl_c(trained, big_text, tmp_path, command):
         assert rc == 128 + signal.SIGTERM and err.read_text().strip() == f"lm {command}: terminated", \
             (rc, err.read_text())
         assert _gone(workers), workers
-    assert list(cwd.iterdir()) == []  # no output, no temporary file
+    # No temporary file, and no output; or, when the signal came during the renames that make the
+    # output complete (held back there, as a Ctrl-C is), the complete output.
+    left = sorted(q.name for q in cwd.iterdir())
+    assert left in ([], ["out.bin", "out.bin.json"] if command == "tokenize" else ["tok-out"]), left
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
