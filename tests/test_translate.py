@@ -34,6 +34,23 @@ def _model(vocab=40, seed=0, **kw):
 SOURCES = [[5, 9, 12, 7], [30, 4], [8, 8, 8, 21, 22, 3, 17]]
 
 
+def _brute_greedy(model, src, *, max_extra, vocab_size=None, banned=()):
+    """Greedy decoding without a cache: the whole model re-run over the prefix for every token,
+    <pad>, <bos> and ``banned`` ruled out, only ids below ``vocab_size`` (the reference the
+    decoders are compared with)."""
+    cfg, out = model.config, []
+    with torch.no_grad():
+        s = torch.tensor([src + [cfg.eos_id]])
+        while len(out) < min(len(src) + max_extra, cfg.context_length - 1):
+            logits = model(s, torch.tensor([[cfg.bos_id, *out]]))[0, -1].float()
+            logits[[cfg.pad_id, cfg.bos_id, *banned]] = float("-inf")
+            t = int(logits[:vocab_size].argmax())
+            if t == cfg.eos_id:
+                break
+            out.append(t)
+    return out
+
+
 @pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
 def test_the_cache_changes_nothing(attn_impl):
     model = _model(attn_impl=attn_impl)
@@ -150,17 +167,7 @@ def test_vocab_size_limits_the_target_to_the_tokenizers_ids():
     cfg = model.config
 
     def reference(src):
-        out = []
-        with torch.no_grad():
-            s = torch.tensor([src + [cfg.eos_id]])
-            while len(out) < min(len(src) + 12, cfg.context_length - 1):
-                logits = model(s, torch.tensor([[cfg.bos_id, *out]]))[0, -1].float()
-                logits[[cfg.pad_id, cfg.bos_id]] = float("-inf")
-                t = int(logits[:limit].argmax())
-                if t == cfg.eos_id:
-                    break
-                out.append(t)
-        return out
+        return _brute_greedy(model, src, max_extra=12, vocab_size=limit)
 
     unlimited = greedy_decode(model, SOURCES, max_extra=12)
     assert any(t >= limit for ts in unlimited for t in ts)  # the model does pick ids past the limit
@@ -480,17 +487,7 @@ def test_a_translation_never_holds_a_line_break(run, tmp_path, capsys):
     cfg = edited.config
 
     def reference(src):
-        out = []
-        with torch.no_grad():
-            s = torch.tensor([src + [cfg.eos_id]])
-            while len(out) < min(len(src) + 50, cfg.context_length - 1):
-                logits = edited(s, torch.tensor([[cfg.bos_id, *out]]))[0, -1].float()
-                logits[[cfg.pad_id, cfg.bos_id, 13]] = float("-inf")
-                t = int(logits.argmax())
-                if t == cfg.eos_id:
-                    break
-                out.append(t)
-        return out
+        return _brute_greedy(edited, src, max_extra=50, banned=[13])
 
     (tmp_path / "s.txt").write_text("".join(s + "\n" for s in sources))
     for beam in ("1", "3"):
