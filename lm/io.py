@@ -450,3 +450,8 @@ def claim_dir(
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def spoken_list(items: list[str]) -> str:
+    """``'a'``, ``'a' and 'b'``, ``'a', 'b' and 'c'``: a list in a message."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from lm.io import spoken_list
 from lm.tokenizer import Tokenizer
 
 
@@ -74,7 +75,7 @@ def _holding(folder: Path) -> str:
     if not names:
         return "it is empty"
     shown = [repr(n) for n in names[:3]] + ([f"{len(names) - 3} more"] if len(names) > 3 else [])
-    return "it holds " + (shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1])
+    return "it holds " + spoken_list(shown)
 
 
 def _exported_step(path: Path) -> float:

@@ -24,6 +24,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from lm.io import spoken_list
 from lm.model import ARCHITECTURES, ModelConfig, Seq2SeqConfig
 from lm.nn.choices import check_choice
 from lm.tomlio import dump_tables
@@ -230,16 +231,11 @@ def _build(section: str, cls: type, values: dict[str, Any], arch: str | None = N
     missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:  # required fields without a default: named here, not in TypeError's grammar
-        raise ValueError(f"config: [{section}] is missing {_and([repr(m) for m in missing])}")
+        raise ValueError(f"config: [{section}] is missing {spoken_list([repr(m) for m in missing])}")
     try:
         return cls(**kwargs)
     except ValueError as e:
         raise ValueError(f"config: [{section}] {e}") from None
-
-
-def _and(items: list[str]) -> str:
-    """``'a'``, ``'a' and 'b'``, ``'a', 'b' and 'c'``."""
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
