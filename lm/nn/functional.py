@@ -210,14 +210,8 @@ def cross_entropy(
     """
     _check_smoothing(label_smoothing)
     _check_targets(targets, logits.shape[:-1], "logits")
-    args = (logits, targets, float(label_smoothing), ignore_index)
-    if is_compiling():
-        return _CrossEntropy.apply(*args)
-    try:
-        return _CrossEntropy.apply(*args)
-    except RuntimeError:
-        _name_bad_targets(targets, logits.shape[-1], ignore_index)
-        raise
+    return _naming_bad_targets(_CrossEntropy, (logits, targets, float(label_smoothing), ignore_index),
+                               targets, logits.shape[-1], ignore_index)
 
 
 def _check_smoothing(label_smoothing: float) -> None:
@@ -249,6 +243,19 @@ def _check_targets(targets: Tensor, shape: torch.Size, of: str) -> None:
     if targets.shape != shape:
         raise ValueError(f"targets must have shape {tuple(shape)} (that of {of} without its last dimension), "
                          f"got {tuple(targets.shape)}")
+
+
+def _naming_bad_targets(loss: type[torch.autograd.Function], args: tuple, targets: Tensor, vocab_size: int,
+                        ignore_index: int | None) -> Tensor:
+    """``loss.apply(*args)``; when it fails (not compiling), a target out of range is named
+    (:func:`_name_bad_targets`), else the error is raised as it was."""
+    if is_compiling():
+        return loss.apply(*args)
+    try:
+        return loss.apply(*args)
+    except RuntimeError:
+        _name_bad_targets(targets, vocab_size, ignore_index)
+        raise
 
 
 def _name_bad_targets(targets: Tensor, vocab_size: int, ignore_index: int | None) -> None:
@@ -376,14 +383,8 @@ def linear_cross_entropy(
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if chunk_size is None:
         chunk_size = loss_chunk_size(targets.numel(), weight.shape[0], x.device, is_compiling())
-    args = (x, weight, targets, chunk_size, float(label_smoothing), ignore_index)
-    if is_compiling():
-        return _LinearCrossEntropy.apply(*args)
-    try:
-        return _LinearCrossEntropy.apply(*args)
-    except RuntimeError:
-        _name_bad_targets(targets, weight.shape[0], ignore_index)
-        raise
+    return _naming_bad_targets(_LinearCrossEntropy, (x, weight, targets, chunk_size, float(label_smoothing),
+                                                     ignore_index), targets, weight.shape[0], ignore_index)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
