@@ -67,6 +67,8 @@ def test_cli_export_with_tokenizer(run, tmp_path, capsys):
     d, model, tok = run
     assert main(["export", "hf", "--checkpoint", str(d), "--out", str(tmp_path / "hf")]) == 0
     out = tmp_path / "hf"
+    # it names the file it exported (a run folder resolves to one of several files)
+    assert capsys.readouterr().out.rstrip().endswith(f" from {d / 'model.safetensors'}")
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
                                                "tokenizer_config.json", ".lm-output.json"}
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()

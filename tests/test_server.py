@@ -624,7 +624,10 @@ def test_lm_serve_dtype_bfloat16_answers_as_the_engine_under_autocast(tmp_path_f
     finally:
         proc.terminate()
         assert proc.wait(60) == 0
-    assert "Traceback" not in proc.stderr.read()
+    err = proc.stderr.read()
+    assert "Traceback" not in err
+    # the banner names the file it serves (a run folder resolves to one of several files)
+    assert f"lm serve: {run.name} ({run / 'model.safetensors'}; " in err, err
     engine = Engine(model, max_batch=4, eos_id=tok.eot_id, dtype=torch.bfloat16)
     tokens = []
     engine.submit(Request(tok.encode("Lily had"), SamplingParams(12, 0.8, seed=7, ignore_eos=True),

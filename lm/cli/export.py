@@ -49,12 +49,15 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     if out is None:
         raise ValueError("--out: required (the folder to write)")
     path = resolve_checkpoint(checkpoint)
-    model, tok, _ = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
+    loaded = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
+    model, tok, info = loaded
     architecture = getattr(model.config, "architecture", "decoder_lm")
     if architecture != "decoder_lm":  # before export_hf's norm/positions checks, whose advice would not help
         raise ValueError(f"--checkpoint: {str(path)!r} is an {architecture} (translation) model; "
                          "lm export hf writes decoder-only Llama models")
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
     out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
-    print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json, tokenizer_config.json' if tok else ''})")
+    step = "" if info.get("iteration") is None else f", step {info['iteration']}"
+    print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json, tokenizer_config.json' if tok else ''}) "
+          f"from {loaded.path}{step}")
     return 0
