@@ -467,3 +467,33 @@ def test_overwrite_replaces_a_sidecar_or_offsets_only_when_they_are_ours(trained
     assert main([*tok, "--input", str(tmp_path / "src.txt"), *pair, "--out", str(tmp_path / "p.bin")]) == 0
     assert main([*tok, "--input", str(corpus), "--out", str(tmp_path / "p.bin")]) == 0
     assert not (tmp_path / "p.bin.idx").exists() and read_token_file(tmp_path / "p.bin")[1]["num_tokens"] > 0
+
+
+def test_tokenizer_commands_start_without_importing_torch(trained, corpus, tmp_path):
+    """`lm --help`, `lm tokenizer ...` and `lm tokenize` (a token file or a pair file) need no torch,
+    whose import is most of their start-up (seconds on a small machine): lm.data names its modules
+    lazily and the pair file builds tensors only where batches are made."""
+    src = tmp_path / "src.txt"
+    src.write_text("a cat\nthe dog\n", encoding="utf-8")
+    script = f"""
+import sys
+from lm.cli import build_parser, main
+build_parser()
+assert main(["tokenize", "--tokenizer", {str(trained)!r}, "--input", {str(corpus)!r}, "--out",
+             {str(tmp_path / "a.bin")!r}, "--num-workers", "1", "--quiet"]) == 0
+assert main(["tokenize", "--tokenizer", {str(trained)!r}, "--input", {str(src)!r}, "--target", {str(src)!r},
+             "--out", {str(tmp_path / "p.bin")!r}, "--num-workers", "1", "--quiet"]) == 0
+print("torch" in sys.modules)
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "False", p.stdout
+    # and the names lm.data exports are still there, each from its module
+    import lm.data
+    from lm.data.pairs import PairDataset
+    from lm.data.token_file import read_token_meta
+
+    assert lm.data.PairDataset is PairDataset and lm.data.read_token_meta is read_token_meta
+    assert set(dir(lm.data)) >= set(lm.data.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        lm.data.nope  # noqa: B018

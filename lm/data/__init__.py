@@ -8,11 +8,44 @@ read_parallel / write_pair_file / read_pair_file / PairDataset / PairBatch
                                       parallel text for translation (lm.data.pairs)
 """
 
-from lm.data.batch import get_batch
-from lm.data.dataset import TokenDataset
-from lm.data.pairs import PairBatch, PairDataset, read_pair_file, read_parallel, write_pair_file
-from lm.data.token_file import read_token_file, read_token_meta, write_token_file
-from lm.data.tokenize import tokenize_file
+import importlib
+from typing import TYPE_CHECKING
+
+# Each name is imported from its module when first used, so that the token-file and tokenize
+# modules (and `lm tokenize`, `lm tokenizer ...`, `lm --help`) start without importing torch.
+_MODULES = {
+    "get_batch": "batch",
+    "TokenDataset": "dataset",
+    "PairBatch": "pairs",
+    "PairDataset": "pairs",
+    "read_pair_file": "pairs",
+    "read_parallel": "pairs",
+    "write_pair_file": "pairs",
+    "read_token_file": "token_file",
+    "read_token_meta": "token_file",
+    "write_token_file": "token_file",
+    "tokenize_file": "tokenize",
+}
+
+if TYPE_CHECKING:
+    from lm.data.batch import get_batch
+    from lm.data.dataset import TokenDataset
+    from lm.data.pairs import PairBatch, PairDataset, read_pair_file, read_parallel, write_pair_file
+    from lm.data.token_file import read_token_file, read_token_meta, write_token_file
+    from lm.data.tokenize import tokenize_file
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lm.data.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "PairBatch",

@@ -40,10 +40,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from lm.data.token_file import (
     _DTYPES,
@@ -55,6 +54,9 @@ from lm.data.token_file import (
     token_dtype,
 )
 from lm.io import InterruptGuard, atomic_write
+
+if TYPE_CHECKING:  # torch is imported where batches are built: `lm tokenize` writes pair files without it
+    import torch
 
 FORMAT = "lm-pairs"
 VERSION = 1
@@ -408,6 +410,8 @@ class PairBatch:
         return int(self.tgt_mask.sum())
 
     def to(self, device: str | torch.device, non_blocking: bool = False) -> PairBatch:
+        import torch
+
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         for name, value in moved.items():
             if isinstance(value, torch.Tensor):
@@ -664,6 +668,8 @@ class PairDataset:
 
     def batch(self, indices: np.ndarray, device: str | torch.device = "cpu") -> PairBatch:
         """The pairs ``indices`` (indices into the pair file), padded, as a :class:`PairBatch` on ``device``."""
+        import torch
+
         indices = np.asarray(indices, dtype=np.int64)
         rows = len(indices)
         s_len, t_len = self._src_len[indices], self._tgt_len[indices]
