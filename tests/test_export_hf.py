@@ -127,6 +127,17 @@ def test_variants_without_llama_equivalent_are_refused(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_cli_names_the_checkpoint_of_a_variant_without_llama_equivalent(tmp_path, capsys):
+    """The library's "model: ffn='gelu' ..." named no argument; the command names --checkpoint and the file."""
+    checkpoint = tmp_path / "gelu.safetensors"
+    export_safetensors(TransformerLM(300, 32, 64, 2, 4, 128, 10000.0, ffn="gelu"), checkpoint)
+    assert main(["export", "hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lm export hf: error: --checkpoint: {str(checkpoint)!r}: ffn='gelu' has no Llama equivalent "
+                   "(Llama needs ffn='swiglu')\n"), err
+    assert not (tmp_path / "hf").exists()
+
+
 SEQ2SEQ_VARIANTS = [dict(norm=norm, norm_placement=placement, positions=positions, ffn=ffn)
                     for norm, placement, positions, ffn in itertools.product(
                         ["layernorm", "rmsnorm", "none"], ["post", "pre"], ["sinusoidal", "learned", "rope", "none"],

@@ -55,6 +55,12 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     if architecture != "decoder_lm":  # before export_hf's norm/positions checks, whose advice would not help
         raise ValueError(f"--checkpoint: {str(path)!r} is an {architecture} (translation) model; "
                          "lm export hf writes decoder-only Llama models")
+    from lm.export.hf import _check_llama_compatible
+
+    try:  # the model's norm, positions or FFN: named as the checkpoint's, not as the library's `model`
+        _check_llama_compatible(model.config)
+    except ValueError as e:
+        raise ValueError(f"--checkpoint: {str(path)!r}: {str(e).removeprefix('model: ')}") from None
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
     out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
     step = "" if info.get("iteration") is None else f", step {info['iteration']}"
