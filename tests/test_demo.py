@@ -199,7 +199,49 @@ def test_a_corpus_whose_end_has_no_line_end_is_refused_truthfully(tmp_path):
     with pytest.raises(ValueError) as e:
         split_corpus(src, tmp_path, 10**9)
     assert str(e.value) == (f"--data: {str(src)!r} has no document boundary (<|endoftext|>) or line end after text in "
-                            "the last 5,000 bytes (the 5% split off for validation) to split a validation set at")
+                            "the last 5,000 bytes (the 5% split off for validation) to split a validation set at, "
+                            "with text after it; add line breaks or end-of-text markers between its documents")
+
+
+@pytest.mark.parametrize("limit", [10**9, 50_000])
+def test_a_paragraph_whose_only_line_end_is_the_last_byte_is_refused_naming_data(tmp_path, limit):
+    """The file's last line end left a validation split of one "\n" (the trainer then failed naming
+    data.val, a file in a folder about to be removed), and with a limit the advice was a larger
+    --corpus-bytes, which could not help: the file has no more text."""
+    from lm.demo.pipeline import split_corpus
+
+    src = tmp_path / "c.txt"
+    src.write_text("Tom had a red ball and liked to throw it high. " * 2500 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        split_corpus(src, tmp_path, limit)
+    assert str(e.value).startswith(f"--data: {str(src)!r} has no document boundary (<|endoftext|>) or line end "
+                                   "after text in the last "), str(e.value)
+    assert "--corpus-bytes" not in str(e.value) and not (tmp_path / "train.txt").exists()
+
+
+def test_a_validation_split_shorter_than_the_context_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    """Only "\nThe end.\n" after the last 5% mark: a few tokens, which the trainer refused naming data.val."""
+    from lm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "c.txt"
+    src.write_text("A line of text.\n" * 2000 + "and then they ran on and on " * 600 + "\nThe end.\n", encoding="utf-8")
+    assert main(["demo", "--data", str(src), "--out", "d", "--train-seconds", "5", "--corpus-bytes", "50000",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lm demo: error: --data: the validation split of {str(src)!r} (its last 11 bytes) is "
+                          "10 tokens"), err
+    assert "fewer than the model's context + 1" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_trainers_progress_lines_go_to_stderr_beside_the_demos(tmp_path, monkeypatch, capsys):
+    """They went to stdout, into `lm demo > report.txt`, while the demo's own progress went to stderr."""
+    monkeypatch.chdir(tmp_path)
+    run_demo(_tiny(tmp_path, progress=True))
+    captured = capsys.readouterr()
+    assert captured.out == "", captured.out
+    assert "[demo] training the model" in captured.err and "done: step 2" in captured.err, captured.err
 
 
 def test_the_report_says_higher_when_the_model_loses_to_the_baseline():
