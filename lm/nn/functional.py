@@ -365,12 +365,14 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     ignore_index: int | None = None,
 ) -> Float[Tensor, ""]:
-    """``cross_entropy(linear(x, weight), targets, ...)`` without ever holding all the logits.
+    """``cross_entropy(linear(x, weight), targets, ...)`` with the logits made a chunk of tokens at a time.
 
     The (tokens × vocab) logits are the largest tensor of a training step (80 MB for 2,048
     tokens and a 10k vocabulary). Here they are made ``chunk_size`` tokens at a time, and the
     gradients of ``x`` and ``weight`` are computed in the same pass while the chunk is still in
-    cache, as in Liger-Kernel's fused linear cross-entropy. The result and gradients equal the
+    cache, as in Liger-Kernel's fused linear cross-entropy. By default (:func:`loss_chunk_size`)
+    a chunk is 256 tokens eager on a CPU, so all the logits are never held at once there;
+    compiled or on a GPU it is as many tokens as a memory budget allows, usually all of them. The result and gradients equal the
     unfused ones up to float rounding; in ``no_grad`` mode no gradient work is done.
     ``label_smoothing``, ``ignore_index`` and out-of-range targets are as in :func:`cross_entropy`. ``chunk_size``
     defaults to :func:`loss_chunk_size` for the device (and whether it is being compiled).
