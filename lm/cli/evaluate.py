@@ -12,7 +12,7 @@ EXAMPLES = """
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
   lm eval --checkpoint runs/cpu-small/checkpoints/best.pt --data stories.txt   # tokenized on the fly
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin --stride 64   # sliding window
-  lm eval --checkpoint runs/multi30k --data test_2016_flickr.en.gz --target test_2016_flickr.de.gz  # BLEU, chrF
+  lm eval --checkpoint runs/multi30k-en-de --data test_2016_flickr.en.gz --target test_2016_flickr.de.gz  # BLEU, chrF
 """
 
 
@@ -192,8 +192,8 @@ def eval_translation(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
-    src_path = check_readable_file(args.data, "--data")
-    tgt_path = check_readable_file(args.target, "--target")
+    src_path = check_readable_file(args.data, "--data", stream=True)  # read once, line by line: <(cmd) works
+    tgt_path = check_readable_file(args.target, "--target", stream=True)
     try:
         pairs = list(read_parallel(src_path, tgt_path))
     except ValueError as e:  # name the argument: the message starts with the file it is about

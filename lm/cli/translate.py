@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
 
 EXAMPLES = """
-  lm translate --checkpoint runs/multi30k "A man is riding a bicycle." "Two dogs play in the snow."
-  lm translate --checkpoint runs/multi30k --input test.en --beam 4 > test.hyp.de
-  zcat test.en.gz | lm translate --checkpoint runs/multi30k --input - --beam 1   # greedy
+  lm translate --checkpoint runs/multi30k-en-de "A man is riding a bicycle." "Two dogs play in the snow."
+  lm translate --checkpoint runs/multi30k-en-de --input test.en --beam 4 > test.hyp.de
+  zcat test.en.gz | lm translate --checkpoint runs/multi30k-en-de --input - --beam 1   # greedy
 """
 
 
@@ -117,7 +117,7 @@ def read_lines(args: argparse.Namespace) -> list[str]:
         return list(args.text)
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
-    data = sys.stdin.buffer.read() if args.input == "-" else check_readable_file(args.input, "--input").read_bytes()
+    data = sys.stdin.buffer.read() if args.input == "-" else check_readable_file(args.input, "--input", stream=True).read_bytes()
     name = "standard input" if args.input == "-" else repr(args.input)
     if data[:2] == b"\x1f\x8b":  # gzip, as the Multi30k files come and `lm eval --data/--target` read them
         try:

@@ -74,8 +74,8 @@ def index_path(path: str | os.PathLike) -> Path:
 def _open_binary(path: Path):
     if not path.exists():
         raise ValueError(f"{str(path)!r}: file not found")
-    if not path.is_file():
-        raise ValueError(f"{str(path)!r}: not a regular file")
+    if path.is_dir():  # a pipe or `<(cmd)` is fine: the file is read once, from its start
+        raise ValueError(f"{str(path)!r}: is a directory")
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
 
 
