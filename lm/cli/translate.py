@@ -117,7 +117,10 @@ def read_lines(args: argparse.Namespace) -> list[str]:
         return list(args.text)
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
-    data = sys.stdin.buffer.read() if args.input == "-" else check_readable_file(args.input, "--input", stream=True).read_bytes()
+    if args.input == "-":
+        data = sys.stdin.buffer.read()
+    else:  # read once, whole: a pipe or <(cmd) works too
+        data = check_readable_file(args.input, "--input", stream=True).read_bytes()
     name = "standard input" if args.input == "-" else repr(args.input)
     if data[:2] == b"\x1f\x8b":  # gzip, as the Multi30k files come and `lm eval --data/--target` read them
         try:

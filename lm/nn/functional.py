@@ -372,8 +372,9 @@ def linear_cross_entropy(
     gradients of ``x`` and ``weight`` are computed in the same pass while the chunk is still in
     cache, as in Liger-Kernel's fused linear cross-entropy. By default (:func:`loss_chunk_size`)
     a chunk is 256 tokens eager on a CPU, so all the logits are never held at once there;
-    compiled or on a GPU it is as many tokens as a memory budget allows, usually all of them. The result and gradients equal the
-    unfused ones up to float rounding; in ``no_grad`` mode no gradient work is done.
+    compiled or on a GPU it is as many tokens as a memory budget allows, usually all of them.
+    The result and gradients equal the unfused ones up to float rounding; in ``no_grad`` mode no
+    gradient work is done.
     ``label_smoothing``, ``ignore_index`` and out-of-range targets are as in :func:`cross_entropy`. ``chunk_size``
     defaults to :func:`loss_chunk_size` for the device (and whether it is being compiled).
     ``targets`` must be integers of the shape of ``x`` without its last dimension.
