@@ -2,7 +2,7 @@
 
     python scripts/bench_seq2seq.py            # needs LM_TEST_DATA (multi30k/); about 3 minutes
 
-Three comparisons, each printed as a ratio:
+Four comparisons, each printed as a ratio:
 
 1. **training step**, the same shape (d_model 256, 3+3 layers, 4 heads, d_ff 1024, an 8K vocab,
    tied embeddings, label smoothing 0.1) on the same batches of real Multi30k pairs (about

@@ -33,8 +33,10 @@ class Seq2SeqCache(KVCache):
 
     layers_field = "decoder_layers"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, num_layers: int, batch_size: int, num_heads: int, max_len: int, head_dim: int, *,
+                 pad_lengths: Tensor | list[int] | None = None, device=None, dtype=torch.float32):
+        super().__init__(num_layers, batch_size, num_heads, max_len, head_dim, pad_lengths=pad_lengths,
+                         device=device, dtype=dtype)
         self.cross: dict[int, tuple[Tensor, Tensor]] = {}
 
     def get(self, layer: int) -> tuple[Tensor, Tensor] | None:

@@ -2,13 +2,16 @@
 OpenAI-compatible HTTP app around it (``lm serve``)."""
 
 from lm.serve.engine import Engine, EngineStopped, QueueFull, Request, SamplingParams
+from lm.serve.protocol import MAX_BODY_BYTES
 from lm.serve.translation import TranslationEngine
 
 __all__ = ["Engine", "EngineStopped", "QueueFull", "Request", "SamplingParams", "TranslationEngine", "create_app"]
 
 
-def create_app(*args, **kwargs):
-    """:func:`lm.serve.app.create_app` (imported on use: starlette is only needed to serve)."""
+def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MAX_BODY_BYTES,
+               start_engine: bool = True, api_key: str | None = None):
+    """The ASGI app serving ``engine``: :func:`lm.serve.app.create_app` (imported on use: starlette is
+    only needed to serve)."""
     from lm.serve.app import create_app as create
 
-    return create(*args, **kwargs)
+    return create(engine, tokenizer, model_name, max_body=max_body, start_engine=start_engine, api_key=api_key)

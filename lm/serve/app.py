@@ -29,7 +29,7 @@ from lm.serve import protocol as api
 from lm.serve.engine import Engine, EngineStopped, QueueFull
 from lm.serve.engine import Request as EngineRequest
 
-MAX_BODY_BYTES = 1 << 20
+MAX_BODY_BYTES = api.MAX_BODY_BYTES
 
 
 @dataclass

@@ -25,6 +25,8 @@ from typing import Any
 from lm.generate.text import TextStreamer
 from lm.serve.engine import MAX_LOGPROBS, SamplingParams, TokenLogprobs
 
+MAX_BODY_BYTES = 1 << 20  # the largest request body, by default (413 above it)
+
 
 class APIError(Exception):
     """An error the client gets as ``{"error": {"message", "type", "param", "code"}}``."""
