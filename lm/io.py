@@ -190,17 +190,21 @@ def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str,
 
 
 def looks_like_text(path: str | os.PathLike, sample: int = 1 << 16) -> bool:
-    """True when the first ``sample`` bytes hold no NUL byte and are mostly (75%) valid UTF-8.
+    """True when the first ``sample`` bytes are mostly (75%) valid UTF-8 and hold no NUL byte, or
+    a stray one (at most one in a thousand bytes) in what is otherwise valid UTF-8 (99%).
 
-    Token files are full of NUL bytes (every id below 256 has a zero high byte); text never is.
-    Text in another encoding (Latin-1, say) still counts as text: its readers warn about it.
+    Token files and arrays of numbers are full of NUL bytes (every id below 256 has a zero high
+    byte), and where they hold few, most of the rest is not UTF-8. A NUL is valid UTF-8, which
+    tokenizers encode like any other byte. Text in another encoding (Latin-1, say) still counts as
+    text: its readers warn about it.
     """
     with open(path, "rb") as f:
         head = f.read(sample)
-    if b"\0" in head:
+    nul = head.count(b"\0")
+    if nul > len(head) // 1000:
         return False
     _, bad = decode_utf8(head[: len(head) - 3] if len(head) == sample else head)  # a cut character is fine
-    return bad <= len(head) // 4
+    return bad <= len(head) // (100 if nul else 4)
 
 
 # -- outputs -----------------------------------------------------------------------------------

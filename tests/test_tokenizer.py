@@ -109,10 +109,37 @@ def test_decode_takes_any_iterable_of_ids_and_names_the_bad_one(small_tokenizer)
     for form in (iter(bad), torch.tensor(bad), np.array(bad), (i for i in bad), [np.int64(bad[0]), bad[1]]):
         with pytest.raises(ValueError, match="ids: 999999 is not a token id"):
             tok.decode(form)
-    with pytest.raises(ValueError, match="ids: 2.5 is not a token id"):
+    with pytest.raises(ValueError, match="^ids: token ids must be integers, got the float 2.5$"):
         tok.decode(iter([ids[0], 2.5]))
     with pytest.raises(ValueError, match="ids: expected a 1-D sequence of token ids, got the scalar 104"):
         tok.decode(torch.tensor(104))
+
+
+def test_decode_refuses_ids_that_are_not_integers(small_tokenizer):
+    """A float tensor decoded as if it held ints (2.0 finds the key 2), as did True (1); tiktoken and
+    Hugging Face refuse floats. Arrays are named by their dtype."""
+    import torch
+
+    tok = small_tokenizer
+    ids = tok.encode("hello world")
+    for form, got in (
+        ([float(i) for i in ids], f"the float {float(ids[0])!r}"),
+        ([ids[0], 2.0], "the float 2.0"),
+        ((ids[0], True), "the bool True"),
+        ([np.float64(ids[0])], f"the float64 {float(ids[0])!r}"),
+        ([np.bool_(True)], "the bool True"),
+        (torch.tensor(ids, dtype=torch.float32), f"an array of dtype torch.float32, holding float {float(ids[0])!r}"),
+        (torch.tensor([True, False]), "an array of dtype torch.bool, holding bool True"),
+        (np.array(ids, dtype=np.float64), f"an array of dtype float64, holding float {float(ids[0])!r}"),
+        (np.array([1.5, 999999.0]), "an array of dtype float64, holding float 1.5"),
+    ):
+        with pytest.raises(ValueError, match=r"^ids: token ids must be integers, got ") as e:
+            tok.decode(form)
+        assert str(e.value) == f"ids: token ids must be integers, got {got}"
+    # integers of every kind still decode
+    for same in (ids, np.array(ids, dtype=np.int32), torch.tensor(ids, dtype=torch.int16), [np.uint16(i) for i in ids]):
+        assert tok.decode(same) == "hello world"
+    assert tok.decode([]) == ""
 
 
 def test_encode_to_numpy_equals_encode(small_tokenizer):
@@ -194,6 +221,77 @@ def test_from_files_errors(small_tokenizer, tmp_path):
         Tokenizer.from_files(tmp_path / "bad.json", tmp_path / "merges.txt")
     with pytest.raises(ValueError, match="duplicate special token"):
         Tokenizer(small_tokenizer.vocab, small_tokenizer.merges, [EOT, EOT])
+
+
+def test_a_string_as_special_tokens_is_refused(small_tokenizer, tmp_path):
+    """A string was read as a list of one-character special tokens: every "e" of the text became a
+    special token, or "<|endoftext|>" was refused for a duplicate special token 'e'."""
+    vocab, merges = small_tokenizer.vocab, small_tokenizer.merges
+    save_tokenizer_dir(small_tokenizer, tmp_path)
+    for value in ("<eos>", EOT):
+        message = f"special_tokens: expected a list of strings, got the string {value!r}"
+        for make, args in ((Tokenizer, (vocab, merges, value)), (load_tokenizer_dir, (tmp_path, value)),
+                           (Tokenizer.from_files, (tmp_path / "vocab.json", tmp_path / "merges.txt", value))):
+            with pytest.raises(ValueError) as e:
+                make(*args)
+            assert str(e.value) == message
+    with pytest.raises(ValueError, match=r"^special_tokens: expected a list of strings, got the bytes b'<eos>'$"):
+        Tokenizer(vocab, merges, b"<eos>")
+    with pytest.raises(ValueError, match=r"^special_tokens: '<\\ud800>' is not valid Unicode text"):
+        Tokenizer(vocab, merges, ["<\ud800>"])
+    assert Tokenizer(vocab, merges, (EOT,)).special_tokens == [EOT]  # any sequence of strings
+
+
+@pytest.fixture
+def tokenizer_files(small_tokenizer, tmp_path):
+    """A copy of small_tokenizer's vocab.json and merges.txt, to spoil."""
+    small_tokenizer.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    return tmp_path / "vocab.json", tmp_path / "merges.txt"
+
+
+def _spoil_vocab(path, change):
+    vocab = json.loads(path.read_text(encoding="utf-8"))
+    change(vocab)
+    path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+
+
+@pytest.mark.parametrize("case", ["merges not utf-8", "merges char", "id -3", "id 10**7", "id true", "id 1.5",
+                                  "missing byte", "merge not in vocab", "vocab key char"])
+def test_a_bad_tokenizer_file_is_named_in_a_one_line_error(small_tokenizer, tokenizer_files, case):
+    """Errors in a tokenizer's files named neither the file nor (for merges.txt) the line; a merges.txt
+    that is not UTF-8 raised a bare UnicodeDecodeError; a JSON ``true`` was taken for the id 1."""
+    vocab_path, merges_path = tokenizer_files
+    v, m = repr(str(vocab_path)), repr(str(merges_path))
+    lines = merges_path.read_text(encoding="utf-8").splitlines()
+    if case == "merges not utf-8":
+        merges_path.write_bytes("\n".join(lines[:2]).encode() + b"\nab \xffc\n")
+        expected = f"merges_path: line 3 of {m} is not UTF-8 (byte 0xff)"
+    elif case == "merges char":
+        merges_path.write_text("\n".join([*lines[:3], "a \u4e00", *lines[3:]]) + "\n", encoding="utf-8")
+        expected = f"merges_path: line 4 of {m}: token '\u4e00': character '\u4e00' is not in the GPT-2 byte mapping"
+    elif case in ("id -3", "id 10**7"):
+        bad = -3 if case == "id -3" else 10**7
+        _spoil_vocab(vocab_path, lambda d: d.update(zz=bad))
+        expected = f"vocab_path: {v}: id of token 'zz' is {bad}, not an integer in [0, 1114111]"
+    elif case in ("id true", "id 1.5"):
+        bad = True if case == "id true" else 1.5
+        _spoil_vocab(vocab_path, lambda d: d.update(zz=bad))
+        expected = f"vocab_path: {v}: id of token 'zz' is {json.dumps(bad)}, not an integer"
+    elif case == "missing byte":
+        _spoil_vocab(vocab_path, lambda d: d.pop("a"))
+        expected = (f"vocab_path: {v}: 1 single bytes are missing (e.g. b'a'); a byte-level vocab holds all 256")
+    elif case == "merge not in vocab":
+        merges_path.write_text("#version: 0.2\nq z\n", encoding="utf-8")
+        expected = (f"merges_path: line 2 of {m}: merge (b'q', b'z') needs token b'qz', which is not in {v}; "
+                    "vocab and merges do not belong together")
+    else:
+        _spoil_vocab(vocab_path, lambda d: d.update({"a\u4e00": 9999}))
+        expected = f"vocab_path: {v}: token 'a\u4e00': character '\u4e00' is not in the GPT-2 byte mapping"
+    for load, args in ((Tokenizer.from_files, (vocab_path, merges_path, [EOT])),
+                       (load_tokenizer_dir, (vocab_path.parent, [EOT]))):
+        with pytest.raises(ValueError) as e:
+            load(*args)
+        assert type(e.value) is ValueError and str(e.value) == expected
 
 
 def read_real_texts():
@@ -314,6 +412,58 @@ def test_a_long_word_encodes_like_tiktoken_without_quadratic_time(gpt2):
         assert time.perf_counter() - t0 < 10
         assert ids == enc.encode(word)
     assert gpt2.encode("-" * 50_000) == enc.encode("-" * 50_000)
+
+
+# ------------------------------------------------------------ lone surrogates
+
+# Text that UTF-8 cannot encode (a string from JSON "\\ud83d", or half of an emoji cut in UTF-16): each
+# lone surrogate is U+FFFD to tiktoken, and a pair of surrogates the character it stands for, which may
+# be a letter (U+1D400) that joins the letters around it into one pre-token.
+SURROGATE_TEXTS = ["hello \ud83d world", "\ud83d\ude00 a pair", "\ude00\ud83d reversed", "x\ud835\udc00yz abc",
+                   "\ud800", "a\udfff", f"\ud83d{EOT}\ude00", "\ud83d\ud83d\ude00", "Hello world.\n\ud83d",
+                   "caf\u00e9 \udcff\udcfe bytes", "  \ud83d  \n"]
+
+
+def test_lone_surrogates_encode_like_tiktoken(gpt2):
+    """encode raised UnicodeEncodeError with the position inside a pre-token ("position 1" for a
+    surrogate at 6); tiktoken replaces each lone surrogate by U+FFFD."""
+    enc = tiktoken_gpt2()
+    for text in SURROGATE_TEXTS:
+        expected = enc.encode(text, allowed_special="all")
+        assert gpt2.encode(text) == expected, text
+        assert gpt2.encode_to_numpy(text, np.uint16).tolist() == expected, text
+        assert list(gpt2.encode_iterable([text])) == expected, text
+        with mock.patch.object(tokenizer_module, "_STREAM_BUFFER_CHARS", 1):  # one character at a time
+            assert list(gpt2.encode_iterable(list(text))) == expected, text
+    assert gpt2.encode("hello \ud83d world") == [31373, 20543, 995]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.lists(st.sampled_from(["\ud83d", "\ude00", "\ud835", "\udc00", "a", "bc", " ", "\n", ".", "1", "é",
+                                      EOT]), max_size=30).map("".join),
+       cuts=st.lists(st.integers(0, 60), max_size=6), buffer=st.integers(1, 12))
+def test_encode_iterable_equals_encode_on_surrogates_cut_anywhere(gpt2, text, cuts, buffer):
+    """A pair of surrogates cut between two pieces of the stream is still one character."""
+    cuts = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    expected = gpt2.encode(text)
+    assert expected == gpt2.encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+    with mock.patch.object(tokenizer_module, "_STREAM_BUFFER_CHARS", buffer):
+        assert list(gpt2.encode_iterable(pieces)) == expected
+
+
+def test_a_pair_of_surrogates_that_is_a_letter_joins_the_word_in_a_stream():
+    """U+1D400 (a letter) as a pair of surrogates: "a" before it is the same pre-token, which a merge
+    of "a" with its first byte shows. The stream cut before the pair, where the two surrogates (not
+    letters) begin a new pre-token, or before a high surrogate whose low one was in the next piece."""
+    tok = Tokenizer({**{i: bytes([i]) for i in range(256)}, 256: b"a\xf0"}, [(b"a", b"\xf0")])
+    text = "xa\ud835\udc00 a\ud835\udc00"
+    expected = [ord("x"), 256, 0x9D, 0x90, 0x80, ord(" "), 256, 0x9D, 0x90, 0x80]
+    assert tok.encode(text) == expected == tok.encode("xa\U0001d400 a\U0001d400")
+    for buffer in (1, 2, 3, 100):
+        with mock.patch.object(tokenizer_module, "_STREAM_BUFFER_CHARS", buffer):
+            for pieces in (list(text), [text[:2], text[2:]], [text[:3], text[3:]], [text[:4], text[4:]], [text]):
+                assert list(tok.encode_iterable(pieces)) == expected, (buffer, pieces)
 
 
 # ------------------------------------------------------------ streaming across whitespace runs

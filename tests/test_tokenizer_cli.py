@@ -414,6 +414,64 @@ def test_a_token_file_or_binary_data_as_input_text_is_refused(trained, corpus, t
     assert not (tmp_path / "u.bin").exists() and not (tmp_path / "tok2").exists()
 
 
+def test_a_stray_nul_in_text_is_text_but_token_files_are_not(trained, corpus, tmp_path, capsys):
+    """One NUL byte in the first 64 KiB made valid UTF-8 text "not text" (the same byte further on
+    was accepted); GPT-2 token files (uint16 and uint32) and float arrays must still be refused."""
+    from lm.io import looks_like_text
+
+    gpt2 = Tokenizer.from_files(data_file("gpt2_vocab.json"), data_file("gpt2_merges.txt"), [EOT])
+    text = data_file("tinystories_sample.txt").read_bytes()[:200_000]
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(text[:1000] + b"a\x00b\n" + text[-100_000:])
+    assert looks_like_text(nul)
+    assert main(["tokenize", "--tokenizer", str(trained), "--input", str(nul), "--out", str(tmp_path / "nul.bin"),
+                 "--quiet"]) == 0
+    ids, _ = read_token_file(tmp_path / "nul.bin")
+    assert load_tokenizer_dir(trained).decode(ids.tolist()) == nul.read_text(encoding="utf-8")
+    capsys.readouterr()
+    # token files as `lm tokenize` writes them, without their sidecar (which is_token_file recognises)
+    gpt2_dir = tmp_path / "gpt2"
+    save_tokenizer_dir(gpt2, gpt2_dir)
+    (tmp_path / "story.txt").write_bytes(text)
+    out = tmp_path / "ids.bin"
+    assert main(["tokenize", "--tokenizer", str(gpt2_dir), "--input", str(tmp_path / "story.txt"), "--out", str(out),
+                 "--quiet"]) == 0
+    ids16 = read_token_file(out)[0]
+    assert ids16.dtype == np.uint16
+    binary = [tmp_path / "ids_uint16.dat", tmp_path / "ids_uint32.dat"]
+    binary[0].write_bytes(out.read_bytes())
+    binary[1].write_bytes(ids16.astype(np.uint32).tobytes())  # as a vocab of more than 65,536 writes them
+    binary.append(tmp_path / "words_only.dat")  # ids of 256 and up only: few NUL bytes, most of the rest not UTF-8
+    binary[-1].write_bytes(ids16[ids16 >= 256].tobytes())
+    binary.append(tmp_path / "floats.dat")
+    binary[-1].write_bytes(np.random.default_rng(0).standard_normal(50_000).astype(np.float32).tobytes())
+    capsys.readouterr()
+    for path in binary:
+        assert not looks_like_text(path), path.name
+        assert main(["tokenize", "--tokenizer", str(trained), "--input", str(path), "--out",
+                     str(tmp_path / "x.bin"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"--input: {str(path)!r} is not text" in err, err
+    # a short file: no NUL at all
+    (tmp_path / "short.txt").write_bytes(b"hello\x00")
+    assert not looks_like_text(tmp_path / "short.txt")
+
+
+def test_a_bad_tokenizer_file_is_named_by_lm_tokenize(trained, corpus, tmp_path, capsys):
+    """lm tokenize said "--tokenizer: 'utf-8' codec can't decode byte 0xff in position 14: ...", naming
+    neither the folder nor the file."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(trained, bad)
+    lines = (bad / "merges.txt").read_bytes().splitlines(keepends=True)
+    (bad / "merges.txt").write_bytes(b"".join(lines[:3]) + b"a \xff\n" + b"".join(lines[3:]))
+    assert main(["tokenize", "--tokenizer", str(bad), "--input", str(corpus), "--out", str(tmp_path / "x.bin")]) == 2
+    err = capsys.readouterr().err.strip()
+    expected = f"--tokenizer: merges_path: line 4 of {str(bad / 'merges.txt')!r} is not UTF-8 (byte 0xff)"
+    assert len(err.splitlines()) == 1 and err.endswith(expected), err
+
+
 def _files(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from lm.io import atomic_write, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
-from lm.tokenizer.tokenizer import Tokenizer
+from lm.tokenizer.tokenizer import _MAX_ID, Tokenizer
 
 
 def vocab_strings(tokenizer: Tokenizer) -> dict[str, int]:
@@ -93,32 +93,67 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
                     special_tokens: Sequence[str] | None = None) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """``(vocab, merges)`` from a GPT-2 style ``vocab.json`` + ``merges.txt`` (also GPT-2's
     ``encoder.json`` + ``vocab.bpe``); one-line errors naming the file and the line."""
+    special_tokens = check_special_tokens(special_tokens)
     vocab_path = check_readable_file(vocab_path, "vocab_path")
     merges_path = check_readable_file(merges_path, "merges_path")
+    vocab_file, merges_file = str(vocab_path), str(merges_path)
     raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
     merges: list[tuple[bytes, bytes]] = []
-    with open(merges_path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if (lineno == 1 and line.startswith("#version")) or not line:
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise ValueError(f"merges_path: line {lineno} of {str(merges_path)!r} is not 'left right': {line!r}")
-            merges.append((unicode_str_to_bytes(parts[0]), unicode_str_to_bytes(parts[1])))
-    specials = set(special_tokens or [])
+    merge_lines: list[int] = []  # the line of each merge, for errors
+    try:
+        with open(merges_path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.rstrip("\r\n")
+                if (lineno == 1 and line.startswith("#version")) or not line:
+                    continue
+                parts = line.split(" ")
+                if len(parts) != 2:
+                    raise ValueError(f"merges_path: line {lineno} of {merges_file!r} is not 'left right': {line!r}")
+                try:
+                    merges.append((unicode_str_to_bytes(parts[0]), unicode_str_to_bytes(parts[1])))
+                except ValueError as e:
+                    raise ValueError(f"merges_path: line {lineno} of {merges_file!r}: {e}") from None
+                merge_lines.append(lineno)
+    except UnicodeDecodeError:
+        raise ValueError(f"merges_path: {_not_utf8(merges_path)}") from None
+    specials = set(special_tokens)
     needed = _bpe_tokens(merges)
     vocab: dict[int, bytes] = {}
     for s, i in raw.items():
-        if not isinstance(i, int):
-            raise ValueError(f"vocab_path: id of token {s!r} is {i!r}, not an integer")
+        if isinstance(i, bool) or not isinstance(i, int):  # JSON true is no id, though Python's True == 1
+            raise ValueError(f"vocab_path: {vocab_file!r}: id of token {s!r} is {json.dumps(i)}, not an integer")
+        if not 0 <= i <= _MAX_ID:
+            raise ValueError(f"vocab_path: {vocab_file!r}: id of token {s!r} is {i}, "
+                             f"not an integer in [0, {_MAX_ID}]")
         if i in vocab:
-            raise ValueError(f"vocab_path: id {i} is used twice")
+            raise ValueError(f"vocab_path: {vocab_file!r}: id {i} is used twice")
         try:  # the byte mapping, or a special token's own text
             vocab[i] = _token_bytes(s, specials, needed)
         except ValueError as e:
-            raise ValueError(f"vocab_path: {e}") from None
+            raise ValueError(f"vocab_path: {vocab_file!r}: {e}") from None
+    # what Tokenizer would refuse, said here with the files and the line
+    tokens = set(vocab.values()) | {t.encode("utf-8") for t in special_tokens}  # Tokenizer adds missing specials
+    missing = [bytes([b]) for b in range(256) if bytes([b]) not in tokens]
+    if missing:
+        raise ValueError(f"vocab_path: {vocab_file!r}: {len(missing)} single bytes are missing "
+                         f"(e.g. {missing[0]!r}); a byte-level vocab holds all 256")
+    for lineno, (a, b) in zip(merge_lines, merges):
+        for t in (a, b, a + b):
+            if t not in tokens:
+                raise ValueError(f"merges_path: line {lineno} of {merges_file!r}: merge ({a!r}, {b!r}) needs token "
+                                 f"{t!r}, which is not in {vocab_file!r}; vocab and merges do not belong together")
     return vocab, merges
+
+
+def _not_utf8(path: Path) -> str:
+    """``line N of 'PATH' is not UTF-8 (byte 0xFF)``: where the first invalid byte of ``path`` lies."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return f"line {line} of {str(path)!r} is not UTF-8 (byte 0x{data[e.start]:02x})"
+    return f"{str(path)!r} is not UTF-8"  # valid now: the file changed meanwhile
 
 
 def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> None:

@@ -122,12 +122,21 @@ def special_tokens_regex(special_tokens: Iterable[str], *, as_bytes: bool = Fals
 
 
 def check_special_tokens(special_tokens: Sequence[str] | None) -> list[str]:
-    """Validate a list of special tokens: strings, non-empty, no duplicates."""
+    """Validate a list of special tokens: strings, non-empty, no duplicates.
+
+    A string itself is refused, not read as a list of one-character tokens."""
+    if isinstance(special_tokens, (str, bytes, bytearray)):
+        kind = "string" if isinstance(special_tokens, str) else "bytes"
+        raise ValueError(f"special_tokens: expected a list of strings, got the {kind} {special_tokens!r}")
     toks = list(special_tokens or [])
     seen: set[str] = set()
     for t in toks:
         if not isinstance(t, str) or not t:
             raise ValueError(f"special_tokens: each special token must be a non-empty string, got {t!r}")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"special_tokens: {t!r} is not valid Unicode text (it holds a lone surrogate)") from None
         if t in seen:
             raise ValueError(f"special_tokens: duplicate special token {t!r}")
         seen.add(t)

@@ -14,6 +14,7 @@ import hashlib
 import heapq
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -49,6 +50,28 @@ _UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # native uin
 _LONG_WORD = 48
 # rank entry of a pair that has no merge: greater than every real ``rank << 32 | id``
 _NO_MERGE = 1 << 80
+
+
+def _replace_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (which UTF-8 cannot encode) replaced by U+FFFD, and each
+    pair of surrogates joined into the character they stand for: what tiktoken does."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _is_id_type(t: type) -> bool:
+    """Whether elements of type ``t`` are token ids: integers, but not booleans."""
+    return issubclass(t, (int, np.integer)) and not issubclass(t, bool)
+
+
+def _is_integer_dtype(dtype) -> bool:
+    """Whether a numpy or torch dtype holds integers (not booleans)."""
+    if isinstance(dtype, np.dtype):
+        return dtype.kind in "iu"
+    return (getattr(dtype, "is_floating_point", True) is False and getattr(dtype, "is_complex", True) is False
+            and str(dtype) != "torch.bool")
 
 
 def _is_key(mapping: dict, key) -> bool:
@@ -275,7 +298,17 @@ class Tokenizer:
 
     def _encode_array(self, text: str) -> np.ndarray:
         """The ids of ``text`` as native ``uint32``: plain stretches through the vectorised
-        path, the rest (and any stretch where a hash collided) through the regex path."""
+        path, the rest (and any stretch where a hash collided) through the regex path.
+
+        Lone surrogates, which UTF-8 cannot encode, become U+FFFD first, as in tiktoken: the
+        encoder meets them only where it encodes a pre-token, so the check costs nothing on other text."""
+        try:
+            return self._encode_valid(text)
+        except UnicodeEncodeError:
+            return self._encode_valid(_replace_surrogates(text))
+
+    def _encode_valid(self, text: str) -> np.ndarray:
+        """:meth:`_encode_array` of a text that UTF-8 can encode (else UnicodeEncodeError)."""
         parts: list[np.ndarray] = []
         if self._cut_stretches:
             stretches = plain_stretches(text)
@@ -299,7 +332,7 @@ class Tokenizer:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
 
     def encode(self, text: str) -> list[int]:
-        """Encode a string into token ids."""
+        """Encode a string into token ids; a lone surrogate (not valid Unicode text) encodes as U+FFFD."""
         return self._encode_array(text).tolist()
 
     def encode_to_numpy(self, text: str, dtype: npt.DTypeLike = np.uint32) -> np.ndarray:
@@ -326,7 +359,13 @@ class Tokenizer:
             buf += piece
             if len(buf) < _STREAM_BUFFER_CHARS:
                 continue
-            cut = self._safe_prefix_len(buf)
+            # A high surrogate at the end may pair with the next piece, into a character that may join
+            # the pre-token before it (a letter): the cut is one that no text after the rest could move.
+            pending = "\ud800" <= buf[-1] <= "\udbff"
+            if not buf.isascii() and _SURROGATE.search(buf):
+                # as encode does, before the cut: a pair of surrogates is one character (a letter, maybe)
+                buf = _replace_surrogates(buf[:-1]) + buf[-1] if pending else _replace_surrogates(buf)
+            cut = self._safe_prefix_len(buf[:-1] if pending else buf)
             if cut > 0:
                 yield from self.encode(buf[:cut])
                 buf = buf[cut:]
@@ -385,18 +424,31 @@ class Tokenizer:
         >>> tok.decode(iter([104, 105])), tok.decode(np.array([104, 105]))
         ('hi', 'hi')
         """
+        dtype = None
+        integers = False  # known to hold only ints: an array of an integer dtype
         if hasattr(ids, "tolist"):  # a tensor or an array: its elements as Python ints, not 0-d tensors
+            dtype = getattr(ids, "dtype", None)
+            integers = _is_integer_dtype(dtype)
             ids = ids.tolist()
             if not isinstance(ids, list):
                 raise ValueError(f"ids: expected a 1-D sequence of token ids, got the scalar {ids!r}")
         elif not isinstance(ids, (list, tuple)):
-            ids = list(ids)  # an iterator is used up by one pass; the error below needs a second
+            ids = list(ids)  # an iterator is used up by one pass; the errors below need a second
         vocab = self.vocab
         try:
-            data = b"".join([vocab[i] for i in ids])
+            data = b"".join(map(vocab.__getitem__, ids))
         except (KeyError, TypeError):
+            data = None
+        if not integers:  # a float (or True) finds the int key of equal value: refuse it, as tiktoken does
+            types = set(map(type, ids))
+            if not types <= {int} and not all(map(_is_id_type, types)):
+                bad = next(i for i in ids if not _is_id_type(type(i)))
+                of = "the" if dtype is None else f"an array of dtype {dtype}, holding"
+                value = bad.item() if isinstance(bad, np.generic) else bad  # 2.5, not np.float64(2.5)
+                raise ValueError(f"ids: token ids must be integers, got {of} {type(bad).__name__} {value!r}")
+        if data is None:
             bad = next(i for i in ids if not _is_key(vocab, i))
-            raise ValueError(f"ids: {bad!r} is not a token id of this vocab (size {self.vocab_size})") from None
+            raise ValueError(f"ids: {bad!r} is not a token id of this vocab (size {self.vocab_size})")
         return data.decode("utf-8", errors="replace")
 
     # ------------------------------------------------------------ interop

@@ -79,6 +79,7 @@ def count_pretokens(
     stats: TrainStats | None = None,
 ) -> Counter:
     """Count the GPT-2 pre-tokens in byte ranges of files, in parallel (special tokens excluded)."""
+    special_tokens = check_special_tokens(special_tokens)
     total = sum(e - s for _, s, e in ranges)
     workers = max(1, num_workers if num_workers is not None else (os.cpu_count() or 1))
     if chunk_bytes is None:
@@ -130,7 +131,7 @@ def merge_counts(
     with tqdm(total=num_merges, unit="merge", desc="merge", disable=None if progress else True, file=sys.stderr,
               mininterval=0.5) as bar:
         while len(merges) < num_merges:
-            pair = index.most_frequent(tokens)
+            pair = index.most_frequent()
             if pair is None:
                 break
             a, b = pair
@@ -143,9 +144,22 @@ def merge_counts(
     return merges
 
 
+# The heap's tie-break: the greater pair of bytes must come first in a min-heap, so each token has a key
+# that orders the other way round: each byte b as chr(256 - b), then chr(257), greater than every byte's
+# character, so that a token sorts after every longer token that starts with it (as bytes sort before).
+_REVERSED_BYTES = {b: 256 - b for b in range(256)}
+_END = chr(257)
+
+
+def _reversed_key(token: bytes) -> str:
+    """A key that sorts in the opposite order to ``token``: ``x < y`` exactly when ``key(x) > key(y)``."""
+    return token.decode("latin-1").translate(_REVERSED_BYTES) + _END
+
+
 class _PairIndex:
     """The words as token-id lists with their counts, every adjacent pair's total count, an index
-    from each pair to the words that hold it, and a lazy max-heap of the counts."""
+    from each pair to the words that hold it, and a lazy heap of the pairs, most frequent on top
+    (among equal counts, the greater pair of bytes)."""
 
     def __init__(self, word_counts: dict[bytes, int] | Counter):
         self.words: list[list[int]] = []
@@ -161,33 +175,33 @@ class _PairIndex:
             for p in zip(w, w[1:]):
                 self.pair_counts[p] += f
                 self.where[p].add(wi)
-        self.heap = [(-c, a, b) for (a, b), c in self.pair_counts.items()]
+        # each token id's _reversed_key; a merged token's is its left part's without the end, then its right part's
+        self.keys: list[str] = [_reversed_key(bytes([i])) for i in range(256)]
+        keys = self.keys
+        # (-count, key of left, key of right, left, right): the top is the pair to merge next. The keys differ
+        # for pairs of different bytes; two ids of the same bytes (a merge may make a token again) tie on
+        # them, and then the lower ids come first.
+        self.heap = [(-c, keys[a], keys[b], a, b) for (a, b), c in self.pair_counts.items()]
         heapq.heapify(self.heap)
 
-    def most_frequent(self, tokens: list[bytes]) -> tuple[int, int] | None:
+    def most_frequent(self) -> tuple[int, int] | None:
         """The pair to merge next: the highest count, ties to the greater pair of bytes; None when
         no pair is left."""
         heap, pair_counts = self.heap, self.pair_counts
-        # Lazy heap: entries whose count is stale are dropped when they reach the top.
-        while heap and pair_counts.get((heap[0][1], heap[0][2])) != -heap[0][0]:
-            heapq.heappop(heap)
-        if not heap:
-            return None
-        top = heap[0][0]
-        tied = set()
-        while heap and heap[0][0] == top:
-            _, a, b = heapq.heappop(heap)
-            if pair_counts.get((a, b)) == -top:
-                tied.add((a, b))
-        best = max(tied, key=lambda p: (tokens[p[0]], tokens[p[1]]))
-        for p in tied:
-            if p != best:
-                heapq.heappush(heap, (top, p[0], p[1]))
-        return best
+        # Lazy heap: an entry whose count is stale (changed since it was pushed) is dropped when it reaches
+        # the top; the pair's current count has its own entry.
+        while heap:
+            c, _, _, a, b = heapq.heappop(heap)
+            if pair_counts.get((a, b)) == -c:
+                return a, b
+        return None
 
     def merge(self, a: int, b: int, new: int) -> None:
         """Replace the pair ``(a, b)`` by ``new`` in every word that holds it, and update the counts."""
-        words, freqs, where, pair_counts = self.words, self.freqs, self.where, self.pair_counts
+        words, freqs, where, pair_counts, keys = self.words, self.freqs, self.where, self.pair_counts, self.keys
+        if new != len(keys):
+            raise ValueError(f"merge: the new token's id must be {len(keys)}, got {new}")
+        keys.append(keys[a][:-1] + keys[b])
         del pair_counts[(a, b)]
         delta: dict[tuple[int, int], int] = defaultdict(int)
         for wi in where.pop((a, b)):
@@ -218,7 +232,7 @@ class _PairIndex:
                 c = pair_counts.get(p, 0) + d
                 if c > 0:
                     pair_counts[p] = c
-                    heapq.heappush(self.heap, (-c, p[0], p[1]))
+                    heapq.heappush(self.heap, (-c, keys[p[0]], keys[p[1]], p[0], p[1]))
                 else:
                     pair_counts.pop(p, None)
 
