@@ -385,6 +385,7 @@ def replace_dir(
     replacing = check_output_dir(
         out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
     )
+    made = _missing_dirs(out.parent)
     make_dir(out.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
@@ -406,7 +407,27 @@ def replace_dir(
         _fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(made)
         raise
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The folders of ``path`` (itself and its parents) that do not exist yet, deepest first."""
+    missing = []
+    for p in [path, *path.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed command made for its output (deepest first), where still empty."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:  # not empty (something else wrote there meanwhile), or gone: leave it
+            break
 
 
 def _fsync_dir(path: Path) -> None:
@@ -442,6 +463,7 @@ def claim_dir(
     if replacing:
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
         os.replace(out, old)
+    made = _missing_dirs(out.parent)
     try:
         make_dir(out)
         write_marker(out, command, complete=False)
@@ -451,6 +473,7 @@ def claim_dir(
         shutil.rmtree(out, ignore_errors=True)
         if old is not None:
             os.replace(old, out)
+        _remove_empty(made)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -303,3 +303,26 @@ def test_sigterm_during_the_demos_training_exits_143(tmp_path, monkeypatch, caps
     rc = main(["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300", "--device", "cpu", "--quiet"])
     assert rc == 143 and capsys.readouterr().err.strip() == "lm demo: terminated"
     assert not (tmp_path / "d").exists()
+
+
+def test_a_failed_output_removes_the_parent_folders_it_made(tmp_path, monkeypatch, capsys):
+    """`lm demo --out a/b/c` that failed left the empty folders a/b it had made (claim_dir), and so
+    did an output built beside its place and renamed (replace_dir); folders that were there stay."""
+    from lm.cli import main
+    from lm.io import claim_dir, replace_dir
+
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "c.txt"
+    src.write_text("x" * 60_000 + "\n", encoding="utf-8")  # no line end to split a validation set at
+    (tmp_path / "kept").mkdir()
+    assert main(["demo", "--data", str(src), "--out", "kept/a/b/d", "--train-seconds", "1", "--quiet"]) == 2
+    assert "--data" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "kept"] and not any((tmp_path / "kept").iterdir())
+    for builder in (claim_dir, replace_dir):
+        with pytest.raises(RuntimeError), builder(tmp_path / "kept" / "x" / "y", command="lm test") as out:
+            (out / "f").write_text("partial")
+            raise RuntimeError("failed")
+        assert not any((tmp_path / "kept").iterdir()), builder
+    with replace_dir(tmp_path / "kept" / "x" / "y", command="lm test") as out:  # success keeps them, of course
+        (out / "f").write_text("done")
+    assert (tmp_path / "kept" / "x" / "y" / "f").read_text() == "done"
