@@ -1,6 +1,6 @@
 """Load and faults for ``lm serve``: traffic to 127.0.0.1 only, bounded in count and time.
 
-    python scripts/bench_serve.py                      # a demo-shaped model, random weights; ~3 minutes
+    python scripts/bench_serve.py                      # a demo-shaped model, random weights; 25-75 s
     python scripts/bench_serve.py --checkpoint runs/demo/run
     python scripts/bench_serve.py --checkpoint runs/multi30k-en-de   # a translation model: the same checks
 
