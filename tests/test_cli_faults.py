@@ -93,6 +93,7 @@ def write_toml(path: Path, raw: dict) -> Path:
 
 # -- data loss -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_export_never_replaces_the_input_a_parent_or_a_foreign_folder(work, tmp_path):
     here = tmp_path / "cwd"
     here.mkdir()
@@ -197,6 +198,7 @@ def test_a_refused_demo_writes_nothing(work, tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_one_process_per_run_folder_and_stale_locks(work, tmp_path):
     toml = write_toml(tmp_path / "c.toml", run_config(work, "locked", max_steps=100_000))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -221,6 +223,7 @@ def test_one_process_per_run_folder_and_stale_locks(work, tmp_path):
     assert not (work / "locked" / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_a_run_that_diverged_before_its_first_checkpoint_can_start_over(work, tmp_path):
     raw = run_config(work, "diverged", max_steps=20)
     raw["optim"].update(max_lr=1e30, warmup_iters=0)
@@ -328,6 +331,7 @@ def test_bad_files_and_values_name_themselves(work, tmp_path):
     one_line_error(r, "--max-tokens: must be >= 1, got 0")
 
 
+@pytest.mark.slow
 def test_prompt_file_stdin_threads_and_dtype(work, tmp_path):
     (tmp_path / "p.txt").write_text("Tom had")
     outs = []

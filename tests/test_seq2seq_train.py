@@ -50,6 +50,7 @@ def _config(tmp: Path, out: str, **train) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_trains_resumes_exactly_and_translates(tmp_path):
     _data(tmp_path)
     straight = Trainer(config_from_dict(_config(tmp_path, "a", max_steps=10)), print_fn=lambda *a: None)

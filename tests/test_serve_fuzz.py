@@ -9,6 +9,7 @@
   first stop string, and never more at any point (holding back a possible start of one, and bytes
   of an unfinished character)."""
 
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -87,6 +88,7 @@ def _run(engine, requests):
     return [(rec["tokens"], rec["reasons"], r.logprobs, r.prompt_logprobs) for r, rec in out]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_every_request_gets_beside_others_what_it_gets_alone(workload):

@@ -705,6 +705,7 @@ def test_a_failing_model_fails_its_requests_and_the_server_exits_1_with_the_trac
             proc.wait()
 
 
+@pytest.mark.slow
 def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
     run, model, _ = model_and_tokenizer(tmp_path_factory)
     save_model(run, model)

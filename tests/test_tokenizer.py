@@ -1,5 +1,6 @@
 """Encoding and decoding: round trips, special tokens, streaming, files, and parity with tiktoken / tokenizers."""
 
+import functools
 import io
 import json
 import random
@@ -40,13 +41,20 @@ def gpt2() -> Tokenizer:
     return Tokenizer.from_files(data_file("gpt2_vocab.json"), data_file("gpt2_merges.txt"), [EOT])
 
 
-def tiktoken_gpt2():
-    tiktoken = pytest.importorskip("tiktoken")
+@functools.cache  # built once: hypothesis calls it for every example (200 builds took 20 s)
+def _tiktoken_gpt2():
+    import tiktoken
+
     vocab = json.loads(data_file("gpt2_vocab.json").read_text(encoding="utf-8"))
     ranks = {unicode_str_to_bytes(s): i for s, i in vocab.items() if s != EOT}
     # GPT-2's pattern as tiktoken publishes it, not lm's GPT2_PATTERN: a wrong pattern must not match itself
     pattern = gpt2_published_pattern()
     return tiktoken.Encoding("gpt2-local", pat_str=pattern, mergeable_ranks=ranks, special_tokens={EOT: 50256})
+
+
+def tiktoken_gpt2():
+    pytest.importorskip("tiktoken")
+    return _tiktoken_gpt2()
 
 
 @settings(max_examples=300, deadline=None)

@@ -685,6 +685,7 @@ def _torchrun(toml: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process(tmp_path):
     # Global batch 4 x 2 micro-steps either way; the two ranks skip the all-reduce on the first
     # micro-step (no_sync) and average their gradients on the second.
