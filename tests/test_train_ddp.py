@@ -135,6 +135,54 @@ entry()
 """
 
 
+DIES_AT_START = """
+import os, sys
+import torch
+import lm.train.trainer  # noqa: F401 - it reads DDP's signature on import: the real one
+from lm.cli import entry
+
+ddp = torch.nn.parallel.DistributedDataParallel
+
+def wrap(*args, **kwargs):  # rank 1 dies before DDP's first broadcast of the weights, inside Trainer()
+    if int(os.environ["RANK"]) == 1:
+        os._exit(1)
+    return ddp(*args, **kwargs)
+
+torch.nn.parallel.DistributedDataParallel = wrap
+sys.argv = ["lm", *sys.argv[1:]]
+entry()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_dead_while_the_run_starts_is_one_line(tmp_path):
+    """A peer that died while DDP wrapped the model (inside Trainer's constructor) gave rank 0 a gloo
+    traceback: only the loop mapped a lost peer to one line. The two ranks are started as torchrun
+    would (its environment), without torchrun, which would SIGTERM rank 0 once rank 1 failed."""
+    import socket
+
+    script = tmp_path / "dies.py"
+    script.write_text(DIES_AT_START)
+    raw = _raw_config(tmp_path, train={"max_steps": 4}, log={"interval": 100})
+    toml = _write_toml(tmp_path / "c.toml", raw)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, str(script), "train", "--config", str(toml), "--quiet"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out, err = procs[0].communicate(timeout=300)
+    procs[1].communicate(timeout=60)
+    assert procs[1].returncode == 1
+    assert procs[0].returncode == 1 and err.count("\n") == 1, err[-6000:]
+    assert err.startswith("lm train: error: another process of the run stopped (gloo: connection "), err
+    assert err.endswith(" while the run was starting; no step was taken\n"), err
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
 @pytest.mark.slow
 def test_under_torchrun_the_survivor_of_a_dead_rank_says_one_line(tmp_path):
     script = tmp_path / "dies.py"
