@@ -1,26 +1,33 @@
 """The first thing to run on a GPU machine: every check that needs a device, in one call, one table.
 
-    PYTHONPATH=. python scripts/gpu_check.py                 # CUDA: about 10 minutes on one H200
+    PYTHONPATH=. python scripts/gpu_check.py                 # CUDA: within --budget, 540 s by default
     PYTHONPATH=. python scripts/gpu_check.py --device cpu    # a short version of every part (~1 minute)
 
-Parts, each run even if one before failed:
+The whole run keeps to ``--budget`` seconds (default 540 on CUDA: a rented machine's 10-minute
+limit, less a margin): each part gets what is left, training ``--seconds`` (default 120 on CUDA)
+at most, a part that cannot fit is reported as skipped, every subprocess is bounded by the time
+left, and with ``--json`` the rows are rewritten after every part, so a run cut short keeps what it
+measured. Parts, each run even if one before failed, the most wanted first:
 
-1. **tests**: the model, generation and serving-engine tests (the model's device tests run on
-   CUDA when it is there); skipped with ``--device cpu``, where the test suite runs them anyway;
-2. **parity**: the same weights on the device and on the CPU in float32 (logits), bfloat16
+1. **parity**: the same weights on the device and on the CPU in float32 (logits), bfloat16
    autocast against float32 (loss), ``torch.compile`` against eager (logits);
-3. **decoding**: the compiled fixed-shape step (a CUDA graph on CUDA) against the eager loop,
-   tokens identical; new tokens/s for one stream and for 16; the serving engine's step sizes
+2. **decoding**: the compiled fixed-shape step (a CUDA graph on CUDA) against the eager loop,
+   tokens identical; new tokens/s for one stream and for 16 (the median of 3 timed calls each);
+   the serving engine's step sizes
    (which ones give a row the same bits as sixteen rows, in every slot, on this device), the
    engine ``lm serve`` runs by default there (bfloat16 autocast on CUDA): a seeded request alone
    and beside fifteen others, and, on CUDA, its compiled steps (CUDA graphs) against eager
    generation;
-4. **translation engine**: the encoder–decoder's batched decode steps (compiled on CUDA, with
-   each row's source in a static cross-attention cache) against ``greedy_decode``, tokens equal;
-5. **training**: ``configs/tinystories-17m.toml`` for ``--seconds`` on the data it can find
+3. **training**: ``configs/tinystories-17m.toml`` for ``--seconds`` on the data it can find
    (``$LM_TEST_DATA/tinystories_sample.txt``, else the demo's synthetic stories), bfloat16 where
    the device has it, compiled: tokens/s, MFU, peak memory, validation loss, and on CUDA the
    host–device syncs per step (``torch.cuda.set_sync_debug_mode``);
+4. **tests**: the model, generation and serving-engine tests (the model's device tests run on
+   CUDA when it is there); skipped with ``--device cpu``, where the test suite runs them anyway.
+   They need pytest, and hypothesis (tests/test_generate.py) and uvicorn (tests/test_serve.py):
+   a file whose package is missing is left out and named, not allowed to stop the others;
+5. **translation engine**: the encoder–decoder's batched decode steps (compiled on CUDA, with
+   each row's source in a static cross-attention cache) against ``greedy_decode``, tokens equal;
 6. **DDP**: ``torchrun`` with every visible GPU (nccl), or 2 CPU processes (gloo).
 
 The machine has no internet: nothing here downloads. ``--device cpu`` shrinks the model and the
@@ -31,6 +38,7 @@ between the rare sessions with a GPU.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -54,13 +62,23 @@ SPECIAL = "<|endoftext|>"
 
 
 class Report:
-    def __init__(self):
+    def __init__(self, json_path: str | None = None, budget: float = float("inf")):
         self.rows: list[tuple[str, bool | None, str]] = []
+        self.json_path = json_path
+        self.deadline = time.monotonic() + budget
+
+    def left(self) -> float:
+        """Seconds left of the budget."""
+        return self.deadline - time.monotonic()
 
     def add(self, part: str, ok: bool | None, detail: str) -> None:
         self.rows.append((part, ok, detail))
         mark = "pass" if ok else "skip" if ok is None else "FAIL"
         print(f"[{mark}] {part}: {detail}", flush=True)
+        if self.json_path:  # after every row: a run cut short keeps what it measured
+            tmp = Path(f"{self.json_path}.tmp")
+            tmp.write_text(json.dumps([dict(part=p, ok=o, detail=d) for p, o, d in self.rows], indent=1))
+            os.replace(tmp, self.json_path)
 
     def table(self) -> str:
         lines = ["| part | result | measured |", "|---|---|---|"]
@@ -73,9 +91,15 @@ class Report:
         return all(ok is not False for _, ok, _ in self.rows)
 
 
-def guarded(report: Report, part: str, fn) -> None:
+def guarded(report: Report, part: str, fn, needs: float = 0.0) -> None:
+    """Run one part; a failure is a row, not the end. A part that needs more seconds than are left is skipped."""
+    if report.left() < needs:
+        return report.add(part, None, f"not run: {max(report.left(), 0):.0f} s of the budget left, it needs "
+                                      f"about {needs:.0f} s (raise --budget)")
     try:
         fn()
+    except subprocess.TimeoutExpired as e:
+        report.add(part, False, f"stopped after {e.timeout:.0f} s, at the end of the budget")
     except Exception as e:  # one failing part must not hide the others
         report.add(part, False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
 
@@ -85,14 +109,25 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def part_tests(report: Report, device: torch.device) -> None:
+def part_tests(report: Report, device: torch.device, reserve: float = 0.0) -> None:
+    """The tests, given the time left less ``reserve`` (the later parts' share)."""
     if device.type != "cuda":
         return report.add("tests", None, "the test suite runs them on CPU")
-    tests = ["tests/test_model.py", "tests/test_optim.py", "tests/test_generate.py", "tests/test_serve.py"]
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=REPO,
-                       capture_output=True, text=True, timeout=1200)
-    last = (r.stdout.strip().splitlines() or ["(no output)"])[-1]
-    report.add("tests (model and AdamW on cuda, generation, serving engine)", r.returncode == 0, last)
+    if importlib.util.find_spec("pytest") is None:
+        return report.add("tests", None, "not run: pytest is not installed (pip install pytest hypothesis uvicorn)")
+    # each file with the packages it imports besides the project's: one missing must not stop the others
+    files = {"tests/test_model.py": (), "tests/test_optim.py": (), "tests/test_generate.py": ("hypothesis",),
+             "tests/test_serve.py": ("uvicorn", "starlette", "httpx")}
+    tests, left_out = [], []
+    for path, packages in files.items():
+        missing = [p for p in packages if importlib.util.find_spec(p) is None]
+        (left_out.append(f"{path} (no {', '.join(missing)})") if missing else tests.append(path))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO,
+                       capture_output=True, text=True, timeout=max(report.left() - reserve, 30))
+    lines = r.stdout.strip().splitlines() or ["(no output) " + (r.stderr.strip().splitlines() or [""])[-1][:200]]
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))][:5]
+    detail = "; ".join([lines[-1], *failed]) + (f"; left out {', '.join(left_out)}" if left_out else "")
+    report.add("tests (model and AdamW on cuda, generation, serving engine)", r.returncode == 0, detail)
 
 
 def part_parity(report: Report, device: torch.device, shape: dict) -> None:
@@ -129,11 +164,14 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
         batch = prompts if kw.pop("many", False) else prompts[0]
         rows = 16 if batch is prompts else 1
         generate(model, batch, new_tokens, temperature=0, **kw)  # warm (compiled once per shape)
-        sync(device)
-        t0 = time.perf_counter()
-        generate(model, batch, new_tokens, temperature=0, **kw)
-        sync(device)
-        return rows * new_tokens / (time.perf_counter() - t0)
+        times = []
+        for _ in range(3):
+            sync(device)
+            t0 = time.perf_counter()
+            generate(model, batch, new_tokens, temperature=0, **kw)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        return rows * new_tokens / sorted(times)[1]  # the median of 3
 
     one, one_c, many, many_c = rate(), rate(compile=True), rate(many=True), rate(many=True, compile=True)
     report.add("decoding: compiled step tokens == eager tokens (1 and 16 streams)", same_one and same_many,
@@ -220,16 +258,20 @@ def find_corpus(work: Path, size: int) -> Path:
     return work / "stories.txt"
 
 
-def lm(*args, env=None) -> None:
-    subprocess.run([sys.executable, "-m", "lm", *map(str, args), "--quiet"], check=True, cwd=REPO, env=env,
-                   capture_output=True, text=True)
+def lm(*args, env=None, timeout: float | None = None) -> None:
+    """``lm ARGS --quiet``; a failure raises with the command's own last line (its one-line error)."""
+    r = subprocess.run([sys.executable, "-m", "lm", *map(str, args), "--quiet"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["(no message)"])[-1][:300]
+        raise RuntimeError(f"lm {' '.join(map(str, args[:2]))} exited {r.returncode}: {last}")
 
 
-def prepare_data(work: Path, cpu: bool) -> Path:
-    corpus = find_corpus(work, 2_000_000 if cpu else 40_000_000)
+def prepare_data(work: Path, cpu: bool, timeout: float) -> Path:
+    corpus = find_corpus(work, 2_000_000 if cpu else 20_000_000)
     lm("tokenizer", "train", "--input", corpus, "--vocab-size", "1024", "--special-token", SPECIAL,
-       "--out", work / "tok")
-    lm("tokenize", "--tokenizer", work / "tok", "--input", corpus, "--out", work / "train.bin")
+       "--out", work / "tok", timeout=timeout)
+    lm("tokenize", "--tokenizer", work / "tok", "--input", corpus, "--out", work / "train.bin", timeout=timeout)
     return corpus
 
 
@@ -289,7 +331,8 @@ def part_ddp(report: Report, device: torch.device, work: Path, seconds: float, c
         args += ["--set", s]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # a hang (ranks waiting in different collectives) must fail this part, not stall the script
-    r = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=240 if cpu else 1200)
+    r = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=max(min(report.left() - 5, 240 if cpu else 600), 1))
     from lm.train import read_metrics
 
     ok = r.returncode == 0
@@ -306,37 +349,56 @@ def part_ddp(report: Report, device: torch.device, work: Path, seconds: float, c
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    ap.add_argument("--seconds", type=float, default=None, help="training time (default 300 on cuda, 15 on cpu)")
-    ap.add_argument("--json", metavar="FILE", help="also write the table's rows as JSON")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="training time, at most (default 120 on cuda, 15 on cpu; less when the budget is short)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole run (default 540 on cuda, 900 on cpu)")
+    ap.add_argument("--json", metavar="FILE", help="also write the table's rows as JSON (after every part)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check.py: --device: 'cuda' is not available here; use --device cpu", file=sys.stderr)
         return 2
     cpu = device.type == "cpu"
-    seconds = args.seconds if args.seconds is not None else (15.0 if cpu else 300.0)
+    seconds = args.seconds if args.seconds is not None else (15.0 if cpu else 120.0)
+    budget = args.budget if args.budget is not None else (900.0 if cpu else 540.0)
+    for flag, value in (("--seconds", seconds), ("--budget", budget)):
+        if not value > 0:
+            print(f"gpu_check.py: {flag}: must be > 0, got {value}", file=sys.stderr)
+            return 2
     name = torch.cuda.get_device_name(device) if not cpu else "CPU"
     print(f"torch {torch.__version__}, {name}, {torch.get_num_threads()} CPU threads", flush=True)
     small = dict(vocab_size=2048 if cpu else 10_000, context_length=128 if cpu else 512, d_model=64 if cpu else 256,
                  num_layers=2 if cpu else 4, num_heads=4 if cpu else 8, d_ff=192 if cpu else 688)
-    report = Report()
+    report = Report(args.json, budget)
+    # seconds a part needs beyond its timed work (start-up, compiling), to decide whether to start it
+    overhead = 10.0 if cpu else 60.0
+    ddp_seconds = min(seconds, 30.0)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        guarded(report, "tests", lambda: part_tests(report, device))
         guarded(report, "parity", lambda: part_parity(report, device, small))
         guarded(report, "decoding", lambda: part_decoding(report, device, small, 32 if cpu else 256))
-        guarded(report, "translation engine", lambda: part_translation(report, device, cpu))
         try:
-            prepare_data(work, cpu)
+            prepare_data(work, cpu, timeout=max(report.left() - 5, 1))
         except Exception as e:
             report.add("data", False, f"{type(e).__name__}: {e}")
+            data = False
         else:
-            guarded(report, "training", lambda: part_training(report, device, work, seconds, cpu))
-            guarded(report, "DDP through torchrun", lambda: part_ddp(report, device, work, min(seconds, 60.0), cpu))
+            data = True
+        if data:  # training gets what is left after the later parts' shares, up to --seconds
+            reserve = (3 * overhead if not cpu else 0) + overhead + ddp_seconds
+            train_seconds = min(seconds, max(report.left() - reserve - overhead, 10.0))
+            guarded(report, "training", lambda: part_training(report, device, work, train_seconds, cpu),
+                    needs=train_seconds + overhead)
+        later = overhead + ((ddp_seconds + overhead) if data else 0)  # translation and DDP, after the tests
+        guarded(report, "tests", lambda: part_tests(report, device, reserve=later), needs=overhead)
+        guarded(report, "translation engine", lambda: part_translation(report, device, cpu), needs=overhead)
+        if data:
+            guarded(report, "DDP through torchrun", lambda: part_ddp(report, device, work, ddp_seconds, cpu),
+                    needs=ddp_seconds + overhead)
     print("\n" + report.table())
-    print(f"\ngpu_check: {'all parts passed' if report.ok else 'SOME PARTS FAILED'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([dict(part=p, ok=o, detail=d) for p, o, d in report.rows], indent=1))
+    print(f"\ngpu_check: {'all parts passed' if report.ok else 'SOME PARTS FAILED'}"
+          f" ({budget - report.left():.0f} s of the {budget:.0f} s budget)")
     return 0 if report.ok else 1
 
 
