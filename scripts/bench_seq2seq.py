@@ -31,6 +31,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -154,9 +155,10 @@ def main() -> None:
         sys.exit("bench_seq2seq.py: --data or LM_TEST_DATA must name a folder holding multi30k/")
     torch.manual_seed(0)
     en, de = lines(d / "train.en.gz"), lines(d / "train.de.gz")
-    corpus = Path("/tmp/bench_seq2seq_joint.txt")
-    corpus.write_text("\n".join(en[:10000] + de[:10000]) + "\n", encoding="utf-8")
-    vocab, merges = train_bpe(corpus, 8000, SPECIALS)
+    with tempfile.TemporaryDirectory() as tmp:  # the joint corpus is only needed to train the BPE
+        corpus = Path(tmp) / "joint.txt"
+        corpus.write_text("\n".join(en[:10000] + de[:10000]) + "\n", encoding="utf-8")
+        vocab, merges = train_bpe(corpus, 8000, SPECIALS)
     tok = Tokenizer(vocab, merges, SPECIALS)
     pad, bos, eos = 0, 1, 2
     src = [tok.encode(s) for s in en[:4000]]

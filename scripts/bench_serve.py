@@ -1,17 +1,21 @@
 """Load and faults for ``lm serve``: traffic to 127.0.0.1 only, bounded in count and time.
 
-    python scripts/bench_serve.py                      # a demo-shaped model, random weights; 25-75 s
+    python scripts/bench_serve.py                      # a demo-shaped model, random weights; 40-130 s
+    python scripts/bench_serve.py --rounds 1           # one concurrency round: 25-75 s
     python scripts/bench_serve.py --checkpoint runs/demo/run
     python scripts/bench_serve.py --checkpoint runs/multi30k-en-de   # a translation model: the same checks
 
 It starts the real server (``lm serve``, a subprocess) and measures, as one table:
 
 1. **concurrency**: 16 clients at once, each streaming up to 128 tokens (temperature 0),
-   against the same 16 requests one after another:
-   total tokens/s and their ratio (target ≥ 4x for the default server; with ``--compile`` a lone
-   stream's compiled one-row step is so much cheaper that the ratio is reported only), p50/p99
-   time to first token and per-token latency;
-   the concurrent texts must equal the sequential ones (batch invariance, greedy);
+   against the same 16 requests one after another, alternating for ``--rounds`` rounds (default
+   3; each round a sequential pass, then a concurrent one; each round beyond the first adds about
+   7-26 s for the default model on the 2-core machines of docs/benchmarks.md). Every row is the
+   median over the rounds: total tokens/s and their ratio (the median of the rounds' own ratios;
+   target ≥ 4x for the default server; with ``--compile`` a lone stream's compiled one-row step
+   is so much cheaper that the ratio is reported only), p50/p99 time to first token and
+   per-token latency; the texts of every pass of every round must be the same (batch
+   invariance, greedy);
 2. **faults**: 1,000 requests, 32 in flight at a time, a mix of valid ones (answers checked
    against the sequential pass), malformed ones (bad JSON, bad fields, oversized bodies: each
    must get its 4xx) and streams cancelled after their first token; then the server must hold no
@@ -33,6 +37,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -108,32 +113,51 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-async def concurrency(url: str, clients: int, tokens: int) -> tuple[dict, dict[str, str]]:
+def _latencies(results: list[dict]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """p50/p99 time to first token and p50/p99 time between tokens of one pass, in ms."""
+    ttft = [r["ttft"] for r in results]
+    gaps = [g for r in results for g in r["gaps"]]
+    return (1e3 * pct(ttft, 50), 1e3 * pct(ttft, 99)), (1e3 * pct(gaps, 50), 1e3 * pct(gaps, 99))
+
+
+async def concurrency(url: str, clients: int, tokens: int, rounds: int) -> tuple[dict, dict[str, str]]:
+    """``rounds`` rounds, each the ``clients`` requests one after another, then all at once; every
+    row of the table is the median over the rounds (the ratio: of each round's own ratio). The
+    texts must be the same in every pass of every round."""
     bodies = [{"prompt": PROMPTS[i % len(PROMPTS)] + f" {i}", "max_tokens": tokens, "temperature": 0.0}
               for i in range(clients)]
+    passes: dict[str, list[list[dict]]] = {"sequential": [], "concurrent": []}
+    seconds: dict[str, list[float]] = {"sequential": [], "concurrent": []}
     async with httpx.AsyncClient(timeout=600) as client:
         await stream_one(client, url, bodies[0])  # warm-up
-        t0 = time.perf_counter()
-        sequential = [await stream_one(client, url, b) for b in bodies]
-        t_seq = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        parallel = await asyncio.gather(*(stream_one(client, url, b) for b in bodies))
-        t_par = time.perf_counter() - t0
-    same = all(a["text"] == b["text"] for a, b in zip(sequential, parallel))
-    answers = {b["prompt"]: r["text"] for b, r in zip(bodies, sequential)}
-    gaps = [g for r in parallel for g in r["gaps"]]
-    seq_gaps = [g for r in sequential for g in r["gaps"]]
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            passes["sequential"].append([await stream_one(client, url, b) for b in bodies])
+            seconds["sequential"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            passes["concurrent"].append(await asyncio.gather(*(stream_one(client, url, b) for b in bodies)))
+            seconds["concurrent"].append(time.perf_counter() - t0)
+    first = [r["text"] for r in passes["sequential"][0]]
+    same = all([r["text"] for r in results] == first for kind in passes for results in passes[kind])
+    answers = {b["prompt"]: text for b, text in zip(bodies, first)}
+    rate = {kind: [sum(r["tokens"] for r in results) / t for results, t in zip(passes[kind], seconds[kind])]
+            for kind in passes}
+    lat = {kind: [_latencies(results) for results in passes[kind]] for kind in passes}
+
+    def median_pair(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
     return {
-        "tokens per pass": sum(r["tokens"] for r in parallel),
-        "sequential tokens/s": sum(r["tokens"] for r in sequential) / t_seq,
-        "concurrent tokens/s": sum(r["tokens"] for r in parallel) / t_par,
-        "ratio": t_seq / t_par, "identical texts": same,
-        "concurrent TTFT p50/p99 ms": (1e3 * pct([r["ttft"] for r in parallel], 50),
-                                       1e3 * pct([r["ttft"] for r in parallel], 99)),
-        "concurrent per-token p50/p99 ms": (1e3 * pct(gaps, 50), 1e3 * pct(gaps, 99)),
-        "sequential TTFT p50/p99 ms": (1e3 * pct([r["ttft"] for r in sequential], 50),
-                                       1e3 * pct([r["ttft"] for r in sequential], 99)),
-        "sequential per-token p50/p99 ms": (1e3 * pct(seq_gaps, 50), 1e3 * pct(seq_gaps, 99)),
+        "tokens per pass": round(statistics.median(sum(r["tokens"] for r in results)
+                                                   for results in passes["concurrent"])),
+        "sequential tokens/s": statistics.median(rate["sequential"]),
+        "concurrent tokens/s": statistics.median(rate["concurrent"]),
+        "ratio": statistics.median(s / c for s, c in zip(seconds["sequential"], seconds["concurrent"])),
+        "identical texts": same,
+        "concurrent TTFT p50/p99 ms": median_pair([t for t, _ in lat["concurrent"]]),
+        "concurrent per-token p50/p99 ms": median_pair([g for _, g in lat["concurrent"]]),
+        "sequential TTFT p50/p99 ms": median_pair([t for t, _ in lat["sequential"]]),
+        "sequential per-token p50/p99 ms": median_pair([g for _, g in lat["sequential"]]),
     }, answers
 
 
@@ -238,9 +262,12 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="concurrency rounds, each a sequential then a concurrent pass; medians reported")
     ap.add_argument("--compile", action="store_true", help="serve with lm serve --compile")
     args = ap.parse_args()
-    for flag, value in (("--clients", args.clients), ("--tokens", args.tokens), ("--requests", args.requests)):
+    for flag, value in (("--clients", args.clients), ("--tokens", args.tokens), ("--requests", args.requests),
+                        ("--rounds", args.rounds)):
         if value < 1:
             ap.error(f"{flag}: must be >= 1, got {value}")
     draining = min(4, args.clients)  # streams in flight when SIGTERM comes: the server has --clients rows
@@ -256,7 +283,7 @@ def main() -> int:
             if args.tokens > most:
                 raise SystemExit(f"bench_serve.py: --tokens: this model's context is {context} tokens, so at most "
                                  f"{most}, got {args.tokens}")
-            load, answers = asyncio.run(concurrency(url, args.clients, args.tokens))
+            load, answers = asyncio.run(concurrency(url, args.clients, args.tokens, args.rounds))
             rss_before = rss_kib(proc.pid)
             fault = asyncio.run(faults(url, args.requests, answers, args.tokens))
             t0 = time.perf_counter()  # cancelled rows leave at the engine's next step
@@ -272,7 +299,8 @@ def main() -> int:
             if proc.poll() is None:
                 proc.kill()
     flags = f"--max-batch {args.clients}" + (" --compile" if args.compile else "")
-    print(f"\n## lm serve under load ({os.cpu_count()} CPUs; server: lm serve {flags})\n")
+    print(f"\n## lm serve under load ({os.cpu_count()} CPUs; server: lm serve {flags}; concurrency rows: "
+          f"medians of {args.rounds} round{'s' * (args.rounds > 1)}, a sequential then a concurrent pass each)\n")
     print("| measurement | value |\n|---|---:|")
     for k, v in load.items():
         print(f"| {k} | {v:.2f} |" if isinstance(v, float) else

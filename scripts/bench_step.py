@@ -4,7 +4,8 @@ For the model of a config (default ``configs/tinystories-17m.toml``):
 
 - ``AdamW.step``: lm's AdamW (fused, the default on CPU and CUDA, and the foreach kernels) against
   ``torch.optim.AdamW`` (fused and foreach), aten ops per step and milliseconds per step, the four
-  interleaved round by round, medians, and lm's time as a ratio of torch's of the same kind;
+  interleaved round by round, medians, and lm against torch of the same kind as torch's time
+  divided by lm's (above 1 means lm is faster);
 - a checkpoint of the model and AdamW state: written synchronously, against the time the
   training thread spends on a background write (the copy to the host) and the time until it is
   on disk.

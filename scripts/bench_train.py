@@ -6,6 +6,15 @@ needs: batches sampled from a memory-mapped token file, the schedule, console an
 logging, periodic evaluation and checkpoints, and the final checkpoint and safetensors export,
 all counted in its time. The target is >= 95% of the bare throughput.
 
+Like for like: one-off compile costs are left out on both sides. With ``train.compile`` the bare
+step compiles in its untimed warm-up; ``lm train`` reports its compile (the first step and the
+evaluation graph) apart, as the ``compile`` record of its metrics.jsonl, and that record's
+seconds and its step's tokens are taken out of its time and tokens. Everything else in
+``trainer.run()`` stays counted, the steps right after the compile included. Both sides run
+under the process-wide settings the Trainer switches on and never switches off (deterministic
+algorithms as ``train.deterministic`` says and TF32 float32 matmuls, on CUDA): they are applied
+once before the first repeat, so every repeat of either side runs under the same ones.
+
     flock /tmp/lm-cpu.lock python scripts/bench_train.py                      # configs/cpu-small.toml
     python scripts/bench_train.py --config configs/tinystories-17m.toml --steps 300   # on a GPU
 
@@ -16,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import statistics
 import tempfile
 import time
@@ -25,18 +35,29 @@ import numpy as np
 import torch
 
 from lm.data import write_token_file
+from lm.device import configure_matmul_precision, resolve_device
 from lm.model import TransformerLM
 from lm.nn import cross_entropy
 from lm.optim import AdamW, clip_grad_norm_, param_groups
 from lm.train import Trainer, load_config
+from lm.train.determinism import configure_determinism
 from lm.train.trainer import autocast_dtype
 
 
-def bare_tokens_per_second(cfg, steps: int, warmup: int = 3) -> float:
-    """Tokens/s of forward + backward + clip + AdamW on one fixed batch."""
-    from lm.device import resolve_device
+def trainer_settings(cfg) -> list[str]:
+    """Switch on, for the whole process, what the Trainer does at its start and never switches off
+    (deterministic CUDA algorithms as ``train.deterministic`` says, TF32 float32 matmuls on CUDA;
+    nothing global on CPU), so that the bare step runs under them from its first repeat on. Call
+    before any CUDA work: the cuBLAS setting is read when cuBLAS starts. Returns the log lines."""
+    device = resolve_device(cfg.train.device, "train.device")
+    lines = [configure_determinism(cfg.train.deterministic, device), configure_matmul_precision(device)]
+    return [line for line in lines if line]
 
-    device = resolve_device(cfg.train.device)
+
+def bare_tokens_per_second(cfg, steps: int, warmup: int = 3) -> float:
+    """Tokens/s of forward + backward + clip + AdamW on one fixed batch, after ``warmup`` untimed
+    steps (the compile with ``train.compile``). Run :func:`trainer_settings` first."""
+    device = resolve_device(cfg.train.device, "train.device")
     torch.manual_seed(cfg.train.seed)
     model = TransformerLM.from_config(cfg.model).to(device)
     if cfg.train.compile:
@@ -71,15 +92,27 @@ def bare_tokens_per_second(cfg, steps: int, warmup: int = 3) -> float:
     return steps * b * t * cfg.train.grad_accum_steps / (time.perf_counter() - start)
 
 
+def compile_records(out_dir: Path) -> list[dict]:
+    """The ``compile`` records of a run's metrics.jsonl: one per step that compiled, with its seconds."""
+    with open(out_dir / "metrics.jsonl", encoding="utf-8") as f:
+        return [r for r in map(json.loads, filter(str.strip, f)) if r.get("split") == "compile"]
+
+
 def train_tokens_per_second(config: Path, overrides: list[str], out_dir: Path) -> float:
-    """Tokens/s of a whole `lm train` run, setup excluded, everything in the loop included."""
+    """Tokens/s of a whole `lm train` run: setup and the compile the trainer reports apart excluded,
+    everything else in ``run()`` included (data, logging, evaluation, checkpoints, export)."""
     cfg = load_config(config, [*overrides, f"train.out_dir={out_dir}"])
     trainer = Trainer(cfg, print_fn=lambda line: None)
     start = time.perf_counter()
     trainer.run()
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
-    return trainer.step * trainer.tokens_per_step / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    # The compile step's time (the evaluation graph's compile with it) and its tokens are left out,
+    # as the bare step's compile is left out of its timing by its warm-up.
+    compiled = compile_records(out_dir)
+    seconds -= sum(r["seconds"] for r in compiled)
+    return (trainer.step - len(compiled)) * trainer.tokens_per_step / seconds
 
 
 def main() -> None:
@@ -89,6 +122,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE")
     args = parser.parse_args()
+    if args.steps < 2:
+        parser.error(f"--steps: must be >= 2 (the first may compile), got {args.steps}")
+    if args.repeats < 1:
+        parser.error(f"--repeats: must be >= 1, got {args.repeats}")
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -112,6 +149,8 @@ def main() -> None:
             f"eval every {cfg.eval.interval} ({cfg.eval.batches} batches), checkpoint every "
             f"{cfg.checkpoint.interval}, log every {cfg.log.interval}, torch threads {torch.get_num_threads()}"
         )
+        for line in trainer_settings(cfg):  # before any CUDA work, for every repeat alike
+            print(f"  {line}")
         no_eval = [*overrides, "eval.interval=0"]
         bare, train, loop = [], [], []
         for i in range(args.repeats):
