@@ -101,6 +101,13 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"optim": {"schedule": "linear"}},
          "optim.schedule must be one of ('cosine', 'wsd', 'inverse_sqrt'), got 'linear'"),
         ({"optim": {"decay_fraction": 0.0}}, "optim.decay_fraction must be in (0, 1], got 0.0"),
+        # config audit: a float overflow and an int64 overflow were tracebacks, an empty out_dir the cwd,
+        # and a seq2seq key in a decoder config was "did you mean 'model.vocab_size'?"
+        ({"optim": {"max_lr": 10**400}}, "optim.max_lr must be a number within float range, got an integer of 401"),
+        ({"model": {"vocab_size": 10**20}}, "vocab_size must be at most 2**31 - 1, got 100,000,000,000,000,000,000"),
+        ({"train": {"out_dir": ""}}, "train.out_dir must name a folder, got ''"),
+        ({"model": {"label_smoothing": 0.1}},
+         "unknown key model.label_smoothing (a key of model.architecture = 'encoder_decoder')"),
     ]
     for extra, message in cases:
         bad = json.loads(json.dumps(raw))
@@ -110,10 +117,39 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
             config_from_dict(bad)
         assert message in str(e.value), (extra, str(e.value))
         assert "\n" not in str(e.value)
+    pairs = {**json.loads(json.dumps(raw)), "model": dict(architecture="encoder_decoder", vocab_size=64,
+                                                          context_length=16, d_model=16, encoder_layers=1,
+                                                          decoder_layers=1, num_heads=2)}
+    pairs["train"]["batch_tokens"] = 256
+    pairs["train"].pop("batch_size", None)
+    pairs.get("eval", {}).pop("batch_size", None)
+    config_from_dict(pairs)  # the default batch_size, unused, is no error
+    for key in ("train", "eval"):  # a row count an encoder_decoder ignores: refused, as batch_tokens is for an LM
+        bad = json.loads(json.dumps(pairs))
+        bad.setdefault(key, {})["batch_size"] = 8
+        with pytest.raises(ValueError, match=rf"^config: {key}.batch_size applies to a decoder_lm model; an "
+                                             rf"encoder_decoder model is batched by {key}.batch_tokens"):
+            config_from_dict(bad)
     no_limit = json.loads(json.dumps(raw))
     del no_limit["train"]["max_steps"]
     with pytest.raises(ValueError, match="set train.max_steps or train.max_time"):
         config_from_dict(no_limit)
+
+
+def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, monkeypatch):
+    """Weights past the memory were refused as "lower train.batch_size and raise train.grad_accum_steps",
+    which cannot help."""
+    from lm.train import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**9)
+    cfg = config_from_dict(_raw_config(tmp_path))
+    memory.check_step_memory(cfg, torch.device("cpu"))  # the small model fits
+    raw = _raw_config(tmp_path)
+    raw["model"]["vocab_size"] = 100_000_000
+    with pytest.raises(ValueError, match=r"^model: [\d,]+ parameters need [\d.,]+ GB for the weights, their "
+                                         r"gradients and AdamW's two moments \(float32\) but cpu has 1.0 GB free; "
+                                         r"make the model smaller"):
+        memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
 
 
 def test_config_overrides_and_resolved_toml_round_trip(tmp_path):

@@ -23,6 +23,9 @@ from lm.tomlio import dump_table, loads
 POSITION_TYPES = ("rope", "sinusoidal", "learned", "none")
 
 
+MAX_SIZE = 2**31 - 1  # the largest size (vocabulary, width, layers, context) a model config accepts
+
+
 def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
     """The checks every model config shares: positive sizes, known choices, heads that divide
     ``d_model``, even widths for RoPE and sinusoids, ``d_ff`` resolved to its default, a positive
@@ -31,6 +34,8 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if value > MAX_SIZE:  # torch's sizes are int64, and no real model comes near: refused, not a C++ error
+            raise ValueError(f"{name} must be at most 2**31 - 1, got {value:,}")
     for name, allowed in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS), ("positions", POSITION_TYPES),
                           ("ffn", FFN_TYPES), ("attn_impl", ATTN_IMPLS)):
         check_choice(name, getattr(cfg, name), allowed)
@@ -44,8 +49,8 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
         raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={cfg.d_model}")
     if cfg.d_ff is None:
         cfg.d_ff = ffn_hidden_dim(cfg.d_model, cfg.ffn)
-    if not isinstance(cfg.d_ff, int) or cfg.d_ff < 1:
-        raise ValueError(f"d_ff must be a positive integer, got {cfg.d_ff!r}")
+    if not isinstance(cfg.d_ff, int) or isinstance(cfg.d_ff, bool) or not 1 <= cfg.d_ff <= MAX_SIZE:
+        raise ValueError(f"d_ff must be a positive integer of at most 2**31 - 1, got {cfg.d_ff!r}")
     theta = cfg.rope_theta  # NaN would pass a `<= 0` test and reach RotaryEmbedding, or be saved unused
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 0):
         raise ValueError(f"rope_theta must be a positive finite number, got {theta!r}")

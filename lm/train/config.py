@@ -192,7 +192,11 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
         inner = [a for a in args if a is not type(None)]
         annotation = inner[0] if len(inner) == 1 else annotation
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a whole number past float's range (hundreds of digits)
+            raise ValueError(f"config: {where} must be a number within float range, got an integer of "
+                             f"{len(str(abs(value)))} digits") from None
     ok = isinstance(value, annotation) and not (annotation is int and isinstance(value, bool))
     if not ok:
         raise ValueError(f"config: {where} must be {_type_name(annotation)}, got {type(value).__name__} {value!r}")
@@ -216,8 +220,12 @@ def _build(section: str, cls: type, values: dict[str, Any], arch: str | None = N
             elsewhere = [k for k in known if k.endswith(f".{key}") and k != f"{section}.{key}"] or [
                 k for k in known if k.split(".")[1].startswith(key) and len(key) >= 4
             ]
+            other = [a for a, (c, _) in ARCHITECTURES.items() if section == "model" and c is not cls
+                     and key in {f.name for f in dataclasses.fields(c)}]
             hint = (
-                f" (did you mean {elsewhere[0]!r}?)"
+                f" (a key of model.architecture = {other[0]!r})"
+                if other
+                else f" (did you mean {elsewhere[0]!r}?)"
                 if elsewhere
                 else _suggest(f"{section}.{key}", [f"{section}.{n}" for n in names])
                 or _suggest(f"{section}.{key}", known)
@@ -361,6 +369,15 @@ def _check_values(cfg: Config) -> None:
     positive("eval.batch_tokens", cfg.eval.batch_tokens)
     if cfg.model.architecture == "encoder_decoder" and t.batch_tokens is None:
         raise ValueError("config: an encoder_decoder model trains on batches of sentence pairs: set train.batch_tokens")
+    if cfg.model.architecture == "encoder_decoder":  # a row count there would be ignored: refuse one that is set
+        for key, value, default, instead in (
+                ("train.batch_size", t.batch_size, TrainConfig.batch_size, "train.batch_tokens"),
+                ("eval.batch_size", cfg.eval.batch_size, EvalConfig.batch_size, "eval.batch_tokens")):
+            if value != default:
+                raise ValueError(f"config: {key} applies to a decoder_lm model; an encoder_decoder model is batched "
+                                 f"by {instead} (sentence pairs up to a token budget), got {key} = {value}")
+    if not t.out_dir.strip():
+        raise ValueError(f"config: train.out_dir must name a folder, got {t.out_dir!r}")
     if cfg.model.architecture != "encoder_decoder":  # token windows: batch_size rows, never a token budget
         for key, value, instead in (("train.batch_tokens", t.batch_tokens, "train.batch_size"),
                                     ("eval.batch_tokens", cfg.eval.batch_tokens, "eval.batch_size")):

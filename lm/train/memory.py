@@ -82,6 +82,13 @@ def check_step_memory(cfg, device: torch.device) -> None:
         checks = [("train.batch_size", t.batch_size, True)]
         if cfg.data.val and cfg.eval.batch_size:
             checks.append(("eval.batch_size", cfg.eval.batch_size, False))
+    weights = step_bytes(m, 1, train=True, tokens=1)["weights"]
+    if weights > have:  # no batch size helps: the model is too large for the device
+        raise ValueError(
+            f"model: {parameter_count(m):,} parameters need {_gb(weights)} for the weights, their gradients and "
+            f"AdamW's two moments (float32) but {device} has {_gb(have)} free; make the model smaller "
+            "(model.vocab_size, model.d_model, model.num_layers, ...)"
+        )
     for key, batch, train in checks:
         pairs = m.architecture == "encoder_decoder"
         need = step_bytes(m, 1 if pairs else batch, train=train, tokens=batch if pairs else None)
