@@ -152,6 +152,17 @@ def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, 
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
 
 
+def test_set_keeps_text_for_text_keys_and_reads_bare_decimals(tmp_path):
+    """`--set train.out_dir=123` and `--set wandb.name=2024-01-01` were refused (TOML made them a number
+    and a date), and `--set optim.max_lr=.5` was refused as a string."""
+    cfg = config_from_dict(_raw_config(tmp_path), ["train.out_dir=123", "wandb.name=2024-01-01", "optim.max_lr=.5",
+                                                   "optim.min_lr=5.e-5"])
+    assert cfg.train.out_dir == "123" and cfg.wandb.name == "2024-01-01"
+    assert cfg.optim.max_lr == 0.5 and cfg.optim.min_lr == 5e-5
+    with pytest.raises(ValueError, match=r"train.max_steps must be an integer, got str '12x'"):
+        config_from_dict(_raw_config(tmp_path), ["train.max_steps=12x"])
+
+
 def test_config_overrides_and_resolved_toml_round_trip(tmp_path):
     path = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
     cfg = load_config(path, ["optim.max_lr=3e-3", "train.out_dir=runs/x y", "train.compile=true", "eval.batches=7"])

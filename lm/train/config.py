@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -141,6 +142,13 @@ def _suggest(name: str, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _suggest_in(section: str, key: str, names: list[str]) -> str:
+    """A key of ``section`` close to ``key``, compared without the shared ``section.`` (which made
+    "model.label_smoothing" look like "model.vocab_size")."""
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    return f" (did you mean {f'{section}.{close[0]}'!r}?)" if close else ""
+
+
 # What ``--resume`` may change: how long the run goes on and how it is watched, run and recorded.
 # Everything else (data, batch, seed, dtype, optimizer and schedule, model...) shapes the
 # trajectory: a resumed run keeps it, so that it ends where the uninterrupted run does.
@@ -223,11 +231,10 @@ def _build(section: str, cls: type, values: dict[str, Any], arch: str | None = N
             other = [a for a, (c, _) in ARCHITECTURES.items() if section == "model" and c is not cls
                      and key in {f.name for f in dataclasses.fields(c)}]
             hint = (
-                f" (a key of model.architecture = {other[0]!r})"
-                if other
-                else f" (did you mean {elsewhere[0]!r}?)"
+                f" (did you mean {elsewhere[0]!r}?)"
                 if elsewhere
-                else _suggest(f"{section}.{key}", [f"{section}.{n}" for n in names])
+                else _suggest_in(section, key, names)
+                or (f" (a key of model.architecture = {other[0]!r})" if other else "")
                 or _suggest(f"{section}.{key}", known)
             )
             where = f" for model.architecture {arch!r}" if arch and arch != "decoder_lm" else ""
@@ -259,7 +266,25 @@ def parse_override(item: str) -> tuple[str, str, Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # bare strings such as paths: --set train.out_dir=runs/x
+        if _DECIMAL.fullmatch(raw.strip()):  # ".5", "5.": numbers to a user, though not to TOML
+            value = float(raw)
+    if not isinstance(value, str) and _is_str_key(section, name):
+        value = raw  # --set train.out_dir=123, --set wandb.name=2024-01-01: the text as typed
     return section, name, value
+
+
+_DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _is_str_key(section: str, name: str) -> bool:
+    """Whether ``section.name`` holds text (in any model architecture's config, for [model])."""
+    classes = [cls for cls, _ in ARCHITECTURES.values()] if section == "model" else [SECTIONS.get(section)]
+    for cls in filter(None, classes):
+        annotation = typing.get_type_hints(cls).get(name)
+        if annotation is str or (typing.get_origin(annotation) in (typing.Union, types.UnionType)
+                                 and str in typing.get_args(annotation)):
+            return True
+    return False
 
 
 def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
