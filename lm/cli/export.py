@@ -50,7 +50,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
         raise ValueError("--out: required (the folder to write)")
     path = resolve_checkpoint(checkpoint)
     loaded = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
-    model, tok, info = loaded
+    model, tok, _ = loaded
     architecture = getattr(model.config, "architecture", "decoder_lm")
     if architecture != "decoder_lm":  # before export_hf's norm/positions checks, whose advice would not help
         raise ValueError(f"--checkpoint: {str(path)!r} is an {architecture} (translation) model; "
@@ -63,7 +63,6 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
         raise ValueError(f"--checkpoint: {str(path)!r}: {str(e).removeprefix('model: ')}") from None
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
     out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
-    step = "" if info.get("iteration") is None else f", step {info['iteration']}"
     print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json, tokenizer_config.json' if tok else ''}) "
-          f"from {loaded.path}{step}")
+          f"from {loaded.source}")
     return 0

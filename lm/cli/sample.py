@@ -95,7 +95,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     prompt = read_prompt(args)
     loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
-    model, tok, info = loaded
+    model, tok, _ = loaded
     require_architecture(model, "decoder_lm", args.checkpoint)
     device = model.device
     dtype = resolve_dtype(args.dtype, device)
@@ -139,6 +139,5 @@ def cmd_sample(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     if not args.quiet:
         note = ", the step's compilation included" if args.compile else ""
-        step = "" if info.get("iteration") is None else f", step {info['iteration']}"
-        print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s{note}; {loaded.path}{step}]", file=sys.stderr)
+        print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s{note}; {loaded.source}]", file=sys.stderr)
     return 0

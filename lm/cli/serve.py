@@ -182,7 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = served_model_name(args.checkpoint, args.model_name)
     set_threads(args.threads)
     loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
-    model, tok, info = loaded
+    model, tok, _ = loaded
     dtype = resolve_dtype(args.dtype, model.device)
     if args.compile and not args.quiet:
         print("lm serve: compiling the decode steps (tens of seconds) ...", file=sys.stderr, flush=True)
@@ -211,8 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = draining_server(app, host=args.host, port=args.port, quiet=args.quiet)
     if not args.quiet:
         where = f"http://{args.host}:{args.port}"
-        step = "" if info.get("iteration") is None else f", step {info['iteration']}"
-        print(f"lm serve: {name} ({loaded.path}{step}; {model.num_parameters():,} parameters, context "
+        print(f"lm serve: {name} ({loaded.source}; {model.num_parameters():,} parameters, context "
               f"{model.config.context_length}, max batch {args.max_batch}) at {where}/v1 — playground at {where}/"
               + (" (the API needs the key)" if api_key is not None else ""), file=sys.stderr, flush=True)
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):

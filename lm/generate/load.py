@@ -35,6 +35,12 @@ class Loaded:
     def architecture(self) -> str:
         return self.model.config.architecture
 
+    @property
+    def source(self) -> str:
+        """The file loaded and, for a training checkpoint, its step: ``PATH, step N`` (for messages)."""
+        step = self.info.get("iteration")
+        return f"{self.path}" if step is None else f"{self.path}, step {step}"
+
     def __iter__(self):  # model, tokenizer, info = load_model_and_tokenizer(...)
         return iter((self.model, self.tokenizer, self.info))
 
