@@ -174,9 +174,11 @@ def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.
                                  "file")
         start = int(end * (1 - val_fraction))
         cut = next_safe_cut(f, start, end, specials)
+        val_bytes = b""
         if cut > 0:  # a cut before the file's last line end (or a trailing end-of-text) leaves no text to score
             f.seek(cut)
-            if not _has_text(f.read(end - cut)):
+            val_bytes = f.read(end - cut)
+            if not _has_text(val_bytes):
                 cut = -1
         if cut <= 0:
             where = f"in the last {end - start:,} bytes (the {val_fraction:.0%} split off for validation)"
@@ -192,7 +194,6 @@ def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.
                              "with text after it; add line breaks or end-of-text markers between its documents")
         f.seek(0)
         train_bytes = f.read(cut)
-        val_bytes = f.read(end - cut)
     (work / "train.txt").write_bytes(train_bytes)
     (work / "val.txt").write_bytes(val_bytes)
     return work / "train.txt", work / "val.txt"
