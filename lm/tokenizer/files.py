@@ -16,7 +16,7 @@ from pathlib import Path
 from lm.io import atomic_write, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
-from lm.tokenizer.tokenizer import _MAX_ID, Tokenizer
+from lm.tokenizer.tokenizer import _MAX_ID, Tokenizer, check_byte_level
 
 
 def vocab_strings(tokenizer: Tokenizer) -> dict[str, int]:
@@ -133,15 +133,9 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
             raise ValueError(f"vocab_path: {vocab_file!r}: {e}") from None
     # what Tokenizer would refuse, said here with the files and the line
     tokens = set(vocab.values()) | {t.encode("utf-8") for t in special_tokens}  # Tokenizer adds missing specials
-    missing = [bytes([b]) for b in range(256) if bytes([b]) not in tokens]
-    if missing:
-        raise ValueError(f"vocab_path: {vocab_file!r}: {len(missing)} single bytes are missing "
-                         f"(e.g. {missing[0]!r}); a byte-level vocab holds all 256")
-    for lineno, (a, b) in zip(merge_lines, merges):
-        for t in (a, b, a + b):
-            if t not in tokens:
-                raise ValueError(f"merges_path: line {lineno} of {merges_file!r}: merge ({a!r}, {b!r}) needs token "
-                                 f"{t!r}, which is not in {vocab_file!r}; vocab and merges do not belong together")
+    check_byte_level(tokens, merges, vocab=f"vocab_path: {vocab_file!r}",
+                     merge=lambda rank: f"merges_path: line {merge_lines[rank]} of {merges_file!r}: merge",
+                     in_vocab=repr(vocab_file))
     return vocab, merges
 
 

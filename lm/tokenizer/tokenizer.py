@@ -16,7 +16,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -74,6 +74,27 @@ def _is_integer_dtype(dtype) -> bool:
             and str(dtype) != "torch.bool")
 
 
+def check_byte_level(
+    tokens: Container[bytes],
+    merges: Sequence[tuple[bytes, bytes]],
+    vocab: str = "vocab",
+    merge: Callable[[int], str] = lambda rank: f"merges: merge {rank}",
+    in_vocab: str = "the vocab",
+) -> None:
+    """A one-line ValueError unless ``tokens`` hold all 256 single bytes and every merge's parts and
+    result. ``vocab`` starts the message about bytes, ``merge(rank)`` the one about a merge (what
+    :func:`lm.tokenizer.files.read_gpt2_files` makes name its files and lines), ``in_vocab`` names the vocab."""
+    missing = [bytes([i]) for i in range(256) if bytes([i]) not in tokens]
+    if missing:
+        raise ValueError(f"{vocab}: {len(missing)} single bytes are missing (e.g. {missing[0]!r}); "
+                         "a byte-level vocab holds all 256")
+    for rank, (a, b) in enumerate(merges):
+        for t in (a, b, a + b):
+            if t not in tokens:
+                raise ValueError(f"{merge(rank)} ({a!r}, {b!r}) needs token {t!r}, which is not in {in_vocab}; "
+                                 "vocab and merges do not belong together")
+
+
 def _is_key(mapping: dict, key) -> bool:
     """``key in mapping``, False for an unhashable key."""
     try:
@@ -112,20 +133,11 @@ class Tokenizer:
                 i = max(self.vocab, default=-1) + 1
                 self.vocab[i] = b
                 self.token_to_id[b] = i
-        missing = [bytes([i]) for i in range(256) if bytes([i]) not in self.token_to_id]
-        if missing:
-            raise ValueError(f"vocab: {len(missing)} single bytes are missing (e.g. {missing[0]!r}); "
-                             "a byte-level vocab holds all 256")
+        check_byte_level(self.token_to_id, self.merges)
         # (left id, right id) -> (rank, merged id)
         self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
         for rank, (a, b) in enumerate(self.merges):
-            try:
-                ia, ib, ic = self.token_to_id[a], self.token_to_id[b], self.token_to_id[a + b]
-            except KeyError as e:
-                raise ValueError(
-                    f"merges: merge {rank} ({a!r}, {b!r}) needs token {e.args[0]!r}, which is not in the vocab; "
-                    "vocab and merges do not belong together"
-                ) from None
+            ia, ib, ic = self.token_to_id[a], self.token_to_id[b], self.token_to_id[a + b]
             self._ranks.setdefault((ia, ib), (rank, ic))
         self._packed_ranks = {a << 32 | b: rank << 32 | c for (a, b), (rank, c) in self._ranks.items()}
         self._byte_ids = [self.token_to_id[bytes([i])] for i in range(256)]
