@@ -72,7 +72,7 @@ def run_train(args: argparse.Namespace) -> int:
     from lm.device import set_threads
     from lm.io import check_readable_file
     from lm.train import Trainer, TrainingDiverged, load_config
-    from lm.train.trainer import PeerStopped, peer_stopped
+    from lm.train.trainer import PeerStopped
 
     set_threads(args.threads)
     overrides = list(args.overrides)
@@ -81,17 +81,7 @@ def run_train(args: argparse.Namespace) -> int:
     check_readable_file(args.config, "--config")  # a folder: "[Errno 21] Is a directory", naming nothing
     cfg = load_config(args.config, overrides)
     try:
-        trainer = Trainer(cfg, resume=args.resume, quiet=args.quiet)
-    except Exception as e:  # a peer that died while the run started (DDP wrapping the model, the first broadcast)
-        import torch.distributed as dist
-
-        reason = peer_stopped(e) if dist.is_available() and dist.is_initialized() else None
-        if reason is None:
-            raise
-        print(f"lm train: error: {reason} while the run was starting; no step was taken", file=sys.stderr)
-        return 1
-    try:
-        return trainer.run()
+        return Trainer(cfg, resume=args.resume, quiet=args.quiet).run()
     except TrainingDiverged as e:
         print(f"lm train: error: {e}", file=sys.stderr)
         return 3

@@ -129,11 +129,17 @@ class Trainer:
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
         self._writer = BackgroundWriter(self.ckpts)
-        self._check_data()  # before any output: a refusal costs nothing
-        self._build_model_and_optimizer()
-        self._take_run_folder(resume)
-        self._wrap_for_devices()
-        self._plan_steps_and_evaluation()
+        try:
+            self._check_data()  # before any output: a refusal costs nothing
+            self._build_model_and_optimizer()
+            self._take_run_folder(resume)
+            self._wrap_for_devices()
+            self._plan_steps_and_evaluation()
+        except Exception as e:  # a peer that died while the run started (DDP's first broadcast): as in run()
+            reason = peer_stopped(e) if self.dist.enabled else None
+            if reason is None:
+                raise
+            raise PeerStopped(f"{reason} while the run was starting; no step was taken") from e
         self.metrics: MetricsLog | None = None
         if self.dist.is_main:
             try:
