@@ -193,12 +193,17 @@ def _all_keys(model_cls: type = ModelConfig) -> list[str]:
     return [f"{s}.{f.name}" for s, cls in classes.items() for f in dataclasses.fields(cls)]
 
 
+def _unoptional(annotation: Any) -> Any:
+    """``X`` for ``X | None`` (``Optional[X]``), else ``annotation`` as it is."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else annotation
+    return annotation
+
+
 def _check_type(where: str, value: Any, annotation: Any) -> Any:
     """Return ``value`` (ints widened to float where a float is wanted) or raise a ValueError."""
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        annotation = inner[0] if len(inner) == 1 else annotation
+    annotation = _unoptional(annotation)
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         try:
             return float(value)
@@ -280,9 +285,7 @@ def _is_str_key(section: str, name: str) -> bool:
     """Whether ``section.name`` holds text (in any model architecture's config, for [model])."""
     classes = [cls for cls, _ in ARCHITECTURES.values()] if section == "model" else [SECTIONS.get(section)]
     for cls in filter(None, classes):
-        annotation = typing.get_type_hints(cls).get(name)
-        if annotation is str or (typing.get_origin(annotation) in (typing.Union, types.UnionType)
-                                 and str in typing.get_args(annotation)):
+        if _unoptional(typing.get_type_hints(cls).get(name)) is str:
             return True
     return False
 
