@@ -5,11 +5,11 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.pipes import fifo_holding
 from helpers.run_dir import make_run_dir, save_model
 
 from lm.cli import main
@@ -220,24 +220,8 @@ def test_the_prompt_file_may_be_a_pipe_dev_stdin_or_a_process_substitution(run, 
     want = capsys.readouterr().out
     assert want.startswith("Lily had")
 
-    fifo = tmp_path / "prompt"
-    os.mkfifo(fifo)
-
-    def write():
-        try:
-            with open(fifo, "wb") as f:  # waits for lm sample to open it for reading
-                f.write(b"Lily had")
-        except OSError:
-            pass
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
+    with fifo_holding(tmp_path / "prompt", b"Lily had") as fifo:
         status = main([*common, "--prompt-file", str(fifo)])
-    finally:
-        if writer.is_alive():  # refused without being opened: let the writer go
-            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-        writer.join(10)
     captured = capsys.readouterr()
     assert (status, captured.out, captured.err) == (0, want, "")
 

@@ -159,15 +159,13 @@ def test_a_rank_dead_while_the_run_starts_is_one_line(tmp_path):
     """A peer that died while DDP wrapped the model (inside Trainer's constructor) gave rank 0 a gloo
     traceback: only the loop mapped a lost peer to one line. The two ranks are started as torchrun
     would (its environment), without torchrun, which would SIGTERM rank 0 once rank 1 failed."""
-    import socket
+    from lm.serve.process import free_port
 
     script = tmp_path / "dies.py"
     script.write_text(DIES_AT_START)
     raw = _raw_config(tmp_path, train={"max_steps": 4}, log={"interval": 100})
     toml = _write_toml(tmp_path / "c.toml", raw)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.pipes import fifo_holding
 
 from lm.cli import main
 from lm.generate import beam_search, greedy_decode, translate
@@ -279,41 +280,23 @@ def test_lm_translate_reads_a_gzip_input_as_lm_eval_does(run, tmp_path, capsys):
                           "file") and len(err.splitlines()) == 1, err
 
 
-def _fifo(path, data: bytes):
-    """A named pipe at ``path`` that a thread fills with ``data`` once a reader opens it (as `<(cmd)`)."""
-    import threading
-
-    os.mkfifo(path)
-
-    def write():
-        with open(path, "wb") as f:
-            f.write(data)
-
-    thread = threading.Thread(target=write, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_translate_input_and_eval_data_target_read_a_pipe_as_a_file(run, tmp_path, capsys):
     """`--input <(cmd)` (and `lm eval --data <(..) --target <(..)`) were refused as "not a regular file",
     though each is read once from its start, as `lm sample --prompt-file` reads a pipe."""
     d, model, tok = run
     src, tgt = b"ab\ncd\n", b"ba\ndc\n"
-    _fifo(tmp_path / "in.fifo", src)
-    assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "in.fifo"), "--beam", "1",
-                 "--quiet"]) == 0
+    with fifo_holding(tmp_path / "in.fifo", src) as fifo:
+        assert main(["translate", "--checkpoint", str(d), "--input", str(fifo), "--beam", "1", "--quiet"]) == 0
     assert capsys.readouterr().out.split("\n")[:-1] == _greedy_lines(model, tok, ["ab", "cd"])
     (tmp_path / "s.txt").write_bytes(src)
     (tmp_path / "t.txt").write_bytes(tgt)
     assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.txt"), "--target", str(tmp_path / "t.txt"),
                  "--beam", "1", "--json", "--quiet"]) == 0
     from_files = json.loads(capsys.readouterr().out)
-    threads = [_fifo(tmp_path / "s.fifo", src), _fifo(tmp_path / "t.fifo", tgt)]
-    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.fifo"), "--target",
-                 str(tmp_path / "t.fifo"), "--beam", "1", "--json", "--quiet"]) == 0
+    with fifo_holding(tmp_path / "s.fifo", src) as s_fifo, fifo_holding(tmp_path / "t.fifo", tgt) as t_fifo:
+        assert main(["eval", "--checkpoint", str(d), "--data", str(s_fifo), "--target", str(t_fifo), "--beam", "1",
+                     "--json", "--quiet"]) == 0
     from_pipes = json.loads(capsys.readouterr().out)
-    for thread in threads:
-        thread.join(10)
     drop = ("data", "target", "seconds")
     assert {k: v for k, v in from_pipes.items() if k not in drop} == {k: v for k, v in from_files.items()
                                                                         if k not in drop}
