@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lm.io import atomic_write, check_readable_file, read_json_object
-from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
+from lm.tokenizer.byte_unicode import UNICODE_TO_BYTE, bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
 from lm.tokenizer.tokenizer import _MAX_ID, Tokenizer, check_byte_level
 
@@ -169,7 +169,8 @@ def hf_json(tokenizer: Tokenizer) -> dict:
     ``tokenizers`` gives an added token the id that its text has there (else a new id past the
     end), whatever id the file records. So a special token whose text is also an ordinary
     token's byte-mapped string ("é", "Ġ" and "@" are single bytes' keys) cannot keep its own
-    id there, and is refused.
+    id there, and is refused; so is one that its byte-level decoder would decode as other text
+    ("<|café|>": see :func:`_check_hf_decodes`).
 
     The document is in the form every ``tokenizers`` release that the project allows reads (0.15
     on): merges as ``"left right"`` strings, which are unambiguous because a byte-mapped token has
@@ -225,7 +226,25 @@ def hf_vocab(tokenizer: Tokenizer) -> dict[str, int]:
                 f"of the same string in the BPE vocab, where {t!r} is token {other} ({tokenizer.vocab[other]!r}); "
                 "use a special token that is not also an ordinary token, such as '<|...|>'"
             )
+        _check_hf_decodes(t)
     return dict(sorted(keys.items(), key=lambda kv: kv[1]))
+
+
+def _check_hf_decodes(special: str) -> None:
+    """Refuse a special token that Hugging Face's byte-level decoder would decode as other text.
+
+    ``tokenizers`` decodes an added token's text through the byte mapping too: a character of the
+    mapping becomes its byte ("é" is 0xE9, "Ġ" is a space), any other character stays itself. Only
+    printable ASCII maps to the same byte as its UTF-8 form, so "<|café|>" would come back as
+    "<|caf\ufffd|>" and "Ġ<|x|>" as " <|x|>", while encoding still gave the right id."""
+    decoded = b"".join(bytes([UNICODE_TO_BYTE[c]]) if c in UNICODE_TO_BYTE else c.encode("utf-8") for c in special)
+    if decoded != special.encode("utf-8"):
+        c = next(c for c in special if c in UNICODE_TO_BYTE and bytes([UNICODE_TO_BYTE[c]]) != c.encode("utf-8"))
+        raise ValueError(
+            f"special_tokens: {special!r} cannot be saved in tokenizer.json: Hugging Face's byte-level decoder "
+            f"reads {c!r} as byte 0x{UNICODE_TO_BYTE[c]:02X} and would decode the token as "
+            f"{decoded.decode('utf-8', 'replace')!r}; use a special token without {c!r}, such as '<|...|>'"
+        )
 
 
 def write_hf_json(tokenizer: Tokenizer, path: str | os.PathLike) -> None:
