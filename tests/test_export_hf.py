@@ -172,8 +172,9 @@ def test_cli_refuses_an_encoder_decoder_in_one_line(tmp_path, capsys, variant):
     export_safetensors(_seq2seq(**variant), checkpoint)
     assert main(["export", "hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
-    assert err == (f"lm export hf: error: --checkpoint: {str(checkpoint)!r} is an encoder_decoder (translation) "
-                   "model; lm export hf writes decoder-only Llama models\n"), err
+    assert err == (f"lm export hf: error: --checkpoint: {str(checkpoint)!r}: architecture='encoder_decoder' is a "
+                   "translation model with no Llama equivalent; Llama export writes decoder-only models "
+                   "(architecture='decoder_lm')\n"), err
     assert not (tmp_path / "hf").exists()
 
 

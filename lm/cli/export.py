@@ -51,13 +51,9 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     path = resolve_checkpoint(checkpoint)
     loaded = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
     model, tok, _ = loaded
-    architecture = getattr(model.config, "architecture", "decoder_lm")
-    if architecture != "decoder_lm":  # before export_hf's norm/positions checks, whose advice would not help
-        raise ValueError(f"--checkpoint: {str(path)!r} is an {architecture} (translation) model; "
-                         "lm export hf writes decoder-only Llama models")
     from lm.export.hf import _check_llama_compatible
 
-    try:  # the model's norm, positions or FFN: named as the checkpoint's, not as the library's `model`
+    try:  # architecture first, then norm, positions or FFN: named as the checkpoint's, not as the library's `model`
         _check_llama_compatible(model.config)
     except ValueError as e:
         raise ValueError(f"--checkpoint: {str(path)!r}: {str(e).removeprefix('model: ')}") from None
