@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 __all__ = ["bits_per_byte", "bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens", "perplexity",
            "token_byte_lengths"]

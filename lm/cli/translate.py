@@ -87,7 +87,7 @@ def decoding_fits(beam: int, batch_size: int) -> Iterator[None]:
 def progress_bar(total: int, quiet: bool):
     """A bar over ``total`` sentences on stderr, drawn only where stderr is a terminal (and not with
     ``--quiet``), as every progress bar of the project decides."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(total=total, unit=" sentences", desc="translate", disable=True if quiet else None,
                 file=sys.stderr)
@@ -135,7 +135,7 @@ def read_lines(args: argparse.Namespace) -> list[str]:
 
 @quiet_on_closed_pipe
 def cmd_translate(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads

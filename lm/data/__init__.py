@@ -4,7 +4,7 @@ write_token_file / read_token_file   the flat id file ``lm tokenize`` writes, wi
 tokenize_file                         a text file of any size to a token file, in parallel
 get_batch                             random (x, y) windows from a 1-D (memory-mapped) array
 TokenDataset                          a checked token file with a seeded, checkpointable sampler
-read_parallel / write_pair_file / read_pair_file / PairDataset / PairBatch
+read_parallel / tokenize_pairs / write_pair_file / read_pair_file / PairDataset / PairBatch
                                       parallel text for translation (lm.data.pairs)
 """
 
@@ -20,6 +20,7 @@ _MODULES = {
     "PairDataset": "pairs",
     "read_pair_file": "pairs",
     "read_parallel": "pairs",
+    "tokenize_pairs": "pairs",
     "write_pair_file": "pairs",
     "read_token_file": "token_file",
     "read_token_meta": "token_file",
@@ -30,7 +31,7 @@ _MODULES = {
 if TYPE_CHECKING:
     from lm.data.batch import get_batch
     from lm.data.dataset import TokenDataset
-    from lm.data.pairs import PairBatch, PairDataset, read_pair_file, read_parallel, write_pair_file
+    from lm.data.pairs import PairBatch, PairDataset, read_pair_file, read_parallel, tokenize_pairs, write_pair_file
     from lm.data.token_file import read_token_file, read_token_meta, write_token_file
     from lm.data.tokenize import tokenize_file
 
@@ -57,6 +58,7 @@ __all__ = [
     "read_token_file",
     "read_token_meta",
     "tokenize_file",
+    "tokenize_pairs",
     "write_pair_file",
     "write_token_file",
 ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}

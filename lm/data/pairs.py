@@ -345,7 +345,7 @@ def tokenize_pairs(
     whose text holds a special token of the tokenizer (``<eos>`` written out, say) encodes it as
     that token; such pairs are counted and reported in one warning.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     vocab_size = tokenizer.vocab_size
     dtype = token_dtype(vocab_size)

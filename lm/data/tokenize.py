@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
 from lm.io import check_not_input, check_readable_file, read_text_range

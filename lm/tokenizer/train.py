@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from lm.io import check_readable_file, read_text_range
 from lm.tokenizer.pretokenize import (
