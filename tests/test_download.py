@@ -31,10 +31,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def _not_found(self):
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_HEAD(self):
         Handler.requests.append(("HEAD", self.path, self.headers.get("Range")))
         if "/resolve/" in self.path:
             return self._redirect()
+        if self.path.startswith("/missing/"):
+            return self._not_found()
         self.send_response(200)
         self.send_header("Content-Length", str(len(PAYLOAD)))
         self.send_header("Accept-Ranges", "bytes")
@@ -44,6 +51,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         Handler.requests.append(("GET", self.path, self.headers.get("Range")))
         if "/resolve/" in self.path:
             return self._redirect()
+        if self.path.startswith(("/missing/", "/get404/")):  # /get404/: the HEAD said 200, the GET says 404
+            return self._not_found()
         start = 0
         rng = self.headers.get("Range")
         if rng:
@@ -152,3 +161,80 @@ def test_out_that_is_a_file_is_refused(server, tmp_path, monkeypatch, capsys):
         assert f"--out: {str(tmp_path / 'small.txt')!r} is a file, not a folder" in err, err
         assert len(err.splitlines()) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["small.txt"] and (tmp_path / "small.txt").read_text() == "mine"
+
+
+def test_a_file_of_the_right_size_with_other_bytes_is_not_kept(server, tmp_path, monkeypatch, capsys):
+    """The server states the SHA-256, but a file of the right size was kept unread, even with --overwrite,
+    and reported as downloaded. Now it is refused without --overwrite, and replaced with it."""
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    dest = tmp_path / "TinyStoriesV2-GPT4-valid.txt"
+    wrong = b"x" * len(PAYLOAD)
+    dest.write_bytes(wrong)
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--out: {str(dest)!r} exists with the size of {dest.name} but another SHA-256; pass --overwrite" in err
+    assert len(err.splitlines()) == 1 and dest.read_bytes() == wrong
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet", "--overwrite"]) == 0
+    assert dest.read_bytes() == PAYLOAD
+    # the library function too: a file that does not match expected_sha256 is not returned as the download
+    other = tmp_path / "other.txt"
+    other.write_bytes(wrong)
+    with pytest.raises(ValueError, match="another SHA-256"):
+        download(f"{server}/files/other.txt", other, expected_size=len(PAYLOAD), expected_sha256=SHA, progress=False)
+
+
+def test_overwrite_keeps_the_old_file_until_the_new_one_is_complete(server, tmp_path, monkeypatch, capsys):
+    """--overwrite deleted a wrong file before fetching; a failed fetch then left nothing."""
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    dest = tmp_path / "TinyStoriesV2-GPT4-valid.txt"
+    dest.write_bytes(b"an older copy")
+    Handler.drops_left = 100  # every GET dies half-way
+    monkeypatch.setattr("lm.data.download.time.sleep", lambda s: None)
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet", "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "failed after 5 retries" in err and "run again to resume from" in err and len(err.splitlines()) == 1
+    assert dest.read_bytes() == b"an older copy"
+    Handler.drops_left = 0
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet", "--overwrite"]) == 0
+    assert dest.read_bytes() == PAYLOAD
+
+
+def test_a_complete_file_is_kept_offline_with_a_warning(server, tmp_path, monkeypatch, capsys):
+    """TinyStories has no pinned size: offline, a file already downloaded failed the command."""
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"http://127.0.0.1:{_closed_port()}/resolve/main")
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(str(tmp_path / "TinyStoriesV2-GPT4-valid.txt"))
+    assert err.startswith("lm data download: warning: cannot reach 127.0.0.1") and "kept the" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_404_is_not_retried_and_leaves_nothing(server, tmp_path, monkeypatch, capsys):
+    """A 404 on the GET was retried five times (about 6 s), then named a .part that did not exist and
+    left an empty --out folder; the probe's 404 was prefixed "url:", an argument nobody gave."""
+    out = tmp_path / "new"
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/get404")
+    assert main(["data", "download", "tinystories", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lm data download: error: {server}/get404/TinyStoriesV2-GPT4-valid.txt answered HTTP 404 "
+                   "Not Found (the URL is from LM_TINYSTORIES_URL)"), err
+    assert len([r for r in Handler.requests if r[0] == "GET"]) == 1 and not out.exists()
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/missing")
+    assert main(["data", "download", "tinystories", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lm data download: error: {server}/missing/TinyStoriesV2-GPT4-valid.txt answered HTTP 404 "
+                   "Not Found (the URL is from LM_TINYSTORIES_URL)"), err
+    assert not out.exists()
+
+
+def _closed_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port

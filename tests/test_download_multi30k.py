@@ -178,3 +178,30 @@ def test_complete_files_are_kept_without_the_network(tmp_path, monkeypatch, caps
     assert main(["data", "download", "multi30k", "--out", str(tmp_path), "--quiet"]) == 0
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
     assert len(capsys.readouterr().out.splitlines()) == 6
+
+
+def test_overwrite_replaces_a_wrong_file_only_with_a_verified_one(server, tmp_path, monkeypatch, capsys):
+    """--overwrite deleted a file with the wrong checksum before fetching it: a fetch that then failed
+    (offline, a dropped connection) left no file at all. It is now renamed over only when complete."""
+    files = fake_files(monkeypatch)
+    (tmp_path / "val.en.gz").write_bytes(b"x" * len(files["val.en.gz"]))
+    Handler.files = {n: b for n, b in files.items() if n != "val.en.gz"}  # the server lost it: 404
+    assert main(["data", "download", "multi30k", "--out", str(tmp_path), "--quiet", "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "val.en.gz answered HTTP 404" in err and "(the URL is from LM_MULTI30K_URL)" in err, err
+    assert len(err.splitlines()) == 1
+    assert (tmp_path / "val.en.gz").read_bytes() == b"x" * len(files["val.en.gz"])
+    Handler.files = files
+    assert main(["data", "download", "multi30k", "--out", str(tmp_path), "--quiet", "--overwrite"]) == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files
+
+
+def test_a_wrong_file_is_refused_before_any_is_fetched(server, tmp_path, monkeypatch, capsys):
+    files = fake_files(monkeypatch)
+    (tmp_path / "test_2016_flickr.de.gz").write_bytes(b"short")  # the last of the six
+    assert main(["data", "download", "multi30k", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"exists with 5 bytes, not the {len(files['test_2016_flickr.de.gz']):,} of "
+                        "test_2016_flickr.de.gz; pass --overwrite to download it again"), err
+    assert not [r for r in Handler.requests if r[0] == "GET"]
+    assert [p.name for p in tmp_path.iterdir()] == ["test_2016_flickr.de.gz"]

@@ -25,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Download TinyStoriesV2-GPT4 text from the Hugging Face dataset roneneldan/TinyStories, or "
         "Multi30k En-De (task 1, raw: {train,val,test_2016_flickr}.{en,de}.gz) from the GitHub repository "
         "multi30k/dataset. Resumable: run again after an interruption. The size and SHA-256 are checked before "
-        "a file gets its final name; a complete file already there is kept.",
+        "a file gets its final name. A complete file already there is kept (checked against the SHA-256 where one is "
+        "known; kept with a warning when offline); another file there is replaced only with --overwrite, and only "
+        "once the new one is complete.",
         examples=EXAMPLES,
     )
     d.add_argument("dataset", choices=["tinystories", "multi30k"])

@@ -12,6 +12,7 @@ read before the redirect is followed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
@@ -74,17 +76,19 @@ def probe(url: str, timeout: float = 30.0) -> RemoteFile:
         except urllib.error.HTTPError as e:  # 3xx arrive here when redirects are not followed
             code, headers = e.code, e.headers
             if code not in (301, 302, 303, 307, 308):
-                raise OSError(f"url: {url} answered HTTP {code} {e.reason}") from None
+                raise OSError(f"{url} answered HTTP {code} {e.reason}".rstrip()) from None
         size = size or _int(headers.get("X-Linked-Size"))
         sha = sha or _clean_etag(headers.get("X-Linked-ETag"))
         if code in (301, 302, 303, 307, 308):
+            if not headers.get("Location"):
+                raise OSError(f"{url} answered HTTP {code} (a redirect) without a Location header")
             url = urllib.parse.urljoin(url, headers["Location"])
             if url in seen:
-                raise OSError(f"url: redirect loop at {url}")
+                raise OSError(f"redirect loop at {url}")
             seen.add(url)
             continue
         return RemoteFile(url, size or _int(headers.get("Content-Length")), sha)
-    raise OSError(f"url: too many redirects from {url}")
+    raise OSError(f"too many redirects, the last to {url}")
 
 
 def _int(v: str | None) -> int | None:
@@ -139,10 +143,13 @@ def download(
 ) -> Path:
     """Download ``url`` to ``dest``, resuming ``dest.part`` if present; verify size and checksum.
 
-    Returns ``dest``. A file already at ``dest`` with the right size is kept as it is (without any
-    request when ``expected_size`` and ``expected_sha256`` vouch for it); one of
-    another size is replaced only with ``overwrite``. Raises ``OSError`` with one line on
-    failure (the partial file stays, for the next attempt).
+    Returns ``dest``. A file already at ``dest`` is kept when it has the right size and, where a
+    SHA-256 is known (``expected_sha256``, or the server's), the right checksum: without any request
+    when ``expected_size`` and ``expected_sha256`` vouch for it; with a warning and no check when
+    there is nothing to vouch for it and the server cannot be reached. Any other file there is
+    replaced only with ``overwrite``, and only once the new one is complete and verified (it is
+    downloaded to ``dest.part`` and renamed over it). Raises ``OSError`` with one line on failure
+    (the partial file stays, for the next attempt).
     """
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
@@ -154,15 +161,24 @@ def download(
         remote = probe(url, timeout)
     except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
         reason = getattr(e, "reason", e)
+        if dest.is_file() and expected_size is None and expected_sha256 is None:
+            # it came here by a rename after a verified download (or the user put it here): keep it
+            warnings.warn(f"cannot reach {urllib.parse.urlsplit(url).netloc} ({reason}) to check {str(dest)!r}; "
+                          f"kept the {dest.stat().st_size:,} bytes there as they are", stacklevel=2)
+            return dest
         raise OSError(f"cannot reach {urllib.parse.urlsplit(url).netloc}: {reason} (offline?)") from None
     size = expected_size or remote.size
     sha = (expected_sha256 or remote.sha256 or "").lower() or None
-    if dest.exists() and (size is None or dest.stat().st_size == size):
-        return dest
-    if dest.exists() and not overwrite:
-        raise ValueError(f"--out: {str(dest)!r} exists with {dest.stat().st_size:,} bytes, not the {size:,} of "
-                         f"{dest.name}; pass --overwrite to download it again")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        have = dest.stat().st_size
+        if size is not None and have != size:
+            why = f"with {have:,} bytes, not the {size:,} of {dest.name}"
+        elif sha is not None and _sha256_of(dest).hexdigest() != sha:
+            why = f"with the size of {dest.name} but another SHA-256"
+        else:
+            return dest
+        if not overwrite:
+            raise ValueError(f"--out: {str(dest)!r} exists {why}; pass --overwrite to download it again")
 
     attempt = 0
     bar = tqdm(total=size, unit="B", unit_scale=True, desc=dest.name,
@@ -185,6 +201,7 @@ def download(
                     mode = "ab" if have and r.status == 206 else "wb"  # 200: the server ignored the range
                     if mode == "wb":
                         bar.n = 0
+                    dest.parent.mkdir(parents=True, exist_ok=True)  # once the server answers with the file
                     with open(part, mode) as f:
                         while block := r.read(_BLOCK):
                             f.write(block)
@@ -193,13 +210,12 @@ def download(
                     break
                 if part.stat().st_size == have:  # the server closed without sending anything
                     raise ConnectionError("no data received")
+            except urllib.error.HTTPError as e:
+                if e.code not in _RETRY_STATUS:  # a 404 or 403 is the answer: asking again would not change it
+                    raise OSError(f"{remote.url} answered HTTP {e.code} {e.reason}".rstrip()) from None
+                attempt = _retry_or_raise(attempt, retries, url, part, e)
             except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
-                attempt += 1
-                if attempt > retries:
-                    reason = getattr(e, "reason", e)
-                    raise OSError(f"download of {url} failed after {retries} retries: {reason}; "
-                                  f"run again to resume from {part}") from None
-                time.sleep(min(2.0**attempt * 0.1, 5.0))
+                attempt = _retry_or_raise(attempt, retries, url, part, e)
     finally:
         bar.close()
     got = part.stat().st_size
@@ -216,6 +232,20 @@ def download(
     return dest
 
 
+_RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)  # answers that may differ on the next try
+
+
+def _retry_or_raise(attempt: int, retries: int, url: str, part: Path, error: Exception) -> int:
+    """Count a failed request; wait before the next one, or raise after ``retries`` of them."""
+    attempt += 1
+    if attempt > retries:
+        reason = getattr(error, "reason", error)
+        resume = f"; run again to resume from {part}" if part.is_file() and part.stat().st_size else "; run again"
+        raise OSError(f"download of {url} failed after {retries} retries: {reason}{resume}") from None
+    time.sleep(min(2.0**attempt * 0.1, 5.0))
+    return attempt
+
+
 def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "data", *,
                          base_url: str | None = None, progress: bool = True, overwrite: bool = False) -> Path:
     """Fetch TinyStoriesV2-GPT4 ``train`` (2.2 GB) or ``valid`` (22 MB) text into ``out_dir``."""
@@ -223,7 +253,19 @@ def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "dat
         raise ValueError(f"split: {split!r} is not one of {sorted(TINYSTORIES_FILES)}")
     base = (base_url or os.environ.get("LM_TINYSTORIES_URL") or TINYSTORIES_URL).rstrip("/")
     name = TINYSTORIES_FILES[split]
-    return download(f"{base}/{name}", Path(out_dir) / name, progress=progress, overwrite=overwrite)
+    with _naming_env(base_url, "LM_TINYSTORIES_URL"):
+        return download(f"{base}/{name}", Path(out_dir) / name, progress=progress, overwrite=overwrite)
+
+
+@contextlib.contextmanager
+def _naming_env(base_url: str | None, variable: str):
+    """Say in a download error that the URL came from the environment variable, when it did."""
+    try:
+        yield
+    except OSError as e:
+        if base_url or not os.environ.get(variable):
+            raise
+        raise OSError(f"{e} (the URL is from {variable})") from None
 
 
 def download_multi30k(out_dir: str | os.PathLike = "data/multi30k", *, base_url: str | None = None,
@@ -239,14 +281,16 @@ def download_multi30k(out_dir: str | os.PathLike = "data/multi30k", *, base_url:
     out_dir = check_out_dir(out_dir)
     for name in MULTI30K_FILES:  # all six before any is fetched
         check_download_dest(out_dir / name)
-    paths = []
-    for name, (size, sha) in MULTI30K_FILES.items():
+    for name, (size, sha) in MULTI30K_FILES.items():  # a file to replace: refused before any is fetched
         dest = out_dir / name
-        if dest.is_file() and dest.stat().st_size == size and _sha256_of(dest).hexdigest() != sha:
-            if not overwrite:
-                raise ValueError(f"--out: {str(dest)!r} exists with the size of {name} but another SHA-256; "
-                                 "pass --overwrite to download it again")
-            dest.unlink()
-        paths.append(download(f"{base}/{name}", dest, expected_size=size, expected_sha256=sha,
-                              progress=progress, overwrite=overwrite))
+        if not overwrite and dest.is_file() and (dest.stat().st_size != size or _sha256_of(dest).hexdigest() != sha):
+            other = (f"the size of {name} but another SHA-256" if dest.stat().st_size == size
+                     else f"{dest.stat().st_size:,} bytes, not the {size:,} of {name}")
+            raise ValueError(f"--out: {str(dest)!r} exists with {other}; "
+                             "pass --overwrite to download it again")
+    paths = []
+    with _naming_env(base_url, "LM_MULTI30K_URL"):
+        for name, (size, sha) in MULTI30K_FILES.items():  # download() replaces a wrong file only when the new is good
+            paths.append(download(f"{base}/{name}", out_dir / name, expected_size=size, expected_sha256=sha,
+                                  progress=progress, overwrite=overwrite))
     return paths
