@@ -238,6 +238,16 @@ def check_not_input(out: str | os.PathLike, inputs: Inputs, argument: str = "--o
         raise ValueError(f"{argument}: {str(out)!r} contains the current directory; choose a folder below it")
 
 
+def check_parents(out: str | os.PathLike, argument: str = "--out") -> None:
+    """Refuse, naming ``argument``, an ``out`` below a file (``notes.txt/x.png``), which no folder can be made for."""
+    out = Path(out)
+    for p in out.parents:
+        if p.is_dir():
+            return
+        if p.exists() or p.is_symlink():
+            raise ValueError(f"{argument}: {str(p)!r} is a file, not a folder, so {str(out)!r} cannot be made")
+
+
 def check_output_file(
     out: str | os.PathLike,
     *,
@@ -254,6 +264,7 @@ def check_output_file(
     """
     out = Path(out)
     check_not_input(out, inputs, argument)
+    check_parents(out, argument)
     if out.is_dir():
         raise ValueError(f"{argument}: {str(out)!r} is a folder; give a file name")
     if out.exists() or out.is_symlink():
@@ -330,6 +341,7 @@ def check_output_dir(
     """
     out = Path(out)
     check_not_input(out, inputs, argument, folder=True)
+    check_parents(out, argument)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ValueError(f"{argument}: {str(out)!r} exists and is not a folder")
     if not out.exists():

@@ -135,3 +135,43 @@ def test_a_path_that_is_not_a_run_folder_is_named_as_run_dir(tmp_path, capsys):
         rc, err = _cli(["plot", str(path), "--out", str(tmp_path / "p.png")], capsys)
         assert rc == 2 and err == f"lm plot: error: RUN_DIR: {str(path)!r} {message}\n", err
     assert not (tmp_path / "p.png").exists()
+
+
+def test_a_label_smoothed_train_loss_says_so(tmp_path, capsys, legend):
+    """An encoder–decoder logs its train loss with label smoothing and its val loss without: the
+    legend read "run train" / "run val", as if the gap between them were the model's."""
+    s2s = _run(tmp_path / "s2s")
+    (s2s / "config.toml").write_text('[model]\narchitecture = "encoder_decoder"\nlabel_smoothing = 0.2\n')
+    default = _run(tmp_path / "default")  # the default smoothing, 0.1, comes from Seq2SeqConfig
+    (default / "config.toml").write_text('[model]\narchitecture = "encoder_decoder"\n')
+    plain = _run(tmp_path / "plain")
+    (plain / "config.toml").write_text('[model]\narchitecture = "encoder_decoder"\nlabel_smoothing = 0.0\n')
+    lm = _run(tmp_path / "lm")
+    (lm / "config.toml").write_text('[model]\nd_model = 64\n')
+    assert _cli(["plot", str(s2s), str(default), str(plain), str(lm), "--out", str(tmp_path / "p.png")],
+                capsys)[0] == 0
+    assert legend == ["s2s train (label-smoothed, ε=0.2)", "s2s val", "default train (label-smoothed, ε=0.1)",
+                      "default val", "plain train", "plain val", "lm train", "lm val"]
+
+
+def test_a_line_that_is_not_utf8_is_skipped_like_any_damaged_line(tmp_path, capsys, legend):
+    """One byte that is not UTF-8 stopped `lm plot` (and `lm train --resume`) with "'utf-8' codec can't
+    decode byte 0xff ...", naming no file; the reader skips damaged lines."""
+    run = _run(tmp_path / "run")
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b'\xff\xfe garbage\n{"step": 6, "split": "train", "loss": 3.3, "time": 6.0}\n')
+    assert _cli(["plot", str(run), "--out", str(tmp_path / "p.png")], capsys)[0] == 0
+
+    from lm.train.plot import loss_records
+
+    assert [r["step"] for r in loss_records(run)["train"]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_out_below_a_file_is_refused_naming_out(tmp_path, capsys):
+    """It was "[Errno 17] File exists: 'afile'", naming no argument."""
+    run = _run(tmp_path / "run")
+    (tmp_path / "afile").write_text("mine")
+    rc, err = _cli(["plot", str(run), "--out", str(tmp_path / "afile" / "sub" / "x.png")], capsys)
+    assert rc == 2 and err == (f"lm plot: error: --out: {str(tmp_path / 'afile')!r} is a file, not a folder, so "
+                               f"{str(tmp_path / 'afile' / 'sub' / 'x.png')!r} cannot be made\n"), err
+    assert (tmp_path / "afile").read_text() == "mine"

@@ -75,12 +75,14 @@ class MetricsLog:
 
 
 def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """Each line of a ``metrics.jsonl`` with its record; a line cut short by a kill is skipped."""
+    """Each line of a ``metrics.jsonl`` with its record; a line cut short by a kill, or damaged
+    (not JSON, not UTF-8), is skipped."""
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for raw in path.read_bytes().splitlines():
         try:
+            line = raw.decode("utf-8")
             out.append((line, json.loads(line)))
-        except json.JSONDecodeError:
+        except (UnicodeDecodeError, json.JSONDecodeError):
             continue
     return out
 

@@ -27,6 +27,27 @@ def loss_records(run_dir: str | os.PathLike) -> dict[str, list[dict]]:
     return rows
 
 
+def train_label_smoothing(run_dir: str | os.PathLike) -> float:
+    """The label smoothing in a run's train loss records, from its ``config.toml`` (0 when there is none).
+
+    An encoder–decoder logs its training loss with the label smoothing it trains with
+    (``model.label_smoothing``, 0.1 by default) and its validation loss without: the two are
+    different quantities, and a plot that draws them on one axis must say so."""
+    import tomllib
+
+    try:
+        with open(Path(run_dir) / "config.toml", "rb") as f:
+            model = tomllib.load(f).get("model", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return 0.0
+    if not isinstance(model, dict) or model.get("architecture") != "encoder_decoder":
+        return 0.0
+    from lm.model.seq2seq import Seq2SeqConfig
+
+    eps = model.get("label_smoothing", Seq2SeqConfig.label_smoothing)
+    return float(eps) if _number(eps) else 0.0
+
+
 def is_marked_plot(path: str | os.PathLike) -> bool:
     """The file is a PNG whose metadata carries :data:`PLOT_MARK`: a plot that :func:`plot_runs` wrote.
 
@@ -69,7 +90,8 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
     """Write a PNG with two panels (loss vs step, loss vs training time) overlaying every run.
 
     Train loss is a solid line and validation loss a dashed line with markers, in one colour per run,
-    named by :func:`run_labels`; the PNG carries :data:`PLOT_MARK` (see :func:`is_marked_plot`).
+    named by :func:`run_labels` (a train loss with label smoothing says so: see
+    :func:`train_label_smoothing`); the PNG carries :data:`PLOT_MARK` (see :func:`is_marked_plot`).
     Records without a ``time`` are drawn against steps only. A run with no loss record is a
     ValueError naming it, before anything is written.
     """
@@ -91,13 +113,14 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
                   default=0)
     unit, scale = ("minutes", 60) if longest > 120 else ("seconds", 1)
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, ((_, records), name) in enumerate(zip(runs, labels)):
+    for i, ((run_dir, records), name) in enumerate(zip(runs, labels)):
         color = f"C{i % 10}"
+        eps = train_label_smoothing(run_dir)
         for split, style in (("train", dict(linestyle="-")), ("val", dict(linestyle="--", marker="o", ms=3))):
             rows = records[split]
             if not rows:
                 continue
-            label = f"{name} {split}"
+            label = f"{name} {split}" + (f" (label-smoothed, ε={eps:g})" if split == "train" and eps else "")
             if len(rows) == 1:  # a line through one point draws nothing
                 style = {**style, "marker": "o", "ms": 3}
             by_step.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=color, label=label, **style)
