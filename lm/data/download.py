@@ -27,6 +27,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from lm.io import check_parents
+
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
 # Multi30k task 1 (En-De image captions), raw, at a fixed commit of its public repository
@@ -110,12 +112,9 @@ def check_out_dir(out_dir: str | os.PathLike, argument: str = "--out") -> Path:
     """``out_dir`` as a Path; a one-line ValueError naming ``argument`` when it, or a folder above
     it, exists and is not a folder (so it cannot hold the downloads)."""
     out_dir = Path(out_dir)
-    for p in (out_dir, *out_dir.parents):
-        if p.is_dir():
-            break
-        if p.exists() or p.is_symlink():
-            where = "" if p == out_dir else f", so {str(out_dir)!r} cannot be made"
-            raise ValueError(f"{argument}: {str(p)!r} is a file, not a folder{where}; give a folder")
+    if not out_dir.is_dir() and (out_dir.exists() or out_dir.is_symlink()):
+        raise ValueError(f"{argument}: {str(out_dir)!r} is a file, not a folder; give a folder")
+    check_parents(out_dir, argument)
     return out_dir
 
 
