@@ -526,6 +526,41 @@ def test_a_signal_on_a_checkpointed_step_still_says_where_the_run_stopped(tmp_pa
     assert resumed[-1] == f"stopped at step 6; checkpoint {saved}; continue with --resume"
 
 
+def test_the_steps_before_a_signal_are_logged(tmp_path):
+    """A signal at step 7 with log.interval 5 saved step 7, but the losses of steps 6 and 7 were in no
+    record: the resumed run's first record (step 10) averages steps 8 to 10 only. The stop now writes
+    the record of the steps since the last one, equal to the mean of those steps in a run logging each."""
+    import math
+
+    each = tmp_path / "each"
+    each.mkdir()
+    raw = _raw_config(each, train={"max_steps": 12}, checkpoint={"interval": 0}, eval={"interval": 0})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    per_step = _losses(each / "run")
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    raw = _raw_config(stopped, train={"max_steps": 12}, checkpoint={"interval": 0}, eval={"interval": 0},
+                      log={"interval": 5})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    step = trainer.train_step
+
+    def stop_after_7(lr):
+        out = step(lr)
+        if trainer.step == 6:  # the counter moves on after train_step returns: this is step 7
+            trainer._signal = signal.SIGTERM
+        return out
+
+    trainer.train_step = stop_after_7
+    assert trainer.run() == 128 + signal.SIGTERM
+    assert sorted(_losses(stopped / "run")) == [5, 7]
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
+    logged = _losses(stopped / "run")
+    assert sorted(logged) == [5, 7, 10, 12]
+    for at, steps in ((5, range(1, 6)), (7, (6, 7)), (10, (8, 9, 10)), (12, (11, 12))):
+        assert math.isclose(logged[at], sum(per_step[s] for s in steps) / len(steps), rel_tol=1e-6), at
+
+
 def _snapshot(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -760,8 +760,11 @@ class Trainer:
         clock = self.clock()
         self._compile_evaluation()
         agreed_stop = False  # under DDP: a signal somewhere, as of the last poll
+        lr, norm = self.learning_rate(), None  # the last step's, for a record of the steps before a stop
         while True:
             if agreed_stop if self.dist.enabled else self._signal is not None:
+                if window.steps:  # the steps since the last record: logged, or a resume would never report them
+                    self._log_window(window, lr, norm)
                 return self._stop_for_signal(window, saved=self.step == last_saved, path=saved_path)
             if self.budget_spent():
                 break
