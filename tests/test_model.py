@@ -234,8 +234,13 @@ def test_token_positions_are_checked_like_ids(positions):
             model(ids, torch.tensor(bad))
         with pytest.raises(ValueError, match="token_positions"):
             model.loss(ids, ids, torch.tensor(bad))
-    with pytest.raises(ValueError, match="token_positions must be an integer tensor, got dtype torch.float32"):
-        model(ids, torch.tensor([0.0, 1.0]))
+    for kind in (ValueError, TypeError):  # a wrong dtype is both, whether the model or a layer finds it
+        with pytest.raises(kind, match="token_positions must be an integer tensor, got dtype torch.float32"):
+            model(ids, torch.tensor([0.0, 1.0]))
+        with pytest.raises(kind, match="ids must be an integer tensor, got dtype torch.float32"):
+            model(torch.tensor([[5.0, 9.0]]))
+        with pytest.raises(kind, match="targets must be an integer tensor, got dtype torch.float32"):
+            model.loss(ids, torch.tensor([[5.0, 9.0]]))
     with pytest.raises(ValueError, match=r"token_positions must end in the sequence dimension of ids \(2\)"):
         model(ids, torch.tensor([0, 1, 2]))
     with HostReads() as reads:

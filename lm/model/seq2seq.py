@@ -38,7 +38,7 @@ from lm.nn import (
 from lm.nn.attention import DEFAULT_ATTN_IMPL
 from lm.nn.block import make_norm
 from lm.nn.choices import check_choice
-from lm.nn.functional import is_compiling, linear
+from lm.nn.functional import IntegerDtypeError, is_compiling, linear
 
 IGNORE = -100  # the target of a padding position: left out of the loss
 
@@ -194,7 +194,7 @@ class EncoderDecoder(torch.nn.Module):
 
     def _check(self, ids: Tensor, name: str, what: str, offset: int = 0) -> None:
         if ids.dtype not in INDEX_DTYPES:
-            raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+            raise IntegerDtypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
         if ids.shape[-1] + offset > self.config.context_length:
             length = ids.shape[-1] + offset
             raise ValueError(f"{what} length {length} exceeds context_length={self.config.context_length}")

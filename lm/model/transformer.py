@@ -12,7 +12,7 @@ from torch import Tensor
 from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
 from lm.nn.block import make_norm
-from lm.nn.functional import check_integer_dtype, is_compiling
+from lm.nn.functional import IntegerDtypeError, check_integer_dtype, is_compiling
 
 
 def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
@@ -213,11 +213,11 @@ class TransformerLM(torch.nn.Module):
 
     def _check_input(self, ids: Tensor, kv_cache, token_positions: Tensor | None = None) -> None:
         if ids.dtype not in INDEX_DTYPES:
-            raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+            raise IntegerDtypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
         seq = ids.shape[-1]
         if token_positions is not None:
             if token_positions.dtype not in INDEX_DTYPES:
-                raise ValueError(f"token_positions must be an integer tensor, got dtype {token_positions.dtype}")
+                raise IntegerDtypeError(f"token_positions must be an integer tensor, got dtype {token_positions.dtype}")
             if token_positions.ndim == 0 or token_positions.shape[-1] != seq:
                 raise ValueError(f"token_positions must end in the sequence dimension of ids ({seq}), "
                                  f"got shape {tuple(token_positions.shape)}")

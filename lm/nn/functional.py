@@ -219,11 +219,16 @@ def _check_smoothing(label_smoothing: float) -> None:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
 
 
+class IntegerDtypeError(TypeError, ValueError):
+    """Ids, targets or positions that are not integers: a ``TypeError`` (a wrong type) and, as the
+    models raised it for their inputs before the layers checked theirs, a ``ValueError``."""
+
+
 def check_integer_dtype(name: str, t: Tensor) -> None:
-    """Raise ``TypeError`` unless ``t`` holds integers: ids, targets and positions index tables, and
-    ``.long()`` would truncate a float (1.7 → 1) and a bool would index as a mask."""
+    """Raise :class:`IntegerDtypeError` unless ``t`` holds integers: ids, targets and positions index
+    tables, and ``.long()`` would truncate a float (1.7 → 1) and a bool would index as a mask."""
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+        raise IntegerDtypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
 
 
 def index_rows(table: Float[Tensor, "n d"], ids: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape d"]:
