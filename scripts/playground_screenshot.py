@@ -15,6 +15,18 @@ from pathlib import Path
 from lm.serve.process import free_port, start_server
 
 
+def save_screenshot(page, out: Path) -> None:
+    """The page's screenshot at ``out``, written to a temporary name beside it and renamed: never a
+    half-written ``out``, and no temporary file left when the write or the rename fails."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.png")
+    try:
+        page.screenshot(path=str(tmp), full_page=True)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone already after the rename
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="a run folder or checkpoint to serve")
@@ -25,6 +37,8 @@ def main() -> int:
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     args = ap.parse_args()
     out = Path(args.out)
+    if out.is_dir():  # checked before the server starts; os.replace could not put a file there
+        sys.exit(f"playground_screenshot.py: --out: {str(out)!r} is a directory; give the PNG's file name")
     if out.exists() and not args.overwrite:
         sys.exit(f"playground_screenshot.py: --out: {str(out)!r} exists; pass --overwrite to replace it")
     from playwright.sync_api import sync_playwright
@@ -46,10 +60,10 @@ def main() -> int:
                                    " || document.getElementById('error').textContent !== ''", timeout=120_000)
             if page.text_content("#error"):
                 sys.exit(f"playground_screenshot.py: the page shows an error: {page.text_content('#error')}")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.png")
-            page.screenshot(path=str(tmp), full_page=True)
-            os.replace(tmp, out)
+            try:
+                save_screenshot(page, out)
+            except OSError as e:
+                sys.exit(f"playground_screenshot.py: --out: cannot write {str(out)!r}: {e.strerror or e}")
             browser.close()
     finally:
         server.terminate()

@@ -2,17 +2,26 @@
 Playwright types a prompt, presses Generate, and sees the text grow in, step by step."""
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
+import re
 import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from helpers.serving import ServerThread, model_and_tokenizer
 
+from lm.model import Seq2SeqConfig, build_model
 from lm.serve import Engine, create_app
+from lm.serve.translation import TranslationEngine
+from lm.tokenizer import Tokenizer
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -215,8 +224,8 @@ def test_unreadable_settings_are_errors_and_a_failed_request_clears_the_old_stat
             page.click("#generate")
             page.wait_for_function(FINISHED, timeout=30_000)
             big_seed_text = page.text_content("#generated")
-            for box, typed, message in [("temperature", "0.8e", "temperature: not a number"),
-                                        ("max_tokens", "1-2", "max_tokens: not a number")]:
+            for box, typed, message in [("temperature", "0.8e", "temperature: not a number, or too large"),
+                                        ("max_tokens", "1-2", "max_tokens: not a number, or too large")]:
                 page.fill(f"#{box}", "")
                 page.focus(f"#{box}")
                 page.keyboard.type(typed)  # as a user types it: the browser lets 'e' and '-' in
@@ -272,3 +281,197 @@ def test_the_rate_shown_is_bounded_by_the_time_the_request_took(tmp_path_factory
         assert not errors
     finally:
         server.close()
+
+
+STATS_LOG = """() => {  // every text #stats shows, in order, in window.statsLog
+    window.statsLog = [];
+    const stats = document.getElementById('stats');
+    new MutationObserver(() => window.statsLog.push(stats.textContent))
+        .observe(stats, { childList: true, characterData: true, subtree: true });
+}"""
+
+
+def test_while_streaming_the_stats_count_pieces_until_the_usage_gives_the_tokens(tmp_path_factory):
+    """A piece (a chunk of text) may hold several tokens (the server holds back a token that ends
+    mid-character), so the page once showed a pieces rate as 'tokens/s', about 20% under the final one, and
+    kept it after Stop. Now it says pieces/s until the usage chunk's token count, and after Stop; with
+    'show probabilities' each chunk's logprobs name its tokens, so it counts them exactly as they come."""
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(_paced(Engine(model, max_batch=2, eos_id=None), 0.03), tok, "tiny"))
+    try:
+        assert httpx.get(server.url + "/v1/models").json()["data"][0]["architecture"] == "decoder_lm"
+        with _page(server.url + "/") as (page, errors):
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            page.evaluate(STATS_LOG)
+            runs = []
+            for probs in (False, True):
+                page.evaluate("window.statsLog = []")
+                page.set_checked("#show_probs", probs)
+                _fill(page, "Lily had", max_tokens="12", seed="5")
+                page.click("#generate")
+                page.wait_for_function(FINISHED, timeout=30_000)
+                runs.append(page.evaluate("window.statsLog"))
+            page.set_checked("#show_probs", False)
+            _fill(page, "Lily had", max_tokens="60", seed="5")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('generated').textContent.length > 0")
+            page.click("#stop")
+            page.wait_for_function("!document.getElementById('generate').disabled")
+            stopped, stop_title = page.text_content("#stats"), page.get_attribute("#stats", "title")
+        assert not errors
+        plain, probs = ([s for s in run if s] for run in runs)  # "": cleared as a run starts
+        during = [s for s in plain if not s.startswith("12 tokens · ")]  # before the usage chunk's count
+        assert during and all(re.match(r"\d+ pieces? · [\d.–]+ pieces/s · first token", s) for s in during), plain
+        assert "tokens" not in "".join(during) and "finished: length" in plain[-1]
+        counts = [int(s.split(" ")[0]) for s in probs]  # exact from the first piece on, and never a pieces rate
+        assert all("tokens/s" in s and "pieces" not in s for s in probs) and counts == sorted(counts)
+        assert len(counts) > 2 and counts[-1] == 12 and probs[-1].startswith("12 tokens · ")
+        assert re.match(r"\d+ pieces? · [\d.–]+ pieces/s .*· stopped$", stopped) and "tokens" not in stopped
+        assert "piece" in stop_title  # the hover says what a piece is
+    finally:
+        server.close()
+
+
+PAGE = "http://playground.test/"
+
+
+@contextlib.contextmanager
+def _routed_page(completions):
+    """The playground (this checkout's file) at PAGE, with no server: ``/v1/models`` names a model and
+    ``completions(body)`` answers each ``POST /v1/completions`` (its request body, as JSON) with
+    ``(status, content_type, body)``, as a proxy or another server might."""
+    html = (Path(__file__).parents[1] / "lm/serve/static/playground.html").read_text(encoding="utf-8")
+    models = {"object": "list", "data": [{"id": "fake", "object": "model", "max_model_len": 64}]}
+
+    def handle(route):
+        path = route.request.url[len(PAGE) - 1:]
+        if path == "/":
+            return route.fulfill(status=200, content_type="text/html; charset=utf-8", body=html)
+        if path == "/v1/models":
+            return route.fulfill(status=200, content_type="application/json", body=json.dumps(models))
+        status, kind, body = completions(json.loads(route.request.post_data))
+        route.fulfill(status=status, content_type=kind, body=body)
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.route(PAGE + "**", handle)
+            page.goto(PAGE)
+            page.wait_for_function("document.getElementById('model').textContent === 'fake'")
+            yield page, errors
+        finally:
+            browser.close()
+
+
+def _events(*payloads, end: str = "\n") -> str:
+    """Server-sent events of these payloads (dicts as JSON), each line ended by ``end``."""
+    return "".join(f"data: {p if isinstance(p, str) else json.dumps(p)}{end}{end}" for p in payloads)
+
+
+def _chunk(text: str, reason: str | None = None) -> dict:
+    return {"object": "text_completion", "choices": [{"index": 0, "text": text, "logprobs": None,
+                                                      "finish_reason": reason}]}
+
+
+def test_errors_and_streams_in_other_shapes_than_lm_serve_s(tmp_path):
+    """What a proxy or gateway may send instead: an error that is not in OpenAI's shape once showed an
+    empty error box (a 502 with no JSON, over HTTP/2 with no reason phrase) or a TypeError's text ({"detail":
+    ...}); now it names the HTTP status. A stream framed with CRLF or CR (both the standard's) showed
+    nothing; a stream cut off cleanly before [DONE] showed no error; one piece read '1 pieces'."""
+    _need_chromium()
+    usage = {"object": "text_completion", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3,
+                                                                   "total_tokens": 5}}
+    whole = [_chunk("Hel"), _chunk("lo"), _chunk(" you", "stop"), usage, "[DONE]"]
+    answers = {
+        "empty": (502, "text/html", ""),
+        "html": (502, "text/html", "<html><body><h1>502 Bad Gateway</h1></body></html>"),
+        "detail": (500, "application/json", json.dumps({"detail": "boom"})),
+        "lf": (200, "text/event-stream", _events(*whole)),
+        "crlf": (200, "text/event-stream", _events(*whole, end="\r\n")),
+        "cr": (200, "text/event-stream", ": a comment\r" + _events(*whole, end="\r")),
+        "cut": (200, "text/event-stream", _events(_chunk("Hel"), _chunk("lo"))),
+        "failed": (200, "text/event-stream", _events(_chunk("Hel"), {"error": {"message": "the model failed"}},
+                                                     "[DONE]")),
+    }
+    seen = {}
+    with _routed_page(lambda body: answers[body["prompt"]]) as (page, errors):
+        for prompt in answers:
+            _fill(page, prompt)
+            page.click("#generate")
+            page.wait_for_function("!document.getElementById('generate').disabled")
+            seen[prompt] = [page.text_content(s) for s in ("#error", "#stats", "#generated")]
+        split = page.evaluate("""() => {  // a CRLF cut between two reads is one line end, not two
+            if (typeof serverSentEvents !== "function") return null;
+            const feed = serverSentEvents();
+            return [feed("data: a\\r"), feed("\\n\\r\\ndata: b\\r\\rdata:c\\ndata: d\\n\\nda"), feed("ta: e\\n\\n")];
+        }""")
+    assert not errors
+    assert seen["empty"][0] in ("HTTP 502", "HTTP 502 Bad Gateway") and seen["html"][0] == seen["empty"][0]
+    assert seen["detail"][0] in ("HTTP 500", "HTTP 500 Internal Server Error")
+    for framing in ("lf", "crlf", "cr"):
+        error, stats, text = seen[framing]
+        assert error == "" and text == "Hello you", (framing, seen[framing])
+        assert stats.startswith("3 tokens · ") and stats.endswith("finished: stop"), stats
+    error, stats, text = seen["cut"]
+    assert "ended early" in error and text == "Hello" and stats.startswith("2 pieces · ") and "finished" not in stats
+    error, stats, text = seen["failed"]
+    assert error == "the model failed" and text == "Hel" and stats.startswith("1 piece · ") and "pieces/s" in stats
+    assert split == [[], ["a", "b", "c\nd"], ["e"]]
+
+
+def test_a_translation_model_s_output_is_on_its_own_line_below_its_source():
+    """With an encoder-decoder checkpoint (/v1/models says so) the translation once ran on right after the
+    source ('A dog.Ein Hund.') as if it continued it; now it has a line of its own."""
+    _need_chromium()
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=259, context_length=32, d_model=32, encoder_layers=1, decoder_layers=1,
+                        num_heads=4, d_ff=64, dropout=0.0)
+    model = build_model(cfg).eval()
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<pad>", "<bos>", "<eos>"])
+    server = ServerThread(create_app(TranslationEngine(model, max_batch=1), tok, "mt"))
+    try:
+        assert httpx.get(server.url + "/v1/models").json()["data"][0]["architecture"] == "encoder_decoder"
+        with _page(server.url + "/") as (page, errors):
+            page.wait_for_function("document.getElementById('model').textContent === 'mt'")
+            _fill(page, "A dog.", temperature="0", max_tokens="6")
+            page.click("#generate")
+            page.wait_for_function(FINISHED, timeout=30_000)
+            shown, text = page.inner_text("#output"), page.text_content("#generated")
+            kind = page.evaluate("document.getElementById('kind')?.textContent")  # the subtitle's word
+        assert not errors
+        want = httpx.post(server.url + "/v1/completions", json={"prompt": "A dog.", "temperature": 0, "max_tokens": 6})
+        assert text == want.json()["choices"][0]["text"] and text
+        assert shown == f"A dog.\n→ {text}" and kind == "translations"
+    finally:
+        server.close()
+
+
+SCRIPT = Path(__file__).parents[1] / "scripts/playground_screenshot.py"
+
+
+def test_the_screenshot_script_refuses_a_directory_and_leaves_no_temporary_file(tmp_path):
+    """--out a directory once started the server, took the screenshot and then failed on the rename with
+    a traceback, leaving the temporary PNG; now it is a one-line error before anything starts (and a
+    failed write or rename removes the temporary file)."""
+    outdir = tmp_path / "shots"
+    outdir.mkdir()
+    r = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(tmp_path / "none"), "--out", str(outdir),
+                        "--overwrite"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is a directory" in r.stderr, r.stderr
+    spec = importlib.util.spec_from_file_location("playground_screenshot", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    class Page:  # writes the screenshot where it is told, as Playwright's page does
+        def screenshot(self, path, full_page):
+            Path(path).write_bytes(b"\x89PNG")
+
+    with pytest.raises(IsADirectoryError):
+        script.save_screenshot(Page(), outdir)  # the rename fails
+    assert os.listdir(tmp_path) == ["shots"] and os.listdir(outdir) == []
+    script.save_screenshot(Page(), tmp_path / "shot.png")
+    assert sorted(os.listdir(tmp_path)) == ["shot.png", "shots"]

@@ -250,10 +250,12 @@ class _EventStream(StreamingResponse):
 
 
 async def models(request: Request) -> Response:
+    """OpenAI's model list, one model; with vLLM's ``max_model_len`` and the engine's ``architecture``
+    (``decoder_lm``, or ``encoder_decoder``: a translation model), which the playground reads."""
     state: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": request.app.state.started, "owned_by": "lm",
-        "max_model_len": state.engine.context_length}]})
+        "max_model_len": state.engine.context_length, "architecture": state.engine.architecture}]})
 
 
 async def tokenize(request: Request) -> Response:
