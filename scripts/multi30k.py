@@ -15,8 +15,11 @@ time); decoding the test set comes after the clock stops. The last line printed 
 ``BLEU <x>`` (sacrebleu's default 13a tokenization on the detokenized output; its signature is
 printed above it, with chrF).
 
-The test pair is read and checked before anything is trained (and its sources against the context
-as soon as the tokenizer exists); a failure while testing keeps the trained run in ``OUT/run``.
+Every option is checked before anything is trained, each error naming the option and its value
+(the warm-up too: ``--warmup`` counts steps of the inverse_sqrt schedule, ``--warmup-fraction`` is
+the cosine schedule's share of the training time); the test pair is read and checked then too, and
+its sources against the context as soon as the tokenizer exists. A failure while testing keeps the
+trained run in ``OUT/run``. On a terminal a bar shows the decoding of the test set.
 """
 
 from __future__ import annotations
@@ -72,9 +75,13 @@ def main() -> int:
     ap.add_argument("--norm-placement", default="pre", choices=["post", "pre"])
     ap.add_argument("--batch-tokens", type=int, default=1024, help="padded tokens per batch (source or target)")
     ap.add_argument("--max-lr", type=float, default=1.5e-3)
-    ap.add_argument("--warmup", type=int, default=200, help="warm-up steps")
     ap.add_argument("--schedule", default="cosine", choices=["inverse_sqrt", "cosine"],
                     help="cosine: on elapsed time, to zero at the end of the budget")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="inverse_sqrt: warm-up steps (default 200); the cosine schedule takes --warmup-fraction")
+    ap.add_argument("--warmup-fraction", type=float, default=None,
+                    help="cosine: the share of the training time spent warming up (default 0.03); "
+                    "inverse_sqrt takes --warmup")
     ap.add_argument("--beta2", type=float, default=0.98)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -82,7 +89,7 @@ def main() -> int:
     ap.add_argument("--attn-impl", default="einsum", choices=["sdpa", "einsum"],
                     help="einsum: at these lengths (under 100 tokens) faster than torch's CPU flash kernel")
     ap.add_argument("--beam", type=int, default=4, help="beam size for the test set; 1 is greedy")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.dtype == "auto":
@@ -94,10 +101,11 @@ def main() -> int:
     from lm.io import claim_dir, write_marker
 
     try:
-        test = read_test(args, src_dir)  # before any training: a typo must not cost the budget
+        check_args(args)  # before any training: a typo must not cost the budget
+        test = read_test(args, src_dir)
     except ValueError as e:
         return error(str(e))
-    if args.threads:
+    if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
@@ -129,16 +137,98 @@ def main() -> int:
     return status
 
 
-def read_test(args, src_dir: Path) -> tuple[Path, Path, list[tuple[str, str]], str]:
-    """The test pair (``--test``, else Multi30k's test_2016_flickr), read and checked, with the
-    argument it came from; the budget and the beam are checked here too, all before any training."""
-    from lm.data.pairs import read_parallel
+# the option that sets each config key, to name it when the config refuses a value
+OPTIONS = {"vocab_size": "--vocab-size", "d_model": "--d-model", "encoder_layers": "--layers",
+           "decoder_layers": "--layers", "num_heads": "--heads", "d_ff": "--d-ff", "dropout": "--dropout",
+           "label_smoothing": "--label-smoothing", "batch_tokens": "--batch-tokens", "max_lr": "--max-lr",
+           "warmup_iters": "--warmup", "beta2": "--beta2", "weight_decay": "--weight-decay", "seed": "--seed"}
 
-    if args.budget <= MARGIN:
+
+def check_args(args) -> None:
+    """Every setting checked before anything runs: the budget, the beam, the threads, the warm-up
+    against the schedule (its defaults filled in), and the model and optimizer settings as the config
+    would check them once the tokenizer exists, each error naming the option and the value given."""
+    from lm.train import config_from_dict
+
+    if not args.budget > MARGIN:
         raise ValueError(f"--budget: must be more than the {MARGIN:g} s kept for the final validation, "
                          f"got {args.budget:g}")
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+    if args.vocab_size < 256 + len(SPECIALS):
+        raise ValueError(f"--vocab-size: must be at least {256 + len(SPECIALS)} (256 bytes and the {len(SPECIALS)} "
+                         f"special tokens), got {args.vocab_size}")
+    if args.schedule == "cosine":  # on elapsed time: a share of the training time, not steps
+        if args.warmup is not None:
+            raise ValueError(f"--warmup: counts steps of --schedule inverse_sqrt; the cosine schedule runs on "
+                             f"elapsed time: give --warmup-fraction instead, got --warmup {args.warmup}")
+        if args.warmup_fraction is None:
+            args.warmup_fraction = 0.03
+        if not 0 <= args.warmup_fraction < 1:
+            raise ValueError(f"--warmup-fraction: must be in [0, 1), got {args.warmup_fraction:g}")
+    else:
+        if args.warmup_fraction is not None:
+            raise ValueError(f"--warmup-fraction: applies to --schedule cosine; inverse_sqrt counts warm-up in "
+                             f"steps: give --warmup instead, got --warmup-fraction {args.warmup_fraction:g}")
+        if args.warmup is None:
+            args.warmup = 200
+    probe = make_config(args, vocab_size=args.vocab_size, ids=dict(zip(SPECIALS, range(len(SPECIALS)))),
+                        out=Path(args.out), tok_dir=Path(args.out) / "tokenizer", train_seconds=args.budget - MARGIN)
+    try:
+        config_from_dict(probe)
+    except ValueError as e:
+        raise ValueError(name_options(str(e), args)) from None
+
+
+def name_options(message: str, args) -> str:
+    """A config error prefixed with the options (and values) that set the keys it names."""
+    import re
+
+    named = []
+    for key in re.findall(r"[a-z][a-z0-9_]*", message):
+        option = OPTIONS.get(key)
+        if option and option not in named:
+            named.append(option)
+    if not named:
+        return message
+    given = ", ".join(f"{o} {getattr(args, o[2:].replace('-', '_'))}" for o in named)
+    return f"{given}: {message}"
+
+
+def make_config(args, *, vocab_size: int, ids: dict[str, int], out: Path, tok_dir: Path,
+                train_seconds: float) -> dict:
+    """The run's config (a dict for ``config_from_dict``)."""
+    schedule = {"schedule": args.schedule, "max_lr": args.max_lr, "min_lr": 0.0}
+    if args.schedule == "cosine":  # on elapsed time: 10,000 "iterations" stand for the training time
+        schedule.update(cosine_cycle_iters=10_000, warmup_iters=round(args.warmup_fraction * 10_000))
+    else:
+        schedule.update(warmup_iters=args.warmup)
+    data = out / "data"
+    return {
+        "model": {"architecture": "encoder_decoder", "vocab_size": vocab_size, "context_length": CONTEXT,
+                  "d_model": args.d_model, "encoder_layers": args.layers, "decoder_layers": args.layers,
+                  "num_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout,
+                  "label_smoothing": args.label_smoothing, "norm_placement": args.norm_placement,
+                  "attn_impl": args.attn_impl, "pad_id": ids["<pad>"], "bos_id": ids["<bos>"],
+                  "eos_id": ids["<eos>"]},
+        "data": {"train": str(data / "train.bin"), "val": str(data / "val.bin"), "tokenizer": str(tok_dir)},
+        "train": {"out_dir": str(out / "run"), "batch_tokens": args.batch_tokens, "max_time": train_seconds,
+                  "seed": args.seed, "device": "cpu", "dtype": args.dtype},
+        "optim": {**schedule, "beta1": 0.9, "beta2": args.beta2, "eps": 1e-9, "weight_decay": args.weight_decay,
+                  "grad_clip": 1.0},
+        "eval": {"interval": 0, "batches": 8},
+        "checkpoint": {"interval": 0, "keep_last": 1, "keep_best": False, "export_safetensors": False},
+        "log": {"interval": 50},
+    }
+
+
+def read_test(args, src_dir: Path) -> tuple[Path, Path, list[tuple[str, str]], str]:
+    """The test pair (``--test``, else Multi30k's test_2016_flickr), read and checked, with the
+    argument it came from, before any training."""
+    from lm.data.pairs import read_parallel
+
     if args.test:
         src, ref = map(Path, args.test)
         arg = "--test"
@@ -188,25 +278,8 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
         raise ValueError(f"--budget: {args.budget:g} s leaves {left:.1f} s once the tokenizer and the pair files "
                          f"are made ({t_tok:.1f} s), not more than the {MARGIN:g} s kept for the final validation: "
                          "no time to train; raise --budget")
-    schedule = {"schedule": args.schedule, "max_lr": args.max_lr, "min_lr": 0.0, "warmup_iters": args.warmup}
-    if args.schedule == "cosine":  # on elapsed time: 10,000 "iterations" stand for the training time
-        schedule.update(cosine_cycle_iters=10_000, warmup_iters=300)
-    cfg = config_from_dict({
-        "model": {"architecture": "encoder_decoder", "vocab_size": tok.vocab_size, "context_length": CONTEXT,
-                  "d_model": args.d_model, "encoder_layers": args.layers, "decoder_layers": args.layers,
-                  "num_heads": args.heads, "d_ff": args.d_ff, "dropout": args.dropout,
-                  "label_smoothing": args.label_smoothing, "norm_placement": args.norm_placement,
-                  "attn_impl": args.attn_impl, "pad_id": ids["<pad>"], "bos_id": ids["<bos>"],
-                  "eos_id": ids["<eos>"]},
-        "data": {"train": str(data / "train.bin"), "val": str(data / "val.bin"), "tokenizer": str(tok_dir)},
-        "train": {"out_dir": str(out / "run"), "batch_tokens": args.batch_tokens, "max_time": train_seconds,
-                  "seed": args.seed, "device": "cpu", "dtype": args.dtype},
-        "optim": {**schedule, "beta1": 0.9, "beta2": args.beta2, "eps": 1e-9, "weight_decay": args.weight_decay,
-                  "grad_clip": 1.0},
-        "eval": {"interval": 0, "batches": 8},
-        "checkpoint": {"interval": 0, "keep_last": 1, "keep_best": False, "export_safetensors": False},
-        "log": {"interval": 50},
-    })
+    cfg = config_from_dict(make_config(args, vocab_size=tok.vocab_size, ids=ids, out=out, tok_dir=tok_dir,
+                                       train_seconds=train_seconds))
     trainer = Trainer(cfg)
     if trainer.run() != 0:
         return None
@@ -217,6 +290,8 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
 
 def report(args, out: Path, test, trainer, tok, t_tok: float, t_train: float, wall: float) -> int:
     """Translate the test sources as `lm translate` does, write ``test.hyp`` and ``result.json``, print BLEU."""
+    from tqdm import tqdm
+
     from lm.evaluate import bleu_chrf
     from lm.generate import translate
     from lm.generate.seq2seq import line_break_ids
@@ -229,11 +304,13 @@ def report(args, out: Path, test, trainer, tok, t_tok: float, t_train: float, wa
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     hyps = [""] * len(sources)
     t0 = time.perf_counter()
-    for j in range(0, len(order), 64):
-        rows = order[j : j + 64]
-        for i, o in zip(rows, translate(model, [sources[i] for i in rows], beam_size=args.beam,
-                                        banned_ids=banned)):
-            hyps[i] = tok.decode(o).strip()
+    with tqdm(total=len(order), unit=" sentences", desc="translate", disable=None, file=sys.stderr) as bar:
+        for j in range(0, len(order), 64):  # the bar shows on a terminal only
+            rows = order[j : j + 64]
+            for i, o in zip(rows, translate(model, [sources[i] for i in rows], beam_size=args.beam,
+                                            banned_ids=banned)):
+                hyps[i] = tok.decode(o).strip()
+            bar.update(len(rows))
     t_decode = time.perf_counter() - t0
     with atomic_write(out / "test.hyp") as f:
         f.write("".join(h + "\n" for h in hyps))

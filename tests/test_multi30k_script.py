@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORDS = {"a": "ein", "dog": "Hund", "man": "Mann", "runs": "rennt", "sits": "sitzt", "red": "roter", "big": "großer",
          "the": "der", "in": "im", "park": "Park", "snow": "Schnee", "two": "zwei", "cats": "Katzen"}
 TINY = ["--vocab-size", "300", "--d-model", "32", "--d-ff", "64", "--layers", "1", "--heads", "2",
-        "--batch-tokens", "256", "--warmup", "2", "--dtype", "float32", "--threads", "1"]
+        "--batch-tokens", "256", "--warmup-fraction", "0.02", "--dtype", "float32", "--threads", "1"]
 
 
 def _pairs(n: int, seed: int) -> list[tuple[str, str]]:
@@ -126,6 +126,37 @@ def test_a_budget_too_small_names_budget(data, tmp_path, monkeypatch, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv, why", [
+    (["--warmup", "5000"], "--warmup: counts steps of --schedule inverse_sqrt; the cosine schedule runs on elapsed "
+                           "time: give --warmup-fraction instead, got --warmup 5000"),
+    (["--schedule", "inverse_sqrt", "--warmup-fraction", "0.1"], "--warmup-fraction: applies to --schedule cosine"),
+    (["--warmup-fraction", "1.5"], "--warmup-fraction: must be in [0, 1), got 1.5"),
+    (["--threads", "0"], "--threads: must be >= 1, got 0"),
+    (["--threads", "-1"], "--threads: must be >= 1, got -1"),
+    (["--vocab-size", "100"], "--vocab-size: must be at least 259 (256 bytes and the 3 special tokens), got 100"),
+    (["--d-model", "31"], "--d-model 31, --heads 2: config: [model] d_model must be divisible by num_heads"),
+    (["--layers", "0"], "--layers 0: config: [model] encoder_layers must be a positive integer, got 0"),
+    (["--batch-tokens", "0"], "--batch-tokens 0: config: train.batch_tokens must be > 0, got 0"),
+    (["--schedule", "inverse_sqrt", "--warmup", "0"], "--warmup 0: config: optim.schedule = inverse_sqrt needs"),
+    (["--budget", "nan"], "--budget: must be more than the 3 s kept for the final validation, got nan"),
+])
+def test_a_bad_setting_is_refused_before_anything_runs_naming_its_option(data, tmp_path, monkeypatch, capsys,
+                                                                          argv, why):
+    """--warmup was ignored under the default cosine schedule (300 of its 10,000 time units, whatever
+    was given) while result.json recorded the value given; --threads -1 was a traceback and 0 was
+    ignored; a model setting the config refuses was caught only after the tokenizer was trained, in
+    the config's words (`train.batch_tokens`), not the option's."""
+    out = tmp_path / "out"
+    started = time.perf_counter()
+    tiny = TINY[:]
+    if "inverse_sqrt" in argv:  # TINY's warm-up is the cosine schedule's
+        i = tiny.index("--warmup-fraction")
+        del tiny[i : i + 2]
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, *tiny, *argv) == 2
+    assert _error(capsys).startswith(f"multi30k.py: error: {why}")
+    assert time.perf_counter() - started < 2 and not out.exists()
+
+
 def test_a_failure_after_training_keeps_the_trained_run(data, tmp_path, monkeypatch, capsys):
     """A failure while decoding the test set (here a beam that cannot fit in memory) came after the
     budget was spent, and deleted the trained run with the rest of --out. The run stays, and the
@@ -140,6 +171,10 @@ def test_a_failure_after_training_keeps_the_trained_run(data, tmp_path, monkeypa
     printed = capsys.readouterr().out.splitlines()
     assert printed[-1].startswith("BLEU ")
     assert len((out / "test.hyp").read_text().split("\n")) == 6 + 1
-    assert json.loads((out / "result.json").read_text())["beam"] == 2
+    result = json.loads((out / "result.json").read_text())
+    assert result["beam"] == 2
+    # the warm-up recorded is the one used: 2% of the 10,000 time units of the cosine schedule
+    assert result["settings"]["warmup_fraction"] == 0.02 and result["settings"]["warmup"] is None
+    assert "warmup_iters = 200\n" in (out / "run" / "config.toml").read_text()
     marker = json.loads((out / ".lm-output.json").read_text())
     assert marker["complete"] and {"test.hyp", "result.json"} <= set(marker["files"])
