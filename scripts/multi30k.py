@@ -149,6 +149,7 @@ def check_args(args) -> None:
     against the schedule (its defaults filled in), and the model and optimizer settings as the config
     would check them once the tokenizer exists, each error naming the option and the value given."""
     from lm.train import config_from_dict
+    from lm.train.config import name_options
 
     if not args.budget > MARGIN:
         raise ValueError(f"--budget: must be more than the {MARGIN:g} s kept for the final validation, "
@@ -179,22 +180,8 @@ def check_args(args) -> None:
     try:
         config_from_dict(probe)
     except ValueError as e:
-        raise ValueError(name_options(str(e), args)) from None
-
-
-def name_options(message: str, args) -> str:
-    """A config error prefixed with the options (and values) that set the keys it names."""
-    import re
-
-    named = []
-    for key in re.findall(r"[a-z][a-z0-9_]*", message):
-        option = OPTIONS.get(key)
-        if option and option not in named:
-            named.append(option)
-    if not named:
-        return message
-    given = ", ".join(f"{o} {getattr(args, o[2:].replace('-', '_'))}" for o in named)
-    return f"{given}: {message}"
+        given = {key: f"{option} {getattr(args, option[2:].replace('-', '_'))}" for key, option in OPTIONS.items()}
+        raise ValueError(name_options(str(e), given)) from None
 
 
 def make_config(args, *, vocab_size: int, ids: dict[str, int], out: Path, tok_dir: Path,

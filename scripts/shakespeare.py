@@ -10,6 +10,7 @@ Bits per byte = the validation loss summed over every scored token, in bits, ove
 bytes (every validation token but the first). The headline figure slides the evaluation window by half the
 context (``--eval-stride``), so every token after the first window is predicted from at least
 64 tokens; the figure for windows that do not overlap is printed too, computed after the clock.
+Every option is checked before anything runs, each error naming the option and its value (exit 2).
 
 The defaults are the best of a sweep (its table and nanoGPT's CPU recipe for comparison are in
 docs/benchmarks.md): vocab 1,024, d_model 128, 3 layers of 4 heads, context 128, batch 16,
@@ -27,6 +28,12 @@ import os
 import sys
 import time
 from pathlib import Path
+
+
+def error(message: str) -> int:
+    """One line on stderr, and the status of a bad argument (2), as `lm` commands give."""
+    print(f"shakespeare.py: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main() -> int:
@@ -63,18 +70,86 @@ def main() -> int:
     ap.add_argument("--eval-margin", type=float, default=4.0, help="seconds kept for the final evaluation")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if not args.data or not (Path(args.data) / "tinyshakespeare.txt").is_file():
-        sys.exit("shakespeare.py: --data or LM_TEST_DATA must name a folder holding tinyshakespeare.txt")
+    if not args.data:
+        return error("--data: give the folder holding tinyshakespeare.txt (or set LM_TEST_DATA)")
+    if not (Path(args.data) / "tinyshakespeare.txt").is_file():
+        return error(f"--data: {args.data!r} holds no tinyshakespeare.txt")
 
     from lm.io import claim_dir
 
     out = Path(args.out)
     try:
+        check_args(args)  # before anything runs: a typo must not cost the budget
+    except ValueError as e:
+        return error(str(e))
+    try:
         with claim_dir(out, command="scripts/shakespeare.py", overwrite=args.overwrite, argument="--out",
                        files=("data", "tokenizer", "run", "result.json")):
             return run(args, out, t_start)
     except ValueError as e:
-        sys.exit(f"shakespeare.py: error: {e}")
+        return error(str(e))
+
+
+# the option that sets each config key, to name it when the config refuses a value
+OPTIONS = {"vocab_size": "--vocab-size", "context_length": "--context-length", "d_model": "--d-model",
+           "num_layers": "--num-layers", "num_heads": "--num-heads", "d_ff": "--d-ff", "dropout": "--dropout",
+           "batch_size": "--batch-size", "max_lr": "--max-lr", "min_lr": "--min-lr-ratio",
+           "warmup_iters": "--warmup-fraction", "decay_fraction": "--decay-fraction", "beta2": "--beta2",
+           "weight_decay": "--weight-decay", "grad_clip": "--grad-clip", "seed": "--seed"}
+
+
+def check_args(args) -> None:
+    """Every setting checked before anything runs (the tokenizer takes seconds, training the whole
+    budget), each error naming the option and the value given; fills in the evaluation stride."""
+    from lm.train import config_from_dict
+    from lm.train.config import name_options
+
+    if not args.eval_margin >= 0:
+        raise ValueError(f"--eval-margin: must be >= 0, got {args.eval_margin:g}")
+    if not args.budget > args.eval_margin:
+        raise ValueError(f"--budget: must be more than the {args.eval_margin:g} s kept for the final evaluation "
+                         f"(--eval-margin), got {args.budget:g}")
+    if args.vocab_size < 256:
+        raise ValueError(f"--vocab-size: must be at least 256 (one token a byte), got {args.vocab_size}")
+    if not 0 <= args.warmup_fraction < 1:
+        raise ValueError(f"--warmup-fraction: must be in [0, 1), got {args.warmup_fraction:g}")
+    if not 0 <= args.min_lr_ratio <= 1:
+        raise ValueError(f"--min-lr-ratio: must be in [0, 1], got {args.min_lr_ratio:g}")
+    try:
+        config_from_dict(make_config(args, Path(args.out), vocab_size=args.vocab_size,
+                                     tok_dir=Path(args.out) / "tokenizer", train_seconds=args.budget))
+    except ValueError as e:
+        given = {key: f"{option} {getattr(args, option[2:].replace('-', '_'))}" for key, option in OPTIONS.items()}
+        raise ValueError(name_options(str(e), given)) from None
+    if args.eval_stride is None:
+        args.eval_stride = args.context_length // 2
+    if not 1 <= args.eval_stride <= args.context_length:
+        raise ValueError(f"--eval-stride: must be between 1 and --context-length {args.context_length}, "
+                         f"got {args.eval_stride}")
+
+
+def make_config(args, out: Path, *, vocab_size: int, tok_dir: Path, train_seconds: float) -> dict:
+    """The run's config (a dict for ``config_from_dict``)."""
+    return {
+        "model": {"vocab_size": vocab_size, "context_length": args.context_length, "d_model": args.d_model,
+                  "num_layers": args.num_layers, "num_heads": args.num_heads,
+                  "rope_theta": 10000.0,  # d_ff: the SwiGLU default, 8/3·d_model up to a multiple of 64
+                  "tie_embeddings": args.tie_embeddings, "dropout": args.dropout, "attn_impl": args.attn_impl,
+                  **({"d_ff": args.d_ff} if args.d_ff is not None else {})},
+        "data": {"train": str(out / "data" / "train.bin"), "val": str(out / "data" / "val.bin"),
+                 "tokenizer": str(tok_dir)},
+        "train": {"out_dir": str(out / "run"), "batch_size": args.batch_size, "max_time": train_seconds,
+                  "seed": args.seed, "device": "cpu", "dtype": args.dtype},
+        # the schedule runs on elapsed time: 10,000 "iterations" stand for the whole training time
+        "optim": {"max_lr": args.max_lr, "min_lr": args.max_lr * args.min_lr_ratio,
+                  "warmup_iters": int(args.warmup_fraction * 10_000), "cosine_cycle_iters": 10_000,
+                  "schedule": args.schedule, "decay_fraction": args.decay_fraction,
+                  "beta2": args.beta2, "weight_decay": args.weight_decay, "grad_clip": args.grad_clip,
+                  "decay_embeddings": args.decay_embeddings},
+        "eval": {"interval": 0},
+        "checkpoint": {"interval": 0, "keep_last": 1, "keep_best": False, "export_safetensors": False},
+        "log": {"interval": 50},
+    }
 
 
 def run(args, out: Path, t_start: float) -> int:
@@ -98,26 +173,13 @@ def run(args, out: Path, t_start: float) -> int:
     t_tok = time.perf_counter() - t_start
 
     train_seconds = args.budget - (time.perf_counter() - t_start) - args.eval_margin
-    cfg = config_from_dict({
-        "model": {"vocab_size": tok.vocab_size, "context_length": args.context_length, "d_model": args.d_model,
-                  "num_layers": args.num_layers, "num_heads": args.num_heads,
-                  "rope_theta": 10000.0,  # d_ff: the SwiGLU default, 8/3·d_model up to a multiple of 64
-                  "tie_embeddings": args.tie_embeddings, "dropout": args.dropout, "attn_impl": args.attn_impl,
-                  **({"d_ff": args.d_ff} if args.d_ff else {})},
-        "data": {"train": str(out / "data" / "train.bin"), "val": str(out / "data" / "val.bin"),
-                 "tokenizer": str(tok_dir)},
-        "train": {"out_dir": str(out / "run"), "batch_size": args.batch_size, "max_time": train_seconds,
-                  "seed": args.seed, "device": "cpu", "dtype": args.dtype},
-        # the schedule runs on elapsed time: 10,000 "iterations" stand for the whole training time
-        "optim": {"max_lr": args.max_lr, "min_lr": args.max_lr * args.min_lr_ratio,
-                  "warmup_iters": int(args.warmup_fraction * 10_000), "cosine_cycle_iters": 10_000,
-                  "schedule": args.schedule, "decay_fraction": args.decay_fraction,
-                  "beta2": args.beta2, "weight_decay": args.weight_decay, "grad_clip": args.grad_clip,
-                  "decay_embeddings": args.decay_embeddings},
-        "eval": {"interval": 0},
-        "checkpoint": {"interval": 0, "keep_last": 1, "keep_best": False, "export_safetensors": False},
-        "log": {"interval": 50},
-    })
+    if train_seconds <= 0:
+        left = max(args.budget - t_tok, 0.0)
+        raise ValueError(f"--budget: {args.budget:g} s leaves {left:.1f} s once the tokenizer and the token files "
+                         f"are made ({t_tok:.1f} s), not more than the {args.eval_margin:g} s kept for the final "
+                         "evaluation: no time to train; raise --budget")
+    cfg = config_from_dict(make_config(args, out, vocab_size=tok.vocab_size, tok_dir=tok_dir,
+                                       train_seconds=train_seconds))
     trainer = Trainer(cfg)
     if trainer.run() != 0:
         return 1
@@ -125,7 +187,7 @@ def run(args, out: Path, t_start: float) -> int:
 
     val, _ = read_token_file(out / "data" / "val.bin")
     token_bytes = token_byte_lengths(tok)  # bits per byte over the bytes of the tokens scored
-    stride = args.eval_stride or args.context_length // 2
+    stride = args.eval_stride
     r = evaluate_tokens(trainer.model, val, batch_size=32, token_bytes=token_bytes, stride=stride)
     total = time.perf_counter() - t_start
     # for comparison, after the clock: windows that do not overlap (less context per token)

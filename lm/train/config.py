@@ -352,6 +352,19 @@ def check_seed(seed: Any, argument: str) -> int:
     return seed
 
 
+def name_options(message: str, options: dict[str, str]) -> str:
+    """A config error prefixed with the command-line options that set the keys it names: ``options``
+    maps a key (``d_model``) to the option and its value as given (``--d-model 130``). For scripts
+    that build a config from their own options, so that the error names what the user typed."""
+    import re
+
+    named = []
+    for key in re.findall(r"[a-z][a-z0-9_]*", message):
+        if key in options and options[key] not in named:
+            named.append(options[key])
+    return f"{', '.join(named)}: {message}" if named else message
+
+
 def _check_values(cfg: Config) -> None:
     t, o = cfg.train, cfg.optim
 

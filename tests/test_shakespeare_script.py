@@ -1,0 +1,107 @@
+"""scripts/shakespeare.py: every option is checked before the budget is spent, each error naming the
+option and its value; a tiny run on a made-up text ends in the bits per byte it reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--vocab-size", "300", "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--context-length", "32",
+        "--batch-size", "4", "--dtype", "float32", "--eval-margin", "1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A --data folder holding a small made-up tinyshakespeare.txt."""
+    root = tmp_path_factory.mktemp("data")
+    rng = random.Random(0)
+    words = ["thou", "art", "my", "lord", "and", "the", "king", "shall", "be", "so", "good", "night"]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(800)]
+    (root / "tinyshakespeare.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _main(monkeypatch, *argv) -> int | str | None:
+    """The script's main() on ``argv``, in this process; its exit status."""
+    spec = importlib.util.spec_from_file_location("shakespeare_script", REPO / "scripts" / "shakespeare.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", ["shakespeare.py", *map(str, argv)])
+    try:
+        return script.main()
+    except SystemExit as e:
+        return e.code
+
+
+def _error(capsys) -> str:
+    """The one error line on stderr."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("shakespeare.py: error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--eval-stride", "200"], "--eval-stride: must be between 1 and --context-length 32, got 200"),
+    (["--eval-stride", "0"], "--eval-stride: must be between 1 and --context-length 32, got 0"),
+    (["--eval-stride", "-1"], "--eval-stride: must be between 1 and --context-length 32, got -1"),
+    (["--budget", "0.5"], "--budget: must be more than the 1 s kept for the final evaluation (--eval-margin), "
+                          "got 0.5"),
+    (["--eval-margin", "-1"], "--eval-margin: must be >= 0, got -1"),
+    (["--vocab-size", "100"], "--vocab-size: must be at least 256 (one token a byte), got 100"),
+    (["--batch-size", "0"], "--batch-size 0: config: train.batch_size must be > 0, got 0"),
+    (["--d-model", "33"], "--d-model 33, --num-heads 2: config: [model] d_model must be divisible by num_heads"),
+    (["--num-layers", "0"], "--num-layers 0: config: [model] num_layers must be a positive integer, got 0"),
+    (["--warmup-fraction", "1"], "--warmup-fraction: must be in [0, 1), got 1"),
+    (["--seed", "-1"], "--seed -1: config: train.seed must be a whole number"),
+])
+def test_a_bad_setting_is_refused_before_anything_runs_naming_its_option(data, tmp_path, monkeypatch, capsys,
+                                                                          argv, why):
+    """`--eval-stride 200` was refused only after the whole budget was trained, in words naming
+    `stride`, and the error then deleted the trained run; `--eval-stride 0` was taken silently as the
+    default; `--budget 3` and the model settings were refused after the tokenizer, in the config's
+    words (`train.max_time must be > 0, got -2.3`), not the option's."""
+    out = tmp_path / "out"
+    started = time.perf_counter()
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 10, *TINY, *argv) == 2
+    assert _error(capsys).startswith(f"shakespeare.py: error: {why}")
+    assert time.perf_counter() - started < 2 and not out.exists()
+
+
+def test_missing_data_names_the_folder(tmp_path, monkeypatch, capsys):
+    assert _main(monkeypatch, "--data", tmp_path, "--out", tmp_path / "out") == 2
+    assert _error(capsys) == f"shakespeare.py: error: --data: {str(tmp_path)!r} holds no tinyshakespeare.txt"
+
+
+def test_a_budget_the_tokenizer_eats_names_budget(data, tmp_path, monkeypatch, capsys):
+    """A budget that the tokenizer leaves no training time of names --budget and the time left."""
+    import lm.tokenizer
+
+    real = lm.tokenizer.train_bpe
+
+    def slow(*args, **kwargs):
+        time.sleep(1.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm.tokenizer, "train_bpe", slow)
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 2, *TINY) == 2
+    err = _error(capsys)
+    assert err.startswith("shakespeare.py: error: --budget: 2 s leaves ") and err.endswith("raise --budget"), err
+    assert not out.exists()
+
+
+def test_a_tiny_run_reports_its_stride_and_bits_per_byte(data, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--eval-stride", 8, *TINY) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["eval_stride"] == 8 and result["steps"] > 0
+    # bits per byte = loss in nats per token · tokens / bytes / ln 2: a byte costs less than a token
+    assert 0 < result["bits_per_byte"] < result["val_loss"] / 0.6931 + 1e-3
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == result
