@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_seq2seq import TutorialTransformer, lines  # noqa: E402
@@ -54,6 +55,41 @@ def pad(rows: list[list[int]]) -> torch.Tensor:
     return torch.tensor([r + [PAD] * (width - len(r)) for r in rows], dtype=torch.long)
 
 
+def error(message: str) -> int:
+    """One line on stderr, and the status of a bad argument (2)."""
+    print(f"multi30k_reference.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def is_result(path: Path) -> bool:
+    """Whether ``path`` is a result this script wrote (JSON with its keys)."""
+    try:
+        return {"bleu", "steps", "bleu_signature"} <= set(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_args(args) -> Path:
+    """The multi30k/ folder, once every option is checked (each error naming the option and value)."""
+    from lm.io import check_output_file
+
+    if not args.data:
+        raise ValueError("--data: give the folder holding multi30k/ (or set LM_TEST_DATA)")
+    d = Path(args.data) / "multi30k"
+    if not (d / "train.en.gz").is_file():
+        raise ValueError(f"--data: {args.data!r} holds no multi30k/train.en.gz")
+    if not args.budget > 0:
+        raise ValueError(f"--budget: must be > 0 seconds, got {args.budget:g}")
+    for name in ("batch_tokens", "warmup"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if not args.max_lr > 0:
+        raise ValueError(f"--max-lr: must be > 0, got {args.max_lr:g}")
+    if args.out:
+        check_output_file(args.out, overwrite=args.overwrite, recognise=is_result, what="a result of this script")
+    return d
+
+
 def main() -> int:
     t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,13 +99,13 @@ def main() -> int:
     ap.add_argument("--max-lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="write the result as JSON to this file (must not exist)")
+    ap.add_argument("--out", default=None, help="write the result as JSON to this file")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier result of this script in --out")
     args = ap.parse_args()
-    d = Path(args.data or "") / "multi30k"
-    if not (d / "train.en.gz").is_file():
-        sys.exit("multi30k_reference.py: --data or LM_TEST_DATA must name a folder holding multi30k/train.en.gz")
-    if args.out and Path(args.out).exists():
-        sys.exit(f"multi30k_reference.py: --out: {args.out!r} exists; give a new file")
+    try:
+        d = check_args(args)  # before anything runs: a typo must not cost the budget
+    except ValueError as e:
+        return error(str(e))
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 
@@ -85,6 +121,9 @@ def main() -> int:
     src = [e.ids for e in tok.encode_batch(en)]
     tgt = [e.ids for e in tok.encode_batch(de)]
     t_tok = time.perf_counter() - t_start
+    if t_tok >= args.budget:  # decoding an untrained model would take minutes, to say BLEU 0
+        return error(f"--budget: {args.budget:g} s is spent by the tokenizer ({t_tok:.1f} s): no time to train; "
+                     "raise --budget")
 
     model = TutorialTransformer(tok.get_vocab_size(), 256, 4, 3, 1024, 0.1)
     opt = torch.optim.Adam(model.parameters(), lr=args.max_lr, betas=(0.9, 0.98), eps=1e-9)
@@ -116,6 +155,9 @@ def main() -> int:
             opt.step()
             tokens += int((targets != -100).sum())
     wall = time.perf_counter() - t_start
+    if step == 0:
+        return error(f"--budget: {args.budget:g} s left no time for a training step after the tokenizer "
+                     f"({t_tok:.1f} s); raise --budget")
 
     model.eval()
     test_en, test_de = lines(d / "test_2016_flickr.en.gz"), lines(d / "test_2016_flickr.de.gz")
@@ -123,13 +165,15 @@ def main() -> int:
     order = sorted(range(len(test_src)), key=lambda i: len(test_src[i]))
     hyps = [""] * len(test_src)
     t0 = time.perf_counter()
-    for j in range(0, len(order), 64):
-        rows = order[j : j + 64]
-        s = pad([test_src[i] + [EOS] for i in rows])
-        ys = model.greedy(s, s == PAD, BOS, EOS, max(len(test_src[i]) for i in rows) + 50)
-        for i, row in zip(rows, ys[:, 1:].tolist()):
-            row = row[: row.index(EOS)] if EOS in row else row
-            hyps[i] = tok.decode(row[: len(test_src[i]) + 50]).strip()
+    with tqdm(total=len(order), unit=" sentences", desc="translate", disable=None, file=sys.stderr) as bar:
+        for j in range(0, len(order), 64):  # the bar shows on a terminal only
+            rows = order[j : j + 64]
+            s = pad([test_src[i] + [EOS] for i in rows])
+            ys = model.greedy(s, s == PAD, BOS, EOS, max(len(test_src[i]) for i in rows) + 50)
+            for i, row in zip(rows, ys[:, 1:].tolist()):
+                row = row[: row.index(EOS)] if EOS in row else row
+                hyps[i] = tok.decode(row[: len(test_src[i]) + 50]).strip()
+            bar.update(len(rows))
     t_decode = time.perf_counter() - t0
 
     import sacrebleu
@@ -143,7 +187,10 @@ def main() -> int:
               "bleu_signature": str(bleu.get_signature())}
     print(json.dumps(result))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        from lm.io import atomic_write
+
+        with atomic_write(args.out) as f:
+            f.write(json.dumps(result, indent=1) + "\n")
     print(f"BLEU {score.score:.2f}")
     return 0
 
