@@ -40,12 +40,24 @@ def fmt(r: dict[str, float]) -> str:
     return f"RSS {r['VmRSS']:7.1f} MB (anon {r['RssAnon']:6.1f}, file {r['RssFile']:6.1f})"
 
 
+def error(message: str) -> int:
+    print(f"check_train_memory.py: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default=None, help="folder for the token file (default: a temp folder)")
     parser.add_argument("--gb", type=float, default=4.0, help="token file size in GB (2^30 bytes)")
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
+    # one line naming the option, exit 2, before gigabytes are written
+    if args.dir is not None and not Path(args.dir).is_dir():
+        return error(f"--dir: {args.dir!r} is not a folder")
+    if not args.gb > 0 or int(args.gb * (1 << 30)) // 2 < 2 * 16 * 129:
+        return error(f"--gb: must hold a few batches of 16 × 129 tokens (at least 0.0001), got {args.gb:g}")
+    if args.steps < 1:
+        return error(f"--steps: must be >= 1, got {args.steps}")
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
