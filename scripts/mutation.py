@@ -19,9 +19,14 @@ revision, to measure what a change of the tests alone did) and a subset of the t
 them, and its own mutmut run. mutmut forks each mutant's test run from a process that has
 already imported torch and collected the tests, and runs only the tests that call the mutated
 function, so a mutant costs well under a second to a few seconds. Still, the whole list takes
-tens of minutes on two cores: it is not part of CI. ``--sample N`` draws N mutants per target
+an hour or more on two cores: it is not part of CI. ``--sample N`` draws N mutants per target
 (seeded), ``--time-limit`` caps each target's run, and mutants left unchecked are reported as
 such, never as killed.
+
+Every option is checked before a copy is made (a revision that does not exist, a --functions name
+defined in none of the targets' files, an existing --out without --overwrite...). The summary is
+written via a temporary name; without --workdir the copies and logs are removed at the end, so
+their paths are neither printed nor stored.
 
 Exit status: 0, whatever survived (the report is the result); 2 on a usage or setup error.
 """
@@ -29,6 +34,7 @@ Exit status: 0, whatever survived (the report is the result); 2 on a usage or se
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import random
@@ -55,17 +61,20 @@ class Target:
     # (file, old, new) edits of the copy before mutmut reads it: mutmut leaves alone every function
     # with a decorator other than @staticmethod/@classmethod, so those decorators are taken off and,
     # where they matter, re-applied after the class (see UNDECORATE)
-    prepare: list[tuple[str, str, str]] = field(default_factory=list)
+    prepare: list[tuple[str, str | None, str]] = field(default_factory=list)  # old None: append new
 
 
 # once_differentiable only forbids a second backward, which no test takes: dropping it changes nothing
-# else. torch.no_grad() on AdamW.step is needed (in-place updates of leaves), so it is applied again
-# to the class attribute, i.e. around mutmut's trampoline.
+# else. torch.no_grad() on AdamW.step and clip_grad_norm_ is needed (in-place updates of leaves and
+# their gradients), so it is applied again to the class attribute and the module's name, i.e. around
+# mutmut's trampoline.
 UNDECORATE = {
     "functional": [("lm/nn/functional.py", "    @torch.autograd.function.once_differentiable\n", "")],
     "optim": [("lm/optim/adamw.py", "    @torch.no_grad()\n    def step(", "    def step("),
               ("lm/optim/adamw.py", "\n\ndef param_groups(",
-               "\n\nAdamW.step = torch.no_grad()(AdamW.step)  # for mutmut\n\n\ndef param_groups(")],
+               "\n\nAdamW.step = torch.no_grad()(AdamW.step)  # for mutmut\n\n\ndef param_groups("),
+              ("lm/optim/clip.py", "@torch.no_grad()\ndef clip_grad_norm_(", "def clip_grad_norm_("),
+              ("lm/optim/clip.py", None, "\n\nclip_grad_norm_ = torch.no_grad()(clip_grad_norm_)  # for mutmut\n")],
 }
 
 
@@ -96,6 +105,47 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           -11: "segfault", -9: "segfault", None: "not checked"}
 
 PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
+
+
+class SetupError(Exception):
+    """A usage or setup error: one line, exit status 2."""
+
+
+def resolve(rev: str | None, argument: str) -> str | None:
+    """``rev`` as a short commit id (WORKTREE and None as they are), or a SetupError naming ``argument``."""
+    if rev in (None, "WORKTREE"):
+        return rev
+    r = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "--short", f"{rev}^{{commit}}"], cwd=REPO,
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0:
+        raise SetupError(f"{argument}: {rev!r} is not a revision of this repository")
+    return r.stdout.strip()
+
+
+def functions_in(rev: str, files: list[str]) -> set[str]:
+    """The functions and methods (``Class.method``) defined at the top of ``files`` at ``rev``."""
+    names = set()
+    for name in files:
+        if rev == "WORKTREE":
+            text = (REPO / name).read_text()
+        else:
+            text = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=REPO, capture_output=True, text=True,
+                                  check=True).stdout  # fmt: skip
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.ClassDef):
+                names.update(f"{node.name}.{f.name}" for f in node.body
+                             if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)))  # fmt: skip
+    return names
+
+
+def is_summary(path: Path) -> bool:
+    """Whether ``path`` holds a summary this script wrote."""
+    try:
+        return {"rev", "targets", "total"} <= set(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def export_tree(rev: str, dest: Path, tests_rev: str | None = None) -> None:
@@ -140,7 +190,7 @@ def configure(copy: Path, target: Target) -> list[str]:
     pyproject = copy / "pyproject.toml"
     text = pyproject.read_text()
     if "[tool.mutmut]" in text:
-        raise SystemExit(f"{pyproject} already has a [tool.mutmut] section; this script writes its own")
+        raise SetupError(f"{pyproject} already has a [tool.mutmut] section; this script writes its own")
     pyproject.write_text(
         text
         + "\n[tool.mutmut]\n"
@@ -201,14 +251,17 @@ def show(copy: Path, mutant: str) -> str:
     return "\n".join(line for line in out.splitlines() if line[:1] in "+-" and line[:3] not in ("---", "+++"))
 
 
-def run_target(name: str, target: Target, args, workdir: Path) -> dict:
+def run_target(name: str, target: Target, args, workdir: Path, keep_logs: bool) -> dict:
     copy = workdir / name
     export_tree(args.rev, copy, args.tests_rev)
     for file, old, new in target.prepare:
         path = copy / file
         text = path.read_text()
+        if old is None:
+            path.write_text(text + new)
+            continue
         if old not in text:
-            raise SystemExit(f"{name}: {file} no longer contains {old!r}; update UNDECORATE in {__file__}")
+            raise SetupError(f"{name}: {file} no longer contains {old!r}; update UNDECORATE in {__file__}")
         path.write_text(text.replace(old, new))
     tests = configure(copy, target)
     log_path = workdir / f"{name}.log"
@@ -221,7 +274,8 @@ def run_target(name: str, target: Target, args, workdir: Path) -> dict:
         if wanted:
             names = [m for m in names if function_of(m) in wanted]
         if not names:
-            print(f"   no mutants{' of ' + ', '.join(wanted) if wanted else ''} (log: {log_path})", flush=True)
+            where = f" (log: {log_path})" if keep_logs else ""
+            print(f"   no mutants{' of ' + ', '.join(wanted) if wanted else ''}{where}", flush=True)
         chosen = sorted(random.Random(args.seed).sample(names, args.sample)) if 0 < args.sample < len(names) else names
         # 2. run them
         left = None if args.time_limit is None else max(1.0, args.time_limit - (time.monotonic() - t0))
@@ -245,7 +299,7 @@ def run_target(name: str, target: Target, args, workdir: Path) -> dict:
         "survivors": {m: show(copy, m) for m in survived} if args.show_survivors else survived,
         "timed_out": rc is None,
         "seconds": round(time.monotonic() - t0, 1),
-        "log": str(log_path),
+        "log": str(log_path) if keep_logs else None,  # the temp folder goes when no --workdir was given
     }
 
 
@@ -260,8 +314,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per target (unchecked mutants reported)")
-    ap.add_argument("--workdir", type=Path, default=None, help="keep the copies and logs here (default: a temp dir)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="keep the copies and logs here (default: a temp folder, removed at the end with them)")
     ap.add_argument("--out", type=Path, default=None, help="write the summary as JSON here")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier summary in --out")
     ap.add_argument("--show-survivors", action="store_true", help="include each survivor's diff")
     ap.add_argument("--list", action="store_true", help="list the targets and exit")
     args = ap.parse_args()
@@ -271,29 +327,20 @@ def main() -> int:
             print(f"{name:12s} {' '.join(t.files)}{only}\n{'':12s} tests: {' '.join(t.tests)}")
         return 0
     try:
-        import mutmut  # noqa: F401
-    except ImportError:
-        print('mutation.py: mutmut is not installed; pip install -e ".[mutation]"', file=sys.stderr)
-        return 2
-    if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
-        print(f"mutation.py: --workdir {args.workdir} is not empty", file=sys.stderr)
+        workdir = check_args(args)
+    except SetupError as e:
+        print(f"mutation.py: error: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through mutmut(), which stops its group
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lm-mutation-"))
+    keep_logs = workdir is not None
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="lm-mutation-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    def short(rev):
-        if rev in (None, "WORKTREE"):
-            return rev
-        return subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
-
-    args.rev, args.tests_rev = short(args.rev), short(args.tests_rev)  # fixed now, however HEAD moves meanwhile
     summary = {"rev": args.rev, "tests_rev": args.tests_rev or args.rev, "sample": args.sample, "seed": args.seed,
                "functions": args.functions, "targets": {}}  # fmt: skip
     try:
         for name in args.targets:
             print(f"== {name}: {' '.join(TARGETS[name].files)}", flush=True)
-            r = run_target(name, TARGETS[name], args, workdir)
+            r = run_target(name, TARGETS[name], args, workdir, keep_logs)
             summary["targets"][name] = r
             rate = "n/a" if r["survival_rate"] is None else f"{100 * r['survival_rate']:.1f}%"
             print(f"   {r['mutants_chosen']} of {r['mutants_generated']} mutants, {r['checked']} checked: "
@@ -303,8 +350,11 @@ def main() -> int:
                 print(f"   survived: {m}")
                 if args.show_survivors:
                     print("      " + r["survivors"][m].replace("\n", "\n      "))
+    except SetupError as e:
+        print(f"mutation.py: error: {e}", file=sys.stderr)
+        return 2
     finally:
-        if args.workdir is None:
+        if not keep_logs:
             shutil.rmtree(workdir, ignore_errors=True)
     checked = sum(r["checked"] for r in summary["targets"].values())
     survived = sum(r["counts"].get("survived", 0) for r in summary["targets"].values())
@@ -313,9 +363,48 @@ def main() -> int:
     print(f"== total: {survived} of {checked} checked mutants survived"
           + (f" ({100 * survived / checked:.1f}%)" if checked else ""))  # fmt: skip
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        from lm.io import atomic_write
+
+        with atomic_write(args.out) as f:
+            f.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return 0
+
+
+def check_args(args) -> Path | None:
+    """Every option checked before any copy is made: a SetupError naming the option, else the
+    --workdir (None: a temp folder). Fixes --rev and --tests-rev to commit ids, however HEAD moves
+    meanwhile."""
+    from lm.io import check_output_file
+
+    args.rev, args.tests_rev = resolve(args.rev, "--rev"), resolve(args.tests_rev, "--tests-rev")
+    if args.sample < 0:
+        raise SetupError(f"--sample: must be >= 0 (0: every mutant), got {args.sample}")
+    if args.max_children < 1:
+        raise SetupError(f"--max-children: must be >= 1, got {args.max_children}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise SetupError(f"--time-limit: must be > 0 seconds, got {args.time_limit:g}")
+    if args.functions:
+        files = sorted({f for name in args.targets for f in TARGETS[name].files})
+        known = functions_in(args.rev, files)
+        if unknown := [f for f in args.functions if f not in known]:
+            raise SetupError(f"--functions: {', '.join(map(repr, unknown))} is defined in none of the files of "
+                             f"--targets {' '.join(args.targets)} (a method is Class.method)")
+    if args.out is not None:
+        try:
+            check_output_file(args.out, overwrite=args.overwrite, recognise=is_summary,
+                              what="a summary of this script")  # fmt: skip
+        except ValueError as e:
+            raise SetupError(str(e)) from None
+    if args.workdir is not None:
+        if args.workdir.exists() and not args.workdir.is_dir():
+            raise SetupError(f"--workdir: {str(args.workdir)!r} is a file, not a folder")
+        if args.workdir.is_dir() and any(args.workdir.iterdir()):
+            raise SetupError(f"--workdir: {str(args.workdir)!r} is not empty")
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        raise SetupError('mutmut is not installed; pip install -e ".[mutation]"') from None
+    return args.workdir
 
 
 if __name__ == "__main__":

@@ -324,6 +324,35 @@ def test_clip_grad_norm_scales_each_dtype_as_torch_does(foreach):
     assert all(torch.equal(p.grad, r.grad) for p, r in zip(ours, ref))
 
 
+def test_clip_grad_norm_returns_a_float_and_zero_without_gradients():
+    """Found by mutmut once clip_grad_norm_ was mutated at all (its decorator hid it): the norm of no
+    gradient (1.0 passed), the float returned by default (a tensor passed) and the 0-d tensor with
+    ``return_tensor`` when there is no gradient were untested."""
+    p = torch.zeros(3, requires_grad=True)
+    norm = clip_grad_norm_([p], 1.0)
+    assert type(norm) is float and norm == 0.0 == float(torch.nn.utils.clip_grad_norm_([p], 1.0))
+    none = clip_grad_norm_([p], 1.0, return_tensor=True)
+    assert isinstance(none, torch.Tensor) and none.shape == () and float(none) == 0.0
+    p.grad = torch.tensor([3.0, 4.0, 0.0])
+    norm = clip_grad_norm_(p, 10.0)
+    assert type(norm) is float and norm == 5.0 and torch.equal(p.grad, torch.tensor([3.0, 4.0, 0.0]))
+
+
+def test_clip_grad_norm_of_bfloat16_gradients_is_taken_in_float32():
+    """Each gradient's norm is accumulated and returned in float32: a norm rounded to bfloat16 (as
+    torch's is for bfloat16 gradients) is off by up to 2**-9 relative, and so is the clipping."""
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(4096, generator=g).bfloat16(), torch.randn(333, generator=g).bfloat16()]
+    params = [torch.zeros_like(t, requires_grad=True) for t in grads]
+    for p, grad in zip(params, grads):
+        p.grad = grad.clone()
+    exact = float(torch.linalg.vector_norm(torch.cat([t.double() for t in grads])))
+    norm = clip_grad_norm_(params, 1e9)
+    assert abs(norm - exact) / exact < 1e-6, (norm, exact)
+    rounded = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))  # in bfloat16
+    assert abs(rounded - exact) / exact > 1e-4  # what the test tells apart
+
+
 class _TinyWithPositions(_Tiny):
     """Token + position embeddings: enough context to memorise one batch of random ids."""
 

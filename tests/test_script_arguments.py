@@ -1,0 +1,88 @@
+"""The scripts that are not benchmarks refuse a bad option in one line naming it, with exit status 2,
+before they spend minutes or write anything; none of these needs the data or mutmut."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *argv, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / script), *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _refused(r: subprocess.CompletedProcess, script: str, why: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith(f"{script}: error: {why}"), lines[0]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--rev", "nosuchrev"], "--rev: 'nosuchrev' is not a revision of this repository"),
+    (["--tests-rev", "nosuchrev"], "--tests-rev: 'nosuchrev' is not a revision of this repository"),
+    (["--targets", "bpe", "--functions", "nosuchfn"], "--functions: 'nosuchfn' is defined in none of the files"),
+    (["--workdir", "afile"], "--workdir: 'afile' is a file, not a folder"),
+    (["--out", "afile/x.json"], "--out: 'afile' is a file, not a folder"),
+    (["--out", "precious.json"], "--out: 'precious.json' exists and is not a summary of this script"),
+    (["--out", "precious.json", "--overwrite"], "--out: 'precious.json' exists and is not a summary"),
+    (["--sample", "-1"], "--sample: must be >= 0"),
+])
+def test_mutation_refuses_bad_options_before_any_copy(tmp_path, argv, why):
+    """A bad --rev and a file --workdir were tracebacks; an existing --out (results of an earlier
+    campaign) was written over without --overwrite, in place; a misspelt --functions ran, found no
+    mutants and exited 0."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "precious.json").write_text('{"results": "of an hour"}')
+    _refused(_run("mutation.py", *argv, cwd=tmp_path), "mutation.py", why)
+    assert (tmp_path / "precious.json").read_text() == '{"results": "of an hour"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "precious.json"]
+
+
+def test_mutation_finds_methods_and_functions_at_a_revision():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import mutation
+    finally:
+        sys.path.pop(0)
+    names = mutation.functions_in("HEAD", ["lm/optim/adamw.py", "lm/optim/clip.py"])
+    assert {"AdamW.step", "AdamW.__init__", "clip_grad_norm_", "param_groups"} <= names
+    assert "step" not in names  # a method is Class.method
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--dir", "nonexistent"], "--dir: 'nonexistent' is not a folder"),
+    (["--gb", "0"], "--gb: must hold a few batches"),
+    (["--steps", "0"], "--steps: must be >= 1, got 0"),
+])
+def test_check_train_memory_refuses_bad_options(tmp_path, argv, why):
+    """Each was a traceback (a missing --dir from TemporaryDirectory, --gb 0 and --steps 0 from the trainer)."""
+    _refused(_run("check_train_memory.py", *argv, cwd=tmp_path), "check_train_memory.py", why)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--budget", "0"], "--budget: must be > 0 seconds, got 0"),
+    (["--warmup", "0"], "--warmup: must be >= 1, got 0"),
+    (["--out", "afile/r.json"], "--out: 'afile' is a file, not a folder, so 'afile/r.json' cannot be made"),
+    (["--out", "other.json"], "--out: 'other.json' exists and is not a result of this script"),
+])
+def test_multi30k_reference_refuses_bad_options_before_it_runs(tmp_path, argv, why):
+    """--out was written at the end of the run, in place: a missing folder was a traceback after
+    minutes of training and decoding, and the result was lost."""
+    (tmp_path / "multi30k").mkdir()
+    (tmp_path / "multi30k" / "train.en.gz").write_bytes(b"")  # only its presence is checked up front
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "other.json").write_text(json.dumps({"mine": 1}))
+    r = _run("multi30k_reference.py", "--data", tmp_path, *argv, cwd=tmp_path)
+    _refused(r, "multi30k_reference.py", why)
+    assert json.loads((tmp_path / "other.json").read_text()) == {"mine": 1}
