@@ -251,8 +251,8 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
     for i, (s, _) in enumerate(test_pairs):  # as `lm translate` refuses it, before the model trains
         n = len(tok.encode(s.strip()))
         if n + 1 > CONTEXT:
-            raise ValueError(f"{arg}: line {i + 1} of {str(test_src)!r} has {n} tokens, more than the model's "
-                             f"context {CONTEXT - 1}")
+            raise ValueError(f"{arg}: line {i + 1} of {str(test_src)!r} has {n} tokens, more than the {CONTEXT - 1} "
+                             f"a source may hold (the model's context is {CONTEXT}, one kept for <eos>)")
     tok_dir = save_tokenizer_dir(tok, out / "tokenizer")
     for split in ("train", "val"):
         tokenize_pairs(tok, src_dir / f"{split}.en.gz", src_dir / f"{split}.de.gz", data / f"{split}.bin")

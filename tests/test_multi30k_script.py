@@ -97,7 +97,8 @@ def test_a_test_source_longer_than_the_context_is_refused_before_the_model_train
     assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--test", src, ref, *TINY) == 2
     err = _error(capsys)
     assert err.startswith(f"multi30k.py: error: --test: line 2 of {str(src)!r} has "), err
-    assert err.endswith("tokens, more than the model's context 127"), err
+    assert err.endswith("tokens, more than the 127 a source may hold (the model's context is 128, one kept for "
+                        "<eos>)"), err
     assert not (out / "run").exists()
 
 

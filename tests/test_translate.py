@@ -308,11 +308,13 @@ def test_a_long_positional_sentence_is_named_as_text(run, tmp_path, capsys):
     d, _, _ = run
     assert main(["translate", "--checkpoint", str(d), "ok", "a" * 40, "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "lm translate: error: TEXT: sentence 2 has 40 tokens, more than the model's context 31", err
+    assert err == ("lm translate: error: TEXT: sentence 2 has 40 tokens, more than the 31 a source may hold "
+                   "(the model's context is 32, one kept for <eos>)"), err
     (tmp_path / "in.txt").write_text("ok\n" + "a" * 40 + "\n")
     assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "in.txt"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "lm translate: error: --input: line 2 has 40 tokens, more than the model's context 31", err
+    assert err == ("lm translate: error: --input: line 2 has 40 tokens, more than the 31 a source may hold "
+                   "(the model's context is 32, one kept for <eos>)"), err
 
 
 def test_lm_eval_refuses_a_source_longer_than_the_context(run, tmp_path, capsys):
@@ -327,7 +329,8 @@ def test_lm_eval_refuses_a_source_longer_than_the_context(run, tmp_path, capsys)
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.strip() == (f"lm eval: error: --data: line 2 of {str(tmp_path / 's.txt')!r} has 40 tokens, "
-                                    "more than the model's context 31"), captured.err
+                                    "more than the 31 a source may hold (the model's context is 32, one kept "
+                                    "for <eos>)"), captured.err
     # a reference too long for the loss: the pair is still translated and scored in BLEU and chrF
     from lm.evaluate import bleu_chrf
 
@@ -337,7 +340,7 @@ def test_lm_eval_refuses_a_source_longer_than_the_context(run, tmp_path, capsys)
     assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.txt"), "--target",
                  str(tmp_path / "t.txt"), "--beam", "1", "--json", "--quiet"]) == 0
     captured = capsys.readouterr()
-    assert "1 of 3 references are longer than the context" in captured.err
+    assert "1 of 3 references are longer than the 31 tokens a sentence may hold (context 32" in captured.err
     assert "left out of the loss, not of BLEU and chrF" in captured.err
     r = json.loads(captured.out)
     assert r["sentences"] == 3 and r["tokens"] == (3 + 1) + (5 + 1)  # the loss: the other two pairs, with <eos>
@@ -558,7 +561,7 @@ def test_lm_eval_with_every_reference_too_long_for_the_loss_still_gives_bleu(run
             "--quiet"]
     assert _lm(*args, "--json") == 0
     captured = capsys.readouterr()
-    assert "2 of 2 references are longer than the context" in captured.err
+    assert "2 of 2 references are longer than the " in captured.err
     r = json.loads(captured.out)
     assert r["loss"] is None and r["perplexity"] is None and r["tokens"] == 0 and r["sentences"] == 2
     want = bleu_chrf(_greedy_lines(model, tok, sources), references)

@@ -219,13 +219,14 @@ def eval_translation(args: argparse.Namespace) -> int:
     fits = cfg.context_length - 1  # room for <eos> (source) and <bos> (target)
     for i, s in enumerate(src):  # it cannot be translated: scoring "" would lower BLEU without a word
         if len(s) > fits:
-            raise ValueError(f"--data: line {i + 1} of {str(src_path)!r} has {len(s)} tokens, more than the "
-                             f"model's context {fits}")
+            raise ValueError(f"--data: line {i + 1} of {str(src_path)!r} has {len(s)} tokens, more than the {fits} "
+                             f"a source may hold (the model's context is {cfg.context_length}, one kept for <eos>)")
     keep = [i for i in range(len(pairs)) if len(ref[i]) <= fits and len(src_raw[i]) <= fits]
     if len(keep) < len(pairs):  # a source too long only with its surrounding whitespace counts as a pair
         what = "references are" if all(len(s) <= fits for s in src_raw) else "pairs are"
-        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} {what} longer than the context "
-              f"({cfg.context_length} tokens): their pairs are left out of the loss, not of BLEU and chrF",
+        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} {what} longer than the {fits} tokens a "
+              f"sentence may hold (context {cfg.context_length}, one kept for <bos> or <eos>): their pairs are left "
+              "out of the loss, not of BLEU and chrF",
               file=sys.stderr)
     dtype = resolve_dtype(args.dtype, model.device)
     size = args.batch_size

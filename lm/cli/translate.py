@@ -156,8 +156,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     where = "TEXT: sentence" if args.text else "--input: line"  # what the user gave the sentences as
     for i, s in enumerate(sources):
         if len(s) + 1 > cfg.context_length:
-            raise ValueError(f"{where} {i + 1} has {len(s)} tokens, more than the model's context "
-                             f"{cfg.context_length - 1}")
+            raise ValueError(f"{where} {i + 1} has {len(s)} tokens, more than the {cfg.context_length - 1} a source "
+                             f"may hold (the model's context is {cfg.context_length}, one kept for <eos>)")
     banned = line_break_ids(tok)  # one translation a line, whatever the model would emit
     out = sys.stdout
     with autocast(model.device, dtype), progress_bar(len(sources), args.quiet) as bar, \
