@@ -188,6 +188,11 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
         # ... and the spelling of a token training may learn: found only after training, it had thrown it away
         (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "Ġthe", "--out", "OUT"],
          "--special-token: 'Ġthe' is how vocab.json and tokenizer.json spell the bytes b' the', which training may"),
+        # bytes no UTF-8 text holds (0xE9 before "|") cannot be learned: the reason is Hugging Face's decoding
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "<|café|>", "--out",
+          "OUT"], "--special-token: '<|café|>' cannot be saved in tokenizer.json: Hugging Face's byte-level decoder"),
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "ĠÃ", "--out", "OUT"],
+         "--special-token: 'ĠÃ' is how vocab.json and tokenizer.json spell the bytes b' \\xc3', which training may"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsys, monkeypatch):

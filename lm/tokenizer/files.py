@@ -310,16 +310,29 @@ def check_special_tokens_savable(special_tokens: Sequence[str]) -> None:
             raw = unicode_str_to_bytes(t)
         except ValueError:
             continue  # not GPT-2's spelling of any bytes: no learned token has it as its key
-        try:
-            learnable = len(GPT2_REGEX.findall(raw.decode("utf-8"))) == 1
-        except UnicodeDecodeError:
-            learnable = True  # part of a character: BPE learns such pieces inside a pre-token
-        if learnable:
+        if _learnable(raw):
             raise ValueError(f"special_tokens: {t!r} is how vocab.json and tokenizer.json spell the bytes "
                              f"{raw!r}, which training may learn as an ordinary token; use a special token "
                              "that is not, such as '<|...|>'")
     for t in special_tokens:
         _check_hf_decodes(t)
+
+
+def _learnable(raw: bytes) -> bool:
+    """Whether BPE training could learn ``raw`` as one token: bytes that one GPT-2 pre-token of
+    UTF-8 text can hold. Pieces of characters count (BPE learns them inside a pre-token): up to
+    three continuation bytes at the start, an unfinished character at the end. Bytes that no UTF-8
+    text holds (``b'caf\\xe9|'``: a lead byte before ``|``) cannot be learned."""
+    import codecs
+
+    lead = 0
+    while lead < min(3, len(raw)) and 0x80 <= raw[lead] <= 0xBF:
+        lead += 1
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(raw[lead:], final=False)
+    except UnicodeDecodeError:
+        return False
+    return len(GPT2_REGEX.findall(text)) <= 1 if text else True
 
 
 def check_tokenizer_checksum(got: str, expected: str, *, argument: str, what: str, against: str) -> None:
