@@ -139,6 +139,27 @@ def test_a_long_stretch_without_a_line_end_is_encoded_whole_with_a_warning(train
     assert not recwarn
 
 
+def test_training_on_a_long_stretch_without_a_line_end_warns_too(tmp_path, monkeypatch, capsys):
+    """The README said tokenizer training warns when one huge line is pre-tokenized in one piece; only
+    `lm tokenize` did (an 18 MB line trained silently, peaking at 1 GB)."""
+    import lm.tokenizer.train as train_mod
+
+    monkeypatch.setattr(train_mod, "LONG_CHUNK_BYTES", 2000)
+    real = train_mod.count_pretokens
+    monkeypatch.setattr(train_mod, "count_pretokens", lambda *a, **k: real(*a, **{**k, "chunk_bytes": 100}))
+    path = tmp_path / "in.txt"
+    path.write_text("Short line.\n" * 100 + "word " * 1000 + "\nShort line.\n" * 100, encoding="utf-8")
+    with pytest.warns(UserWarning) as caught:
+        train_bpe(path, 260, [], num_workers=1)
+    assert [str(w.message) for w in caught] == [
+        f"input: in {str(path)!r}, the 5,012 bytes from byte 1,187 hold no line end or document boundary past their "
+        "first 100 to cut at: they are pre-tokenized in one piece, in memory"]
+    assert main(["tokenizer", "train", "--input", str(path), "--vocab-size", "260", "--out", str(tmp_path / "tok"),
+                 "--quiet", "--holdout-bytes", "0", "--num-workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "lm tokenizer train: warning: input: in " in err and "pre-tokenized in one piece" in err, err
+
+
 def test_tokenize_file_cuts_a_crlf_copy_of_gutenberg(trained, tmp_path):
     """The audit's case: Project Gutenberg text with CRLF line ends (as the raw files come)."""
     text = data_file("gutenberg.txt").read_bytes()[: 3 << 20].decode("utf-8", "ignore").replace(EOT, "")

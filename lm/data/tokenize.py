@@ -23,14 +23,11 @@ from tqdm import tqdm
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
 from lm.io import check_not_input, check_readable_file, read_text_range
 from lm.tokenizer import Tokenizer
-from lm.tokenizer.pretokenize import chunk_boundaries
+from lm.tokenizer.pretokenize import chunk_boundaries, warn_long_chunk
 from lm.tokenizer.workers import parallel_map
 
 _worker_tokenizer: Tokenizer | None = None
-# A chunk this long (and 16 times the chunk target) draws a warning: the text had no safe cut (a line
-# end or a special token) for that long, and a process holds it whole, several times over, while it
-# encodes it.
-LONG_CHUNK_BYTES = 1 << 24
+LONG_CHUNK_BYTES = 1 << 24  # see lm.tokenizer.pretokenize.warn_long_chunk
 
 
 def _init_worker(tokenizer: Tokenizer) -> None:
@@ -78,11 +75,7 @@ def tokenize_file(
         head = chunk_boundaries(path, tokenizer.special_tokens, warm_bytes, end=2 * warm_bytes)
         bounds = head[:1] if len(head) > 1 else []  # one chunk: no safe cut before 2 * warm_bytes
     bounds += chunk_boundaries(path, tokenizer.special_tokens, chunk_bytes, start=bounds[0][1] if bounds else 0)
-    a, b = max(bounds, key=lambda r: r[1] - r[0])
-    if b - a > max(16 * chunk_bytes, LONG_CHUNK_BYTES):
-        warnings.warn(f"input: in {str(path)!r}, the {b - a:,} bytes from byte {a:,} hold no line end or document "
-                      f"boundary past their first {chunk_bytes:,} to cut at: they are encoded in one piece, in memory",
-                      stacklevel=2)
+    warn_long_chunk(path, bounds, chunk_bytes, "encoded", limit=LONG_CHUNK_BYTES)
     tasks = [(str(path), a, b, dtype.str) for a, b in bounds]
     invalid = 0
     _init_worker(tokenizer)

@@ -286,6 +286,27 @@ def next_safe_cut(f, pos: int, end: int, specials: Sequence[bytes], search_block
     return -1
 
 
+# A chunk this long (and 16 times the chunk target) draws a warning: the text had no safe cut (a line
+# end or a special token) for that long, and a process holds it whole, several times over, while it
+# pre-tokenizes or encodes it.
+LONG_CHUNK_BYTES = 1 << 24
+
+
+def warn_long_chunk(path: str | os.PathLike, bounds: Sequence[tuple[int, int]], chunk_bytes: int, doing: str,
+                    limit: int = LONG_CHUNK_BYTES) -> None:
+    """Warn once when the longest of ``bounds`` (from :func:`chunk_boundaries`) is over
+    ``max(16 * chunk_bytes, limit)``: text with no safe cut for that long is ``doing`` in one piece."""
+    import warnings
+
+    if not bounds:
+        return
+    a, b = max(bounds, key=lambda r: r[1] - r[0])
+    if b - a > max(16 * chunk_bytes, limit):
+        warnings.warn(f"input: in {str(path)!r}, the {b - a:,} bytes from byte {a:,} hold no line end or document "
+                      f"boundary past their first {chunk_bytes:,} to cut at: they are {doing} in one piece, in memory",
+                      stacklevel=3)
+
+
 def chunk_boundaries(
     path: str | os.PathLike,
     specials: Sequence[str],

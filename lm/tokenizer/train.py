@@ -29,12 +29,14 @@ from tqdm import tqdm
 
 from lm.io import check_readable_file, read_text_range
 from lm.tokenizer.pretokenize import (
+    LONG_CHUNK_BYTES,
     check_special_tokens,
     chunk_boundaries,
     next_safe_cut,
     pretokenize,
     special_tokens_regex,
     split_on_special,
+    warn_long_chunk,
 )
 from lm.tokenizer.workers import parallel_map
 
@@ -85,11 +87,11 @@ def count_pretokens(
     if chunk_bytes is None:
         # enough chunks to balance the workers and show progress, few enough to merge cheaply
         chunk_bytes = min(16 << 20, max(1 << 20, total // (workers * 8) + 1))
-    tasks = [
-        (str(path), a, b, tuple(special_tokens))
-        for path, start, end in ranges
-        for a, b in chunk_boundaries(path, special_tokens, chunk_bytes, start, end)
-    ]
+    tasks = []
+    for path, start, end in ranges:
+        bounds = chunk_boundaries(path, special_tokens, chunk_bytes, start, end)
+        warn_long_chunk(path, bounds, chunk_bytes, "pre-tokenized", limit=LONG_CHUNK_BYTES)
+        tasks += [(str(path), a, b, tuple(special_tokens)) for a, b in bounds]
     counts: Counter = Counter()
     invalid = 0
     with tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
