@@ -223,6 +223,15 @@ def test_the_server_answers_with_the_translation_streaming_and_not():
         assert all(abs(g - want[j, t].item()) < 1e-5 for j, (g, t) in enumerate(zip(got, tgt)))
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 40})
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        # a sentence is read as `lm translate` reads a line: surrounding whitespace dropped (it gave
+        # another translation), and nothing left is not a language model's "no end-of-text token"
+        r = client.completions.create(model="mt", prompt=" \t hello \n", temperature=0.0)
+        assert r.choices[0].text == TOK.decode(greedy_decode(model, [TOK.encode("hello")])[0])
+        assert r.usage.prompt_tokens == len("hello")
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "  \n"})
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": "prompt: empty (surrounding whitespace is dropped, as `lm translate` drops it): nothing to "
+                       "translate", "type": "invalid_request_error", "param": "prompt", "code": None}
         info = httpx.get(server.url + "/v1/models").json()["data"][0]
         assert info["id"] == "mt" and info["max_model_len"] == 32
     finally:

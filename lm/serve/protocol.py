@@ -139,7 +139,13 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
                             f"({max_queue}); send them in smaller requests", "prompt")
     prompts = []
     for p in texts_or_ids:
-        if isinstance(p, str):
+        if isinstance(p, str) and translation:  # a sentence as `lm translate` reads a line: stripped
+            text = _unicode(p, "prompt").strip()
+            if not text:
+                raise APIError(400, "prompt: empty (surrounding whitespace is dropped, as `lm translate` drops "
+                                    "it): nothing to translate", "prompt")
+            ids = tokenizer.encode(text)
+        elif isinstance(p, str):
             ids = tokenizer.encode(_unicode(p, "prompt")) if p else ([eot_id] if eot_id is not None else [])
         elif all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             ids = list(p)
