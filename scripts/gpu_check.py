@@ -1,7 +1,7 @@
 """The first thing to run on a GPU machine: every check that needs a device, in one call, one table.
 
     PYTHONPATH=. python scripts/gpu_check.py                 # CUDA: within --budget, 540 s by default
-    PYTHONPATH=. python scripts/gpu_check.py --device cpu    # a short version of every part (~1 minute)
+    PYTHONPATH=. python scripts/gpu_check.py --device cpu    # a short version of every part but the tests (~1 minute)
 
 The whole run keeps to ``--budget`` seconds (default 540 on CUDA: a rented machine's 10-minute
 limit, less a margin): each part gets what is left, training ``--seconds`` (default 120 on CUDA)
