@@ -442,6 +442,20 @@ def _remove_empty(folders: list[Path]) -> None:
             break
 
 
+def _empty(folder: Path) -> None:
+    """Remove everything in ``folder`` (symlinks themselves, never what they point to), keeping the folder."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:  # gone meanwhile: nothing to empty
+        return
+    for p in entries:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -465,7 +479,10 @@ def claim_dir(
 
     After the checks, a previous output is moved aside to a hidden sibling and ``out`` is made
     anew, marked incomplete. When the block succeeds the marker says complete and the old
-    output is deleted; when it fails the new folder is removed and the old one put back.
+    output is deleted; when it fails the new folder is removed and the old one put back. An
+    empty folder that was there before (one the user made for the output) is written into in
+    place and, on failure, emptied of what was written, not removed: no command removes a
+    folder it did not make.
     """
     out = Path(out)
     replacing = check_output_dir(
@@ -475,6 +492,7 @@ def claim_dir(
     if replacing:
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
         os.replace(out, old)
+    existed = out.is_dir()  # empty (the checks refused anything else), and not this command's
     made = _missing_dirs(out.parent)
     try:
         make_dir(out)
@@ -482,7 +500,10 @@ def claim_dir(
         yield out
         write_marker(out, command, complete=True)
     except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
+        if existed:
+            _empty(out)
+        else:
+            shutil.rmtree(out, ignore_errors=True)
         if old is not None:
             os.replace(old, out)
         _remove_empty(made)

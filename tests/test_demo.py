@@ -305,6 +305,40 @@ def test_sigterm_during_the_demos_training_exits_143(tmp_path, monkeypatch, caps
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_demo_keeps_the_empty_out_folder_the_user_made(tmp_path, monkeypatch, capsys, signum):
+    """`mkdir d; lm demo --out d` stopped by Ctrl-C or SIGTERM removed d: no command removes a folder
+    it did not make. d stays, emptied of what the demo wrote; with --overwrite an earlier demo is put back."""
+    import os
+    import signal
+    import time
+
+    import lm.tokenizer
+    from lm.cli import main
+    from lm.io import write_marker
+
+    monkeypatch.chdir(tmp_path)
+    status = 128 + getattr(signal, signum)
+
+    def stopped(*args, **kwargs):  # once the corpus is written into d/data
+        assert any((tmp_path / "d" / "data").iterdir())
+        os.kill(os.getpid(), getattr(signal, signum))
+        time.sleep(5)  # the handler raises here
+        raise AssertionError("the signal was not taken")
+
+    monkeypatch.setattr(lm.tokenizer, "train_bpe", stopped)
+    demo = ["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300", "--device", "cpu", "--quiet"]
+    (tmp_path / "d").mkdir()
+    assert main(demo) == status
+    assert capsys.readouterr().err.strip() == f"lm demo: {'interrupted' if status == 130 else 'terminated'}"
+    assert (tmp_path / "d").is_dir() and not any((tmp_path / "d").iterdir())
+    (tmp_path / "d" / "report.json").write_text('{"earlier": true}')  # an earlier demo, replaced with --overwrite
+    write_marker(tmp_path / "d", "lm demo")
+    assert main(demo + ["--overwrite"]) == status
+    assert (tmp_path / "d" / "report.json").read_text() == '{"earlier": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
 def test_a_failed_output_removes_the_parent_folders_it_made(tmp_path, monkeypatch, capsys):
     """`lm demo --out a/b/c` that failed left the empty folders a/b it had made (claim_dir), and so
     did an output built beside its place and renamed (replace_dir); folders that were there stay."""

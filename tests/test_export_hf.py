@@ -201,3 +201,47 @@ def test_overwrite_never_replaces_an_export_the_user_added_to(run, tmp_path, cap
         capsys.readouterr()
         (out / first).rmdir()
     assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out), "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("extra, spelling", [
+    (["--checkpoint", "{run}", "--out", "{hf}", "{other}"], ("OUT_DIR", "{other}", "--out", "{hf}")),
+    (["--checkpoint", "{run}", "{other}", "{hf}"], ("CHECKPOINT", "{other}", "--checkpoint", "{run}")),
+    (["--out", "{hf}", "{run}", "{other}"], ("OUT_DIR", "{other}", "--out", "{hf}")),
+    (["{other}", "--checkpoint", "{run}", "--out", "{hf}"], ("OUT_DIR", "{other}", "--out", "{hf}")),
+])
+def test_a_thing_given_both_positionally_and_as_an_option_is_refused(tmp_path, capsys, extra, spelling):
+    """The deprecated positionals CHECKPOINT OUT_DIR beside --checkpoint/--out: the positional was dropped
+    (exit 0) after a line calling it deprecated. Now one line names both spellings, exit 2, nothing written."""
+    paths = {"run": str(tmp_path / "run"), "hf": str(tmp_path / "hf"), "other": str(tmp_path / "other")}
+    name, old, option, new = (s.format(**paths) for s in spelling)
+    assert main(["export", "hf", *(a.format(**paths) for a in extra)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lm export hf: error: {name}: given both positionally ({old!r}) and as {option} ({new!r}); "
+                   f"use {option} alone\n"), err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("order", ["option first", "positional first"])
+def test_a_lone_positional_beside_checkpoint_is_the_old_out_dir(run, tmp_path, capsys, order):
+    """`lm export hf --checkpoint RUN hf/out` took hf/out as a second checkpoint, warned that CHECKPOINT is
+    deprecated, then said --out is required. With --checkpoint given, a lone positional is the old OUT_DIR."""
+    d, _, _ = run
+    out = tmp_path / "hf"
+    argv = ["--checkpoint", str(d), str(out)] if order == "option first" else [str(out), "--checkpoint", str(d)]
+    assert main(["export", "hf", *argv]) == 0
+    err = capsys.readouterr().err
+    assert err == "lm export hf: warning: OUT_DIR is deprecated and will be removed; use --out DIR\n", err
+    assert (out / "model.safetensors").is_file()
+
+
+def test_the_deprecated_positional_spelling_still_works(run, tmp_path, capsys):
+    d, _, _ = run
+    assert main(["export", "hf", str(d), str(tmp_path / "hf")]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "lm export hf: warning: CHECKPOINT is deprecated and will be removed; use --checkpoint PATH",
+        "lm export hf: warning: OUT_DIR is deprecated and will be removed; use --out DIR"]
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert main(["export", "hf", str(d), "--out", str(tmp_path / "hf2")]) == 0  # CHECKPOINT with --out
+    assert capsys.readouterr().err.splitlines() == [
+        "lm export hf: warning: CHECKPOINT is deprecated and will be removed; use --checkpoint PATH"]
+    assert (tmp_path / "hf2" / "model.safetensors").is_file()

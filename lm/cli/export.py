@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from lm.cli.common import Deprecated, add_checkpoint, add_command, add_out, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_out, add_quiet
 
 EXAMPLES = """
   lm export hf --checkpoint runs/cpu-small --out hf/cpu-small
@@ -31,19 +32,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_out(h, "the folder to write", metavar="DIR", required=False)
     h.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     add_quiet(h)
-    # the 0.1 spelling: lm export hf CHECKPOINT OUT_DIR
-    h.add_argument("old_checkpoint", nargs="?", metavar="CHECKPOINT", action=Deprecated, new="--checkpoint PATH",
-                   help=argparse.SUPPRESS)
-    h.add_argument("old_out", nargs="?", metavar="OUT_DIR", action=Deprecated, new="--out DIR", help=argparse.SUPPRESS)
+    # the 0.1 spelling: lm export hf CHECKPOINT OUT_DIR. Which positional is which is known only once
+    # --checkpoint is (see _old_positionals), so the deprecation lines come from the command, not the parser.
+    h.add_argument("old_checkpoint", nargs="?", metavar="CHECKPOINT", help=argparse.SUPPRESS)
+    h.add_argument("old_out", nargs="?", metavar="OUT_DIR", help=argparse.SUPPRESS)
     h.set_defaults(func=cmd_export_hf)
+
+
+def _old_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """The checkpoint and the output folder from the options and the deprecated positionals.
+
+    Two positionals are CHECKPOINT OUT_DIR. One is CHECKPOINT, unless --checkpoint is given: then it
+    is OUT_DIR (``lm export hf --checkpoint RUN hf/out``). A thing given both as an option and
+    positionally is refused, naming both; each positional used gets its deprecation line.
+    """
+    given = [x for x in (args.old_checkpoint, args.old_out) if x is not None]
+    if len(given) == 2 or (given and args.checkpoint is None):
+        old_checkpoint, old_out = (given + [None])[:2]
+    else:
+        old_checkpoint, old_out = None, (given[0] if given else None)
+    for name, old, option, new in (("CHECKPOINT", old_checkpoint, "--checkpoint", args.checkpoint),
+                                   ("OUT_DIR", old_out, "--out", args.out)):
+        if old is not None and new is not None:
+            raise ValueError(f"{name}: given both positionally ({old!r}) and as {option} ({new!r}); "
+                             f"use {option} alone")
+    for name, old, new in (("CHECKPOINT", old_checkpoint, "--checkpoint PATH"), ("OUT_DIR", old_out, "--out DIR")):
+        if old is not None:
+            print(f"lm export hf: warning: {name} is deprecated and will be removed; use {new}", file=sys.stderr)
+    return args.checkpoint or old_checkpoint, args.out or old_out
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer, resolve_checkpoint
     from lm.export import export_hf
 
-    checkpoint = args.checkpoint or args.old_checkpoint
-    out = args.out or args.old_out
+    checkpoint, out = _old_positionals(args)
     if checkpoint is None:
         raise ValueError("--checkpoint: required (a checkpoint file or a run directory)")
     if out is None:
