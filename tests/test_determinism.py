@@ -110,6 +110,47 @@ def test_configure_determinism_on_cpu_switches_nothing_global():
     assert "off" in configure_determinism(False, torch.device("cpu"))
 
 
+def test_the_line_says_when_max_time_makes_the_schedule_follow_the_clock(tmp_path):
+    """With train.max_time the schedule position is max(step, elapsed / max_time x length): two runs
+    of one config, or a run and its --resume, take other learning rates once the steps fall behind
+    that pace. The line said "deterministic: yes" all the same (audit readme1 #2)."""
+    from test_train import _raw_config
+
+    from lm.train import Trainer, config_from_dict, read_metrics
+
+    cpu = torch.device("cpu")
+    paced = configure_determinism(True, cpu, max_time=600.0, max_steps=600)
+    assert paced == (f"deterministic: the steps yes at {torch.get_num_threads()} CPU threads (another thread count "
+                     "may change the last bits), but the schedule follows the clock (train.max_time): runs and "
+                     "--resume are bitwise the same only while the steps keep up with train.max_steps 600 in 600 s "
+                     "(1 s a step on average)"), paced
+    by_time = configure_determinism(True, cpu, max_time=6.0)
+    assert by_time.endswith("but the schedule follows the clock (train.max_time): runs and --resume are not "
+                            "bitwise the same"), by_time
+    by_step = configure_determinism(True, cpu, max_time=6.0, max_steps=60, schedule="inverse_sqrt")
+    assert "follows the clock" not in by_step, by_step
+    assert "train.max_time may end a run, or its --resume, at another step" in by_step, by_step
+    assert configure_determinism(True, cpu, max_steps=60).startswith("deterministic: yes at ")
+    assert configure_determinism(False, cpu, max_time=6.0).startswith("deterministic: off")
+
+    # the run's own line, and what it warns of: steps slower than max_time's pace take other lrs
+    raw = _raw_config(tmp_path, train={"max_steps": 4, "max_time": 4.0}, eval={"interval": 0})
+    lrs = []
+    for seconds in (0.0, 1.5):  # each step takes no time / longer than the pace of 4 steps in 4 s
+        lines, ticks = [], iter(range(1000))
+        raw["train"]["out_dir"] = str(tmp_path / f"run{seconds}")
+        trainer = Trainer(config_from_dict(raw), print_fn=lines.append)
+        trainer.clock = lambda s=seconds, t=ticks: s * next(t)
+        assert trainer.run() == 0
+        assert [line for line in lines if line.startswith("deterministic:")] == [
+            f"deterministic: the steps yes at {torch.get_num_threads()} CPU threads (another thread count may change "
+            "the last bits), but the schedule follows the clock (train.max_time): runs and --resume are bitwise the "
+            "same only while the steps keep up with train.max_steps 4 in 4 s (1 s a step on average)"], lines
+        lrs.append([r["lr"] for r in read_metrics(tmp_path / f"run{seconds}") if r["split"] == "train"])
+    # the slow run's lrs run ahead of its steps, and it ends where the time is up, at step 3
+    assert len(lrs[0]) == 4 and len(lrs[1]) == 3 and lrs[0][0] == lrs[1][0] and lrs[0][1] < lrs[1][1], lrs
+
+
 def test_configure_determinism_on_cuda_sets_torch_and_cublas(monkeypatch):
     # The CUDA path without a GPU: the calls it makes are recorded, not made.
     calls = []

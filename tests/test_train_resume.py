@@ -106,7 +106,8 @@ def test_the_same_data_by_another_path_or_moved_resumes_and_other_data_is_refuse
     assert resume("moved/train.bin", steps=6) == (0, "")
     changed = [r["changed"] for r in read_metrics(tmp_path / "run") if r["split"] == "config"]
     assert changed[0] == {"data.train": {"was": "train.bin", "now": "./train.bin"}}
-    assert changed[1]["data.train"] == {"was": "train.bin", "now": str(tmp_path / "train.bin")}
+    # the first resume trained nothing but wrote its checkpoint again, with the path it recorded
+    assert changed[1]["data.train"] == {"was": "./train.bin", "now": str(tmp_path / "train.bin")}
     assert changed[1]["data.val"] == {"was": "val.bin", "now": str(tmp_path / "val.bin")}
     assert changed[2]["data.train"] == {"was": str(tmp_path / "train.bin"), "now": "moved/train.bin"}
     assert load_config(tmp_path / "run" / "config.toml").data.train == "moved/train.bin"
@@ -193,3 +194,115 @@ def test_a_restart_from_step_0_sets_the_earlier_weights_aside(tmp_path):
     assert resolve_checkpoint(run) == run / "checkpoints" / "step_00000002.pt"  # this history's newest
     assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
     assert exported_step(run / "model.safetensors") == 6 and (run / "model.safetensors.2").read_bytes() == old
+
+
+def _files(folder) -> dict[str, tuple]:
+    """Each file's content hash, and for checkpoints and exported weights also inode and mtime: one
+    written again (atomically: a new inode), even with the same bytes, shows. (config.toml and
+    metrics.jsonl are rewritten with the same bytes by every resume.)"""
+    import hashlib
+
+    def key(p):
+        stat = (p.stat().st_ino, p.stat().st_mtime_ns) if p.suffix in (".pt", ".safetensors") else ()
+        return (hashlib.sha256(p.read_bytes()).hexdigest(), *stat)
+
+    return {str(p.relative_to(folder)): key(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_of_a_stopped_run_at_its_step_records_the_last_evaluation_once(tmp_path):
+    """A run stopped by SIGTERM at step 7 and resumed with train.max_steps=7 trains nothing, but
+    records the config change and the final evaluation. No checkpoint of step 7 said so (it was not
+    written again), so every later --resume evaluated again, appended the same "config" and "val"
+    records to metrics.jsonl and rewrote best.pt (audit readme1 #1, case A). Now the resume writes
+    the checkpoint of step 7 again, ends with "done:", and the next one changes no file; training on
+    from it later ends bitwise where the uninterrupted run does."""
+    import signal
+
+    from safetensors.torch import load_file
+
+    raw = _raw_config(tmp_path, train={"max_steps": 12}, model={"dropout": 0.1}, eval={"interval": 5},
+                      checkpoint={"interval": 5, "keep_last": 2}, log={"interval": 2})
+    ref = {**raw, "train": {**raw["train"], "out_dir": str(tmp_path / "ref")}}
+    assert Trainer(config_from_dict(ref), print_fn=_quiet).run() == 0
+    trainer = None
+
+    def stop_at_step_7():
+        if trainer.step == 7:
+            trainer._signal = signal.SIGTERM
+        return 0.0
+
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    trainer.clock = stop_at_step_7
+    assert trainer.run() == 128 + signal.SIGTERM
+    run, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoints" / "step_00000007.pt"
+    assert read_checkpoint(ckpt)["last_eval_step"] == 5
+
+    at_7 = {**raw, "train": {**raw["train"], "max_steps": 7}}
+    lines = []
+    assert Trainer(config_from_dict(at_7), resume=True, print_fn=lines.append).run() == 0
+    assert "resumed with train.max_steps 12 -> 7" in lines and lines[-1] == f"done: step 7, checkpoint {ckpt}", lines
+    records = [(r["step"], r["split"]) for r in read_metrics(run)]
+    assert records[-2:] == [(7, "config"), (7, "val")], records
+    state = read_checkpoint(ckpt)
+    assert state["last_eval_step"] == 7 and state["config"]["train"]["max_steps"] == 7
+    assert state["best_val_loss"] == min(r["loss"] for r in read_metrics(run) if r["split"] == "val")
+    assert (run / "model.safetensors").is_file()
+
+    before = _files(run)
+    for _ in range(2):
+        lines = []
+        assert Trainer(config_from_dict(at_7), resume=True, print_fn=lines.append).run() == 0
+        assert _files(run) == before  # metrics.jsonl, best.pt, the checkpoint, the export: all as they were
+        assert not [line for line in lines if line.startswith(("resumed with", "eval step"))], lines
+        assert lines[-2:] == ["nothing left to train: step 7 has reached train.max_steps 7",
+                              f"done: step 7, checkpoint {ckpt}"], lines
+
+    # the checkpoint written again holds the state it was resumed from: training on is still exact
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
+    weights, expected = load_file(run / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "step_00000010.pt",
+                                                                       "step_00000012.pt"]
+
+
+def test_a_resume_of_a_finished_run_with_another_setting_records_it_once(tmp_path, capsys):
+    """A finished run copied to another folder (train.out_dir changes), or resumed with other log or
+    checkpoint settings, appended the same "config" record at every --resume: the checkpoint kept
+    the old values (audit readme1 #1, case B). Now the first resume writes the checkpoint again with
+    the settings it records, and a second one changes nothing; keep_last applies as at a run's end."""
+    raw = _raw_config(tmp_path, train={"max_steps": 6}, eval={"interval": 3}, checkpoint={"interval": 2})
+    good = _write_toml(tmp_path / "good.toml", raw)
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    original = _files(tmp_path / "run")
+    copy, ckpts = tmp_path / "copy", tmp_path / "copy" / "checkpoints"
+    args = ["train", "--config", str(good), "--resume", "--set", f"train.out_dir={copy}", "--set", "log.interval=2",
+            "--set", "checkpoint.keep_last=1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"done: step 6, checkpoint {ckpts / 'step_00000006.pt'}" in out, out
+    configs = [r for r in read_metrics(copy) if r["split"] == "config"]
+    assert len(configs) == 1 and set(configs[0]["changed"]) == {"train.out_dir", "log.interval", "checkpoint.keep_last"}
+    state = read_checkpoint(ckpts / "step_00000006.pt")
+    assert state["config"]["train"]["out_dir"] == str(copy) and state["config"]["log"]["interval"] == 2
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.pt", "step_00000006.pt"]  # keep_last=1 now
+    before = _files(copy)
+    for _ in range(2):
+        assert main([*args, "--quiet"]) == 0
+        assert _files(copy) == before
+        assert "resumed with" not in capsys.readouterr().out
+    assert _files(tmp_path / "run") == original
+
+    # a resume with a change, stopped by a signal before its first step: the same
+    import signal
+
+    cfg = load_config(copy / "config.toml")
+    cfg.log.interval, cfg.train.max_steps = 3, 8
+    trainer = Trainer(cfg, resume=True, print_fn=_quiet)
+    trainer._signal = signal.SIGTERM
+    assert trainer.run() == 128 + signal.SIGTERM
+    assert read_checkpoint(ckpts / "step_00000006.pt")["config"]["log"]["interval"] == 3
+    assert Trainer(load_config(copy / "config.toml"), resume=True, print_fn=_quiet).run() == 0  # no change now
+    configs = [(r["step"], sorted(r["changed"])) for r in read_metrics(copy) if r["split"] == "config"]
+    assert configs[1:] == [(6, ["log.interval", "train.max_steps"])], configs
+    assert read_checkpoint(ckpts / "step_00000008.pt")["iteration"] == 8

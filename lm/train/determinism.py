@@ -27,6 +27,10 @@ built), and cuDNN's deterministic flags. It is the strict mode, not ``warn_only`
 mode PyTorch keeps the non-deterministic flash-attention backward and only warns. An op with no
 deterministic CUDA kernel then stops the run with torch's error naming it; none is on lm's
 training path (:data:`NO_DETERMINISTIC_CUDA_KERNEL` lists those near it).
+
+No kernel setting makes ``train.max_time`` reproducible: with it the learning-rate schedule, and
+the step a run ends at, may follow the clock; the log line then says so
+(:func:`clock_schedule_note`).
 """
 
 from __future__ import annotations
@@ -78,10 +82,34 @@ def rank_ordered_mean(process_group, bucket):  # no annotations: DDP checks them
     return future.then(mean)
 
 
-def configure_determinism(enabled: bool, device: torch.device) -> str:
+def clock_schedule_note(max_time: float | None, max_steps: int | None, schedule: str = "cosine") -> str | None:
+    """What ``train.max_time`` does to reproducibility (a clause for the log line), or None without it.
+
+    With ``max_time`` the trainer's schedule position is ``max(step, elapsed / max_time x length)``
+    (``inverse_sqrt`` alone runs by step): once the steps fall behind the pace of the schedule's
+    length in ``max_time``, the learning rates follow the clock, so two runs of one config, or a
+    run and its ``--resume``, take other learning rates and end with other weights. And a run stops
+    where the time runs out, at a step that depends on the clock. The steps themselves, at given
+    learning rates, stay deterministic."""
+    if max_time is None:
+        return None
+    if schedule == "inverse_sqrt":
+        return "train.max_time may end a run, or its --resume, at another step (the learning rates follow the steps)"
+    if max_steps is None:
+        return "the schedule follows the clock (train.max_time): runs and --resume are not bitwise the same"
+    return ("the schedule follows the clock (train.max_time): runs and --resume are bitwise the same only while the "
+            f"steps keep up with train.max_steps {max_steps} in {max_time:g} s ({max_time / max_steps:.3g} s a "
+            "step on average)")
+
+
+def configure_determinism(enabled: bool, device: torch.device, *, max_time: float | None = None,
+                          max_steps: int | None = None, schedule: str = "cosine") -> str:
     """Set up ``device`` for bitwise-reproducible training (see the module docstring) when
-    ``enabled``; returns one line saying what holds, for the run's log."""
+    ``enabled``; returns one line saying what holds, for the run's log. ``max_time``,
+    ``max_steps`` and ``schedule`` (the run's) say whether the learning-rate schedule may follow
+    the clock (:func:`clock_schedule_note`), which no kernel setting makes reproducible."""
     threads = torch.get_num_threads()
+    clock = clock_schedule_note(max_time, max_steps, schedule) if enabled else None
     if not enabled:
         cpu = f"; the CPU kernels are deterministic at {threads} threads anyway" if device.type == "cpu" else ""
         return f"deterministic: off (train.deterministic = false){cpu}"
@@ -95,11 +123,15 @@ def configure_determinism(enabled: bool, device: torch.device) -> str:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-        return (
+        line = (
             f"deterministic: torch deterministic algorithms on, CUBLAS_WORKSPACE_CONFIG={workspace}; an op with "
             "no deterministic CUDA kernel stops the run naming it (none on the training path; "
             "train.deterministic = false allows them)"
         )
+        return line if clock is None else f"{line}; but {clock}"
     if device.type == "cpu":
+        if clock is not None:
+            return (f"deterministic: the steps yes at {threads} CPU threads (another thread count may change the "
+                    f"last bits), but {clock}")
         return f"deterministic: yes at {threads} CPU threads (another thread count may change the last bits)"
     return f"deterministic: not guaranteed on {device.type}"

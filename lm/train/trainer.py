@@ -124,7 +124,9 @@ class Trainer:
         self._print = print_fn
         self._quiet = quiet
         self.dist, self.device = init_distributed(cfg.train.device)
-        self._determinism = configure_determinism(cfg.train.deterministic, self.device)  # before any CUDA work
+        self._determinism = configure_determinism(cfg.train.deterministic, self.device,  # before any CUDA work
+                                                  max_time=cfg.train.max_time, max_steps=cfg.train.max_steps,
+                                                  schedule=cfg.optim.schedule)
         self._precision = configure_matmul_precision(self.device)
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
@@ -749,9 +751,11 @@ class Trainer:
         cfg = self.cfg
         self._log_start()
         # a resume from this run's own checkpoint has this step saved (one from another run's
-        # folder does not: a stop before the first step saves here, where --resume will look)
+        # folder does not: a stop before the first step saves here, where --resume will look), unless
+        # it changed a setting: its "config" record is written, so the checkpoint must say the same, or
+        # every later resume would record the change again
         own = self._resumed_from is not None and self._resumed_from.resolve().parent == self.ckpts.dir.resolve()
-        last_saved = self.step if own else -1
+        last_saved = self.step if own and not self._config_changes else -1
         saved_path = self._resumed_from if own else None  # the checkpoint of step last_saved
         last_eval = self._last_eval  # a resume at a step that was evaluated does not evaluate it again
         first_step = self.step
@@ -787,7 +791,7 @@ class Trainer:
                 last_saved = self.step
             clock = self.clock()  # evaluation and checkpoints are not training time
         self._finish(window, evaluated=last_eval == self.step, saved=last_saved == self.step,
-                     trained=self.step > first_step)
+                     trained=self.step > first_step, path=saved_path)
         return 0
 
     def _due(self) -> _Due:
@@ -870,25 +874,32 @@ class Trainer:
         self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
         return 128 + int(self._signal or signal.SIGTERM)
 
-    def _finish(self, window: _LogWindow, evaluated: bool, saved: bool, trained: bool = True) -> None:
+    def _finish(self, window: _LogWindow, evaluated: bool, saved: bool, trained: bool = True,
+                path: Path | None = None) -> None:
         """The end of the budget: a last evaluation and checkpoint if this step has none, and the
-        exported weights (unless a resume at the budget's end found them exported already)."""
+        exported weights (unless a resume at the budget's end found them exported already).
+        ``saved``: this step's checkpoint is on disk already, at ``path``."""
         cfg = self.cfg
         if not trained:  # resumed at the end of its budget
             t = cfg.train
             limit = (f"train.max_steps {t.max_steps}" if t.max_steps is not None and self.step >= t.max_steps
                      else f"train.max_time {t.max_time:g} s")
             self._log(f"nothing left to train: step {self.step} has reached {limit}", always=True)
-        if self.val_data is not None and not evaluated and cfg.eval.interval:
+        evaluated_now = self.val_data is not None and not evaluated and bool(cfg.eval.interval)
+        if evaluated_now:
             self._run_eval()
+        if saved and evaluated_now:
+            # a resume that trained nothing but evaluated its step (a record, and maybe best.pt): the
+            # step's checkpoint is written again, with last_eval_step and best_val_loss of now, or every
+            # later --resume would evaluate it again
+            saved = False
         if not saved:
             self._check_finite(window)
             path = self.save_checkpoint()
         # the checkpoint (and best.pt) on disk before the line says so and before the export: weights
         # exported beside a checkpoint that failed would be newer than any checkpoint of the run
         self._writer.wait()
-        if not saved:
-            self._log(f"done: step {self.step}, checkpoint {path}", always=True)
+        self._log(f"done: step {self.step}, checkpoint {path}", always=True)
         if self.dist.is_main and cfg.checkpoint.export_safetensors and (trained or not self._exported()):
             self._export()
 
