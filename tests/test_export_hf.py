@@ -16,14 +16,25 @@ transformers = pytest.importorskip("transformers")
 TEXT = "Lily found a red ball in the park. \"Is it yours?\" she asked the dog. Café naïve 123!\n"
 
 
+# Hugging Face's Llama against lm's model, float32: measured at most 9.5e-7 apart (3 seeds), as
+# test_model.py's parity test; a 10x wrong rms_norm_eps moves the logits by 2e-5, which this catches
+CLOSE = dict(atol=6e-6, rtol=0)
+
+
+def _norms_away_from_one(model):
+    """Norm weights drawn in [0.5, 1.5], so a misplaced or missing norm weight shows in the logits."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("ln1.weight") or name.endswith("ln2.weight") or name == "ln_final.weight":
+                p.uniform_(0.5, 1.5)
+    return model
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     d, model, tok = make_run_dir(tmp_path_factory.mktemp("run"), (TEXT + "<|endoftext|>") * 30, 320,
                                  context_length=32, d_model=64, num_layers=2, num_heads=4, d_ff=128)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("ln1.weight") or name.endswith("ln2.weight") or name == "ln_final.weight":
-                p.uniform_(0.5, 1.5)  # norms away from 1, so a misplaced norm weight shows
+    _norms_away_from_one(model)
     save_model(d, model)
     return d, model.eval(), tok
 
@@ -31,13 +42,13 @@ def run(tmp_path_factory):
 @pytest.mark.parametrize("tied", [False, True])
 def test_export_loads_as_llama_with_equal_logits(tmp_path, tied):
     torch.manual_seed(1)
-    model = TransformerLM(300, 32, 64, 2, 4, 128, 500.0, tie_embeddings=tied).eval()
+    model = _norms_away_from_one(TransformerLM(300, 32, 64, 2, 4, 128, 500.0, tie_embeddings=tied)).eval()
     export_hf(model, tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
     ids = torch.randint(0, 300, (2, 32))
     with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(hf(ids).logits, model(ids), **CLOSE)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -56,11 +67,11 @@ def test_to_transformers_rotates_with_the_models_rope_theta(monkeypatch, reader,
         # by name: once a model is built, `import transformers` may give another module object than ours
         monkeypatch.setattr("transformers.LlamaConfig", as_4x_reads_it)
     torch.manual_seed(2)
-    model = TransformerLM(300, 32, 64, 2, 4, 128, 500.0, tie_embeddings=tied).eval()
+    model = _norms_away_from_one(TransformerLM(300, 32, 64, 2, 4, 128, 500.0, tie_embeddings=tied)).eval()
     hf = to_transformers(model)
     ids = torch.randint(0, 300, (2, 32))
     with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(hf(ids).logits, model(ids), **CLOSE)
 
 
 def test_cli_export_with_tokenizer(run, tmp_path, capsys):
@@ -78,7 +89,7 @@ def test_cli_export_with_tokenizer(run, tmp_path, capsys):
     assert hf_tok(text)["input_ids"] == ids
     x = torch.tensor([ids[:32]])
     with torch.no_grad():
-        torch.testing.assert_close(hf(x).logits, model(x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(hf(x).logits, model(x), **CLOSE)
     assert hf.config.eos_token_id == tok.token_to_id[b"<|endoftext|>"]
     # an earlier export is not replaced without --overwrite (the 0.1 positional spelling still works)
     assert main(["export", "hf", str(d), str(out)]) == 2
@@ -116,8 +127,8 @@ def test_compiled_models_export_as_the_plain_model(tmp_path):
     with torch.no_grad():
         expected = model(ids)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-        torch.testing.assert_close(hf(ids).logits, expected, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(to_transformers(compiled)(ids).logits, expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(hf(ids).logits, expected, **CLOSE)
+        torch.testing.assert_close(to_transformers(compiled)(ids).logits, expected, **CLOSE)
 
 
 def test_variants_without_llama_equivalent_are_refused(tmp_path):

@@ -48,8 +48,12 @@ def test_adamw_matches_torch_over_100_steps(weight_decay, fused):
             opt.zero_grad()
             _loss(model, ids).backward()
             opt.step()
+    # measured over 3 seeds and the 3 weight decays: bitwise equal with the foreach kernels (1e-7 leaves
+    # room for a torch that orders its arithmetic otherwise); the fused kernel at most 2.4e-7 away after
+    # 100 steps (an ulp or two a step, weights of about 1)
+    atol = 1e-6 if fused else 1e-7
     for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(a, b, rtol=0, atol=atol, msg=name)
     # The weights moved well away from where they started, so the comparison means something.
     assert (ours.lm_head.weight - _Tiny().lm_head.weight).abs().max() > 0.05
 
