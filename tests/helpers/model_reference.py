@@ -122,54 +122,82 @@ def sinusoid_ref(num_positions: int, d: int) -> torch.Tensor:
 
 
 def encoder_decoder_ref(sd, src, src_mask, tgt, tgt_mask, *, num_heads, encoder_layers, decoder_layers,
-                        eps=1e-5, norm_first=False):
-    """The post-norm (or pre-norm) encoder–decoder of Vaswani et al. from a state dict with a tied
-    ``embeddings.weight``, sinusoidal positions, ReLU, LayerNorm and final norms, no biases in the
-    projections. One head at a time with torch's sdpa; masks are True at real tokens."""
-    emb = sd["embeddings.weight"]
-    d = emb.shape[1]
+                        eps=1e-5, norm_first=False, norm="layernorm", positions="sinusoidal", ffn="relu",
+                        theta=10000.0, embed_scale=True):
+    """The post-norm (or pre-norm) encoder–decoder of Vaswani et al. from a state dict, no biases in
+    the projections. One head at a time with torch's sdpa; masks are True at real tokens.
 
-    def embed(ids):
-        return emb[ids] * math.sqrt(d) + sinusoid_ref(ids.shape[-1], d).to(emb.dtype)
+    The defaults are the paper's: sinusoidal positions, ReLU, LayerNorm blocks and final norms, and
+    a tied ``embeddings.weight`` (without that key: ``src_embeddings``, ``tgt_embeddings`` and
+    ``lm_head``). The variants: ``positions`` learned (``src_positions``/``tgt_positions`` added to
+    each side's embeddings), rope (each head's queries and keys rotated by :func:`rope_loop` at
+    positions 0.. in the encoder's and the decoder's self-attention, never in cross-attention) or
+    none; ``ffn`` relu | gelu (exact, erf) | silu | swiglu; ``norm`` layernorm | rmsnorm | none
+    (for the block norms and the two final norms alike); ``embed_scale=False`` leaves out √d_model."""
+    tied = "embeddings.weight" in sd
+    src_emb = sd["embeddings.weight" if tied else "src_embeddings.weight"]
+    tgt_emb = sd["embeddings.weight" if tied else "tgt_embeddings.weight"]
+    out_w = sd["embeddings.weight" if tied else "lm_head.weight"]
+    d = src_emb.shape[1]
+
+    def embed(ids, side):
+        x = (src_emb if side == "src" else tgt_emb)[ids]
+        if embed_scale:
+            x = x * math.sqrt(d)
+        if positions == "sinusoidal":
+            x = x + sinusoid_ref(ids.shape[-1], d).to(x.dtype)
+        elif positions == "learned":
+            x = x + sd[f"{side}_positions.weight"][: ids.shape[-1]]
+        return x
 
     def ln(t, name):
-        return F.layer_norm(t, (d,), sd[name + ".weight"], sd[name + ".bias"], eps)
+        if norm == "layernorm":
+            return F.layer_norm(t, (d,), sd[name + ".weight"], sd[name + ".bias"], eps)
+        if norm == "rmsnorm":
+            return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * sd[name + ".weight"]
+        return t
 
-    def mha(x, ctx, p, mask):
+    def mha(x, ctx, p, mask, rotate=False):
         hd = d // num_heads
         outs = []
         for h in range(num_heads):
             rows = slice(h * hd, (h + 1) * hd)
             q = x @ sd[p + "q_proj.weight"][rows].T
             k, v = ctx @ sd[p + "k_proj.weight"][rows].T, ctx @ sd[p + "v_proj.weight"][rows].T
+            if rotate and positions == "rope":
+                q = rope_loop(q, torch.arange(q.shape[-2]), theta)
+                k = rope_loop(k, torch.arange(k.shape[-2]), theta)
             outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
         return torch.cat(outs, dim=-1) @ sd[p + "output_proj.weight"].T
 
     def mlp(x, p):
-        return F.relu(x @ sd[p + "ffn.w1.weight"].T) @ sd[p + "ffn.w2.weight"].T
+        if ffn == "swiglu":
+            return swiglu_ref(x, sd[p + "ffn.w1.weight"], sd[p + "ffn.w2.weight"], sd[p + "ffn.w3.weight"])
+        act = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}[ffn]
+        return act(x @ sd[p + "ffn.w1.weight"].T) @ sd[p + "ffn.w2.weight"].T
 
     def residual(x, f, name):
         return x + f(ln(x, name)) if norm_first else ln(x + f(x), name)
 
     s, t = src.shape[-1], tgt.shape[-1]
     enc_mask = src_mask[:, None, :].expand(-1, s, s)  # (batch, queries, keys): one head at a time
-    x = embed(src)
+    x = embed(src, "src")
     for i in range(encoder_layers):
         p = f"encoder.{i}."
-        x = residual(x, lambda h, p=p: mha(h, h, p + "attn.", enc_mask), p + "ln1")
+        x = residual(x, lambda h, p=p: mha(h, h, p + "attn.", enc_mask, rotate=True), p + "ln1")
         x = residual(x, lambda h, p=p: mlp(h, p), p + "ln2")
     memory = ln(x, "encoder_norm")
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     self_mask = causal[None] & tgt_mask[:, None, :]
     cross_mask = src_mask[:, None, :].expand(-1, t, s)
-    y = embed(tgt)
+    y = embed(tgt, "tgt")
     for i in range(decoder_layers):
         p = f"decoder.{i}."
-        y = residual(y, lambda h, p=p: mha(h, h, p + "self_attn.", self_mask), p + "ln1")
+        y = residual(y, lambda h, p=p: mha(h, h, p + "self_attn.", self_mask, rotate=True), p + "ln1")
         y = residual(y, lambda h, p=p: mha(h, memory, p + "cross_attn.", cross_mask), p + "ln2")
         y = residual(y, lambda h, p=p: mlp(h, p), p + "ln3")
     hidden = ln(y, "decoder_norm")
-    return memory, hidden, hidden @ emb.T
+    return memory, hidden, hidden @ out_w.T
 
 
 @torch.no_grad()
