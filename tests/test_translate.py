@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,13 +21,13 @@ from lm.model import Seq2SeqConfig, build_model
 
 REPO = Path(__file__).resolve().parents[1]
 
-def _model(vocab=40, seed=0, **kw):
+def _model(vocab=40, seed=0, sharpen=6.0, **kw):
     torch.manual_seed(seed)
     cfg = Seq2SeqConfig(vocab_size=vocab, context_length=32, d_model=32, encoder_layers=2, decoder_layers=2,
                         num_heads=4, d_ff=64, dropout=0.0, **kw)
     model = build_model(cfg).eval()
     with torch.no_grad():  # sharper distributions than the init's, so decoding paths differ
-        model.embeddings.weight.mul_(6.0)
+        model.embeddings.weight.mul_(sharpen)
     return model
 
 
@@ -85,27 +84,74 @@ def _log_prob(model, src, seq):
     return sum(logp[t, tok].item() for t, tok in enumerate(seq))
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_a_large_beam_finds_the_brute_force_best(alpha):
-    """Every sequence over a 3-token vocabulary up to the length limit, scored by log P / lp."""
-    model = _model(vocab=6, seed=1)
+def _gnmt_lp(n, alpha):
+    """GNMT's length penalty (Wu et al. 2016, eq. 14), written out here rather than taken from lm.
+    ``n`` is |y|, counted as lm's module doc and README define it: the target's tokens including
+    its ``<eos>``; a target cut at the length limit has no ``<eos>``, and ``n`` is the limit."""
+    return ((5 + n) / 6) ** alpha
+
+
+def test_length_penalty_is_gnmts():
+    for n in (1, 2, 4, 7, 13, 50):
+        for alpha in (0.0, 0.6, 1.0, 2.0):
+            assert length_penalty(n, alpha) == pytest.approx(_gnmt_lp(n, alpha), rel=1e-12, abs=0), (n, alpha)
+    # a few values by hand, independent of the formula above too
+    assert length_penalty(1, 1.0) == pytest.approx(1.0, rel=1e-12)
+    assert length_penalty(7, 1.0) == pytest.approx(2.0, rel=1e-12)
+    assert length_penalty(13, 0.5) == pytest.approx(3 ** 0.5, rel=1e-12)
+    assert length_penalty(19, 2.0) == pytest.approx(16.0, rel=1e-12)
+    assert length_penalty(40, 0.0) == 1.0
+
+
+ALPHAS = (0.0, 0.6, 2.0)
+
+
+# Unsharpened models (sharpen=1.0), where the search matters. Measured (log P / lp over the brute
+# force below): seeds 0 and 1 -- the best is the empty target at alpha 0 and 0.6 (greedy and, for
+# seed 1, a beam of 2 miss it) and [3, 3, 3, 3] at alpha 2; seed 7 -- the best is [5, 5, 5, 5] at
+# every alpha, and greedy misses it at every alpha. (With the x6 sharpening that the other tests
+# use, the best was greedy's answer at every alpha: a beam of one ignoring alpha passed.)
+@pytest.mark.parametrize(("seed", "alpha_matters"), [(0, True), (1, True), (7, False)])
+def test_a_large_beam_finds_the_brute_force_best(seed, alpha_matters):
+    """Every target over the 3-token vocabulary up to the length limit, scored by log P / lp with
+    GNMT's lp written out in the test (``_gnmt_lp``); beam search with a beam as large as the search
+    space and ``stopping="exact"`` finds the best for every alpha."""
+    model = _model(vocab=6, seed=seed, sharpen=1.0)
     cfg = model.config
-    src, extra = [3, 4], 2  # targets of at most 4 tokens
-    limit = len(src) + extra
-    words = (3, 4, 5)
+    src, extra = [3, 4], 2
+    limit = len(src) + extra  # targets of at most 4 tokens: the length limit beam search uses
+    assert limit == min(len(src) + extra, cfg.context_length - 1)
+    words = [t for t in range(cfg.vocab_size) if t not in (cfg.pad_id, cfg.bos_id, cfg.eos_id)]
+    assert words == [3, 4, 5]  # every id beam search may choose besides <eos>
     candidates = []
     for n in range(limit):  # n words then <eos> (n + 1 <= limit tokens)
         candidates += [list(w) + [cfg.eos_id] for w in itertools.product(words, repeat=n)]
-    candidates += [list(w) for w in itertools.product(words, repeat=limit)]  # cut at the limit
-    scored = [(_log_prob(model, src, seq) / length_penalty(len(seq), alpha), seq) for seq in candidates]
-    best_score, best = max(scored, key=lambda s: s[0])
-    expected = [t for t in best if t != cfg.eos_id]
-    got = beam_search(model, [src], beam_size=len(words) ** limit, alpha=alpha, max_extra=extra, stopping="exact")[0]
-    assert got == expected, (got, expected, best_score)
-    # and a small beam finds something no better than that
-    small = beam_search(model, [src], beam_size=2, alpha=alpha, max_extra=extra)[0]
-    small_seq = small + ([cfg.eos_id] if len(small) < limit else [])
-    assert _log_prob(model, src, small_seq) / length_penalty(len(small_seq), alpha) <= best_score + 1e-6
+    candidates += [list(w) for w in itertools.product(words, repeat=limit)]  # cut at the limit, no <eos>
+    assert len(candidates) == sum(len(words) ** n for n in range(limit + 1))  # 121: all of them
+    log_probs = [_log_prob(model, src, seq) for seq in candidates]
+    beam = len(words) ** limit  # never fewer than the live hypotheses: the search is exhaustive
+    bests, greedy_misses = {}, []
+    for alpha in ALPHAS:
+        # len(seq): its tokens, <eos> included when it has one (``_gnmt_lp``'s n)
+        scored = [(lp / _gnmt_lp(len(seq), alpha), seq) for lp, seq in zip(log_probs, candidates)]
+        best_score, best = max(scored, key=lambda s: s[0])
+        expected = [t for t in best if t != cfg.eos_id]
+        got = beam_search(model, [src], beam_size=beam, alpha=alpha, max_extra=extra, stopping="exact")[0]
+        assert got == expected, (alpha, got, expected, best_score)
+        bests[alpha] = expected
+        # and a small beam finds something no better than that
+        small = beam_search(model, [src], beam_size=2, alpha=alpha, max_extra=extra)[0]
+        small_seq = small + ([cfg.eos_id] if len(small) < limit else [])
+        assert _log_prob(model, src, small_seq) / _gnmt_lp(len(small_seq), alpha) <= best_score + 1e-6
+        greedy = beam_search(model, [src], beam_size=1, alpha=alpha, max_extra=extra)[0]
+        greedy_misses.append(greedy != expected)
+    # the comparison means something: greedy decoding (a beam of one) misses the best somewhere,
+    # and, for seeds 0 and 1, alpha changes which target is best
+    assert any(greedy_misses), (greedy_misses, bests)
+    if alpha_matters:
+        assert len({tuple(b) for b in bests.values()}) > 1, bests
+    else:
+        assert all(bests.values()), bests  # a best that is not the empty target, which greedy misses
 
 
 def test_heuristic_stopping_decides_no_later_than_exact(monkeypatch):
@@ -133,7 +179,6 @@ def test_bad_arguments():
         greedy_decode(model, [[]])
     with pytest.raises(ValueError, match="outside"):
         greedy_decode(model, [[99]])
-    assert not math.isnan(length_penalty(3, 0.6))
 
 
 def test_translate_and_the_decoders_check_beam_size_max_extra_and_an_empty_batch():
