@@ -13,6 +13,8 @@ _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 # The temporary file of an atomic write of a checkpoint (lm.io.atomic_write: ".NAME.RANDOM.tmp"),
 # left behind when a run was killed while writing it.
 _PARTIAL_FILE = re.compile(r"^\.(step_\d+|best)\.pt\.[A-Za-z0-9_]+\.tmp$")
+# ... and of the run's exported weights (RUN_DIR/model.safetensors), as large as the model
+_PARTIAL_EXPORT = re.compile(r"^\.model\.safetensors\.[A-Za-z0-9_]+\.tmp$")
 
 
 class CheckpointManager:
@@ -29,21 +31,29 @@ class CheckpointManager:
     def best_path(self) -> Path:
         return self.dir / "best.pt"
 
-    def steps(self) -> list[int]:
+    def step_files(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every ``step_N.pt``, by step: the file as it is named (``step_12.pt``
+        put there by hand too, not only this class's ``step_00000012.pt``)."""
         if not self.dir.is_dir():
             return []
-        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _STEP_FILE.match(p.name)))
+        return sorted((int(m.group(1)), p) for p in self.dir.iterdir() if (m := _STEP_FILE.match(p.name)))
+
+    def steps(self) -> list[int]:
+        return [step for step, _ in self.step_files()]
 
     def latest(self) -> Path | None:
-        steps = self.steps()
-        return self.step_path(steps[-1]) if steps else None
+        files = self.step_files()
+        return files[-1][1] if files else None
 
     def remove_partial_writes(self) -> list[Path]:
         """Delete the temporary files of checkpoint writes that a killed run left (call with the
         run folder locked: no write is in progress); return their paths."""
-        if not self.dir.is_dir():
-            return []
-        partial = sorted(p for p in self.dir.iterdir() if _PARTIAL_FILE.match(p.name) and p.is_file())
+        partial = []
+        if self.dir.parent.is_dir():
+            partial += [p for p in self.dir.parent.iterdir() if _PARTIAL_EXPORT.match(p.name) and p.is_file()]
+        if self.dir.is_dir():
+            partial += [p for p in self.dir.iterdir() if _PARTIAL_FILE.match(p.name) and p.is_file()]
+        partial.sort()
         for p in partial:
             p.unlink(missing_ok=True)
         return partial
@@ -53,8 +63,8 @@ class CheckpointManager:
         path = self.step_path(step)
         write_checkpoint(state, path)
         if self.keep_last > 0:
-            for old in self.steps()[: -self.keep_last]:
-                self.step_path(old).unlink(missing_ok=True)
+            for _, old in self.step_files()[: -self.keep_last]:
+                old.unlink(missing_ok=True)
         return path
 
     def save_best(self, state: dict[str, Any]) -> Path:

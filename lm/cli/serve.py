@@ -94,9 +94,14 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
         if not model_name.strip():
             raise ValueError("--model-name: must not be empty")
         return model_name
-    run = Path(checkpoint).resolve()
+    try:
+        run = Path(checkpoint).resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError on Python 3.11)
+        raise ValueError(f"--checkpoint: {checkpoint!r} is a symlink loop") from None
     if not run.is_dir():
         run = run.parent.parent if run.parent.name == "checkpoints" else run.parent
+    elif run.name == "checkpoints" and not (run / "checkpoints").is_dir():  # RUN/checkpoints: the run's name
+        run = run.parent
     if not run.name:
         raise ValueError(f"--model-name: {checkpoint!r} is in no named run folder; pass --model-name NAME")
     return run.name

@@ -24,7 +24,8 @@ from lm.tokenizer import Tokenizer
 @dataclass
 class Loaded:
     """What :func:`load_model_and_tokenizer` returns: the model (in eval mode), its tokenizer (None only when not
-    asked for), the checkpoint's info (``architecture``, ``tokenizer_sha256``, ...) and the file."""
+    asked for), the checkpoint's info (``model_config``, ``tokenizer_sha256``, ...; the architecture is
+    :attr:`architecture`) and the file."""
 
     model: torch.nn.Module
     tokenizer: Tokenizer | None
@@ -62,7 +63,7 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
             return latest
         checkpoints = CheckpointManager(p)
         steps = checkpoints.steps()
-        latest = checkpoints.step_path(steps[-1]) if steps else None
+        latest = checkpoints.latest()
         exported = p / "model.safetensors"
         if exported.is_file() and (latest is None or steps[-1] <= _exported_step(exported)):
             return exported
@@ -71,6 +72,13 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
                              f"checkpoints/step_*.pt ({_holding(p)}); pass a checkpoint file or a run folder")
         return latest
     if not p.is_file():
+        if p.is_symlink():
+            try:
+                p.resolve(strict=True)
+            except RuntimeError:  # Python 3.11 raises this for a loop; 3.13 an OSError
+                raise ValueError(f"{argument}: {str(p)!r} is a symlink loop") from None
+            except OSError:
+                raise ValueError(f"{argument}: {str(p)!r} is a symlink to a file that is not there") from None
         raise ValueError(f"{argument}: file not found: {str(p)!r}")
     return p
 

@@ -224,7 +224,7 @@ class Trainer:
             self._open_run(resume)
             if self.dist.is_main:  # the lock is ours: no other lm train is writing in this folder
                 for tmp in self.ckpts.remove_partial_writes():
-                    self._log(f"removed {tmp}, a checkpoint left half-written by a killed run", always=True)
+                    self._log(f"removed {tmp}, a file left half-written by a killed run", always=True)
         except BaseException:
             self._lock.release()
             # a folder that could not be made is not there to list: the error is the one raised

@@ -1,0 +1,66 @@
+"""Finding a run's files: checkpoints named by hand, the temp file of a killed export, symlink loops
+and the model's name in `lm serve` (from the checkpoint audit)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lm.checkpoint import CheckpointManager
+from lm.cli.serve import served_model_name
+from lm.generate.load import resolve_checkpoint
+
+
+def test_a_step_checkpoint_named_by_hand_is_found_under_its_own_name(tmp_path):
+    """`step_12.pt` matched the step pattern but was then looked for as `step_00000012.pt`: 'checkpoint
+    not found' for a file the user never had, and rotation never deleted it."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step_12.pt").write_bytes(b"x")
+    (run / "checkpoints" / "step_00000003.pt").write_bytes(b"x")
+    manager = CheckpointManager(run, keep_last=1)
+    assert manager.steps() == [3, 12] and manager.latest() == run / "checkpoints" / "step_12.pt"
+    assert resolve_checkpoint(run) == run / "checkpoints" / "step_12.pt"
+    assert resolve_checkpoint(run / "checkpoints") == run / "checkpoints" / "step_12.pt"
+    (run / "checkpoints" / "step_5.pt").write_bytes(b"x")
+    (run / "checkpoints" / "step_00000020.pt").write_bytes(b"x")  # what save() would write; rotation as save does
+    for _, old in manager.step_files()[: -manager.keep_last]:
+        old.unlink()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000020.pt"]
+
+
+def test_the_temp_file_of_a_killed_export_is_removed_with_those_of_checkpoints(tmp_path):
+    """A killed export left `.model.safetensors.RANDOM.tmp`, as large as the model, in the run folder for good."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    export = run / ".model.safetensors.k2j3h4_x.tmp"
+    ckpt = run / "checkpoints" / ".step_00000015.pt.abc_12.tmp"
+    mine = [run / "notes.tmp", run / ".model.safetensors", run / "model.safetensors"]
+    for p in (export, ckpt, *mine):
+        p.write_bytes(b"x")
+    assert CheckpointManager(run).remove_partial_writes() == sorted([export, ckpt])
+    assert not export.exists() and not ckpt.exists() and all(p.exists() for p in mine)
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path, monkeypatch):
+    """`lm serve --checkpoint LOOP` was a RuntimeError traceback (it named the model first), the other
+    commands said 'file not found' for a file that is there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.pt").symlink_to("b.pt")
+    (tmp_path / "b.pt").symlink_to("a.pt")
+    (tmp_path / "gone.pt").symlink_to("nothing.pt")
+    with pytest.raises(ValueError, match=r"^--checkpoint: 'a.pt' is a symlink loop$"):
+        resolve_checkpoint("a.pt")
+    with pytest.raises(ValueError, match=r"^--checkpoint: 'gone.pt' is a symlink to a file that is not there$"):
+        resolve_checkpoint("gone.pt")
+    with pytest.raises(ValueError, match=r"^--checkpoint: 'a.pt' is a symlink loop$"):
+        served_model_name("a.pt")
+
+
+def test_served_model_name_of_a_runs_checkpoints_folder_is_the_run(tmp_path):
+    """README: the model's id is the run folder's name; `--checkpoint RUN/checkpoints` served it as 'checkpoints'."""
+    run = tmp_path / "tiny-run"
+    (run / "checkpoints").mkdir(parents=True)
+    assert served_model_name(str(run / "checkpoints")) == "tiny-run"
+    assert served_model_name(str(run / "checkpoints") + "/") == "tiny-run"
+    assert served_model_name(str(run / "checkpoints" / "best.pt")) == "tiny-run"
+    assert served_model_name(str(run)) == "tiny-run"
