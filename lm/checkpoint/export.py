@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lm.checkpoint.io import unwrap
+from lm.checkpoint.io import safetensors_checksums, unwrap
 from lm.io import atomic_write
 
 
@@ -22,7 +22,8 @@ def export_safetensors(
     Safetensors holds tensors only, so it is safe to share. When ``model`` carries a ``config``
     with ``to_json`` (``TransformerLM`` does), it goes into the metadata as ``"model_config"`` so
     :func:`load_model` can rebuild the model from the file alone. Tied weights are stored once
-    per name.
+    per name. The metadata also records ``tensor_crc32`` and ``metadata_crc32`` (CRC-32s of the
+    tensors' bytes and of the other metadata), which :func:`load_model` checks.
     """
     from safetensors.torch import save
 
@@ -36,6 +37,7 @@ def export_safetensors(
         tensors = model
     # safetensors refuses tensors that share memory; a copy per name is what a reader expects.
     tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
+    meta.update(safetensors_checksums(tensors, meta))  # checked by load_model: a damaged file is refused
     with atomic_write(path, "wb") as f:
         f.write(save(tensors, metadata=meta))
     return Path(path)

@@ -71,6 +71,34 @@ def tensor_checksum(state: Any) -> int:
     return crc
 
 
+def _canonical(x: Any) -> Any:
+    """A JSON-able image of ``x`` that a ``torch.save``/``torch.load`` round trip preserves: plain
+    values as they are, a tensor as its dtype and shape (its bytes are :func:`tensor_checksum`'s),
+    dicts as their items sorted by the key's repr, tuples told apart from lists."""
+    if x is None or isinstance(x, bool | int | float | str):
+        return x
+    if isinstance(x, torch.Tensor):
+        return ["tensor", str(x.dtype), list(x.shape)]
+    if isinstance(x, dict):
+        return ["dict", sorted(([repr(k), _canonical(v)] for k, v in x.items()), key=lambda kv: kv[0])]
+    if isinstance(x, list):
+        return ["list", [_canonical(v) for v in x]]
+    if isinstance(x, tuple):
+        return ["tuple", [_canonical(v) for v in x]]
+    return ["repr", type(x).__name__, repr(x)]
+
+
+def meta_checksum(state: Any) -> int:
+    """CRC-32 of a canonical serialization of everything in ``state`` but the tensors' bytes (the
+    config, the iteration, the keys, the tensors' dtypes and shapes...): with :func:`tensor_checksum`,
+    a flipped byte anywhere in a checkpoint's values is refused on load."""
+    text = json.dumps(_canonical(state), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return zlib.crc32(text.encode("utf-8"))
+
+
+_CHECKSUM_KEYS = ("tensor_crc32", "meta_crc32")
+
+
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (the disk full, a file size limit...); nothing was replaced."""
 
@@ -79,7 +107,8 @@ def write_checkpoint(state: dict[str, Any], out: PathOrFile) -> None:
     """``torch.save`` ``state`` with the CRC-32 of its tensors; to a path atomically (temp file, fsync,
     rename). A path that cannot be written raises :class:`CheckpointWriteError` in one line."""
     state = {"format": FORMAT, "version": VERSION, **state}
-    state["tensor_crc32"] = tensor_checksum({k: v for k, v in state.items() if k != "tensor_crc32"})
+    body = {k: v for k, v in state.items() if k not in _CHECKSUM_KEYS}
+    state = {**body, "tensor_crc32": tensor_checksum(body), "meta_crc32": meta_checksum(body)}
     if isinstance(out, str | os.PathLike):
         try:
             with atomic_write(out, "wb") as f:
@@ -97,7 +126,12 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
     if isinstance(src, str | os.PathLike) and not Path(src).is_file():
         raise ValueError(f"checkpoint not found: {name}")
     try:
-        state = torch.load(src, map_location="cpu", weights_only=True)
+        if isinstance(src, str | os.PathLike):
+            # an open file, not the path: torch.load reads a path named *.safetensors as safetensors
+            with open(src, "rb") as f:
+                state = torch.load(f, map_location="cpu", weights_only=True)
+        else:
+            state = torch.load(src, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a text file or other garbage: torch's unpickler raises anything
         if isinstance(e, pickle.UnpicklingError) and "weights_only" in str(e):
             # torch's message goes on to suggest weights_only=False: not for a file that may run code
@@ -109,8 +143,12 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
     if state.get("version") != VERSION:
         raise ValueError(f"{name} has checkpoint version {state.get('version')!r}; this lm reads {VERSION}")
     saved = state.pop("tensor_crc32", None)  # absent in checkpoints of earlier versions: not checked
+    saved_meta = state.pop("meta_crc32", None)  # absent in checkpoints written before it was added
     if saved is not None and tensor_checksum(state) != saved:
         raise ValueError(f"{name} is corrupt: the checksum of its tensors does not match (a damaged file?)")
+    if saved_meta is not None and meta_checksum(state) != saved_meta:
+        raise ValueError(f"{name} is corrupt: the checksum of its config and other values does not match "
+                         "(a damaged file?)")
     return state
 
 
@@ -197,6 +235,56 @@ def _and(items) -> str:
     return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+SAFETENSORS_CHECKSUM_KEYS = ("tensor_crc32", "metadata_crc32")
+
+
+def safetensors_checksums(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> dict[str, str]:
+    """The checksum entries :func:`lm.checkpoint.export_safetensors` adds to a file's metadata: the
+    CRC-32 of its tensors' bytes (by name) and of its other metadata (``model_config``, ``step``...)."""
+    rest = {k: v for k, v in metadata.items() if k not in SAFETENSORS_CHECKSUM_KEYS}
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"))
+    return {"tensor_crc32": str(tensor_checksum(tensors)), "metadata_crc32": str(zlib.crc32(text.encode("utf-8")))}
+
+
+def _check_safetensors_checksums(name: str, state_dict: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    """Refuse a file whose recorded checksums do not match (files without them are not checked)."""
+    if not any(k in meta for k in SAFETENSORS_CHECKSUM_KEYS):
+        return
+    want = safetensors_checksums(state_dict, meta)
+    for key, what in (("tensor_crc32", "its tensors"), ("metadata_crc32", "its metadata (model_config...)")):
+        if meta.get(key) != want[key]:
+            raise ValueError(f"{name} is damaged: the checksum of {what} does not match (a damaged file?)")
+
+
+def sniff_format(path: str | os.PathLike) -> str | None:
+    """``"pt"`` for a zip (``torch.save``) file, ``"safetensors"`` for a safetensors header (an 8-byte
+    little-endian length, then ``{``), None when the content says neither (or cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return None
+    if head[:2] == b"PK":
+        return "pt"
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 0:
+        return "safetensors"
+    return None
+
+
+def _tied_copies_differ(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> list[str] | None:
+    """The names of a group of state-dict entries that are one tensor in ``model`` (tied weights)
+    but hold different values in ``state_dict``; None when every such group agrees."""
+    groups: dict[tuple, list[str]] = {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        if v.numel():
+            groups.setdefault((v.data_ptr(), v.dtype, tuple(v.shape)), []).append(k)
+    for names in groups.values():
+        present = [k for k in names if k in state_dict]
+        if len(present) > 1 and not all(torch.equal(state_dict[present[0]], state_dict[k]) for k in present[1:]):
+            return present
+    return None
+
+
 def load_model(
     path: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, dict[str, Any]]:
@@ -211,7 +299,8 @@ def load_model(
     from lm.model import build_model, model_config_from_dict
 
     path = Path(path)
-    if path.suffix == ".safetensors":
+    kind = sniff_format(path) or ("safetensors" if path.suffix.lower() == ".safetensors" else "pt")
+    if kind == "safetensors":
         import safetensors
         from safetensors import safe_open
         from safetensors.torch import load_file
@@ -224,12 +313,15 @@ def load_model(
             state_dict = load_file(str(path))
         except unreadable as e:
             raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
+        _check_safetensors_checksums(repr(str(path)), state_dict, meta)
         if "model_config" not in meta:
             raise ValueError(f"{str(path)!r} has no 'model_config' metadata; it was not written by lm")
         try:
             model_cfg = json.loads(meta["model_config"])
         except ValueError as e:
             raise ValueError(f"{str(path)!r}: its 'model_config' metadata is not valid JSON: {e}") from None
+        if not isinstance(model_cfg, dict):
+            raise ValueError(f"{str(path)!r}: its 'model_config' metadata is not a JSON object")
         step = meta.get("step")
         info = {
             "model_config": model_cfg,
@@ -245,6 +337,8 @@ def load_model(
             raise ValueError(
                 f"{str(path)!r} records no model config; load it with load_checkpoint into a model"
             )
+        if not isinstance(model_cfg, dict):
+            raise ValueError(f"{str(path)!r}: its model config is not a dict")
         state_dict = state["model"]
         info = {
             "model_config": model_cfg,
@@ -258,7 +352,14 @@ def load_model(
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise ValueError(f"{str(path)!r}: its weight {bad[0]!r}{more} holds NaN or infinity; the run diverged "
                          "before it was saved: use an earlier checkpoint")
-    model = build_model(model_config_from_dict(model_cfg), device=device)
+    try:
+        model = build_model(model_config_from_dict(model_cfg), device=device)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{str(path)!r}: its model config is not valid: {e}") from None
     check_state_dict_fits(model, state_dict, repr(str(path)))
+    differ = _tied_copies_differ(model, state_dict)
+    if differ:  # load_state_dict would copy each into the one shared tensor: the last would win
+        raise ValueError(f"{str(path)!r}: its config ties {_and(repr(k) for k in differ)} (tie_embeddings) but "
+                         "the file holds different values for them: the config does not match the weights")
     model.load_state_dict(state_dict)
     return model.eval(), info

@@ -1,0 +1,190 @@
+"""Damage outside the tensor data, lying metadata and misnamed files are refused in one line naming
+the file (or, for a misnamed but valid file, loaded by what its content is)."""
+
+import json
+import zipfile
+
+import pytest
+import torch
+
+from lm.checkpoint import export_safetensors, read_checkpoint, write_checkpoint
+from lm.checkpoint.io import load_model, tensor_checksum
+from lm.model import TransformerLM
+
+
+def _lm(tie=False):
+    torch.manual_seed(0)
+    model = TransformerLM(50, 8, 16, 1, 2, 32, tie_embeddings=tie)
+    with torch.no_grad():  # untied copies that differ from each other
+        if not tie:
+            model.lm_head.weight.add_(1.0)
+    return model
+
+
+def _checkpoint(path, model, iteration=7):
+    write_checkpoint({"iteration": iteration, "model": model.state_dict(),
+                      "config": {"model": model.config.to_dict()}}, path)
+
+
+def _pickle_offset(path):
+    """Offset in the file of the (stored, uncompressed) pickle record of a torch.save zip."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data.pkl"))
+        assert info.compress_type == zipfile.ZIP_STORED
+        return info.header_offset + 30 + len(info.filename.encode()) + len(info.extra), info.file_size
+
+
+def _flip_after(raw: bytearray, start: int, end: int, marker: bytes, old: bytes, new: bytes):
+    i = raw.index(marker, start, end) + len(marker)
+    j = raw.index(old, i, i + 8)
+    raw[j:j + len(old)] = new
+
+
+# -- (defect 4a) the pickled config and iteration of a .pt ------------------------------------------
+
+
+@pytest.mark.parametrize("marker, old, new", [(b"num_heads", b"K\x02", b"K\x04"), (b"iteration", b"K\x07", b"Kc")])
+def test_a_flipped_byte_in_the_pickled_config_or_iteration_is_refused(tmp_path, marker, old, new):
+    path = tmp_path / "c.pt"
+    _checkpoint(path, _lm())
+    assert load_model(path)[1]["iteration"] == 7
+    raw = bytearray(path.read_bytes())
+    start, size = _pickle_offset(path)
+    _flip_after(raw, start, start + size, marker, old, new)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"'.*bad\.pt' is corrupt: the checksum of its config and other values"):
+        read_checkpoint(bad)
+    with pytest.raises(ValueError, match=r"bad\.pt' is corrupt"):
+        load_model(bad)
+
+
+def test_a_checkpoint_written_before_the_config_checksum_still_loads(tmp_path):
+    model = _lm()
+    state = {"format": "lm-checkpoint", "version": 1, "iteration": 5, "model": model.state_dict(),
+             "config": {"model": model.config.to_dict()}}
+    state["tensor_crc32"] = tensor_checksum(state)
+    torch.save(state, tmp_path / "old.pt")
+    loaded, info = load_model(tmp_path / "old.pt")
+    assert info["iteration"] == 5
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_optimizer_and_nested_values_round_trip_with_the_checksum(tmp_path):
+    from lm.optim import AdamW
+
+    model = _lm()
+    opt = AdamW(model.parameters(), lr=1e-2)
+    model(torch.randint(0, 50, (2, 8))).float().square().mean().backward()
+    opt.step()
+    state = {"iteration": 3, "model": model.state_dict(), "optimizer": opt.state_dict(),
+             "extra": {"t": (1, 2.5, None, "x"), 3: [float("nan"), True], "3": -0.0}}
+    write_checkpoint(state, tmp_path / "c.pt")
+    assert read_checkpoint(tmp_path / "c.pt")["iteration"] == 3
+
+
+# -- (defect 4b) exported safetensors record and check CRCs -----------------------------------------
+
+
+def test_a_flipped_byte_in_exported_tensor_data_is_refused(tmp_path):
+    path = export_safetensors(_lm(), tmp_path / "m.safetensors", {"step": "9"})
+    assert load_model(path)[1]["iteration"] == 9
+    raw = bytearray(path.read_bytes())
+    raw[-200] ^= 0x01
+    (tmp_path / "bad.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"'.*bad\.safetensors' is damaged: the checksum of its tensors"):
+        load_model(tmp_path / "bad.safetensors")
+
+
+@pytest.mark.parametrize("marker, old, new", [(b"num_heads", b"2", b"4"), (b"step", b"9", b"8")])
+def test_edited_exported_metadata_is_refused(tmp_path, marker, old, new):
+    path = export_safetensors(_lm(), tmp_path / "m.safetensors", {"step": "9"})
+    raw = bytearray(path.read_bytes())
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    _flip_after(raw, 8, header_end, marker, old, new)
+    (tmp_path / "bad.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"'.*bad\.safetensors' is damaged: the checksum of its metadata"):
+        load_model(tmp_path / "bad.safetensors")
+
+
+def test_safetensors_without_checksums_still_load(tmp_path):
+    from safetensors.torch import save_file
+
+    model = _lm()
+    save_file(model.state_dict(), tmp_path / "m.safetensors", metadata={"model_config": model.config.to_json()})
+    loaded, _ = load_model(tmp_path / "m.safetensors")
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+# -- (defects 1, 7a) model_config that is not an object, or not a valid config ------------------------
+
+
+def _save_with_config(path, text, model=None):
+    from safetensors.torch import save_file
+
+    model = model or _lm()
+    save_file(model.state_dict(), path, metadata={"model_config": text})
+    return path
+
+
+@pytest.mark.parametrize("text", ["[1,2]", "null", "3", '"abc"'])
+def test_model_config_that_is_not_an_object_is_one_line_naming_the_file(tmp_path, text):
+    path = _save_with_config(tmp_path / "m.safetensors", text)
+    with pytest.raises(ValueError, match=r"^'.*m\.safetensors': its 'model_config' metadata is not a JSON object$"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("field, value, why", [("d_ff", -1, "d_ff must be"), ("num_layers", "2", "num_layers must be"),
+                                               ("foo", 1, "unknown ModelConfig fields")])
+def test_an_invalid_model_config_names_the_file(tmp_path, field, value, why):
+    cfg = json.loads(_lm().config.to_json())
+    cfg[field] = value
+    path = _save_with_config(tmp_path / "m.safetensors", json.dumps(cfg))
+    with pytest.raises(ValueError, match=rf"^'.*m\.safetensors': its model config is not valid: {why}"):
+        load_model(path)
+
+
+# -- (defect 3) tie_embeddings with two different copies ----------------------------------------------
+
+
+def test_tied_config_over_untied_weights_is_refused(tmp_path):
+    model = _lm(tie=False)
+    cfg = json.loads(model.config.to_json())
+    cfg["tie_embeddings"] = True
+    path = _save_with_config(tmp_path / "lie.safetensors", json.dumps(cfg), model)
+    with pytest.raises(ValueError, match=r"'.*lie\.safetensors': its config ties 'token_embeddings\.weight' and "
+                                         r"'lm_head\.weight' \(tie_embeddings\) but the file holds different values"):
+        load_model(path)
+    # only one of the two copies: refused as well (the other is missing)
+    from safetensors.torch import save_file
+
+    sd = {k: v for k, v in model.state_dict().items() if k != "token_embeddings.weight"}
+    save_file(sd, tmp_path / "one.safetensors", metadata={"model_config": json.dumps(cfg)})
+    with pytest.raises(ValueError, match=r"one\.safetensors' does not fit this model: token_embeddings\.weight is "
+                                         "missing"):
+        load_model(tmp_path / "one.safetensors")
+
+
+def test_a_tied_model_round_trips_tied(tmp_path):
+    model = _lm(tie=True)
+    for path in (export_safetensors(model, tmp_path / "m.safetensors"), tmp_path / "c.pt"):
+        if path.suffix == ".pt":
+            _checkpoint(path, model)
+        loaded, _ = load_model(path)
+        assert loaded.lm_head.weight is loaded.token_embeddings.weight
+        assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+# -- (defect 7c) the reader is chosen by the content ----------------------------------------------
+
+
+def test_the_reader_is_chosen_by_content_not_by_suffix(tmp_path):
+    model = _lm()
+    export_safetensors(model, tmp_path / "m.SAFETENSORS")
+    export_safetensors(model, tmp_path / "weights.pt")
+    _checkpoint(tmp_path / "ckpt.safetensors", model, iteration=4)
+    _checkpoint(tmp_path / "ckpt.bin", model, iteration=5)
+    for name, it in (("m.SAFETENSORS", None), ("weights.pt", None), ("ckpt.safetensors", 4), ("ckpt.bin", 5)):
+        loaded, info = load_model(tmp_path / name)
+        assert info["iteration"] == it, name
+        assert torch.equal(loaded.lm_head.weight, model.lm_head.weight), name
