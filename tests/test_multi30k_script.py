@@ -4,16 +4,14 @@ training keeps the trained run. A made-up Multi30k of a hundred short pairs and 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers.scripts import error_line, forbid_training, run_script
 
-REPO = Path(__file__).resolve().parents[1]
 WORDS = {"a": "ein", "dog": "Hund", "man": "Mann", "runs": "rennt", "sits": "sitzt", "red": "roter", "big": "großer",
          "the": "der", "in": "im", "park": "Park", "snow": "Schnee", "two": "zwei", "cats": "Katzen"}
 TINY = ["--vocab-size", "300", "--d-model", "32", "--d-ff", "64", "--layers", "1", "--heads", "2",
@@ -48,32 +46,11 @@ def data(tmp_path_factory):
 
 
 def _main(monkeypatch, *argv) -> int | str | None:
-    """The script's main() on ``argv``, in this process; its exit status (a message, for sys.exit(str))."""
-    spec = importlib.util.spec_from_file_location("multi30k_script", REPO / "scripts" / "multi30k.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    monkeypatch.setattr(sys, "argv", ["multi30k.py", *map(str, argv)])
-    try:
-        return script.main()
-    except SystemExit as e:
-        return e.code
-
-
-def _forbid_training(monkeypatch) -> None:
-    """Make the tokenizer (the first thing the script trains) fail the test if it is reached."""
-    import lm.tokenizer
-
-    def trained(*args, **kwargs):
-        raise AssertionError("the script started training before refusing the setting")
-
-    monkeypatch.setattr(lm.tokenizer, "train_bpe", trained)
+    return run_script(monkeypatch, "multi30k.py", *argv)
 
 
 def _error(capsys) -> str:
-    """The one error line on stderr."""
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("multi30k.py: error:")]
-    assert len(lines) == 1, lines
-    return lines[0]
+    return error_line(capsys, "multi30k.py")
 
 
 @pytest.mark.parametrize("fault", ["missing", "mismatched", "empty line"])
@@ -91,7 +68,7 @@ def test_a_bad_test_pair_is_refused_before_training(data, tmp_path, monkeypatch,
         _write(ref, ["ein Hund rennt.", ""])
         why = f"--test: {str(ref)!r} line 2: empty line"
     out = tmp_path / "out"
-    _forbid_training(monkeypatch)
+    forbid_training(monkeypatch)
     assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--test", src, ref, *TINY) == 2
     assert _error(capsys).startswith(f"multi30k.py: error: {why}")
     assert not out.exists()  # nothing trained, nothing made
@@ -158,7 +135,7 @@ def test_a_bad_setting_is_refused_before_anything_runs_naming_its_option(data, t
     ignored; a model setting the config refuses was caught only after the tokenizer was trained, in
     the config's words (`train.batch_tokens`), not the option's."""
     out = tmp_path / "out"
-    _forbid_training(monkeypatch)
+    forbid_training(monkeypatch)
     tiny = TINY[:]
     if "inverse_sqrt" in argv:  # TINY's warm-up is the cosine schedule's
         i = tiny.index("--warmup-fraction")

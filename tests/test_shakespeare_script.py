@@ -3,16 +3,13 @@ option and its value; a tiny run on a made-up text ends in the bits per byte it 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers.scripts import error_line, forbid_training, run_script
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["--vocab-size", "300", "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--context-length", "32",
         "--batch-size", "4", "--dtype", "float32", "--eval-margin", "1"]
 
@@ -29,32 +26,11 @@ def data(tmp_path_factory):
 
 
 def _main(monkeypatch, *argv) -> int | str | None:
-    """The script's main() on ``argv``, in this process; its exit status."""
-    spec = importlib.util.spec_from_file_location("shakespeare_script", REPO / "scripts" / "shakespeare.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    monkeypatch.setattr(sys, "argv", ["shakespeare.py", *map(str, argv)])
-    try:
-        return script.main()
-    except SystemExit as e:
-        return e.code
-
-
-def _forbid_training(monkeypatch) -> None:
-    """Make the tokenizer (the first thing the script trains) fail the test if it is reached."""
-    import lm.tokenizer
-
-    def trained(*args, **kwargs):
-        raise AssertionError("the script started training before refusing the setting")
-
-    monkeypatch.setattr(lm.tokenizer, "train_bpe", trained)
+    return run_script(monkeypatch, "shakespeare.py", *argv)
 
 
 def _error(capsys) -> str:
-    """The one error line on stderr."""
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("shakespeare.py: error:")]
-    assert len(lines) == 1, lines
-    return lines[0]
+    return error_line(capsys, "shakespeare.py")
 
 
 @pytest.mark.parametrize("argv, why", [
@@ -78,7 +54,7 @@ def test_a_bad_setting_is_refused_before_anything_runs_naming_its_option(data, t
     default; `--budget 3` and the model settings were refused after the tokenizer, in the config's
     words (`train.max_time must be > 0, got -2.3`), not the option's."""
     out = tmp_path / "out"
-    _forbid_training(monkeypatch)
+    forbid_training(monkeypatch)
     assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 10, *TINY, *argv) == 2
     assert _error(capsys).startswith(f"shakespeare.py: error: {why}")
     assert not out.exists()

@@ -10,6 +10,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from helpers.counting import count_heap_ops
 from helpers.data import data_file, gpt2_published_pattern
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -411,19 +412,7 @@ def test_a_long_word_encodes_like_tiktoken_without_quadratic_time(gpt2, monkeypa
     each merge rescanning the word, and stalled `lm tokenize` and `lm serve`. Counted, not timed (the
     timings are in scripts/bench_tokenizer.py): a long word goes to the heap path, whose work is linear
     in heap operations (at most one pop per entry, two pushes per merge, a merge per byte)."""
-    import heapq
-    from types import SimpleNamespace
-
-    ops = {"heappush": 0, "heappop": 0}
-
-    def counted(name):
-        def op(*args):
-            ops[name] += 1
-            return getattr(heapq, name)(*args)
-        return op
-
-    monkeypatch.setattr(tokenizer_module, "heapq", SimpleNamespace(heapify=heapq.heapify, heappush=counted("heappush"),
-                                                                   heappop=counted("heappop")))
+    ops = count_heap_ops(monkeypatch, tokenizer_module)
     long_words = []
     real = Tokenizer._bpe_long
     monkeypatch.setattr(Tokenizer, "_bpe_long", lambda self, w: long_words.append(len(w)) or real(self, w))
@@ -431,7 +420,7 @@ def test_a_long_word_encodes_like_tiktoken_without_quadratic_time(gpt2, monkeypa
     rng = random.Random(0)
     for alphabet in ("ACGT", "ACGTacgtNnXYZ"):
         word = "".join(rng.choice(alphabet) for _ in range(100_000))
-        ops.update(heappush=0, heappop=0)
+        ops.clear()
         ids = gpt2.encode(word)
         assert ids == enc.encode(word)
         n = sum(long_words)  # the pre-tokens of the word that took the heap path: all of it but short ones

@@ -4,6 +4,7 @@ from collections import Counter
 
 import pytest
 import regex
+from helpers.counting import count_heap_ops
 from helpers.data import GPT2_ENCODER_PY_PATTERN, gpt2_published_pattern
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -125,20 +126,9 @@ def test_ties_do_not_make_merging_quadratic(monkeypatch):
     late merges on a small corpus, where thousands of pairs tie at a count of 1 or 2, took seconds each
     (15,000 merges of tinyshakespeare: 86 s, now under 1 s). The tie-break is now part of the heap's
     order: counted, not timed, these 4,000 merges push 20,552 entries (15.7 million before)."""
-    import heapq
     import random
-    from types import SimpleNamespace
 
-    calls = Counter()
-
-    def counted(name):
-        def call(*args):
-            calls[name] += 1
-            return getattr(heapq, name)(*args)
-        return call
-
-    monkeypatch.setattr(train_mod, "heapq", SimpleNamespace(heapify=heapq.heapify, heappush=counted("heappush"),
-                                                            heappop=counted("heappop")))
+    calls = count_heap_ops(monkeypatch, train_mod)
     rng = random.Random(0)
     words = {bytes(rng.choice(b"abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 12))): 1
              for _ in range(2000)}
