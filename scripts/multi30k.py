@@ -180,8 +180,7 @@ def check_args(args) -> None:
     try:
         config_from_dict(probe)
     except ValueError as e:
-        given = {key: f"{option} {getattr(args, option[2:].replace('-', '_'))}" for key, option in OPTIONS.items()}
-        raise ValueError(name_options(str(e), given)) from None
+        raise ValueError(name_options(str(e), OPTIONS, args)) from None
 
 
 def make_config(args, *, vocab_size: int, ids: dict[str, int], out: Path, tok_dir: Path,

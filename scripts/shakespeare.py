@@ -119,8 +119,7 @@ def check_args(args) -> None:
         config_from_dict(make_config(args, Path(args.out), vocab_size=args.vocab_size,
                                      tok_dir=Path(args.out) / "tokenizer", train_seconds=args.budget))
     except ValueError as e:
-        given = {key: f"{option} {getattr(args, option[2:].replace('-', '_'))}" for key, option in OPTIONS.items()}
-        raise ValueError(name_options(str(e), given)) from None
+        raise ValueError(name_options(str(e), OPTIONS, args)) from None
     if args.eval_stride is None:
         args.eval_stride = args.context_length // 2
     if not 1 <= args.eval_stride <= args.context_length:

@@ -23,11 +23,10 @@ from tqdm import tqdm
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
 from lm.io import check_not_input, check_readable_file, read_text_range
 from lm.tokenizer import Tokenizer
-from lm.tokenizer.pretokenize import chunk_boundaries, warn_long_chunk
+from lm.tokenizer.pretokenize import LONG_CHUNK_BYTES, chunk_boundaries, warn_long_chunk
 from lm.tokenizer.workers import parallel_map
 
 _worker_tokenizer: Tokenizer | None = None
-LONG_CHUNK_BYTES = 1 << 24  # see lm.tokenizer.pretokenize.warn_long_chunk
 
 
 def _init_worker(tokenizer: Tokenizer) -> None:

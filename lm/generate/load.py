@@ -62,10 +62,10 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
                                  "file or the run folder")
             return latest
         checkpoints = CheckpointManager(p)
-        steps = checkpoints.steps()
-        latest = checkpoints.latest()
+        files = checkpoints.step_files()
+        latest = files[-1][1] if files else None
         exported = p / "model.safetensors"
-        if exported.is_file() and (latest is None or steps[-1] <= _exported_step(exported)):
+        if exported.is_file() and (latest is None or files[-1][0] <= _exported_step(exported)):
             return exported
         if latest is None:
             raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no "

@@ -352,16 +352,20 @@ def check_seed(seed: Any, argument: str) -> int:
     return seed
 
 
-def name_options(message: str, options: dict[str, str]) -> str:
-    """A config error prefixed with the command-line options that set the keys it names: ``options``
-    maps a key (``d_model``) to the option and its value as given (``--d-model 130``). For scripts
-    that build a config from their own options, so that the error names what the user typed."""
+def name_options(message: str, options: dict[str, str], args: Any) -> str:
+    """A config error prefixed with the command-line options that set the keys it names, with their
+    values as given (``--d-model 130``): ``options`` maps a key (``d_model``) to its option
+    (``--d-model``), ``args`` holds the parsed options (argparse's namespace). For scripts that
+    build a config from their own options, so that the error names what the user typed."""
     import re
 
     named = []
     for key in re.findall(r"[a-z][a-z0-9_]*", message):
-        if key in options and options[key] not in named:
-            named.append(options[key])
+        option = options.get(key)
+        if option is not None:
+            given = f"{option} {getattr(args, option[2:].replace('-', '_'))}"
+            if given not in named:
+                named.append(given)
     return f"{', '.join(named)}: {message}" if named else message
 
 

@@ -109,10 +109,10 @@ def configure_determinism(enabled: bool, device: torch.device, *, max_time: floa
     ``max_steps`` and ``schedule`` (the run's) say whether the learning-rate schedule may follow
     the clock (:func:`clock_schedule_note`), which no kernel setting makes reproducible."""
     threads = torch.get_num_threads()
-    clock = clock_schedule_note(max_time, max_steps, schedule) if enabled else None
     if not enabled:
         cpu = f"; the CPU kernels are deterministic at {threads} threads anyway" if device.type == "cpu" else ""
         return f"deterministic: off (train.deterministic = false){cpu}"
+    clock = clock_schedule_note(max_time, max_steps, schedule)
     if device.type == "cuda":
         workspace = os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
         if workspace not in _DETERMINISTIC_CUBLAS:

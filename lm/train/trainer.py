@@ -885,10 +885,8 @@ class Trainer:
             limit = (f"train.max_steps {t.max_steps}" if t.max_steps is not None and self.step >= t.max_steps
                      else f"train.max_time {t.max_time:g} s")
             self._log(f"nothing left to train: step {self.step} has reached {limit}", always=True)
-        evaluated_now = self.val_data is not None and not evaluated and bool(cfg.eval.interval)
-        if evaluated_now:
+        if self.val_data is not None and not evaluated and cfg.eval.interval:
             self._run_eval()
-        if saved and evaluated_now:
             # a resume that trained nothing but evaluated its step (a record, and maybe best.pt): the
             # step's checkpoint is written again, with last_eval_step and best_val_loss of now, or every
             # later --resume would evaluate it again
