@@ -198,6 +198,13 @@ def test_translate_and_the_decoders_check_beam_size_max_extra_and_an_empty_batch
     for decode in (greedy_decode, beam_search, translate):
         with pytest.raises(ValueError, match="src_ids: got an empty batch of sources"):
             decode(model, [])
+    ctx = model.config.context_length  # a source that fits with its <eos>, and one token more
+    assert greedy_decode(model, [[5] * (ctx - 1)], max_extra=1)
+    for decode in (greedy_decode, beam_search, translate):
+        with pytest.raises(ValueError) as e:
+            decode(model, [SOURCES[0], [5] * ctx])
+        assert str(e.value) == (f"source 1 has {ctx} tokens, more than the {ctx - 1} a source may hold "
+                                f"(the model's context is {ctx}, one kept for <eos>)")
     # max_extra=0: at most as many tokens as the source, and the same first ones
     short, full = greedy_decode(model, SOURCES, max_extra=0), greedy_decode(model, SOURCES)
     assert all(len(o) <= len(s) and f[: len(o)] == o for o, s, f in zip(short, SOURCES, full))

@@ -140,7 +140,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import translate
-    from lm.generate.seq2seq import line_break_ids
+    from lm.generate.seq2seq import line_break_ids, source_too_long
 
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
@@ -155,9 +155,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     sources = [tok.encode(line.strip()) for line in lines]
     where = "TEXT: sentence" if args.text else "--input: line"  # what the user gave the sentences as
     for i, s in enumerate(sources):
-        if len(s) + 1 > cfg.context_length:
-            raise ValueError(f"{where} {i + 1} has {len(s)} tokens, more than the {cfg.context_length - 1} a source "
-                             f"may hold (the model's context is {cfg.context_length}, one kept for <eos>)")
+        too_long = source_too_long(f"{where} {i + 1}", len(s), cfg.context_length)
+        if too_long:
+            raise ValueError(too_long)
     banned = line_break_ids(tok)  # one translation a line, whatever the model would emit
     out = sys.stdout
     with autocast(model.device, dtype), progress_bar(len(sources), args.quiet) as bar, \

@@ -62,6 +62,18 @@ def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -
     return ids.to(device), mask.to(device)
 
 
+def source_too_long(where: str, length: int, context_length: int) -> str | None:
+    """The one-line error for a source of ``length`` tokens that does not fit, or None when it fits.
+
+    A source ends in ``<eos>`` (see :func:`_batch`), so it holds at most ``context_length - 1``
+    tokens of its own. ``where`` names the source (``"--input: line 3"``). `lm translate`,
+    `lm eval` and ``scripts/multi30k.py`` refuse such a source with this message before any work."""
+    if length + 1 <= context_length:
+        return None
+    return (f"{where} has {length} tokens, more than the {context_length - 1} a source may hold "
+            f"(the model's context is {context_length}, one kept for <eos>)")
+
+
 def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     """The sources as lists of ints, each checked on the host (so the model need not check them)."""
     if isinstance(max_extra, bool) or not isinstance(max_extra, int) or max_extra < 0:
@@ -73,9 +85,9 @@ def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     for i, s in enumerate(src):
         if not s:
             raise ValueError(f"source {i} is empty")
-        if len(s) + 1 > cfg.context_length:
-            raise ValueError(f"source {i} has {len(s)} tokens: with <eos> more than context_length "
-                             f"{cfg.context_length}")
+        too_long = source_too_long(f"source {i}", len(s), cfg.context_length)
+        if too_long:
+            raise ValueError(too_long)
         bad = [t for t in s if not 0 <= t < cfg.vocab_size]
         if bad:
             raise ValueError(f"source {i}: id {bad[0]} is outside [0, vocab_size={cfg.vocab_size})")
