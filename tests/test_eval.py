@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.run_dir import make_run_dir, save_model
+from helpers.tokenizers import pair_tokenizer
 
 from lm.cli import main
 from lm.data import write_token_file
@@ -261,15 +262,14 @@ def test_cli_eval_says_what_is_missing_when_data_and_model_are_of_other_kinds(ru
     from lm.checkpoint import export_safetensors
     from lm.data.pairs import write_pair_file
     from lm.model import Seq2SeqConfig, build_model
-    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+    from lm.tokenizer import save_tokenizer_dir
 
     d, _, _ = run
     s2s = tmp_path / "s2s"
     torch.manual_seed(0)
     export_safetensors(build_model(Seq2SeqConfig(vocab_size=259, context_length=16, d_model=16, encoder_layers=1,
                                                  decoder_layers=1, num_heads=2, d_ff=32)), s2s / "model.safetensors")
-    save_tokenizer_dir(Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<pad>", "<bos>", "<eos>"]),
-                       s2s / "tokenizer")
+    save_tokenizer_dir(pair_tokenizer(), s2s / "tokenizer")
     (tmp_path / "test.en.gz").write_bytes(gzip.compress(b"A dog runs.\n"))
     write_pair_file(tmp_path / "val.bin", [(np.array([5, 6]), np.array([7, 8]))], vocab_size=259)
     cases = [

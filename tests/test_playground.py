@@ -17,11 +17,11 @@ import httpx
 import pytest
 import torch
 from helpers.serving import ServerThread, model_and_tokenizer
+from helpers.tokenizers import pair_tokenizer
 
 from lm.model import Seq2SeqConfig, build_model
 from lm.serve import Engine, create_app
 from lm.serve.translation import TranslationEngine
-from lm.tokenizer import Tokenizer
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -431,7 +431,7 @@ def test_a_translation_model_s_output_is_on_its_own_line_below_its_source():
     cfg = Seq2SeqConfig(vocab_size=259, context_length=32, d_model=32, encoder_layers=1, decoder_layers=1,
                         num_heads=4, d_ff=64, dropout=0.0)
     model = build_model(cfg).eval()
-    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<pad>", "<bos>", "<eos>"])
+    tok = pair_tokenizer()
     server = ServerThread(create_app(TranslationEngine(model, max_batch=1), tok, "mt"))
     try:
         assert httpx.get(server.url + "/v1/models").json()["data"][0]["architecture"] == "encoder_decoder"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -11,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.tokenizers import pair_tokenizer
 
 from lm.checkpoint import load_model, read_checkpoint
-from lm.data.pairs import PairDataset, write_pair_file
+from lm.data.pairs import PairDataset, read_pair_file, write_pair_file
 from lm.tokenizer import Tokenizer, save_tokenizer_dir
 from lm.tomlio import dump_tables
 from lm.train import Trainer, config_from_dict, read_metrics
@@ -24,7 +26,7 @@ SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
 def _data(tmp: Path):
     """A reversal task over the 26 letters: the target is the source backwards."""
-    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], SPECIALS)
+    tok = pair_tokenizer()
     save_tokenizer_dir(tok, tmp / "tok")
     rng = np.random.default_rng(0)
     pairs = []
@@ -119,6 +121,81 @@ def test_a_batch_budget_below_the_longest_pair_names_the_setting(tmp_path):
             Trainer(config_from_dict(raw), print_fn=lambda *a: None)
         assert str(error.value).startswith(message), str(error.value)
         assert not (tmp_path / "never").exists()
+
+
+def test_the_models_special_ids_must_be_the_tokenizers(tmp_path, capsys):
+    """A tokenizer trained with `--special-tokens '<eos>' '<pad>' '<bos>'` (or with none) and the
+    config's default ids 0, 1, 2 trained a model whose <eos> was another token (a byte, with no
+    special tokens), and `lm translate` and `lm eval` used it as such: nothing compared the ids.
+    The pair file (its sidecar records the tokenizer's special tokens), data.tokenizer and the
+    loaded tokenizer are each checked; `lm tokenize --target` records {} for a tokenizer without any."""
+    from lm.checkpoint import export_safetensors
+    from lm.cli import main
+    from lm.data.pairs import tokenize_pairs
+    from lm.model import Seq2SeqConfig, build_model
+
+    (tmp_path / "s.txt").write_text("a dog\na cat\n")
+    (tmp_path / "t.txt").write_text("ein Hund\neine Katze\n")
+    cases = {
+        "reordered": (Tokenizer({0: b"<eos>", 1: b"<pad>", 2: b"<bos>", **{i + 3: bytes([i]) for i in range(256)}},
+                                [], ["<eos>", "<pad>", "<bos>"]),
+                      "model.pad_id is 0, but <pad> is id 1 in {tok}"),
+        "none": (Tokenizer({i: bytes([i]) for i in range(256)}, []),
+                 "model.pad_id 0 is not a special token of {tok} (its special tokens: none)"),
+        "bytes first": (Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<s>", "</s>", "<blank>"]),
+                        "model.pad_id 0 is not a special token of {tok} (its special tokens: <s> 256, </s> 257, "
+                        "<blank> 258)"),
+    }
+    for name, (tok, message) in cases.items():
+        d = tmp_path / name
+        save_tokenizer_dir(tok, d / "tok")
+        tokenize_pairs(tok, tmp_path / "s.txt", tmp_path / "t.txt", d / "train.bin")
+        assert read_pair_file(d / "train.bin").meta["special_tokens"] == tok.special_ids
+        raw = _config(tmp_path, "never", max_steps=2)
+        raw["data"] = {"train": str(d / "train.bin")}
+        with pytest.raises(ValueError) as error:
+            Trainer(config_from_dict(raw), print_fn=lambda *a: None)
+        assert str(error.value) == "data.train: " + message.format(tok=f"the tokenizer of {str(d / 'train.bin')!r}")
+        raw["data"]["tokenizer"] = str(d / "tok")
+        with pytest.raises(ValueError) as error:
+            Trainer(config_from_dict(raw), print_fn=lambda *a: None)
+        assert str(error.value) == "data.tokenizer: " + message.format(tok=repr(str(d / "tok")))
+        assert not (tmp_path / "never").exists()
+        # a model saved without the tokenizer's checksum, loaded with that tokenizer
+        export_safetensors(build_model(Seq2SeqConfig(vocab_size=259, context_length=16, d_model=16, encoder_layers=1,
+                                                     decoder_layers=1, num_heads=2, d_ff=32)),
+                           d / "run" / "model.safetensors")
+        for argv in (["translate", "--checkpoint", str(d / "run"), "--tokenizer", str(d / "tok"), "a dog"],
+                     ["eval", "--checkpoint", str(d / "run"), "--tokenizer", str(d / "tok"), "--data",
+                      str(tmp_path / "s.txt"), "--target", str(tmp_path / "t.txt")]):
+            assert main([*argv, "--quiet"]) == 2
+            want = message.replace("model.", "the model's ").format(tok=repr(str(d / "tok")))
+            assert capsys.readouterr() == ("", f"lm {argv[0]}: error: --tokenizer: {want}\n")
+    # the tokenizer the config's ids name: training starts
+    d = tmp_path / "matching"
+    tok = pair_tokenizer()
+    save_tokenizer_dir(tok, d / "tok")
+    tokenize_pairs(tok, tmp_path / "s.txt", tmp_path / "t.txt", d / "train.bin")
+    raw = _config(tmp_path, "ok", max_steps=1)
+    raw["data"] = {"train": str(d / "train.bin"), "tokenizer": str(d / "tok")}
+    raw["eval"]["interval"] = 0
+    assert Trainer(config_from_dict(raw), print_fn=lambda *a: None).run() == 0
+
+
+def test_a_pair_sidecars_special_tokens_are_checked_when_read(tmp_path):
+    """A sidecar's special_tokens are compared with the model's ids: one that is not a map of
+    token texts to ids in the vocabulary is refused when the file is read, naming the sidecar."""
+    for bad in ([0, 1, 2], {"<pad>": "0"}, {"<pad>": 259}, {"<pad>": True}):
+        write_pair_file(tmp_path / "p.bin", [(np.array([5, 6]), np.array([7]))], vocab_size=259,
+                        special_tokens={"<pad>": 0})
+        side = tmp_path / "p.bin.json"
+        meta = json.loads(side.read_text())
+        meta["special_tokens"] = bad
+        side.write_text(json.dumps(meta))
+        with pytest.raises(ValueError) as error:
+            read_pair_file(tmp_path / "p.bin")
+        assert str(error.value) == (f"sidecar {str(side)!r}: 'special_tokens' must map each special token to an id "
+                                    f"in [0, 259), got {bad!r}")
 
 
 # -- the trainer's arithmetic on sentence pairs (audit: training math) --------------------------

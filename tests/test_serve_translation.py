@@ -10,6 +10,7 @@ import httpx
 import pytest
 import torch
 from helpers.serving import ServerThread, logits_beside
+from helpers.tokenizers import pair_tokenizer
 
 import lm.serve.engine as engine_module
 from lm.checkpoint import export_safetensors
@@ -37,7 +38,7 @@ def _model(**kw):
     return model
 
 
-TOK = Tokenizer({i: bytes([i]) for i in range(256)}, [], SPECIALS)
+TOK = pair_tokenizer()
 
 
 def _run(engine, prompt, params, n=1):
@@ -286,4 +287,4 @@ def test_banned_ids_are_never_chosen_as_in_greedy_decode():
     assert tokens == [want]
     with pytest.raises(ValueError, match="banned_ids: holds <eos>"):
         TranslationEngine(model, banned_ids=[model.config.eos_id])
-    assert 10 in line_break_ids(TOK)  # b"\n", banned by lm serve
+    assert line_break_ids(TOK) == [10 + 3]  # b"\n" (after the 3 special tokens), banned by lm serve

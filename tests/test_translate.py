@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.pipes import fifo_holding
+from helpers.tokenizers import pair_tokenizer
 
 from lm.cli import main
 from lm.generate import beam_search, greedy_decode, translate
@@ -236,10 +237,9 @@ def test_vocab_size_limits_the_target_to_the_tokenizers_ids():
 def test_lm_translate_and_eval_with_a_model_vocabulary_larger_than_the_tokenizers(tmp_path, capsys):
     from lm.checkpoint import export_safetensors
     from lm.cli import main
-    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+    from lm.tokenizer import save_tokenizer_dir
 
-    tok = Tokenizer({0: b"<pad>", 1: b"<bos>", 2: b"<eos>", **{i + 3: bytes([i]) for i in range(256)}}, [],
-                    ["<pad>", "<bos>", "<eos>"])
+    tok = pair_tokenizer()
     model = _model(vocab=320)  # 61 ids past the tokenizer's 259
     export_safetensors(model, tmp_path / "model.safetensors")
     save_tokenizer_dir(tok, tmp_path / "tokenizer")
@@ -272,11 +272,10 @@ def test_translate_accepts_beam_search_options_at_beam_1():
 def run(tmp_path_factory):
     """A run folder of a (random) translation model over a byte tokenizer, context 32."""
     from lm.checkpoint import export_safetensors
-    from lm.tokenizer import Tokenizer, save_tokenizer_dir
+    from lm.tokenizer import save_tokenizer_dir
 
     d = tmp_path_factory.mktemp("run")
-    tok = Tokenizer({0: b"<pad>", 1: b"<bos>", 2: b"<eos>", **{i + 3: bytes([i]) for i in range(256)}}, [],
-                    ["<pad>", "<bos>", "<eos>"])
+    tok = pair_tokenizer()
     model = _model(vocab=tok.vocab_size)
     export_safetensors(model, d / "model.safetensors")
     save_tokenizer_dir(tok, d / "tokenizer")

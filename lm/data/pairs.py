@@ -159,7 +159,7 @@ def write_pair_file(
     """
     extra = dict(source_bytes=int(source_bytes), target_bytes=int(target_bytes),
                  tokenizer_sha256=str(tokenizer_sha256), source=str(source), target=str(target))
-    if special_tokens:
+    if special_tokens is not None:  # {} too: a tokenizer without special tokens
         extra["special_tokens"] = {str(k): int(v) for k, v in special_tokens.items()}
     return _write_pair_file(path, pairs, vocab_size, lambda: extra)
 
@@ -236,6 +236,12 @@ def read_pair_meta(path: str | os.PathLike) -> dict[str, Any]:
             f"{str(idx)!r} has {idx.stat().st_size} bytes but the sidecar's {meta['num_pairs']} pairs need {want}: "
             "the file is truncated or not the one the sidecar describes"
         )
+    specials = meta.get("special_tokens", {})
+    if not isinstance(specials, dict) or not all(
+            isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) and 0 <= i < meta["vocab_size"]
+            for t, i in specials.items()):
+        raise ValueError(f"sidecar {str(side)!r}: 'special_tokens' must map each special token to an id in "
+                         f"[0, {meta['vocab_size']}), got {specials!r}")
     for key in ("source_bytes", "target_bytes"):
         meta.setdefault(key, 0)
     for key in ("tokenizer_sha256", "source", "target"):
@@ -349,7 +355,7 @@ def tokenize_pairs(
 
     vocab_size = tokenizer.vocab_size
     dtype = token_dtype(vocab_size)
-    special_ids = {t: tokenizer.token_to_id[t.encode("utf-8")] for t in tokenizer.special_tokens}
+    special_ids = tokenizer.special_ids
     specials = list(special_ids)
     counts = {"src": 0, "tgt": 0, "special": 0}
     checksum = tokenizer.checksum()
@@ -373,11 +379,9 @@ def tokenize_pairs(
                 bar.update(len(chunk))
 
     def extra() -> dict[str, Any]:
-        out = dict(source_bytes=counts["src"], target_bytes=counts["tgt"], tokenizer_sha256=checksum,
-                   source=str(src_path), target=str(tgt_path))
-        if special_ids:
-            out["special_tokens"] = special_ids
-        return out
+        # always recorded, {} too: the trainer checks the model's <pad>, <bos> and <eos> against them
+        return dict(source_bytes=counts["src"], target_bytes=counts["tgt"], tokenizer_sha256=checksum,
+                    source=str(src_path), target=str(tgt_path), special_tokens=special_ids)
 
     meta = _write_pair_file(out_path, encoded(), vocab_size, extra)
     if counts["special"]:

@@ -158,4 +158,8 @@ def load_model_and_tokenizer(
             f"{tokenizer_argument}: {str(tok_dir)!r} has {tok.vocab_size} tokens, more than the model's "
             f"vocab_size {model.config.vocab_size}"
         )
+    if model.config.architecture == "encoder_decoder":
+        problem = model.config.special_ids_problem(tok.special_ids, "the model's ", repr(str(tok_dir)))
+        if problem:
+            raise ValueError(f"{tokenizer_argument}: {problem}")
     return Loaded(model, tok, info, file)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +88,26 @@ class Seq2SeqConfig(ConfigIO):
         if len({self.pad_id, self.bos_id, self.eos_id}) < 3:
             raise ValueError(f"pad_id, bos_id and eos_id must be distinct, got pad_id={self.pad_id}, "
                              f"bos_id={self.bos_id}, eos_id={self.eos_id}")
+
+    def special_ids_problem(self, specials: Mapping[str, int], prefix: str = "",
+                            tokenizer: str = "the tokenizer") -> str | None:
+        """Why ``pad_id``, ``bos_id`` and ``eos_id`` are not the special tokens of the tokenizer
+        whose special tokens are ``specials`` (each one's text to its id), or None when they are.
+
+        Each must be a special token: a model whose ``<eos>`` is an ordinary token (a byte, say)
+        learns to end each target with that byte and cuts a sentence that holds it. A special
+        token named ``<pad>``, ``<bos>`` or ``<eos>`` must be the id of that name (a tokenizer
+        trained with its special tokens in another order than the config's ids). ``prefix`` is put
+        before the names in the message (``"model."``), which calls the tokenizer ``tokenizer``."""
+        by_id = {i: t for t, i in specials.items()}
+        listed = ", ".join(f"{t} {i}" for i, t in sorted(by_id.items())) or "none"
+        for key, name in (("pad_id", "<pad>"), ("bos_id", "<bos>"), ("eos_id", "<eos>")):
+            i = getattr(self, key)
+            if name in specials and specials[name] != i:
+                return f"{prefix}{key} is {i}, but {name} is id {specials[name]} in {tokenizer}"
+            if i not in by_id:
+                return f"{prefix}{key} {i} is not a special token of {tokenizer} (its special tokens: {listed})"
+        return None
 
     @property
     def head_dim(self) -> int:

@@ -188,6 +188,11 @@ class Tokenizer:
         when this tokenizer has no such token."""
         return self.token_to_id.get(EOT.encode())
 
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """Each special token's text and its id, in the order of :attr:`special_tokens`."""
+        return {t: self.token_to_id[t.encode("utf-8")] for t in self.special_tokens}
+
     # ------------------------------------------------------------ encoding
 
     def _bpe(self, word: bytes) -> list[int]:

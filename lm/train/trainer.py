@@ -167,6 +167,12 @@ class Trainer:
         if cfg.data.tokenizer:
             self._check_tokenizer(cfg.data.tokenizer)
         if cfg.model.architecture == "encoder_decoder":
+            for key, data in (("data.train", self.train_data), ("data.val", self.val_data)):
+                specials = data.meta.get("special_tokens") if data is not None else None
+                problem = specials is not None and cfg.model.special_ids_problem(
+                    specials, "model.", f"the tokenizer of {str(data.path)!r}")
+                if problem:  # pair files of `lm tokenize --target` record them
+                    raise ValueError(f"{key}: {problem}")
             self._check_pair_budgets()
         check_step_memory(cfg, self.device)
 
@@ -448,6 +454,10 @@ class Trainer:
             )
         check_tokenizer_checksum(tok.checksum(), self.tokenizer_sha256, argument="data.tokenizer",
                                  what=repr(directory), against=f"data.train {self.cfg.data.train!r}")
+        if self.cfg.model.architecture == "encoder_decoder":
+            problem = self.cfg.model.special_ids_problem(tok.special_ids, "model.", repr(directory))
+            if problem:
+                raise ValueError(f"data.tokenizer: {problem}")
 
     def _undo_fresh_start(self) -> None:
         """A run that failed to start (wandb refused it, say) in a folder that held no run before (a
