@@ -150,6 +150,51 @@ def test_decode_refuses_ids_that_are_not_integers(small_tokenizer):
     assert tok.decode([]) == ""
 
 
+def test_arguments_of_the_wrong_type_get_one_line_errors(small_tokenizer):
+    """encode(b"abc") raised AttributeError ('bytes' object has no attribute 'encode'), encode_iterable of
+    bytes pieces "can only concatenate str", a 2-D array to decode said its first row "is not a token id",
+    and merges of str "string argument without an encoding"; decode already named its argument."""
+    import torch
+
+    tok = small_tokenizer
+    for text, got in ((b"abc", "the bytes b'abc'; decode it first"), (None, "None"),
+                      (["a", "b"], "the list ['a', 'b']"), (12, "the int 12"),
+                      (b"x" * 100, "the bytes b'" + "x" * 58 + "...; decode it first")):
+        for call in (tok.encode, tok.encode_to_numpy):
+            with pytest.raises(ValueError) as e:
+                call(text)
+            assert type(e.value) is ValueError and str(e.value) == f"text: expected a str, got {got}"
+    for pieces, message in (([b"abc"], "iterable: expected pieces of str, got the bytes b'abc'"),
+                            (["ab", None], "iterable: expected pieces of str, got None"),
+                            (None, "iterable: expected an iterable of str, got None"),
+                            (b"abc", "iterable: expected an iterable of str, got the bytes b'abc'"),
+                            (5, "iterable: expected an iterable of str, got the int 5")):
+        with pytest.raises(ValueError) as e:
+            list(tok.encode_iterable(pieces))
+        assert type(e.value) is ValueError and str(e.value) == message
+    assert list(tok.encode_iterable("hi")) == tok.encode("hi")  # a str is an iterable of str
+    for ids in (np.array([[104, 105]]), torch.tensor([[104, 105]])):
+        with pytest.raises(ValueError) as e:
+            tok.decode(ids)
+        assert str(e.value) == "ids: expected a 1-D sequence of token ids, got an array of shape (1, 2)"
+    byte_vocab = {i: bytes([i]) for i in range(256)}
+    each = "merges: each merge must be a pair of bytes, got the"
+    for merges, message in (
+        ([("a", "b")], f"{each} tuple ('a', 'b') at merge 0"),
+        ([(b"a", b"b"), (b"ab", "c")], f"{each} tuple (b'ab', 'c') at merge 1"),
+        ([b"ab"], f"{each} bytes b'ab' at merge 0"),
+        ([(b"a", b"b", b"c")], f"{each} tuple (b'a', b'b', b'c') at merge 0"),
+        ("ab", "merges: expected a sequence of pairs of bytes, got the str 'ab'"),
+    ):
+        with pytest.raises(ValueError) as e:
+            Tokenizer({**byte_vocab, 256: b"ab", 257: b"abc"}, merges)
+        assert type(e.value) is ValueError and str(e.value) == message
+    with pytest.raises(ValueError, match=r"^vocab: each token must be bytes, got the str 'a' for id 97$"):
+        Tokenizer({**byte_vocab, 97: "a"}, [])
+    # bytes-like parts are still taken, as bytes
+    assert Tokenizer({**byte_vocab, 256: b"ab"}, [[bytearray(b"a"), memoryview(b"b")]]).merges == [(b"a", b"b")]
+
+
 def test_encode_to_numpy_equals_encode(small_tokenizer):
     text = (SAMPLE + EOT) * 3
     ids = small_tokenizer.encode(text)
@@ -550,6 +595,30 @@ def test_encode_iterable_on_tab_indented_and_crlf_text_in_blocks(gpt2):
     for text in (code, crlf):
         blocks = [text[i : i + (1 << 16)] for i in range(0, len(text), 1 << 16)]  # as f.read(1 << 16) gives
         assert list(gpt2.encode_iterable(blocks)) == gpt2.encode(text)
+
+
+def test_encode_iterable_work_is_linear_on_one_long_pretoken(gpt2, monkeypatch):
+    """A pre-token longer than the buffer (a DNA line, a base64 blob) arriving in small pieces cannot be
+    cut, and every piece re-scanned all the text held: the work grew with the square of the input.
+    Counted, not timed: the characters handed to _safe_prefix_len, for an input and one twice as long."""
+    scanned = []
+    real = Tokenizer._safe_prefix_len
+    monkeypatch.setattr(Tokenizer, "_safe_prefix_len", lambda self, text: scanned.append(len(text)) or real(self, text))
+    monkeypatch.setattr(tokenizer_module, "_STREAM_BUFFER_CHARS", 1000)
+
+    def work(text: str, piece: int = 100) -> int:
+        scanned.clear()
+        pieces = (text[i : i + piece] for i in range(0, len(text), piece))
+        assert list(gpt2.encode_iterable(pieces)) == gpt2.encode(text)
+        return sum(scanned)
+
+    n = 20_000
+    # one word; one whitespace run; pre-tokens that each start with an apostrophe (the cut moves back
+    # over all of them); and a long word after ordinary text, which is cut off before it
+    for make in (lambda n: "ACGT" * (n // 4), lambda n: " " * n, lambda n: "'s" * (n // 2),
+                 lambda n: "Some text. " * 100 + "x" * n + " and more text after it."):
+        small, large = work(make(n)), work(make(2 * n))
+        assert small <= 3 * len(make(n)) and large <= 2.5 * small, (make(8), small, large)
 
 
 # ------------------------------------------------------------ special tokens in the tokenizer's files

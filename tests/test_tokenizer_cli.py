@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +54,10 @@ def test_train_writes_files_and_summary(trained, corpus):
     assert summary["heldout_bytes"] > 0 and summary["bytes_per_token_heldout"] > 1.5
     assert summary["train_bytes"] + summary["heldout_bytes"] == corpus.stat().st_size
     tok = load_tokenizer_dir(trained)
+    # what training learned, not the special token (13 bytes, longer than any token learned here)
+    learned = [t for i, t in tok.vocab.items() if i not in tok.special_ids.values()]
+    assert summary["longest_token"] == {"bytes": max(map(len, learned)), "text": max(learned, key=len).decode()}
+    assert summary["longest_token"]["text"] != EOT and summary["longest_token"]["bytes"] < len(EOT)
     assert tok.special_tokens == [EOT] and tok.vocab[0] == EOT.encode()
     assert tok.decode(tok.encode(STORY)) == STORY
 
@@ -224,6 +229,38 @@ def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "OUT").exists() or not any((tmp_path / "OUT").iterdir())
+
+
+def test_a_vocab_size_the_training_bytes_cannot_give_names_the_held_out_tail(tmp_path, capsys):
+    """The error said "the input gives at most N tokens", and the input less its held-out tail was
+    what training saw: the same input with --holdout-bytes 0 gave more."""
+    path = tmp_path / "small.txt"
+    path.write_text(STORY * 60, encoding="utf-8")
+    size = path.stat().st_size
+
+    def train(*flags: str) -> str:
+        argv = ["tokenizer", "train", "--input", str(path), "--vocab-size", "5000", "--out", str(tmp_path / "tok"),
+                "--quiet", *flags]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        return err
+
+    err = train()
+    held = size // 10  # --holdout-bytes is 1,000,000: a tenth of the input, cut where no pre-token crosses
+    found = re.search(r"--vocab-size: the ([\d,]+) training bytes \(([\d,]+) held out, see --holdout-bytes\) give "
+                      r"at most ([\d,]+) tokens .*, not 5,000; pass --vocab-size (\d+) or less, or more text, or a "
+                      r"smaller --holdout-bytes$", err)
+    assert found, err
+    trained, heldout, most = (int(found[i].replace(",", "")) for i in (1, 2, 3))
+    assert trained + heldout == size and abs(heldout - held) < 200 and most == int(found[4])
+    err = train("--holdout-bytes", "0")
+    found = re.search(rf"--vocab-size: the input's {size:,} bytes give at most ([\d,]+) tokens .*; pass --vocab-size "
+                      r"\d+ or less, or more text$", err)
+    assert found and int(found[1].replace(",", "")) >= most, err
+    # the limit it names is the one training meets
+    assert main(["tokenizer", "train", "--input", str(path), "--vocab-size", str(most), "--out", str(tmp_path / "tok"),
+                 "--quiet"]) == 0
 
 
 def test_train_with_a_newline_special_token_reloads_exactly(tmp_path, capsys):

@@ -185,9 +185,14 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
         )
     if len(vocab) < args.vocab_size:
+        # training saw the input less its held-out tail: the limit is that of the training bytes
+        held = 0 if heldout is None else heldout[2] - heldout[1]
+        source = (f"the {stats.input_bytes:,} training bytes ({held:,} held out, see --holdout-bytes) give"
+                  if held else f"the input's {stats.input_bytes:,} bytes give")
         raise ValueError(
-            f"--vocab-size: the input gives at most {len(vocab):,} tokens (it ran out of pairs to merge after "
+            f"--vocab-size: {source} at most {len(vocab):,} tokens (it ran out of pairs to merge after "
             f"{len(merges):,} merges), not {args.vocab_size:,}; pass --vocab-size {len(vocab)} or less, or more text"
+            + (", or a smaller --holdout-bytes" if held else "")
         )
     tok = Tokenizer(vocab, merges, args.special_token)
     t1 = time.perf_counter()

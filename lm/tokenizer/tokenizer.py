@@ -95,6 +95,34 @@ def check_byte_level(
                                  "vocab and merges do not belong together")
 
 
+def _describe(value, limit: int = 60) -> str:
+    """A value for an error message: "the bytes b'abc'", its type and its repr (cut at ``limit`` characters)."""
+    if value is None:
+        return "None"
+    r = repr(value)
+    return f"the {type(value).__name__} {r if len(r) <= limit else r[:limit] + '...'}"
+
+
+def _check_text(text) -> None:
+    """A one-line ValueError unless ``text`` is a str (bytes would need decoding first)."""
+    if not isinstance(text, str):
+        hint = "; decode it first" if isinstance(text, (bytes, bytearray)) else ""
+        raise ValueError(f"text: expected a str, got {_describe(text)}{hint}")
+
+
+def _check_merges(merges) -> list[tuple[bytes, bytes]]:
+    """``merges`` as a list of pairs of bytes, or a one-line ValueError naming the first bad item."""
+    if isinstance(merges, (str, bytes, bytearray)):
+        raise ValueError(f"merges: expected a sequence of pairs of bytes, got {_describe(merges)}")
+    checked = []
+    for rank, m in enumerate(merges):
+        if not (isinstance(m, (tuple, list)) and len(m) == 2
+                and all(isinstance(x, (bytes, bytearray, memoryview)) for x in m)):
+            raise ValueError(f"merges: each merge must be a pair of bytes, got {_describe(m)} at merge {rank}")
+        checked.append((bytes(m[0]), bytes(m[1])))
+    return checked
+
+
 def _is_key(mapping: dict, key) -> bool:
     """``key in mapping``, False for an unhashable key."""
     try:
@@ -120,12 +148,14 @@ class Tokenizer:
         special_tokens: Sequence[str] | None = None,
     ):
         self.vocab: dict[int, bytes] = dict(vocab)
-        self.merges: list[tuple[bytes, bytes]] = [(bytes(a), bytes(b)) for a, b in merges]
+        self.merges: list[tuple[bytes, bytes]] = _check_merges(merges)
         self.special_tokens: list[str] = check_special_tokens(special_tokens)
         self.token_to_id: dict[bytes, int] = {}
         for i, tok in self.vocab.items():
             if not isinstance(i, int) or not 0 <= i <= _MAX_ID:
                 raise ValueError(f"vocab: ids must be integers in [0, {_MAX_ID}], got {i!r}")
+            if not isinstance(tok, bytes):
+                raise ValueError(f"vocab: each token must be bytes, got {_describe(tok)} for id {i}")
             self.token_to_id.setdefault(tok, i)
         for t in self.special_tokens:
             b = t.encode("utf-8")
@@ -350,6 +380,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Encode a string into token ids; a lone surrogate (not valid Unicode text) encodes as U+FFFD."""
+        _check_text(text)
         return self._encode_array(text).tolist()
 
     def encode_to_numpy(self, text: str, dtype: npt.DTypeLike = np.uint32) -> np.ndarray:
@@ -358,6 +389,7 @@ class Tokenizer:
         Faster than ``np.array(encode(text))``: the ids never become Python ints.
         ``uint16`` needs every id below 65,536.
         """
+        _check_text(text)
         dt = np.dtype(dtype)
         if dt.kind != "u" or dt.itemsize not in (2, 4):
             raise ValueError(f"dtype: must be uint16 or uint32, got {dt}")
@@ -369,13 +401,36 @@ class Tokenizer:
         """Encode a stream of strings (e.g. a file's lines) lazily, in constant memory.
 
         Gives the same ids as ``encode("".join(iterable))``: text is held back until it is
-        certain that no pre-token or special token crosses the point where it is cut.
+        certain that no pre-token or special token crosses the point where it is cut (so a
+        pre-token longer than the buffer, 64K characters, is held whole).
         """
-        buf = ""
+        try:
+            pieces = iter(iterable)
+        except TypeError:
+            pieces = None
+        if pieces is None or isinstance(iterable, (bytes, bytearray)):
+            raise ValueError(f"iterable: expected an iterable of str, got {_describe(iterable)}")
+        return self._encode_stream(pieces)
+
+    def _encode_stream(self, iterable: Iterable[str]) -> Iterator[int]:
+        """:meth:`encode_iterable`, once its argument is checked (a generator checks nothing until used).
+
+        The text is looked at for a cut once ``_STREAM_BUFFER_CHARS`` are held, and after that
+        once the held text is twice what the last look left: a pre-token longer than the buffer
+        (a DNA line, a base64 blob) that arrives in small pieces cannot be cut, and looking at
+        all of it again for every piece was quadratic; doubling makes the work linear (each
+        look costs at most twice the text that arrived since the one before)."""
+        parts: list[str] = []  # joined only when looked at: ``buf += piece`` may copy buf every time
+        held = 0
+        wait = 0  # held text that the last look left uncut; the next looks once there is twice as much
         for piece in iterable:
-            buf += piece
-            if len(buf) < _STREAM_BUFFER_CHARS:
+            if not isinstance(piece, str):
+                raise ValueError(f"iterable: expected pieces of str, got {_describe(piece)}")
+            parts.append(piece)
+            held += len(piece)
+            if held < max(_STREAM_BUFFER_CHARS, 2 * wait, 1):
                 continue
+            buf = "".join(parts)
             # A high surrogate at the end may pair with the next piece, into a character that may join
             # the pre-token before it (a letter): the cut is one that no text after the rest could move.
             pending = "\ud800" <= buf[-1] <= "\udbff"
@@ -384,10 +439,13 @@ class Tokenizer:
                 buf = _replace_surrogates(buf[:-1]) + buf[-1] if pending else _replace_surrogates(buf)
             cut = self._safe_prefix_len(buf[:-1] if pending else buf)
             if cut > 0:
-                yield from self.encode(buf[:cut])
+                yield from self._encode_array(buf[:cut]).tolist()
                 buf = buf[cut:]
+            parts = [buf]
+            held = wait = len(buf)
+        buf = "".join(parts)
         if buf:
-            yield from self.encode(buf)
+            yield from self._encode_array(buf).tolist()
 
     def _safe_prefix_len(self, text: str) -> int:
         """Length of a prefix of ``text`` whose ids cannot change whatever text follows."""
@@ -446,6 +504,9 @@ class Tokenizer:
         if hasattr(ids, "tolist"):  # a tensor or an array: its elements as Python ints, not 0-d tensors
             dtype = getattr(ids, "dtype", None)
             integers = _is_integer_dtype(dtype)
+            shape = getattr(ids, "shape", None)
+            if shape is not None and len(shape) > 1:
+                raise ValueError(f"ids: expected a 1-D sequence of token ids, got an array of shape {tuple(shape)}")
             ids = ids.tolist()
             if not isinstance(ids, list):
                 raise ValueError(f"ids: expected a 1-D sequence of token ids, got the scalar {ids!r}")

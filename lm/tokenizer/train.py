@@ -343,9 +343,9 @@ def peak_rss_mb() -> float:
 
 def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
                      heldout: tuple[str, int, int] | None, seconds: dict[str, float]) -> dict:
-    """The ``summary.json`` of a trained tokenizer: sizes, timings, memory, the longest token, and
-    the bytes per token of the held-out text (encoded here). ``seconds`` holds ``save`` and
-    ``since_start`` (the time from the start of training to now)."""
+    """The ``summary.json`` of a trained tokenizer: sizes, timings, memory, the longest learned token
+    (not a special token), and the bytes per token of the held-out text (encoded here). ``seconds``
+    holds ``save`` and ``since_start`` (the time from the start of training to now)."""
     t0 = time.perf_counter()
     bytes_per_token = None
     if heldout is not None:
@@ -353,7 +353,9 @@ def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
         text, _ = read_text_range(path, a, b)
         bytes_per_token = (b - a) / max(1, len(tokenizer.encode(text)))
     heldout_eval = time.perf_counter() - t0
-    longest = max(tokenizer.vocab.values(), key=len)
+    # what training learned: a special token (the user's own "<|endoftext|>") is not one of them
+    specials = set(tokenizer.special_ids.values())
+    longest = max((t for i, t in tokenizer.vocab.items() if i not in specials), key=len)
     return {
         "vocab_size": len(tokenizer.vocab),
         "num_merges": len(tokenizer.merges),
