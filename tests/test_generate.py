@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lm.generate import KVCache, generate, sample_next_token, top_k_filter, top_p_filter
-from lm.generate.sampling import NonFiniteLogitsError, next_token_and_finite
+from lm.generate.sampling import NonFiniteLogitsError, generator_seed, next_token_and_finite
 from lm.model import TransformerLM
 
 SMALL = dict(vocab_size=50, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48)
@@ -95,7 +95,7 @@ def window_reference(model, prompt, n, shift):
 
 
 @pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
-@pytest.mark.parametrize("shift", [1, 5, 8, 15])
+@pytest.mark.parametrize("shift", [1, 5, 8, 15, 16])  # 16: the whole context, the rebuild keeps one token
 def test_window_shift_equals_rerunning_the_documented_window(attn_impl, shift):
     model = TransformerLM(**SMALL, attn_impl=attn_impl)
     logits, prefills = [], []
@@ -115,7 +115,8 @@ def test_window_shift_equals_rerunning_the_documented_window(attn_impl, shift):
     assert out == tokens
     # measured at most 1.4e-6 (KV cache vs a full forward) over 6 seeds, both kernels, these shifts
     torch.testing.assert_close(torch.cat(logits), ref_logits, atol=7e-6, rtol=0)
-    assert sum(prefills) == 1 + rebuilds  # a larger shift rebuilds less often
+    # a larger shift rebuilds less often (with 16 a rebuild feeds one token, as a step does)
+    assert sum(prefills) == 1 + (rebuilds if shift < 16 else 0)
 
 
 def batch_window_reference(model, prompts, n, shift):
@@ -189,9 +190,146 @@ def test_window_shift_must_be_an_integer_before_any_token(shift):
     ("slice indices must be integers") when the window first slid."""
     model = TransformerLM(**SMALL)
     streamed = []
-    with pytest.raises(ValueError, match=r"window_shift must be an integer in \[1, context_length=16\), got "):
+    with pytest.raises(ValueError, match=r"window_shift must be an integer in \[1, context_length=16\], got "):
         generate(model, [1, 2], 30, window_shift=shift, on_token=lambda row, t: streamed.append(t))
     assert streamed == []
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_model_of_context_length_1_generates_as_a_loop_without_a_cache(compile):
+    """window_shift had to be in [1, context_length), empty for context_length 1: such a model (which
+    ModelConfig and lm train accept) could not be sampled at all, not even with the default shift.
+    window_shift may now be context_length: the rebuild keeps the last token, and every token is
+    predicted from the one before it, as a plain loop over ``ids[-1:]`` predicts it."""
+    model = TransformerLM(vocab_size=50, context_length=1, d_model=32, num_layers=1, num_heads=4, d_ff=48).eval()
+    prompts = [[1, 2, 3], [9], list(range(10, 30))]
+    assert generate(model, prompts, 12, temperature=0, compile=compile) == [
+        greedy_by_rerun(model, p, 12) for p in prompts]
+    assert generate(model, [4, 5], 12, temperature=0, window_shift=1) == greedy_by_rerun(model, [4, 5], 12)
+    with pytest.raises(ValueError, match=r"in \[1, context_length=1\], got window_shift=2"):
+        generate(model, [4], 3, window_shift=2)
+
+
+def test_positions_run_per_token_are_one_until_the_context_is_full_then_the_window():
+    """What the docstrings say a token costs: after the prompt's prefill, one position per token until
+    the context is full; past it, with window_shift 1, a forward over the last context_length tokens for
+    every token, and with a larger shift one forward over context_length - shift + 1 tokens per shift
+    tokens (the rest one position each). Counted here from the model's inputs."""
+    model = TransformerLM(**SMALL).eval()
+    for shift in (1, 4, 16):
+        seen = []
+        hook = model.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args[0].shape[-1]))
+        try:
+            generate(model, [1, 2, 3], 40, temperature=0, window_shift=shift)
+        finally:
+            hook.remove()
+        # a reference: the window as the module's docstring describes it, grown one token at a time
+        want, held = [3], 3
+        for _ in range(39):  # the 40th token is sampled from the last forward
+            if held == 16:
+                held = 16 - shift + 1
+                want.append(held)
+            else:
+                held += 1
+                want.append(1)
+        assert seen == want, shift
+        assert seen[1:14] == [1] * 13 and (shift > 1 or seen[14:] == [16] * 26)
+
+
+def test_a_batched_row_computes_the_logits_it_would_alone_and_greedy_its_tokens_but_not_its_samples():
+    """The docs had said that a row of a batch generates what it would alone. Its logits are those it
+    would get alone, so greedy decoding gives it the same tokens; sampled, every row draws from the one
+    generator, so a row's tokens depend on the others (lm serve gives each row a generator)."""
+    model = TransformerLM(**SMALL).eval()
+    logits = []
+    hook = model.register_forward_hook(lambda module, args, output: logits.append(output[:, -1].clone()))
+    try:
+        alone = generate(model, [1, 2, 3], 30, temperature=0)
+        alone_logits, logits[:] = torch.stack(logits)[:, 0], []
+        batched = generate(model, [[1, 2, 3], [7]], 30, temperature=0)
+        batched_logits = torch.stack(logits)[:, 0]
+    finally:
+        hook.remove()
+    assert batched[0] == alone == greedy_by_rerun(model, [1, 2, 3], 30)
+    torch.testing.assert_close(batched_logits, alone_logits, atol=7e-6, rtol=0)
+    sampled_alone = generate(model, [1, 2, 3], 10, generator=torch.Generator().manual_seed(0))
+    sampled_batched = generate(model, [[1, 2, 3], [7]], 10, generator=torch.Generator().manual_seed(0))
+    assert sampled_batched[0] != sampled_alone  # the second row's draws come from the same generator
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": None}, "temperature must be a finite number >= 0, got temperature=None"),
+        ({"temperature": "1"}, "temperature must be a finite number >= 0, got temperature='1'"),
+        ({"temperature": True}, "temperature must be a finite number >= 0, got temperature=True"),
+        ({"top_p": None}, r"top_p must be in \(0, 1\], got top_p=None"),
+        ({"top_p": True}, r"top_p must be in \(0, 1\], got top_p=True"),
+        ({"top_k": 2.0}, "top_k must be a positive integer or None, got top_k=2.0"),
+        ({"generator": 0}, "generator must be a torch.Generator or None, got generator=0"),
+        ({"max_new_tokens": 3.0}, "max_new_tokens must be a non-negative integer, got max_new_tokens=3.0"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_one_value_error_naming_them(kwargs, match):
+    """None or a string for temperature or top_p had raised a TypeError from a comparison, and an int
+    generator an AttributeError ('int' object has no attribute 'device'), naming no argument; True
+    was taken as temperature 1."""
+    model = TransformerLM(**SMALL)
+    args = {"max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        generate(model, [1, 2], args.pop("max_new_tokens"), **args)
+    if "max_new_tokens" not in kwargs:
+        with pytest.raises(ValueError, match=match):
+            sample_next_token(torch.randn(2, 5), **kwargs)
+        with pytest.raises(ValueError, match=match):
+            next_token_and_finite(torch.randn(2, 5), **kwargs)
+
+
+def test_numpy_integers_and_a_2d_numpy_batch_are_taken_as_python_ints_and_lists():
+    """numpy integers were taken as prompt ids but refused as top_k, max_new_tokens and window_shift
+    ("must be a positive integer"); a 2-D numpy array was refused ("token ids must be integers, got
+    array([1, 2])") where a 2-D tensor is a batch. Each now gives what the plain Python value gives."""
+    import numpy as np
+
+    model = TransformerLM(**SMALL).eval()
+
+    def run(prompt, n, **kw):
+        return generate(model, prompt, n, generator=torch.Generator().manual_seed(3), **kw)
+
+    want = run([1, 2], 20, top_k=5, temperature=0.8, top_p=0.9, window_shift=3)
+    assert want == run([1, 2], np.int64(20), top_k=np.int64(5), temperature=np.float32(0.8), top_p=np.float64(0.9),
+                       window_shift=np.int32(3))
+    batch = [[1, 2, 3], [4, 5, 6]]
+    want = run(batch, 5)
+    assert run(np.array(batch), 5) == run(torch.tensor(batch), 5) == want
+    assert run(list(np.array(batch)), 5) == want  # a list of 1-D arrays: a batch, as a list of tensors is
+    assert run(np.array([1, 2, 3]), 5) == run([1, 2, 3], 5)
+    with pytest.raises(ValueError, match=r"prompt_ids must be 1-D or 2-D, got shape \(1, 2, 3\)"):
+        generate(model, np.array([batch]), 3)
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        generate(model, np.array([[1.0, 2.0]]), 3)
+    probs = torch.softmax(torch.randn(3, 50), -1)
+    assert torch.equal(sample_next_token(probs.log(), top_k=np.int64(4), generator=torch.Generator().manual_seed(0)),
+                       sample_next_token(probs.log(), top_k=4, generator=torch.Generator().manual_seed(0)))
+
+
+def test_a_seed_is_folded_into_the_32_bits_torchs_generator_keeps():
+    """torch's CPU generator keeps the low 32 bits of a seed, so seeds 2**32 apart drew the same
+    tokens (lm sample --seed 5 and --seed 4294967301 printed the same text). generator_seed keeps
+    every seed below 2**32 (and its samples) and gives seeds that differ in their high bits their own."""
+    def draws(seed):
+        return torch.randint(0, 2**31, (8,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+    assert draws(5) == draws(2**32 + 5) == draws(2**63 + 5)  # torch's own behaviour: why folding is needed
+    for s in (0, 1, 5, 12345, 2**31, 2**32 - 1):
+        assert generator_seed(s) == s
+    high = [5, 2**32 + 5, 2**33 + 5, 2**62 + 5, 2**63 + 5, 2**64 - 1, 2**32, 2**32 + 1]
+    folded = [generator_seed(s) for s in high]
+    assert all(0 <= f < 2**32 for f in folded) and generator_seed(2**40 + 7) == generator_seed(2**40 + 7)
+    assert len({tuple(draws(f)) for f in folded}) == len(high)
+    for bad in (-1, 2**64, True, 1.0, "5", None):
+        with pytest.raises(ValueError, match=r"seed must be a whole number in \[0, 2\*\*64-1\]"):
+            generator_seed(bad)
 
 
 def nan_logits_from(model, call: int, row: int = 0):
@@ -563,7 +701,8 @@ def test_top_p_keeps_the_smallest_set_with_mass_p(weights, p):
         ({"prompt_ids": []}, "prompt_ids"),
         ({"prompt_ids": [[1, 2], []]}, "prompt 1 is empty"),
         ({"prompt_ids": [1, 50]}, "prompt_ids: id 50"),
-        ({"window_shift": 16}, "window_shift=16"),
+        ({"window_shift": 17}, "window_shift=17"),
+        ({"window_shift": 0}, "window_shift=0"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):

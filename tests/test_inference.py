@@ -158,3 +158,29 @@ def test_a_runs_checkpoints_folder_gives_its_latest_step_file(tmp_path):
         resolve_checkpoint(run)
     assert str(e.value) == (f"--checkpoint: run directory {str(run)!r} holds no model.safetensors and no "
                             "checkpoints/step_*.pt (it holds 'checkpoints/'); pass a checkpoint file or a run folder")
+
+
+def test_tokenizer_errors_have_one_prefix_the_argument(tmp_path):
+    """The library's own parameter names had followed the argument's ("--tokenizer: tokenizer: not a
+    directory", "--tokenizer: vocab_path: file not found", "--tokenizer: merges_path: line 4 ..."); a run
+    folder given for its tokenizer/ now gets that folder suggested."""
+    import re
+    import shutil
+
+    run, model, _ = make_run_dir(tmp_path, ("Lily had a red ball. " + EOT) * 40, 300, context_length=16,
+                                 d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    save_model(run, model)
+    bad = tmp_path / "bad"
+    shutil.copytree(run / "tokenizer", bad)
+    lines = (bad / "merges.txt").read_bytes().splitlines(keepends=True)
+    (bad / "merges.txt").write_bytes(b"".join(lines[:3]) + b"a \xff\n" + b"".join(lines[3:]))
+    (tmp_path / "half").mkdir()
+    shutil.copy(run / "tokenizer" / "vocab.json", tmp_path / "half")
+    cases = [(tmp_path / "nowhere", f"not a directory: {str(tmp_path / 'nowhere')!r}"),
+             (run, f"no vocab.json in {str(run)!r}; pass {str(run / 'tokenizer')!r}, which has one"),
+             (tmp_path / "half", f"no merges.txt in {str(tmp_path / 'half')!r}"),
+             (bad, f"line 4 of {str(bad / 'merges.txt')!r} is not UTF-8 (byte 0xff)")]
+    for given, message in cases:
+        for argument in ("--tokenizer", "tok"):
+            with pytest.raises(ValueError, match=f"^{re.escape(f'{argument}: {message}')}$"):
+                load_model_and_tokenizer(run, given, tokenizer_argument=argument)

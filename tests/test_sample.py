@@ -250,3 +250,77 @@ def test_the_stats_line_names_the_weights_sampled(run, tmp_path, capsys):
                      "--temperature", "0"]) == 0
         err = capsys.readouterr().err
         assert err.startswith("[") and err.endswith(f" tokens/s; {folder / 'model.safetensors'}{step}]\n"), err
+
+
+def test_a_model_of_context_length_1_samples_each_token_from_the_one_before(tmp_path, capsys):
+    """`lm train` makes a context_length=1 model, but `lm sample` refused it after echoing the prompt:
+    "Once" then, on the same line, "lm sample: error: window_shift must be an integer in [1,
+    context_length=1), got window_shift=1", an option lm sample does not have. It now generates what
+    a loop predicting each token from the one before it generates."""
+    d, model, tok = make_run_dir(tmp_path, (TEXT + "<|endoftext|>") * 40, 300, context_length=1, d_model=32,
+                                 num_layers=1, num_heads=2, d_ff=64)
+    save_model(d, model)
+    model.eval()
+    assert main(["sample", "--checkpoint", str(d), "--prompt", "Lily had", "--max-new-tokens", "12",
+                 "--temperature", "0", "--quiet"]) == 0
+    ids = tok.encode("Lily had")
+    eos = tok.token_to_id[b"<|endoftext|>"]
+    new = []
+    with torch.no_grad():
+        while len(new) < 12 and (not new or new[-1] != eos):
+            new.append(int(model(torch.tensor([(ids + new)[-1:]]))[0, -1, :tok.vocab_size].argmax()))
+    captured = capsys.readouterr()
+    assert captured == ("Lily had" + tok.decode([t for t in new if t != eos]) + "\n", "")
+
+
+def test_an_error_after_the_prompt_was_echoed_starts_on_a_line_of_its_own(run, capsys, monkeypatch):
+    """An error raised by generate (the window_shift one above, say) came straight after the echoed
+    prompt and the text streamed so far, "Lily hadlm sample: error: ..." on a terminal. stdout now
+    ends its line first; an error whose text ended a line already gets no empty line."""
+    import lm.generate
+
+    d, _, tok = run
+    piece = tok.encode(" the")
+
+    def failing_generate(model, prompt_ids, max_new_tokens, *, on_token, **kwargs):
+        for t in piece:
+            on_token(0, t)
+        raise ValueError("something went wrong")
+
+    monkeypatch.setattr(lm.generate, "generate", failing_generate)
+    for prompt, out in (("Lily had", "Lily had the\n"), ("", " the\n")):
+        assert main(["sample", "--checkpoint", str(d), "--prompt", prompt, "--temperature", "0", "--quiet"]) == 2
+        assert capsys.readouterr() == (out, "lm sample: error: something went wrong\n")
+    piece = []
+    assert main(["sample", "--checkpoint", str(d), "--prompt", "Lily\n", "--temperature", "0", "--quiet"]) == 2
+    assert capsys.readouterr() == ("Lily\n", "lm sample: error: something went wrong\n")
+
+
+def test_seeds_that_differ_only_above_32_bits_sample_differently(run, capsys):
+    """torch's CPU generator keeps the low 32 bits of a seed: --seed 5 and --seed 4294967301 printed
+    the same text, though --seed takes [0, 2**64-1]. A seed below 2**32 still draws what
+    torch.Generator().manual_seed(seed) draws (existing samples are kept)."""
+    d, model, tok = run
+    texts = {}
+    for seed in (5, 2**32 + 5, 2**63 + 5):
+        assert main(["sample", "--checkpoint", str(d), "--prompt", "Lily", "--max-new-tokens", "30", "--seed",
+                     str(seed), "--temperature", "1.5", "--quiet"]) == 0
+        texts[seed] = capsys.readouterr().out
+    assert len(set(texts.values())) == 3
+    eos = tok.token_to_id[b"<|endoftext|>"]
+    new = generate(model, tok.encode("Lily"), 30, temperature=1.5, eos_id=eos, vocab_size=tok.vocab_size,
+                   generator=torch.Generator().manual_seed(5))
+    assert texts[5] == "Lily" + tok.decode([t for t in new if t != eos]) + "\n"
+
+
+def test_tokenizer_errors_name_the_option_once_and_point_to_a_runs_tokenizer(run, tmp_path, capsys):
+    """`--tokenizer /nonexistent` said "--tokenizer: tokenizer: not a directory: ..." and `--tokenizer RUN`
+    (the run folder, not its tokenizer/) "--tokenizer: vocab_path: file not found: 'RUN/vocab.json'",
+    naming a parameter of the library. One prefix now, and the run's tokenizer/ is suggested."""
+    d, _, _ = run
+    (tmp_path / "empty").mkdir()
+    for given, message in ((tmp_path / "nowhere", f"not a directory: {str(tmp_path / 'nowhere')!r}"),
+                           (d, f"no vocab.json in {str(d)!r}; pass {str(d / 'tokenizer')!r}, which has one"),
+                           (tmp_path / "empty", f"no vocab.json in {str(tmp_path / 'empty')!r}")):
+        assert main(["sample", "--checkpoint", str(d), "--prompt", "x", "--tokenizer", str(given)]) == 2
+        assert capsys.readouterr() == ("", f"lm sample: error: --tokenizer: {message}\n")

@@ -546,3 +546,20 @@ def test_a_row_whose_logits_are_not_finite_fails_alone(temperature):
     assert later.tokens == good.tokens and engine.error is None
     if temperature == 0.0:
         assert good.tokens[0] == generate(model, [5, 6, 7], 6, temperature=0.0)
+
+
+def test_a_choice_seed_is_the_32_bits_torch_keeps_so_the_streams_are_those_of_before():
+    """choice_seed returned a 64-bit hash, and said that a (seed, choice) 'never' got another's stream;
+    torch's CPU generator keeps the low 32 bits of a seed, so two pairs can meet (each pair with
+    probability 2**-32). It now returns those 32 bits, which give the streams the 64-bit hash gave."""
+    import hashlib
+
+    for seed, index in ((0, 0), (5, 1), (2**63, 3), (-1, 256), (10**30, 7)):
+        digest = hashlib.blake2b(f"{seed},{index}".encode(), digest_size=8, person=b"lm-choice").digest()
+        before = int.from_bytes(digest, "little")
+        now = choice_seed(seed, index)
+        assert 0 <= now < 2**32 and now == before % 2**32
+        draws = [torch.randint(0, 2**31, (16,), generator=torch.Generator().manual_seed(s)) for s in (before, now)]
+        assert torch.equal(*draws)
+    generators = SamplingParams(seed=5).choice_generators(3)
+    assert [g.initial_seed() for g in generators] == [choice_seed(5, j) for j in range(3)]

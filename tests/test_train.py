@@ -238,6 +238,23 @@ def test_training_run_writes_metrics_checkpoints_and_weights(tmp_path):
         Trainer(cfg, print_fn=_quiet)
 
 
+def test_seeds_that_differ_only_above_32_bits_initialise_different_weights(tmp_path):
+    """torch's CPU generator keeps the low 32 bits of a seed: train.seed 5 and 2**32 + 5 started
+    from the same weights (their batches, drawn by numpy's 64-bit PCG64, differed). A seed below
+    2**32 starts where it did (the weights of torch.manual_seed(seed)); one above is hashed."""
+    from lm.model import build_model
+
+    weights = {}
+    for seed in (5, 2**32 + 5, 2**64 - 1):
+        raw = _raw_config(tmp_path, train={"seed": seed, "out_dir": str(tmp_path / f"run{seed}")})
+        trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+        weights[seed] = trainer.model.token_embeddings.weight.detach().clone()
+    torch.manual_seed(5)
+    assert torch.equal(weights[5], build_model(config_from_dict(raw).model).token_embeddings.weight)
+    assert not torch.equal(weights[5], weights[2**32 + 5])
+    assert not torch.equal(weights[2**32 + 5], weights[2**64 - 1])
+
+
 def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
     """The gradients themselves, not only the weights: clipping and AdamW are (almost) blind to a
     constant factor on the gradient, so a missing 1/grad_accum_steps shows in the gradients and

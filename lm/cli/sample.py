@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K likeliest tokens only")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="for repeatable samples")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="for repeatable samples (0 to 2**64-1; folded into the 32 bits torch's CPU generator keeps)")
     p.add_argument("--num-samples", type=int, default=1, metavar="N", help="samples of the prompt, one after another")
     p.add_argument("--compile", action="store_true",
                    help="decode with a compiled fixed-shape step (seconds to compile, then faster per token)")
@@ -80,7 +81,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from lm.cli.translate import require_architecture
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import TextStreamer, generate
-    from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args
+    from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, generator_seed
 
     with as_flags(temperature="--temperature", top_p="--top-p", top_k="--top-k"):
         check_sampling_args(args.temperature, args.top_p, args.top_k)
@@ -107,33 +108,35 @@ def cmd_sample(args: argparse.Namespace) -> int:
         prompt_ids = [eos]
     gen = torch.Generator()  # on the CPU, as lm serve's: sampling draws there, so a seed gives the same tokens anywhere
     if args.seed is not None:
-        gen.manual_seed(args.seed)
+        # torch keeps the low 32 bits of a seed: seeds from 2**32 on are hashed (those below are kept)
+        gen.manual_seed(generator_seed(args.seed))
     else:
         gen.seed()
-    out = sys.stdout
+    out = _Output(sys.stdout)
     total, t0 = 0, time.perf_counter()
     for i in range(args.num_samples):
         if i:
             out.write("\n" + "-" * 40 + "\n")
         out.write(prompt)
-        out.flush()
         streamer = TextStreamer(tok, skip=() if eos is None else (eos,))
 
         def emit(row: int, token: int, streamer=streamer) -> None:
-            piece = streamer.push(token)
-            if piece:
-                out.write(piece)
-                out.flush()
+            out.write(streamer.push(token))
 
         try:
-            with autocast(device, dtype):
+            with autocast(device, dtype), as_flags(temperature="--temperature", top_p="--top-p", top_k="--top-k",
+                                                   max_new_tokens="--max-new-tokens"):
                 new = generate(model, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                                top_p=args.top_p, top_k=args.top_k, eos_id=eos, generator=gen, on_token=emit,
                                vocab_size=tok.vocab_size, compile=args.compile)
         except NonFiniteLogitsError as e:  # a diverged or overflowing model: no token after that is text
-            out.write("\n")  # the error line goes below the text streamed so far
-            out.flush()
+            out.end_line()  # the error line goes below the text streamed so far
             raise ValueError(f"--checkpoint: {e}") from None
+        except BrokenPipeError:
+            raise
+        except BaseException:  # any other error (or Ctrl-C): its line goes below the text too, not after it
+            out.end_line()
+            raise
         out.write(streamer.flush() + "\n")
         total += len(new)
     dt = time.perf_counter() - t0
@@ -141,3 +144,25 @@ def cmd_sample(args: argparse.Namespace) -> int:
         note = ", the step's compilation included" if args.compile else ""
         print(f"[{total} tokens in {dt:.1f}s, {total / dt:.0f} tokens/s{note}; {loaded.source}]", file=sys.stderr)
     return 0
+
+
+class _Output:
+    """Standard output, flushed at every write, remembering whether a line was left open: an error
+    raised after the prompt was echoed then starts on a line of its own (on stderr, which a
+    terminal shows interleaved), not straight after the text."""
+
+    def __init__(self, stream):
+        self.stream, self.open_line = stream, False
+
+    def write(self, text: str) -> None:
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
+            self.open_line = not text.endswith("\n")
+
+    def end_line(self) -> None:
+        if self.open_line:
+            try:
+                self.write("\n")
+            except OSError:  # the reader is gone: the error line is all that is left to say
+                pass

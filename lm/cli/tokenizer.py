@@ -234,10 +234,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     _check_text(src, src)
     _check_outputs(args, [("--input", src)], what="a token file written by `lm tokenize` (it has no valid sidecar)")
     stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced
-    try:
-        tok = load_tokenizer_dir(args.tokenizer)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"--tokenizer: {e}") from None
+    tok = load_tokenizer_dir(args.tokenizer, argument="--tokenizer")
     t0 = time.perf_counter()
     meta = tokenize_file(tok, args.input, args.out, num_workers=args.num_workers, progress=not args.quiet)
     if stale_index is not None:
@@ -260,10 +257,7 @@ def _tokenize_pairs(args: argparse.Namespace) -> int:
     tgt = check_readable_file(args.target, "--target")
     inputs = [("--input", src), ("--target", tgt)]
     _check_outputs(args, inputs, what="a pair or token file written by `lm tokenize` (it has no valid sidecar)")
-    try:
-        tok = load_tokenizer_dir(args.tokenizer)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"--tokenizer: {e}") from None
+    tok = load_tokenizer_dir(args.tokenizer, argument="--tokenizer")
     t0 = time.perf_counter()
     try:
         meta = tokenize_pairs(tok, src, tgt, args.out, progress=not args.quiet)

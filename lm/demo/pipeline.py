@@ -245,6 +245,7 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
     from lm.data import read_token_file, tokenize_file
     from lm.evaluate import evaluate_tokens, token_byte_lengths
     from lm.generate import generate
+    from lm.generate.sampling import generator_seed
     from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
     from lm.train import Trainer, config_from_dict
@@ -326,7 +327,7 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
     report.unigram_bpb = unigram_bits_per_byte(train_ids, scored, tok.vocab_size, report.val["bytes"])
     lap("evaluate")
 
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(settings.seed)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(generator_seed(settings.seed))
     eot = tok.token_to_id[EOT.encode()]
     prompts = ["Once upon a time", "One day,", "Tom and Lily"]
     for i in range(settings.num_samples):

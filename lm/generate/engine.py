@@ -1,22 +1,28 @@
 """Autoregressive generation with a KV cache.
 
-The prompt is prefilled in one forward pass; after that every new token costs one
-position of compute. The loop knows nothing about tokenization: ids in, ids out.
+The prompt is prefilled in one forward pass; after that every new token costs one position of
+compute until the context is full (past it, see below: with the default ``window_shift=1`` each
+token re-runs the whole window). The loop knows nothing about tokenization: ids in, ids out.
 
 **Past ``context_length``** the window slides: each new token is predicted from at most
 the last ``context_length`` tokens, exactly as if the model were re-run on
 ``ids[-context_length:]``. When the cache is full it is rebuilt by one forward over the last
 ``context_length - window_shift + 1`` tokens. With the default ``window_shift=1`` that rebuild
-happens for every token once the window is full (exact, but each token then costs a full
-forward); a larger shift rebuilds less often, and a token is then conditioned on between
-``context_length - window_shift`` and ``context_length`` tokens.
+happens for every token once the window is full (exact, but each token then costs a forward over
+``context_length`` positions); a larger shift rebuilds less often, and a token is then conditioned
+on between ``context_length - window_shift`` (at least one) and ``context_length`` tokens.
+``window_shift`` may be ``context_length`` itself, the only value for a model of ``context_length``
+1 (each token predicted from the one before it).
 
 **A batch** of prompts of different lengths is left-padded into one cache, and the window slides
 for the whole batch at once, when its longest row fills the cache. With ``window_shift=1`` that
-changes no row's tokens: each row still sees its own last ``context_length`` tokens, so a row
-generates what it would alone. With a larger shift, a shorter row's window slides at other tokens
-than it would alone (each token is still conditioned on between ``context_length - window_shift``
-and ``context_length`` tokens).
+changes no row's logits: each row still sees its own last ``context_length`` tokens, so a row
+computes the logits it would alone (to float rounding), and greedy decoding (``temperature=0``)
+gives it the same tokens. Sampled, it does not generate what it would alone: every row draws from
+the one ``generator``, so a row's draws depend on the other rows of the batch (``lm serve`` gives
+each row a generator of its own). With a larger shift, a shorter row's window slides at other
+tokens than it would alone (each token is still conditioned on between ``context_length -
+window_shift`` and ``context_length`` tokens).
 """
 
 from __future__ import annotations
@@ -26,22 +32,32 @@ import functools
 import operator
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
-from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, check_vocab_limit, next_token_and_finite
+from lm.generate.sampling import (
+    NonFiniteLogitsError,
+    _integer,
+    check_generator,
+    check_sampling_args,
+    check_vocab_limit,
+    next_token_and_finite,
+)
 from lm.generate.static import DecodeStep, StaticKVCache
 
 
 def _as_prompt_list(prompt_ids) -> tuple[list[list[int]], bool]:
-    """Normalise to a list of prompts; the flag says whether a single prompt was given."""
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() not in (1, 2):
+    """Normalise to a list of prompts; the flag says whether a single prompt was given. A numpy array
+    is taken as a tensor is: 1-D one prompt, 2-D a batch."""
+    if isinstance(prompt_ids, (torch.Tensor, np.ndarray)):
+        if prompt_ids.ndim not in (1, 2):
             raise ValueError(f"prompt_ids must be 1-D or 2-D, got shape {tuple(prompt_ids.shape)}")
-        single = prompt_ids.dim() == 1
+        single = prompt_ids.ndim == 1
         prompts = [_token_ids(prompt_ids)] if single else [_token_ids(p) for p in prompt_ids]
         return prompts, single
     prompt_ids = list(prompt_ids)
-    if prompt_ids and all(isinstance(p, Sequence) or isinstance(p, torch.Tensor) and p.dim() for p in prompt_ids):
+    if prompt_ids and all(isinstance(p, Sequence) or isinstance(p, (torch.Tensor, np.ndarray)) and p.ndim
+                          for p in prompt_ids):
         return [_token_ids(p) for p in prompt_ids], False
     return [_token_ids(prompt_ids)], True
 
@@ -55,6 +71,8 @@ def _token_ids(prompt) -> list[int]:
         if prompt.dim() != 1:
             raise ValueError(f"prompt_ids: a prompt must be 1-D, got a tensor of shape {tuple(prompt.shape)}")
         return prompt.tolist()
+    if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+        raise ValueError(f"prompt_ids: a prompt must be 1-D, got an array of shape {prompt.shape}")
     return [_token_id(t) for t in prompt]
 
 
@@ -101,16 +119,24 @@ def generate(
     """Sample up to ``max_new_tokens`` new tokens after ``prompt_ids`` and return them
     (the new tokens only, ending with ``eos_id`` if it was emitted).
 
-    ``prompt_ids`` is one prompt (a list of ids or a 1-D tensor) → ``list[int]``, or a
-    batch of prompts of any lengths (a list of lists) → ``list[list[int]]``. ``on_token``,
+    ``prompt_ids`` is one prompt (a list of ids, a 1-D tensor or numpy array) → ``list[int]``, or a
+    batch of prompts of any lengths (a list of lists, a 2-D tensor or array) → ``list[list[int]]``. ``on_token``,
     when given, is called with ``(row, token)`` for every new token as soon as it is chosen,
     so a caller can stream text while the rest is generated. ``vocab_size``, when given, samples
     only ids below it: a tokenizer with fewer tokens than the model's (padded) vocabulary has no
     text for the others.
 
-    ``window_shift`` (an integer in ``[1, context_length)``) is how many tokens the window slides
-    at a time past ``context_length`` (see the module's docstring; a batch slides together, so only
-    with 1 does a row of a batch generate what it would alone). A model whose logits are not finite
+    The prompt is prefilled in one forward; each new token then costs one position of compute until
+    the context is full. Past ``context_length`` the window slides, ``window_shift`` tokens at a time
+    (an integer in ``[1, context_length]``; see the module's docstring): with the default 1 every
+    token re-runs the last ``context_length`` tokens, with a larger shift one token in
+    ``window_shift`` re-runs the last ``context_length - window_shift + 1``.
+
+    A row of a batch computes the logits it would alone (with ``window_shift`` 1; a batch slides
+    together), so greedy decoding gives it the same tokens; sampled, every row draws from the one
+    ``generator``, so a row's tokens depend on the other rows. ``temperature``, ``top_p`` and
+    ``top_k`` are checked as :func:`~lm.generate.sample_next_token` checks them (a ValueError naming
+    the argument and its value). A model whose logits are not finite
     (NaN or inf) raises :class:`~lm.generate.sampling.NonFiniteLogitsError` before its token is
     passed on.
 
@@ -121,16 +147,22 @@ def generate(
     and length.
     """
     check_sampling_args(temperature, top_p, top_k)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    check_generator(generator)
+    temperature, top_p, top_k = float(temperature), float(top_p), None if top_k is None else operator.index(top_k)
+    if _integer(max_new_tokens) is None or max_new_tokens < 0:
         raise ValueError(
             f"max_new_tokens must be a non-negative integer, got max_new_tokens={max_new_tokens!r}"
         )
+    max_new_tokens = operator.index(max_new_tokens)
     cfg = model.config
     ctx = cfg.context_length
-    if isinstance(window_shift, bool) or not isinstance(window_shift, int) or not 1 <= window_shift < ctx:
+    # ctx itself is allowed: the rebuild is then over the last token alone (prefill(1)), the only
+    # shift a model of context_length 1 has.
+    if _integer(window_shift) is None or not 1 <= window_shift <= ctx:
         raise ValueError(
-            f"window_shift must be an integer in [1, context_length={ctx}), got window_shift={window_shift!r}"
+            f"window_shift must be an integer in [1, context_length={ctx}], got window_shift={window_shift!r}"
         )
+    window_shift = operator.index(window_shift)
     check_vocab_limit(vocab_size, cfg.vocab_size)
     prompts, single = _as_prompt_list(prompt_ids)
     if not prompts:

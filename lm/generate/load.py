@@ -147,10 +147,7 @@ def load_model_and_tokenizer(
             raise ValueError(f"{tokenizer_argument}: no tokenizer/ beside {str(file)!r}; "
                              f"pass {tokenizer_argument} DIR")
         return Loaded(model, None, info, file)
-    try:
-        tok = load_tokenizer_dir(tok_dir)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{tokenizer_argument}: {e}") from None
+    tok = load_tokenizer_dir(tok_dir, argument=tokenizer_argument)
     check_tokenizer_checksum(tok.checksum(), info["tokenizer_sha256"], argument=tokenizer_argument,
                              what=f"{str(tok_dir)!r}", against=f"the model {str(file)!r}")
     if tok.vocab_size > model.config.vocab_size:

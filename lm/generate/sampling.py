@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import numbers
+import operator
+
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -15,18 +19,63 @@ GREEDY_BELOW = 1e-5
 
 
 def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> None:
-    if not 0 <= temperature < float("inf"):  # also rejects NaN; infinity would sample uniformly
+    """A ValueError naming the argument and its value unless ``temperature`` is a finite real number
+    >= 0, ``top_p`` one in (0, 1] (neither a bool) and ``top_k`` None or a positive integer (an int or
+    a numpy integer). A None or a string had raised a TypeError from the comparison, naming nothing."""
+    if not _real(temperature) or not 0 <= temperature < float("inf"):  # also rejects NaN; inf samples uniformly
         raise ValueError(f"temperature must be a finite number >= 0, got temperature={temperature!r}")
-    if not 0 < top_p <= 1:
+    if not _real(top_p) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (_integer(top_k) is None or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got top_k={top_k!r}")
+
+
+def check_generator(generator) -> None:
+    """``generator`` is a ``torch.Generator`` or None (an int had raised an AttributeError on ``.device``)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got generator={generator!r}")
+
+
+def _real(x) -> bool:
+    """A real number (a Python or numpy int or float), not a bool (``True`` is not a temperature)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _integer(x) -> int | None:
+    """``x`` as an int when it is an integer (an int, a numpy integer: ``operator.index``) but not a
+    bool; else None."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+# The seed torch's CPU generator (mt19937) uses is the low 32 bits of the one it is given.
+GENERATOR_SEED_BITS = 32
+
+
+def generator_seed(seed: int) -> int:
+    """The seed to give torch's CPU generator for a user's ``seed`` in [0, 2**64 - 1]: ``seed`` itself
+    below 2**32, a 32-bit hash of it from 2**32 on.
+
+    torch's CPU generator keeps only the low 32 bits of its seed, so seeds 2**32 apart (5 and 2**32 + 5)
+    had drawn the same tokens. A seed below 2**32 keeps its samples; seeds that differ only in their
+    high bits now get different streams. The generator still has 2**32 seeds, so two of the 2**64 can
+    share a stream (any given pair with probability about 2**-32)."""
+    s = _integer(seed)
+    if s is None or not 0 <= s < 2**64:
+        raise ValueError(f"seed must be a whole number in [0, 2**64-1], got seed={seed!r}")
+    if s < 2**GENERATOR_SEED_BITS:
+        return s
+    digest = hashlib.blake2b(s.to_bytes(8, "little"), digest_size=GENERATOR_SEED_BITS // 8, person=b"lm-seed")
+    return int.from_bytes(digest.digest(), "little")
 
 
 def check_vocab_limit(vocab_size: int | None, model_vocab_size: int) -> None:
     """``vocab_size`` (sample only ids below it, the tokenizer's size) is None or in [1, the model's]."""
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                   or not 1 <= vocab_size <= model_vocab_size):
+    if vocab_size is not None and (_integer(vocab_size) is None or not 1 <= vocab_size <= model_vocab_size):
         raise ValueError(f"vocab_size must be in [1, {model_vocab_size}] (the model's), got vocab_size={vocab_size!r}")
 
 
@@ -68,6 +117,8 @@ def sample_next_token(
     own): greedy picks a token anyway, sampling raises torch's error. :func:`next_token_and_finite`
     returns the tokens with a flag to read with them."""
     check_sampling_args(temperature, top_p, top_k)
+    check_generator(generator)
+    temperature, top_p, top_k = float(temperature), float(top_p), None if top_k is None else operator.index(top_k)
     if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -107,6 +158,8 @@ def next_token_and_finite(
     reads its tokens back reads the flags in the same transfer, not in a second sync
     (:func:`lm.generate.generate`); a row that is not finite gets an arbitrary token."""
     check_sampling_args(temperature, top_p, top_k)
+    check_generator(generator)
+    temperature = float(temperature)
     top = logits.amax(dim=-1).float()
     if temperature < GREEDY_BELOW:
         return sample_next_token(logits, temperature=temperature), torch.isfinite(top)

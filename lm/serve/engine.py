@@ -49,7 +49,13 @@ from torch import Tensor
 
 from lm.device import autocast
 from lm.generate.kv_cache import KVCache
-from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, check_vocab_limit, next_token_and_finite
+from lm.generate.sampling import (
+    GENERATOR_SEED_BITS,
+    NonFiniteLogitsError,
+    check_sampling_args,
+    check_vocab_limit,
+    next_token_and_finite,
+)
 from lm.generate.static import DecodeStep, StaticKVCache
 
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (vLLM's default)
@@ -118,12 +124,14 @@ class SamplingParams:
 
 
 def choice_seed(seed: int, index: int) -> int:
-    """The generator seed of choice ``index`` of a request seeded ``seed`` (any integer): a 64-bit
-    hash of the pair, so each (seed, choice) has its own stream, never another request's or another
-    choice's (seed + j would be the first choice of seed + j; ``seed << 8 | j`` made seeds 2**55 apart
-    the same and choice 256 choice 0)."""
+    """The generator seed of choice ``index`` of a request seeded ``seed`` (any integer): a hash of
+    the pair, so each (seed, choice) has a stream of its own unless two hashes meet (seed + j would
+    be the first choice of seed + j; ``seed << 8 | j`` made seeds 2**55 apart the same and choice 256
+    choice 0). torch's CPU generator keeps only the low 32 bits of its seed, so the hash is cut to
+    those 32 bits (the streams are those of the 64-bit hash this returned before): any two pairs share
+    a stream with probability 2**-32, which is small but not never."""
     digest = hashlib.blake2b(f"{seed},{index}".encode(), digest_size=8, person=b"lm-choice").digest()
-    return int.from_bytes(digest, "little")
+    return int.from_bytes(digest, "little") & (2**GENERATOR_SEED_BITS - 1)
 
 
 # Events the engine sends a request, from its own thread: a new token of choice ``index``, or the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -269,12 +270,24 @@ def save_tokenizer_dir(tokenizer: Tokenizer, directory: str | os.PathLike, *, hf
     return d
 
 
-def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[str] | None = None) -> Tokenizer:
+def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[str] | None = None, *,
+                       argument: str | None = None) -> Tokenizer:
     """Load ``DIR/vocab.json`` + ``DIR/merges.txt`` as written by ``lm tokenizer train``.
 
-    Special tokens default to those listed in ``DIR/tokenizer_config.json``.
+    Special tokens default to those listed in ``DIR/tokenizer_config.json``. Errors are ValueErrors
+    that start with the parameter at fault (``tokenizer:``, ``vocab_path:``, ``merges_path:``), or,
+    with ``argument`` (``"--tokenizer"``), with that instead, which stands for all of them.
     """
-    d = Path(directory)
+    if argument is None:
+        return _load_tokenizer_dir(Path(directory), special_tokens)
+    try:
+        return _load_tokenizer_dir(Path(directory), special_tokens)
+    except (ValueError, OSError) as e:
+        message = re.sub(r"^(?:tokenizer|vocab_path|merges_path):\s*", "", str(e))
+        raise ValueError(f"{argument}: {message}") from None
+
+
+def _load_tokenizer_dir(d: Path, special_tokens: Sequence[str] | None) -> Tokenizer:
     if not d.is_dir():
         raise ValueError(f"tokenizer: not a directory: {str(d)!r}")
     if special_tokens is None:
@@ -287,6 +300,11 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
             special_tokens = config["special_tokens"]
             if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
                 raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
+    for name in ("vocab.json", "merges.txt"):
+        if not (d / name).exists():  # not "vocab_path: file not found", a name the caller never gave
+            inner = d / "tokenizer"  # a run folder, say, whose tokenizer is in its tokenizer/
+            hint = f"; pass {str(inner)!r}, which has one" if (inner / name).is_file() else ""
+            raise ValueError(f"tokenizer: no {name} in {str(d)!r}{hint}")
     return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)
 
 

@@ -31,6 +31,7 @@ from lm.data import TokenDataset
 from lm.data.batch import LMBatch
 from lm.device import autocast, configure_matmul_precision, resolve_dtype
 from lm.evaluate import bits_per_byte, perplexity
+from lm.generate.sampling import generator_seed
 from lm.io import atomic_write, silence_stdout
 from lm.model import build_model
 from lm.optim import (
@@ -193,7 +194,8 @@ class Trainer:
     def _build_model_and_optimizer(self) -> None:
         """The model and AdamW; the same seed gives every rank the same initial weights."""
         cfg = self.cfg
-        torch.manual_seed(cfg.train.seed)
+        # the CPU generator keeps 32 bits of a seed: train.seed from 2**32 on is hashed (lower ones are kept)
+        torch.manual_seed(generator_seed(cfg.train.seed))
         self.model = build_model(cfg.model).to(self.device)
         if hasattr(self.model, "validate_ids"):
             self.model.validate_ids = False  # _check_data read every id already: no per-step device sync
@@ -443,10 +445,7 @@ class Trainer:
         """The tokenizer copied into the run must be the one that wrote the token files."""
         from lm.tokenizer import load_tokenizer_dir
 
-        try:
-            tok = load_tokenizer_dir(directory)
-        except (ValueError, OSError) as e:
-            raise ValueError(f"data.tokenizer: {e}") from None
+        tok = load_tokenizer_dir(directory, argument="data.tokenizer")
         if tok.vocab_size > self.cfg.model.vocab_size:
             raise ValueError(
                 f"data.tokenizer {directory!r} has {tok.vocab_size} tokens, more than model.vocab_size "
