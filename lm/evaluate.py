@@ -65,7 +65,11 @@ def evaluate_tokens(
     ``stride`` (default ``context_length``): how far each window moves on (see the module doc).
     Bits per byte count the bytes of the scored tokens with ``token_bytes`` (each id's byte
     length, :func:`token_byte_lengths`), else estimate them with ``bytes_per_token``; the result's
-    ``bytes`` is the count used (None for an estimate)."""
+    ``bytes`` is the count used (None for an estimate).
+
+    A model whose logits are not finite (NaN or inf) raises
+    :class:`~lm.generate.NonFiniteLogitsError` naming the first tokens (positions in ``tokens``,
+    from 0) whose loss is not: a loss of NaN is no measurement."""
     if bytes_per_token is not None and token_bytes is not None:
         raise ValueError("bytes_per_token: give it or token_bytes, not both")
     lengths = None if token_bytes is None else np.asarray(token_bytes, dtype=np.int64)
@@ -102,8 +106,12 @@ def evaluate_tokens(
             for (length, first), same in itertools.groupby(windows, key=lambda w: (w[1] - w[0], w[2])):
                 same = list(same)
                 for i in range(0, len(same), batch_size):
-                    rows = _window_rows(tokens, same[i : i + batch_size], vocab)
+                    batch = same[i : i + batch_size]
+                    rows = _window_rows(tokens, batch, vocab)
                     total, count = _add(model, rows, first, device, total, count)
+                    if not math.isfinite(total):  # read with the batch's loss: no other sync
+                        raise _not_finite(f"the loss of tokens {batch[0][0] + first + 1:,}-{batch[-1][1]:,} "
+                                          f"(of 0-{n - 1:,}) is {total}")
                     if lengths is not None:
                         nbytes += _scored_bytes(rows[:, first + 1 :], lengths)
                     bar.update(rows.shape[0] * (length - first))
@@ -121,6 +129,17 @@ def evaluate_tokens(
         "tokens": count,
         "bytes": None if lengths is None else nbytes,
     }
+
+
+def _not_finite(where: str) -> ValueError:
+    """A :class:`~lm.generate.NonFiniteLogitsError` (what the decoders raise for the same model) that
+    says ``where``: the logits are read only through the loss here, so an overflow in the loss
+    itself (logits too far apart for float32) is reported alike."""
+    from lm.generate.sampling import NonFiniteLogitsError
+
+    error = NonFiniteLogitsError()
+    error.args = (f"{error} or overflow: {where}",)
+    return error
 
 
 def _scored_bytes(targets: np.ndarray, lengths: np.ndarray) -> int:
@@ -184,15 +203,20 @@ def collate_pairs(sources, targets, *, pad_id: int, bos_id: int, eos_id: int, de
 
 @torch.no_grad()
 def evaluate_pairs(model: torch.nn.Module, batches) -> dict[str, float | int]:
-    """Mean cross-entropy per target token (no label smoothing) over :class:`PairBatch` es, and perplexity."""
+    """Mean cross-entropy per target token (no label smoothing) over :class:`PairBatch` es, and perplexity.
+
+    A model whose logits are not finite (NaN or inf) raises :class:`~lm.generate.NonFiniteLogitsError`
+    naming the first batch (from 1) whose loss is not."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     try:
-        for batch in batches:
+        for k, batch in enumerate(batches, 1):
             n = batch.num_tokens
             total += float(model.loss(batch, label_smoothing=0.0)) * n
             count += n
+            if not math.isfinite(total):
+                raise _not_finite(f"the loss of batch {k} of the pairs is {total}")
     finally:
         model.train(was_training)
     if count == 0:

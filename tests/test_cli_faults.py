@@ -294,7 +294,8 @@ def test_config_values_that_cannot_train(work, tmp_path, setting, message):
 def test_vocab_size_beyond_the_corpus_says_what_it_got(work, tmp_path):
     r = lm("tokenizer", "train", "--input", work / "corpus.txt", "--vocab-size", "100000", "--out", tmp_path / "t",
            cwd=tmp_path)
-    one_line_error(r, "--vocab-size: the input gives at most", "not 100,000")
+    one_line_error(r, "--vocab-size: the ", " training bytes (", " held out, see --holdout-bytes) give at most",
+                   "not 100,000")
     assert not (tmp_path / "t").exists()
 
 

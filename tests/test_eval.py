@@ -160,9 +160,14 @@ def test_cli_eval_errors(run, tmp_path, capsys):
         (["--checkpoint", str(tmp_path / "nope.pt"), "--data", str(tmp_path / "big.bin")], "file not found"),
         (["--checkpoint", str(d), "--data", str(tmp_path / "missing.bin")], "--data: file not found"),
         (["--checkpoint", str(d), "--data", str(tmp_path / "big.bin")], "more than the model's vocab_size 300"),
-        (["--checkpoint", str(d), "--data", str(tmp_path / "one.txt")], "--data: needs at least 2 tokens"),
+        (["--checkpoint", str(d), "--data", str(tmp_path / "one.txt")],
+         f"--data: {str(tmp_path / 'one.txt')!r} holds 1 token; at least 2 are needed to predict one"),
+        (["--checkpoint", str(d), "--data", str(tmp_path / "empty.txt")],
+         f"--data: {str(tmp_path / 'empty.txt')!r} holds 0 tokens; at least 2 are needed to predict one"),
     ]
     (tmp_path / "one.txt").write_text("a")
+    (tmp_path / "empty.txt").write_text("")
+    assert len(tok.encode("a")) == 1
     for argv, msg in cases:
         assert main(["eval", *argv, "--quiet"]) == 2
         err = capsys.readouterr().err.strip()
@@ -353,5 +358,212 @@ def test_cli_eval_of_a_translation_model_names_the_weights_it_scored(tmp_path, c
     assert (r["checkpoint"], r["step"]) == (str(tmp_path / "model.safetensors"), 7)
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith(f"(2 sentences, beam 1)  checkpoint {tmp_path / 'model.safetensors'} (step 7)")
+    assert lines[0].endswith(f"(2 sentences, beam 1, alpha 0.6)  checkpoint {tmp_path / 'model.safetensors'} "
+                             "(step 7)")
     assert len(lines) == 3  # and the two signatures
+
+
+# -- faults of the model, out of memory, options that do nothing here (audit evaluate3) -------------------
+
+@pytest.mark.parametrize("error", ["cpu", "cuda"])
+def test_cli_eval_of_a_language_model_out_of_memory_is_one_line_naming_batch_size(run, tmp_path, capsys,
+                                                                                     monkeypatch, error):
+    """A batch of windows too large for memory was torch's traceback, exit 1 (audit evaluate3 #1);
+    the translation path said one line naming --beam/--batch-size. Now one line naming --batch-size,
+    exit 2, with the allocator's figure; an error that is not the allocator's is not hidden."""
+    import lm.evaluate
+
+    d, _, _ = run
+    (tmp_path / "v.txt").write_text(TEXT[:400])
+
+    def out_of_memory(*args, **kwargs):
+        if error == "cpu":  # the real CPU allocator's error: 10^16 bytes fit in no address space
+            torch.empty(10**16, dtype=torch.uint8)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total ...")
+
+    monkeypatch.setattr(lm.evaluate, "_add", out_of_memory)
+    argv = ["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--batch-size", "3", "--quiet"]
+    for json_flag in ([], ["--json"]):
+        assert main([*argv, *json_flag]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        err = captured.err.strip()
+        tried = "10000000000000000 bytes" if error == "cpu" else "2.00 GiB"
+        assert err == ("lm eval: error: --batch-size: a batch of up to 3 windows of 16 tokens does not fit in "
+                       f"memory (torch tried to allocate {tried}); lower --batch-size"), err
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(lm.evaluate, "_add", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(argv)
+
+
+def test_evaluate_tokens_refuses_logits_that_are_not_finite_and_names_the_tokens(run):
+    """A model whose logits are NaN or inf had a loss of nan (perplexity and bits/byte too), reported
+    as a result (audit evaluate3 #2). evaluate_tokens now raises NonFiniteLogitsError, as the decoders
+    do, naming the tokens of the first batch whose loss is not finite: against the windows whose
+    logits torch finds not finite, model(x) window by window."""
+    import copy
+
+    from lm.generate import NonFiniteLogitsError
+
+    _, model, tok = run
+    ctx = model.config.context_length
+    ids = tok.encode(TEXT[:600])
+    token = min(set(range(model.config.vocab_size)) - set(ids))  # an id the text never holds
+    first = 2 * ctx + 5
+    ids[first] = token
+    bad = copy.deepcopy(model).eval()
+    with torch.no_grad():  # every window that reads it has NaN logits from there on; the others are finite
+        bad.token_embeddings.weight[token] = float("nan")
+    windows = []  # (first target, last target) of each window whose logits are not all finite
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, ctx):
+            x = torch.tensor(ids[s : s + ctx + 1][:-1])[None]
+            if not torch.isfinite(bad(x)).all():
+                windows.append((s + 1, s + x.shape[1]))
+    assert windows[0] == (2 * ctx + 1, 3 * ctx)  # the earlier windows are finite
+    for bs in (1, 2):
+        lo = windows[0][0] - (windows[0][0] - 1) % (bs * ctx)  # the batch of windows holding it
+        with pytest.raises(NonFiniteLogitsError) as e:
+            evaluate_tokens(bad, np.array(ids), batch_size=bs)
+        want = (f"the model's logits are not finite (NaN or inf) or overflow: the loss of tokens {lo:,}-"
+                f"{min(lo - 1 + bs * ctx, len(ids) - 1):,} (of 0-{len(ids) - 1:,}) is nan")
+        assert str(e.value) == want
+    assert isinstance(e.value, ValueError)  # a command line prints it as one line
+    # a sliding window reads the same token in more windows: the first of them is named
+    with pytest.raises(NonFiniteLogitsError, match=r"the loss of tokens \d"):
+        evaluate_tokens(bad, np.array(ids), stride=4)
+    r = evaluate_tokens(bad, np.array(ids), max_tokens=first)  # the token is a target, never read: finite
+    assert r["loss"] == pytest.approx(reference_loss(model, ids[: first + 1])[0], rel=1e-5)
+
+
+def test_cli_eval_of_a_model_whose_logits_overflow_is_one_line_naming_checkpoint(run, tmp_path, capsys):
+    """Finite weights (load_model checks them) whose logits overflow float32: `lm eval` printed
+    "loss nan  perplexity nan" and --json a bare NaN, which is not JSON, exit 0 (audit evaluate3 #2).
+    Now one line naming --checkpoint, in the words of `lm translate`'s, exit 2, nothing on stdout."""
+    import copy
+
+    from lm.checkpoint import export_safetensors
+
+    d, model, tok = run
+    overflowing = copy.deepcopy(model)
+    with torch.no_grad():  # (the audit's: the logits of some windows reach inf, and inf - inf is NaN)
+        overflowing.lm_head.weight.mul_(1e38)
+    assert all(torch.isfinite(p).all() for p in overflowing.parameters())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tokenizer").symlink_to(d / "tokenizer", target_is_directory=True)
+    export_safetensors(overflowing, tmp_path / "run" / "model.safetensors")
+    (tmp_path / "v.txt").write_text(TEXT[:400])
+    argv = ["eval", "--checkpoint", str(tmp_path / "run"), "--data", str(tmp_path / "v.txt"), "--quiet"]
+    for json_flag in ([], ["--json"]):
+        assert main([*argv, *json_flag]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "", captured.out
+        err = captured.err.strip()
+        assert err.startswith("lm eval: error: --checkpoint: the model's logits are not finite (NaN or inf) or "
+                              "overflow: the loss of tokens 1-"), err
+        assert len(err.splitlines()) == 1 and "nan" in err
+
+
+def test_cli_eval_of_a_language_model_refuses_beam_and_alpha(run, tmp_path, capsys):
+    """`lm eval` of a language model took --beam 0, -3 or 5 and ignored it, exit 0 (audit evaluate3 #4):
+    --beam and --alpha set the decoding of a translation model (--target); a language model is
+    refused them, as a translation model is refused --stride. A bad value is refused up front
+    (before the checkpoint is even looked at), with --target too."""
+    d, _, _ = run
+    (tmp_path / "v.txt").write_text(TEXT[:400])
+    (tmp_path / "t.txt").write_text("a\n")
+    base = ["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--quiet"]
+    nowhere = str(tmp_path / "no-such-run")
+    cases = [
+        (["--beam", "0"], "--beam: must be >= 1, got 0"),
+        (["--beam", "-3"], "--beam: must be >= 1, got -3"),
+        (["--alpha", "nan"], "--alpha: must be a finite number >= 0, got nan"),
+        (["--alpha", "-1"], "--alpha: must be a finite number >= 0, got -1.0"),
+        (["--beam", "5"], f"--beam: sets the beam search of a translation model's BLEU (--target); {str(d)!r} is a "
+                          "language model, scored without decoding, got --beam 5"),
+        (["--beam", "4"], "language model, scored without decoding, got --beam 4"),  # the default, given
+        (["--alpha", "0.6"], "language model, scored without decoding, got --alpha 0.6"),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra]) == 2
+        captured = capsys.readouterr()
+        err = captured.err.strip()
+        assert captured.out == "" and err.startswith("lm eval: error: ") and message in err, err
+        assert len(err.splitlines()) == 1, err
+        if "must be" in message:  # refused before anything is read: with --target, or no checkpoint
+            for argv in ([*base, *extra, "--target", str(tmp_path / "t.txt")],
+                         [*base, *extra, "--checkpoint", nowhere]):
+                assert main(argv) == 2
+                assert capsys.readouterr().err.strip() == f"lm eval: error: {message}"
+    assert main(base) == 0  # without them: a result
+
+
+def test_cli_eval_help_says_beam_and_alpha_are_lm_translates(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "translation models (--target): beam size of the translations that BLEU and chrF score, as `lm translate " \
+           "--beam` (default 4)" in out, out
+    assert "length penalty exponent (GNMT) of the beam search, as `lm translate --alpha` (default 0.6)" in out
+    assert "(default: None)" not in out
+
+
+def test_cli_eval_target_with_a_language_model_or_a_token_file_says_what_is_wrong(run, tmp_path, capsys):
+    """`lm eval --checkpoint LM --data val.bin --target val.txt` said `--data: ... not valid UTF-8`,
+    not that the checkpoint is a language model (audit evaluate3 #5); a pair file of `lm tokenize
+    --target` given to a translation model as --data was only "not valid UTF-8" either."""
+    from test_translate import _model as translation_model
+
+    from lm.checkpoint import export_safetensors
+    from lm.data.pairs import write_pair_file
+    from lm.tokenizer import save_tokenizer_dir
+
+    d, _, tok = run
+    ids = tok.encode(TEXT[:400])
+    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
+    write_pair_file(tmp_path / "p.bin", [(np.array([300, 5, 0, 261]), np.array([7, 8, 0xA1])),
+                                          (np.array([5, 300]), np.array([9]))], vocab_size=400)
+    (tmp_path / "t.txt").write_text("Ein Hund.\nZwei.\n")
+    (tmp_path / "s.txt").write_text("A dog.\nTwo.\n")
+    s2s = tmp_path / "s2s"
+    export_safetensors(translation_model(vocab=pair_tokenizer().vocab_size), s2s / "model.safetensors")
+    save_tokenizer_dir(pair_tokenizer(), s2s / "tokenizer")
+    lm_kind = f"--target: {str(d)!r} is a language model; evaluate it on --data alone"
+    cases = [
+        (d, "v.bin", "t.txt", lm_kind),
+        (d, "p.bin", "t.txt", lm_kind),
+        (d, "s.txt", "p.bin", lm_kind),
+        (s2s, "p.bin", "t.txt", f"--data: {str(tmp_path / 'p.bin')!r} is a translation pair file (`lm tokenize "
+                                "--target`); with --target, --data and --target are the source sentences and their "
+                                "reference translations as text, one a line (plain or gzip)"),
+        (s2s, "s.txt", "v.bin", f"--target: {str(tmp_path / 'v.bin')!r} is a token file (`lm tokenize`); with "
+                                "--target, --data and --target are the source sentences"),
+    ]
+    # runs without a tokenizer/: a language model is still said to be one; a translation model needs one
+    for name, source in (("lm-notok", d), ("s2s-notok", s2s)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes())
+    cases += [
+        (tmp_path / "lm-notok", "s.txt", "t.txt", f"--target: {str(tmp_path / 'lm-notok')!r} is a language model"),
+        (tmp_path / "s2s-notok", "s.txt", "t.txt",
+         f"--tokenizer: no tokenizer/ beside {str(tmp_path / 's2s-notok' / 'model.safetensors')!r}; "
+         "pass --tokenizer DIR"),
+    ]
+    for ckpt, data, target, message in cases:
+        assert main(["eval", "--checkpoint", str(ckpt), "--data", str(tmp_path / data), "--target",
+                     str(tmp_path / target), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"lm eval: error: {message}") and len(err.splitlines()) == 1, (data, target, err)
+
+
+def test_cli_eval_warns_of_one_byte_in_the_singular(run, tmp_path, capsys):
+    d, _, _ = run
+    (tmp_path / "v.txt").write_bytes(TEXT[:200].encode() + b"\xff" + TEXT[:200].encode())
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--quiet"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lm eval: warning: --data: 1 byte of {str(tmp_path / 'v.txt')!r} is not valid UTF-8; it was "
+                   "replaced by U+FFFD, which bits/byte counts as its 3 bytes"), err

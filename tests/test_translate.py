@@ -391,8 +391,9 @@ def test_lm_eval_refuses_a_source_longer_than_the_context(run, tmp_path, capsys)
     assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.txt"), "--target",
                  str(tmp_path / "t.txt"), "--beam", "1", "--json", "--quiet"]) == 0
     captured = capsys.readouterr()
-    assert "1 of 3 references are longer than the 31 tokens a sentence may hold (context 32" in captured.err
-    assert "left out of the loss, not of BLEU and chrF" in captured.err
+    assert captured.err.startswith("lm eval: warning: 1 of 3 references is longer than the 31 tokens a sentence "
+                                   "may hold (context 32"), captured.err  # a warning, said as the README's are
+    assert captured.err.endswith(": its pair is left out of the loss, not of BLEU and chrF\n"), captured.err
     r = json.loads(captured.out)
     assert r["sentences"] == 3 and r["tokens"] == (3 + 1) + (5 + 1)  # the loss: the other two pairs, with <eos>
     assert r["bleu"] == bleu_chrf(_greedy_lines(model, tok, sources), references)["bleu"]
@@ -612,7 +613,8 @@ def test_lm_eval_with_every_reference_too_long_for_the_loss_still_gives_bleu(run
             "--quiet"]
     assert _lm(*args, "--json") == 0
     captured = capsys.readouterr()
-    assert "2 of 2 references are longer than the " in captured.err
+    assert captured.err.startswith("lm eval: warning: 2 of 2 references are longer than the ")
+    assert captured.err.endswith(": their pairs are left out of the loss, not of BLEU and chrF\n"), captured.err
     r = json.loads(captured.out)
     assert r["loss"] is None and r["perplexity"] is None and r["tokens"] == 0 and r["sentences"] == 2
     want = bleu_chrf(_greedy_lines(model, tok, sources), references)
@@ -655,6 +657,128 @@ def test_logits_that_are_not_finite_are_an_error_greedy_beam_and_lm_translate(ru
     for argv in (("translate", "--checkpoint", d, "--beam", 1, "abc"), ("translate", "--checkpoint", d, "abc"),
                  ("eval", "--checkpoint", d, "--data", tmp_path / "src.txt", "--target", tmp_path / "ref.txt")):
         assert _lm(*argv) == 2
-        err = capsys.readouterr().err
-        assert "error: --checkpoint: the model's logits are not finite (NaN or inf) at new token 1" in err
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        captured = capsys.readouterr()
+        err = captured.err
+        where = ("or overflow: the loss of batch 1 of the pairs is nan" if argv[0] == "eval" else  # (scored first)
+                 "at new token 1")
+        assert f"error: --checkpoint: the model's logits are not finite (NaN or inf) {where}" in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and captured.out == ""
+    # the loss by teacher forcing: NonFiniteLogitsError from evaluate_pairs too, never a loss of nan
+    from lm.evaluate import collate_pairs, evaluate_pairs
+
+    cfg = good.config
+    batches = [collate_pairs([[5, 9]], [[6]], pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id)] * 2
+    assert evaluate_pairs(good, batches)["loss"] > 0
+    with pytest.raises(NonFiniteLogitsError, match=r"or overflow: the loss of batch 1 of the pairs is nan$"):
+        evaluate_pairs(overflowing, batches)
+
+
+# -- options checked up front, one way to read gzip, --alpha in lm eval (audit evaluate3) ---------------
+
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-1"])
+def test_lm_translate_refuses_a_bad_alpha_before_any_work_and_any_output(run, tmp_path, capsys, alpha):
+    """--alpha was checked only by translate(), per batch of non-blank lines: `--alpha nan` on blank
+    lines passed (exit 0), and `--alpha -1` failed after earlier batches were printed (audit evaluate3
+    #3). It is now refused as --beam is: before the model is loaded and before any output."""
+    d, _, _ = run
+    (tmp_path / "blank.txt").write_text("\n\n")
+    (tmp_path / "late.txt").write_text("\nabc\n")
+    want = f"lm translate: error: --alpha: must be a finite number >= 0, got {float(alpha)!r}\n"
+    for argv in (["--checkpoint", d, "--input", tmp_path / "blank.txt"],
+                 ["--checkpoint", d, "--input", tmp_path / "late.txt", "--batch-size", "1"],
+                 ["--checkpoint", tmp_path / "no-such-run", "abc"]):  # no model looked at
+        assert _lm("translate", *argv, "--alpha", alpha, "--quiet") == 2
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", want)
+    assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "blank.txt", "--quiet") == 0
+    assert capsys.readouterr().out == "\n\n"
+
+
+def test_lm_translate_counts_one_byte_in_the_singular(run, tmp_path, capsys):
+    d, _, _ = run
+    for data, words in ((b"ab\xff\n", "1 byte that is"), (b"a\xff\nb\xfe\n", "2 bytes that are")):
+        (tmp_path / "bad.txt").write_bytes(data)
+        assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "bad.txt", "--quiet") == 2
+        assert capsys.readouterr().err == (f"lm translate: error: --input: {str(tmp_path / 'bad.txt')!r} has {words} "
+                                           "not valid UTF-8\n")
+
+
+def _model_that_stops(tok, eos_logit: float = 2.0):
+    """An unsharpened model whose <eos> is likely enough for hypotheses of many lengths, where the
+    length penalty's alpha matters (the other test models never stop before the length limit): the
+    <eos> row of the tied embeddings points along the decoder's mean output."""
+    model = _model(vocab=tok.vocab_size, sharpen=1.0)
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(3, cfg.vocab_size, (8, 6), generator=g), torch.randint(3, cfg.vocab_size, (8, 10),
+                                                                                    generator=g)
+    with torch.no_grad():
+        h = model.decode(tgt, model.encode(src)).reshape(-1, cfg.d_model).mean(0)
+        model.embeddings.weight[cfg.eos_id] = eos_logit * h / h.pow(2).sum()
+    return model
+
+
+def test_lm_eval_takes_alpha_as_lm_translate_does_and_records_it(run, tmp_path, capsys):
+    """lm eval --target decoded at alpha 0.6 whatever `lm translate --alpha` had been given, and said
+    nothing of it (audit evaluate3 #7): "sacrebleu on `lm translate` output gives lm eval's BLEU" held
+    for the default alpha only. lm eval takes --alpha (default 0.6, as lm translate's), and --json and
+    the result line record it with the beam. Against sacrebleu on `lm translate`'s output."""
+    from lm.checkpoint import export_safetensors
+    from lm.evaluate import bleu_chrf
+    from lm.tokenizer import save_tokenizer_dir
+
+    _, _, tok = run
+    d = tmp_path / "stops"
+    export_safetensors(_model_that_stops(tok), d / "model.safetensors")
+    save_tokenizer_dir(tok, d / "tokenizer")
+    sources = ["abc", "hello", "xy", "a b c d", "qq", "what is it", "z", "hi there"]
+    references = ["cba", "olleh", "yx", "d c b a", "qq", "ti si tahw", "z", "ereht ih"]
+    (tmp_path / "s.txt").write_text("".join(x + "\n" for x in sources))
+    (tmp_path / "t.txt").write_text("".join(x + "\n" for x in references))
+    hyps = {}
+    for alpha in ("0", "2.5"):
+        assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "s.txt", "--beam", "3", "--alpha", alpha,
+                   "--quiet") == 0
+        hyps[alpha] = capsys.readouterr().out.split("\n")[:-1]
+        assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt", "--beam",
+                   "3", "--alpha", alpha, "--json", "--quiet") == 0
+        r = json.loads(capsys.readouterr().out)
+        want = bleu_chrf(hyps[alpha], references)
+        assert (r["bleu"], r["chrf"], r["beam"], r["alpha"]) == (want["bleu"], want["chrf"], 3, float(alpha))
+    assert hyps["0"] != hyps["2.5"]  # alpha changes the translations of this model
+    assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt",
+               "--max-tokens", "1", "--quiet") == 0  # the defaults: lm translate's
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "(1 sentence, beam 4, alpha 0.6)  checkpoint " in line, line
+    assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt",
+               "--max-tokens", "1", "--json", "--quiet") == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["beam"], r["alpha"], r["sentences"]) == (4, 0.6, 1)
+
+
+def test_lm_eval_and_lm_translate_tell_gzip_by_content_alike(run, tmp_path, capsys):
+    """lm translate --input told gzip by its first bytes, lm eval --data/--target by a .gz suffix: the
+    same file was read by one and refused by the other, and `lm eval --data <(zcat -c x.gz | gzip)`
+    failed (audit evaluate3 #6). Both read by content now: gzip under any name, in a pipe too, and
+    a plain file named .gz as plain text."""
+    import gzip
+
+    d, model, tok = run
+    src, tgt = b"ab\ncd\nhello\n", b"ba\ndc\nolleh\n"
+    (tmp_path / "s.txt").write_bytes(src)
+    (tmp_path / "t.txt").write_bytes(tgt)
+    (tmp_path / "s_gzip.txt").write_bytes(gzip.compress(src))  # gzip, no .gz
+    (tmp_path / "t_plain.gz").write_bytes(tgt)  # plain, named .gz
+    args = ["--beam", "1", "--json", "--quiet"]
+    assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt", *args) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "s_gzip.txt", "--target", tmp_path / "t_plain.gz",
+               *args) == 0
+    assert json.loads(capsys.readouterr().out) == want
+    with fifo_holding(tmp_path / "s.fifo", gzip.compress(src)) as fifo:
+        assert _lm("eval", "--checkpoint", d, "--data", fifo, "--target", tmp_path / "t.txt", *args) == 0
+    assert json.loads(capsys.readouterr().out) == want
+    for name in ("s.txt", "s_gzip.txt", "t_plain.gz"):  # and lm translate reads them alike
+        assert _lm("translate", "--checkpoint", d, "--input", tmp_path / name, "--beam", "1", "--quiet") == 0
+        lines = (src if name.startswith("s") else tgt).decode().split("\n")[:-1]
+        assert capsys.readouterr().out.split("\n")[:-1] == _greedy_lines(model, tok, lines)

@@ -16,6 +16,9 @@ EXAMPLES = """
 """
 
 
+BEAM, ALPHA = 4, 0.6  # `lm translate`'s defaults: its output through sacrebleu gives lm eval's BLEU
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub,
@@ -33,10 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, metavar="FILE",
                    help="FILE.bin token file, or a UTF-8 text file; for a translation model the source sentences")
     p.add_argument("--target", default=None, metavar="FILE",
-                   help="translation models: the reference translations, one a line (plain or .gz); a pair "
-                        "whose reference is longer than the context is translated and scored in BLEU and "
+                   help="translation models: the reference translations, one a line (plain or gzip, as --data); "
+                        "a pair whose reference is longer than the context is translated and scored in BLEU and "
                         "chrF but left out of the loss (n/a when every pair is)")
-    p.add_argument("--beam", type=int, default=4, metavar="K", help="translation models: beam size for BLEU")
+    p.add_argument("--beam", type=int, default=None, metavar="K",
+                   help=f"translation models (--target): beam size of the translations that BLEU and chrF score, "
+                        f"as `lm translate --beam` (default {BEAM})")
+    p.add_argument("--alpha", type=float, default=None, metavar="A",
+                   help=f"translation models (--target): length penalty exponent (GNMT) of the beam search, as "
+                        f"`lm translate --alpha` (default {ALPHA})")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="windows (or sentence pairs) a forward pass")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
@@ -73,7 +81,7 @@ def data_kind(path: Path) -> str:
         gzipped = f.read(2) == b"\x1f\x8b"
     if gzipped:
         raise ValueError(f"--data: {str(path)!r} is gzip-compressed; decompress it first (only a translation "
-                         "model's --data and --target may be .gz)")
+                         "model's --data and --target may be gzip)")
     if path.suffix == ".bin" or not text_like:
         raise ValueError(f"--data: {str(path)!r} has no sidecar {side.name!r} and is not UTF-8 text; pass a token "
                          "file written by `lm tokenize` (with its sidecar) or a text file")
@@ -87,6 +95,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import numpy as np
 
     from lm.cli.common import load_model_and_tokenizer
+    from lm.cli.translate import check_alpha, model_fits, plural
     from lm.data import read_token_file
     from lm.data.token_file import bytes_per_token
     from lm.device import autocast, resolve_dtype, set_threads
@@ -94,10 +103,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from lm.io import check_readable_file, decode_utf8
     from lm.tokenizer import check_tokenizer_checksum
 
-    for name in ("batch_size", "max_tokens", "stride"):
+    for name in ("batch_size", "max_tokens", "stride", "beam"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+    if args.alpha is not None:
+        check_alpha(args.alpha)
     set_threads(args.threads)
     if args.target is not None:
         if args.stride is not None:  # it would be ignored: a translation is scored pair by pair
@@ -114,6 +125,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if model.config.architecture != "decoder_lm":
         raise ValueError(f"--target: {args.checkpoint!r} is a translation model: pass the source sentences as "
                          "--data and the reference translations as --target")
+    for flag, value in (("--beam", args.beam), ("--alpha", args.alpha)):  # they would be ignored, as --stride
+        if value is not None:
+            raise ValueError(f"{flag}: sets the beam search of a translation model's BLEU (--target); "
+                             f"{args.checkpoint!r} is a language model, scored without decoding, got {flag} {value}")
     if unreadable is not None:
         raise unreadable
     ctx = model.config.context_length
@@ -135,9 +150,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         text, bad = decode_utf8(data.read_bytes())
         if bad:
-            warnings.warn(f"--data: {bad:,} bytes of {str(data)!r} are not valid UTF-8; they were replaced by "
-                          "U+FFFD, which bits/byte counts as its 3 bytes", stacklevel=1)
+            warnings.warn(f"--data: {bad:,} {plural(bad, 'byte')} of {str(data)!r} "
+                          f"{plural(bad, 'is', 'are')} not valid UTF-8; {plural(bad, 'it was', 'they were')} "
+                          "replaced by U+FFFD, which bits/byte counts as its 3 bytes", stacklevel=1)
         tokens = np.asarray(tok.encode(text), dtype=np.int64)
+    if len(tokens) < 2:
+        raise ValueError(f"--data: {str(data)!r} holds {len(tokens)} {plural(len(tokens), 'token')}; "
+                         "at least 2 are needed to predict one")
     # The bytes of the tokens scored, not a whole-file average: --max-tokens may stop anywhere (and
     # the file's head may be English, its tail code or Japanese), and the first token is never scored.
     token_bytes = None if tok is None else token_byte_lengths(tok)
@@ -147,13 +166,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     estimate = bytes_per_token(meta) if token_bytes is None and kind == "tokens" and whole_file else None
     device = next(model.parameters()).device
     dtype = resolve_dtype(args.dtype, device)
-    with autocast(device, dtype), as_flags(data="--data"):
+    window = min(ctx, len(tokens) - 1 if args.max_tokens is None else min(len(tokens) - 1, args.max_tokens))
+    fits = model_fits(f"--batch-size: a batch of up to {args.batch_size} {plural(args.batch_size, 'window')} of "
+                      f"{window} {plural(window, 'token')}", "lower --batch-size")
+    with autocast(device, dtype), as_flags(data="--data"), fits:
         result = evaluate_tokens(model, tokens, batch_size=args.batch_size, max_tokens=args.max_tokens,
                                  token_bytes=token_bytes, bytes_per_token=estimate, stride=args.stride,
                                  progress=not args.quiet)
     result.update(checkpoint_used(loaded))
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, allow_nan=False))
     else:
         if result["bits_per_byte"] is None:
             bpb = "n/a (no tokenizer to count the scored bytes: pass --tokenizer DIR)"
@@ -177,23 +199,18 @@ def checkpoint_line(result: dict) -> str:
     return f"checkpoint {result['checkpoint']}{step}"
 
 
-def eval_translation(args: argparse.Namespace) -> int:
-    """Loss and perplexity by teacher forcing, BLEU and chrF of the translations, on a file pair."""
-    import sys
+def read_pairs(src_path: Path, tgt_path: Path) -> list[tuple[str, str]]:
+    """The sentence pairs of ``--data`` and ``--target`` (:func:`lm.data.pairs.read_parallel`), or a
+    one-line ValueError naming the argument at fault: also a token or pair file given for a text."""
+    from lm.data.pairs import is_pair_file, read_parallel
+    from lm.data.token_file import is_token_file
 
-    from lm.cli.common import load_model_and_tokenizer
-    from lm.cli.translate import decoding_fits, progress_bar
-    from lm.data.pairs import read_parallel
-    from lm.device import autocast, resolve_dtype
-    from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
-    from lm.generate import translate
-    from lm.generate.seq2seq import line_break_ids, source_too_long
-    from lm.io import check_readable_file
-
-    if args.beam < 1:
-        raise ValueError(f"--beam: must be >= 1, got {args.beam}")
-    src_path = check_readable_file(args.data, "--data", stream=True)  # read once, line by line: <(cmd) works
-    tgt_path = check_readable_file(args.target, "--target", stream=True)
+    for path, arg in ((src_path, "--data"), (tgt_path, "--target")):
+        if is_pair_file(path) or is_token_file(path):
+            what = "a translation pair file (`lm tokenize --target`)" if is_pair_file(path) else \
+                "a token file (`lm tokenize`)"
+            raise ValueError(f"{arg}: {str(path)!r} is {what}; with --target, --data and --target are the source "
+                             "sentences and their reference translations as text, one a line (plain or gzip)")
     try:
         pairs = list(read_parallel(src_path, tgt_path))
     except ValueError as e:  # name the argument: the message starts with the file it is about
@@ -203,13 +220,40 @@ def eval_translation(args: argparse.Namespace) -> int:
         raise ValueError(f"{arg}: {msg}") from None
     if not pairs:
         raise ValueError(f"--data/--target: {str(src_path)!r} and {str(tgt_path)!r} hold no lines")
-    if args.max_tokens is not None:
-        pairs = pairs[: args.max_tokens]  # sentences, for a translation model
-    loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
+    return pairs
+
+
+def eval_translation(args: argparse.Namespace) -> int:
+    """Loss and perplexity by teacher forcing, BLEU and chrF of the translations, on a file pair."""
+    import sys
+
+    from lm.cli.common import load_model_and_tokenizer
+    from lm.cli.translate import decoding_fits, plural, progress_bar
+    from lm.device import autocast, resolve_dtype
+    from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
+    from lm.generate import translate
+    from lm.generate.seq2seq import line_break_ids, source_too_long
+    from lm.io import check_readable_file
+
+    beam = BEAM if args.beam is None else args.beam  # checked by cmd_eval, as --alpha
+    alpha = ALPHA if args.alpha is None else args.alpha
+    src_path = check_readable_file(args.data, "--data", stream=True)  # read once, line by line: <(cmd) works
+    tgt_path = check_readable_file(args.target, "--target", stream=True)
+    try:
+        pairs, unreadable = read_pairs(src_path, tgt_path), None
+    except ValueError as e:  # said after the model's kind: a language model's fault is --target itself
+        pairs, unreadable = None, e
+    loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device, need_tokenizer=False)
     model, tok, _ = loaded
     cfg = model.config
     if cfg.architecture != "encoder_decoder":
         raise ValueError(f"--target: {args.checkpoint!r} is a language model; evaluate it on --data alone")
+    if unreadable is not None:
+        raise unreadable
+    if tok is None:  # (asked for only now: a language model's fault is --target, whatever its run holds)
+        raise ValueError(f"--tokenizer: no tokenizer/ beside {str(loaded.path)!r}; pass --tokenizer DIR")
+    if args.max_tokens is not None:
+        pairs = pairs[: args.max_tokens]  # sentences, for a translation model
     # Translated: each source line as `lm translate` reads it, stripped. Scored by teacher forcing:
     # each pair as training reads it (`lm tokenize --target`, lm.data.pairs: the whole line), so that
     # the loss on a validation pair file's text is the loss training reports on it.
@@ -223,15 +267,16 @@ def eval_translation(args: argparse.Namespace) -> int:
             raise ValueError(too_long)
     keep = [i for i in range(len(pairs)) if len(ref[i]) <= fits and len(src_raw[i]) <= fits]
     if len(keep) < len(pairs):  # a source too long only with its surrounding whitespace counts as a pair
-        what = "references are" if all(len(s) <= fits for s in src_raw) else "pairs are"
-        print(f"lm eval: {len(pairs) - len(keep)} of {len(pairs)} {what} longer than the {fits} tokens a "
-              f"sentence may hold (context {cfg.context_length}, one kept for <bos> or <eos>): their pairs are left "
-              "out of the loss, not of BLEU and chrF",
+        k, n = len(pairs) - len(keep), len(pairs)
+        what = "reference" if all(len(s) <= fits for s in src_raw) else "pair"
+        print(f"lm eval: warning: {k} of {n} {plural(n, what)} {plural(k, 'is', 'are')} longer than the {fits} "
+              f"tokens a sentence may hold (context {cfg.context_length}, one kept for <bos> or <eos>): "
+              f"{plural(k, 'its pair is', 'their pairs are')} left out of the loss, not of BLEU and chrF",
               file=sys.stderr)
     dtype = resolve_dtype(args.dtype, model.device)
     size = args.batch_size
     banned = line_break_ids(tok)  # as `lm translate`: one translation a line
-    with autocast(model.device, dtype), decoding_fits(args.beam, size):
+    with autocast(model.device, dtype), decoding_fits(beam, size):
         result = {"loss": None, "perplexity": None, "tokens": 0}  # no pair fits: no loss, still BLEU
         if keep:
             result = evaluate_pairs(model, (
@@ -244,18 +289,19 @@ def eval_translation(args: argparse.Namespace) -> int:
             for j in range(0, len(order), size):
                 rows = [i for i in order[j : j + size] if src[i]]  # an empty source: an empty translation
                 if rows:
-                    for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=args.beam,
+                    for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=beam, alpha=alpha,
                                                            vocab_size=tok.vocab_size, banned_ids=banned)):
                         hyps[i] = tok.decode(ids).strip()
                 bar.update(len(order[j : j + size]))
-    result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=args.beam,
+    result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=beam, alpha=alpha,
                   **checkpoint_used(loaded))
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, allow_nan=False))
     else:
         loss = "n/a" if result["loss"] is None else f"{result['loss']:.4f}"
         ppl = "n/a" if result["perplexity"] is None else f"{result['perplexity']:.3f}"
         print(f"loss {loss}  perplexity {ppl}  BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
-              f"({len(pairs):,} sentences, beam {args.beam})  {checkpoint_line(result)}")
+              f"({len(pairs):,} {plural(len(pairs), 'sentence')}, beam {beam}, alpha {alpha:g})  "
+              f"{checkpoint_line(result)}")
         print(f"  {result['bleu_signature']}\n  {result['chrf_signature']}")
     return 0

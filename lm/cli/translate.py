@@ -64,11 +64,11 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def decoding_fits(beam: int, batch_size: int) -> Iterator[None]:
-    """Within it, a batch that cannot fit in memory is one line naming ``--beam`` and
-    ``--batch-size`` and their values (README, "Errors"), not torch's traceback: the decoder's
-    cache holds ``batch_size × beam`` rows of keys and values. A model whose logits are not finite
-    (NaN or inf: it overflows) is one line naming ``--checkpoint``."""
+def model_fits(batch: str, remedy: str) -> Iterator[None]:
+    """Within it, a batch that cannot fit in memory is one line, "``batch`` does not fit in memory
+    (torch tried to allocate N); ``remedy``", not torch's traceback (README, "Errors": ``batch``
+    starts with the arguments that size it and says their values). A model whose logits are not
+    finite (NaN or inf: it overflows) is one line naming ``--checkpoint``."""
     from lm.generate.sampling import NonFiniteLogitsError
 
     try:
@@ -80,8 +80,30 @@ def decoding_fits(beam: int, batch_size: int) -> Iterator[None]:
             raise
         size = re.search(r"[Tt]ried to allocate ([\d.]+ ?[A-Za-z]+)", str(e))
         tried = f" (torch tried to allocate {size.group(1)})" if size else ""
-        raise ValueError(f"--beam/--batch-size: a batch of up to {batch_size} sentences at beam {beam} does not "
-                         f"fit in memory{tried}; lower --beam or --batch-size") from None
+        raise ValueError(f"{batch} does not fit in memory{tried}; {remedy}") from None
+
+
+def decoding_fits(beam: int, batch_size: int) -> contextlib.AbstractContextManager[None]:
+    """Within it, a batch that cannot fit in memory is one line naming ``--beam`` and
+    ``--batch-size`` and their values (README, "Errors"), not torch's traceback: the decoder's
+    cache holds ``batch_size × beam`` rows of keys and values. A model whose logits are not finite
+    (NaN or inf: it overflows) is one line naming ``--checkpoint``."""
+    return model_fits(f"--beam/--batch-size: a batch of up to {batch_size} {plural(batch_size, 'sentence')} at "
+                      f"beam {beam}", "lower --beam or --batch-size")
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``word`` for a count of one, else ``words`` (default ``word + "s"``): "1 byte", "2 bytes"."""
+    return word if n == 1 else words or word + "s"
+
+
+def check_alpha(alpha: float) -> None:
+    """``--alpha``, the length penalty's exponent, is a finite number >= 0 (as the decoders require):
+    checked before the model is loaded and before any output, as ``--beam`` is."""
+    import math
+
+    if not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"--alpha: must be a finite number >= 0, got {alpha!r}")
 
 
 def progress_bar(total: int, quiet: bool):
@@ -129,7 +151,8 @@ def read_lines(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"--input: {name} is not a valid gzip file: {e}") from None
     text, bad = decode_utf8(data)
     if bad:
-        raise ValueError(f"--input: {name} has {bad:,} bytes that are not valid UTF-8")
+        raise ValueError(f"--input: {name} has {bad:,} {plural(bad, 'byte that is', 'bytes that are')} "
+                         "not valid UTF-8")
     return split_lines(text)
 
 
@@ -144,6 +167,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
+    check_alpha(args.alpha)  # before any work and any output, as --beam (translate() checks it per batch)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: must be >= 1, got {args.batch_size}")
     set_threads(args.threads)

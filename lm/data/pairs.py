@@ -1,7 +1,7 @@
 """Parallel text for translation: aligned files, the pair token file, and length-bucketed batches.
 
 **Text.** A parallel corpus is two files, one sentence a line, aligned line by line (plain or
-``.gz``, UTF-8). :func:`read_parallel` yields the pairs and stops at the first fault with one line
+gzip, UTF-8). :func:`read_parallel` yields the pairs and stops at the first fault with one line
 naming the file and the line: bad UTF-8, an empty line, or files of different lengths.
 
 **The pair file** (``lm tokenize --input SRC --target TGT --out X.bin``) is three files:
@@ -29,7 +29,9 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import itertools
 import json
 import os
@@ -71,12 +73,49 @@ def index_path(path: str | os.PathLike) -> Path:
 
 # -- parallel text ------------------------------------------------------------------------------
 
-def _open_binary(path: Path):
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _Prefixed(io.RawIOBase):
+    """The bytes ``head`` already read from ``rest``, then the rest of it: a stream read once (a
+    pipe, ``<(cmd)``) cannot seek back over the bytes its format was told by."""
+
+    def __init__(self, head: bytes, rest):
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._rest.readinto(buffer)
+
+
+@contextlib.contextmanager
+def _open_binary(path: Path) -> Iterator[io.BufferedIOBase]:
+    """``path`` opened for reading, decompressed when it is gzip: by its content (its first two
+    bytes), whatever its name, as ``lm translate --input`` and ``lm eval --data`` tell it."""
     if not path.exists():
         raise ValueError(f"{str(path)!r}: file not found")
     if path.is_dir():  # a pipe or `<(cmd)` is fine: the file is read once, from its start
         raise ValueError(f"{str(path)!r}: is a directory")
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+    with open(path, "rb", buffering=0) as raw:
+        head = b""
+        while len(head) < len(GZIP_MAGIC):  # a pipe may hand over fewer bytes than asked for
+            more = raw.read(len(GZIP_MAGIC) - len(head))
+            if not more:
+                break
+            head += more
+        with io.BufferedReader(_Prefixed(head, raw), buffer_size=1 << 16) as f:
+            if head != GZIP_MAGIC:
+                yield f
+                return
+            with gzip.GzipFile(fileobj=f, mode="rb") as z:
+                yield z
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -105,7 +144,7 @@ def _lines(path: Path) -> Iterator[str]:
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Iterator[tuple[str, str]]:
-    """Yield ``(source, target)`` sentences from two aligned files (plain, or gzip by a ``.gz`` suffix).
+    """Yield ``(source, target)`` sentences from two aligned files (plain, or gzip: told by the content).
 
     Lines lose their ending (``\\n`` or ``\\r\\n``) and nothing else. A fault raises a one-line
     ValueError naming the file and its 1-based line: bad UTF-8, an empty (or blank) line on either
