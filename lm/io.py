@@ -333,11 +333,13 @@ def check_output_dir(
     """Check that the folder ``out`` may be made (or replaced); True when there is one to replace.
 
     A missing or empty folder is fine. A folder is replaced only with ``overwrite``, and only when
-    it is an output of ``command``: every entry in it is one of ``files``, the names ``command``
-    writes (or the marker), its marker, if it has one (outputs of older versions have none),
-    names ``command``, and every file at any depth is one the marker lists (a complete output's
-    marker lists its files). A folder that holds anything else (a file the user added beside the
-    output or inside one of its subfolders) is never replaced: the error names the first such entry.
+    it is an output of ``command``: its marker names ``command`` (a folder without one is never
+    replaced, whatever its names: a user's ``data/`` and ``run/`` are a demo's names too, and an
+    output of an lm before the marker cannot be told from them), every entry in it is one of
+    ``files``, the names ``command`` writes (or the marker), and every file at any depth is one the
+    marker lists (a complete output's marker lists its files). A folder that holds anything else (a
+    file the user added beside the output or inside one of its subfolders) is never replaced: the
+    error names the first such entry.
     """
     out = Path(out)
     check_not_input(out, inputs, argument, folder=True)
@@ -352,6 +354,12 @@ def check_output_dir(
         return False
     marker = read_marker(out)
     foreign = [name for name in entries if not _written_by(name, files)]
+    if marker is None and not foreign:  # names alone prove nothing: a user's data/ and run/, transformers' files
+        raise ValueError(
+            f"{argument}: {str(out)!r} holds files and no {MARKER} naming `{command}` (it was not written by "
+            f"`{command}`, or by a version of lm before the marker); refusing to replace it: choose a new or "
+            "empty folder, or remove it yourself"
+        )
     listed = marker.get("files") if marker else None
     if not foreign and isinstance(listed, list):  # a complete output lists its files: anything added since,
         known = set(listed) | {MARKER}             # at any depth (a note in a demo's run/), is not the command's

@@ -76,3 +76,46 @@ def test_an_interrupted_overwrite_puts_the_earlier_output_back(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "report.json"]
     assert (out / "report.json").read_text() == '{"earlier": true}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no hidden .old folder left beside it
+
+
+def _files_under(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_never_replaces_a_folder_without_the_commands_marker(tmp_path):
+    """A folder without the marker was taken for an earlier output when its top-level names were the
+    command's: `lm demo --out proj --overwrite` deleted the user's proj/data/corpus.txt and
+    proj/run/notes.md (data/ and run/ are names the demo writes), and `lm export hf --overwrite` a
+    folder transformers' save_pretrained wrote (tokenizer.json, tokenizer_config.json). Without
+    --overwrite the error had said to pass it (audit exportdemo3 #1)."""
+    from lm.export.hf import HF_FILES
+    from lm.io import check_output_dir, replace_dir
+
+    proj = tmp_path / "proj"
+    for name, text in (("data/corpus.txt", "my corpus"), ("run/notes.md", "my notes"), ("report.json", "{}")):
+        (proj / name).parent.mkdir(parents=True, exist_ok=True)
+        (proj / name).write_text(text)
+    hf = tmp_path / "hftok"
+    hf.mkdir()
+    (hf / "tokenizer.json").write_text("{}")
+    (hf / "tokenizer_config.json").write_text("{}")
+    before = _files_under(tmp_path)
+    for out, command, files in ((proj, "lm demo", ("data", "tokenizer", "run", "loss.png", "report.json")),
+                                (hf, "lm export hf", HF_FILES)):
+        want = (f"--out: {str(out)!r} holds files and no {MARKER} naming `{command}` (it was not written by "
+                f"`{command}`, or by a version of lm before the marker); refusing to replace it: choose a new or "
+                "empty folder, or remove it yourself")
+        for overwrite in (True, False):
+            with pytest.raises(ValueError) as error:
+                check_output_dir(out, command=command, overwrite=overwrite, files=files)
+            assert str(error.value) == want
+        with pytest.raises(ValueError, match="no .lm-output.json"), claim_dir(out, command=command, overwrite=True,
+                                                                              files=files):
+            pass
+        with pytest.raises(ValueError, match="no .lm-output.json"), replace_dir(out, command=command, overwrite=True,
+                                                                                files=files):
+            pass
+    assert _files_under(tmp_path) == before
+    # the same folder marked as the command's output is replaced with --overwrite
+    write_marker(hf, "lm export hf")
+    assert check_output_dir(hf, command="lm export hf", overwrite=True, files=HF_FILES) is True
