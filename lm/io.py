@@ -219,6 +219,45 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
+def decompressed_copies(paths: Iterable[Path], stack: contextlib.ExitStack, argument: str = "--input") -> list[Path]:
+    """``paths`` with every ``.gz`` file decompressed into a private temporary folder (removed with
+    ``stack``): what ``lm tokenizer train`` and ``lm demo --data`` read. A corrupt one is a ValueError
+    naming ``argument``."""
+    import gzip
+    import zlib
+
+    out, tmp = [], None
+    for i, p in enumerate(paths):
+        if p.suffix != ".gz":
+            out.append(p)
+            continue
+        if tmp is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lm-text-")))
+        text = tmp / f"{i}-{p.stem}"
+        try:
+            with gzip.open(p, "rb") as src, open(text, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"{argument}: {str(p)!r} is not a valid gzip file: {e}") from None
+        out.append(text)
+    return out
+
+
+def check_text_input(path: Path, content: Path, argument: str = "--input") -> None:
+    """``path`` must be text (``content``: the file, or a .gz input's decompressed copy): a token or
+    pair file, or other binary data, had only drawn a warning about invalid UTF-8 and been tokenized
+    (or trained on) as if it were text. A ValueError naming ``argument`` otherwise."""
+    from lm.data.pairs import is_pair_file
+    from lm.data.token_file import is_token_file
+
+    if is_token_file(path) or is_pair_file(path):
+        raise ValueError(f"{argument}: {str(path)!r} is a token file written by `lm tokenize`, not text; pass the "
+                         "text it was made from")
+    if not looks_like_text(content):
+        raise ValueError(f"{argument}: {str(path)!r} is not text (it holds NUL bytes, or is mostly not UTF-8); "
+                         "pass a UTF-8 text file")
+
+
 def _inside(inner: Path, outer: Path) -> bool:
     """``inner`` is ``outer`` or lies somewhere below it (after resolving links)."""
     inner, outer = inner.resolve(), outer.resolve()

@@ -227,7 +227,7 @@ def test_a_validation_split_shorter_than_the_context_is_refused_before_training(
     src = tmp_path / "c.txt"
     src.write_text("A line of text.\n" * 2000 + "and then they ran on and on " * 600 + "\nThe end.\n", encoding="utf-8")
     assert main(["demo", "--data", str(src), "--out", "d", "--train-seconds", "5", "--corpus-bytes", "50000",
-                 "--quiet"]) == 2
+                 "--vocab-size", "277", "--quiet"]) == 2  # all the text gives: no --vocab-size warning
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"lm demo: error: --data: the validation split of {str(src)!r} (its last 11 bytes) is "
                           "10 tokens"), err
@@ -360,3 +360,117 @@ def test_a_failed_output_removes_the_parent_folders_it_made(tmp_path, monkeypatc
     with replace_dir(tmp_path / "kept" / "x" / "y", command="lm test") as out:  # success keeps them, of course
         (out / "f").write_text("done")
     assert (tmp_path / "kept" / "x" / "y" / "f").read_text() == "done"
+
+
+def _data_files(tmp_path):
+    """A token file, a pair file, random bytes and a corrupt .gz: `lm demo --data` had trained on each
+    as if it were text (exit 0, a report with numbers), where `lm tokenizer train` refuses them."""
+    import numpy as np
+
+    from lm.data.pairs import tokenize_pairs
+    from lm.data.token_file import write_token_file
+    from lm.tokenizer import Tokenizer
+
+    write_token_file(tmp_path / "t.bin", np.arange(30_000) % 300, vocab_size=300)
+    (tmp_path / "src.txt").write_text("a cat\nthe dog\n" * 100, encoding="utf-8")
+    (tmp_path / "tgt.txt").write_text("eine Katze\nder Hund\n" * 100, encoding="utf-8")
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    tokenize_pairs(tok, tmp_path / "src.txt", tmp_path / "tgt.txt", tmp_path / "p.bin")
+    (tmp_path / "r.dat").write_bytes(np.random.default_rng(0).bytes(100_000))
+    (tmp_path / "c.txt.gz").write_bytes(b"not gzip at all " * 5_000)
+    return {
+        "t.bin": "is a token file written by `lm tokenize`, not text; pass the text it was made from",
+        "p.bin": "is a token file written by `lm tokenize`, not text; pass the text it was made from",
+        "r.dat": "is not text (it holds NUL bytes, or is mostly not UTF-8); pass a UTF-8 text file",
+        "c.txt.gz": "is not a valid gzip file",
+    }
+
+
+@pytest.mark.parametrize("name", ["t.bin", "p.bin", "r.dat", "c.txt.gz"])
+def test_data_that_is_not_text_is_one_data_line_before_anything_is_written(tmp_path, monkeypatch, capsys, name):
+    from lm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    expected = _data_files(tmp_path)[name]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["demo", "--data", name, "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300",
+                 "--train-seconds", "1", "--device", "cpu", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lm demo: error: --data: {name!r} {expected}") and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no d/
+
+
+def test_gzip_data_is_decompressed_as_tokenizer_train_does(tmp_path, monkeypatch):
+    """`--data corpus.txt.gz` had trained on the compressed bytes (a warning about invalid UTF-8, and
+    a report). It is decompressed to a temporary file first, removed afterwards; errors name the .gz."""
+    import gzip
+    import tempfile
+    import warnings
+
+    from lm.demo.stories import write_corpus
+
+    monkeypatch.chdir(tmp_path)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    write_corpus(tmp_path / "c.txt", 60_000, seed=0)
+    text = (tmp_path / "c.txt").read_bytes()
+    (tmp_path / "c.txt.gz").write_bytes(gzip.compress(text))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = run_demo(_tiny(tmp_path, data="c.txt.gz", progress=False))
+    assert report.corpus == "c.txt.gz" and not [w for w in caught if "UTF-8" in str(w.message)]
+    data = tmp_path / "demo" / "data"
+    used = (data / "train.txt").read_bytes() + (data / "val.txt").read_bytes()
+    assert len(used) >= 50_000 and text.startswith(used)
+    assert not list(temp.glob("lm-*"))  # the decompressed copy is gone (torch may keep its caches there)
+    # an error about the corpus names the file given, not its decompressed copy
+    (tmp_path / "one.txt.gz").write_bytes(gzip.compress(b"Tom had a red ball and liked it. " * 2_000 + b"\n"))
+    with pytest.raises(ValueError, match=r"^--data: 'one.txt.gz' has no document boundary"):
+        run_demo(_tiny(tmp_path, data="one.txt.gz", out_dir=str(tmp_path / "demo2"), progress=False))
+    assert not list(temp.glob("lm-*")) and not (tmp_path / "demo2").exists()
+
+
+def test_invalid_utf8_in_data_is_one_warning_naming_data(tmp_path, monkeypatch):
+    """Latin-1 in the corpus drew two warnings, one naming no file (train_bpe) and one naming the
+    demo's copy d/data/train.txt (tokenize_file); the validation split's bytes went unmentioned."""
+    import warnings
+
+    from lm.demo.stories import write_corpus
+
+    monkeypatch.chdir(tmp_path)
+    write_corpus(tmp_path / "c.txt", 60_000, seed=0)
+    latin = (tmp_path / "c.txt").read_bytes().replace(b"Tom", b"T\xf6m")  # "Töm" in Latin-1
+    (tmp_path / "latin.txt").write_bytes(latin)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = run_demo(_tiny(tmp_path, data="latin.txt", progress=False))
+    said = [str(w.message) for w in caught if "UTF-8" in str(w.message)]
+    used = report.sizes["corpus_bytes"]
+    bad = latin[:used].count(b"\xf6")
+    assert bad > 0 and said == [f"--data: {bad:,} of the {used:,} bytes used from 'latin.txt' are not valid UTF-8; "
+                                "they were replaced by U+FFFD"], said
+
+
+def test_a_vocab_size_the_corpus_cannot_give_is_a_warning_and_not_claimed(tmp_path, monkeypatch, capsys):
+    """--vocab-size 100000 on a small corpus gave a ~1,800-token tokenizer without a word, and the
+    progress line said "training a 100000-token BPE tokenizer"."""
+    from lm.cli import main
+    from lm.demo import pipeline
+
+    monkeypatch.chdir(tmp_path)
+    small = dict(max_steps=2, d_model=32, num_layers=1, num_heads=2, context_length=32, num_samples=1,
+                 sample_tokens=4)
+    monkeypatch.setattr(pipeline, "DemoSettings", lambda **kw: DemoSettings(**{**kw, **small}))
+    assert main(["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "100000", "--train-seconds", "60",
+                 "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    size = json.loads((tmp_path / "d" / "report.json").read_text())["sizes"]["vocab_size"]
+    assert 257 < size < 100_000
+    warned = [x for x in captured.err.splitlines() if "warning" in x]
+    assert len(warned) == 1 and warned[0].startswith("lm demo: warning: --vocab-size: the "), captured.err
+    assert warned[0].endswith(f"give at most {size:,} tokens (BPE ran out of pairs to merge), not 100,000; "
+                              f"the demo goes on with {size:,}"), warned[0]
+    assert "100000-token" not in captured.err
+    assert "[demo] training a BPE tokenizer of up to 100000 tokens" in captured.err
+    assert f"tokenizer     {size} tokens" in captured.out

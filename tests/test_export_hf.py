@@ -256,3 +256,99 @@ def test_the_deprecated_positional_spelling_still_works(run, tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "lm export hf: warning: CHECKPOINT is deprecated and will be removed; use --checkpoint PATH"]
     assert (tmp_path / "hf2" / "model.safetensors").is_file()
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_before_anything_is_written(run, tmp_path):
+    """export_hf wrote a tokenizer.json whose ids (and eos_token_id) went past the model's vocab_size:
+    transformers loaded the folder and failed with `IndexError: index out of range` on the first text."""
+    _, _, tok = run
+    assert tok.vocab_size > 300
+    with pytest.raises(ValueError) as e:
+        export_hf(TransformerLM(300, 32, 32, 1, 2, None), tmp_path / "hf", tok)
+    assert str(e.value) == f"tokenizer: {tok.vocab_size} tokens, more than the model's vocab_size 300"
+    assert not any(tmp_path.iterdir())
+    export_hf(TransformerLM(330, 32, 32, 1, 2, None), tmp_path / "hf", tok)  # fewer tokens than rows: fine
+
+
+def _cafe(run):
+    """The run's tokenizer with a special token that lm trains, samples and serves with, but that
+    Hugging Face's byte-level decoder cannot give back ('é' is a byte's character in its mapping)."""
+    from lm.tokenizer import Tokenizer
+
+    _, _, tok = run
+    return Tokenizer(tok.vocab, tok.merges, ["<|endoftext|>", "<|café|>"])
+
+
+CAFE = ("'<|café|>' cannot be saved in tokenizer.json: Hugging Face's byte-level decoder reads 'é' as byte 0xE9 and "
+        "would decode the token as '<|caf\ufffd|>'; use a special token without 'é', such as '<|...|>'")
+
+
+def test_a_special_token_tokenizer_json_cannot_hold_is_refused_before_the_folder_is_made(run, tmp_path, monkeypatch):
+    """It was found while tokenizer.json was written, inside the folder being built beside --out, and
+    named the Tokenizer's parameter (`special_tokens:`), not export_hf's."""
+    import lm.export.hf
+
+    def no_folder(*args, **kwargs):
+        raise AssertionError("the folder was being made")
+
+    monkeypatch.setattr(lm.export.hf, "replace_dir", no_folder)
+    with pytest.raises(ValueError) as e:
+        export_hf(TransformerLM(330, 32, 32, 1, 2, None), tmp_path / "hf", _cafe(run))
+    assert str(e.value) == f"tokenizer: {CAFE}"
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_names_the_tokenizer_folder_of_a_special_token_tokenizer_json_cannot_hold(run, tmp_path, capsys):
+    from lm.tokenizer import save_tokenizer_dir
+
+    d = tmp_path / "cafe"
+    d.mkdir()
+    tok = _cafe(run)
+    save_tokenizer_dir(tok, d / "tokenizer")
+    export_safetensors(TransformerLM(tok.vocab_size, 32, 32, 1, 2, None), d / "model.safetensors")
+    out = tmp_path / "out" / "hf"
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lm export hf: error: --tokenizer: {str(d / 'tokenizer')!r}: {CAFE}\n", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cafe"]
+    (tmp_path / "other").mkdir()  # given as --tokenizer, that folder is named
+    save_tokenizer_dir(tok, tmp_path / "other" / "tok")
+    assert main(["export", "hf", "--checkpoint", str(d), "--tokenizer", str(tmp_path / "other" / "tok"),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lm export hf: error: --tokenizer: {str(tmp_path / 'other' / 'tok')!r}: {CAFE}\n", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cafe", "other"]
+
+
+def test_sigterm_during_export_is_one_line_exit_143_and_leaves_no_temporary_folder(run, tmp_path, monkeypatch, capsys):
+    """SIGTERM (`kill PID`) killed `lm export hf` at once, leaving the folder being built beside --out
+    (.hf.XXXX.tmp, up to a model's size) for good. As Ctrl-C: removed, with one line, exit 143."""
+    import os
+    import signal
+    import time
+
+    import safetensors.torch
+
+    d, _, _ = run
+    save = safetensors.torch.save
+
+    def terminated(*args, **kwargs):  # config.json is written by now, in .hf.XXXX.tmp
+        assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".hf.")]
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+        return save(*args, **kwargs)
+
+    class Escaped(Exception):
+        pass
+
+    def escaped(signum, frame):  # the signal reached no handler of lm's (it would have ended pytest)
+        raise Escaped
+
+    monkeypatch.setattr(safetensors.torch, "save", terminated)
+    previous = signal.signal(signal.SIGTERM, escaped)
+    try:
+        rc = main(["export", "hf", "--checkpoint", str(d), "--out", str(tmp_path / "out" / "hf")])
+    finally:
+        assert signal.signal(signal.SIGTERM, previous) is escaped  # and lm's handler was put back
+    assert rc == 143 and capsys.readouterr().err.strip() == "lm export hf: terminated"
+    assert not any(tmp_path.iterdir())  # neither .hf.XXXX.tmp nor out/, which the export made

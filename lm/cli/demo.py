@@ -28,13 +28,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "it generates a synthetic corpus of children's stories.",
         examples=EXAMPLES,
     )
-    p.add_argument("--data", default=None, metavar="FILE", help="a UTF-8 text corpus")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="a UTF-8 text corpus; FILE.gz is decompressed to a temporary file first")
     add_out(p, "the folder for the tokenizer, data, run, report and plot", default=d.out_dir, metavar="DIR",
             old="--out-dir")
     p.add_argument("--train-seconds", type=float, default=d.train_seconds, metavar="S", help="training time budget")
     p.add_argument("--corpus-bytes", type=int, default=d.corpus_bytes, metavar="B",
                    help="bytes of the corpus to use (5%% of them for validation; at least 50,000)")
-    p.add_argument("--vocab-size", type=int, default=d.vocab_size, metavar="N", help="the BPE tokenizer's size")
+    p.add_argument("--vocab-size", type=int, default=d.vocab_size, metavar="N",
+                   help="the BPE tokenizer's size (a small corpus may give fewer tokens: a warning says so)")
     p.add_argument("--seed", type=int, default=d.seed, help="for a repeatable run (data, model, batches)")
     add_compute(p, dtype=d.dtype)
     add_quiet(p)

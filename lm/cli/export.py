@@ -63,8 +63,16 @@ def _old_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
+    from lm.cli.tokenizer import terminate_as_interrupt
+
+    # SIGTERM as Ctrl-C: the folder being built beside --out (.NAME.*.tmp) is removed, exit 143
+    return terminate_as_interrupt("export hf", lambda: _cmd_export_hf(args))
+
+
+def _cmd_export_hf(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer, resolve_checkpoint
     from lm.export import export_hf
+    from lm.generate.load import find_run_tokenizer
 
     checkpoint, out = _old_positionals(args)
     if checkpoint is None:
@@ -81,7 +89,13 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ValueError(f"--checkpoint: {str(path)!r}: {str(e).removeprefix('model: ')}") from None
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
-    out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
+    try:
+        out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
+    except ValueError as e:  # the tokenizer's fault (a special token tokenizer.json cannot hold): name its folder
+        if not str(e).startswith("tokenizer: "):
+            raise
+        folder = args.tokenizer or find_run_tokenizer(loaded.path)
+        raise ValueError(f"--tokenizer: {str(folder)!r}: {str(e).removeprefix('tokenizer: ')}") from None
     print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json, tokenizer_config.json' if tok else ''}) "
           f"from {loaded.source}")
     return 0

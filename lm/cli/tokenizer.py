@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +19,8 @@ from lm.io import (
     check_output_dir,
     check_output_file,
     check_readable_file,
+    check_text_input,
+    decompressed_copies,
     replace_dir,
 )
 
@@ -94,25 +92,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=cmd_tokenize)
 
 
-def _decompressed(paths: list[Path], stack: contextlib.ExitStack) -> list[Path]:
-    """``paths`` with every ``.gz`` file decompressed into a private temporary folder (removed with ``stack``)."""
-    out, tmp = [], None
-    for i, p in enumerate(paths):
-        if p.suffix != ".gz":
-            out.append(p)
-            continue
-        if tmp is None:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lm-tokenizer-")))
-        text = tmp / f"{i}-{p.stem}"
-        try:
-            with gzip.open(p, "rb") as src, open(text, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        except (OSError, EOFError, zlib.error) as e:
-            raise ValueError(f"--input: {str(p)!r} is not a valid gzip file: {e}") from None
-        out.append(text)
-    return out
-
-
 def terminate_as_interrupt(command: str, run: Callable[[], int]) -> int:
     """``run()`` with SIGTERM (``kill PID``, a job scheduler, a process manager) doing what Ctrl-C does:
     the worker processes killed, no temporary or partial output left. Then exit 143 (128 + SIGTERM)
@@ -170,11 +149,11 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     inputs = [("--input", p) for p in paths]
     output = dict(command="lm tokenizer train", overwrite=args.overwrite, inputs=inputs, files=TOKENIZER_FILES)
     check_output_dir(out, **output)  # before the work: a refusal costs nothing
-    texts = _decompressed(paths, stack)  # the files themselves, or for .gz their decompressed text
+    texts = decompressed_copies(paths, stack)  # the files themselves, or for .gz their decompressed text
     for p, text in zip(paths, texts):
         if text.stat().st_size == 0:
             raise ValueError(f"--input: file is empty once decompressed: {str(p)!r}")
-        _check_text(p, text)
+        check_text_input(p, text)
     train_ranges, heldout = holdout_split(texts, args.special_token, args.holdout_bytes)
 
     stats = TrainStats()
@@ -231,7 +210,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
                          "with --target, is read from .gz)")
     if src.stat().st_size == 0:
         raise ValueError(f"--input: file is empty: {str(src)!r}")
-    _check_text(src, src)
+    check_text_input(src, src)
     _check_outputs(args, [("--input", src)], what="a token file written by `lm tokenize` (it has no valid sidecar)")
     stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced
     tok = load_tokenizer_dir(args.tokenizer, argument="--tokenizer")
@@ -299,19 +278,3 @@ def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, Path]], wha
     if args.target is not None or is_pair_file(out):
         check_output_file(index_path(out), overwrite=args.overwrite, inputs=inputs, recognise=pair,
                           what="the offsets of a pair file written by `lm tokenize --target`")
-
-
-def _check_text(path: Path, content: Path) -> None:
-    """``--input`` must be text (``content``: the file, or a .gz input's decompressed copy): a token
-    or pair file, or other binary data, had only drawn a warning about invalid UTF-8 and been
-    tokenized (or trained on) as if it were text."""
-    from lm.data.pairs import is_pair_file
-    from lm.data.token_file import is_token_file
-    from lm.io import looks_like_text
-
-    if is_token_file(path) or is_pair_file(path):
-        raise ValueError(f"--input: {str(path)!r} is a token file written by `lm tokenize`, not text; pass the "
-                         "text it was made from")
-    if not looks_like_text(content):
-        raise ValueError(f"--input: {str(path)!r} is not text (it holds NUL bytes, or is mostly not UTF-8); "
-                         "pass a UTF-8 text file")

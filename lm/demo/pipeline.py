@@ -12,10 +12,12 @@ anything about context.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,13 +133,32 @@ def _say(msg: str, progress: bool) -> None:
         print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
-def choose_corpus(settings: DemoSettings, work: Path) -> tuple[Path, str, bool]:
-    """The corpus file, a name for it, and whether it is synthetic."""
+def check_data(path: str | Path, stack: contextlib.ExitStack) -> Path:
+    """The text of ``--data`` after the checks ``lm tokenizer train`` makes of its ``--input``: the
+    file itself, or for ``FILE.gz`` its decompressed copy in a temporary folder (removed with
+    ``stack``). A missing, empty or gzip-corrupt file, a token or pair file written by ``lm tokenize``
+    and other binary data (NUL bytes, or mostly not UTF-8) are refused in one ``--data:`` line: they
+    had been trained on as text, ending in a report with numbers computed from the wrong thing."""
+    from lm.io import check_readable_file, check_text_input, decompressed_copies  # as tokenizer train's --input
+
+    p = check_readable_file(path, "--data")
+    if p.stat().st_size == 0:
+        raise ValueError(f"--data: file is empty: {str(p)!r}")
+    (text,) = decompressed_copies([p], stack, "--data")
+    if text.stat().st_size == 0:
+        raise ValueError(f"--data: file is empty once decompressed: {str(p)!r}")
+    check_text_input(p, text, "--data")
+    return text
+
+
+def choose_corpus(settings: DemoSettings, work: Path, text: Path | None = None) -> tuple[Path, str, bool]:
+    """The corpus file, a name for it, and whether it is synthetic. ``text``: the text of
+    ``settings.data`` (:func:`check_data`; for ``FILE.gz`` its decompressed copy)."""
     if settings.data:
         from lm.io import check_readable_file
 
         p = check_readable_file(settings.data, "--data")
-        return p, str(p), False
+        return text or p, str(p), False
     for cand in TINYSTORIES_CANDIDATES:
         if Path(cand).is_file() and Path(cand).stat().st_size > 0:
             return Path(cand), f"TinyStories ({cand})", False
@@ -149,7 +170,7 @@ def choose_corpus(settings: DemoSettings, work: Path) -> tuple[Path, str, bool]:
 
 
 def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.05,
-                 argument: str = "--data") -> tuple[Path, Path]:
+                 argument: str = "--data", name: str | None = None) -> tuple[Path, Path]:
     """The first ``max_bytes`` of ``src`` cut at a document (or line) boundary into train and validation.
 
     Both cuts are safe cuts (:func:`lm.tokenizer.pretokenize.find_safe_cut`): before an end-of-text
@@ -158,10 +179,13 @@ def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.
     read whole), and the validation split starts at the first one in its last ``val_fraction``.
     ``argument`` names the corpus in an error (``--data``, or ``--corpus-bytes`` for a corpus the
     demo made); an error when only the first ``max_bytes`` were read names ``--corpus-bytes``.
+    ``name``: the file an error names (default ``src``; for ``--data FILE.gz``, ``src`` is its
+    decompressed copy).
     """
     from lm.tokenizer.pretokenize import next_safe_cut
 
     file_size = src.stat().st_size
+    name = str(src) if name is None else name
     specials = [EOT.encode()]
     boundary = f"document boundary ({EOT}) or line end after text"
     with open(src, "rb") as f:
@@ -169,7 +193,7 @@ def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.
         if max_bytes < file_size:
             end = next_safe_cut(f, max_bytes, file_size, specials)
             if end == -1:  # the rest of the file is one piece: taking it all could mean reading gigabytes
-                raise ValueError(f"--corpus-bytes: {str(src)!r} has no {boundary} after its first {max_bytes:,} "
+                raise ValueError(f"--corpus-bytes: {name!r} has no {boundary} after its first {max_bytes:,} "
                                  f"bytes for the corpus to end at; pass --corpus-bytes {file_size} to use the whole "
                                  "file")
         start = int(end * (1 - val_fraction))
@@ -186,11 +210,11 @@ def split_corpus(src: Path, work: Path, max_bytes: int, val_fraction: float = 0.
             more = _has_text(f.read(1 << 20))  # what a larger --corpus-bytes would add
             if more and (end < file_size or argument == "--corpus-bytes"):  # the limit, not the file, is short
                 read = f" (to the boundary at byte {end:,})" if end > max_bytes else ""
-                raise ValueError(f"--corpus-bytes: the first {max_bytes:,} bytes of {str(src)!r}{read} hold no "
+                raise ValueError(f"--corpus-bytes: the first {max_bytes:,} bytes of {name!r}{read} hold no "
                                  f"{boundary} {where}; pass a larger --corpus-bytes")
             if argument == "--corpus-bytes":  # the demo's own stories: cannot happen, but say what did
-                raise ValueError(f"--corpus-bytes: the generated corpus {str(src)!r} has no {boundary} {where}")
-            raise ValueError(f"--data: {str(src)!r} has no {boundary} {where} to split a validation set at, "
+                raise ValueError(f"--corpus-bytes: the generated corpus {name!r} has no {boundary} {where}")
+            raise ValueError(f"--data: {name!r} has no {boundary} {where} to split a validation set at, "
                              "with text after it; add line breaks or end-of-text markers between its documents")
         f.seek(0)
         train_bytes = f.read(cut)
@@ -218,9 +242,11 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     """Run the whole pipeline into ``settings.out_dir``; the checks come before anything is written.
 
     The folder is claimed as a whole (:func:`lm.io.claim_dir`): a missing or empty one, or with
-    ``overwrite`` an earlier demo output, which is put back if this run fails.
+    ``overwrite`` an earlier demo output, which is put back if this run fails. ``settings.data``
+    must be text, as ``lm tokenizer train`` wants its input (:func:`check_data`); ``FILE.gz`` is
+    decompressed to a temporary file first.
     """
-    from lm.io import check_readable_file, claim_dir
+    from lm.io import check_output_dir, check_readable_file, claim_dir
 
     out = Path(settings.out_dir)
     if settings.data:
@@ -235,11 +261,32 @@ def run_demo(settings: DemoSettings) -> DemoReport:
 
     check_seed(settings.seed, "--seed")
     inputs = [("--data", settings.data)] if settings.data else []
-    with claim_dir(out, command="lm demo", overwrite=settings.overwrite, inputs=inputs, files=DEMO_FILES):
-        return _run(settings, out)
+    output = dict(command="lm demo", overwrite=settings.overwrite, inputs=inputs, files=DEMO_FILES)
+    check_output_dir(out, **output)  # before a .gz is decompressed: a refusal costs nothing
+    with contextlib.ExitStack() as stack:  # holds the decompressed copy of --data FILE.gz
+        text = check_data(settings.data, stack) if settings.data else None
+        with claim_dir(out, **output):
+            return _run(settings, out, text)
 
 
-def _run(settings: DemoSettings, out: Path) -> DemoReport:
+# what train_bpe and tokenize_file say of the demo's own copies (data/train.txt, data/val.txt),
+# twice and not naming the corpus: the demo says it once, naming --data (see _warn_invalid_utf8)
+_INVALID_UTF8 = r"input: [0-9,]+ bytes (of .* )?are not valid UTF-8"
+
+
+def _warn_invalid_utf8(parts: tuple[Path, ...], argument: str, name: str) -> None:
+    """One warning for the bytes of the corpus used (``parts``: its train and validation splits,
+    cut between characters) that are not valid UTF-8."""
+    from lm.io import decode_utf8
+
+    invalid = sum(decode_utf8(p.read_bytes())[1] for p in parts)
+    if invalid:
+        used = sum(p.stat().st_size for p in parts)
+        warnings.warn(f"{argument}: {invalid:,} of the {used:,} bytes used from {name!r} are not valid UTF-8; "
+                      "they were replaced by U+FFFD", stacklevel=2)
+
+
+def _run(settings: DemoSettings, out: Path, text: Path | None = None) -> DemoReport:
     import torch
 
     from lm.data import read_token_file, tokenize_file
@@ -262,25 +309,36 @@ def _run(settings: DemoSettings, out: Path) -> DemoReport:
         report.seconds[name] = now - t
         t = now
 
-    src, report.corpus, report.synthetic = choose_corpus(settings, work)
+    src, report.corpus, report.synthetic = choose_corpus(settings, work, text)
+    corpus_name = report.corpus if settings.data else str(src)  # --data FILE.gz, not its decompressed copy
     _say(f"corpus: {report.corpus}", settings.progress)
     train_txt, val_txt = split_corpus(src, work, settings.corpus_bytes,
-                                      argument="--corpus-bytes" if report.synthetic else "--data")
+                                      argument="--corpus-bytes" if report.synthetic else "--data", name=corpus_name)
+    _warn_invalid_utf8((train_txt, val_txt), "--data" if settings.data else "corpus", corpus_name)
     lap("corpus")
 
-    _say(f"training a {settings.vocab_size}-token BPE tokenizer", settings.progress)
-    vocab, merges = train_bpe(train_txt, settings.vocab_size, [EOT], progress=settings.progress)
+    # the corpus may give fewer tokens than --vocab-size (BPE runs out of pairs to merge)
+    _say(f"training a BPE tokenizer of up to {settings.vocab_size} tokens", settings.progress)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_INVALID_UTF8)  # said once above
+        vocab, merges = train_bpe(train_txt, settings.vocab_size, [EOT], progress=settings.progress)
+    if len(vocab) < settings.vocab_size:  # `lm tokenizer train` refuses it; a demo goes on, saying so
+        warnings.warn(f"--vocab-size: the {train_txt.stat().st_size:,} training bytes of the corpus give at most "
+                      f"{len(vocab):,} tokens (BPE ran out of pairs to merge), not {settings.vocab_size:,}; the "
+                      f"demo goes on with {len(vocab):,}", stacklevel=2)
     tok = Tokenizer(vocab, merges, [EOT])
     tok_dir = save_tokenizer_dir(tok, out / "tokenizer")
     lap("tokenizer")
 
-    tokenize_file(tok, train_txt, work / "train.bin", progress=settings.progress)
-    tokenize_file(tok, val_txt, work / "val.bin", progress=settings.progress)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_INVALID_UTF8)
+        tokenize_file(tok, train_txt, work / "train.bin", progress=settings.progress)
+        tokenize_file(tok, val_txt, work / "val.bin", progress=settings.progress)
     train_ids, train_meta = read_token_file(work / "train.bin")
     val_ids, val_meta = read_token_file(work / "val.bin")
     if len(val_ids) < settings.context_length + 1:  # the trainer would refuse it, naming a file about to go
         argument = "--corpus-bytes" if report.synthetic or src.stat().st_size > settings.corpus_bytes else "--data"
-        raise ValueError(f"{argument}: the validation split of {str(src)!r} (its last {val_txt.stat().st_size:,} "
+        raise ValueError(f"{argument}: the validation split of {corpus_name!r} (its last {val_txt.stat().st_size:,} "
                          f"bytes) is {len(val_ids):,} tokens, fewer than the model's context + 1 = "
                          f"{settings.context_length + 1}; "
                          + ("pass a larger --corpus-bytes" if argument == "--corpus-bytes"

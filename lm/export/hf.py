@@ -125,12 +125,26 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
     The folder is built beside ``out_dir`` and renamed into place when complete
     (:func:`lm.io.replace_dir`): ``overwrite`` replaces only an earlier export, never a folder
     that holds anything else, the ``inputs`` or a folder that contains them.
+
+    The checks come before anything is written: a model Llama cannot hold (``model: ...``), and a
+    tokenizer with more tokens than the model's ``vocab_size`` (its ids would index past the
+    embedding in transformers) or with a special token that ``tokenizer.json`` cannot hold
+    (``tokenizer: ...``).
     """
     from safetensors.torch import save
 
     model = unwrap(model)  # torch.compile and DDP prefix the state-dict keys
     cfg = model.config
     _check_llama_compatible(cfg)
+    tokenizer_json = None
+    if tokenizer is not None:
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise ValueError(f"tokenizer: {tokenizer.vocab_size} tokens, more than the model's vocab_size "
+                             f"{cfg.vocab_size}")
+        try:  # a special token that tokenizer.json cannot hold, refused before the folder is made
+            tokenizer_json = tokenizer.to_hf_json()
+        except ValueError as e:
+            raise ValueError(f"tokenizer: {str(e).removeprefix('special_tokens: ')}") from None
     eos = None
     if tokenizer is not None and EOT in tokenizer.special_tokens:
         eos = tokenizer.eot_id
@@ -148,7 +162,8 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
         with atomic_write(tmp / "model.safetensors", "wb") as f:
             f.write(save(tensors, metadata={"format": "pt"}))
         if tokenizer is not None:
-            tokenizer.save_hf(tmp / "tokenizer.json")
+            with atomic_write(tmp / "tokenizer.json") as f:  # as Tokenizer.save_hf writes it
+                json.dump(tokenizer_json, f, ensure_ascii=False)
             # transformers 4.44 and older default clean_up_tokenization_spaces to True, which deletes
             # the space before "." or "n't": decode would differ from lm's tokenizer
             tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length,
