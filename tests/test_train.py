@@ -1165,6 +1165,86 @@ def test_a_fresh_run_refuses_a_folder_that_holds_no_run(tmp_path, capsys):
     assert _cli(["train", "--config", str(good), "--set", f"train.out_dir={lock_only}", "--quiet"], capsys)[0] == 0
 
 
+def _fake_wandb(monkeypatch, init):
+    """A ``wandb`` module whose ``init`` is ``init`` (the real one may be missing, and prints)."""
+    import types
+
+    class Settings:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    fake = types.ModuleType("wandb")
+    fake.Settings, fake.init = Settings, init
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return fake
+
+
+def test_quiet_quiets_wandb(tmp_path, capsys, monkeypatch):
+    """`lm train --quiet` with wandb on printed wandb's banner, run history and summary (34 lines on
+    stderr, audit train3 #3): wandb is started silent when the run is quiet, as it was not before."""
+    calls = []
+
+    class Run:
+        def log(self, *args, **kwargs):
+            pass
+
+        def finish(self):
+            pass
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        return Run()
+
+    _fake_wandb(monkeypatch, init)
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, wandb={"mode": "offline", "project": "lm-test"})
+    toml = _write_toml(tmp_path / "c.toml", raw)
+    assert _cli(["train", "--config", str(toml), "--quiet"], capsys)[0] == 0
+    assert calls[-1]["settings"].kwargs == {"silent": True}
+    assert calls[-1]["project"] == "lm-test" and calls[-1]["mode"] == "offline"
+    assert _cli(["train", "--config", str(toml), "--set", f"train.out_dir={tmp_path / 'loud'}"], capsys)[0] == 0
+    assert len(calls) == 2 and "settings" not in calls[-1]  # not quiet: wandb as it is set up
+
+
+def test_a_failed_start_removes_the_parent_folders_it_made(tmp_path, capsys, monkeypatch):
+    """A refused or failed start removed only the run folder it made, leaving the parents it made for
+    it (`--set train.out_dir=np/sub/run --resume` left np/sub, audit train3 #4); `--resume` with no
+    folder is refused before anything is made."""
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    top = tmp_path / "np"
+    nested = top / "sub" / "run"
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={nested}", "--resume"], capsys)
+    assert rc == 2 and not top.exists(), err
+    assert err == f"lm train: error: --resume: {str(nested)!r} holds no run to resume (there is no such folder)\n", err
+    missing = tmp_path / "missing.pt"  # refused once the folder is made and locked
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={nested}", "--resume", str(missing)],
+                   capsys)
+    assert rc == 2 and f"--resume: checkpoint not found: {str(missing)!r}" in err, err
+    assert not top.exists()
+
+    def refuse(**kwargs):
+        raise RuntimeError("api_key not configured (no-tty)")
+
+    _fake_wandb(monkeypatch, refuse)  # a start that fails once the run has written in its folder
+    wandb_on = ["--set", "wandb.mode=offline", "--set", "wandb.project=lm-test"]
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={nested}", *wandb_on], capsys)
+    assert rc == 2 and "wandb: could not start a offline run" in err, err
+    assert not top.exists()
+    (top / "sub").mkdir(parents=True)  # parents that were there before are kept, even empty
+    (top / "notes.txt").write_text("mine")
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={nested}", *wandb_on], capsys)
+    assert rc == 2 and sorted(p.name for p in top.iterdir()) == ["notes.txt", "sub"]
+    assert not nested.exists()
+
+
+def test_a_nul_byte_in_out_dir_is_one_line_naming_it(tmp_path, capsys):
+    """`--set 'train.out_dir="a\\u0000b"'` ended with "lm train: error: embedded null byte", naming
+    neither the key nor the value (audit train3 #6)."""
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    rc, err = _cli(["train", "--config", str(good), "--set", 'train.out_dir="a\\u0000b"'], capsys)
+    assert rc == 2 and err == ("lm train: error: config: train.out_dir must be a path without a NUL byte, got "
+                               "'a\\x00b'\n"), err
+
+
 def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path, capsys):
     toml = _write_toml(tmp_path / "c.toml", _raw_config(
         tmp_path, optim={"max_lr": 1e38, "warmup_iters": 0}, checkpoint={"interval": 1}, eval={"interval": 0}))
@@ -1177,15 +1257,27 @@ def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path, capsys)
 def test_a_checkpoint_left_half_written_is_removed_when_the_run_reopens(tmp_path):
     cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 10}))
     assert Trainer(cfg, print_fn=_quiet).run() == 0
+    from lm.checkpoint import CheckpointManager
+
     ckpts = tmp_path / "run" / "checkpoints"
     partial = [ckpts / ".step_00000020.pt.k2j_8xq1.tmp", ckpts / ".best.pt.abc12345.tmp"]
     others = [ckpts / ".notes.txt.abc12345.tmp", ckpts / "step_00000020.pt.tmp", ckpts / "mine.tmp"]
     for p in partial + others:
         p.write_bytes(b"x" * 100)
-    printed = []
+    # files of other names in checkpoints/ are not a run's (audit train3 #1): the run is refused, nothing removed
     cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 12}))
+    with pytest.raises(ValueError, match=r"checkpoints/ holds '.notes.txt.abc12345.tmp', which is not a checkpoint"):
+        Trainer(cfg, resume=True, print_fn=_quiet)
+    assert all(p.exists() for p in partial + others)
+    assert CheckpointManager(tmp_path / "run").remove_partial_writes() == sorted(partial)  # the others are kept
+    assert all(p.exists() for p in others)
+    for p in partial:
+        p.write_bytes(b"x" * 100)
+    for p in others:
+        p.unlink()
+    printed = []
     assert Trainer(cfg, resume=True, print_fn=printed.append).run() == 0
-    assert not any(p.exists() for p in partial) and all(p.exists() for p in others)
+    assert not any(p.exists() for p in partial)
     assert any(line.startswith("removed ") and "half-written" in line for line in printed)
 
 

@@ -306,3 +306,183 @@ def test_a_resume_of_a_finished_run_with_another_setting_records_it_once(tmp_pat
     configs = [(r["step"], sorted(r["changed"])) for r in read_metrics(copy) if r["split"] == "config"]
     assert configs[1:] == [(6, ["log.interval", "train.max_steps"])], configs
     assert read_checkpoint(ckpts / "step_00000008.pt")["iteration"] == 8
+
+
+def test_a_folder_with_a_run_s_names_but_not_its_content_is_refused(tmp_path, capsys):
+    """A folder was taken for a run because one name in it was a run's: another tool's config.toml,
+    another trainer's metrics.jsonl or checkpoints/. The refusal said "pass --resume", and --resume
+    then wrote config.toml, tokenizer/ and the run over the user's files (audit train3 #1). Each of
+    these names is now checked for what lm train writes there, and the folder refused, naming it."""
+    from lm.tomlio import dump_tables
+
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    good = _write_toml(tmp_path / "good.toml", raw)
+    hand_written = dict(raw)
+    hand_written.pop("log")  # a config for lm, written by hand: not the resolved config of a run
+    cases = {
+        "tool": ({"config.toml": "[tool.black]\nline-length = 100\n"},
+                 "config.toml is not an lm run config (it has a table 'tool')"),
+        "hand": ({"config.toml": dump_tables(hand_written)},
+                 "config.toml is not an lm run config (no [log] or [wandb] table)"),
+        "toml": ({"config.toml": "name = [\n"}, "config.toml is not an lm run config (not valid TOML: "),
+        "keras": ({"metrics.jsonl": '{"epoch": 1, "acc": 0.5}\n'},
+                  'metrics.jsonl is not the metrics of lm train (its first record has no "step" and "split")'),
+        "csv": ({"metrics.jsonl": "epoch,acc\n1,0.5\n"},
+                "metrics.jsonl is not the metrics of lm train (its first line is not a JSON object)"),
+        "ckpt": ({"checkpoints/epoch3.ckpt": "x", "metrics.jsonl": ""},
+                 "checkpoints/ holds 'epoch3.ckpt', which is not a checkpoint of lm train"),
+        "mixed": ({"checkpoints/best.pt": "x", "checkpoints/last.pt": "x"},
+                  "checkpoints/ holds 'last.pt', which is not a checkpoint of lm train"),
+        "file": ({"checkpoints": "x"}, "checkpoints is not a folder"),
+    }
+    for name, (files, why) in cases.items():
+        folder = tmp_path / name
+        for rel, text in {**files, "notes.txt": "mine", "tokenizer/vocab.json": '{"mine": 1}'}.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_text(text)
+        before = _snapshot(folder)
+        for resume in ([], ["--resume"]):
+            rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={folder}", *resume], capsys)
+            assert rc == 2 and err.count("\n") == 1, (name, err)
+            assert err.startswith(f"lm train: error: train.out_dir: {str(folder)!r} is not empty and holds no run of "
+                                  f"`lm train`: {why}"), (name, err)
+            assert err.endswith("; choose a new or empty folder\n") and "--resume" not in err, (name, err)
+        assert _snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(
+            {rel.split("/")[0] for rel in files} | {"notes.txt", "tokenizer"})
+
+
+def test_runs_killed_or_restarted_at_any_point_are_still_recognised(tmp_path):
+    """What a run leaves when it is killed at any point, restarted or resumed (a config.toml alone, an
+    empty metrics.jsonl, a first record cut short, wandb/, NAME.N set aside, the temporary files of
+    checkpoint writes, a checkpoint moved aside as unreadable) is still taken for a run."""
+    from lm.train.run_dir import check_run_folder, holds_run
+
+    raw = _raw_config(tmp_path, train={"max_steps": 4}, eval={"interval": 2},
+                      checkpoint={"interval": 2, "keep_last": 0})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    run = tmp_path / "run"
+    metrics = (run / "metrics.jsonl").read_text()
+    states = {
+        "config_only": {".lock": "999999\n"},
+        "empty_metrics": {"metrics.jsonl": "", "wandb_id.txt": "ab12cd34\n", "wandb/debug.log": "x"},
+        "cut_short": {"metrics.jsonl": metrics.splitlines()[0][:20]},
+        "restarted": {"metrics.jsonl": metrics, "metrics.jsonl.1": metrics, "model.safetensors.1": "x",
+                      "loss.png": "x", "checkpoints/best.pt.1": "x", "checkpoints/step_00000002.pt.unreadable": "x",
+                      "checkpoints/.step_00000004.pt.ab12_x9.tmp": "x", "checkpoints/.best.pt.zz3.tmp": "x"},
+        "empty_checkpoints": {"metrics.jsonl": metrics, "checkpoints/.keep": None},
+    }
+    for name, files in states.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(run / "config.toml", folder / "config.toml")
+        for rel, text in files.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            if text is not None:
+                (folder / rel).write_text(text)
+        check_run_folder(folder)
+        assert holds_run(folder), name
+        cfg = config_from_dict({**raw, "train": {**raw["train"], "out_dir": str(folder), "max_steps": 2}})
+        lines = []
+        assert Trainer(cfg, resume=True, print_fn=lines.append).run() == 0, name
+        assert any(line.startswith(f"no checkpoint in {str(folder)!r}: starting again from step 0") for line in lines)
+    resumed = tmp_path / "resumed"  # a run with checkpoints, resumed (from its step 2): metrics.jsonl.N beside
+    shutil.copytree(run, resumed)
+    (resumed / "checkpoints" / "step_00000004.pt").unlink()
+    (resumed / "metrics.jsonl.1").write_text(metrics)
+    cfg = config_from_dict({**raw, "train": {**raw["train"], "out_dir": str(resumed)}})
+    lines = []
+    assert Trainer(cfg, resume=True, print_fn=lines.append).run() == 0
+    assert f"resumed from {resumed / 'checkpoints' / 'step_00000002.pt'} at step 2" in lines
+
+
+def test_a_restart_from_step_0_sets_the_earlier_best_checkpoint_aside(tmp_path):
+    """A run killed before its first step checkpoint but after an evaluation has a best.pt: the
+    restart from step 0 wrote over it at its first evaluation, though the message promised the
+    earlier history was kept, and said nothing of best.pt, from which that history can go on (audit
+    train3 #2a). It is set aside as best.pt.N, said so, and the refusal names `--resume .../best.pt`."""
+    from lm.checkpoint import CheckpointManager
+    from lm.generate.load import resolve_checkpoint
+
+    raw = _raw_config(tmp_path, train={"max_steps": 6}, eval={"interval": 2}, checkpoint={"interval": 4})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    for p in [*ckpts.glob("step_*.pt"), run / "model.safetensors"]:  # as if killed before step 4's checkpoint
+        p.unlink()
+    best = ckpts / "best.pt"
+    old, step = best.read_bytes(), read_checkpoint(best)["iteration"]
+    assert 0 < step <= 6
+    shutil.copytree(run, tmp_path / "copy")
+
+    again = {**raw, "train": {**raw["train"], "max_steps": 2}}
+    with pytest.raises(ValueError) as e:
+        Trainer(config_from_dict(again), print_fn=_quiet)
+    assert str(e.value) == (
+        f"train.out_dir: {str(run)!r} holds a run that stopped before its first checkpoint (it has only "
+        f"checkpoints/best.pt, of step {step}); pass --resume to start it again from step 0 (its metrics.jsonl, "
+        "model.safetensors and checkpoints/best.pt are kept aside as NAME.1, or the next free number), or "
+        f"--resume {best} to continue it from there, or choose another train.out_dir")
+
+    # what the refusal offers: --resume RUN/checkpoints/best.pt continues that history in its folder
+    copy = tmp_path / "copy"
+    cfg = config_from_dict({**raw, "train": {**raw["train"], "out_dir": str(copy)}})
+    lines = []
+    assert Trainer(cfg, resume=copy / "checkpoints" / "best.pt", print_fn=lines.append).run() == 0
+    assert f"resumed from {copy / 'checkpoints' / 'best.pt'} at step {step}" in lines
+
+    lines = []
+    assert Trainer(config_from_dict(again), resume=True, print_fn=lines.append).run() == 0
+    aside = ckpts / "best.pt.1"
+    assert lines[0] == (f"no checkpoint in {str(run)!r}: starting again from step 0 (the earlier metrics are in "
+                        f"metrics.jsonl.1, the earlier best checkpoint (step {step}) is in checkpoints/best.pt.1: "
+                        f"--resume {aside} with another train.out_dir continues that history)"), lines
+    assert aside.read_bytes() == old and read_checkpoint(best)["iteration"] == 2  # this history's own
+    # best.pt.1 is no checkpoint of this history: not the run's latest, nor what --checkpoint RUN serves
+    assert CheckpointManager(run).latest() == ckpts / "step_00000002.pt"
+    assert resolve_checkpoint(run) == run / "model.safetensors"
+    assert resolve_checkpoint(ckpts) == ckpts / "step_00000002.pt"
+    with pytest.raises(ValueError, match=r"^--resume: .*best.pt.1' is a best checkpoint that the run in .* set aside "
+                                         r"\(of a history .* set train.out_dir to a new folder$"):
+        Trainer(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 8}}), resume=aside, print_fn=_quiet)
+    elsewhere = config_from_dict({**raw, "train": {**raw["train"], "out_dir": str(tmp_path / "old")}})
+    lines = []
+    assert Trainer(elsewhere, resume=aside, print_fn=lines.append).run() == 0
+    assert f"resumed from {aside} at step {step}" in lines
+
+
+def test_a_resume_from_a_step_before_best_pt_sets_it_aside(tmp_path):
+    """A run killed after best.pt of step 8 was written but before the checkpoint of step 8 resumes
+    from step 4: best.pt stayed, a model of steps this history never reached (and `--resume best.pt`
+    then took it, mixing two histories), whenever the resumed run did not beat it (audit train3
+    #2b). It is set aside as best.pt.N, and said so."""
+    raw = _raw_config(tmp_path, train={"max_steps": 8}, eval={"interval": 2},
+                      checkpoint={"interval": 4, "keep_last": 0})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    for p in (ckpts / "step_00000008.pt", run / "model.safetensors"):  # killed before step 8's checkpoint
+        p.unlink()
+    best = ckpts / "best.pt"
+    old, step = best.read_bytes(), read_checkpoint(best)["iteration"]
+    assert step > 4, step  # the loss went down after step 4: the premise of this test
+
+    resume = {**raw, "train": {**raw["train"], "max_steps": 6}, "eval": {**raw["eval"], "interval": 0}}
+    lines = []
+    assert Trainer(config_from_dict(resume), resume=True, print_fn=lines.append).run() == 0
+    assert (f"checkpoints/best.pt (step {step}) is past step 4, where the run goes on: it belongs to the steps it "
+            "trains again, and is kept aside as checkpoints/best.pt.1") in lines, lines
+    assert (ckpts / "best.pt.1").read_bytes() == old and not best.exists()  # no evaluation since: no best yet
+    assert max(r["step"] for r in read_metrics(run)) == 6
+    with pytest.raises(ValueError, match=r"is a best checkpoint that the run in .* set aside"):
+        Trainer(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 10}}), resume=ckpts / "best.pt.1",
+                print_fn=_quiet)
+
+    # a best.pt of the history resumed (at or before its step) stays where it is
+    lines = []
+    assert Trainer(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 10}}), resume=True,
+                   print_fn=lines.append).run() == 0
+    kept = read_checkpoint(best)["iteration"]
+    assert 6 < kept <= 10 and not any("kept aside" in line for line in lines)
+    assert Trainer(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 12}}), resume=True,
+                   print_fn=lines.append).run() == 0
+    assert read_checkpoint(best)["iteration"] >= kept and not (ckpts / "best.pt.2").exists()

@@ -423,6 +423,8 @@ def _check_values(cfg: Config) -> None:
                                  f"by {instead} (sentence pairs up to a token budget), got {key} = {value}")
     if not t.out_dir.strip():
         raise ValueError(f"config: train.out_dir must name a folder, got {t.out_dir!r}")
+    if "\0" in t.out_dir:  # no path holds one: the OS refuses it ("embedded null byte", naming nothing)
+        raise ValueError(f"config: train.out_dir must be a path without a NUL byte, got {t.out_dir!r}")
     if cfg.model.architecture != "encoder_decoder":  # token windows: batch_size rows, never a token budget
         for key, value, instead in (("train.batch_tokens", t.batch_tokens, "train.batch_size"),
                                     ("eval.batch_tokens", cfg.eval.batch_tokens, "eval.batch_size")):

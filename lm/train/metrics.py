@@ -22,9 +22,11 @@ def format_duration(seconds: float) -> str:
 
 
 class MetricsLog:
-    """Appends one JSON object per line to ``metrics.jsonl``; mirrors records to wandb when enabled."""
+    """Appends one JSON object per line to ``metrics.jsonl``; mirrors records to wandb when enabled
+    (``quiet``: wandb prints nothing, as ``lm train --quiet`` prints no progress)."""
 
-    def __init__(self, run_dir: Path, wandb_cfg: Any = None, config: dict | None = None, resume: bool = False):
+    def __init__(self, run_dir: Path, wandb_cfg: Any = None, config: dict | None = None, resume: bool = False,
+                 quiet: bool = False):
         self.path = Path(run_dir) / "metrics.jsonl"
         self._wandb = None
         if wandb_cfg is not None and wandb_cfg.mode != "disabled":  # first: if it cannot start, nothing is written
@@ -32,6 +34,8 @@ class MetricsLog:
 
             id_file = Path(run_dir) / "wandb_id.txt"
             run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:8]
+            # its banner, run history and summary (about 30 lines on stderr) are progress output too
+            quiet_settings = {"settings": wandb.Settings(silent=True)} if quiet else {}
             try:
                 self._wandb = wandb.init(
                     project=wandb_cfg.project,
@@ -41,6 +45,7 @@ class MetricsLog:
                     config=config,
                     id=run_id,
                     resume="allow",
+                    **quiet_settings,
                 )
             except Exception as e:  # wandb's own errors (a bad project name, online without a login): one line
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -1,26 +1,38 @@
 """The run folder of `lm train`: what may be started in it, and one process at a time.
 
 A run folder holds what a run writes (:data:`RUN_ENTRIES`). A new run starts in a missing or
-empty folder; a folder that holds a run (its ``config.toml``, ``metrics.jsonl`` or ``checkpoints/``)
-is continued with ``--resume`` (a run that stopped before its first checkpoint starts again from
-step 0, its earlier ``metrics.jsonl`` kept beside); any other folder is refused. :class:`RunLock`
-keeps a second ``lm train`` out of a folder while one is running in it.
+empty folder; a folder that holds a run (its ``config.toml``, ``metrics.jsonl`` or ``checkpoints/``,
+each as ``lm train`` writes it: see :func:`run_problem`) is continued with ``--resume`` (a run that
+stopped before its first checkpoint starts again from step 0, its earlier ``metrics.jsonl`` kept
+beside); any other folder is refused. :class:`RunLock` keeps a second ``lm train`` out of a folder
+while one is running in it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from lm.checkpoint.manager import _PARTIAL_FILE, _STEP_FILE
 from lm.io import file_mode
+from lm.tomlio import loads as toml_loads
+from lm.train.config import SECTIONS
 
 RUN_ENTRIES = frozenset({
     "config.toml", "metrics.jsonl", "checkpoints", "model.safetensors", "tokenizer", "loss.png",
     "wandb", "wandb_id.txt", ".lock",
 })
 LOCK_NAME = ".lock"
+# the names by which a run is recognised (each checked for what lm train writes there: run_problem)
+RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints")
+# in checkpoints/, besides step_N.pt and the temporary files of their writes (lm.checkpoint.manager):
+# best.pt, best.pt set aside by a restart (best.pt.N), and a checkpoint moved aside as unreadable
+_OTHER_CHECKPOINT_NAME = re.compile(r"^(best\.pt(\.\d+)?|(step_\d+|best)\.pt\.unreadable\d*)$")
+_CONFIG_LIMIT = 1 << 20  # a resolved config is a few KB: a larger config.toml is not one
 
 
 def run_entries(run_dir: Path) -> set[str]:
@@ -29,25 +41,108 @@ def run_entries(run_dir: Path) -> set[str]:
 
 
 def holds_run(run_dir: Path) -> bool:
-    """The folder holds the config or metrics of a run (with or without checkpoints)."""
+    """The folder holds the config or metrics of a run (with or without checkpoints): one of
+    :data:`RUN_MARKERS` at least, and each of them as ``lm train`` writes it (:func:`run_problem`)."""
     entries = run_entries(run_dir)
-    return bool(entries & {"config.toml", "metrics.jsonl", "checkpoints"})
+    return bool(entries & set(RUN_MARKERS)) and run_problem(run_dir) is None
+
+
+def run_problem(run_dir: Path) -> str | None:
+    """Why a name of :data:`RUN_MARKERS` in ``run_dir`` is not what ``lm train`` writes there
+    ("config.toml is not an lm run config (...)"); None when each one that is there is (or none is).
+
+    ``config.toml`` is the resolved config (TOML with every table of a run's config, and nothing
+    else); ``metrics.jsonl`` is empty or starts with a record (a JSON object with ``step`` and
+    ``split``; a first line cut short by a kill counts); ``checkpoints/`` is a folder that holds
+    only checkpoint names (``step_N.pt``, ``best.pt``, ``best.pt.N``, the temporary files of their
+    writes, ``NAME.pt.unreadable``). Another tool's files with these names are not taken for a run."""
+    for name, check in (("config.toml", _config_problem), ("metrics.jsonl", _metrics_problem),
+                        ("checkpoints", _checkpoints_problem)):
+        path = run_dir / name
+        if os.path.lexists(path):
+            problem = check(path)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _config_problem(path: Path) -> str | None:
+    what = "config.toml is not an lm run config"
+    if not path.is_file():
+        return f"{what} (not a file)"
+    if path.stat().st_size > _CONFIG_LIMIT:
+        return f"{what} (larger than 1 MiB)"
+    try:
+        raw = toml_loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return f"{what} (not UTF-8 text)"
+    except ValueError as e:  # tomllib.TOMLDecodeError
+        return f"{what} (not valid TOML: {str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    other = next((k for k, v in raw.items() if k not in SECTIONS or not isinstance(v, dict)), None)
+    if other is not None:
+        return f"{what} (it has {'a table' if isinstance(raw[other], dict) else 'a key'} {other!r})"
+    missing = [f"[{name}]" for name in SECTIONS if name not in raw]  # every lm wrote them all (a hand-written
+    # config lacks some: lm train would write over it)
+    if missing:
+        return f"{what} (no {' or '.join(missing[:2])}{' ...' if len(missing) > 2 else ''} table)"
+    return None
+
+
+def _metrics_problem(path: Path) -> str | None:
+    what = "metrics.jsonl is not the metrics of lm train"
+    if not path.is_file():
+        return f"{what} (not a file)"
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16)
+    if not first.strip():  # empty: a run killed before its first record
+        return None
+    whole = first.endswith(b"\n")
+    try:
+        record = json.loads(first.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        if not whole and first.startswith(b'{"step": '):  # the first record, cut short by a kill
+            return None
+        return f"{what} (its first line is not a JSON object)"
+    if not isinstance(record, dict):
+        return f"{what} (its first line is not a JSON object)"
+    step, split = record.get("step"), record.get("split")
+    if not (isinstance(step, int) and not isinstance(step, bool) and isinstance(split, str)):
+        return f"{what} (its first record has no \"step\" and \"split\")"
+    return None
+
+
+def _checkpoints_problem(path: Path) -> str | None:
+    if not path.is_dir():
+        return "checkpoints is not a folder"
+    names = sorted(p.name for p in path.iterdir())
+    other = next((n for n in names if not (_STEP_FILE.match(n) or _PARTIAL_FILE.match(n)
+                                           or _OTHER_CHECKPOINT_NAME.match(n))), None)
+    if other is not None:
+        return f"checkpoints/ holds {other!r}, which is not a checkpoint of lm train"
+    return None
 
 
 def check_run_folder(run_dir: Path) -> None:
     """Refuse a folder that is not a folder, or that is neither empty nor a run's: a run is recognised
-    by what it writes first (``config.toml``; ``metrics.jsonl`` and ``checkpoints/`` follow), so files
-    that only share a run's names (``model.safetensors``, ``tokenizer/``...) are not taken for one."""
+    by what it writes first (``config.toml``; ``metrics.jsonl`` and ``checkpoints/`` follow), each
+    checked for what lm train writes there (:func:`run_problem`), so files that only share a run's
+    names (``model.safetensors``, ``tokenizer/``, another tool's ``config.toml``...) are not taken for one."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.out_dir: {str(run_dir)!r} exists and is not a folder")
     entries = run_entries(run_dir)
     others = sorted(entries - {LOCK_NAME})  # a lock alone: a run killed before it wrote anything
-    if others and not holds_run(run_dir):
+    if not others:
+        return
+    if not entries & set(RUN_MARKERS):
         raise ValueError(
             f"train.out_dir: {str(run_dir)!r} is not empty ({others[0]!r}{' and more' if len(others) > 1 else ''}) "
             "and holds no run of `lm train` (no config.toml, metrics.jsonl or checkpoints/); choose a new or "
             "empty folder"
         )
+    problem = run_problem(run_dir)
+    if problem is not None:
+        raise ValueError(f"train.out_dir: {str(run_dir)!r} is not empty and holds no run of `lm train`: {problem}; "
+                         "choose a new or empty folder")
 
 
 def set_aside_metrics(run_dir: Path) -> Path | None:

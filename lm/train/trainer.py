@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -32,7 +33,7 @@ from lm.data.batch import LMBatch
 from lm.device import autocast, configure_matmul_precision, resolve_dtype
 from lm.evaluate import bits_per_byte, perplexity
 from lm.generate.sampling import generator_seed
-from lm.io import atomic_write, silence_stdout
+from lm.io import _missing_dirs, atomic_write, silence_stdout
 from lm.model import build_model
 from lm.optim import (
     AdamW,
@@ -52,6 +53,10 @@ from lm.train.flops import peak_flops
 from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, format_duration
 from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside_metrics
+
+# checkpoints/best.pt set aside when its run started again from step 0 or resumed from a step before
+# best.pt's (see Trainer._prepare_run_dir): of another history than the run's
+_SET_ASIDE_BEST = re.compile(r"^best\.pt\.\d+$")
 
 # Under DDP, the steps between two agreements on signals and the time (see Trainer._agree).
 POLL_STEPS = 10
@@ -216,11 +221,16 @@ class Trainer:
 
     def _take_run_folder(self, resume) -> None:
         """The run folder: locked first (rank 0), then checked, then (if resuming) read. On a
-        failure the lock is released and a folder this run made (still empty) is removed."""
+        failure the lock is released and the folders this run made (still empty) are removed: the
+        run folder and the parents made for it. ``--resume`` with no folder is refused before any is made."""
         self._lock = RunLock(self.run_dir)
         with _out_dir_error(self.run_dir, "cannot read"):
-            self._made_dir = made_dir = not self.run_dir.exists()
+            # the folder and the parents of it that this run makes: removed (where empty) if it fails to start
+            self._made_dirs = _missing_dirs(self.run_dir)
+            made_dir = bool(self._made_dirs)
             self._held_run = not made_dir and holds_run(self.run_dir)  # else all in it is this run's doing
+        if made_dir and resume is True:  # before anything is made
+            raise ValueError(f"--resume: {str(self.run_dir)!r} holds no run to resume (there is no such folder)")
         try:
             if self.dist.is_main:
                 with _out_dir_error(self.run_dir, "cannot read"):
@@ -235,9 +245,9 @@ class Trainer:
                     self._log(f"removed {tmp}, a file left half-written by a killed run", always=True)
         except BaseException:
             self._lock.release()
-            # a folder that could not be made is not there to list: the error is the one raised
-            if made_dir and self.dist.is_main and self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
-                self.run_dir.rmdir()
+            # the folders this run made, where still empty (one that could not be made is not there)
+            if self.dist.is_main:
+                _remove_made_dirs(self._made_dirs)
             raise
 
     def _wrap_for_devices(self) -> None:
@@ -306,10 +316,21 @@ class Trainer:
                     "or choose another train.out_dir"
                 )
             if has_run:
+                best = self.ckpts.best_path
+                if not best.is_file():
+                    raise ValueError(
+                        f"train.out_dir: {str(self.run_dir)!r} holds a run that stopped before its first checkpoint; "
+                        "pass --resume to start it again from step 0 (its metrics.jsonl and model.safetensors are "
+                        "kept aside as NAME.1, or the next free number), or choose another train.out_dir"
+                    )
+                step = _saved_step(best)
+                of_step = "" if step is None else f", of step {step}"
                 raise ValueError(
-                    f"train.out_dir: {str(self.run_dir)!r} holds a run that stopped before its first checkpoint; "
-                    "pass --resume to start it again from step 0 (its metrics.jsonl and model.safetensors are kept "
-                    "aside as NAME.1, or the next free number), or choose another train.out_dir"
+                    f"train.out_dir: {str(self.run_dir)!r} holds a run that stopped before its first checkpoint "
+                    f"(it has only checkpoints/best.pt{of_step}); pass --resume to start it again "
+                    "from step 0 (its metrics.jsonl, model.safetensors and checkpoints/best.pt are kept aside as "
+                    f"NAME.1, or the next free number), or --resume {shlex.quote(str(best))} to continue it from "
+                    "there, or choose another train.out_dir"
                 )
             return
         if resume is True:
@@ -333,6 +354,12 @@ class Trainer:
         if not path.is_file():
             raise ValueError(f"--resume: checkpoint not found: {str(path)!r}")
         same_run = path.resolve().parent == self.ckpts.dir.resolve()
+        if same_run and _SET_ASIDE_BEST.match(path.name):
+            raise ValueError(
+                f"--resume: {str(path)!r} is a best checkpoint that the run in {str(self.run_dir)!r} set aside "
+                "(of a history it left when it started again from step 0, or went back to an earlier step); "
+                "continuing it there would mix two histories in one folder: set train.out_dir to a new folder"
+            )
         if not same_run and has_run:
             raise ValueError(
                 f"--resume: {str(path)!r} is not a checkpoint of the run in {str(self.run_dir)!r}; to continue it "
@@ -477,8 +504,7 @@ class Trainer:
             tok.rmdir()
         shutil.rmtree(self.run_dir / "wandb", ignore_errors=True)  # what wandb.init made of its run before failing
         self._lock.release()
-        if self._made_dir and self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
-            self.run_dir.rmdir()
+        _remove_made_dirs(self._made_dirs)  # the folder and the parents made for it, where empty
 
     def _prepare_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -492,17 +518,32 @@ class Trainer:
                     with atomic_write(dst, "wb") as f:
                         f.write(src.read_bytes())
         if self._restarted:
-            # the earlier history's metrics and exported weights: kept, out of this history's way
-            # (`--checkpoint RUN` would serve the old weights, and the end of this run replace them)
+            # the earlier history's metrics, exported weights and best checkpoint: kept, out of this
+            # history's way (`--checkpoint RUN` would serve the old weights, and the end of this run
+            # replace them; this run's first evaluation would replace best.pt)
+            best_step = _saved_step(self.ckpts.best_path) if self.ckpts.best_path.is_file() else None
             metrics, weights = set_aside_metrics(self.run_dir), _set_aside(self.run_dir / "model.safetensors")
+            best = _set_aside(self.ckpts.best_path)
             kept = [f"the earlier {what} are in {path.name}"
                     for what, path in (("metrics", metrics), ("weights", weights)) if path is not None]
+            if best is not None:
+                kept.append(f"the earlier best checkpoint{'' if best_step is None else f' (step {best_step})'} is "
+                            f"in checkpoints/{best.name}: --resume {shlex.quote(str(best))} with another "
+                            "train.out_dir continues that history")
             self._log(f"no checkpoint in {str(self.run_dir)!r}: starting again from step 0"
                       + (f" ({', '.join(kept)})" if kept else ""), always=True)
         if self._resumed_from is not None:
+            best_step = _saved_step(self.ckpts.best_path) if self.ckpts.best_path.is_file() else None
+            if best_step is not None and best_step > self.step:
+                # of the steps after this one that the run discards (it was killed after best.pt was
+                # written, or resumed from an older checkpoint): not this history's best
+                best = _set_aside(self.ckpts.best_path)
+                self._log(f"checkpoints/best.pt (step {best_step}) is past step {self.step}, where the run goes on: "
+                          f"it belongs to the steps it trains again, and is kept aside as checkpoints/{best.name}",
+                          always=True)
             MetricsLog.truncate(self.run_dir, self.step)
         self.metrics = MetricsLog(
-            self.run_dir, self.cfg.wandb, self.cfg.to_dict(), resume=self._resumed_from is not None
+            self.run_dir, self.cfg.wandb, self.cfg.to_dict(), resume=self._resumed_from is not None, quiet=self._quiet
         )
         if self._config_changes:  # config.toml now says what the run uses; what it used before is kept here
             self.metrics.write({"step": self.step, "split": "config",
@@ -1019,6 +1060,17 @@ def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> An
         raise ValueError(message) from None
 
 
+def _saved_step(path: Path) -> int | None:
+    """The step (``iteration``) a training checkpoint was written at, read without loading its
+    tensors; None for a file that cannot be read so or holds none."""
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - truncated, another format, garbage: no step to tell
+        return None
+    step = state.get("iteration") if isinstance(state, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def _set_aside(path: Path) -> Path | None:
     """Rename ``path`` to the first free ``NAME.N`` (as :func:`set_aside_metrics` does); the new name."""
     if not path.exists():
@@ -1029,6 +1081,17 @@ def _set_aside(path: Path) -> Path | None:
     target = path.with_name(f"{path.name}.{n}")
     os.replace(path, target)
     return target
+
+
+def _remove_made_dirs(folders: list[Path]) -> None:
+    """Remove the folders a run that failed to start made for train.out_dir (deepest first), where
+    empty: one it never made (a too-long name, say) is passed over, one not empty is kept with its parents."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:
+            if os.path.isdir(p):  # not empty: something else is in it
+                return
 
 
 @contextlib.contextmanager
