@@ -262,34 +262,14 @@ def test_the_report_says_higher_when_the_model_loses_to_the_baseline():
 def test_sigterm_while_the_demo_prepares_its_data_is_one_line_exit_143(tmp_path, monkeypatch, capsys):
     """SIGTERM during the tokenizer's training (its worker pool) or the tokenization does what Ctrl-C
     does: the folder removed, exit 143 with one line. (During the model's training the trainer stops.)"""
-    import os
-    import signal
-    import time
+    from helpers.signals import main_terminated_inside
 
     import lm.tokenizer
-    from lm.cli import main
 
     monkeypatch.chdir(tmp_path)
-    train_bpe = lm.tokenizer.train_bpe
-
-    def terminated(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler raises here
-        return train_bpe(*args, **kwargs)
-
-    class Escaped(Exception):
-        pass
-
-    def escaped(signum, frame):  # the signal reached no handler of lm's (it would have ended pytest)
-        raise Escaped
-
-    monkeypatch.setattr(lm.tokenizer, "train_bpe", terminated)
-    previous = signal.signal(signal.SIGTERM, escaped)
-    try:
-        rc = main(["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300", "--device", "cpu",
-                   "--quiet"])
-    finally:
-        assert signal.signal(signal.SIGTERM, previous) is escaped  # and lm's handler was put back
+    rc = main_terminated_inside(monkeypatch, lm.tokenizer, "train_bpe",
+                                ["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300",
+                                 "--device", "cpu", "--quiet"])
     assert rc == 143 and capsys.readouterr().err.strip() == "lm demo: terminated"
     assert not (tmp_path / "d").exists()
 

@@ -323,32 +323,16 @@ def test_cli_names_the_tokenizer_folder_of_a_special_token_tokenizer_json_cannot
 def test_sigterm_during_export_is_one_line_exit_143_and_leaves_no_temporary_folder(run, tmp_path, monkeypatch, capsys):
     """SIGTERM (`kill PID`) killed `lm export hf` at once, leaving the folder being built beside --out
     (.hf.XXXX.tmp, up to a model's size) for good. As Ctrl-C: removed, with one line, exit 143."""
-    import os
-    import signal
-    import time
-
     import safetensors.torch
+    from helpers.signals import main_terminated_inside
 
     d, _, _ = run
-    save = safetensors.torch.save
 
-    def terminated(*args, **kwargs):  # config.json is written by now, in .hf.XXXX.tmp
+    def building():  # config.json is written by now, in .hf.XXXX.tmp
         assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".hf.")]
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler raises here
-        return save(*args, **kwargs)
 
-    class Escaped(Exception):
-        pass
-
-    def escaped(signum, frame):  # the signal reached no handler of lm's (it would have ended pytest)
-        raise Escaped
-
-    monkeypatch.setattr(safetensors.torch, "save", terminated)
-    previous = signal.signal(signal.SIGTERM, escaped)
-    try:
-        rc = main(["export", "hf", "--checkpoint", str(d), "--out", str(tmp_path / "out" / "hf")])
-    finally:
-        assert signal.signal(signal.SIGTERM, previous) is escaped  # and lm's handler was put back
+    rc = main_terminated_inside(monkeypatch, safetensors.torch, "save",
+                                ["export", "hf", "--checkpoint", str(d), "--out", str(tmp_path / "out" / "hf")],
+                                check=building)
     assert rc == 143 and capsys.readouterr().err.strip() == "lm export hf: terminated"
     assert not any(tmp_path.iterdir())  # neither .hf.XXXX.tmp nor out/, which the export made
