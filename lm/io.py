@@ -444,7 +444,7 @@ def replace_dir(
     replacing = check_output_dir(
         out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
     )
-    made = _missing_dirs(out.parent)
+    made = missing_dirs(out.parent)
     make_dir(out.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
@@ -470,7 +470,7 @@ def replace_dir(
         raise
 
 
-def _missing_dirs(path: Path) -> list[Path]:
+def missing_dirs(path: Path) -> list[Path]:
     """The folders of ``path`` (itself and its parents) that do not exist yet, deepest first."""
     missing = []
     for p in [path, *path.parents]:
@@ -540,7 +540,7 @@ def claim_dir(
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
         os.replace(out, old)
     existed = out.is_dir()  # empty (the checks refused anything else), and not this command's
-    made = _missing_dirs(out.parent)
+    made = missing_dirs(out.parent)
     try:
         make_dir(out)
         write_marker(out, command, complete=False)

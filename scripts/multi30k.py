@@ -234,7 +234,7 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
     """The tokenizer, the pair files and the trained model in ``out``: ``(trainer, tokenizer,
     tokenizer seconds, training seconds, wall seconds)``, or None when training failed."""
     from lm.data.pairs import tokenize_pairs
-    from lm.generate.seq2seq import source_too_long
+    from lm.generate.seq2seq import check_source_length
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
     from lm.train import Trainer, config_from_dict
 
@@ -249,9 +249,7 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
     tok = Tokenizer(vocab, merges, SPECIALS)
     test_src, _, test_pairs, arg = test
     for i, (s, _) in enumerate(test_pairs):  # as `lm translate` refuses it, before the model trains
-        too_long = source_too_long(f"{arg}: line {i + 1} of {str(test_src)!r}", len(tok.encode(s.strip())), CONTEXT)
-        if too_long:
-            raise ValueError(too_long)
+        check_source_length(f"{arg}: line {i + 1} of {str(test_src)!r}", len(tok.encode(s.strip())), CONTEXT)
     tok_dir = save_tokenizer_dir(tok, out / "tokenizer")
     for split in ("train", "val"):
         tokenize_pairs(tok, src_dir / f"{split}.en.gz", src_dir / f"{split}.de.gz", data / f"{split}.bin")

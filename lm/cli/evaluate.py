@@ -232,7 +232,7 @@ def eval_translation(args: argparse.Namespace) -> int:
     from lm.device import autocast, resolve_dtype
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate
-    from lm.generate.seq2seq import line_break_ids, source_too_long
+    from lm.generate.seq2seq import check_source_length, line_break_ids
     from lm.io import check_readable_file
 
     beam = BEAM if args.beam is None else args.beam  # checked by cmd_eval, as --alpha
@@ -262,9 +262,7 @@ def eval_translation(args: argparse.Namespace) -> int:
     ref = [tok.encode(t) for _, t in pairs]
     fits = cfg.context_length - 1  # room for <eos> (source) and <bos> (target)
     for i, s in enumerate(src):  # it cannot be translated: scoring "" would lower BLEU without a word
-        too_long = source_too_long(f"--data: line {i + 1} of {str(src_path)!r}", len(s), cfg.context_length)
-        if too_long:
-            raise ValueError(too_long)
+        check_source_length(f"--data: line {i + 1} of {str(src_path)!r}", len(s), cfg.context_length)
     keep = [i for i in range(len(pairs)) if len(ref[i]) <= fits and len(src_raw[i]) <= fits]
     if len(keep) < len(pairs):  # a source too long only with its surrounding whitespace counts as a pair
         k, n = len(pairs) - len(keep), len(pairs)

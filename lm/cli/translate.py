@@ -98,12 +98,12 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 
 
 def check_alpha(alpha: float) -> None:
-    """``--alpha``, the length penalty's exponent, is a finite number >= 0 (as the decoders require):
-    checked before the model is loaded and before any output, as ``--beam`` is."""
-    import math
+    """``--alpha``, checked as the decoders check it (:func:`lm.generate.seq2seq.check_alpha`), but
+    before the model is loaded and before any output, as ``--beam`` is."""
+    from lm.generate.seq2seq import check_alpha as check
 
-    if not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"--alpha: must be a finite number >= 0, got {alpha!r}")
+    with as_flags(alpha="--alpha"):
+        check(alpha)
 
 
 def progress_bar(total: int, quiet: bool):
@@ -163,7 +163,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import translate
-    from lm.generate.seq2seq import line_break_ids, source_too_long
+    from lm.generate.seq2seq import check_source_length, line_break_ids
 
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
@@ -179,9 +179,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     sources = [tok.encode(line.strip()) for line in lines]
     where = "TEXT: sentence" if args.text else "--input: line"  # what the user gave the sentences as
     for i, s in enumerate(sources):
-        too_long = source_too_long(f"{where} {i + 1}", len(s), cfg.context_length)
-        if too_long:
-            raise ValueError(too_long)
+        check_source_length(f"{where} {i + 1}", len(s), cfg.context_length)
     banned = line_break_ids(tok)  # one translation a line, whatever the model would emit
     out = sys.stdout
     with autocast(model.device, dtype), progress_bar(len(sources), args.quiet) as bar, \

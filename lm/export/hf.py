@@ -133,6 +133,8 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
     """
     from safetensors.torch import save
 
+    from lm.tokenizer.files import write_hf_json
+
     model = unwrap(model)  # torch.compile and DDP prefix the state-dict keys
     cfg = model.config
     _check_llama_compatible(cfg)
@@ -162,8 +164,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
         with atomic_write(tmp / "model.safetensors", "wb") as f:
             f.write(save(tensors, metadata={"format": "pt"}))
         if tokenizer is not None:
-            with atomic_write(tmp / "tokenizer.json") as f:  # as Tokenizer.save_hf writes it
-                json.dump(tokenizer_json, f, ensure_ascii=False)
+            write_hf_json(tokenizer, tmp / "tokenizer.json", tokenizer_json)
             # transformers 4.44 and older default clean_up_tokenization_spaces to True, which deletes
             # the space before "." or "n't": decode would differ from lm's tokenizer
             tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.context_length,

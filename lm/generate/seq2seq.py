@@ -62,16 +62,15 @@ def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -
     return ids.to(device), mask.to(device)
 
 
-def source_too_long(where: str, length: int, context_length: int) -> str | None:
-    """The one-line error for a source of ``length`` tokens that does not fit, or None when it fits.
+def check_source_length(where: str, length: int, context_length: int) -> None:
+    """A one-line ValueError for a source of ``length`` tokens that does not fit; nothing when it fits.
 
     A source ends in ``<eos>`` (see :func:`_batch`), so it holds at most ``context_length - 1``
     tokens of its own. ``where`` names the source (``"--input: line 3"``). `lm translate`,
     `lm eval` and ``scripts/multi30k.py`` refuse such a source with this message before any work."""
-    if length + 1 <= context_length:
-        return None
-    return (f"{where} has {length} tokens, more than the {context_length - 1} a source may hold "
-            f"(the model's context is {context_length}, one kept for <eos>)")
+    if length + 1 > context_length:
+        raise ValueError(f"{where} has {length} tokens, more than the {context_length - 1} a source may hold "
+                         f"(the model's context is {context_length}, one kept for <eos>)")
 
 
 def _check(model, src_ids, max_extra: int) -> list[list[int]]:
@@ -85,9 +84,7 @@ def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     for i, s in enumerate(src):
         if not s:
             raise ValueError(f"source {i} is empty")
-        too_long = source_too_long(f"source {i}", len(s), cfg.context_length)
-        if too_long:
-            raise ValueError(too_long)
+        check_source_length(f"source {i}", len(s), cfg.context_length)
         bad = [t for t in s if not 0 <= t < cfg.vocab_size]
         if bad:
             raise ValueError(f"source {i}: id {bad[0]} is outside [0, vocab_size={cfg.vocab_size})")
@@ -131,9 +128,14 @@ def _check_beam_size(beam_size: int) -> None:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
 
 
-def _check_beam_options(alpha: float, stopping: str) -> None:
+def check_alpha(alpha: float) -> None:
+    """The length penalty's exponent is a finite number >= 0."""
     if not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+
+
+def _check_beam_options(alpha: float, stopping: str) -> None:
+    check_alpha(alpha)
     check_choice("stopping", stopping, ("exact", "heuristic"))
 
 

@@ -249,10 +249,11 @@ def _check_hf_decodes(special: str) -> None:
         )
 
 
-def write_hf_json(tokenizer: Tokenizer, path: str | os.PathLike) -> None:
-    """Write :func:`hf_json` to ``path`` atomically (``tokenizers.Tokenizer.from_file`` loads it)."""
+def write_hf_json(tokenizer: Tokenizer, path: str | os.PathLike, document: dict | None = None) -> None:
+    """Write :func:`hf_json` to ``path`` atomically (``tokenizers.Tokenizer.from_file`` loads it);
+    ``document``: that of ``tokenizer`` when it was made already (checked before anything was written)."""
     with atomic_write(path) as f:
-        json.dump(hf_json(tokenizer), f, ensure_ascii=False)
+        json.dump(hf_json(tokenizer) if document is None else document, f, ensure_ascii=False)
 
 
 def save_tokenizer_dir(tokenizer: Tokenizer, directory: str | os.PathLike, *, hf: bool = False) -> Path:

@@ -145,15 +145,15 @@ def check_run_folder(run_dir: Path) -> None:
                          "choose a new or empty folder")
 
 
-def set_aside_metrics(run_dir: Path) -> Path | None:
-    """Rename ``metrics.jsonl`` to the first free ``metrics.jsonl.N``; return the new name."""
-    path = run_dir / "metrics.jsonl"
+def set_aside(path: Path) -> Path | None:
+    """Rename ``path`` (``metrics.jsonl``, ``model.safetensors``, ``checkpoints/best.pt`` of an earlier
+    history) to the first free ``NAME.N``; the new name, or None when there is no such file."""
     if not path.exists():
         return None
     n = 1
-    while (run_dir / f"metrics.jsonl.{n}").exists():
+    while path.with_name(f"{path.name}.{n}").exists():
         n += 1
-    target = run_dir / f"metrics.jsonl.{n}"
+    target = path.with_name(f"{path.name}.{n}")
     os.replace(path, target)
     return target
 

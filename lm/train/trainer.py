@@ -33,7 +33,7 @@ from lm.data.batch import LMBatch
 from lm.device import autocast, configure_matmul_precision, resolve_dtype
 from lm.evaluate import bits_per_byte, perplexity
 from lm.generate.sampling import generator_seed
-from lm.io import _missing_dirs, atomic_write, silence_stdout
+from lm.io import atomic_write, missing_dirs, silence_stdout
 from lm.model import build_model
 from lm.optim import (
     AdamW,
@@ -52,7 +52,7 @@ from lm.train.distributed import init_distributed, shutdown_distributed
 from lm.train.flops import peak_flops
 from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, format_duration
-from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside_metrics
+from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside
 
 # checkpoints/best.pt set aside when its run started again from step 0 or resumed from a step before
 # best.pt's (see Trainer._prepare_run_dir): of another history than the run's
@@ -226,7 +226,7 @@ class Trainer:
         self._lock = RunLock(self.run_dir)
         with _out_dir_error(self.run_dir, "cannot read"):
             # the folder and the parents of it that this run makes: removed (where empty) if it fails to start
-            self._made_dirs = _missing_dirs(self.run_dir)
+            self._made_dirs = missing_dirs(self.run_dir)
             made_dir = bool(self._made_dirs)
             self._held_run = not made_dir and holds_run(self.run_dir)  # else all in it is this run's doing
         if made_dir and resume is True:  # before anything is made
@@ -522,8 +522,8 @@ class Trainer:
             # history's way (`--checkpoint RUN` would serve the old weights, and the end of this run
             # replace them; this run's first evaluation would replace best.pt)
             best_step = _saved_step(self.ckpts.best_path) if self.ckpts.best_path.is_file() else None
-            metrics, weights = set_aside_metrics(self.run_dir), _set_aside(self.run_dir / "model.safetensors")
-            best = _set_aside(self.ckpts.best_path)
+            metrics, weights = set_aside(self.run_dir / "metrics.jsonl"), set_aside(self.run_dir / "model.safetensors")
+            best = set_aside(self.ckpts.best_path)
             kept = [f"the earlier {what} are in {path.name}"
                     for what, path in (("metrics", metrics), ("weights", weights)) if path is not None]
             if best is not None:
@@ -537,7 +537,7 @@ class Trainer:
             if best_step is not None and best_step > self.step:
                 # of the steps after this one that the run discards (it was killed after best.pt was
                 # written, or resumed from an older checkpoint): not this history's best
-                best = _set_aside(self.ckpts.best_path)
+                best = set_aside(self.ckpts.best_path)
                 self._log(f"checkpoints/best.pt (step {best_step}) is past step {self.step}, where the run goes on: "
                           f"it belongs to the steps it trains again, and is kept aside as checkpoints/{best.name}",
                           always=True)
@@ -1069,18 +1069,6 @@ def _saved_step(path: Path) -> int | None:
         return None
     step = state.get("iteration") if isinstance(state, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
-def _set_aside(path: Path) -> Path | None:
-    """Rename ``path`` to the first free ``NAME.N`` (as :func:`set_aside_metrics` does); the new name."""
-    if not path.exists():
-        return None
-    n = 1
-    while path.with_name(f"{path.name}.{n}").exists():
-        n += 1
-    target = path.with_name(f"{path.name}.{n}")
-    os.replace(path, target)
-    return target
 
 
 def _remove_made_dirs(folders: list[Path]) -> None:
