@@ -31,7 +31,8 @@ LOCK_NAME = ".lock"
 RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints")
 # in checkpoints/, besides step_N.pt and the temporary files of their writes (lm.checkpoint.manager):
 # best.pt, best.pt set aside by a restart (best.pt.N), and a checkpoint moved aside as unreadable
-_OTHER_CHECKPOINT_NAME = re.compile(r"^(best\.pt(\.\d+)?|(step_\d+|best)\.pt\.unreadable\d*)$")
+SET_ASIDE_BEST = re.compile(r"^best\.pt\.\d+$")  # best.pt of another history (Trainer._prepare_run_dir)
+_OTHER_CHECKPOINT_NAME = re.compile(r"^(best\.pt|(step_\d+|best)\.pt\.unreadable\d*)$")
 _CONFIG_LIMIT = 1 << 20  # a resolved config is a few KB: a larger config.toml is not one
 
 
@@ -116,7 +117,7 @@ def _checkpoints_problem(path: Path) -> str | None:
         return "checkpoints is not a folder"
     names = sorted(p.name for p in path.iterdir())
     other = next((n for n in names if not (_STEP_FILE.match(n) or _PARTIAL_FILE.match(n)
-                                           or _OTHER_CHECKPOINT_NAME.match(n))), None)
+                                           or _OTHER_CHECKPOINT_NAME.match(n) or SET_ASIDE_BEST.match(n))), None)
     if other is not None:
         return f"checkpoints/ holds {other!r}, which is not a checkpoint of lm train"
     return None

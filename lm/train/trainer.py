@@ -11,7 +11,6 @@ import contextlib
 import inspect
 import math
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -52,11 +51,7 @@ from lm.train.distributed import init_distributed, shutdown_distributed
 from lm.train.flops import peak_flops
 from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, format_duration
-from lm.train.run_dir import RunLock, check_run_folder, holds_run, set_aside
-
-# checkpoints/best.pt set aside when its run started again from step 0 or resumed from a step before
-# best.pt's (see Trainer._prepare_run_dir): of another history than the run's
-_SET_ASIDE_BEST = re.compile(r"^best\.pt\.\d+$")
+from lm.train.run_dir import SET_ASIDE_BEST, RunLock, check_run_folder, holds_run, set_aside
 
 # Under DDP, the steps between two agreements on signals and the time (see Trainer._agree).
 POLL_STEPS = 10
@@ -354,7 +349,7 @@ class Trainer:
         if not path.is_file():
             raise ValueError(f"--resume: checkpoint not found: {str(path)!r}")
         same_run = path.resolve().parent == self.ckpts.dir.resolve()
-        if same_run and _SET_ASIDE_BEST.match(path.name):
+        if same_run and SET_ASIDE_BEST.match(path.name):
             raise ValueError(
                 f"--resume: {str(path)!r} is a best checkpoint that the run in {str(self.run_dir)!r} set aside "
                 "(of a history it left when it started again from step 0, or went back to an earlier step); "
