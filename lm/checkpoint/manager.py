@@ -9,10 +9,10 @@ from typing import Any
 
 from lm.checkpoint.io import write_checkpoint
 
-_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 # The temporary file of an atomic write of a checkpoint (lm.io.atomic_write: ".NAME.RANDOM.tmp"),
 # left behind when a run was killed while writing it.
-_PARTIAL_FILE = re.compile(r"^\.(step_\d+|best)\.pt\.[A-Za-z0-9_]+\.tmp$")
+PARTIAL_FILE = re.compile(r"^\.(step_\d+|best)\.pt\.[A-Za-z0-9_]+\.tmp$")
 # ... and of the run's exported weights (RUN_DIR/model.safetensors), as large as the model
 _PARTIAL_EXPORT = re.compile(r"^\.model\.safetensors\.[A-Za-z0-9_]+\.tmp$")
 
@@ -36,7 +36,7 @@ class CheckpointManager:
         put there by hand too, not only this class's ``step_00000012.pt``)."""
         if not self.dir.is_dir():
             return []
-        return sorted((int(m.group(1)), p) for p in self.dir.iterdir() if (m := _STEP_FILE.match(p.name)))
+        return sorted((int(m.group(1)), p) for p in self.dir.iterdir() if (m := STEP_FILE.match(p.name)))
 
     def steps(self) -> list[int]:
         return [step for step, _ in self.step_files()]
@@ -52,7 +52,7 @@ class CheckpointManager:
         if self.dir.parent.is_dir():
             partial += [p for p in self.dir.parent.iterdir() if _PARTIAL_EXPORT.match(p.name) and p.is_file()]
         if self.dir.is_dir():
-            partial += [p for p in self.dir.iterdir() if _PARTIAL_FILE.match(p.name) and p.is_file()]
+            partial += [p for p in self.dir.iterdir() if PARTIAL_FILE.match(p.name) and p.is_file()]
         partial.sort()
         for p in partial:
             p.unlink(missing_ok=True)

@@ -82,10 +82,10 @@ def _cmd_export_hf(args: argparse.Namespace) -> int:
     path = resolve_checkpoint(checkpoint)
     loaded = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
     model, tok, _ = loaded
-    from lm.export.hf import _check_llama_compatible
+    from lm.export.hf import check_llama_compatible
 
     try:  # architecture first, then norm, positions or FFN: named as the checkpoint's, not as the library's `model`
-        _check_llama_compatible(model.config)
+        check_llama_compatible(model.config)
     except ValueError as e:
         raise ValueError(f"--checkpoint: {str(path)!r}: {str(e).removeprefix('model: ')}") from None
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lm.data.token_file import (
-    _DTYPES,
+    TOKEN_DTYPES,
     check_ids,
     check_ids_sidecar,
     load_sidecar,
@@ -298,7 +298,7 @@ class PairFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.meta = read_pair_meta(self.path)
-        n, dtype = self.meta["num_tokens"], _DTYPES[self.meta["dtype"]]
+        n, dtype = self.meta["num_tokens"], TOKEN_DTYPES[self.meta["dtype"]]
         # np.memmap refuses an empty file
         self.ids = np.memmap(self.path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
         self.offsets = np.memmap(index_path(self.path), dtype=_OFFSET_DTYPE, mode="r",

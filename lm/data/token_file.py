@@ -23,7 +23,7 @@ from lm.io import InterruptGuard, atomic_write, read_json_object
 
 FORMAT = "lm-tokens"
 VERSION = 1
-_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _SCAN_CHUNK = 1 << 22  # ids per read when scanning a file: 8-16 MB, whatever the file size
 
 
@@ -37,7 +37,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest id dtype of the format that holds ``vocab_size`` ids."""
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    return _DTYPES["uint16"] if vocab_size <= 1 << 16 else _DTYPES["uint32"]
+    return TOKEN_DTYPES["uint16"] if vocab_size <= 1 << 16 else TOKEN_DTYPES["uint32"]
 
 
 def check_ids(chunk: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -168,8 +168,8 @@ def check_ids_sidecar(meta: dict[str, Any], side: Path, path: Path, counts: tupl
     for key, kind in (("dtype", str), ("vocab_size", int), *((c, int) for c in counts)):
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
             raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not a {kind.__name__}")
-    if meta["dtype"] not in _DTYPES:
-        raise ValueError(f"sidecar {str(side)!r}: dtype {meta['dtype']!r} is not one of {sorted(_DTYPES)}")
+    if meta["dtype"] not in TOKEN_DTYPES:
+        raise ValueError(f"sidecar {str(side)!r}: dtype {meta['dtype']!r} is not one of {sorted(TOKEN_DTYPES)}")
     if meta["vocab_size"] <= 0 or any(meta[c] < 0 for c in counts):
         raise ValueError(f"sidecar {str(side)!r}: vocab_size must be positive and {' and '.join(counts)} "
                          "must not be negative")
@@ -179,7 +179,7 @@ def check_ids_sidecar(meta: dict[str, Any], side: Path, path: Path, counts: tupl
             f"sidecar {str(side)!r}: dtype {meta['dtype']!r} does not match vocab_size "
             f"{meta['vocab_size']} (expected {expected!r})"
         )
-    itemsize = _DTYPES[meta["dtype"]].itemsize
+    itemsize = TOKEN_DTYPES[meta["dtype"]].itemsize
     size = path.stat().st_size
     if size != meta["num_tokens"] * itemsize:
         raise ValueError(
@@ -215,7 +215,7 @@ def read_token_file(path: str | os.PathLike) -> tuple[np.memmap, dict[str, Any]]
     meta = read_token_meta(path)
     if meta["num_tokens"] == 0:
         raise ValueError(f"token file {str(path)!r} is empty")
-    tokens = np.memmap(path, dtype=_DTYPES[meta["dtype"]], mode="r", shape=(meta["num_tokens"],))
+    tokens = np.memmap(path, dtype=TOKEN_DTYPES[meta["dtype"]], mode="r", shape=(meta["num_tokens"],))
     return tokens, meta
 
 

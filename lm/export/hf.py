@@ -49,7 +49,7 @@ def to_llama_state_dict(sd: dict[str, torch.Tensor], num_layers: int, num_heads:
     return out
 
 
-def _check_llama_compatible(cfg) -> None:
+def check_llama_compatible(cfg) -> None:
     """Refuse a model that Llama's architecture cannot hold, in one line naming the reason.
 
     The architecture comes first: an encoder–decoder has the same norm, position and FFN choices
@@ -103,7 +103,7 @@ def to_transformers(model: torch.nn.Module, **config_overrides):
 
     model = unwrap(model)  # torch.compile and DDP prefix the state-dict keys
     cfg = model.config
-    _check_llama_compatible(cfg)
+    check_llama_compatible(cfg)
     fields = llama_config(cfg)
     for key in ("architectures", "model_type", "torch_dtype"):
         fields.pop(key)
@@ -137,7 +137,7 @@ def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tok
 
     model = unwrap(model)  # torch.compile and DDP prefix the state-dict keys
     cfg = model.config
-    _check_llama_compatible(cfg)
+    check_llama_compatible(cfg)
     tokenizer_json = None
     if tokenizer is not None:
         if tokenizer.vocab_size > cfg.vocab_size:

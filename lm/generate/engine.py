@@ -37,7 +37,7 @@ import torch
 
 from lm.generate.sampling import (
     NonFiniteLogitsError,
-    _integer,
+    as_integer,
     check_generator,
     check_sampling_args,
     check_vocab_limit,
@@ -149,7 +149,7 @@ def generate(
     check_sampling_args(temperature, top_p, top_k)
     check_generator(generator)
     temperature, top_p, top_k = float(temperature), float(top_p), None if top_k is None else operator.index(top_k)
-    if _integer(max_new_tokens) is None or max_new_tokens < 0:
+    if as_integer(max_new_tokens) is None or max_new_tokens < 0:
         raise ValueError(
             f"max_new_tokens must be a non-negative integer, got max_new_tokens={max_new_tokens!r}"
         )
@@ -158,7 +158,7 @@ def generate(
     ctx = cfg.context_length
     # ctx itself is allowed: the rebuild is then over the last token alone (prefill(1)), the only
     # shift a model of context_length 1 has.
-    if _integer(window_shift) is None or not 1 <= window_shift <= ctx:
+    if as_integer(window_shift) is None or not 1 <= window_shift <= ctx:
         raise ValueError(
             f"window_shift must be an integer in [1, context_length={ctx}], got window_shift={window_shift!r}"
         )

@@ -26,7 +26,7 @@ def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> 
         raise ValueError(f"temperature must be a finite number >= 0, got temperature={temperature!r}")
     if not _real(top_p) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
-    if top_k is not None and (_integer(top_k) is None or top_k < 1):
+    if top_k is not None and (as_integer(top_k) is None or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got top_k={top_k!r}")
 
 
@@ -41,7 +41,7 @@ def _real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def _integer(x) -> int | None:
+def as_integer(x) -> int | None:
     """``x`` as an int when it is an integer (an int, a numpy integer: ``operator.index``) but not a
     bool; else None."""
     if isinstance(x, bool):
@@ -64,7 +64,7 @@ def generator_seed(seed: int) -> int:
     had drawn the same tokens. A seed below 2**32 keeps its samples; seeds that differ only in their
     high bits now get different streams. The generator still has 2**32 seeds, so two of the 2**64 can
     share a stream (any given pair with probability about 2**-32)."""
-    s = _integer(seed)
+    s = as_integer(seed)
     if s is None or not 0 <= s < 2**64:
         raise ValueError(f"seed must be a whole number in [0, 2**64-1], got seed={seed!r}")
     if s < 2**GENERATOR_SEED_BITS:
@@ -75,7 +75,7 @@ def generator_seed(seed: int) -> int:
 
 def check_vocab_limit(vocab_size: int | None, model_vocab_size: int) -> None:
     """``vocab_size`` (sample only ids below it, the tokenizer's size) is None or in [1, the model's]."""
-    if vocab_size is not None and (_integer(vocab_size) is None or not 1 <= vocab_size <= model_vocab_size):
+    if vocab_size is not None and (as_integer(vocab_size) is None or not 1 <= vocab_size <= model_vocab_size):
         raise ValueError(f"vocab_size must be in [1, {model_vocab_size}] (the model's), got vocab_size={vocab_size!r}")
 
 

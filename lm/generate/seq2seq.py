@@ -51,7 +51,7 @@ class Seq2SeqCache(KVCache):
         self.cross = {i: (k[rows], v[rows]) for i, (k, v) in self.cross.items()}
 
 
-def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -> tuple[Tensor, Tensor]:
+def source_batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -> tuple[Tensor, Tensor]:
     """Right-padded sources, each ending in ``<eos>`` (as in training), and their masks."""
     rows = [list(s) + [eos_id] for s in src_ids]
     width = max(len(r) for r in rows)
@@ -65,7 +65,7 @@ def _batch(src_ids: Sequence[Sequence[int]], eos_id: int, pad_id: int, device) -
 def check_source_length(where: str, length: int, context_length: int) -> None:
     """A one-line ValueError for a source of ``length`` tokens that does not fit; nothing when it fits.
 
-    A source ends in ``<eos>`` (see :func:`_batch`), so it holds at most ``context_length - 1``
+    A source ends in ``<eos>`` (see :func:`source_batch`), so it holds at most ``context_length - 1``
     tokens of its own. ``where`` names the source (``"--input: line 3"``). `lm translate`,
     `lm eval` and ``scripts/multi30k.py`` refuse such a source with this message before any work."""
     if length + 1 > context_length:
@@ -101,7 +101,7 @@ def line_break_ids(tokenizer) -> list[int]:
     return sorted(i for i, text in tokenizer.vocab.items() if b"\n" in text)
 
 
-def _banned(model, banned_ids: Sequence[int] | None) -> Tensor:
+def banned_index(model, banned_ids: Sequence[int] | None) -> Tensor:
     """``<pad>``, ``<bos>`` and ``banned_ids``, checked, as one index on the model's device."""
     cfg = model.config
     banned = [int(i) for i in banned_ids or ()]
@@ -115,7 +115,7 @@ def _banned(model, banned_ids: Sequence[int] | None) -> Tensor:
 
 def _never_banned(logits: Tensor, banned: Tensor, vocab_size: int | None = None) -> Tensor:
     """A target never holds ``<pad>``, a second ``<bos>`` (as in fairseq) or a banned id (see
-    :func:`_banned`), nor an id at or past ``vocab_size`` (the tokenizer's, when the model's
+    :func:`banned_index`), nor an id at or past ``vocab_size`` (the tokenizer's, when the model's
     vocabulary is larger): their logits are -inf."""
     logits[:, banned] = float("-inf")
     if vocab_size is not None and vocab_size < logits.shape[-1]:
@@ -172,12 +172,12 @@ def greedy_decode(
     cfg = model.config
     check_vocab_limit(vocab_size, cfg.vocab_size)
     src = _check(model, src_ids, max_extra)
-    banned = _banned(model, banned_ids)
+    banned = banned_index(model, banned_ids)
     was_training = model.training
     model.eval()
     try:
         with model.trusted_ids():  # the sources were checked above; the decoder reads <bos> and its own ids
-            ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, model.device)
+            ids, mask = source_batch(src, cfg.eos_id, cfg.pad_id, model.device)
             memory = model.encode(ids, mask)
             limits = [max_target_length(model, len(s), max_extra) for s in src]
             out: list[list[int]] = [[] for _ in src]
@@ -260,7 +260,7 @@ def beam_search(
     _check_beam_options(alpha, stopping)
     check_vocab_limit(vocab_size, model.config.vocab_size)
     src = _check(model, src_ids, max_extra)
-    banned = _banned(model, banned_ids)
+    banned = banned_index(model, banned_ids)
     was_training = model.training
     model.eval()
     try:
@@ -275,7 +275,7 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
                  vocab_size: int | None, banned: Tensor) -> list[list[int]]:
     cfg = model.config
     dev = model.device
-    ids, mask = _batch(src, cfg.eos_id, cfg.pad_id, dev)
+    ids, mask = source_batch(src, cfg.eos_id, cfg.pad_id, dev)
     memory = model.encode(ids, mask)
     n = len(src)
     limits = [max_target_length(model, len(s), max_extra) for s in src]

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lm.device import autocast
 from lm.generate.kv_cache import KVCache
-from lm.generate.seq2seq import _banned, _batch, max_target_length
+from lm.generate.seq2seq import banned_index, max_target_length, source_batch
 from lm.generate.static import StaticSeq2SeqCache
 from lm.serve.engine import Engine, Request
 
@@ -44,7 +44,7 @@ class TranslationEngine(Engine):
         own = getattr(model.config, "eos_id", None)
         if eos_id not in (None, own):
             raise ValueError(f"eos_id: a translation ends at the model's <eos> ({own}), got {eos_id!r}")
-        self.banned = _banned(model, banned_ids)  # <pad>, <bos> and banned_ids (checked)
+        self.banned = banned_index(model, banned_ids)  # <pad>, <bos> and banned_ids (checked)
         super().__init__(model, max_batch=max_batch, max_queue=max_queue, eos_id=own, dtype=dtype,
                          vocab_size=vocab_size, compile=compile, step_sizes=step_sizes)
 
@@ -86,7 +86,7 @@ class TranslationEngine(Engine):
         """``source`` encoded (with its ``<eos>``) and ``target`` decoded over it, alone: the last
         target position's logits and the one-row cache holding them."""
         cfg = self.model.config
-        src, mask = _batch([source], cfg.eos_id, cfg.pad_id, self.device)
+        src, mask = source_batch([source], cfg.eos_id, cfg.pad_id, self.device)
         tgt = torch.tensor([target], dtype=torch.long, device=self.device)
         one = self.model.new_cache(1, max_len=len(target))
         with autocast(self.device, self.dtype), self.model.trusted_ids():  # ids checked by check(), or drawn

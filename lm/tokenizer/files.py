@@ -17,7 +17,7 @@ from pathlib import Path
 from lm.io import atomic_write, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import UNICODE_TO_BYTE, bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
-from lm.tokenizer.tokenizer import _MAX_ID, Tokenizer, check_byte_level
+from lm.tokenizer.tokenizer import MAX_ID, Tokenizer, check_byte_level
 
 
 def vocab_strings(tokenizer: Tokenizer) -> dict[str, int]:
@@ -123,9 +123,9 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
     for s, i in raw.items():
         if isinstance(i, bool) or not isinstance(i, int):  # JSON true is no id, though Python's True == 1
             raise ValueError(f"vocab_path: {vocab_file!r}: id of token {s!r} is {json.dumps(i)}, not an integer")
-        if not 0 <= i <= _MAX_ID:
+        if not 0 <= i <= MAX_ID:
             raise ValueError(f"vocab_path: {vocab_file!r}: id of token {s!r} is {i}, "
-                             f"not an integer in [0, {_MAX_ID}]")
+                             f"not an integer in [0, {MAX_ID}]")
         if i in vocab:
             raise ValueError(f"vocab_path: {vocab_file!r}: id {i} is used twice")
         try:  # the byte mapping, or a special token's own text

@@ -43,7 +43,7 @@ _CACHE_LIMIT = 1 << 20
 # encode_iterable emits ids once this much text has been buffered.
 _STREAM_BUFFER_CHARS = 1 << 16
 # the largest id a character can stand for (see Tokenizer._encode_chars)
-_MAX_ID = sys.maxunicode
+MAX_ID = sys.maxunicode
 _UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # native uint32
 # pre-tokens longer than this take the heap form of BPE (Tokenizer._bpe_long), O(n log n); the two
 # forms cost about the same near this length, and the list form is faster below it
@@ -152,8 +152,8 @@ class Tokenizer:
         self.special_tokens: list[str] = check_special_tokens(special_tokens)
         self.token_to_id: dict[bytes, int] = {}
         for i, tok in self.vocab.items():
-            if not isinstance(i, int) or not 0 <= i <= _MAX_ID:
-                raise ValueError(f"vocab: ids must be integers in [0, {_MAX_ID}], got {i!r}")
+            if not isinstance(i, int) or not 0 <= i <= MAX_ID:
+                raise ValueError(f"vocab: ids must be integers in [0, {MAX_ID}], got {i!r}")
             if not isinstance(tok, bytes):
                 raise ValueError(f"vocab: each token must be bytes, got {_describe(tok)} for id {i}")
             self.token_to_id.setdefault(tok, i)

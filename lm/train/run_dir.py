@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from lm.checkpoint.manager import _PARTIAL_FILE, _STEP_FILE
+from lm.checkpoint.manager import PARTIAL_FILE, STEP_FILE
 from lm.io import file_mode
 from lm.tomlio import loads as toml_loads
 from lm.train.config import SECTIONS
@@ -116,7 +116,7 @@ def _checkpoints_problem(path: Path) -> str | None:
     if not path.is_dir():
         return "checkpoints is not a folder"
     names = sorted(p.name for p in path.iterdir())
-    other = next((n for n in names if not (_STEP_FILE.match(n) or _PARTIAL_FILE.match(n)
+    other = next((n for n in names if not (STEP_FILE.match(n) or PARTIAL_FILE.match(n)
                                            or _OTHER_CHECKPOINT_NAME.match(n) or SET_ASIDE_BEST.match(n))), None)
     if other is not None:
         return f"checkpoints/ holds {other!r}, which is not a checkpoint of lm train"
