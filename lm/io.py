@@ -219,16 +219,26 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first two bytes of every gzip file
+
+
+def is_gzip(path: str | os.PathLike) -> bool:
+    """``path`` (a regular file) is gzip-compressed: told by its first two bytes, whatever its name,
+    as every ``lm`` command that reads text tells it."""
+    with open(path, "rb") as f:
+        return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+
+
 def decompressed_copies(paths: Iterable[Path], stack: contextlib.ExitStack, argument: str = "--input") -> list[Path]:
-    """``paths`` with every ``.gz`` file decompressed into a private temporary folder (removed with
-    ``stack``): what ``lm tokenizer train`` and ``lm demo --data`` read. A corrupt one is a ValueError
-    naming ``argument``."""
+    """``paths`` with every gzip file (:func:`is_gzip`: by content, not by a ``.gz`` name)
+    decompressed into a private temporary folder (removed with ``stack``): what ``lm tokenizer
+    train`` and ``lm demo --data`` read. A corrupt one is a ValueError naming ``argument``."""
     import gzip
     import zlib
 
     out, tmp = [], None
     for i, p in enumerate(paths):
-        if p.suffix != ".gz":
+        if not is_gzip(p):
             out.append(p)
             continue
         if tmp is None:

@@ -357,7 +357,7 @@ def _data_files(tmp_path):
     tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
     tokenize_pairs(tok, tmp_path / "src.txt", tmp_path / "tgt.txt", tmp_path / "p.bin")
     (tmp_path / "r.dat").write_bytes(np.random.default_rng(0).bytes(100_000))
-    (tmp_path / "c.txt.gz").write_bytes(b"not gzip at all " * 5_000)
+    (tmp_path / "c.txt.gz").write_bytes(b"\x1f\x8b" + b"not gzip past its first two bytes " * 5_000)
     return {
         "t.bin": "is a token file written by `lm tokenize`, not text; pass the text it was made from",
         "p.bin": "is a token file written by `lm tokenize`, not text; pass the text it was made from",

@@ -12,7 +12,7 @@ import torch
 from helpers.data import data_file
 
 from lm.cli import main
-from lm.data import PairBatch, PairDataset, read_pair_file, read_parallel, write_pair_file
+from lm.data import PairBatch, PairDataset, read_pair_file, read_parallel, read_token_file, write_pair_file
 from lm.data.pairs import _encode_lines, index_path, is_pair_file, tokenize_pairs
 from lm.data.token_file import is_token_file, sidecar_path, write_token_file
 from lm.tokenizer import load_tokenizer_dir
@@ -478,12 +478,37 @@ def test_tokenizer_train_reads_gz_like_plain_text(corpus, tok_dir, tmp_path):
 
 
 def test_tokenizer_train_bad_gzip_is_one_line(tmp_path, capsys):
-    (tmp_path / "x.en.gz").write_bytes(b"plain text, not gzip\n")
+    (tmp_path / "x.en.gz").write_bytes(b"\x1f\x8b" + b"gzip's first two bytes, then plain text\n" * 100)
     assert main(["tokenizer", "train", "--input", str(tmp_path / "x.en.gz"), "--vocab-size", "260",
                  "--out", str(tmp_path / "tok")]) == 2
     err = capsys.readouterr().err.strip()
     assert "--input: " in err and "x.en.gz' is not a valid gzip file" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "tok").exists()
+
+
+def test_tokenizer_train_and_tokenize_tell_gzip_by_content(corpus, tok_dir, tmp_path, capsys):
+    """gzip is told by the first bytes, not the name, as lm translate, lm eval and the parallel-text
+    reader tell it: `lm tokenizer train` had read a gzip file named `train.en` as text (a warning about
+    invalid UTF-8, then a tokenizer of compressed bytes) and refused a plain `notes.gz`; `lm tokenize
+    --input` had tokenized a gzip file not named .gz."""
+    argv = ["tokenizer", "train", "--vocab-size", "320", "--quiet", "--holdout-bytes", "2000"]
+    for s in SPECIALS:
+        argv += ["--special-token", s]
+    (tmp_path / "src").write_bytes(corpus["src"].read_bytes())  # gzip, named without .gz
+    (tmp_path / "tgt.txt.gz").write_bytes(corpus["tgt_txt"].read_bytes())  # plain text named .gz
+    assert main([*argv, "--input", str(tmp_path / "src"), str(tmp_path / "tgt.txt.gz"),
+                 "--out", str(tmp_path / "tok")]) == 0
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        assert (tmp_path / "tok" / name).read_bytes() == (tok_dir / name).read_bytes(), name
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(tmp_path / "src"),
+                 "--out", str(tmp_path / "q.bin"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--input: {str(tmp_path / 'src')!r} is gzip-compressed; decompress it first" in err, err
+    assert not (tmp_path / "q.bin").exists()
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(tmp_path / "tgt.txt.gz"),
+                 "--out", str(tmp_path / "t.bin"), "--quiet"]) == 0
+    assert read_token_file(tmp_path / "t.bin")[0].tolist() == load_tokenizer_dir(tok_dir).encode(
+        corpus["tgt_txt"].read_text(encoding="utf-8"))
 
 
 def test_tokenize_target_writes_a_pair_file(corpus, tok_dir, tmp_path, capsys):

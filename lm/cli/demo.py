@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         examples=EXAMPLES,
     )
     p.add_argument("--data", default=None, metavar="FILE",
-                   help="a UTF-8 text corpus; FILE.gz is decompressed to a temporary file first")
+                   help="a UTF-8 text corpus; gzip (told by its content) is decompressed to a temporary file first")
     add_out(p, "the folder for the tokenizer, data, run, report and plot", default=d.out_dir, metavar="DIR",
             old="--out-dir")
     p.add_argument("--train-seconds", type=float, default=d.train_seconds, metavar="S", help="training time budget")

@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def data_kind(path: Path) -> str:
     """``"tokens"`` or ``"text"``, from the sidecar and the content together; ambiguous files are refused."""
     from lm.data.token_file import read_token_meta, sidecar_path
-    from lm.io import looks_like_text
+    from lm.io import is_gzip, looks_like_text
 
     side = sidecar_path(path)
     text_like = looks_like_text(path)
@@ -77,9 +77,7 @@ def data_kind(path: Path) -> str:
             raise ValueError(f"--data: {str(path)!r} reads as UTF-8 text but has a token-file sidecar {side.name!r}; "
                              "if it is text, move the sidecar away")
         return "tokens"
-    with open(path, "rb") as f:
-        gzipped = f.read(2) == b"\x1f\x8b"
-    if gzipped:
+    if is_gzip(path):
         raise ValueError(f"--data: {str(path)!r} is gzip-compressed; decompress it first (only a translation "
                          "model's --data and --target may be gzip)")
     if path.suffix == ".bin" or not text_like:

@@ -21,6 +21,7 @@ from lm.io import (
     check_readable_file,
     check_text_input,
     decompressed_copies,
+    is_gzip,
     replace_dir,
 )
 
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         examples=TRAIN_EXAMPLES,
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE",
-                   help="UTF-8 text file(s); FILE.gz is decompressed to a temporary file first")
+                   help="UTF-8 text file(s); gzip (told by its content) is decompressed to a temporary file first")
     p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="total vocabulary size")
     p.add_argument("--special-token", action="append", default=[], metavar="TOK",
                    help="a special token, e.g. '<|endoftext|>' (repeatable); documents are cut at it")
@@ -126,7 +127,7 @@ def terminate_as_interrupt(command: str, run: Callable[[], int]) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     def run() -> int:
-        with contextlib.ExitStack() as stack:  # holds the decompressed copies of .gz inputs
+        with contextlib.ExitStack() as stack:  # holds the decompressed copies of gzip inputs
             return _cmd_train(args, stack)
 
     return terminate_as_interrupt("tokenizer train", run)
@@ -149,7 +150,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     inputs = [("--input", p) for p in paths]
     output = dict(command="lm tokenizer train", overwrite=args.overwrite, inputs=inputs, files=TOKENIZER_FILES)
     check_output_dir(out, **output)  # before the work: a refusal costs nothing
-    texts = decompressed_copies(paths, stack)  # the files themselves, or for .gz their decompressed text
+    texts = decompressed_copies(paths, stack)  # the files themselves, or for gzip their decompressed text
     for p, text in zip(paths, texts):
         if text.stat().st_size == 0:
             raise ValueError(f"--input: file is empty once decompressed: {str(p)!r}")
@@ -205,7 +206,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     if args.target is not None:
         return _tokenize_pairs(args)
     src = check_readable_file(args.input, "--input")
-    if src.suffix == ".gz":
+    if is_gzip(src):  # by its content, as every command that reads text tells gzip
         raise ValueError(f"--input: {str(src)!r} is gzip-compressed; decompress it first (only parallel text, "
                          "with --target, is read from .gz)")
     if src.stat().st_size == 0:

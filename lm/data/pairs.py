@@ -55,7 +55,7 @@ from lm.data.token_file import (
     sidecar_path,
     token_dtype,
 )
-from lm.io import InterruptGuard, atomic_write
+from lm.io import GZIP_MAGIC, InterruptGuard, atomic_write
 
 if TYPE_CHECKING:  # torch is imported where batches are built: `lm tokenize` writes pair files without it
     import torch
@@ -72,8 +72,6 @@ def index_path(path: str | os.PathLike) -> Path:
 
 
 # -- parallel text ------------------------------------------------------------------------------
-
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 class _Prefixed(io.RawIOBase):
