@@ -55,23 +55,42 @@ def dir_mode() -> int:
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success fsync it and rename it to ``path``.
 
-    On any exception the temporary file is removed and ``path`` is left untouched, so an
-    interrupted run never leaves a file that looks complete.
+    On any exception the temporary file is removed, and the folders made for ``path`` where
+    still empty, and ``path`` is left untouched, so an interrupted run never leaves a file that
+    looks complete. An OSError of the temporary file names ``path``, the file the caller asked for.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    made = missing_dirs(path.parent)
+    tmp = None
     try:
-        os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _naming(path):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            with _naming(path):
+                f.flush()
+                os.fsync(f.fileno())
+        with _naming(path):
+            os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        remove_made_dirs(made)
         raise
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An OSError that names the temporary file (``.x.bin.lr28spfr.tmp``) names ``path`` instead."""
+    try:
+        yield
+    except OSError as e:
+        if not e.errno:
+            raise
+        raise type(e)(e.errno, e.strerror, str(path)) from None
 
 
 class InterruptGuard:
@@ -476,7 +495,7 @@ def replace_dir(
         _fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_empty(made)
+        remove_made_dirs(made)
         raise
 
 
@@ -490,13 +509,15 @@ def missing_dirs(path: Path) -> list[Path]:
     return missing
 
 
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove the folders a failed command made for its output (deepest first), where still empty."""
+def remove_made_dirs(folders: list[Path]) -> None:
+    """Remove the folders a failed command made for its output (:func:`missing_dirs`, deepest
+    first), where still empty: one never made is passed over; one not empty is kept, with its parents."""
     for p in folders:
         try:
             p.rmdir()
-        except OSError:  # not empty (something else wrote there meanwhile), or gone: leave it
-            break
+        except OSError:
+            if os.path.isdir(p):  # not empty: something else wrote there meanwhile
+                return
 
 
 def _empty(folder: Path) -> None:
@@ -563,7 +584,7 @@ def claim_dir(
             shutil.rmtree(out, ignore_errors=True)
         if old is not None:
             os.replace(old, out)
-        _remove_empty(made)
+        remove_made_dirs(made)
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -268,7 +268,7 @@ def test_text_that_is_not_utf8_warns_in_one_line_and_counts(work, tmp_path):
            "--quiet", cwd=tmp_path)
     err = err_of(r)
     assert r.returncode == 0 and len(err.splitlines()) == 1, err  # no Python warning format, no source line
-    assert err.startswith("lm tokenize: warning: input: 40 bytes of") and "not valid UTF-8" in err
+    assert err.startswith("lm tokenize: warning: --input: 40 bytes of") and "not valid UTF-8" in err
 
 
 @pytest.mark.parametrize("setting, message", [

@@ -260,3 +260,38 @@ def test_dataset_windows_read_the_file(tmp_path):
     x, y = ds.batch(starts, "cpu")
     assert torch.equal(x, torch.from_numpy(np.stack([ids[s : s + 16] for s in starts])))
     assert torch.equal(y, torch.from_numpy(np.stack([ids[s + 1 : s + 17] for s in starts])))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("source_bytes", "x", "'source_bytes' must be a non-negative integer, got 'x'"),
+    ("source_bytes", 1.5, "'source_bytes' must be a non-negative integer, got 1.5"),
+    ("source_bytes", False, "'source_bytes' must be a non-negative integer, got False"),
+    ("tokenizer_sha256", 5, "'tokenizer_sha256' must be a string, got 5"),
+    ("source", ["a"], "'source' must be a string, got ['a']"),
+])
+def test_a_sidecar_field_of_the_wrong_type_is_one_line(tmp_path, field, value, message):
+    """``source_bytes: "x"`` or ``tokenizer_sha256: 5`` passed the checks and then stopped `lm train`
+    and `lm eval` with a TypeError traceback (audit data4 #2): now the reader names sidecar and field."""
+    path = _bad_file(tmp_path, lambda p, s, m: s.write_text(json.dumps({**m, field: value})))
+    with pytest.raises(ValueError) as e:
+        read_token_file(path)
+    assert str(e.value) == f"sidecar {str(tmp_path / 'd.bin.json')!r}: {message}"
+    path = _bad_file(tmp_path, lambda p, s, m: s.write_text(json.dumps(
+        {k: v for k, v in m.items() if k not in ("source_bytes", "tokenizer_sha256", "source")})))
+    meta = read_token_file(path)[1]  # missing ones are the defaults, as before
+    assert (meta["source_bytes"], meta["tokenizer_sha256"], meta["source"]) == (0, "", "")
+
+
+@pytest.mark.parametrize("dataset, dtype", [
+    (np.linspace(0, 5, 10), "float64"), (torch.linspace(0, 5, 10), "torch.float32"),
+    (np.arange(10) > 3, "bool"), (torch.arange(10) > 3, "torch.bool"), ([0.5] * 10, "float64"),
+])
+def test_get_batch_refuses_ids_that_are_not_integers(dataset, dtype):
+    """A float array was truncated into "ids" (0.55 -> 0) and gave a batch (audit data4 #6)."""
+    for call in (lambda: get_batch(dataset, 1, 3, "cpu"), lambda: batch_at(dataset, np.array([0]), 3, "cpu")):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == f"dataset: token ids must be integers, got dtype {dtype}"
+    for ids in (np.arange(10, dtype=np.uint16), torch.arange(10, dtype=torch.int32), list(range(10))):
+        x, y = get_batch(ids, 2, 3, "cpu")
+        assert x.dtype == torch.int64 and torch.equal(y, x + 1)

@@ -16,6 +16,7 @@ SHA = hashlib.sha256(PAYLOAD).hexdigest()
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     drops_left = 0  # GETs that die half-way
+    head_faults: list = []  # answers to the next HEADs: a status, or "drop" (closed without an answer)
     sha = SHA
     requests: list = []
 
@@ -38,6 +39,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_HEAD(self):
         Handler.requests.append(("HEAD", self.path, self.headers.get("Range")))
+        if Handler.head_faults:
+            fault = Handler.head_faults.pop(0)
+            self.close_connection = True
+            if fault != "drop":
+                self.send_response(fault)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            return
         if "/resolve/" in self.path:
             return self._redirect()
         if self.path.startswith("/missing/"):
@@ -78,6 +87,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def server():
     Handler.requests = []
     Handler.drops_left = 0
+    Handler.head_faults = []
     Handler.sha = SHA
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -238,3 +248,55 @@ def _closed_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+# -- audit data4 ----------------------------------------------------------------------------------
+
+def test_the_first_request_is_retried_as_the_download_is(server, tmp_path, monkeypatch, capsys):
+    """The GETs were retried after a 503 or a dropped connection, the HEAD before them not: one 503
+    failed the whole download (audit data4 #8). A 404, or a refused connection, is still said at once."""
+    monkeypatch.setattr("lm.data.download._retry_wait", lambda attempt: 0)
+    Handler.head_faults = [503, "drop", 429]
+    path = download(f"{server}/resolve/main/s.txt", tmp_path / "s.txt", progress=False)
+    assert path.read_bytes() == PAYLOAD
+    assert [r[1] for r in Handler.requests if r[0] == "HEAD"] == ["/resolve/main/s.txt"] * 4 + ["/files/main/s.txt"]
+    Handler.requests, Handler.head_faults = [], [503] * 6
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    out = tmp_path / "new"
+    assert main(["data", "download", "tinystories", "--out", str(out), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"lm data download: error: {server}/resolve/main/TinyStoriesV2-GPT4-valid.txt answered HTTP 503 Service "
+        "Unavailable 6 times; run again later (the URL is from LM_TINYSTORIES_URL)")
+    assert len(Handler.requests) == 6 and not out.exists()
+
+
+def test_a_failed_download_removes_the_folders_it_made(server, tmp_path, monkeypatch, capsys):
+    """A download that failed (a wrong SHA-256) left the empty --out folder it had made (audit data4 #7).
+    One whose .part resumes keeps it; a folder that was there before stays."""
+    monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
+    Handler.sha = "0" * 64
+    for out in (tmp_path / "t2", tmp_path / "a" / "b"):
+        assert main(["data", "download", "tinystories", "--out", str(out), "--quiet"]) == 2
+        assert "does not match the expected" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 2
+    assert tmp_path.is_dir()
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lm.data.download._sha256_of", interrupted)  # Ctrl-C once the bytes are there
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path / "t3"), "--quiet"]) == 130
+    assert [p.name for p in (tmp_path / "t3").iterdir()] == ["TinyStoriesV2-GPT4-valid.txt.part"]
+
+
+def test_help_names_the_mirror_variables(capsys):
+    """LM_TINYSTORIES_URL and LM_MULTI30K_URL were named in errors only (audit data4 #10)."""
+    with pytest.raises(SystemExit) as e:
+        main(["data", "download", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("The environment variables LM_TINYSTORIES_URL and LM_MULTI30K_URL replace the base URL (the folder "
+            "that holds the files, by their usual names) with a mirror's, or with a file:// URL of a local copy"
+            in text)
+    assert "LM_MULTI30K_URL=file://" in text and "LM_TINYSTORIES_URL=https://" in text

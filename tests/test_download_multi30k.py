@@ -4,6 +4,7 @@ import gzip
 import hashlib
 import http.server
 import random
+import sys
 import threading
 
 import pytest
@@ -205,3 +206,29 @@ def test_a_wrong_file_is_refused_before_any_is_fetched(server, tmp_path, monkeyp
                         "test_2016_flickr.de.gz; pass --overwrite to download it again"), err
     assert not [r for r in Handler.requests if r[0] == "GET"]
     assert [p.name for p in tmp_path.iterdir()] == ["test_2016_flickr.de.gz"]
+
+
+# -- audit data4 ----------------------------------------------------------------------------------
+
+def test_a_local_copy_prints_sizes_in_kb_and_local_errors_do_not_blame_the_url(tmp_path, monkeypatch, capsys):
+    """From a file:// copy: the 21-25 kB files printed as "(0.0 MB)"; an --out that cannot be made
+    said "(the URL is from LM_MULTI30K_URL)"; a missing copy said "cannot reach : ... (offline?)",
+    with no host (audit data4 #9)."""
+    copy = data_file("multi30k/val.en.gz").parent
+    monkeypatch.setenv("LM_MULTI30K_URL", copy.as_uri())
+    out = tmp_path / "m30k"
+    assert main(["data", "download", "multi30k", "--out", str(out), "--quiet"]) == 0
+    sizes = {"train.en.gz": "568.9 kB", "train.de.gz": "637.0 kB", "val.en.gz": "21.6 kB", "val.de.gz": "24.7 kB",
+             "test_2016_flickr.en.gz": "21.1 kB", "test_2016_flickr.de.gz": "22.9 kB"}
+    assert capsys.readouterr().out.splitlines() == [f"{out / name} ({size})" for name, size in sizes.items()]
+    if sys.platform == "linux":
+        assert main(["data", "download", "multi30k", "--out", "/proc/mm", "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            "lm data download: error: --out: cannot make the folder '/proc/mm': No such file or directory")
+    missing = (tmp_path / "nowhere").as_uri()
+    monkeypatch.setenv("LM_MULTI30K_URL", missing)
+    assert main(["data", "download", "multi30k", "--out", str(tmp_path / "m2"), "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"lm data download: error: cannot read {missing}/train.en.gz: No such file or directory "
+        "(the URL is from LM_MULTI30K_URL)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m30k"]

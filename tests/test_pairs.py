@@ -622,3 +622,109 @@ def test_multi30k_reads_and_tokenizes(tmp_path):
     assert len(ds) == 1_014 and 2 < ds.bytes_per_token < 6
     assert ds.bytes_per_token == f.meta["target_bytes"] / (f.tgt_lengths.sum() + 1_014)  # <eos> counts
 
+
+
+# -- audit data4 ----------------------------------------------------------------------------------
+
+def test_a_separator_that_overlaps_itself_moves_no_text_between_sentences(tok_dir, tmp_path):
+    """The lines were joined with the first special token: one with a border (``<s><s>``, ``--``: a
+    proper prefix that is also a suffix) was found early after a line ending with that prefix, and the
+    count of separators still came out right: ``x-`` lost its ``-`` to the next line (audit data4 #1).
+    Now the separator is a special token without a border, or there is none and each line is
+    encoded alone."""
+    from lm.tokenizer import Tokenizer
+
+    base = load_tokenizer_dir(tok_dir)
+    vocab = {i: b for i, b in base.vocab.items() if b.decode("utf-8", "replace") not in SPECIALS}
+    lines = ["x-", "y", "A dog <s>", "A cat", "runs <s><", "s> here", "<|x|><", "|end", "plain"]
+    for specials in (["--"], ["<s><s>"], ["<|x|><|"], ["<s><s>", "<pad>"], ["--", "<s>"]):
+        tok = Tokenizer(vocab, base.merges, specials)
+        for dtype in (np.dtype(np.uint16), np.dtype(np.uint32)):
+            got = _encode_lines(tok, lines, dtype, specials)
+            assert [g.tolist() for g in got] == [tok.encode(x) for x in lines], specials
+    assert [tok.decode(g.tolist()) for g in _encode_lines(Tokenizer(vocab, base.merges, ["--"]), ["x-", "y"],
+                                                          np.dtype(np.uint16), ["--"])] == ["x-", "y"]
+    # the audit's pair file: each sentence has the ids it has alone
+    tok = Tokenizer(vocab, base.merges, ["<s><s>"])
+    src = write_lines(tmp_path / "ss.en", ["A dog <s>", "A cat"])
+    tgt = write_lines(tmp_path / "ss.de", ["Ein Hund", "Eine Katze"])
+    tokenize_pairs(tok, src, tgt, tmp_path / "ss.bin")
+    f = read_pair_file(tmp_path / "ss.bin")
+    assert [f.src(i).tolist() for i in range(2)] == [tok.encode("A dog <s>"), tok.encode("A cat")]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("target_bytes", "123", "'target_bytes' must be a non-negative integer, got '123'"),
+    ("source_bytes", -1, "'source_bytes' must be a non-negative integer, got -1"),
+    ("source_bytes", True, "'source_bytes' must be a non-negative integer, got True"),
+    ("tokenizer_sha256", 5, "'tokenizer_sha256' must be a string, got 5"),
+    ("target", None, "'target' must be a string, got None"),
+])
+def test_a_pair_sidecar_field_of_the_wrong_type_is_one_line(pair_path, tmp_path, field, value, message):
+    """``target_bytes: "123"`` passed the checks and stopped `lm train` with a TypeError in
+    bytes_per_token (audit data4 #2); now reading the pair file refuses it, naming sidecar and field."""
+    path = tmp_path / "p.bin"
+    for suffix in ("", ".idx", ".json"):
+        (tmp_path / f"p.bin{suffix}").write_bytes(Path(f"{pair_path}{suffix}").read_bytes())
+    meta = json.loads(sidecar_path(path).read_text())
+    sidecar_path(path).write_text(json.dumps({**meta, field: value}))
+    with pytest.raises(ValueError) as e:
+        read_pair_file(path)
+    assert str(e.value) == f"sidecar {str(sidecar_path(path))!r}: {message}"
+    del meta["source_bytes"], meta["target_bytes"], meta["source"]  # missing ones are the defaults
+    sidecar_path(path).write_text(json.dumps(meta))
+    assert read_pair_file(path).meta["source_bytes"] == 0 and read_pair_file(path).meta["source"] == ""
+
+
+def test_tokenize_target_reads_pipes_as_the_readme_says(corpus, tok_dir, tmp_path, capsys):
+    """The README says a pipe such as ``<(cat test.en.gz)`` works for parallel text, and read_parallel
+    reads one, but `lm tokenize --target` refused it: "--input: not a regular file" (audit data4 #3)."""
+    from helpers.pipes import fifo_holding
+
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(corpus["src"]), "--target",
+                 str(corpus["tgt"]), "--out", str(tmp_path / "file.bin"), "--quiet"]) == 0
+    with fifo_holding(tmp_path / "src.fifo", corpus["src"].read_bytes()) as src, \
+            fifo_holding(tmp_path / "tgt.fifo", corpus["tgt_txt"].read_bytes()) as tgt:
+        assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(src), "--target", str(tgt),
+                     "--out", str(tmp_path / "pipe.bin"), "--quiet"]) == 0
+    assert "600 pairs" in capsys.readouterr().out
+    for name in ("pipe.bin", "pipe.bin.idx"):
+        assert (tmp_path / name).read_bytes() == (tmp_path / name.replace("pipe", "file")).read_bytes()
+    meta = read_pair_file(tmp_path / "pipe.bin").meta
+    assert meta["source_bytes"] == corpus["src_txt"].stat().st_size
+    assert meta["target_bytes"] == corpus["tgt_txt"].stat().st_size
+    assert main(["tokenize", "--tokenizer", str(tok_dir), "--input", str(tmp_path), "--target", str(corpus["tgt"]),
+                 "--out", str(tmp_path / "dir.bin"), "--quiet"]) == 2  # a folder is still no input
+    assert capsys.readouterr().err.strip() == f"lm tokenize: error: --input: is a directory: {str(tmp_path)!r}"
+
+
+def test_tokenize_pairs_never_writes_over_its_input(tok_dir, tmp_path):
+    """tokenize_file refused an output that is its input; tokenize_pairs wrote its ids over the
+    source text (audit data4 #4). Nor may its offsets or sidecar go over an input."""
+    tok = load_tokenizer_dir(tok_dir)
+    src = write_lines(tmp_path / "lib.en", ["A dog runs.", "A cat sits."])
+    tgt = write_lines(tmp_path / "lib.de", ["Ein Hund.", "Eine Katze."])
+    idx = write_lines(tmp_path / "t.bin.idx", ["Ein Hund.", "Eine Katze."])
+    side = write_lines(tmp_path / "u.bin.json", ["Ein Hund.", "Eine Katze."])
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    for t, out, named, arg in ((tgt, src, src, "src_path"), (tgt, tgt, tgt, "tgt_path"),
+                               (idx, tmp_path / "t.bin", idx, "tgt_path"),
+                               (side, tmp_path / "u.bin", side, "tgt_path")):
+        with pytest.raises(ValueError) as e:
+            tokenize_pairs(tok, src, t, out)
+        assert str(e.value) == f"out_path: {str(named)!r} is the input {arg} itself; choose another output"
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("chunk_pairs", [0, -1, 2.0, True])
+def test_tokenize_pairs_refuses_a_chunk_size_below_one(tok_dir, tmp_path, chunk_pairs):
+    """chunk_pairs=0 wrote a 'valid' pair file with no pairs from a 2-line corpus; -1 raised islice's
+    own error (audit data4 #5)."""
+    src = write_lines(tmp_path / "two.en", ["A dog runs.", "A cat sits."])
+    tgt = write_lines(tmp_path / "two.de", ["Ein Hund.", "Eine Katze."])
+    with pytest.raises(ValueError) as e:
+        tokenize_pairs(load_tokenizer_dir(tok_dir), src, tgt, tmp_path / "cp.bin", chunk_pairs=chunk_pairs)
+    assert str(e.value) == f"chunk_pairs must be a positive integer, got chunk_pairs={chunk_pairs!r}"
+    assert not (tmp_path / "cp.bin").exists()
+    meta = tokenize_pairs(load_tokenizer_dir(tok_dir), src, tgt, tmp_path / "cp.bin", chunk_pairs=1)
+    assert meta["num_pairs"] == 2

@@ -162,7 +162,7 @@ def test_training_on_a_long_stretch_without_a_line_end_warns_too(tmp_path, monke
     assert main(["tokenizer", "train", "--input", str(path), "--vocab-size", "260", "--out", str(tmp_path / "tok"),
                  "--quiet", "--holdout-bytes", "0", "--num-workers", "1"]) == 0
     err = capsys.readouterr().err
-    assert "lm tokenizer train: warning: input: in " in err and "pre-tokenized in one piece" in err, err
+    assert "lm tokenizer train: warning: --input: in " in err and "pre-tokenized in one piece" in err, err
 
 
 def test_tokenize_file_cuts_a_crlf_copy_of_gutenberg(trained, tmp_path):
@@ -619,3 +619,72 @@ print("torch" in sys.modules)
     assert set(dir(lm.data)) >= set(lm.data.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         lm.data.nope  # noqa: B018
+
+
+# -- audit data4 ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"chunk_bytes": 0}, "chunk_bytes must be a positive integer, got chunk_bytes=0"),
+    ({"chunk_bytes": -5}, "chunk_bytes must be a positive integer, got chunk_bytes=-5"),
+    ({"chunk_bytes": 1.5}, "chunk_bytes must be a positive integer, got chunk_bytes=1.5"),
+    ({"warm_bytes": -1}, "warm_bytes must be a non-negative integer (0: no warm-up), got warm_bytes=-1"),
+])
+def test_tokenize_file_refuses_a_chunk_size_below_one(trained, corpus, tmp_path, kwargs, message):
+    """chunk_bytes=0 (or -5) never advanced past the first cut: tokenize_file hung (audit data4 #5)."""
+    with pytest.raises(ValueError) as e:
+        tokenize_file(load_tokenizer_dir(trained), corpus, tmp_path / "cb.bin", num_workers=1, **kwargs)
+    assert str(e.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tokenize_file_refuses_its_input_as_output_in_plain_words(trained, corpus):
+    """The message said "is the input input itself" (audit data4 #4)."""
+    with pytest.raises(ValueError) as e:
+        tokenize_file(load_tokenizer_dir(trained), corpus, corpus, num_workers=1)
+    assert str(e.value) == f"out_path: {str(corpus)!r} is the input input_path itself; choose another output"
+
+
+def test_a_failed_tokenize_removes_the_folders_it_made(trained, corpus, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C (or an error) in `lm tokenize` left the empty folders made for --out (audit data4 #7);
+    a folder that was there before, or one that something else wrote into, stays."""
+    class Interrupted(Tokenizer):  # Ctrl-C while the first chunk is encoded
+        def encode_to_numpy(self, text, dtype=None):
+            raise KeyboardInterrupt
+
+    tok = load_tokenizer_dir(trained)
+    broken = Interrupted(tok.vocab, tok.merges, tok.special_tokens)
+    monkeypatch.setattr("lm.tokenizer.load_tokenizer_dir", lambda *a, **k: broken)
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "nd/a/b/g.bin", tmp_path / "kept/a/g.bin"):
+        assert main(["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out", str(out),
+                     "--num-workers", "1", "--quiet"]) == 130
+        assert capsys.readouterr().err.strip() == "lm tokenize: interrupted"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept"]
+    with pytest.raises(KeyboardInterrupt):  # the library too
+        tokenize_file(broken, corpus, tmp_path / "x/y/z.bin", num_workers=1)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc, where no file can be made, is Linux's")
+def test_an_output_that_cannot_be_written_names_out_not_a_temporary_file(trained, corpus, tmp_path, capsys):
+    """``--out /proc/x.bin`` gave ``[Errno 2] No such file or directory: '/proc/.x.bin.lr28spfr.tmp'``,
+    a hidden name the user never gave (audit data4 #9)."""
+    for out, message in (
+        ("/proc/x.bin", "--out: cannot write '/proc/x.bin': No such file or directory"),
+        ("/proc/new/x.bin",
+         "--out: cannot make the folder '/proc/new' for '/proc/new/x.bin': No such file or directory"),
+    ):
+        for target in ([], ["--target", str(corpus)]):
+            assert main(["tokenize", "--tokenizer", str(trained), "--input", str(corpus), *target, "--out", out,
+                         "--num-workers", "1", "--quiet"]) == 2
+            assert capsys.readouterr().err.strip() == f"lm tokenize: error: {message}"
+
+
+def test_the_invalid_utf8_warning_of_lm_tokenize_names_input(trained, tmp_path, capsys):
+    """`lm tokenize` named the library's parameter: "warning: input: 2 bytes of ..." (audit data4 #9)."""
+    path = tmp_path / "inv.txt"
+    path.write_bytes(b"Tom had a ball \xff\xfe.\n" * 10)
+    assert main(["tokenize", "--tokenizer", str(trained), "--input", str(path), "--out", str(tmp_path / "b.bin"),
+                 "--num-workers", "1", "--quiet"]) == 0
+    assert capsys.readouterr().err.strip() == (f"lm tokenize: warning: --input: 20 bytes of {str(path)!r} are not "
+                                               "valid UTF-8; they were replaced by U+FFFD")

@@ -11,6 +11,8 @@ EXAMPLES = """
   lm data download tinystories --split train   # the 2.2 GB training split (resumable)
   lm data download tinystories --out /scratch/data
   lm data download multi30k                    # En-De translation, 6 files (1.3 MB), into data/multi30k/
+  LM_TINYSTORIES_URL=https://mirror.example/tinystories lm data download tinystories   # from a mirror
+  LM_MULTI30K_URL=file:///data/copies/multi30k lm data download multi30k               # from a local copy
 """
 
 
@@ -27,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "multi30k/dataset. Resumable: run again after an interruption. The size and SHA-256 are checked before "
         "a file gets its final name. A complete file already there is kept (checked against the SHA-256 where one is "
         "known; kept with a warning when offline); another file there is replaced only with --overwrite, and only "
-        "once the new one is complete.",
+        "once the new one is complete. The environment variables LM_TINYSTORIES_URL and LM_MULTI30K_URL replace "
+        "the base URL (the folder that holds the files, by their usual names) with a mirror's, or with a file:// "
+        "URL of a local copy; the multi30k files are still checked against their pinned sizes and SHA-256.",
         examples=EXAMPLES,
     )
     d.add_argument("dataset", choices=["tinystories", "multi30k"])
@@ -52,5 +56,14 @@ def cmd_download(args: argparse.Namespace) -> int:
         out = args.out if args.out is not None else "data"
         paths = [download_tinystories(args.split or "valid", out, progress=not args.quiet, overwrite=args.overwrite)]
     for path in paths:
-        print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
+        print(f"{path} ({_size(path.stat().st_size)})")
     return 0
+
+
+def _size(n: int) -> str:
+    """A byte count in MB, or in kB below 1 MB (where MB would print Multi30k's 22 kB files as 0.0 MB).
+
+    >>> _size(21_650), _size(22_565_424)
+    ('21.6 kB', '22.6 MB')
+    """
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"

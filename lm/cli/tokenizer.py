@@ -10,7 +10,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lm.cli.common import add_command, add_out, add_quiet, as_flags
@@ -159,7 +160,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
     stats = TrainStats()
     t0 = time.perf_counter()
-    with as_flags(vocab_size="--vocab-size", num_workers="--num-workers", special_tokens="--special-token"):
+    with as_flags(vocab_size="--vocab-size", num_workers="--num-workers", special_tokens="--special-token"), \
+            _input_warnings():
         vocab, merges = train_bpe(
             [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
             num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
@@ -216,7 +218,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced
     tok = load_tokenizer_dir(args.tokenizer, argument="--tokenizer")
     t0 = time.perf_counter()
-    meta = tokenize_file(tok, args.input, args.out, num_workers=args.num_workers, progress=not args.quiet)
+    with _out_errors(Path(args.out)), _input_warnings():
+        meta = tokenize_file(tok, args.input, args.out, num_workers=args.num_workers, progress=not args.quiet)
     if stale_index is not None:
         stale_index.unlink(missing_ok=True)
     dt = time.perf_counter() - t0
@@ -233,24 +236,63 @@ def _tokenize_pairs(args: argparse.Namespace) -> int:
     from lm.data.pairs import tokenize_pairs
     from lm.tokenizer import load_tokenizer_dir
 
-    src = check_readable_file(args.input, "--input")
-    tgt = check_readable_file(args.target, "--target")
+    src = check_readable_file(args.input, "--input", stream=True)  # read once, from the start: a pipe is fine
+    tgt = check_readable_file(args.target, "--target", stream=True)
     inputs = [("--input", src), ("--target", tgt)]
     _check_outputs(args, inputs, what="a pair or token file written by `lm tokenize` (it has no valid sidecar)")
     tok = load_tokenizer_dir(args.tokenizer, argument="--tokenizer")
     t0 = time.perf_counter()
-    try:
-        meta = tokenize_pairs(tok, src, tgt, args.out, progress=not args.quiet)
-    except ValueError as e:  # name the argument: the message starts with the file it is about
-        msg = str(e)
-        arg = "--input" if msg.startswith(repr(str(src))) else "--target" if msg.startswith(repr(str(tgt))) else None
-        raise ValueError(f"{arg or '--input/--target'}: {msg}") from None
+    with _out_errors(Path(args.out)):
+        try:
+            meta = tokenize_pairs(tok, src, tgt, args.out, progress=not args.quiet)
+        except ValueError as e:  # name the argument: the message starts with the file it is about
+            msg = str(e)
+            arg = ("--input" if msg.startswith(repr(str(src)))
+                   else "--target" if msg.startswith(repr(str(tgt))) else "--input/--target")
+            raise ValueError(f"{arg}: {msg}") from None
     dt = time.perf_counter() - t0
     print(
         f"{meta['num_pairs']:,} pairs, {meta['num_tokens']:,} tokens ({meta['dtype']}) from "
         f"{(meta['source_bytes'] + meta['target_bytes']) / 1e6:.1f} MB in {dt:.1f}s -> {args.out}"
     )
     return 0
+
+
+@contextlib.contextmanager
+def _input_warnings() -> Iterator[None]:
+    """A library warning about its ``input`` (invalid UTF-8, a long stretch without a line end) names
+    ``--input``, as :func:`lm.cli.common.as_flags` names the flag in an error."""
+    shown = warnings.showwarning
+
+    def show(message, category, *rest, **kwargs):
+        text = str(message)
+        if text.startswith("input: "):
+            message = category(f"--input: {text.removeprefix('input: ')}")
+        shown(message, category, *rest, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
+@contextlib.contextmanager
+def _out_errors(out: Path) -> Iterator[None]:
+    """An OSError writing the output (the file, its sidecar, its offsets) or making its folder, as
+    one line naming ``--out`` and the path the user gave, not a temporary file beside it."""
+    from lm.data.pairs import index_path
+    from lm.data.token_file import sidecar_path
+
+    try:
+        yield
+    except OSError as e:
+        name = Path(e.filename) if isinstance(e.filename, str) and e.strerror else None
+        if name in (out, sidecar_path(out), index_path(out)):
+            raise ValueError(f"--out: cannot write {str(name)!r}: {e.strerror}") from None
+        if name in out.parents:
+            raise ValueError(f"--out: cannot make the folder {str(name)!r} for {str(out)!r}: {e.strerror}") from None
+        raise
 
 
 def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, Path]], what: str) -> None:

@@ -9,6 +9,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from lm.data.token_file import check_positive
+
 
 @dataclass
 class LMBatch:
@@ -26,16 +28,16 @@ class LMBatch:
         return self.targets.numel()
 
 
-def check_positive(name: str, value) -> None:
-    """Refuse a size that is not a positive integer (numpy's too), naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
-
-
 def _check_tokens(dataset) -> None:
+    """A 1-D array of integer ids (NumPy's or torch's): a float array had been truncated into "ids"."""
     ndim = dataset.ndim if hasattr(dataset, "ndim") else np.ndim(dataset)
     if ndim != 1:
         raise ValueError(f"dataset must be a 1-D array of token ids, got {ndim} dimensions")
+    dtype = dataset.dtype if hasattr(dataset, "dtype") else np.asarray(dataset).dtype
+    integer = (not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+               if isinstance(dtype, torch.dtype) else np.issubdtype(dtype, np.integer))
+    if not integer:
+        raise ValueError(f"dataset: token ids must be integers, got dtype {dtype}")
 
 
 def random_starts(

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lm.io import check_parents
+from lm.io import check_parents, missing_dirs, remove_made_dirs
 
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
@@ -43,6 +43,11 @@ MULTI30K_FILES = {  # name: (bytes, SHA-256)
     "test_2016_flickr.de.gz": (22890, "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8"),
 }
 _BLOCK = 1 << 20
+
+
+class DownloadError(OSError):
+    """A download failed for what the server answered, or did not (as opposed to this machine's disk):
+    the error an environment variable's URL is named in."""
 
 
 @dataclass
@@ -65,7 +70,10 @@ def _clean_etag(value: str | None) -> str | None:
 
 
 def probe(url: str, timeout: float = 30.0) -> RemoteFile:
-    """HEAD the URL without following redirects; read size and checksum from the first answer."""
+    """HEAD the URL without following redirects; read size and checksum from the first answer.
+
+    An answer that may differ on the next try (503, 429, ...) is raised as the ``HTTPError`` itself;
+    any other failure status as a one-line :class:`DownloadError`."""
     opener = urllib.request.build_opener(_NoRedirect)
     seen = set()
     size = sha = None
@@ -77,20 +85,48 @@ def probe(url: str, timeout: float = 30.0) -> RemoteFile:
             resp.close()
         except urllib.error.HTTPError as e:  # 3xx arrive here when redirects are not followed
             code, headers = e.code, e.headers
+            if code in _RETRY_STATUS:
+                raise
             if code not in (301, 302, 303, 307, 308):
-                raise OSError(f"{url} answered HTTP {code} {e.reason}".rstrip()) from None
+                raise DownloadError(f"{url} answered HTTP {code} {e.reason}".rstrip()) from None
         size = size or _int(headers.get("X-Linked-Size"))
         sha = sha or _clean_etag(headers.get("X-Linked-ETag"))
         if code in (301, 302, 303, 307, 308):
             if not headers.get("Location"):
-                raise OSError(f"{url} answered HTTP {code} (a redirect) without a Location header")
+                raise DownloadError(f"{url} answered HTTP {code} (a redirect) without a Location header")
             url = urllib.parse.urljoin(url, headers["Location"])
             if url in seen:
-                raise OSError(f"redirect loop at {url}")
+                raise DownloadError(f"redirect loop at {url}")
             seen.add(url)
             continue
         return RemoteFile(url, size or _int(headers.get("Content-Length")), sha)
-    raise OSError(f"too many redirects, the last to {url}")
+    raise DownloadError(f"too many redirects, the last to {url}")
+
+
+def _transient(error: Exception) -> bool:
+    """A failure that may not happen on the next try: a timeout, a dropped connection. Not a name that
+    does not resolve or a refused connection (offline, or no server there): those are said at once."""
+    reason = getattr(error, "reason", error) if isinstance(error, urllib.error.URLError) else error
+    return isinstance(reason, (TimeoutError, HTTPException, ConnectionResetError, ConnectionAbortedError,
+                               BrokenPipeError))
+
+
+def _probe_again(url: str, timeout: float, retries: int) -> RemoteFile:
+    """:func:`probe`, asked again up to ``retries`` times, as the download itself is, after an answer
+    or a failure that may differ on the next try (one 503 had failed the whole download)."""
+    attempt = 0
+    while True:
+        try:
+            return probe(url, timeout)
+        except urllib.error.HTTPError as e:  # probe raises only the statuses of _RETRY_STATUS as such
+            if attempt >= retries:
+                raise DownloadError(f"{url} answered HTTP {e.code} {e.reason}".rstrip()
+                                    + f" {retries + 1} times; run again later") from None
+        except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
+            if attempt >= retries or not _transient(e):
+                raise
+        attempt += 1
+        time.sleep(_retry_wait(attempt))
 
 
 def _int(v: str | None) -> int | None:
@@ -147,8 +183,11 @@ def download(
     when ``expected_size`` and ``expected_sha256`` vouch for it; with a warning and no check when
     there is nothing to vouch for it and the server cannot be reached. Any other file there is
     replaced only with ``overwrite``, and only once the new one is complete and verified (it is
-    downloaded to ``dest.part`` and renamed over it). Raises ``OSError`` with one line on failure
-    (the partial file stays, for the next attempt).
+    downloaded to ``dest.part`` and renamed over it). An answer or a failure that may differ on the
+    next try (503, 429, a timeout, a dropped connection) is retried up to ``retries`` times, the first
+    request (HEAD) as the download. Raises ``OSError`` with one line on failure (:class:`DownloadError`
+    for what the server answered, or did not); the partial file stays, for the next attempt, and a
+    folder made for ``dest`` is removed again when nothing is in it.
     """
     dest = Path(dest)
     part = dest.with_name(dest.name + ".part")
@@ -156,16 +195,31 @@ def download(
     if (expected_size is not None and dest.is_file() and dest.stat().st_size == expected_size
             and (expected_sha256 is None or _sha256_of(dest).hexdigest() == expected_sha256.lower())):
         return dest  # complete and verified: no need for the network
+    made = missing_dirs(dest.parent)  # removed again, where empty, when the download fails
     try:
-        remote = probe(url, timeout)
+        return _download(url, dest, part, expected_size=expected_size, expected_sha256=expected_sha256,
+                         retries=retries, timeout=timeout, progress=progress, overwrite=overwrite)
+    except BaseException:
+        remove_made_dirs(made)  # a .part that resumes keeps its folder
+        raise
+
+
+def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
+              expected_sha256: str | None, retries: int, timeout: float, progress: bool, overwrite: bool) -> Path:
+    """:func:`download` from the probe on."""
+    try:
+        remote = _probe_again(url, timeout, retries)
     except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
         reason = getattr(e, "reason", e)
+        local = urllib.parse.urlsplit(url).scheme == "file"  # a local copy: it has no host, nothing is offline
+        failed = f"cannot read {url}" if local else f"cannot reach {urllib.parse.urlsplit(url).netloc or url}"
+        reason = (getattr(reason, "strerror", None) or reason) if local else reason
         if dest.is_file() and expected_size is None and expected_sha256 is None:
             # it came here by a rename after a verified download (or the user put it here): keep it
-            warnings.warn(f"cannot reach {urllib.parse.urlsplit(url).netloc} ({reason}) to check {str(dest)!r}; "
-                          f"kept the {dest.stat().st_size:,} bytes there as they are", stacklevel=2)
+            warnings.warn(f"{failed} ({reason}) to check {str(dest)!r}; "
+                          f"kept the {dest.stat().st_size:,} bytes there as they are", stacklevel=3)
             return dest
-        raise OSError(f"cannot reach {urllib.parse.urlsplit(url).netloc}: {reason} (offline?)") from None
+        raise DownloadError(f"{failed}: {reason}" + ("" if local else " (offline?)")) from None
     size = expected_size or remote.size
     sha = (expected_sha256 or remote.sha256 or "").lower() or None
     if dest.exists():
@@ -200,7 +254,11 @@ def download(
                     mode = "ab" if have and r.status == 206 else "wb"  # 200: the server ignored the range
                     if mode == "wb":
                         bar.n = 0
-                    dest.parent.mkdir(parents=True, exist_ok=True)  # once the server answers with the file
+                    try:  # once the server answers with the file
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                    except OSError as e:
+                        raise ValueError(f"--out: cannot make the folder {str(dest.parent)!r}: "
+                                         f"{e.strerror or e}") from None
                     with open(part, mode) as f:
                         while block := r.read(_BLOCK):
                             f.write(block)
@@ -211,7 +269,7 @@ def download(
                     raise ConnectionError("no data received")
             except urllib.error.HTTPError as e:
                 if e.code not in _RETRY_STATUS:  # a 404 or 403 is the answer: asking again would not change it
-                    raise OSError(f"{remote.url} answered HTTP {e.code} {e.reason}".rstrip()) from None
+                    raise DownloadError(f"{remote.url} answered HTTP {e.code} {e.reason}".rstrip()) from None
                 attempt = _retry_or_raise(attempt, retries, url, part, e)
             except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
                 attempt = _retry_or_raise(attempt, retries, url, part, e)
@@ -219,12 +277,12 @@ def download(
         bar.close()
     got = part.stat().st_size
     if size is not None and got != size:
-        raise OSError(f"{dest.name}: got {got} bytes, expected {size}")
+        raise DownloadError(f"{dest.name}: got {got} bytes, expected {size}")
     if sha is not None:
         digest = _sha256_of(part).hexdigest()
         if digest != sha:
             part.unlink()
-            raise OSError(f"{dest.name}: SHA-256 {digest} does not match the expected {sha}; removed, run again")
+            raise DownloadError(f"{dest.name}: SHA-256 {digest} does not match the expected {sha}; removed, run again")
     with open(part, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(part, dest)
@@ -240,9 +298,14 @@ def _retry_or_raise(attempt: int, retries: int, url: str, part: Path, error: Exc
     if attempt > retries:
         reason = getattr(error, "reason", error)
         resume = f"; run again to resume from {part}" if part.is_file() and part.stat().st_size else "; run again"
-        raise OSError(f"download of {url} failed after {retries} retries: {reason}{resume}") from None
-    time.sleep(min(2.0**attempt * 0.1, 5.0))
+        raise DownloadError(f"download of {url} failed after {retries} retries: {reason}{resume}") from None
+    time.sleep(_retry_wait(attempt))
     return attempt
+
+
+def _retry_wait(attempt: int) -> float:
+    """Seconds to wait before try ``attempt + 1``: 0.2, 0.4, 0.8, ... up to 5."""
+    return min(2.0**attempt * 0.1, 5.0)
 
 
 def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "data", *,
@@ -258,13 +321,14 @@ def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "dat
 
 @contextlib.contextmanager
 def _naming_env(base_url: str | None, variable: str):
-    """Say in a download error that the URL came from the environment variable, when it did."""
+    """Say in a download error that the URL came from the environment variable, when it did (not in an
+    error of this machine's disk, which the URL is no part of)."""
     try:
         yield
-    except OSError as e:
+    except DownloadError as e:
         if base_url or not os.environ.get(variable):
             raise
-        raise OSError(f"{e} (the URL is from {variable})") from None
+        raise DownloadError(f"{e} (the URL is from {variable})") from None
 
 
 def download_multi30k(out_dir: str | os.PathLike = "data/multi30k", *, base_url: str | None = None,

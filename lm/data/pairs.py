@@ -50,12 +50,14 @@ from lm.data.token_file import (
     TOKEN_DTYPES,
     check_ids,
     check_ids_sidecar,
+    check_optional_fields,
+    check_positive,
     load_sidecar,
     max_token_id,
     sidecar_path,
     token_dtype,
 )
-from lm.io import GZIP_MAGIC, InterruptGuard, atomic_write
+from lm.io import GZIP_MAGIC, InterruptGuard, atomic_write, check_not_input
 
 if TYPE_CHECKING:  # torch is imported where batches are built: `lm tokenize` writes pair files without it
     import torch
@@ -279,10 +281,8 @@ def read_pair_meta(path: str | os.PathLike) -> dict[str, Any]:
             for t, i in specials.items()):
         raise ValueError(f"sidecar {str(side)!r}: 'special_tokens' must map each special token to an id in "
                          f"[0, {meta['vocab_size']}), got {specials!r}")
-    for key in ("source_bytes", "target_bytes"):
-        meta.setdefault(key, 0)
-    for key in ("tokenizer_sha256", "source", "target"):
-        meta.setdefault(key, "")
+    check_optional_fields(meta, side, counts=("source_bytes", "target_bytes"),
+                          texts=("tokenizer_sha256", "source", "target"))
     return meta
 
 
@@ -339,18 +339,27 @@ def read_pair_file(path: str | os.PathLike) -> PairFile:
     return PairFile(path)
 
 
+def _has_border(token: str) -> bool:
+    """Some proper prefix of ``token`` is also its suffix (``<s><s>``, ``--``): joined after a line that
+    ends with that prefix, the token is found early, and the line's tail moves into the next line."""
+    return any(token[:k] == token[-k:] for k in range(1, len(token)))
+
+
 def _encode_lines(tokenizer, lines: list[str], dtype: np.dtype, specials: list[str]) -> list[np.ndarray]:
     """Each line's ids, as ``tokenizer.encode_to_numpy(line)`` gives them, for many lines at a time.
 
     Encoding short sentences one call each is dominated by the per-call cost, so the lines are
     joined with a special token between them and encoded once: a special token always becomes
     one id, and no pre-token crosses it, so the ids between two separators are exactly the
-    line's. Lines that hold the text of a special token are encoded one by one; if the
-    separators do not come back one per line (a special token spanning a line's end and the
-    separator), the lines are encoded one by one too.
+    line's. The separator is a special token without a border (no proper prefix that is also its
+    suffix: ``<pad>``, not ``<s><s>``), so it is found only where it was put; with none such, the
+    lines are encoded one by one. Lines that hold the text of a special token are encoded one by
+    one; if the separators do not come back one per line (another special token spanning a line's
+    end and the separator), the lines are encoded one by one too.
     """
     one = lambda line: tokenizer.encode_to_numpy(line, dtype)  # noqa: E731
-    if not specials:
+    sep = next((sp for sp in specials if not _has_border(sp)), None)
+    if sep is None:
         return [one(line) for line in lines]
     out: list[np.ndarray | None] = [None] * len(lines)
     plain = []
@@ -359,7 +368,6 @@ def _encode_lines(tokenizer, lines: list[str], dtype: np.dtype, specials: list[s
             out[i] = one(line)
         else:
             plain.append(i)
-    sep = specials[0]
     sep_id = tokenizer.token_to_id[sep.encode("utf-8")]
     ids = tokenizer.encode_to_numpy(sep.join(lines[i] for i in plain) + sep, dtype) if plain else None
     ends = np.flatnonzero(ids == sep_id) if plain else np.zeros(0, np.int64)
@@ -386,10 +394,16 @@ def tokenize_pairs(
 
     Each sentence is encoded on its own (the ids ``tokenizer.encode`` gives it alone). A sentence
     whose text holds a special token of the tokenizer (``<eos>`` written out, say) encodes it as
-    that token; such pairs are counted and reported in one warning.
+    that token; such pairs are counted and reported in one warning. The sentences go to the
+    tokenizer ``chunk_pairs`` pairs at a time. ``out_path`` (its offsets and sidecar too) may not be
+    one of the inputs.
     """
     from tqdm import tqdm
 
+    check_positive("chunk_pairs", chunk_pairs)
+    inputs = [("src_path", src_path), ("tgt_path", tgt_path)]
+    for out in (out_path, index_path(out_path), sidecar_path(out_path)):  # never over the text it reads
+        check_not_input(out, inputs, "out_path")
     vocab_size = tokenizer.vocab_size
     dtype = token_dtype(vocab_size)
     special_ids = tokenizer.special_ids

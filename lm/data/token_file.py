@@ -40,6 +40,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return TOKEN_DTYPES["uint16"] if vocab_size <= 1 << 16 else TOKEN_DTYPES["uint32"]
 
 
+def check_positive(name: str, value) -> None:
+    """Refuse a size that is not a positive integer (numpy's too), naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
+
+
 def check_ids(chunk: np.ndarray, vocab_size: int) -> np.ndarray:
     """``chunk`` as a 1-D integer array, every id in ``[0, vocab_size)``; else a ValueError naming the id."""
     chunk = np.asarray(chunk)
@@ -189,6 +195,20 @@ def check_ids_sidecar(meta: dict[str, Any], side: Path, path: Path, counts: tupl
         )
 
 
+def check_optional_fields(meta: dict[str, Any], side: Path, counts: tuple[str, ...], texts: tuple[str, ...]) -> None:
+    """Fill in the optional fields of a sidecar (``counts`` 0, ``texts`` ""), and refuse one of the
+    wrong type in one line: a string for ``source_bytes`` had passed the checks and then stopped
+    ``lm train`` with a traceback in its bits-per-byte arithmetic."""
+    for key in counts:
+        value = meta.setdefault(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"sidecar {str(side)!r}: {key!r} must be a non-negative integer, got {value!r}")
+    for key in texts:
+        value = meta.setdefault(key, "")
+        if not isinstance(value, str):
+            raise ValueError(f"sidecar {str(side)!r}: {key!r} must be a string, got {value!r}")
+
+
 def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of ``path`` against the file itself (dtype, size); return it."""
     path = Path(path)
@@ -201,9 +221,7 @@ def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     if meta.get("version") != VERSION:
         raise ValueError(f"sidecar {str(side)!r} has version {meta.get('version')!r}; this lm reads {VERSION}")
     check_ids_sidecar(meta, side, path)
-    meta.setdefault("source_bytes", 0)
-    meta.setdefault("tokenizer_sha256", "")
-    meta.setdefault("source", "")
+    check_optional_fields(meta, side, counts=("source_bytes",), texts=("tokenizer_sha256", "source"))
     return meta
 
 
