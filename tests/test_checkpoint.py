@@ -245,3 +245,108 @@ def test_background_writer_writes_one_at_a_time_in_order_and_reports_errors(tmp_
         writer.wait()
     writer.wait()  # raised once
     assert manager.steps() == [2, 3]
+
+
+def _signal_main_thread_once_it_waits(signum) -> None:
+    """From another thread: send ``signum`` to the main thread once it is blocked waiting in
+    threading's own code (Event.wait's Condition.wait, or Thread.join's lock wait), below
+    BackgroundWriter.wait; after 20 s, all the same."""
+    import signal
+    import sys
+    import threading
+
+    import lm.checkpoint.background as background
+
+    def stack(frame):
+        while frame is not None:
+            yield frame.f_code
+            frame = frame.f_back
+
+    main = threading.main_thread()
+    for _ in range(20_000):
+        codes = list(stack(sys._current_frames().get(main.ident)))
+        if codes and codes[0].co_filename == threading.__file__ and codes[0].co_name in (
+                "wait", "_wait_for_tstate_lock") and background.BackgroundWriter.wait.__code__ in codes:
+            break
+        threading.Event().wait(0.001)
+    signal.pthread_kill(main.ident, signum)
+
+
+def test_an_interrupted_wait_still_waits_for_the_write(tmp_path, monkeypatch):
+    """A second SIGINT/SIGTERM raises from a signal handler while the run waits for a checkpoint
+    being written; its `finally` then waits again. That second wait returned at once (on Python
+    3.11 and 3.12 an interrupted Thread.join marks the thread stopped while it still runs), and
+    the process exited under the writer: only a .tmp was left. An Event is waited on instead."""
+    import signal
+    import threading
+
+    from lm.checkpoint.background import BackgroundWriter
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    manager = CheckpointManager(tmp_path)
+    caught, finish, write = threading.Event(), threading.Event(), manager.save
+
+    def save(state, step):
+        _signal_main_thread_once_it_waits(signal.SIGUSR1)  # its handler raises, as the trainer's does
+        caught.wait(30)  # the main thread has taken the exception and waits again
+        finish.wait(0.5)  # (set by the main thread only if its second wait returned early)
+        return write(state, step)
+
+    monkeypatch.setattr(manager, "save", save)
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        writer = BackgroundWriter(manager)
+        path = writer.save({"model": {"w": torch.ones(3)}, "iteration": 5}, 5)
+        with pytest.raises(Interrupted):
+            writer.wait()
+        caught.set()
+        writer.wait()  # as Trainer.run's finally does
+        written_when_returned = path.is_file()
+        finish.set()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert written_when_returned
+    assert torch.equal(read_checkpoint(path)["model"]["w"], torch.ones(3))
+
+
+def test_background_writer_holds_one_host_copy_at_a_time(tmp_path, monkeypatch):
+    """save_best then save at the same step (a new best at a checkpoint step): the second copy was
+    made before the first was written, so two copies of the whole state were alive at once (2 x 16
+    GB for a 1B model), where the docstring said one. The copy is now made after the wait."""
+    import gc
+    import threading
+    import weakref
+
+    import lm.checkpoint.background as background
+
+    alive, counts, real_copy = weakref.WeakSet(), [], background.host_copy
+
+    def host_copy(state):
+        out = real_copy(state)
+        if isinstance(out, dict) and "model" in out:
+            gc.collect()
+            alive.add(out["model"]["w"])
+            counts.append(len(alive))
+        return out
+
+    monkeypatch.setattr(background, "host_copy", host_copy)
+    manager = CheckpointManager(tmp_path)
+    release, save_best = threading.Event(), manager.save_best
+
+    def slow_best(state):
+        release.wait(0.2)  # the main thread asks for the next save meanwhile
+        return save_best(state)
+
+    monkeypatch.setattr(manager, "save_best", slow_best)
+    writer = background.BackgroundWriter(manager)
+    live = {"model": {"w": torch.zeros(1000)}, "iteration": 10}
+    writer.save_best(live)
+    writer.save(live, 10)
+    writer.wait()
+    assert counts == [1, 1]
+    assert manager.best_path.is_file() and manager.step_path(10).is_file()

@@ -64,3 +64,73 @@ def test_served_model_name_of_a_runs_checkpoints_folder_is_the_run(tmp_path):
     assert served_model_name(str(run / "checkpoints") + "/") == "tiny-run"
     assert served_model_name(str(run / "checkpoints" / "best.pt")) == "tiny-run"
     assert served_model_name(str(run)) == "tiny-run"
+
+
+def _size_of(state) -> int:
+    """The bytes of the checkpoint file of ``state``."""
+    import io
+
+    from lm.checkpoint.io import write_checkpoint
+
+    buffer = io.BytesIO()
+    write_checkpoint(state, buffer)
+    return len(buffer.getvalue())
+
+
+def test_a_checkpoint_over_the_file_size_limit_says_so(tmp_path):
+    """Under `ulimit -f` the reason was torch's: "RuntimeError: [enforce fail at inline_container.cc:672]
+    . unexpected pos 832 vs 726 (disk full?)". It names the limit now (and the write leaves nothing)."""
+    import torch
+
+    from lm.checkpoint.io import CheckpointWriteError
+
+    resource = pytest.importorskip("resource")
+    manager = CheckpointManager(tmp_path)
+    state = {"model": {"w": torch.zeros(100_000)}, "iteration": 5}
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY and hard < 300 * 1024:
+        pytest.skip("the hard file size limit is below the one this test sets")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300 * 1024, hard))  # Python ignores SIGXFSZ: writes fail (EFBIG)
+    try:
+        with pytest.raises(CheckpointWriteError) as e:
+            manager.save(state, 5)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(e.value) == (f"could not write checkpoint {str(manager.step_path(5))!r}: the checkpoint is "
+                            f"{_size_of(state):,} bytes, over the file size limit of 307,200 bytes (ulimit -f); "
+                            "raise it")
+    assert not manager.dir.exists() or not any(manager.dir.iterdir())
+
+
+def test_a_checkpoint_larger_than_the_free_space_says_the_disk_is_full(tmp_path, monkeypatch):
+    """A full disk reached torch's writer as a short write: its words, not "no space"."""
+    import collections
+    import shutil
+
+    import torch
+
+    import lm.checkpoint.io as io_module
+    from lm.checkpoint.io import CheckpointWriteError
+
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):  # a real file fails as torch reports it; counting still works
+        if hasattr(f, "fileno") and not hasattr(f, "getvalue"):  # a file (atomic_write's), not a buffer
+            f.write(b"partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+        return real_save(obj, f, *args, **kwargs)
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(io_module.torch, "save", full_disk)
+    manager = CheckpointManager(tmp_path)
+    manager.dir.mkdir()
+    state = {"model": {"w": torch.zeros(1000)}, "iteration": 5}
+    with pytest.raises(CheckpointWriteError) as e:
+        manager.save_best(state)
+    assert str(e.value).startswith(f"could not write checkpoint {str(manager.best_path)!r}: RuntimeError: ")  # room
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
+    with pytest.raises(CheckpointWriteError) as e:
+        manager.save_best(state)
+    assert str(e.value) == (f"could not write checkpoint {str(manager.best_path)!r}: the disk is full: the checkpoint "
+                            f"is {_size_of(state):,} bytes and {str(manager.dir)!r} has 1,000 bytes free")
+    assert list(manager.dir.iterdir()) == []

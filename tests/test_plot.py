@@ -175,3 +175,30 @@ def test_out_below_a_file_is_refused_naming_out(tmp_path, capsys):
     assert rc == 2 and err == (f"lm plot: error: --out: {str(tmp_path / 'afile')!r} is a file, not a folder, so "
                                f"{str(tmp_path / 'afile' / 'sub' / 'x.png')!r} cannot be made\n"), err
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_plot_runs_refuses_to_write_over_a_run_s_metrics(tmp_path):
+    """lm plot refused it, but lm.train.plot_runs (notebook 03's) wrote the PNG over the run's
+    metrics.jsonl, itself or through a link, and the run's log was gone."""
+    from lm.train.plot import plot_runs
+
+    run = _run(tmp_path / "run")
+    metrics = run / "metrics.jsonl"
+    before = metrics.read_bytes()
+    link = tmp_path / "m.png"
+    link.symlink_to(metrics)
+    for out in (metrics, link):
+        with pytest.raises(ValueError) as e:
+            plot_runs([run], out)
+        assert str(e.value) == f"out: {str(out)!r} is the input run_dirs itself; choose another output"
+    assert metrics.read_bytes() == before
+
+
+def test_plot_help_says_training_time(capsys):
+    """The time axis is metrics.jsonl's `time`: training time, without evaluation, checkpoints,
+    logging and compilation. The help said wall-clock time."""
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "against steps and training time (evaluation, checkpoints and compilation left out" in out
+    assert "wall-clock" not in out

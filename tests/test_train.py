@@ -1061,6 +1061,38 @@ def test_a_failed_checkpoint_write_is_one_line_naming_the_last_good_checkpoint(t
     assert sorted(p.name for p in ckpts.iterdir()) == ["best.pt", "step_00000010.pt"]  # no temporary file left
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a file every write to fails: ENOSPC)")
+def test_a_failed_metrics_write_is_one_line_and_releases_the_run_folder(tmp_path, capsys, monkeypatch):
+    """metrics.jsonl on a full disk gave "lm train: error: [Errno 28] No space left on device", naming
+    no file, and the run's `finally` failed again closing it, which skipped the release of .lock
+    (the next --resume "took over the lock"), of the process group and of the signal handlers."""
+    import signal as signals
+
+    from lm.train.metrics import MetricsLog
+
+    real_write = MetricsLog.write
+
+    def full_disk_from_step_7(self, record):
+        if record["step"] >= 7 and self._file.name != "/dev/full":
+            self._file.close()
+            self._file = open("/dev/full", "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        return real_write(self, record)
+
+    monkeypatch.setattr(MetricsLog, "write", full_disk_from_step_7)
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 20},
+                                                        checkpoint={"interval": 5}))  # fmt: skip
+    handlers = signals.getsignal(signals.SIGINT), signals.getsignal(signals.SIGTERM)
+    rc, err = _cli(["train", "--config", str(toml), "--quiet"], capsys)
+    run = tmp_path / "run"
+    assert (rc, err) == (2, f"lm train: error: could not write {str(run / 'metrics.jsonl')!r}: no space left on "
+                            f"device; the last good checkpoint is {run / 'checkpoints' / 'step_00000005.pt'}\n")
+    assert not (run / ".lock").exists()
+    assert (signals.getsignal(signals.SIGINT), signals.getsignal(signals.SIGTERM)) == handlers
+    monkeypatch.undo()
+    assert _cli(["train", "--config", str(toml), "--resume", "--quiet"], capsys) == (0, "")
+    assert max(_losses(run)) == 20
+
+
 @pytest.mark.parametrize("end", ["budget", "signal"])
 def test_the_checkpoint_of_the_last_line_is_on_disk(tmp_path, monkeypatch, end):
     """"done: step N, checkpoint PATH" (and "stopped at step N; checkpoint PATH") was printed when the

@@ -195,3 +195,219 @@ def test_under_torchrun_the_survivor_of_a_dead_rank_says_one_line(tmp_path):
     assert done.returncode != 0 and len(lines) == 1, done.stderr[-6000:]
     assert lines[0].startswith("lm train: error: another process of the run stopped (gloo: connection "), lines
     assert lines[0].endswith(f"peer); the last good checkpoint is {ckpt}; --resume continues from it"), lines
+
+
+# -- each rank's own dropout masks (audit misc4 #1) -----------------------------------------------
+
+
+@pytest.fixture
+def as_rank(tmp_path, monkeypatch):
+    """``as_rank(rank, gather=None)``: the next Trainers are that rank of two over a one-process gloo
+    group (DDP wraps the model for real); ``gather(value)`` stands for the other rank's side of the
+    gather of RNG states at a checkpoint."""
+    import itertools
+
+    import lm.train.trainer as trainer_module
+
+    groups = itertools.count()
+
+    class Rank(Dist):
+        def __init__(self, rank, gather):
+            super().__init__(rank=rank, local_rank=rank, world_size=2)
+            self._gather = gather
+
+        def gather(self, value):
+            return self._gather(value) if self.is_main else None
+
+    def choose(rank, gather=None):
+        if not dist.is_initialized():  # a run shuts its group down
+            dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'group{next(groups)}'}", rank=0,
+                                    world_size=1)
+        monkeypatch.setattr(trainer_module, "init_distributed",
+                            lambda device: (Rank(rank, gather), torch.device("cpu")))
+
+    yield choose
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _first_dropout_mask(trainer, monkeypatch) -> torch.Tensor:
+    """Where the first dropout of a training step (the embeddings') zeroes its input."""
+    import lm.model.transformer as transformer
+
+    masks, real = [], transformer.dropout
+
+    def spy(x, p, training=True):
+        out = real(x, p, training)
+        masks.append(out == 0)
+        return out
+
+    monkeypatch.setattr(transformer, "dropout", spy)
+    trainer.train_step(1e-3)
+    monkeypatch.setattr(transformer, "dropout", real)
+    return masks[0]
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_rank_0_draws_as_one_process(tmp_path, monkeypatch, as_rank):
+    """Every rank seeded torch's generator with train.seed and drew from it in the same order, so
+    row i of every rank's batch got the same dropout mask: the noise of a global batch was
+    correlated across ranks. The model is still built under the shared seed (the same weights on
+    every rank); then each rank other than 0 draws from a stream of its own. Rank 0 goes on with
+    the shared stream, so one process (and rank 0 of any world) draws as it did."""
+    def trainer(name, **kwargs):
+        raw = _raw_config(tmp_path, model={"dropout": 0.5}, train={"out_dir": str(tmp_path / name), "max_steps": 2})
+        return Trainer(config_from_dict(raw), print_fn=lambda *_: None, **kwargs)
+
+    def built_and_stepped(name):
+        t = trainer(name)
+        weights, state = {k: v.clone() for k, v in t.model.state_dict().items()}, torch.get_rng_state()
+        mask = _first_dropout_mask(t, monkeypatch)
+        t._lock.release()
+        return weights, state, mask
+
+    one = built_and_stepped("one")  # before as_rank: one process
+    as_rank(0, gather=lambda value: [value, value])
+    zero = built_and_stepped("zero")
+    as_rank(1)
+    first = built_and_stepped("first")
+    assert all(torch.equal(w, zero[0][k]) and torch.equal(w, first[0][k]) for k, w in one[0].items())  # the same model
+    assert torch.equal(one[1], zero[1]) and torch.equal(one[2], zero[2])
+    assert not torch.equal(first[1], zero[1]) and not torch.equal(first[2], zero[2])
+    assert 0.4 < first[2].float().mean() < 0.6
+
+
+def test_a_ddp_checkpoint_holds_every_rank_s_rng_state_and_each_rank_resumes_its_own(tmp_path, monkeypatch,
+                                                                                         as_rank):
+    """With the ranks' streams apart, rank 0's RNG state alone cannot resume the others: the
+    checkpoint holds each rank's (gathered to rank 0) as rng_by_rank, and each rank resumes its
+    own. A checkpoint with "rng" alone (one process, or lm before rng_by_rank) gives rank 0 its
+    state and leaves the other ranks on the stream of their rank, as a new run's."""
+    from lm.checkpoint import read_checkpoint
+    from lm.checkpoint.io import write_checkpoint
+    from lm.checkpoint.rng import get_rng_state
+
+    torch.manual_seed(12345)
+    other = get_rng_state()  # what rank 1 sends at each checkpoint
+    raw = _raw_config(tmp_path, model={"dropout": 0.5}, train={"max_steps": 4}, checkpoint={"interval": 2})
+    as_rank(0, gather=lambda value: [value, other])
+    assert Trainer(config_from_dict(raw), print_fn=lambda *_: None).run() == 0
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000004.pt"
+    state = read_checkpoint(ckpt)
+    assert [set(s) for s in state["rng_by_rank"]] == [set(state["rng"])] * 2
+    assert torch.equal(state["rng_by_rank"][0]["torch"], state["rng"]["torch"])
+    assert torch.equal(state["rng_by_rank"][1]["torch"], other["torch"])
+    assert state["rng_by_rank"][1]["python"] == other["python"]
+
+    raw["train"]["max_steps"] = 6
+
+    def resumed_state(rank):
+        as_rank(rank, gather=lambda value: [value, value])
+        trainer = Trainer(config_from_dict(raw), resume=True, print_fn=lambda *_: None)
+        trainer._lock.release()
+        return torch.get_rng_state()
+
+    assert torch.equal(resumed_state(0), state["rng"]["torch"])
+    assert torch.equal(resumed_state(1), other["torch"])
+
+    # an older checkpoint: "rng" alone
+    state.pop("rng_by_rank"), state.pop("format"), state.pop("version")
+    write_checkpoint(state, ckpt)
+    as_rank(1)
+    fresh = {**raw, "train": {**raw["train"], "out_dir": str(tmp_path / "fresh")}}
+    Trainer(config_from_dict(fresh), print_fn=lambda *_: None)
+    rank_1_stream = torch.get_rng_state()
+    assert torch.equal(resumed_state(0), state["rng"]["torch"])
+    assert torch.equal(resumed_state(1), rank_1_stream)
+
+
+MASKS = """
+import os, sys
+import lm.model.transformer as transformer
+from lm.cli import entry
+
+real = transformer.dropout
+
+def spy(x, p, training=True):  # the first dropout mask of this rank, written to MASKS/RANK
+    out = real(x, p, training)
+    path = os.path.join(os.environ["MASKS"], os.environ.get("RANK", "one"))
+    if training and not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("".join("1" if z else "0" for z in (out == 0).flatten().tolist()))
+    return out
+
+transformer.dropout = spy
+sys.argv = ["lm", *sys.argv[1:]]
+entry()
+"""
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_draw_their_own_masks_and_resume_bitwise(tmp_path):
+    """Under torchrun, the two ranks' first dropout masks differ (they were equal), rank 0's is one
+    process's, and a run stopped at step 3 and resumed (each rank from its own RNG state) ends
+    bitwise where the uninterrupted run does."""
+    from test_train import _assert_same_run
+
+    script, masks = tmp_path / "masks.py", tmp_path / "masks"
+    script.write_text(MASKS)
+    masks.mkdir()
+
+    def config(name, steps):
+        raw = _raw_config(tmp_path, model={"dropout": 0.5}, train={"out_dir": str(tmp_path / name), "max_steps": steps},
+                          optim={"cosine_cycle_iters": 6}, eval={"interval": 3},
+                          checkpoint={"interval": 3, "keep_last": 0})  # fmt: skip
+        return str(_write_toml(tmp_path / f"{name}.toml", raw))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASKS": str(masks)}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    for cmd in ([sys.executable, str(script), "train", "--config", config("one", 1)],
+                [*torchrun, str(script), "train", "--config", config("straight", 6)],
+                [*torchrun, "-m", "lm", "train", "--config", config("stopped", 3)],
+                [*torchrun, "-m", "lm", "train", "--config", config("stopped", 3), "--resume",
+                 "--set", "train.max_steps=6"]):  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    one, zero, first = ((masks / name).read_text() for name in ("one", "0", "1"))
+    assert zero == one and first != zero and len(first) == len(zero) == 4 * 16 * 32
+    _assert_same_run(tmp_path / "straight", tmp_path / "stopped", 6)
+
+
+# -- the environment torchrun sets (audit misc4 #7) -----------------------------------------------
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"WORLD_SIZE": "2"}, "RANK: not set, but WORLD_SIZE is '2'; "),
+    ({"WORLD_SIZE": "x"}, "WORLD_SIZE: 'x' is not a whole number >= 1; "),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE: '0' is not a whole number >= 1; "),
+    ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK: '5' is not below WORLD_SIZE 2 (ranks are 0 to 1); "),
+    ({"WORLD_SIZE": "2", "RANK": "one"}, "RANK: 'one' is not a whole number >= 0; "),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1"}, "LOCAL_RANK: '-1' is not a whole number >= 0; "),
+])  # fmt: skip
+def test_a_bad_torchrun_environment_is_one_line_naming_the_variable(tmp_path, capsys, monkeypatch, env, message):
+    """WORLD_SIZE without RANK was a KeyError traceback, a garbled one "invalid literal for int()",
+    naming nothing, and a RANK outside the world waited in the rendezvous until it timed out."""
+    from lm.cli import main
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    rc = main(["train", "--config", str(toml), "--quiet"])
+    assert (rc, capsys.readouterr().err) == (2, f"lm train: error: {message}start the processes with torchrun (which "
+                                                "sets WORLD_SIZE, RANK and LOCAL_RANK), or unset WORLD_SIZE\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_error_is_said_once_per_machine_under_torchrun(tmp_path, capsys, monkeypatch):
+    """Every process of a torchrun printed the same config error: now the process of local rank 0
+    alone says it, the others exit with the same status in silence."""
+    from lm.cli import main
+
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, err in ((1, ""), (0, "lm train: error: config: train.max_steps must be > 0, got -3\n")):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        assert main(["train", "--config", str(toml), "--set", "train.max_steps=-3"]) == 2
+        assert capsys.readouterr().err == err

@@ -44,6 +44,9 @@ class _CountingDist(Dist):
         self.collectives.append(("all_mean", self.trainer.step, value.device))
         return value
 
+    def gather(self, value):  # an object collective (the RNG states at a checkpoint): the other rank's is ours
+        return [value] * self.world_size
+
     def barrier(self):
         pass
 
@@ -206,3 +209,26 @@ def test_compile_is_reported_apart_and_no_evaluation_compiles(tmp_path):
     train = {r["step"]: r for r in records if r["split"] == "train"}
     assert train[1]["tok_per_s"] is None and train[2]["tok_per_s"] > 0
     assert trainer.elapsed < compiles[0]["seconds"]
+
+
+def test_a_second_sigterm_says_a_checkpoint_being_written_is_finished_first(tmp_path, capsys):
+    """The second SIGTERM said "stopped without a checkpoint" while a checkpoint was being written,
+    which the run's `finally` now always finishes (see BackgroundWriter.wait): it says so."""
+    import threading
+
+    trainer = Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 2})), print_fn=_quiet)
+    release, save = threading.Event(), trainer.ckpts.save
+    trainer.ckpts.save = lambda state, step: (release.wait(30), save(state, step))
+    trainer._on_signal(signal.SIGTERM, None)  # the first: a checkpoint after this step
+    path = trainer._writer.save(trainer.training_state(), 0)
+    with pytest.raises(SystemExit) as second:
+        trainer._on_signal(signal.SIGTERM, None)
+    release.set()
+    trainer._writer.wait()
+    with pytest.raises(SystemExit) as third:
+        trainer._on_signal(signal.SIGTERM, None)
+    trainer._lock.release()
+    assert second.value.code == third.value.code == 128 + signal.SIGTERM and path.is_file()
+    assert capsys.readouterr().err == (
+        "lm train: SIGTERM again: stopped without a new checkpoint (the one being written is finished first)\n"
+        "lm train: SIGTERM again: stopped without a checkpoint\n")

@@ -486,3 +486,33 @@ def test_a_resume_from_a_step_before_best_pt_sets_it_aside(tmp_path):
     assert Trainer(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 12}}), resume=True,
                    print_fn=lines.append).run() == 0
     assert read_checkpoint(best)["iteration"] >= kept and not (ckpts / "best.pt.2").exists()
+
+
+def test_resume_keeps_the_lines_that_are_not_records_with_a_step(tmp_path):
+    """--resume drops the records past the checkpoint's step; a line that is JSON but not a record
+    with a number as its step (a hand edit, disk damage) was an AttributeError or TypeError
+    traceback. Such lines are kept (lm plot and read_metrics pass over them); the records past the
+    step, and a line cut short by a kill, are dropped."""
+    from lm.train.metrics import MetricsLog
+
+    run = tmp_path / "hand"
+    run.mkdir()
+    kept = ['{"step": 5, "split": "train", "loss": 1.0}', "[1, 2]", '{"step": "7", "split": "note"}',
+            '{"split": "note"}', '"text"', "null", '{"step": true}', '{"step": 10.0, "split": "val", "loss": 0.9}',
+            '{"step": 10, "split": "train", "loss": 0.8}']  # fmt: skip
+    past = ['{"step": 11, "split": "train", "loss": 0.7}', '{"step": 10.5}']
+    (run / "metrics.jsonl").write_text("\n".join(kept[:3] + past + kept[3:]) + '\n{"step": 12, "spl')
+    MetricsLog.truncate(run, 10)
+    assert (run / "metrics.jsonl").read_text() == "".join(line + "\n" for line in kept)
+
+    raw = _raw_config(tmp_path, train={"max_steps": 10})  # and through lm train --resume
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('[1, 2]\n{"step": "7", "split": "note"}\n')
+    raw["train"]["max_steps"] = 12
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
+    lines = metrics.read_text().splitlines()
+    assert lines.index("[1, 2]") + 1 == lines.index('{"step": "7", "split": "note"}')
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if isinstance(r, dict) and r.get("split") == "train"] \
+        == list(range(1, 13))

@@ -4,8 +4,9 @@ Writing a checkpoint of the 17M model (272 MB with AdamW's moments) takes about 
 long beside a step on a GPU. :class:`BackgroundWriter` copies the state to the host on the
 calling thread (the copy is what the file will hold, whatever the next steps do to the live
 tensors), then writes it on a thread, atomically as :class:`CheckpointManager` always does. One
-write at a time: the next save waits for the previous one, so files appear in order and at most
-one copy is held. An error of the thread is raised by the next :meth:`~BackgroundWriter.wait`.
+write at a time: the next save waits for the previous one before it copies, so files appear in
+order and at most one copy is held. An error of the thread is raised by the next
+:meth:`~BackgroundWriter.wait`.
 """
 
 from __future__ import annotations
@@ -38,36 +39,52 @@ class BackgroundWriter:
 
     def __init__(self, manager: CheckpointManager):
         self.manager = manager
-        self._thread: threading.Thread | None = None
+        self._done: threading.Event | None = None  # set by the thread of the write in progress as it ends
         self._error: BaseException | None = None
 
     def save(self, state: dict[str, Any], step: int) -> Path:
         """Start writing the checkpoint of ``step``; return its path (complete once :meth:`wait` returns)."""
+        self.wait()  # before the copy: the previous write's copy is freed first
         self._start(self.manager.save, host_copy(state), step)
         return self.manager.step_path(step)
 
     def save_best(self, state: dict[str, Any]) -> Path:
+        self.wait()
         self._start(self.manager.save_best, host_copy(state))
         return self.manager.best_path
 
+    @property
+    def writing(self) -> bool:
+        """A write is in progress."""
+        return self._done is not None and not self._done.is_set()
+
     def wait(self) -> None:
-        """Block until the write in progress (if any) is on disk; raise its error, if it had one."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Block until the write in progress (if any) is on disk; raise its error, if it had one.
+
+        An Event, not ``Thread.join``: a join that an exception interrupts (a signal handler's, as
+        the trainer's second SIGINT/SIGTERM raises) marks the thread stopped while it still runs on
+        Python 3.11 and 3.12 (bpo-45274's cleanup), and the next join returned at once, abandoning the
+        file being written. An interrupted ``Event.wait`` leaves the event as it was: waiting again
+        still waits for the write."""
+        if self._done is not None:
+            self._done.wait()
+            self._done = None
         if self._error is not None:
             error, self._error = self._error, None
             raise error
 
     def _start(self, write, *args) -> None:
         self.wait()
+        done, job = threading.Event(), [args]
 
         def run() -> None:
             try:
-                write(*args)
+                write(*job.pop())  # the copy is freed once written, before the event says so
             except BaseException as e:  # noqa: BLE001 - handed to the training thread by wait()
                 self._error = e
+            finally:
+                done.set()
 
         # not a daemon: an interpreter that exits still finishes the file it is writing
-        self._thread = threading.Thread(target=run, name="lm-checkpoint-writer")
-        self._thread.start()
+        threading.Thread(target=run, name="lm-checkpoint-writer").start()
+        self._done = done  # once started: a thread that could not start is waited for by nobody

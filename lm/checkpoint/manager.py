@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
-from lm.checkpoint.io import write_checkpoint
+from lm.checkpoint.io import CheckpointWriteError, write_checkpoint
 
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 # The temporary file of an atomic write of a checkpoint (lm.io.atomic_write: ".NAME.RANDOM.tmp"),
@@ -61,12 +62,67 @@ class CheckpointManager:
     def save(self, state: dict[str, Any], step: int) -> Path:
         """Write the checkpoint of ``step`` atomically, then delete all but the newest ``keep_last``."""
         path = self.step_path(step)
-        write_checkpoint(state, path)
+        _write(state, path)
         if self.keep_last > 0:
             for _, old in self.step_files()[: -self.keep_last]:
                 old.unlink(missing_ok=True)
         return path
 
     def save_best(self, state: dict[str, Any]) -> Path:
-        write_checkpoint(state, self.best_path)
+        _write(state, self.best_path)
         return self.best_path
+
+
+def _write(state: dict[str, Any], path: Path) -> None:
+    """:func:`write_checkpoint`; a failure that is the file size limit or a full disk says so. torch
+    reports a short write in its own words ("unexpected pos 304640 vs 304532"), not the OS's."""
+    try:
+        write_checkpoint(state, path)
+    except CheckpointWriteError:
+        reason = _why_not_written(state, path)
+        if reason is None:
+            raise
+        raise CheckpointWriteError(f"could not write checkpoint {str(path)!r}: {reason}") from None
+
+
+class _Counter:
+    """A file that keeps nothing but the number of bytes written to it."""
+
+    def __init__(self):
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _why_not_written(state: dict[str, Any], path: Path) -> str | None:
+    """The size limit (``ulimit -f``) or the free space, when the checkpoint's size is over it
+    (its size found by writing it again, to nowhere); None when neither explains the failure."""
+    try:
+        counter = _Counter()
+        write_checkpoint(state, counter)
+        size = counter.size
+        folder = next(p for p in (path.parent, *path.parents) if p.is_dir())  # a folder the write made is gone
+        free = shutil.disk_usage(folder).free
+    except Exception:  # noqa: BLE001 - the first error stands as it was
+        return None
+    limit = _file_size_limit()
+    if limit is not None and size > limit:
+        return f"the checkpoint is {size:,} bytes, over the file size limit of {limit:,} bytes (ulimit -f); raise it"
+    if size > free:
+        return f"the disk is full: the checkpoint is {size:,} bytes and {str(folder)!r} has {free:,} bytes free"
+    return None
+
+
+def _file_size_limit() -> int | None:
+    """The largest file this process may write, in bytes; None when there is no limit (or no way to tell)."""
+    try:
+        import resource  # not on Windows
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft

@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers,
         "plot",
         help="plot train/validation loss of runs to a PNG",
-        description="Plot train and validation loss against steps and wall-clock time, runs overlaid.",
+        description="Plot train and validation loss against steps and training time (evaluation, checkpoints "
+        "and compilation left out, as in metrics.jsonl), runs overlaid.",
         examples=PLOT_EXAMPLES,
     )
     q.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of `lm train`")
@@ -72,14 +73,21 @@ def run_train(args: argparse.Namespace) -> int:
     from lm.device import set_threads
     from lm.io import check_readable_file
     from lm.train import Trainer, TrainingDiverged, load_config
+    from lm.train.distributed import torchrun_env
     from lm.train.trainer import PeerStopped
 
     set_threads(args.threads)
     overrides = list(args.overrides)
     overrides += [f"train.device={args.device}"] if args.device else []
     overrides += [f"train.dtype={args.dtype}"] if args.dtype else []
-    check_readable_file(args.config, "--config")  # a folder: "[Errno 21] Is a directory", naming nothing
-    cfg = load_config(args.config, overrides)
+    env = torchrun_env()  # each process's own: checked (and said) by every process
+    try:
+        check_readable_file(args.config, "--config")  # a folder: "[Errno 21] Is a directory", naming nothing
+        cfg = load_config(args.config, overrides)
+    except (ValueError, OSError):
+        if env.local_rank != 0:  # under torchrun the same line from every process: local rank 0 says it
+            return 2
+        raise
     try:
         return Trainer(cfg, resume=args.resume, quiet=args.quiet).run()
     except TrainingDiverged as e:

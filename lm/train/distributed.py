@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,15 @@ class Dist:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value
 
+    def gather(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` (picklable) in rank order on rank 0, None on the others; ``[value]``
+        with one process. Each rank must call it at the same point."""
+        if not self.enabled:
+            return [value]
+        out = [None] * self.world_size if self.is_main else None
+        dist.gather_object(value, out, dst=0)  # nccl: through the device that resolve_device made current
+        return out
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
@@ -57,12 +67,46 @@ class Dist:
         return raised > 0, slowest
 
 
+_TORCHRUN = "start the processes with torchrun (which sets WORLD_SIZE, RANK and LOCAL_RANK), or unset WORLD_SIZE"
+
+
+def _whole(name: str, lowest: int, default: str | None = None) -> int:
+    """The environment variable ``name`` as a whole number >= ``lowest``, or a one-line ValueError naming it."""
+    raw = os.environ.get(name, default)
+    if raw is None:
+        raise ValueError(f"{name}: not set, but WORLD_SIZE is {os.environ['WORLD_SIZE']!r}; {_TORCHRUN}")
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < lowest:
+        raise ValueError(f"{name}: {raw!r} is not a whole number >= {lowest}; {_TORCHRUN}")
+    return value
+
+
+def torchrun_env() -> Dist:
+    """This process's place in the run that ``torchrun`` describes in WORLD_SIZE, RANK and
+    LOCAL_RANK (one process when WORLD_SIZE is not set), checked: a missing or garbled variable,
+    or a RANK outside the world (which waited for its peers until the rendezvous timed out), is a
+    one-line ValueError naming the variable."""
+    if "WORLD_SIZE" not in os.environ:
+        return Dist()
+    world_size = _whole("WORLD_SIZE", 1)
+    if world_size == 1:
+        return Dist()
+    rank, local_rank = _whole("RANK", 0), _whole("LOCAL_RANK", 0, default="0")
+    if rank >= world_size:
+        raise ValueError(f"RANK: {os.environ['RANK']!r} is not below WORLD_SIZE {world_size} (ranks are 0 to "
+                         f"{world_size - 1}); {_TORCHRUN}")
+    return Dist(rank, local_rank, world_size)
+
+
 def init_distributed(device_name: str) -> tuple[Dist, torch.device]:
     """Join the process group ``torchrun`` describes in the environment (if any); pick the device."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
-        return Dist(), resolve_device(device_name, "train.device")
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    env = torchrun_env()
+    if not env.enabled:
+        return env, resolve_device(device_name, "train.device")
+    rank, local_rank, world_size = env.rank, env.local_rank, env.world_size
     device = resolve_device(device_name, "train.device", local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")

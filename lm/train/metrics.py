@@ -21,6 +21,15 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+class MetricsWriteError(OSError):
+    """``metrics.jsonl`` could not be written (the disk full...): one line naming it and the reason."""
+
+
+def _write_error(path: Path, e: OSError) -> MetricsWriteError:
+    reason = e.strerror or str(e)
+    return MetricsWriteError(f"could not write {str(path)!r}: {reason[:1].lower() + reason[1:]}")
+
+
 class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl``; mirrors records to wandb when enabled
     (``quiet``: wandb prints nothing, as ``lm train --quiet`` prints no progress)."""
@@ -57,26 +66,42 @@ class MetricsLog:
 
     @staticmethod
     def truncate(run_dir: Path, after_step: int) -> None:
-        """Drop records past ``after_step``: a resumed run repeats those steps and logs them again."""
+        """Drop records past ``after_step``: a resumed run repeats those steps and logs them again.
+        A line that is JSON but not a record with a number as its step (a hand edit) is kept."""
         path = Path(run_dir) / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [line for line, record in _records(path) if record.get("step", 0) <= after_step]
+        keep = [line for line, record in _records(path) if not _past(record, after_step)]
         with atomic_write(path) as f:
             f.write("".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        try:
+            self._file.write(json.dumps(record) + "\n")
+        except OSError as e:
+            raise _write_error(self.path, e) from None
         if self._wandb is not None:
             split = record.get("split", "train")
             values = {f"{split}/{k}": v for k, v in record.items() if k not in ("step", "split") and v is not None}
             self._wandb.log(values, step=record["step"])
 
     def close(self) -> None:
-        self._file.close()
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
+        """Close the file (a failed write's line is tried again, and its error raised again: the file
+        is closed all the same) and finish the wandb run."""
+        try:
+            self._file.close()
+        except OSError as e:
+            raise _write_error(self.path, e) from None
+        finally:
+            if self._wandb is not None:
+                self._wandb.finish()
+                self._wandb = None
+
+
+def _past(record: Any, step: int) -> bool:
+    """``record`` is a record of a step after ``step``."""
+    at = record.get("step") if isinstance(record, dict) else None
+    return isinstance(at, int | float) and not isinstance(at, bool) and at > step
 
 
 def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:

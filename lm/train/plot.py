@@ -1,4 +1,4 @@
-"""Loss curves of one or more runs: train and validation loss against steps and wall-clock time."""
+"""Loss curves of one or more runs: train and validation loss against steps and training time."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 import os
 from pathlib import Path
 
+from lm.io import check_not_input
 from lm.train.metrics import read_metrics
 
 # The PNG text chunk that marks a plot of plot_runs, so that `lm plot --overwrite` replaces its own
@@ -92,9 +93,10 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
     Train loss is a solid line and validation loss a dashed line with markers, in one colour per run,
     named by :func:`run_labels` (a train loss with label smoothing says so: see
     :func:`train_label_smoothing`); the PNG carries :data:`PLOT_MARK` (see :func:`is_marked_plot`).
-    Records without a ``time`` are drawn against steps only. A run with no loss record is a
-    ValueError naming it, before anything is written.
+    Records without a ``time`` are drawn against steps only. A run with no loss record, or an
+    ``out`` that is a run's ``metrics.jsonl``, is a ValueError naming it, before anything is written.
     """
+    check_not_input(out, [("run_dirs", Path(d) / "metrics.jsonl") for d in run_dirs], "out")
     runs = [(Path(d), loss_records(d)) for d in run_dirs]
     labels = run_labels(run_dirs)
     for run_dir, rows in runs:

@@ -50,7 +50,7 @@ from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
 from lm.train.flops import peak_flops
 from lm.train.memory import check_step_memory
-from lm.train.metrics import MetricsLog, format_duration
+from lm.train.metrics import MetricsLog, MetricsWriteError, format_duration
 from lm.train.run_dir import SET_ASIDE_BEST, RunLock, check_run_folder, holds_run, set_aside
 
 # Under DDP, the steps between two agreements on signals and the time (see Trainer._agree).
@@ -97,6 +97,14 @@ def peer_stopped(error: BaseException) -> str | None:
 
 # what a run keeps of data.tokenizer in RUN_DIR/tokenizer/ (what lm sample, serve and eval load)
 RUN_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s generators once the model is built under ``train.seed`` (see
+    :meth:`Trainer._build_model_and_optimizer`): the generator's 32-bit seed of ``seed``, plus the
+    rank (rank 0 keeps the stream of ``seed`` itself)."""
+    return (generator_seed(seed) + rank) % 2**32
+
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``train.dtype``: ``auto`` is bfloat16 on CUDA devices that support it."""
@@ -192,11 +200,16 @@ class Trainer:
                                  "or lower model.context_length")
 
     def _build_model_and_optimizer(self) -> None:
-        """The model and AdamW; the same seed gives every rank the same initial weights."""
+        """The model and AdamW; the same seed gives every rank the same initial weights, then each
+        rank its own stream for what is drawn while training (dropout's masks)."""
         cfg = self.cfg
         # the CPU generator keeps 32 bits of a seed: train.seed from 2**32 on is hashed (lower ones are kept)
         torch.manual_seed(generator_seed(cfg.train.seed))
         self.model = build_model(cfg.model).to(self.device)
+        if self.dist.rank > 0:
+            # one stream on every rank gave row i of each rank's batch the same dropout mask; rank 0
+            # goes on with the shared one, so that one process draws as it always did
+            torch.manual_seed(rank_seed(cfg.train.seed, self.dist.rank))
         if hasattr(self.model, "validate_ids"):
             self.model.validate_ids = False  # _check_data read every id already: no per-step device sync
         self.optimizer = AdamW(
@@ -206,7 +219,7 @@ class Trainer:
             eps=cfg.optim.eps,
         )
         self.step = 0
-        self.elapsed = 0.0  # training wall-clock seconds, carried across resumes
+        self.elapsed = 0.0  # training seconds (evaluation, checkpoints, compilation left out), carried across resumes
         self.tokens_seen = 0
         self.best_val_loss = math.inf
         self._resumed_from: Path | None = None
@@ -418,13 +431,28 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_data.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
+        self._load_rng(state, path)
         self.step = int(state["iteration"])
         self.elapsed = float(state["schedule"]["elapsed"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.best_val_loss = float(state.get("best_val_loss", math.inf))
         self._last_eval = int(state.get("last_eval_step", -1))
         self._resumed_from = path
+
+    def _load_rng(self, state: dict[str, Any], path: Path) -> None:
+        """This rank's RNG state. A checkpoint of one process, or of several written before each
+        rank's was kept ("rng" alone: rank 0's, which every rank's equalled then), gives rank 0 its
+        state; the other ranks keep the stream of their rank (see _build_model_and_optimizer), as a
+        new run's, so such a resume under DDP is not bitwise the run it continues when dropout is on."""
+        by_rank = state.get("rng_by_rank")
+        if by_rank is None:
+            if self.dist.is_main:
+                set_rng_state(state["rng"])
+            return
+        if not isinstance(by_rank, list) or len(by_rank) != self.dist.world_size:
+            raise ValueError(f"--resume: {str(path)!r} holds no RNG state for each of this run's "
+                             f"{self.dist.world_size} processes (rng_by_rank); it is not a checkpoint of lm train")
+        set_rng_state(by_rank[self.dist.rank])
 
     def _same_data(self, state: dict[str, Any]) -> Callable[[str, Any, Any], bool]:
         """For :func:`resume_changes`: whether data.train or data.val, named by another path than the
@@ -485,11 +513,12 @@ class Trainer:
         fresh one, or one resumed from another run's checkpoint): remove what it wrote there and
         release the lock, so that the same command can simply be run again. A run resumed or
         restarted in its own folder keeps the folder as it is."""
+        if self.metrics is not None:
+            with contextlib.suppress(OSError):  # what failed may have been its write (a full disk)
+                self.metrics.close()
         if self._held_run:
             self._lock.release()
             return
-        if self.metrics is not None:
-            self.metrics.close()
         for name in ("config.toml", "metrics.jsonl", "wandb_id.txt"):
             (self.run_dir / name).unlink(missing_ok=True)
         tok = self.run_dir / "tokenizer"
@@ -699,8 +728,10 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
     # -- checkpoints ------------------------------------------------------------------------
-    def training_state(self) -> dict[str, Any]:
-        return {
+    def training_state(self, rng_by_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """What a checkpoint holds; ``rng_by_rank``: every rank's RNG state, from :meth:`_gather_rng`
+        (under DDP, where the ranks' streams differ; "rng" is this process's)."""
+        state = {
             "iteration": self.step,
             "model": unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -719,12 +750,23 @@ class Trainer:
             "world_size": self.dist.world_size,
             "data_files": self._data_fingerprints,
         }
+        if rng_by_rank is not None:
+            state["rng_by_rank"] = rng_by_rank
+        return state
+
+    def _gather_rng(self) -> list[dict[str, Any]] | None:
+        """Every rank's RNG state, on rank 0 (None elsewhere, and with one process): a collective,
+        which every rank calls at the same step."""
+        if not self.dist.enabled:
+            return None
+        return self.dist.gather(get_rng_state())
 
     def save_checkpoint(self) -> Path | None:
         self._check_weights_finite()  # on every rank (the weights are the same): they stop together
+        rng_by_rank = self._gather_rng()
         if not self.dist.is_main:
             return None
-        path = self._writer.save(self.training_state(), self.step)
+        path = self._writer.save(self.training_state(rng_by_rank), self.step)
         if self.on_checkpoint is not None:
             self._writer.wait()
             self.on_checkpoint(self.step, path)
@@ -744,12 +786,16 @@ class Trainer:
         try:
             status = self._loop()
             self._writer.wait()
+            if self.metrics is not None:
+                self.metrics.close()  # its last write's error, if any, is the run's
             # Rank 0 may still be writing its last checkpoint: tearing the process group down
             # under it makes gloo abort the other ranks ("terminate called without an active exception").
             self.dist.barrier()
             return status
-        except CheckpointWriteError as e:
-            raise CheckpointWriteError(f"{e}; {self._last_good_checkpoint()}") from None
+        except (CheckpointWriteError, MetricsWriteError) as e:
+            with contextlib.suppress(Exception):  # a checkpoint being written, if any, is good: named if on disk
+                self._writer.wait()
+            raise type(e)(f"{e}; {self._last_good_checkpoint()}") from None
         except Exception as e:
             reason = peer_stopped(e) if self.dist.enabled else None
             if reason is None:
@@ -762,7 +808,10 @@ class Trainer:
             with contextlib.suppress(Exception):  # an error on the way out: still finish the file being written
                 self._writer.wait()
             if self.metrics is not None:
-                self.metrics.close()
+                # closed on the way out of an error (a full disk may fail it again): the lock, the
+                # process group and the signal handlers are released all the same
+                with contextlib.suppress(OSError):
+                    self.metrics.close()
             self._lock.release()
             shutdown_distributed()
             # last: under torchrun a SIGTERM follows the failure of another process, and the default
@@ -776,9 +825,11 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._signal is not None:  # a second signal: stop now, without a checkpoint
-            if signum == signal.SIGINT:
+            if signum == signal.SIGINT:  # run()'s finally still waits for a checkpoint being written
                 raise KeyboardInterrupt
-            print(f"lm train: {signal.Signals(signum).name} again: stopped without a checkpoint", file=sys.stderr)
+            then = ("without a new checkpoint (the one being written is finished first)" if self._writer.writing
+                    else "without a checkpoint")
+            print(f"lm train: {signal.Signals(signum).name} again: stopped {then}", file=sys.stderr)
             raise SystemExit(128 + signum)  # a second SIGTERM: terminated, as the first would have been
         self._signal = signum
         self._log(f"{signal.Signals(signum).name}: saving a checkpoint after this step (again to abort)", always=True)
@@ -1033,8 +1084,9 @@ class Trainer:
             self.best_val_loss = result["loss"]
             if self.cfg.checkpoint.keep_best:
                 self._check_weights_finite()
-            if self.cfg.checkpoint.keep_best and self.dist.is_main:
-                self._writer.save_best(self.training_state())
+                rng_by_rank = self._gather_rng()
+                if self.dist.is_main:
+                    self._writer.save_best(self.training_state(rng_by_rank))
 
 
 def train(cfg: Config, *, resume: bool = False) -> int:
