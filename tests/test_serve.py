@@ -563,3 +563,29 @@ def test_a_choice_seed_is_the_32_bits_torch_keeps_so_the_streams_are_those_of_be
         assert torch.equal(*draws)
     generators = SamplingParams(seed=5).choice_generators(3)
     assert [g.initial_seed() for g in generators] == [choice_seed(5, j) for j in range(3)]
+
+
+def test_a_scored_prompt_whose_logits_are_not_finite_fails_its_request_alone():
+    """``max_tokens`` 0 (echo: the prompt scored, nothing sampled) never reached ``_emit``'s check:
+    NaN log-probabilities went out (a 500 "internal error" and a traceback, or bare ``NaN`` in a
+    stream), counted finished. Now the request ends with "error" on every choice, the log told
+    through ``on_row_error``, counted failed; the request beside it is scored."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.token_embeddings.weight[13] = float("nan")
+    engine = Engine(model, max_batch=2)
+    failed = []
+    engine.on_row_error = lambda request, error: failed.append((request, str(error)))
+    bad, good = Recorder(n=2), Recorder()
+    params = SamplingParams(max_tokens=0, prompt_logprobs=1)
+    engine.submit(bad_request := bad.request([5, 13, 7], params, n=2))
+    engine.submit(good_request := good.request([5, 6, 7], params))
+    run_until_idle(engine)
+    assert bad.reasons == ["error", "error"] and bad_request.prompt_logprobs is None
+    assert failed == [(bad_request, "the model's logits are not finite (NaN or inf)")]
+    assert good.reasons == ["length"] and len(good_request.prompt_logprobs) == 3
+    assert engine.stats.requests == {"finished": 1, "cancelled": 0, "rejected": 0, "failed": 2}
+    # with tokens to generate the prompt is scored first, and fails the same way, before taking a row
+    engine.submit(again := bad.request([5, 13, 7], SamplingParams(max_tokens=4, prompt_logprobs=1)))
+    run_until_idle(engine)
+    assert failed[-1] == (again, "the model's logits are not finite (NaN or inf)") and not engine.busy

@@ -122,28 +122,35 @@ READABLE = [ord(c) for c in "ab .\n"] + list(range(256, STOP_TOK.vocab_size))  #
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@example(ids=[97, 98, 97], cuts=[(0, 3), (1, 1)], extra=[])  # "b" comes before "aba" is complete: "a"
+@example(ids=[97, 98, 97], cuts=[(0, 3), (1, 1)], extra=[], strip=False)  # "b" comes before "aba" is complete: "a"
+@example(ids=[32, 97, 32, 10, 98, 32], cuts=[], extra=["a \n"], strip=True)  # a stop string across held blanks
 @given(ids=st.lists(st.one_of(st.sampled_from(READABLE), st.integers(0, STOP_TOK.vocab_size - 1)), max_size=40),
        cuts=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 4)), max_size=4),
-       extra=st.lists(st.sampled_from(["ab", "b a", "🙂", "é", "\n.", "x"]), max_size=2))
-def test_stop_text_sends_the_text_cut_before_the_first_stop_string_and_never_more(ids, cuts, extra):
+       extra=st.lists(st.sampled_from(["ab", "b a", "🙂", "é", "\n.", "x", "a \n", " "]), max_size=2),
+       strip=st.booleans())
+def test_stop_text_sends_the_text_cut_before_the_first_stop_string_and_never_more(ids, cuts, extra, strip):
     """Brute force, as vLLM stops: after each token, the text decoded so far (TextStreamer's, end
-    of text skipped) is searched for every stop string; at the first token after which one is
-    there, the answer is that text cut where the earliest of them starts (and generation ends);
-    without one, the whole text. Streamed token by token, the text sent is always a prefix of
-    that, all of it at the end, and ``stopped`` says whether a stop string came."""
+    of text skipped; with ``strip``, a translation's, that text ``.strip()``-ed as ``lm translate``
+    writes it) is searched for every stop string; at the first token after which one is there, the
+    answer is that text cut where the earliest of them starts (and generation ends); without one,
+    the whole text. Streamed token by token, the text sent is always a prefix of that, all of it at
+    the end, and ``stopped`` says whether a stop string came."""
     eot = STOP_TOK.eot_id
-    full = STOP_TOK.decode([t for t in ids if t != eot])
+
+    def shown(text):
+        return text.strip() if strip else text
+
+    full = shown(STOP_TOK.decode([t for t in ids if t != eot]))
     stops = list(dict.fromkeys([full[a: a + n] for a, n in cuts if full[a: a + n]] + extra))[:MAX_STOP]
     streamer, seen, want, hit = TextStreamer(STOP_TOK, skip=(eot,)), "", None, False
     for token in [*ids, None]:  # None: the end (flush)
         seen += streamer.push(token) if token is not None else streamer.flush()
-        starts = [i for i in (seen.find(s) for s in stops) if i >= 0]
+        starts = [i for i in (shown(seen).find(s) for s in stops) if i >= 0]
         if starts:
-            want, hit = seen[: min(starts)], True
+            want, hit = shown(seen)[: min(starts)], True
             break
-    want = seen if want is None else want
-    text = StopText(STOP_TOK, stops, skip=(eot,))
+    want = shown(seen) if want is None else want
+    text = StopText(STOP_TOK, stops, skip=(eot,), strip=strip)
     sent = ""
     for token in ids:
         sent += text.push(token)

@@ -4,6 +4,7 @@ the language model."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import httpx
@@ -201,7 +202,7 @@ def test_the_server_answers_with_the_translation_streaming_and_not():
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
         for source in ("abc", "hello"):
-            want = TOK.decode(greedy_decode(model, [TOK.encode(source)])[0])
+            want = TOK.decode(greedy_decode(model, [TOK.encode(source)])[0]).strip()  # as lm translate writes it
             r = client.completions.create(model="mt", prompt=source, temperature=0.0)  # max_tokens: the model's
             assert r.choices[0].text == want and r.usage.prompt_tokens == len(source)
             pieces = [c.choices[0].text for c in client.completions.create(model="mt", prompt=source,
@@ -227,7 +228,7 @@ def test_the_server_answers_with_the_translation_streaming_and_not():
         # a sentence is read as `lm translate` reads a line: surrounding whitespace dropped (it gave
         # another translation), and nothing left is not a language model's "no end-of-text token"
         r = client.completions.create(model="mt", prompt=" \t hello \n", temperature=0.0)
-        assert r.choices[0].text == TOK.decode(greedy_decode(model, [TOK.encode("hello")])[0])
+        assert r.choices[0].text == TOK.decode(greedy_decode(model, [TOK.encode("hello")])[0]).strip()
         assert r.usage.prompt_tokens == len("hello")
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "  \n"})
         assert r.status_code == 400 and r.json()["error"] == {
@@ -261,7 +262,7 @@ def test_lm_serve_serves_a_translation_checkpoint_with_step_sizes(tmp_path):
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
         r = client.completions.create(model=tmp_path.name, prompt=["abc", "hello"], temperature=0.0)
-        want = [TOK.decode(ids) for ids in greedy_decode(model, [TOK.encode("abc"), TOK.encode("hello")])]
+        want = [TOK.decode(ids).strip() for ids in greedy_decode(model, [TOK.encode("abc"), TOK.encode("hello")])]
         assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == want
         r = httpx.post(url + "/v1/completions", json={"prompt": "a", "ignore_eos": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos"
@@ -288,3 +289,42 @@ def test_banned_ids_are_never_chosen_as_in_greedy_decode():
     with pytest.raises(ValueError, match="banned_ids: holds <eos>"):
         TranslationEngine(model, banned_ids=[model.config.eos_id])
     assert line_break_ids(TOK) == [10 + 3]  # b"\n" (after the 3 special tokens), banned by lm serve
+
+
+def test_a_translation_is_stripped_as_lm_translate_writes_it_and_a_prompt_is_one_line(monkeypatch):
+    """``lm translate`` writes ``decode(ids).strip()``, one sentence a line; the server had sent the
+    decoded text as it was (a leading space: " die ..."), and translated a prompt holding a line break
+    as one sentence, which ``lm translate --input`` reads as two. Now the completion is the stripped
+    text, streamed too (leading whitespace never sent, trailing whitespace held and dropped at the
+    end, offsets into the text sent), and a line break inside a prompt is a 400 naming it."""
+    model = _model()
+    engine = TranslationEngine(model, max_batch=2)
+    server = ServerThread(create_app(engine, TOK, "mt"))
+    target = [TOK.encode(c)[0] for c in "  die \t"]  # then <eos>
+
+    def scripted(logits, **kw):  # the model "translates" every source as "  die \t"
+        row = next(r for r in engine.rows if r is not None and r.generator is kw["generator"])
+        token = target[row.generated] if row.generated < len(target) else model.config.eos_id
+        return torch.tensor([token]), torch.tensor([True])
+
+    monkeypatch.setattr(engine_module, "next_token_and_finite", scripted)
+    try:
+        body = {"prompt": "A man in a hat.", "temperature": 0.0, "logprobs": 0}
+        choice = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]
+        assert choice["text"] == TOK.decode(target).strip() == "die" and choice["finish_reason"] == "stop"
+        lp = choice["logprobs"]
+        assert lp["tokens"] == [" ", " ", "d", "i", "e", " ", "\t"] and lp["text_offset"] == [0, 0, 0, 1, 2, 3, 4]
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}) as stream:
+            events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: {")]
+        pieces = [e["choices"][0]["text"] for e in events]
+        assert "".join(pieces) == "die" and pieces[0] == "d" and events[-1]["choices"][0]["finish_reason"] == "stop"
+        for prompt in ("A dog.\nA cat.", ["A dog.", "A cat.\r\nA bird."]):
+            r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt})
+            assert r.status_code == 400 and r.json()["error"] == {
+                "message": "prompt: holds a line break, and a translation model translates one line (a sentence, "
+                           "as `lm translate` reads it); send each line as a prompt of its own (prompt may be a "
+                           "list)", "type": "invalid_request_error", "param": "prompt", "code": None}
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "A dog.\r\n"})  # around it: dropped
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "die"
+    finally:
+        server.close()

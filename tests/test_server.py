@@ -762,3 +762,230 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
     assert names == [run.name, run.name]  # refused before the model loaded
+
+
+def test_a_signal_while_the_event_loop_holds_the_engine_lock_starts_the_drain(tmp_path_factory):
+    """uvicorn runs the SIGTERM (Ctrl-C) handler on the main thread between two bytecodes, which may
+    be the event loop's inside ``with engine._lock:`` (``submit_all``, ``_withdraw``). The handler
+    took that lock (``stop_accepting``) and waited for ever: the server answered nothing, and later
+    signals changed nothing. Now it takes no lock: it marks the server draining and returns, and the
+    event loop's next tick stops the engine taking requests and exits once it is idle."""
+    import asyncio
+
+    from lm.cli.serve import draining_server
+    from lm.serve.engine import EngineStopped
+
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = Engine(model, max_batch=1, eos_id=tok.eot_id)
+    app = create_app(engine, tok, "tiny", start_engine=False)
+    server = draining_server(app, host="127.0.0.1", port=0, quiet=True)
+    engine.submit(Request(tok.encode("Lily"), SamplingParams(max_tokens=3)))  # a request in flight
+    returned, stuck = threading.Event(), []
+
+    def watchdog():  # the old handler waits for the lock for ever: let it through, so that the test fails
+        if not returned.wait(10):
+            stuck.append(True)
+            engine._lock.release()
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    previous = signal.signal(signal.SIGTERM, server.handle_exit)  # as uvicorn installs it
+    try:
+        engine._lock.acquire()  # as submit_all holds it, on this (the event loop's) thread
+        signal.raise_signal(signal.SIGTERM)  # the handler runs here, on this thread
+        returned.set()
+        if not stuck:
+            engine._lock.release()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not stuck, "the signal handler waited for the engine's lock"
+    assert app.state.server.draining  # /health and /v1/completions answer 503 from here on
+
+    def tick() -> bool:  # uvicorn's check, every 0.1 s on the event loop: whether to exit
+        return asyncio.run(server.on_tick(1))
+
+    assert tick() is False and not engine.accepting  # the drain has begun; the request in flight goes on
+    with pytest.raises(EngineStopped):
+        engine.submit(Request(tok.encode("Tom"), SamplingParams(max_tokens=3)))
+    while engine.busy:
+        assert tick() is False
+        engine.step()
+    assert tick() is True and server.should_exit and engine.stats.requests["finished"] == 1
+
+
+def _generating(url: str) -> bool:
+    text = httpx.get(url + "/metrics").text
+    return int(text.split("\nlm_generation_tokens_total ")[1].split()[0]) > 0
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_exits_at_once_though_a_client_stops_reading(tmp_path_factory, second):
+    """README: "a second signal exits at once". It had waited the whole graceful timeout (30 s) for a
+    client that reads nothing, and a second Ctrl-C had logged a traceback. Now it exits at once with
+    one line and status 128 + the signal (143, 130), as ``lm`` does after a signal."""
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    port = free_port()
+    proc, url = start_server(["--checkpoint", str(run), "--max-batch", "4", "--device", "cpu", "--quiet"], port,
+                             stderr=subprocess.PIPE, text=True)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    try:
+        body = json.dumps({"prompt": ["Lily"] * 16, "n": 4, "max_tokens": 60, "logprobs": 20, "echo": True,
+                           "ignore_eos": True, "stream": True}).encode()  # megabytes of events
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # and reads nothing
+        deadline = time.time() + 60
+        while not _generating(url):
+            assert time.time() < deadline and proc.poll() is None, "the request did not run"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        while httpx.get(url + "/health").status_code == 200:  # until the first signal is handled
+            time.sleep(0.01)
+        proc.send_signal(second)
+        status = proc.wait(10)  # at once: the engine is still busy, and the client reads nothing
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert status == 128 + second
+    err = proc.stderr.read()
+    assert f"lm serve: {second.name} again: exiting, the requests in flight cut off\n" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_server_announces_the_address_it_listens_on(tmp_path_factory, host):
+    """The start line had said ``http://127.0.0.1:0`` for ``--port 0`` (and, with ``--quiet``, said
+    nothing, so the port could not be known), and ``http://::1:8470`` for an IPv6 host. It now comes
+    once the server listens, with the port it got, and an IPv6 host in brackets."""
+    from lm.cli.serve import draining_server, listen_url
+
+    assert listen_url(("::1", 8470, 0, 0)) == "http://[::1]:8470" and listen_url(("0.0.0.0", 80)) == \
+        "http://0.0.0.0:80"
+    if host == "::1":
+        try:
+            with socket.socket(socket.AF_INET6) as s:
+                s.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    app = create_app(Engine(model, max_batch=1, eos_id=tok.eot_id), tok, "tiny")
+    urls = []
+    thread = ServerThread(app, server=draining_server(app, host=host, port=0, quiet=True, announce=urls.append))
+    try:
+        port = thread.server.servers[0].sockets[0].getsockname()[1]
+        assert urls == [f"http://{'[::1]' if host == '::1' else host}:{port}"] and port != 0
+        assert httpx.get(urls[0] + "/health").json() == {"status": "ok"}
+    finally:
+        thread.close()
+
+
+def test_lm_serve_quiet_on_port_0_says_where_it_listens(tmp_path_factory):
+    """``--quiet`` leaves out progress and uvicorn's logs, not the one line saying where the server is:
+    with ``--port 0`` nothing else tells the port."""
+    import selectors
+
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", str(run), "--port", "0",
+                             "--device", "cpu", "--max-batch", "1", "--quiet"], stderr=subprocess.PIPE, text=True)
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            assert sel.select(60), "lm serve --port 0 --quiet said nothing"
+        line = proc.stderr.readline()
+        assert line.startswith(f"lm serve: {run.name} (") and "/v1 — playground at http://127.0.0.1:" in line, line
+        url = line.split(" at ")[1].split("/v1")[0]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
+        assert httpx.get(url + "/health").json() == {"status": "ok"}
+        proc.terminate()
+        assert proc.wait(60) == 0
+        assert proc.stderr.read() == ""  # and nothing else
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("name, value, no_effect", [
+    ("structured_outputs", {"choice": ["yes", "no"]}, None),  # guided decoding in vLLM's CompletionRequest now
+    ("logprob_token_ids", [5, 6], []),
+    ("repetition_detection", {"max_pattern_size": 2}, None),
+    ("prompt_embeds", "AAAA", None),
+    ("vllm_xargs", {"x": 1}, {}),
+    ("logits_processors", ["x"], []),
+    ("response_format", {"type": "json_object"}, {"type": "text"}),
+])
+def test_vllms_result_changing_extensions_are_refused_at_any_other_value_than_their_no_effect_one(
+        served, name, value, no_effect):
+    """README: a field that changes the result and is not implemented "is refused unless it holds its
+    no-effect value, never ignored". vLLM's current guided decoding (``structured_outputs``), its
+    ``logprob_token_ids``, ``repetition_detection``, ``prompt_embeds``, ``vllm_xargs`` and
+    ``logits_processors`` had been ignored (200, another answer), and ``response_format``
+    ``{"type": "text"}``, OpenAI's no-effect value, refused."""
+    base = {"prompt": "Lily had", "max_tokens": 4, "temperature": 0.0, "logprobs": 1}
+    r = httpx.post(served.url + "/v1/completions", json={**base, name: value})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": f"{name}: not supported by this server", "type": "invalid_request_error", "param": name,
+        "code": None}
+    plain = httpx.post(served.url + "/v1/completions", json=base).json()["choices"]
+    for unused in [None] if no_effect is None else [None, no_effect]:
+        r = httpx.post(served.url + "/v1/completions", json={**base, name: unused})
+        assert r.status_code == 200 and r.json()["choices"] == plain, (name, unused)
+
+
+def test_echo_of_a_prompt_whose_logits_are_not_finite_is_a_500_counted_failed(tmp_path_factory):
+    """With echo and ``max_tokens`` 0 nothing is sampled, so the finiteness check of a sampled row
+    never ran: NaN log-probabilities gave a traceback and a 500 "internal error: ValueError" (JSON
+    has no NaN), or bare ``NaN`` in a stream, counted finished. Now the documented 500, and no NaN."""
+    import torch
+
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    with torch.no_grad():
+        model.token_embeddings.weight[7] = float("nan")
+    engine = Engine(model, max_batch=2, eos_id=tok.eot_id)
+    server = ServerThread(create_app(engine, tok, "tiny"))
+    try:
+        body = {"prompt": [5, 7, 9], "max_tokens": 0, "echo": True, "logprobs": 1}
+        r = httpx.post(server.url + "/v1/completions", json=body)
+        error = {"message": "the model failed while generating; see the server's log", "type": "server_error",
+                 "param": None, "code": None}
+        assert r.status_code == 500 and r.json() == {"error": error}
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}) as stream:
+            lines = [line for line in stream.iter_lines() if line]
+        assert lines == ["data: " + json.dumps({"error": error}), "data: [DONE]"]
+        good = httpx.post(server.url + "/v1/completions", json={**body, "prompt": [5, 6, 9]})
+        assert good.status_code == 200 and len(good.json()["choices"][0]["logprobs"]["token_logprobs"]) == 3
+        assert engine.stats.requests == {"finished": 1, "cancelled": 0, "rejected": 0, "failed": 2}
+    finally:
+        server.close()
+
+
+def test_a_stop_string_completed_by_the_final_flush_is_a_stop(served, monkeypatch):
+    """A stop string ending in U+FFFD, completed only by the replacement character the end of the
+    text gives a character left open, cut the text but reported finish_reason "length"."""
+    import torch
+
+    import lm.serve.engine as engine_module
+
+    vocab = served.tok.vocab
+    dollar, lead = (next(i for i, b in vocab.items() if b == want) for want in (b"$", b"\xed"))
+
+    def scripted(logits, **kw):  # every row's next token: "$", then a UTF-8 lead byte, over and over
+        row = next(r for r in served.engine.rows if r is not None and r.generator is kw["generator"])
+        return torch.tensor([(dollar, lead)[row.generated % 2]]), torch.tensor([True])
+
+    monkeypatch.setattr(engine_module, "next_token_and_finite", scripted)
+    body = {"prompt": "Lily", "max_tokens": 2, "stop": "$\ufffd"}
+    r = httpx.post(served.url + "/v1/completions", json=body).json()
+    assert r["choices"][0]["text"] == "" and r["choices"][0]["finish_reason"] == "stop"
+    r = httpx.post(served.url + "/v1/completions", json={**body, "stop": "\ufffd"}).json()
+    assert r["choices"][0]["text"] == "$" and r["choices"][0]["finish_reason"] == "stop"
+    with httpx.stream("POST", served.url + "/v1/completions", json={**body, "stop": "\ufffd", "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == "$"
+    assert [e["choices"][0]["finish_reason"] for e in events][-1] == "stop"
+    r = httpx.post(served.url + "/v1/completions", json={**body, "stop": "x"}).json()  # no stop: the length
+    assert r["choices"][0]["text"] == "$\ufffd" and r["choices"][0]["finish_reason"] == "length"

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "that arrive while others decode join the running batch (continuous batching). A translation "
         "(encoder-decoder) checkpoint is served the same way: the prompt is the source, the completion its "
         "translation. SIGTERM or Ctrl-C finishes the requests in flight, answers new ones with 503, then exits "
-        f"(a client still reading its answer gets {GRACEFUL_SHUTDOWN_S:g} s more).",
+        f"(a client still reading its answer gets {GRACEFUL_SHUTDOWN_S:g} s more); a second signal exits at once.",
         examples=EXAMPLES,
     )
     add_checkpoint(p)
@@ -110,16 +110,28 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
 GRACEFUL_SHUTDOWN_S = 30.0  # once the engine has drained: the most time the answers still being sent get
 
 
+def listen_url(address: tuple) -> str:
+    """The base URL of a socket bound to ``address`` (``getsockname()``'s): an IPv6 host in brackets.
+
+    >>> listen_url(("::1", 8470, 0, 0))
+    'http://[::1]:8470'
+    """
+    host, port = address[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def draining_server(app, *, host: str, port: int, quiet: bool = False,
-                    graceful_shutdown: float = GRACEFUL_SHUTDOWN_S):
+                    graceful_shutdown: float = GRACEFUL_SHUTDOWN_S, announce=None):
     """A uvicorn server of ``app`` (:func:`lm.serve.app.create_app`'s) that drains on SIGTERM or
     Ctrl-C: new requests get 503 at once, the engine finishes the requests in it (their generation,
     bounded by ``max_tokens``), then the server stops, giving the answers still being sent at most
     ``graceful_shutdown`` seconds (uvicorn's graceful timeout), so that a client that stops reading
-    cannot keep the process up. A second signal exits at once."""
+    cannot keep the process up. A second signal exits at once (status 128 + the signal: 143 for
+    SIGTERM, 130 for Ctrl-C), the requests still in flight cut off. Once it listens,
+    ``announce(url)`` gets its address (:func:`listen_url`: the port it was given for port 0)."""
+    import contextlib
+    import os
     import signal
-    import threading
-    import time
 
     import uvicorn
 
@@ -127,27 +139,43 @@ def draining_server(app, *, host: str, port: int, quiet: bool = False,
     engine = state.engine
 
     class Server(uvicorn.Server):
-        draining = False
+        signalled: int | None = None  # the first SIGTERM or SIGINT
+        draining = False  # the event loop has begun the drain
 
         def handle_exit(self, sig, frame):
-            if self.draining:
-                return super().handle_exit(sig, frame)
-            self.draining = True
-            state.draining = True
-            engine.stop_accepting()
-            if not quiet:
-                print(f"lm serve: {signal.Signals(sig).name}: finishing {state.inflight} request(s) in flight "
-                      f"(then at most {graceful_shutdown:g} s to send them); new ones get 503", file=sys.stderr,
-                      flush=True)
+            """Plain stores, no lock: Python runs a signal handler on the main thread between two
+            bytecodes, which may be the event loop's, inside ``with engine._lock:`` (``submit_all``).
+            Taking that lock here (``engine.stop_accepting()``) had waited for ever, the server frozen
+            for good. The event loop's next tick (:meth:`on_tick`) does the rest."""
+            if self.signalled is not None:  # the second: at once
+                # os.write, not print: sys.stderr's buffer has a lock, which this handler may have interrupted
+                with contextlib.suppress(OSError):  # (stderr gone: exit all the same)
+                    os.write(2, f"lm serve: {signal.Signals(sig).name} again: exiting, the requests in flight "
+                                "cut off\n".encode())
+                os._exit(128 + sig)
+            self.signalled = sig
+            state.draining = True  # /v1/completions and /health answer 503 from here on
 
-            def wait_then_exit():
-                # The engine only: a response whose tokens are all made may still wait for its client
-                # to read it, which the graceful timeout bounds once should_exit is set.
-                while engine.busy:
-                    time.sleep(0.02)
-                self.should_exit = True
+        async def on_tick(self, counter: int) -> bool:
+            """uvicorn's check every 0.1 s, on the event loop: after a signal, start the drain, then
+            exit once the engine is idle (a response whose tokens are all made may still wait for its
+            client to read it, which the graceful timeout bounds once should_exit is set)."""
+            if self.signalled is not None:
+                if not self.draining:
+                    self.draining = True
+                    engine.stop_accepting()
+                    if not quiet:
+                        print(f"lm serve: {signal.Signals(self.signalled).name}: finishing {state.inflight} "
+                              f"request(s) in flight (then at most {graceful_shutdown:g} s to send them); new "
+                              "ones get 503", file=sys.stderr, flush=True)
+                if not engine.busy:
+                    self.should_exit = True
+            return await super().on_tick(counter)
 
-            threading.Thread(target=wait_then_exit, daemon=True).start()
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and announce is not None:
+                announce(listen_url(self.servers[0].sockets[0].getsockname()))
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning" if quiet else "info",
                             access_log=not quiet, timeout_graceful_shutdown=graceful_shutdown)
@@ -213,12 +241,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "others than alone", file=sys.stderr, flush=True)
     app = create_app(engine, tok, name, max_body=args.max_body, api_key=api_key)
     state = app.state.server
-    server = draining_server(app, host=args.host, port=args.port, quiet=args.quiet)
-    if not args.quiet:
-        where = f"http://{args.host}:{args.port}"
+
+    def announce(where: str) -> None:  # once it listens, even with --quiet: where it is (--port 0: which port)
         print(f"lm serve: {name} ({loaded.source}; {model.num_parameters():,} parameters, context "
               f"{model.config.context_length}, max batch {args.max_batch}) at {where}/v1 — playground at {where}/"
               + (" (the API needs the key)" if api_key is not None else ""), file=sys.stderr, flush=True)
+
+    server = draining_server(app, host=args.host, port=args.port, quiet=args.quiet, announce=announce)
     if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"lm serve: warning: --host {args.host} without --api-key (or $LM_API_KEY): anyone who can reach "
               "this address can use the model", file=sys.stderr, flush=True)

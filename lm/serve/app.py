@@ -67,7 +67,8 @@ async def read_json(request: Request, limit: int) -> Any:
 class _Choice:
     def __init__(self, state: ServerState, stops: list[str], prefix: str):
         eot = state.tokenizer.eot_id
-        self.text = api.StopText(state.tokenizer, stops, skip=() if eot is None else (eot,))
+        self.text = api.StopText(state.tokenizer, stops, skip=() if eot is None else (eot,),
+                                 strip=state.engine.architecture == "encoder_decoder")  # as lm translate writes it
         self.prefix = prefix  # echo: the prompt's text, before the completion's
         self.tokens = 0
         self.done = False
@@ -156,7 +157,10 @@ class Completion:
             raise api.APIError(500, "the model failed while generating; see the server's log", type="server_error")
         c.done, c.reason = True, "stop" if reason == "cancelled" else reason
         self.remaining -= 1
-        return [*pieces, (index, c.text.flush(), c.reason, c.take())]
+        text = c.text.flush()
+        if c.text.stopped:  # the flush completed a stop string (a U+FFFD for a character left open)
+            c.reason = "stop"
+        return [*pieces, (index, text, c.reason, c.take())]
 
     def usage(self) -> dict[str, int]:
         prompt = sum(len(p) for p in self.req.prompts)

@@ -498,7 +498,12 @@ class Engine:
         if request.params.logprobs is not None:
             request.logprobs = [[] for _ in range(request.n)]
         if request.params.prompt_logprobs is not None:
-            request.prompt_logprobs = self._prompt_logprobs(request.prompt_ids, request.params.prompt_logprobs)
+            try:
+                request.prompt_logprobs = self._prompt_logprobs(request.prompt_ids, request.params.prompt_logprobs)
+            except NonFiniteLogitsError as e:  # the request fails, as a row does in _emit; the others go on
+                if self.on_row_error is not None:
+                    self.on_row_error(request, e)
+                return self._finish_all(request, "error")
         if not slots:
             return self._finish_all(request, "length")
         logits, one = self._prefilled(request.prompt_ids)
@@ -511,10 +516,15 @@ class Engine:
 
     def _prompt_logprobs(self, prompt_ids: list[int], k: int) -> list[TokenLogprobs | None]:
         """Each prompt token's log-probability given the ones before it (and ``k`` alternatives), from
-        one plain forward over the prompt (every position's logits; the prefill keeps only the last)."""
+        one plain forward over the prompt (every position's logits; the prefill keeps only the last).
+        :class:`NonFiniteLogitsError` if a logit is NaN or infinite: with ``max_tokens`` 0 no token is
+        sampled, so :meth:`_emit`'s check never runs, and NaN is no JSON (a 500 "internal error", or
+        bare ``NaN`` in a stream, counted finished)."""
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with autocast(self.device, self.dtype), self.model.trusted_ids():
             logits = self._allowed(self.model(ids)[0, :-1])
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogitsError()
         return [None, *_logprobs(logits, ids[0, 1:], k)]
 
     def _limit(self, request: Request) -> int:

@@ -45,10 +45,12 @@ UNSUPPORTED = {  # field: the value that means "not used" (OpenAI's, then vLLM's
     "suffix": "", "logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0,
     "min_p": 0, "repetition_penalty": 1, "min_tokens": 0, "stop_token_ids": [], "include_stop_str_in_output": False,
     "skip_special_tokens": True, "use_beam_search": False, "length_penalty": 1, "bad_words": [],
-    "allowed_token_ids": None, "prompt_logprobs": None, "truncate_prompt_tokens": None, "response_format": None,
+    "allowed_token_ids": None, "prompt_logprobs": None, "truncate_prompt_tokens": None,
+    "response_format": {"type": "text"}, "structured_outputs": None,  # guided decoding (vLLM's guided_* before)
     "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
-    "return_tokens_as_token_ids": False,
-}
+    "return_tokens_as_token_ids": False, "logprob_token_ids": [], "repetition_detection": None,
+    "prompt_embeds": None, "vllm_xargs": {}, "logits_processors": [],
+}  # (null is "not used" for each)
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")  # OpenAI's; vLLM's (refused unless false)
 MAX_STOP = 4  # as OpenAI
 
@@ -144,6 +146,10 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
             if not text:
                 raise APIError(400, "prompt: empty (surrounding whitespace is dropped, as `lm translate` drops "
                                     "it): nothing to translate", "prompt")
+            if "\n" in text:  # lm translate --input: a sentence a line, one translation a line
+                raise APIError(400, "prompt: holds a line break, and a translation model translates one line "
+                                    "(a sentence, as `lm translate` reads it); send each line as a prompt of its "
+                                    "own (prompt may be a list)", "prompt")
             ids = tokenizer.encode(text)
         elif isinstance(p, str):
             ids = tokenizer.encode(_unicode(p, "prompt")) if p else ([eot_id] if eot_id is not None else [])
@@ -270,30 +276,51 @@ def parse_detokenize(body: Any, tokenizer, *, model_name: str) -> list[int]:
 
 class StopText:
     """Text of one choice as its tokens arrive: decoded without splitting a character, cut before
-    the first stop string, and never sending text that might yet turn out to start one."""
+    the first stop string, and never sending text that might yet turn out to start one. With
+    ``strip`` (a translation), the text is ``text.strip()``, as ``lm translate`` writes it: its
+    leading whitespace never sent, whitespace at its end held until more text follows (and dropped
+    at the end); stop strings are looked for in that text."""
 
-    def __init__(self, tokenizer, stops: list[str], skip: tuple[int, ...] = ()):
+    def __init__(self, tokenizer, stops: list[str], skip: tuple[int, ...] = (), strip: bool = False):
         self.streamer = TextStreamer(tokenizer, skip=skip)
         self.stops = stops
         self.held = ""
         self.stopped = False
+        self.strip = strip
+        self.begun = not strip  # some text other than whitespace has come
+        self.dropped = 0  # leading whitespace dropped (characters)
+        self.blank = ""  # with strip: the whitespace at the end of the text so far, not sent yet
 
     def push(self, token_id: int) -> str:
         """The text that can be sent now (possibly ''); ``stopped`` turns True at a stop string."""
-        return self._take(self.streamer.push(token_id))
+        return self._take(self._stripped(self.streamer.push(token_id)))
 
     @property
     def start(self) -> int:
-        """Where the last token's text starts in the text decoded so far (stop strings or not)."""
-        return self.streamer.start
+        """Where the last token's text starts in the text decoded so far (stop strings or not), less
+        the leading whitespace dropped."""
+        return max(0, self.streamer.start - self.dropped)
 
     def flush(self) -> str:
         if self.stopped:
             return ""
-        text = self._take(self.streamer.flush())
+        text = self._take(self._stripped(self.streamer.flush()))
         if not self.stopped:
             text, self.held = text + self.held, ""
+        self.blank = ""  # the end of the text: its trailing whitespace is dropped
         return text
+
+    def _stripped(self, piece: str) -> str:
+        if not self.strip:
+            return piece
+        if not self.begun:
+            kept = piece.lstrip()
+            self.dropped += len(piece) - len(kept)
+            self.begun, piece = bool(kept), kept
+        text = self.blank + piece
+        body = text.rstrip()
+        self.blank = text[len(body):]
+        return body
 
     def _take(self, piece: str) -> str:
         if self.stopped:
