@@ -299,7 +299,8 @@ def check_not_input(out: str | os.PathLike, inputs: Inputs, argument: str = "--o
     for arg, inp in inputs:
         inp = Path(inp)
         if _same(out, inp):
-            raise ValueError(f"{argument}: {str(out)!r} is the input {arg} itself; choose another output")
+            which = " itself" if str(out) == str(inp) else f" {str(inp)!r} (the same file)"  # a link, another spelling
+            raise ValueError(f"{argument}: {str(out)!r} is the input {arg}{which}; choose another output")
         if folder and _inside(inp, out):
             raise ValueError(f"{argument}: {str(out)!r} contains the input {arg} {str(inp)!r}; choose another output")
     if folder and _inside(Path.cwd(), out):

@@ -129,7 +129,8 @@ def test_no_command_writes_over_its_input(work, tmp_path):
     src.write_text(STORY * 50)
     os.link(src, tmp_path / "hardlink.bin")
     before = snapshot(tmp_path)
-    for out, message in [(src, "is the input --input itself"), (tmp_path / "hardlink.bin", "is the input --input")]:
+    for out, message in [(src, "is the input --input itself"),
+                         (tmp_path / "hardlink.bin", f"is the input --input {str(src)!r} (the same file); choose")]:
         r = lm("tokenize", "--tokenizer", work / "tok", "--input", src, "--out", out, "--overwrite", cwd=tmp_path)
         one_line_error(r, "--out: ", message)
     r = lm("tokenizer", "train", "--input", src, "--vocab-size", "260", "--out", tmp_path, "--overwrite",

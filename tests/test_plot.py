@@ -190,7 +190,8 @@ def test_plot_runs_refuses_to_write_over_a_run_s_metrics(tmp_path):
     for out in (metrics, link):
         with pytest.raises(ValueError) as e:
             plot_runs([run], out)
-        assert str(e.value) == f"out: {str(out)!r} is the input run_dirs itself; choose another output"
+        which = "itself" if out == metrics else f"{str(metrics)!r} (the same file)"
+        assert str(e.value) == f"out: {str(out)!r} is the input run_dirs {which}; choose another output"
     assert metrics.read_bytes() == before
 
 

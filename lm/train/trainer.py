@@ -32,7 +32,7 @@ from lm.data.batch import LMBatch
 from lm.device import autocast, configure_matmul_precision, resolve_dtype
 from lm.evaluate import bits_per_byte, perplexity
 from lm.generate.sampling import generator_seed
-from lm.io import atomic_write, missing_dirs, silence_stdout
+from lm.io import atomic_write, missing_dirs, remove_made_dirs, silence_stdout
 from lm.model import build_model
 from lm.optim import (
     AdamW,
@@ -255,7 +255,7 @@ class Trainer:
             self._lock.release()
             # the folders this run made, where still empty (one that could not be made is not there)
             if self.dist.is_main:
-                _remove_made_dirs(self._made_dirs)
+                remove_made_dirs(self._made_dirs)
             raise
 
     def _wrap_for_devices(self) -> None:
@@ -528,7 +528,7 @@ class Trainer:
             tok.rmdir()
         shutil.rmtree(self.run_dir / "wandb", ignore_errors=True)  # what wandb.init made of its run before failing
         self._lock.release()
-        _remove_made_dirs(self._made_dirs)  # the folder and the parents made for it, where empty
+        remove_made_dirs(self._made_dirs)  # the folder and the parents made for it, where empty
 
     def _prepare_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -1116,17 +1116,6 @@ def _saved_step(path: Path) -> int | None:
         return None
     step = state.get("iteration") if isinstance(state, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
-def _remove_made_dirs(folders: list[Path]) -> None:
-    """Remove the folders a run that failed to start made for train.out_dir (deepest first), where
-    empty: one it never made (a too-long name, say) is passed over, one not empty is kept with its parents."""
-    for p in folders:
-        try:
-            p.rmdir()
-        except OSError:
-            if os.path.isdir(p):  # not empty: something else is in it
-                return
 
 
 @contextlib.contextmanager
