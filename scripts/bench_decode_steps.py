@@ -28,9 +28,13 @@ DEMO = dict(vocab_size=2048, context_length=256, d_model=192, num_layers=4, num_
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    for flag, value in (("--max-batch", args.max_batch), ("--rounds", args.rounds)):
+        if value < 1:
+            ap.error(f"{flag}: must be >= 1, got {value}")
     torch.manual_seed(0)
     model = TransformerLM(**DEMO).eval()
     sizes = default_step_sizes(args.max_batch)

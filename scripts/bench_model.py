@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 
 import torch
@@ -31,6 +32,7 @@ from lm.nn import cross_entropy
 
 HF_GEN = "transformers generate (sdpa)"
 SHAPE = dict(vocab_size=10_000, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=688)
+GEN_CONTEXT = 512  # the generation model's positions: prompt + new tokens must fit, or the sides differ
 
 
 def llama_like(model: TransformerLM, attn_implementation: str = "sdpa"):
@@ -107,7 +109,7 @@ def bench_generation(args) -> tuple[list[tuple[str, float]], bool, list[tuple[st
     """One stream, then ``args.streams`` streams at once: new tokens/s, interleaved rounds, medians.
     Every row's greedy tokens must equal transformers' for the same prompt."""
     torch.manual_seed(0)
-    shape = {**SHAPE, "context_length": 512}  # prompt + 256 new tokens must fit Llama's window too
+    shape = {**SHAPE, "context_length": GEN_CONTEXT}  # prompt + new tokens fit (main checks): no window slides
     ours = {impl: TransformerLM(**shape, attn_impl=impl).eval() for impl in args.attn_impls}
     first = next(iter(ours.values()))
     for m in ours.values():
@@ -158,17 +160,19 @@ def bench_generation(args) -> tuple[list[tuple[str, float]], bool, list[tuple[st
     return rows, identical, batch_rows, batch_identical
 
 
-def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference: str) -> None:
+def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference: str, valid: bool = True) -> None:
+    """``valid`` False (the sides' tokens differ): the ratio column says the ratios are not comparisons."""
     ref = dict(rows)[reference]
     print(f"\n{title}\n")
-    print(f"| implementation | {unit} | vs transformers |")
+    print(f"| implementation | {unit} | vs transformers{'' if valid else ' (NOT VALID: the tokens differ)'} |")
     print("|---|---:|---:|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / ref:.2f}× |")
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda message: p.exit(2, f"{p.prog}: error: {message}\n")  # one line, no usage
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds (median reported)")
     p.add_argument("--steps", type=int, default=1, help="training steps per round")
@@ -182,6 +186,16 @@ def main() -> None:
     p.add_argument("--gen-rounds", type=int, default=5)
     p.add_argument("--streams", type=int, default=16, help="streams decoded at once in the batched rows")
     args = p.parse_args()
+    for flag, value in (("--batch", args.batch), ("--rounds", args.rounds), ("--steps", args.steps),
+                        ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens),
+                        ("--gen-rounds", args.gen_rounds), ("--streams", args.streams)):
+        if value < 1:
+            p.error(f"{flag}: must be >= 1, got {value}")
+    if args.warmup < 0:
+        p.error(f"--warmup: must be >= 0, got {args.warmup}")
+    if args.prompt_len + args.new_tokens > GEN_CONTEXT:  # past it lm slides its window, transformers does not
+        p.error(f"--prompt-len + --new-tokens: must be <= the generation model's {GEN_CONTEXT} positions, got "
+                f"{args.prompt_len} + {args.new_tokens} = {args.prompt_len + args.new_tokens}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, cpu")
     if not args.skip_train:
         rows = bench_training(args)
@@ -203,14 +217,16 @@ def main() -> None:
     if not args.skip_generate:
         rows, identical, batch_rows, batch_identical = bench_generation(args)
         print_table(
-            f"Greedy generation, prompt {args.prompt_len}, {args.new_tokens} new tokens, batch 1 (ctx 512 model)",
+            f"Greedy generation, prompt {args.prompt_len}, {args.new_tokens} new tokens, batch 1 "
+            f"(ctx {GEN_CONTEXT} model)",
             rows,
             "new tokens/s",
             HF_GEN,
+            identical,
         )
         print(f"\nidentical tokens: {identical}")
         print_table(f"{args.streams} streams at once (prompts of {args.prompt_len}, {args.new_tokens} new tokens each)",
-                    batch_rows, "new tokens/s, all streams", f"{HF_GEN}, {args.streams} streams")
+                    batch_rows, "new tokens/s, all streams", f"{HF_GEN}, {args.streams} streams", batch_identical)
         single = dict(rows)
         eager_one = single[f"lm generate (attn_impl={args.attn_impls[0]})"]
         compiled_one = single["lm generate, compiled step (compile=True)"]
@@ -219,7 +235,12 @@ def main() -> None:
               f"compiled {compiled_many / compiled_one:.2f}×; compiled {args.streams} streams against eager one "
               f"stream {compiled_many / eager_one:.2f}×")
         print(f"identical tokens ({args.streams} streams, each against transformers): {batch_identical}")
+        if not (identical and batch_identical):
+            print("bench_model.py: the generated tokens differ from transformers': the generation ratios are not "
+                  "comparisons of the same work", file=sys.stderr)
+            return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -5,11 +5,12 @@
 Four comparisons, each printed as a ratio:
 
 1. **training step**, the same shape (d_model 256, 3+3 layers, 4 heads, d_ff 1024, an 8K vocab,
-   tied embeddings, label smoothing 0.1) on the same batches of real Multi30k pairs (about
-   1,024 target tokens each): lm's ``EncoderDecoder`` (fused loss over the real tokens) against
-   the PyTorch tutorial's model (``nn.Embedding`` · √d + sinusoidal positions, ``nn.Transformer``
-   with the three padding masks, a tied ``nn.Linear`` generator, ``F.cross_entropy`` with
-   ``ignore_index`` and ``label_smoothing``), both with ``torch.optim.Adam``; target tokens/s;
+   tied embeddings, label smoothing 0.1) on the same batches of real Multi30k pairs (at most
+   1,024 padded positions each, about 850 real target tokens): lm's ``EncoderDecoder`` (fused
+   loss over the real tokens) against the PyTorch tutorial's model (``nn.Embedding`` · √d +
+   sinusoidal positions, ``nn.Transformer`` with the three padding masks, a tied ``nn.Linear``
+   generator, ``F.cross_entropy`` with ``ignore_index`` and ``label_smoothing``), both with
+   ``torch.optim.Adam``; target tokens/s;
 2. **greedy decoding** of test_2016_flickr: lm's cached loop against the tutorial's loop that
    re-runs the decoder on the whole prefix every step, on the same weights; sentences/s, and
    the outputs must be identical;
@@ -111,7 +112,8 @@ def lines(path: Path) -> list[str]:
 
 
 def batches_of(src, tgt, budget: int):
-    """Consecutive pairs sorted by length, cut at ``budget`` padded target tokens."""
+    """Consecutive pairs sorted by length, cut at ``budget`` padded positions (rows × the longest
+    side + 1); the real target tokens are fewer."""
     order = sorted(range(len(src)), key=lambda i: (len(src[i]), len(tgt[i])))
     out, cur, width = [], [], 0
     for i in order:
@@ -141,8 +143,9 @@ def serve(engine: TranslationEngine, sources: list[list[int]], at_once: bool) ->
     return sum(map(len, outs)) / (time.perf_counter() - t0), outs
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10, help="training steps per round and contender")
@@ -150,9 +153,14 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16, help="sentences given to the serving engine at once")
     ap.add_argument("--compile", action="store_true", help="the serving engine's steps compiled (lm serve --compile)")
     args = ap.parse_args()
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--sentences", args.sentences),
+                        ("--clients", args.clients)):
+        if value < 1:
+            ap.error(f"{flag}: must be >= 1, got {value}")
     d = Path(args.data or "") / "multi30k"
     if not (d / "train.en.gz").is_file():
-        sys.exit("bench_seq2seq.py: --data or LM_TEST_DATA must name a folder holding multi30k/")
+        ap.error(f"--data: {args.data!r} holds no multi30k/train.en.gz; --data or LM_TEST_DATA must name a folder "
+                 "holding multi30k/")
     torch.manual_seed(0)
     en, de = lines(d / "train.en.gz"), lines(d / "train.de.gz")
     with tempfile.TemporaryDirectory() as tmp:  # the joint corpus is only needed to train the BPE
@@ -257,20 +265,30 @@ def main() -> None:
             else:
                 invariant &= outs == first
     together, alone, before = (statistics.median(served[k]) for k in served)
+    # a ratio between sides whose outputs differ is not a comparison of the same work: marked, exit 1
+    def unless(ok: bool) -> str:
+        return "" if ok else " (NOT VALID: outputs differ)"
+
     print("| what | lm | reference | ratio |")
     print("|---|---:|---:|---:|")
     print(f"| training step, target tokens/s | {lm_rate:,.0f} | {ref_rate:,.0f} (torch.nn.Transformer) | "
           f"{lm_rate / ref_rate:.2f}x |")
-    print(f"| greedy decoding, sentences/s | {g:.1f} (cached) | {loop:.1f} (re-running loop) | {g / loop:.2f}x |")
+    print(f"| greedy decoding, sentences/s | {g:.1f} (cached) | {loop:.1f} (re-running loop) | {g / loop:.2f}x"
+          f"{unless(same)} |")
     print(f"| beam 4 vs greedy, sentences/s | {beam:.1f} | {g:.1f} | cost {g / beam:.2f}x |")
     how = "compiled " if args.compile else ""
     print(f"| serving {args.clients} sentences, {how}target tokens/s | {together:,.0f} (at once) | {alone:,.0f} (one "
-          f"after another) | {together / alone:.2f}x |")
+          f"after another) | {together / alone:.2f}x{unless(invariant)} |")
     print(f"| … against greedy_decode one by one (the engine before batching) | {together:,.0f} | {before:,.0f} | "
-          f"{together / before:.2f}x |")
+          f"{together / before:.2f}x{unless(like_greedy)} |")
     print(f"identical greedy outputs: {same}; served the same at once as one after another: {invariant}, "
           f"as greedy_decode one by one: {like_greedy} (engine steps of {engine.step_sizes} rows)")
+    if not (same and invariant and like_greedy):
+        print("bench_seq2seq.py: outputs differ between the sides of a comparison: its ratio is not valid",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

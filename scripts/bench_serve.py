@@ -27,6 +27,10 @@ It starts the real server (``lm serve``, a subprocess) and measures, as one tabl
 Without ``--checkpoint`` the model has the demo's shape (vocabulary 2,048, d_model 192, 4 layers,
 6 heads) with context 256 (so 128 new tokens fit after a prompt), random weights, and a byte-level
 BPE trained on synthetic stories: speed does not depend on what the weights learned.
+
+The concurrency ratio compares ``lm serve`` with itself, concurrent against sequential: no other
+serving stack (vLLM, the reference a user would pick on a GPU) runs on this CPU-only machine, so
+none is measured. Needs httpx (the ``[bench]`` extra).
 """
 
 from __future__ import annotations
@@ -174,7 +178,7 @@ async def faults(url: str, total: int, answers: dict[str, str], tokens: int, see
             if kind == "valid":
                 counts["valid"] += 1
                 p = rng.choice(prompts)
-                short = rng.choice([8, 16, tokens])
+                short = rng.choice([min(8, tokens), min(16, tokens), tokens])  # prefixes of the answer
                 r = await client.post(url + "/v1/completions",
                                       json={"prompt": p, "max_tokens": short, "temperature": 0.0})
                 # greedy and batch invariant: a shorter answer is a prefix of the long one
@@ -224,9 +228,11 @@ def serve(run: Path, port: int, max_batch: int, compile: bool = False) -> subpro
 
 
 async def sigterm(proc: subprocess.Popen, url: str, translation: bool, tokens: int, streams: int) -> dict:
-    """``streams`` streams decoding when the signal comes (at most the server's --max-batch). A
+    """``streams`` streams decoding when the signal comes (at most the server's --max-batch), each
+    asking for ``tokens`` (long enough to be caught decoding, whatever ``--tokens`` says). A
     translation ends at its <eos> (no ignore_eos there): a stream has finished when it ends with a
-    finish reason; a language model's must have all its ``tokens`` tokens."""
+    finish reason; a language model's must have all its ``tokens`` tokens. If the streams were
+    never decoding at once, no signal is sent and the rows say so (the other parts' rows stand)."""
     async with httpx.AsyncClient(timeout=120) as client:
         body = {"max_tokens": tokens, "temperature": 1.0}
         if not translation:
@@ -235,7 +241,11 @@ async def sigterm(proc: subprocess.Popen, url: str, translation: bool, tokens: i
         deadline = time.perf_counter() + 60
         while metrics(url).get("lm_batch_size", 0) < len(streams):  # all of them are decoding
             if time.perf_counter() > deadline or any(s.done() for s in streams):
-                raise SystemExit(f"bench_serve.py: SIGTERM: the {len(streams)} streams were never decoding at once")
+                ended = await asyncio.gather(*streams, return_exceptions=True)
+                errors = [repr(e) for e in ended if isinstance(e, BaseException)]
+                never = f"not run: the {len(streams)} streams were never decoding at once" + (
+                    f" ({errors[0]})" if errors else "")
+                return {"new request during drain": never, "streams finished": never, "exit status": never}
             await asyncio.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         while (await client.get(url + "/health")).status_code == 200:  # until the signal is handled
@@ -258,6 +268,7 @@ async def sigterm(proc: subprocess.Popen, url: str, translation: bool, tokens: i
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--checkpoint", default=None, help="a run to serve (default: a demo-shaped random model)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128)
@@ -270,10 +281,17 @@ def main() -> int:
                         ("--rounds", args.rounds)):
         if value < 1:
             ap.error(f"{flag}: must be >= 1, got {value}")
+    translation = None
+    if args.checkpoint:
+        try:
+            translation = is_translation(Path(args.checkpoint))
+        except ValueError as e:  # its message names --checkpoint
+            ap.error(str(e))
     draining = min(4, args.clients)  # streams in flight when SIGTERM comes: the server has --clients rows
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.checkpoint) if args.checkpoint else make_run(Path(tmp))
-        translation = is_translation(run)
+        if translation is None:
+            translation = is_translation(run)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = serve(run, port, args.clients, args.compile)
@@ -281,9 +299,17 @@ def main() -> int:
             context = httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"]
             most = context - 1 if translation else context - 16  # (a prompt of up to 16 tokens first)
             if args.tokens > most:
-                raise SystemExit(f"bench_serve.py: --tokens: this model's context is {context} tokens, so at most "
-                                 f"{most}, got {args.tokens}")
+                ap.error(f"--tokens: this model's context is {context} tokens, so at most {most}, got {args.tokens}")
+            # each part's rows as soon as it is measured: a later part that fails does not lose them
+            flags = f"--max-batch {args.clients}" + (" --compile" if args.compile else "")
+            print(f"\n## lm serve under load ({os.cpu_count()} CPUs; server: lm serve {flags}; concurrency rows: "
+                  f"medians of {args.rounds} round{'s' * (args.rounds > 1)}, a sequential then a concurrent pass "
+                  "each)\n")
+            print("| measurement | value |\n|---|---:|")
             load, answers = asyncio.run(concurrency(url, args.clients, args.tokens, args.rounds))
+            for k, v in load.items():
+                print(f"| {k} | {v:.2f} |" if isinstance(v, float) else
+                      f"| {k} | {v[0]:.1f} / {v[1]:.1f} |" if isinstance(v, tuple) else f"| {k} | {v} |", flush=True)
             rss_before = rss_kib(proc.pid)
             fault = asyncio.run(faults(url, args.requests, answers, args.tokens))
             t0 = time.perf_counter()  # cancelled rows leave at the engine's next step
@@ -294,25 +320,20 @@ def main() -> int:
             idle_after = time.perf_counter() - t0
             rss_after = rss_kib(proc.pid)
             healthy = httpx.get(url + "/health").status_code == 200
-            term = asyncio.run(sigterm(proc, url, translation, args.tokens, draining))
+            for k, v in fault.items():
+                print(f"| faults: {k} | {v} |")
+            print(f"| faults: rows left / queue after | {m.get('lm_batch_size', -1):.0f} / "
+                  f"{m.get('lm_queue_depth', -1):.0f} (idle {1e3 * idle_after:.0f} ms after the last response) |")
+            print(f"| faults: RSS before / after, MiB | {rss_before / 1024:.1f} / {rss_after / 1024:.1f} |")
+            print(f"| faults: healthy after | {healthy} |", flush=True)
+            # streams long enough to be caught decoding together, whatever --tokens is (bounded: a drain
+            # of four long contexts could take minutes on a CPU)
+            term = asyncio.run(sigterm(proc, url, translation, min(most, max(args.tokens, 256)), draining))
+            for k, v in term.items():
+                print(f"| SIGTERM: {k} | {v} |")
         finally:
             if proc.poll() is None:
                 proc.kill()
-    flags = f"--max-batch {args.clients}" + (" --compile" if args.compile else "")
-    print(f"\n## lm serve under load ({os.cpu_count()} CPUs; server: lm serve {flags}; concurrency rows: "
-          f"medians of {args.rounds} round{'s' * (args.rounds > 1)}, a sequential then a concurrent pass each)\n")
-    print("| measurement | value |\n|---|---:|")
-    for k, v in load.items():
-        print(f"| {k} | {v:.2f} |" if isinstance(v, float) else
-              f"| {k} | {v[0]:.1f} / {v[1]:.1f} |" if isinstance(v, tuple) else f"| {k} | {v} |")
-    for k, v in fault.items():
-        print(f"| faults: {k} | {v} |")
-    print(f"| faults: rows left / queue after | {m.get('lm_batch_size', -1):.0f} / {m.get('lm_queue_depth', -1):.0f} "
-          f"(idle {1e3 * idle_after:.0f} ms after the last response) |")
-    print(f"| faults: RSS before / after, MiB | {rss_before / 1024:.1f} / {rss_after / 1024:.1f} |")
-    print(f"| faults: healthy after | {healthy} |")
-    for k, v in term.items():
-        print(f"| SIGTERM: {k} | {v} |")
     # The >= 4x target is the default server's. With --compile a lone stream runs the compiled one-row
     # step, several times cheaper than the sixteen-row one (0.31 against 1.40 ms for the default model
     # here), which caps the ratio on a CPU whose sixteen-row step is bound by arithmetic: reported only.

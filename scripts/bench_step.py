@@ -27,6 +27,7 @@ import torch
 
 from lm.checkpoint import CheckpointManager
 from lm.checkpoint.background import BackgroundWriter
+from lm.device import resolve_device
 from lm.model import TransformerLM
 from lm.optim import AdamW, param_groups
 from lm.train import load_config
@@ -112,13 +113,20 @@ def bench_checkpoint(model: torch.nn.Module, rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--config", default="configs/tinystories-17m.toml")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--checkpoint-rounds", type=int, default=3)
     args = ap.parse_args()
-    cfg = load_config(args.config, ["data.train=unused", f"train.device={args.device}"])
-    device = torch.device(args.device)
+    for flag, value in (("--rounds", args.rounds), ("--checkpoint-rounds", args.checkpoint_rounds)):
+        if value < 1:
+            ap.error(f"{flag}: must be >= 1, got {value}")
+    try:  # a missing config or a device this machine lacks: one line, before any work
+        device = resolve_device(args.device, "--device")
+        cfg = load_config(args.config, ["data.train=unused", f"train.device={device}"])
+    except ValueError as e:
+        ap.error(str(e))
     torch.manual_seed(0)
     model = TransformerLM.from_config(cfg.model).to(device)
     bench_optimizers(model, device, args.rounds)

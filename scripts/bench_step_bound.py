@@ -13,8 +13,9 @@ Two tables for the model of ``bench_model.py``'s generation rows, at 1 and at 16
 * the compiled decode step ``lm serve --compile`` runs (``lm.generate.DecodeStep``), every row at
   position 160: in float32, under bfloat16 autocast, and with the weights stored in bfloat16.
 
-It prints each one's milliseconds (median of ``--rounds`` runs of ``--steps`` calls) and what
-sixteen rows give against one in tokens/s. Run it on an idle machine.
+It prints each one's milliseconds (median of ``--rounds`` runs of ``--steps`` calls, the 1-row and
+16-row forms taking turns within each round) and what sixteen rows give against one in tokens/s.
+Run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import copy
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,16 +35,20 @@ from lm.model import TransformerLM
 SHAPE = dict(vocab_size=10_000, context_length=512, d_model=256, num_layers=4, num_heads=8, d_ff=688)
 
 
-def median_ms(fn, rounds: int, steps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(steps):
+def median_ms(fns: dict[int, Callable[[], object]], rounds: int, steps: int) -> dict[int, float]:
+    """Milliseconds per call of each of ``fns`` (by rows): the median of ``rounds`` rounds of ``steps``
+    calls, the forms taking turns within each round so that they see the same machine state."""
+    for fn in fns.values():
+        for _ in range(3):
             fn()
-        times.append((time.perf_counter() - t0) / steps * 1e3)
-    return statistics.median(times)
+    times: dict[int, list[float]] = {rows: [] for rows in fns}
+    for _ in range(rounds):
+        for rows, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[rows].append((time.perf_counter() - t0) / steps * 1e3)
+    return {rows: statistics.median(t) for rows, t in times.items()}
 
 
 def linear_weights(model: TransformerLM) -> list[torch.Tensor]:
@@ -55,7 +61,7 @@ def bench_linears(model: TransformerLM, args) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         weights = [w.to(dtype) for w in linear_weights(model)]
         for form in ("F.linear", "oneDNN prepacked"):
-            ms = {}
+            runs = {}
             for rows in (1, 16):
                 xs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(dtype) for w in weights}
                 if form == "F.linear":
@@ -68,7 +74,8 @@ def bench_linears(model: TransformerLM, args) -> None:
                     def run(xs=xs, packed=packed):
                         for d_in, p in packed:
                             torch.ops.mkldnn._linear_pointwise(xs[d_in], p, None, "none", [], "")
-                ms[rows] = median_ms(run, args.rounds, args.steps)
+                runs[rows] = run
+            ms = median_ms(runs, args.rounds, args.steps)
             label = f"{form}, {str(dtype).removeprefix('torch.')}"
             print(f"{label:<34}{ms[1]:>8.3f}ms{ms[16]:>8.3f}ms{16 * ms[1] / ms[16]:>9.2f}×")
 
@@ -78,19 +85,22 @@ def bench_steps(model: TransformerLM, args) -> None:
     bf16_weights = copy.deepcopy(model).to(torch.bfloat16)
     for label, m, dtype in (("float32", model, None), ("bfloat16 autocast", model, torch.bfloat16),
                             ("bfloat16 weights", bf16_weights, None)):
-        ms = {}
-        for rows in (1, 16):
-            step = DecodeStep(m, rows, compile=True, dtype=dtype)
-            ms[rows] = median_ms(lambda step=step, rows=rows: step([5] * rows, [160] * rows), args.rounds, args.steps)
+        steps = {rows: DecodeStep(m, rows, compile=True, dtype=dtype) for rows in (1, 16)}
+        ms = median_ms({rows: lambda step=step, rows=rows: step([5] * rows, [160] * rows)
+                        for rows, step in steps.items()}, args.rounds, args.steps)
         print(f"{label:<34}{ms[1]:>8.3f}ms{ms[16]:>8.3f}ms{16 * ms[1] / ms[16]:>9.2f}×")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--skip-steps", action="store_true", help="only the linear layers (no compilation)")
     args = ap.parse_args()
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
+        if value < 1:
+            ap.error(f"{flag}: must be >= 1, got {value}")
     torch.manual_seed(0)
     model = TransformerLM(**SHAPE, attn_impl="einsum").eval()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "

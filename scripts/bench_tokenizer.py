@@ -10,8 +10,9 @@ Rows:
   encode     Tokenizer.encode, one thread, GPT-2 vocab, vs tiktoken's GPT-2 encoding built
              from the same files; "cold" starts from an empty pre-token cache, "warm" encodes
              the text a second time. Ids must be identical.
-  tokenize   `lm tokenize` (tokenize_file, all cores, text file -> token file) vs tiktoken
-             single-thread on the same text read from the file.
+  tokenize   `lm tokenize` (tokenize_file, one process per core, text file -> token file) vs
+             tiktoken's encode_batch on as many threads, given the file in the chunks `lm tokenize`
+             cuts it into (the target is for this row), and vs tiktoken on one thread (reported).
   longword   Tokenizer.encode of one pre-token of 100,000 random ACGT letters (a line of DNA;
              BPE cost grows with a pre-token's length, not with the text's) vs tiktoken, GPT-2
              vocab, fresh cache each time. Ids must be identical.
@@ -36,6 +37,7 @@ from pathlib import Path
 
 EOT = "<|endoftext|>"
 TASKS = ["train", "encode", "tokenize", "longword"]
+CHUNK_BYTES = 1 << 21  # tokenize_file's default chunk size
 
 
 def hf_train(path: str, vocab_size: int):
@@ -66,14 +68,83 @@ def tiktoken_gpt2(data: Path):
     return tiktoken.Encoding("gpt2-local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: 50256})
 
 
-def timed(fn, *args):
+def tiktoken_file(enc, path: Path, threads: int) -> list[list[int]]:
+    """tiktoken on ``threads`` threads: ``path`` read and cut where `lm tokenize` cuts it (chunks of
+    its default size, at safe cuts, so the ids are the whole text's), the chunks encoded in one batch."""
+    from lm.tokenizer.pretokenize import chunk_boundaries
+
+    raw = path.read_bytes()
+    texts = [raw[a:b].decode("utf-8") for a, b in chunk_boundaries(path, [EOT], CHUNK_BYTES)]
+    return enc.encode_batch(texts, num_threads=threads, allowed_special="all")
+
+
+def heldout_cut(path: Path, size: int, holdout: int) -> int:
+    """Where the held-out tail starts: the first safe cut in the last ``holdout`` bytes, or -1."""
+    from lm.tokenizer.pretokenize import next_safe_cut
+
+    with open(path, "rb") as f:
+        return next_safe_cut(f, size - holdout, size, [EOT.encode()])
+
+
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, tasks: list[str]) -> None:
+    """Every value ``tasks`` need, checked before the first task starts: a bad one is one line,
+    not a traceback from a task's process after the others have run."""
+    if not args.data:
+        ap.error("--data: not given and LM_TEST_DATA is not set; name the shared data folder")
+    data = Path(args.data)
+    if not data.is_dir():
+        ap.error(f"--data: {args.data!r} is not a folder; name the shared data folder")
+    text = Path(args.text) if args.text else data / "gutenberg.txt"
+    if not text.is_file():
+        ap.error(f"--text: {args.text!r} is not a file" if args.text else
+                 f"--data: {args.data!r} holds no gutenberg.txt; pass --text FILE")
+    size = text.stat().st_size
+    if size == 0:
+        ap.error(f"--text: {str(text)!r} is empty")
+    if args.reps < 1:
+        ap.error(f"--reps: must be >= 1, got {args.reps}")
+    if any(t != "train" for t in tasks):
+        for name in ("gpt2_vocab.json", "gpt2_merges.txt"):
+            if not (data / name).is_file():
+                ap.error(f"--data: {args.data!r} holds no {name} (the GPT-2 vocabulary the encode rows use); "
+                         f"name the shared data folder or pass --skip encode tokenize longword")
+        try:
+            text.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            ap.error(f"--text: {str(text)!r} is not UTF-8 (byte {e.start:,}); the encode rows compare ids of its text")
+    if "train" in tasks:
+        if args.vocab_size < 257:
+            ap.error(f"--vocab-size: must be >= 257 (256 bytes and {EOT}), got {args.vocab_size}")
+        if not 0 < args.holdout_bytes < size:
+            ap.error(f"--holdout-bytes: must be > 0 and below the text's {size:,} bytes, got {args.holdout_bytes}")
+        if heldout_cut(text, size, args.holdout_bytes) == -1:  # it was taken as the text's last byte, trained on
+            ap.error(f"--holdout-bytes: no line end or {EOT} in the last {args.holdout_bytes:,} bytes of "
+                     f"{str(text)!r}, so nothing can be held out there; pass a larger --holdout-bytes")
+
+
+def run_task(task: str, argv: list[str]) -> list[tuple]:
+    """One task in its own process: its rows. If it fails, exit with its status and its last line
+    of stderr (its one-line error, or the last line of its traceback), not a traceback of ours."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        prog = f"{Path(__file__).name}: "
+        print(last if last.startswith(prog) else
+              f"{prog}error: the {task} task failed (exit status {done.returncode}): {last}", file=sys.stderr)
+        raise SystemExit(done.returncode if done.returncode > 0 else 1)
+    sys.stderr.write(done.stderr)  # its progress lines
+    return [tuple(r) for r in json.loads(done.stdout)]
+
+
+def timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
-    out = fn(*args)
+    out = fn(*args, **kwargs)
     return time.perf_counter() - t0, out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"), help="folder with gutenberg.txt and gpt2_*")
     ap.add_argument("--text", default=None, help="text file (default: DATA/gutenberg.txt)")
     ap.add_argument("--vocab-size", type=int, default=10_000)
@@ -82,19 +153,15 @@ def main() -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=TASKS)
     ap.add_argument("--task", choices=TASKS, default=None, help=argparse.SUPPRESS)  # one task, rows as JSON
     args = ap.parse_args()
-    if not args.data:
-        sys.exit("bench_tokenizer: --data or LM_TEST_DATA must name the shared data folder")
+    tasks = [args.task] if args.task else [t for t in TASKS if t not in args.skip]
+    check_args(ap, args, tasks)
     if args.task is None:
         rows = []
-        for task in TASKS:
-            if task in args.skip:
-                continue
+        for task in tasks:
             argv = [sys.executable, __file__, "--task", task, "--vocab-size", str(args.vocab_size),
-                    "--reps", str(args.reps), "--holdout-bytes", str(args.holdout_bytes)]
-            argv += ["--data", args.data] if args.data else []
+                    "--reps", str(args.reps), "--holdout-bytes", str(args.holdout_bytes), "--data", args.data]
             argv += ["--text", args.text] if args.text else []
-            done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True)
-            rows += [tuple(r) for r in json.loads(done.stdout)]
+            rows += run_task(task, argv)
         print_table(rows)
         return 0
     args.skip = [t for t in TASKS if t != args.task]
@@ -103,7 +170,6 @@ def main() -> int:
 
     from lm.data import tokenize_file
     from lm.tokenizer import Tokenizer, train_bpe
-    from lm.tokenizer.pretokenize import next_safe_cut
 
     raw = text_path.read_bytes()
     size = len(raw)
@@ -114,8 +180,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if "train" not in args.skip:
-            with open(text_path, "rb") as f:
-                cut = next_safe_cut(f, size - args.holdout_bytes, size, [EOT.encode()])
+            cut = heldout_cut(text_path, size, args.holdout_bytes)  # not -1: check_args saw to it
             train_file, heldout = tmp / "train.txt", raw[cut:].decode("utf-8", errors="replace")
             train_file.write_bytes(raw[:cut])
             lm_t, hf_t = [], []
@@ -161,23 +226,32 @@ def main() -> int:
             print(f"encode: cold {cold} warm {warm} tiktoken {tik}", file=sys.stderr)
 
         if "tokenize" not in args.skip:
-            ours_t, tik = [], []
-            for _ in range(args.reps):
-                fresh = Tokenizer(gpt2.vocab, gpt2.merges, [EOT])  # empty cache
-                dt, meta = timed(tokenize_file, fresh, text_path, tmp / "out.bin")
-                ours_t.append(dt)
-                dt, ref = timed(lambda: enc.encode(text_path.read_text(encoding="utf-8"), allowed_special="all"))
-                tik.append(dt)
-                assert meta["num_tokens"] == len(ref)
-                gc.collect()
+            import itertools
+
             import numpy as np
 
+            ours_t, many, one = [], [], []
+            for _ in range(args.reps):
+                fresh = Tokenizer(gpt2.vocab, gpt2.merges, [EOT])  # empty cache
+                dt, meta = timed(tokenize_file, fresh, text_path, tmp / "out.bin", num_workers=cpus)
+                ours_t.append(dt)
+                dt, parts = timed(tiktoken_file, enc, text_path, cpus)
+                many.append(dt)
+                dt, ref = timed(lambda: enc.encode(text_path.read_text(encoding="utf-8"), allowed_special="all"))
+                one.append(dt)
+                assert meta["num_tokens"] == len(ref), "ids differ from tiktoken"
+                assert list(itertools.chain.from_iterable(parts)) == ref, "tiktoken's batch differs from its encode"
+                del parts
+                gc.collect()
             assert np.fromfile(tmp / "out.bin", dtype=np.uint16).tolist() == ref, "ids differ from tiktoken"
             mb = size / 1e6
-            v, t_ref = mb / statistics.median(ours_t), mb / statistics.median(tik)
-            rows.append((f"lm tokenize, {cpus} processes, GPT-2 vocab (MB/s)", f"{v:.1f}", f"{t_ref:.1f}",
-                         f"{v / t_ref:.2f}x", ">= 1.0x"))
-            print(f"tokenize: lm {ours_t} tiktoken {tik}", file=sys.stderr)
+            v = mb / statistics.median(ours_t)
+            ours = f"lm tokenize, {cpus} process{'es' * (cpus > 1)}, GPT-2 vocab (MB/s)"
+            for ref_name, ts, target in ((f"tiktoken encode_batch, {cpus} thread{'s' * (cpus > 1)}", many, ">= 1.0x"),
+                                         ("tiktoken 1 thread", one, "none (threads differ)")):
+                t_ref = mb / statistics.median(ts)
+                rows.append((f"{ours} vs {ref_name}", f"{v:.1f}", f"{t_ref:.1f}", f"{v / t_ref:.2f}x", target))
+            print(f"tokenize: lm {ours_t} tiktoken {cpus} threads {many} tiktoken 1 thread {one}", file=sys.stderr)
 
         if "longword" not in args.skip:
             import random
@@ -201,7 +275,7 @@ def main() -> int:
 
 
 def print_table(rows) -> None:
-    ref_names = {"train": "tokenizers", "encode": "tiktoken", "lm tokenize": "tiktoken 1 thread"}
+    ref_names = {"train": "tokenizers", "encode": "tiktoken"}  # the `lm tokenize` rows name theirs
     print("| task | lm | reference | ratio | target |")
     print("|---|---:|---:|---:|---|")
     for name, a, b, r, target in rows:

@@ -55,11 +55,13 @@ def trainer_settings(cfg) -> list[str]:
 
 
 def bare_tokens_per_second(cfg, steps: int, warmup: int = 3) -> float:
-    """Tokens/s of forward + backward + clip + AdamW on one fixed batch, after ``warmup`` untimed
+    """Tokens/s of forward + backward + clip (unless ``optim.grad_clip`` is 0) + AdamW on one fixed
+    batch, the model set up as the Trainer sets it (no per-step id checks), after ``warmup`` untimed
     steps (the compile with ``train.compile``). Run :func:`trainer_settings` first."""
     device = resolve_device(cfg.train.device, "train.device")
     torch.manual_seed(cfg.train.seed)
     model = TransformerLM.from_config(cfg.model).to(device)
+    model.validate_ids = False  # as the Trainer sets it: no per-step read of the ids' range back to the host
     if cfg.train.compile:
         model = torch.compile(model)
     opt = AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.max_lr * 0.1)
@@ -76,7 +78,8 @@ def bare_tokens_per_second(cfg, steps: int, warmup: int = 3) -> float:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 loss = model(x, targets=y) if fused else cross_entropy(model(x), y)
             (loss / cfg.train.grad_accum_steps).backward()
-        clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+        if cfg.optim.grad_clip > 0:  # as the Trainer: 0 means no clipping, not a clip at inf
+            clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -117,6 +120,7 @@ def train_tokens_per_second(config: Path, overrides: list[str], out_dir: Path) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message}\n")  # one line, no usage
     parser.add_argument("--config", default="configs/cpu-small.toml")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=4)
@@ -127,9 +131,14 @@ def main() -> None:
     if args.repeats < 1:
         parser.error(f"--repeats: must be >= 1, got {args.repeats}")
 
+    try:  # a missing config, a misspelt or out-of-range --set, a device this machine lacks: one line
+        cfg = load_config(args.config, args.overrides)
+        resolve_device(cfg.train.device, "train.device")
+    except ValueError as e:
+        parser.error(str(e))
+
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        cfg = load_config(args.config, args.overrides)
         rng = np.random.default_rng(0)
         vocab = cfg.model.vocab_size
         n = max(2_000_000, 20 * cfg.model.context_length)

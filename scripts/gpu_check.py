@@ -6,8 +6,8 @@
 The whole run keeps to ``--budget`` seconds (default 540 on CUDA: a rented machine's 10-minute
 limit, less a margin): each part gets what is left, training ``--seconds`` (default 120 on CUDA)
 at most, a part that cannot fit is reported as skipped, every subprocess is bounded by the time
-left, and with ``--json`` the rows are rewritten after every part, so a run cut short keeps what it
-measured. Parts, each run even if one before failed, the most wanted first:
+left, and with ``--json FILE`` (a new file, or ``--overwrite``) the rows are rewritten after every
+part, so a run cut short keeps what it measured. Parts, each run even if one before failed, the most wanted first:
 
 1. **parity**: the same weights on the device and on the CPU in float32 (logits), bfloat16
    autocast against float32 (loss), ``torch.compile`` against eager (logits);
@@ -76,9 +76,21 @@ class Report:
         mark = "pass" if ok else "skip" if ok is None else "FAIL"
         print(f"[{mark}] {part}: {detail}", flush=True)
         if self.json_path:  # after every row: a run cut short keeps what it measured
-            tmp = Path(f"{self.json_path}.tmp")
+            self.write_json()
+
+    def write_json(self) -> None:
+        """The rows so far to ``json_path`` (the file this run made: see ``json_output``), through a
+        temporary name. A failed write is said once and ends the writes; the table still comes."""
+        path = Path(self.json_path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
             tmp.write_text(json.dumps([dict(part=p, ok=o, detail=d) for p, o, d in self.rows], indent=1))
-            os.replace(tmp, self.json_path)
+            os.replace(tmp, path)
+        except OSError as e:
+            print(f"gpu_check.py: --json: cannot write {str(path)!r} ({e.strerror or e}); no more rows go there, "
+                  "the table at the end has them all", file=sys.stderr, flush=True)
+            tmp.unlink(missing_ok=True)
+            self.json_path = None
 
     def table(self) -> str:
         lines = ["| part | result | measured |", "|---|---|---|"]
@@ -346,6 +358,34 @@ def part_ddp(report: Report, device: torch.device, work: Path, seconds: float, c
     report.add("DDP through torchrun", ok, detail)
 
 
+def json_output(value: str, overwrite: bool) -> str | None:
+    """``--json``'s file, resolved against the caller's folder (``GPU_CHECK_CWD``, set by
+    gpu_check.sh before it changes to the checkout); or None with the one-line error printed.
+    An existing file is an earlier session's rows: kept unless ``--overwrite`` (then replaced at
+    the first row). A new one is made now, empty, so that a bad folder is found before any part."""
+    path = Path(os.environ.get("GPU_CHECK_CWD") or os.getcwd(), value)
+    error = None
+    if not path.parent.is_dir():
+        error = f"the folder {str(path.parent)!r} does not exist; make it first"
+    elif path.is_dir():
+        error = f"{str(path)!r} is a folder; name a file in it"
+    elif path.exists() and not overwrite:
+        error = f"{str(path)!r} exists (an earlier run's rows?); pass --overwrite to replace it, or name a new file"
+    elif path.exists():
+        if not os.access(path.parent, os.W_OK):
+            error = f"cannot write in the folder {str(path.parent)!r}"
+    else:
+        try:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write("[]\n")
+        except OSError as e:
+            error = f"cannot write {str(path)!r} ({e.strerror or e})"
+    if error:
+        print(f"gpu_check.py: --json: {error}", file=sys.stderr)
+        return None
+    return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
@@ -353,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="training time, at most (default 120 on cuda, 15 on cpu; less when the budget is short)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole run (default 540 on cuda, 900 on cpu)")
-    ap.add_argument("--json", metavar="FILE", help="also write the table's rows as JSON (after every part)")
+    ap.add_argument("--json", metavar="FILE", help="also write the table's rows as JSON (after every part); "
+                                                   "relative to the folder gpu_check.sh was called from")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --json FILE")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -366,11 +408,14 @@ def main(argv: list[str] | None = None) -> int:
         if not value > 0:
             print(f"gpu_check.py: {flag}: must be > 0, got {value}", file=sys.stderr)
             return 2
+    json_path = json_output(args.json, args.overwrite) if args.json else None
+    if args.json and json_path is None:
+        return 2
     name = torch.cuda.get_device_name(device) if not cpu else "CPU"
     print(f"torch {torch.__version__}, {name}, {torch.get_num_threads()} CPU threads", flush=True)
     small = dict(vocab_size=2048 if cpu else 10_000, context_length=128 if cpu else 512, d_model=64 if cpu else 256,
                  num_layers=2 if cpu else 4, num_heads=4 if cpu else 8, d_ff=192 if cpu else 688)
-    report = Report(args.json, budget)
+    report = Report(json_path, budget)
     # seconds a part needs beyond its timed work (start-up, compiling), to decide whether to start it
     overhead = 10.0 if cpu else 60.0
     ddp_seconds = min(seconds, 30.0)

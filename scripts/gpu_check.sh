@@ -5,5 +5,7 @@
 # visible GPU. Everything is in scripts/gpu_check.py; `scripts/gpu_check.sh --device cpu` runs its short
 # CPU version; $PYTHON picks the interpreter.
 set -euo pipefail
+# --json FILE is the caller's: relative to the folder it was called from, not to the checkout
+export GPU_CHECK_CWD="$PWD"
 cd "$(dirname "$0")/.."
 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python}" scripts/gpu_check.py "$@"

@@ -1,6 +1,9 @@
 """scripts/gpu_check.sh (scripts/gpu_check.py), the script for the first session with a GPU, runs its
-short CPU version here so that it does not rot: every part must pass and the table must name them all."""
+short CPU version here so that it does not rot: every part must pass and the table must name them all.
+Its --json FILE is the caller's: relative to the caller's folder, never an earlier session's rows
+written over without --overwrite, and a folder that is not there is found before any part runs."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +13,74 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _wrapper(*argv, cwd: Path) -> subprocess.CompletedProcess:
+    """scripts/gpu_check.sh ARGV from ``cwd``, with a budget so short that a run that is not refused
+    ends in seconds (its parity part only)."""
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--device", "cpu", "--budget", "0.01",
+                           *map(str, argv)], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHON": sys.executable})
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_json_is_relative_to_the_callers_folder_and_not_written_over(tmp_path):
+    """The wrapper changed to the checkout first: `--json rows.json` wrote into the checkout, and an
+    existing file (a paid session's rows) was replaced at the first row, without --overwrite."""
+    (tmp_path / "rows.json").write_text("precious rows of the last GPU session")
+    r = _wrapper("--json", "rows.json", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr == (f"gpu_check.py: --json: {str(tmp_path / 'rows.json')!r} exists (an earlier run's rows?); "
+                        "pass --overwrite to replace it, or name a new file\n")
+    assert r.stdout == ""  # refused before any part
+    assert (tmp_path / "rows.json").read_text() == "precious rows of the last GPU session"
+
+
+def test_json_in_a_missing_folder_is_refused_before_any_part(tmp_path):
+    """It was a FileNotFoundError traceback after the parity part had run."""
+    r = _wrapper("--json", "nodir/rows.json", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr == f"gpu_check.py: --json: the folder {str(tmp_path / 'nodir')!r} does not exist; make it first\n"
+    assert r.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_json_overwrite_replaces_the_file_at_the_first_row(tmp_path, monkeypatch, capsys):
+    gpu_check = _gpu_check()
+    monkeypatch.setenv("GPU_CHECK_CWD", str(tmp_path))
+    old = tmp_path / "old.json"
+    old.write_text("an earlier run")
+    assert gpu_check.json_output("old.json", overwrite=False) is None
+    assert gpu_check.json_output("old.json", overwrite=True) == str(old)
+    assert old.read_text() == "an earlier run"  # kept until there is a row to replace it with
+    report = gpu_check.Report(str(old))
+    report.add("parity", True, "max abs diff 0")
+    assert json.loads(old.read_text()) == [{"part": "parity", "ok": True, "detail": "max abs diff 0"}]
+    new = gpu_check.json_output("new.json", overwrite=False)  # made at once: the folder is writable
+    assert new == str(tmp_path / "new.json") and json.loads(Path(new).read_text()) == []
+    assert gpu_check.json_output(str(tmp_path), overwrite=True) is None  # a folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "old.json"]  # no temporary file left
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"gpu_check.py: --json: {str(old)!r} exists (an earlier run's rows?); pass --overwrite to "
+                   "replace it, or name a new file",
+                   f"gpu_check.py: --json: {str(tmp_path)!r} is a folder; name a file in it"]
+
+
+def test_a_failed_json_write_is_one_line_and_the_run_goes_on(tmp_path, capsys):
+    """A write that failed (the folder gone) raised from inside `guarded`'s handler: a traceback."""
+    gpu_check = _gpu_check()
+    report = gpu_check.Report(str(tmp_path / "gone" / "rows.json"))
+    report.add("parity", True, "ok")
+    report.add("decoding", True, "ok")
+    assert len(report.rows) == 2
+    err = capsys.readouterr().err.splitlines()
+    gone = str(tmp_path / "gone" / "rows.json")
+    assert len(err) == 1 and err[0].startswith(f"gpu_check.py: --json: cannot write {gone!r} (No such file")
 
 
 @pytest.mark.slow
