@@ -520,18 +520,25 @@ def test_the_engine_thread_serves_and_stops():
     engine.stop()
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_row_whose_logits_are_not_finite_fails_alone(temperature):
-    """A prompt that makes the model's logits NaN (here: a token whose embedding is NaN) ends its
-    own choice with "error" (a 500 for its request, the log told through ``on_row_error``); the
-    rows beside it go on, and the engine takes new requests. Greedy had sent tokens picked from
-    NaN logits as text; sampled, torch's multinomial had raised and the whole server had exited."""
+def _engine_with_a_nan_token():
+    """A tiny model whose token 13 has a NaN embedding (its logits are not finite), an engine of two
+    rows serving it, and the list its ``on_row_error`` appends ``(request, message)`` to."""
     model = tiny_model()
     with torch.no_grad():
         model.token_embeddings.weight[13] = float("nan")
     engine = Engine(model, max_batch=2)
     failed = []
     engine.on_row_error = lambda request, error: failed.append((request, str(error)))
+    return model, engine, failed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_whose_logits_are_not_finite_fails_alone(temperature):
+    """A prompt that makes the model's logits NaN (here: a token whose embedding is NaN) ends its
+    own choice with "error" (a 500 for its request, the log told through ``on_row_error``); the
+    rows beside it go on, and the engine takes new requests. Greedy had sent tokens picked from
+    NaN logits as text; sampled, torch's multinomial had raised and the whole server had exited."""
+    model, engine, failed = _engine_with_a_nan_token()
     params = SamplingParams(max_tokens=6, temperature=temperature, seed=3)
     bad, good, later = Recorder(), Recorder(), Recorder()
     bad_request = bad.request([5, 13, 7], params)
@@ -570,12 +577,7 @@ def test_a_scored_prompt_whose_logits_are_not_finite_fails_its_request_alone():
     NaN log-probabilities went out (a 500 "internal error" and a traceback, or bare ``NaN`` in a
     stream), counted finished. Now the request ends with "error" on every choice, the log told
     through ``on_row_error``, counted failed; the request beside it is scored."""
-    model = tiny_model()
-    with torch.no_grad():
-        model.token_embeddings.weight[13] = float("nan")
-    engine = Engine(model, max_batch=2)
-    failed = []
-    engine.on_row_error = lambda request, error: failed.append((request, str(error)))
+    _, engine, failed = _engine_with_a_nan_token()
     bad, good = Recorder(n=2), Recorder()
     params = SamplingParams(max_tokens=0, prompt_logprobs=1)
     engine.submit(bad_request := bad.request([5, 13, 7], params, n=2))
