@@ -60,26 +60,25 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     looks complete. An OSError of the temporary file names ``path``, the file the caller asked for.
     """
     path = Path(path)
-    made = missing_dirs(path.parent)
     tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _naming(path):
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
-            yield f
+    with removing_made_dirs(path.parent):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with _naming(path):
-                f.flush()
-                os.fsync(f.fileno())
-        with _naming(path):
-            os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        remove_made_dirs(made)
-        raise
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
+            with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+                yield f
+                with _naming(path):
+                    f.flush()
+                    os.fsync(f.fileno())
+            with _naming(path):
+                os.replace(tmp, path)
+        except BaseException:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise
 
 
 @contextlib.contextmanager
@@ -474,30 +473,29 @@ def replace_dir(
     replacing = check_output_dir(
         out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
     )
-    made = missing_dirs(out.parent)
-    make_dir(out.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        os.chmod(tmp, dir_mode())
-        yield tmp
-        write_marker(tmp, command)
-        _fsync_dir(tmp)
-        if replacing:
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.replace(out, old)  # a folder onto an empty folder: allowed, atomic
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.replace(old, out)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)  # onto a missing or empty folder
-        _fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        remove_made_dirs(made)
-        raise
+    with removing_made_dirs(out.parent):
+        make_dir(out.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        try:
+            os.chmod(tmp, dir_mode())
+            yield tmp
+            write_marker(tmp, command)
+            _fsync_dir(tmp)
+            if replacing:
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+                os.replace(out, old)  # a folder onto an empty folder: allowed, atomic
+                try:
+                    os.replace(tmp, out)
+                except BaseException:
+                    os.replace(old, out)
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out)  # onto a missing or empty folder
+            _fsync_dir(out.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def missing_dirs(path: Path) -> list[Path]:
@@ -508,6 +506,18 @@ def missing_dirs(path: Path) -> list[Path]:
             break
         missing.append(p)
     return missing
+
+
+@contextlib.contextmanager
+def removing_made_dirs(folder: Path) -> Iterator[None]:
+    """Run the block; if it fails (or is interrupted), remove the folders it made for ``folder``
+    (those :func:`missing_dirs` names on entry), where still empty."""
+    made = missing_dirs(folder)
+    try:
+        yield
+    except BaseException:
+        remove_made_dirs(made)
+        raise
 
 
 def remove_made_dirs(folders: list[Path]) -> None:
@@ -572,21 +582,20 @@ def claim_dir(
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
         os.replace(out, old)
     existed = out.is_dir()  # empty (the checks refused anything else), and not this command's
-    made = missing_dirs(out.parent)
-    try:
-        make_dir(out)
-        write_marker(out, command, complete=False)
-        yield out
-        write_marker(out, command, complete=True)
-    except BaseException:
-        if existed:
-            _empty(out)
-        else:
-            shutil.rmtree(out, ignore_errors=True)
-        if old is not None:
-            os.replace(old, out)
-        remove_made_dirs(made)
-        raise
+    with removing_made_dirs(out.parent):
+        try:
+            make_dir(out)
+            write_marker(out, command, complete=False)
+            yield out
+            write_marker(out, command, complete=True)
+        except BaseException:
+            if existed:
+                _empty(out)
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+            if old is not None:
+                os.replace(old, out)
+            raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lm.io import check_parents, missing_dirs, remove_made_dirs
+from lm.io import check_parents, removing_made_dirs
 
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
@@ -195,13 +195,9 @@ def download(
     if (expected_size is not None and dest.is_file() and dest.stat().st_size == expected_size
             and (expected_sha256 is None or _sha256_of(dest).hexdigest() == expected_sha256.lower())):
         return dest  # complete and verified: no need for the network
-    made = missing_dirs(dest.parent)  # removed again, where empty, when the download fails
-    try:
+    with removing_made_dirs(dest.parent):  # where still empty: a .part that resumes keeps its folder
         return _download(url, dest, part, expected_size=expected_size, expected_sha256=expected_sha256,
                          retries=retries, timeout=timeout, progress=progress, overwrite=overwrite)
-    except BaseException:
-        remove_made_dirs(made)  # a .part that resumes keeps its folder
-        raise
 
 
 def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
