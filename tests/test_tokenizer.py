@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import lm.tokenizer.tokenizer as tokenizer_module
 from lm.tokenizer import Tokenizer, load_tokenizer_dir, save_tokenizer_dir, train_bpe
 from lm.tokenizer.byte_unicode import bytes_to_unicode_str, unicode_str_to_bytes
+from lm.tokenizer.pretokenize import GPT2_REGEX
 
 EOT = "<|endoftext|>"
 
@@ -450,6 +451,50 @@ def test_both_forms_of_bpe_equal_brute_force(small_tokenizer, gpt2, gpt2_ranks, 
         for threshold in (0, 1 << 30):  # the heap form on every word, then the list form on every word
             with mock.patch.object(tokenizer_module, "_LONG_WORD", threshold):
                 assert tok._bpe(data) == expected
+
+
+@st.composite
+def random_merges(draw) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """A byte-level vocab with merges of any two tokens in any order (not only those a trainer
+    would make: a merged token may also be made by a later pair, or take part in an earlier one)."""
+    vocab = {i: bytes([i]) for i in range(256)}
+    tokens, merges = [b"a", b"b", b"c"], []
+    for _ in range(draw(st.integers(0, 25))):
+        a, b = draw(st.sampled_from(tokens)), draw(st.sampled_from(tokens))
+        if (a, b) in merges:
+            continue
+        merges.append((a, b))
+        if a + b not in tokens:
+            tokens.append(a + b)
+            vocab[len(vocab)] = a + b
+    return vocab, merges
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_merges(), st.lists(st.text(alphabet="abc", min_size=1, max_size=40), min_size=1, max_size=60))
+def test_batch_bpe_equals_brute_force(merges, words):
+    """BatchBPE merges many words at once as rows of a matrix (one merge per row a round, shorter
+    words padded); each word's ids must be the textbook merge loop's, with every group batched."""
+    vocab, merges = merges
+    tok = Tokenizer(vocab, merges)
+    ranks = {pair: rank for rank, pair in reversed(list(enumerate(merges)))}
+    data = [w.encode() for w in words]
+    expected = [brute_force_bpe_word(tok, ranks, w) for w in data]
+    for min_rows in (1, 10**9):  # every group as a matrix, then every word alone
+        with mock.patch.object(tokenizer_module.BatchBPE, "_MIN_ROWS", min_rows):
+            tok._batch_bpe = None
+            flat, n_ids = tok._bpe_many(data)
+        assert n_ids.tolist() == [len(e) for e in expected]
+        assert flat.tolist() == [i for e in expected for i in e] and flat.dtype == np.uint32
+
+
+def test_batch_bpe_on_gpt2_words_equals_one_word_at_a_time(gpt2):
+    """The words of a real text, batched, against the per-word form (itself checked against brute force)."""
+    text = data_file("tinyshakespeare.txt").read_text(encoding="utf-8")[:300_000]
+    words = list(dict.fromkeys(w.encode() for w in GPT2_REGEX.findall(text)))
+    flat, n_ids = gpt2._bpe_many(words)
+    expected = [gpt2._bpe(w) for w in words]
+    assert n_ids.tolist() == [len(e) for e in expected] and flat.tolist() == [i for e in expected for i in e]
 
 
 def test_a_long_word_encodes_like_tiktoken_without_quadratic_time(gpt2, monkeypatch):

@@ -1,6 +1,8 @@
 """The vectorised fast path of encoding against the regex path it replaces on plain text."""
 
 import json
+import re
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ from helpers.data import data_file, gpt2_published_pattern
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lm.tokenizer.tokenizer as tokenizer_module
 import lm.tokenizer.vectorized as vz
 from lm.tokenizer import Tokenizer, train_bpe
 from lm.tokenizer.byte_unicode import unicode_str_to_bytes
@@ -138,13 +141,36 @@ def test_special_tokens_ending_in_a_space_encode_like_tiktoken(gpt2_space_ended,
 
 
 def test_a_hash_collision_falls_back_to_the_regex_path(tok, monkeypatch):
-    """With a hash that only sees the length, every word of one length collides: the check
-    against the stored bytes must catch it, and the ids must still be right."""
+    """With a hash that only sees the length, every long word (8 bytes or more) of one length
+    collides: the check against the stored bytes must catch it, and the ids must still be right."""
     fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
     monkeypatch.setattr(vz, "_HASH_TABLE", np.ones_like(vz._HASH_TABLE))
-    text = "cat dog pig cow. Tom ran far away, far far away.\n" * 3
+    text = "elephants giraffes. Tom ran far away, far far away.\n" * 3
     assert fresh._fast.encode(text.encode()) is None
     assert fresh.encode(text) == regex_path(tok, text)
+    # a long word whose hash meets a shorter stored word's (the length is checked before the bytes)
+    monkeypatch.setattr(vz, "_HASH_TABLE", np.zeros_like(vz._HASH_TABLE))
+    monkeypatch.setattr(vz, "_LEN_MIX", np.uint64(0))  # every long word's hash is the same
+    fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    text = "zz " + "y" * 5_000 + " " + "x" * 9
+    assert fresh._fast.encode(b" " + b"x" * 9) is not None
+    assert fresh._fast.encode(b" " + b"y" * 5_000) is None
+    assert fresh.encode(text) == regex_path(tok, text)
+
+
+def test_short_words_are_their_own_keys(tok):
+    """Pre-tokens of up to 7 bytes are keyed by their bytes and length, not hashed: words that
+    differ only in a NUL byte, its place or the length never share an entry."""
+    fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    words = ["a", "a\x00", "\x00a", "\x00", "\x00\x00", "aaaaaaa", "aaaaaab", "baaaaaa", "aaaaaaaa",
+             " Tom", " Tom\x00", "'s", "1990", "..."]
+    for w in words:
+        assert is_plain(w)
+    text = "".join(words * 3)
+    assert fresh._fast.encode(text.encode()).tolist() == regex_path(tok, text)
+    assert fresh._fast.encode(text.encode()).tolist() == regex_path(tok, text)  # all found this time
+    keys, hashed = vz._token_keys(np.frombuffer(b"ab\x00cdefghi", dtype=np.uint8), np.array([0, 2]), np.array([2, 8]))
+    assert keys[0] == 2 << 56 | ord("b") << 8 | ord("a") and hashed.tolist() == [1] and keys[1] >> 56 == 0xFF
 
 
 def letters(i: int) -> str:
@@ -158,7 +184,7 @@ def letters(i: int) -> str:
 def test_table_grows_and_starts_again_at_its_limit(tok):
     """A HashedEncoder built with a small limit (the tokenizer's own is 2^20 words)."""
     def table(limit):
-        return HashedEncoder(lambda word: tok.encode(word.decode("utf-8")), limit)
+        return HashedEncoder(tok._bpe_many, limit)
 
     def fast(encoder, text):
         ids = encoder.encode(text.encode())
@@ -185,3 +211,33 @@ def test_mixed_text_splits_into_plain_and_other_stretches(tok):
     assert {p for p, _, _ in stretches} == {True, False}
     assert "".join(text[a:b] for _, a, b in stretches) == text
     assert tok.encode(text) == regex_path(tok, text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(PLAIN, st.sampled_from(["é", "東京", "naïve\n", EOT, "<pad>", "\n"])), max_size=12),
+       st.integers(1, 40))
+def test_plain_text_in_small_blocks_equals_regex_path(tok, parts, block):
+    """Plain stretches go to the fast path joined into blocks (and long ones cut at safe cuts):
+    with tiny blocks every join and cut is exercised, and the ids must not change."""
+    fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    text = "".join(parts)
+    with mock.patch.object(tokenizer_module, "_FAST_BLOCK", block):
+        assert fresh.encode(text) == regex_path(tok, text)
+    stretches = list(plain_stretches(text, max_plain=block))
+    assert [s for s in stretches if not s[0]] == [s for s in plain_stretches(text) if not s[0]]
+    assert "".join(text[a:b] for _, a, b in stretches) == text
+    for plain, a, b in stretches:
+        if plain and b - a > block:  # no safe cut after its first `block` characters
+            assert re.search(r"(?<=[!-~])\n", text[a + block : b]) is None
+
+
+def test_encode_pieces_splits_the_ids_at_pre_token_starts(tok):
+    text = "One line.\nTwo words\nthree"
+    data = text.encode()
+    whole = tok._fast.encode(data).tolist()
+    pieces = tok._fast.encode_pieces(data, [9, 19])
+    assert [p.tolist() for p in pieces] == [regex_path(tok, text[:9]), regex_path(tok, text[9:19]),
+                                            regex_path(tok, text[19:])]
+    assert sum((p.tolist() for p in pieces), []) == whole
+    assert tok._fast.encode_pieces(data, [5]) is None  # inside the pre-token " line"
+    assert tok._fast.encode_pieces(data, [len(data)]) is None  # past the last pre-token's start

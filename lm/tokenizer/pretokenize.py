@@ -43,16 +43,28 @@ def is_plain(text: str) -> bool:
     return text.isascii() or _NON_ASCII.search(text) is None
 
 
-def plain_stretches(text: str) -> Iterator[tuple[bool, int, int]]:
+def plain_stretches(text: str, max_plain: int | None = None) -> Iterator[tuple[bool, int, int]]:
     r"""Cut ``text`` into stretches ``(plain, start, end)`` at safe cuts.
 
     A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``); the others
     hold the characters that only the Unicode pattern classifies correctly (short ASCII gaps
-    between them are kept with them, to keep the stretches few).
+    between them are kept with them, to keep the stretches few). With ``max_plain``, a plain
+    stretch longer than that is cut further, at the first safe cut after each ``max_plain``
+    characters (where there is one).
 
     >>> list(plain_stretches("Hello.\ncafé\nbye"))
     [(True, 0, 6), (False, 6, 15)]
     """
+    if max_plain is not None:
+        for plain, a, b in plain_stretches(text):
+            while plain and b - a > max_plain:
+                m = _SAFE_NEWLINE.search(text, a + max_plain, b)
+                if m is None:
+                    break
+                yield True, a, m.start()
+                a = m.start()
+            yield plain, a, b
+        return
     if is_plain(text):
         if text:
             yield True, 0, len(text)

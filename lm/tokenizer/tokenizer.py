@@ -31,7 +31,7 @@ from lm.tokenizer.pretokenize import (
     special_tokens_regex,
     split_on_special,
 )
-from lm.tokenizer.vectorized import HashedEncoder
+from lm.tokenizer.vectorized import BatchBPE, HashedEncoder
 
 # a character of a whitespace run, as the GPT-2 pattern's \s sees it
 _WHITESPACE = regex.compile(r"\s")
@@ -40,6 +40,9 @@ EOT = "<|endoftext|>"  # the end-of-text special token, as GPT-2's: documents en
 
 # Bound on cached pre-tokens, so that encoding an endless stream runs in constant memory.
 _CACHE_LIMIT = 1 << 20
+# Plain text goes to the vectorised path in blocks of about this many bytes: larger blocks batch
+# more new words, smaller ones keep its arrays in the CPU cache (about 1 MiB was fastest).
+_FAST_BLOCK = 1 << 20
 # encode_iterable emits ids once this much text has been buffered.
 _STREAM_BUFFER_CHARS = 1 << 16
 # the largest id a character can stand for (see Tokenizer._encode_chars)
@@ -176,7 +179,8 @@ class Tokenizer:
         # cache: pre-token -> its ids as a string of chr(id) (see _encode_chars)
         self._cache: dict[str, str] = {}
         # the fast path for plain text (see lm.tokenizer.vectorized), with its own cache
-        self._fast = HashedEncoder(self._bpe, _CACHE_LIMIT)
+        self._fast = HashedEncoder(self._bpe_many, _CACHE_LIMIT)
+        self._batch_bpe: BatchBPE | None = None  # made when first needed
         self._special_bytes_re = special_tokens_regex(self.special_tokens, as_bytes=True)
         # plain_stretches may cut before a newline, which must not fall inside a special token
         self._cut_stretches = not any("\n" in t for t in self.special_tokens)
@@ -253,6 +257,13 @@ class Tokenizer:
                 rank[i] = get(ids[i] << 32 | ids[i + 1], _NO_MERGE)
         return ids
 
+    def _bpe_many(self, words: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_bpe` of many pre-tokens at once (numpy, :class:`~lm.tokenizer.vectorized.BatchBPE`):
+        their ids, flat, and how many each has."""
+        if self._batch_bpe is None:
+            self._batch_bpe = BatchBPE(self._byte_ids, self._packed_ranks, self._bpe)
+        return self._batch_bpe(words)
+
     def _bpe_long(self, word: bytes) -> list[int]:
         """:meth:`_bpe` in O(n log n) for a long pre-token: the same merges in the same order.
 
@@ -305,7 +316,8 @@ class Tokenizer:
         """Encode text that holds no special tokens, as a string of ``chr(id)`` (see ``_encode_chars``).
 
         The pre-tokens are looked up in the cache with one ``map`` and joined with one
-        ``str.join``, both at C speed; only pre-tokens not seen before take a Python step.
+        ``str.join``, both at C speed; the ones not seen before go through the merges together
+        (:meth:`_bpe_many`) and join the cache.
         """
         words = pretokenize(text)
         pieces = list(map(self._cache.get, words))
@@ -316,17 +328,14 @@ class Tokenizer:
         cache = self._cache
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
-        i = pieces.index(None)
-        while True:
-            w = words[i]
-            p = cache.get(w)  # met earlier in this same text
-            if p is None:
-                p = cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
-            pieces[i] = p
-            try:
-                i = pieces.index(None, i + 1)
-            except ValueError:
-                return "".join(pieces)
+        new = list(dict.fromkeys(w for w, p in zip(words, pieces) if p is None))  # distinct, in order
+        flat, n_ids = self._bpe_many([w.encode("utf-8") for w in new])
+        chars = flat.tobytes().decode(_UTF32, "surrogatepass")
+        start = 0
+        for w, end in zip(new, np.cumsum(n_ids).tolist()):
+            cache[w] = chars[start:end]
+            start = end
+        return "".join([cache[w] if p is None else p for w, p in zip(words, pieces)])
 
     def _encode_chars(self, text: str) -> str:
         """The ids of ``text`` as a string whose characters are ``chr(id)``: the regex path.
@@ -355,28 +364,56 @@ class Tokenizer:
             return self._encode_valid(_replace_surrogates(text))
 
     def _encode_valid(self, text: str) -> np.ndarray:
-        """:meth:`_encode_array` of a text that UTF-8 can encode (else UnicodeEncodeError)."""
-        parts: list[np.ndarray] = []
+        """:meth:`_encode_array` of a text that UTF-8 can encode (else UnicodeEncodeError).
+
+        Plain stretches go to the vectorised path joined into blocks of about ``_FAST_BLOCK``
+        bytes: they begin and end at safe cuts (a newline after a printable character), so a
+        join is a safe cut too and each stretch's ids are the ones it has alone. A block's words
+        new to the cache go through the merges in one batch, and its arrays stay in cache.
+        """
         if self._cut_stretches:
-            stretches = plain_stretches(text)
+            stretches = list(plain_stretches(text, max_plain=_FAST_BLOCK))
         else:
             stretches = [(is_plain(text), 0, len(text))]
-        for plain, a, b in stretches:
-            piece = text[a:b]
-            ids = None
+        parts: list[np.ndarray | None] = [None] * len(stretches)
+        block: list[tuple[int, bytes]] = []  # (index in stretches, UTF-8)
+        held = 0
+        for k, (plain, a, b) in enumerate(stretches):
             if plain:
-                data = piece.encode("utf-8")
-                specials = []
-                if self._special_bytes_re is not None:
-                    specials = [(m.start(), m.end(), self.token_to_id[m.group()])
-                                for m in self._special_bytes_re.finditer(data)]
-                ids = self._fast.encode(data, specials)
-            if ids is None:
-                ids = np.frombuffer(self._encode_chars(piece).encode(_UTF32, "surrogatepass"), dtype=np.uint32)
-            parts.append(ids)
+                data = text[a:b].encode("utf-8")
+                block.append((k, data))
+                held += len(data)
+                if held < _FAST_BLOCK and k + 1 < len(stretches):
+                    continue
+            else:
+                parts[k] = self._encode_regex(text[a:b])
+            if block and (held >= _FAST_BLOCK or k + 1 == len(stretches)):
+                self._encode_block(text, stretches, block, parts)
+                block, held = [], 0
         if len(parts) == 1:
             return parts[0]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+
+    def _encode_block(self, text: str, stretches: list[tuple[bool, int, int]], block: list[tuple[int, bytes]],
+                      parts: list[np.ndarray | None]) -> None:
+        """Encode plain stretches joined (see :meth:`_encode_valid`) into their places in ``parts``."""
+        data = b"".join(d for _, d in block)
+        specials = []
+        if self._special_bytes_re is not None:
+            found = self._special_bytes_re.finditer(data)
+            specials = [(m.start(), m.end(), self.token_to_id[m.group()]) for m in found]
+        cuts = np.cumsum([len(d) for _, d in block[:-1]]).tolist()
+        pieces = self._fast.encode_pieces(data, cuts, specials)
+        for j, (k, _) in enumerate(block):
+            if pieces is not None:
+                parts[k] = pieces[j]
+            else:  # a hash collision
+                _, a, b = stretches[k]
+                parts[k] = self._encode_regex(text[a:b])
+
+    def _encode_regex(self, text: str) -> np.ndarray:
+        """The regex path's ids of ``text`` (:meth:`_encode_chars`) as native ``uint32``."""
+        return np.frombuffer(self._encode_chars(text).encode(_UTF32, "surrogatepass"), dtype=np.uint32)
 
     def encode(self, text: str) -> list[int]:
         """Encode a string into token ids; a lone surrogate (not valid Unicode text) encodes as U+FFFD."""

@@ -5,10 +5,12 @@ This is the fast path of :class:`lm.tokenizer.Tokenizer` for text whose characte
 common punctuation (``pretokenize._SAFE_NON_ASCII``), which is what English corpora mostly hold.
 On that text the GPT-2 pattern reduces to rules about classes of bytes — letters, digits, space,
 other whitespace, anything else — that numpy applies to a whole chunk at once
-(:func:`pretoken_starts`, tested equal to the regex). Each pre-token is then hashed from its bytes,
-looked up, and checked byte for byte against the word stored with the entry, so a hash collision
-cannot give wrong ids (the caller falls back to the regex path). Pre-tokens not yet in the table
-get their ids from the tokenizer's BPE, one Python call per distinct new word.
+(:func:`pretoken_starts`, tested equal to the regex). Each pre-token then gets a 64-bit key: a
+pre-token of up to 7 bytes (most words with their space) is its own key, its bytes and its length
+packed into one integer, read with one 8-byte load; a longer one is hashed from its bytes, and a
+hit is checked byte for byte against the word stored with the entry, so a hash collision cannot
+give wrong ids (the caller falls back to the regex path). Pre-tokens not yet in the table get
+their ids from the tokenizer's BPE, one Python call per distinct new word.
 """
 
 from __future__ import annotations
@@ -96,9 +98,17 @@ def _grow(a: np.ndarray, need: int) -> np.ndarray:
     return out
 
 
-# random 64-bit values per (position in the token mod 64, byte): a pre-token's hash is their sum
+# random 64-bit values per (position in the token mod 64, byte): a long pre-token's hash is their sum
 _HASH_TABLE = np.random.default_rng(0x6C6D).integers(1, 2**63, size=64 * 256, dtype=np.uint64)
 _LEN_MIX = np.uint64(0x9E3779B97F4A7C15)
+# pre-tokens of up to _EXACT bytes are their own keys: the bytes (little-endian) below bit 56 and
+# the length (1..7) above; hashed keys have the top byte 0xFF, so the two kinds never meet, and
+# no key is 0 (an empty slot)
+_EXACT = 7
+_LOW_BYTES = np.array([(1 << 8 * n) - 1 for n in range(_EXACT + 1)], dtype=np.uint64)
+_HASHED = np.uint64(0xFF << 56)
+_NO_MERGE = np.iinfo(np.int64).max  # BatchBPE's rank of a pair that has no merge
+_SLOT_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a key's slot is the top bits of key * this
 
 
 def _ranges(offsets: np.ndarray, lengths: np.ndarray, total: int) -> np.ndarray:
@@ -112,27 +122,47 @@ def _ranges(offsets: np.ndarray, lengths: np.ndarray, total: int) -> np.ndarray:
 
 
 def _hash_tokens(b: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A hash of each of the pre-tokens that tile ``b`` (they start at ``starts``), top byte 0xFF."""
     idx = _ranges(np.zeros(len(starts), dtype=np.intp), lengths, len(b))  # position in the token
     idx &= 63
     idx <<= 8
     idx |= b
     h = np.add.reduceat(_HASH_TABLE[idx], starts)
     h ^= lengths.astype(np.uint64) * _LEN_MIX
-    h |= np.uint64(1)  # 0 marks an empty slot
+    h |= _HASHED
     return h
+
+
+def _token_keys(b: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The key of each pre-token of ``b`` (see ``_EXACT``), and the indices of the hashed ones."""
+    n = len(b)
+    padded = np.zeros(n + 8, dtype=np.uint8)
+    padded[:n] = b
+    # the 8 bytes from each offset, one unaligned little-endian load each
+    words = np.ndarray((n,), dtype="<u8", buffer=padded, strides=(1,))
+    keys = words[starts]
+    short = lengths <= _EXACT
+    long = np.flatnonzero(~short)
+    lengths_u = lengths.astype(np.uint64)
+    keys &= _LOW_BYTES[np.minimum(lengths, _EXACT)]
+    keys |= lengths_u << np.uint64(56)
+    if long.size:
+        ll = lengths[long]
+        keys[long] = _hash_tokens(b[_ranges(starts[long], ll, int(ll.sum()))], np.cumsum(ll) - ll, ll)
+    return keys, long
 
 
 class HashedEncoder:
     """Maps pre-tokens to ids through a numpy hash table; grows by running ``bpe`` on new words.
 
     Args:
-        bpe: a pre-token's UTF-8 bytes -> its token ids.
+        bpe_many: pre-tokens' UTF-8 bytes -> their token ids, flat, and how many each has.
         limit: number of distinct pre-tokens after which the table starts again empty, so
             memory stays bounded on an endless stream.
     """
 
-    def __init__(self, bpe: Callable[[bytes], list[int]], limit: int):
-        self.bpe = bpe
+    def __init__(self, bpe_many: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]], limit: int):
+        self.bpe_many = bpe_many
         self.limit = limit
         self.clear()
 
@@ -148,13 +178,22 @@ class HashedEncoder:
         self.word_pool = np.zeros(1 << 16, dtype=np.uint8)
         self.ids_used = self.words_used = 0
 
+    def _slots(self, h: np.ndarray) -> np.ndarray:
+        bits = np.uint64(64 - (len(self.keys).bit_length() - 1))
+        return ((h * _SLOT_MIX) >> bits).astype(np.int64)
+
     def _find(self, h: np.ndarray) -> np.ndarray:
-        """Entry of each hash, or -1."""
+        """Entry of each key, or -1."""
         keys, mask = self.keys, len(self.keys) - 1
-        out = np.full(len(h), -1, dtype=np.int64)
-        todo = np.arange(len(h))
-        slot = (h >> np.uint64(17)).astype(np.int64) & mask
-        hh = h
+        slot = self._slots(h)
+        k = keys[slot]
+        out = self.slot_entry[slot]
+        hit = k == h
+        if hit.all():  # the common case: every key in its own slot
+            return out
+        out[~hit] = -1
+        todo = np.flatnonzero(~hit & (k != 0))  # the slot held another key: probe on
+        slot, hh = (slot[todo] + 1) & mask, h[todo]
         while todo.size:
             k = keys[slot]
             hit = k == hh
@@ -165,7 +204,7 @@ class HashedEncoder:
 
     def _insert_slots(self, h: np.ndarray, entries: np.ndarray) -> None:
         keys, mask = self.keys, len(self.keys) - 1
-        slot = (h >> np.uint64(17)).astype(np.int64) & mask
+        slot = self._slots(h)
         while h.size:
             # each free slot takes the first key that wants it; the others probe on
             free = keys[slot] == 0
@@ -179,10 +218,8 @@ class HashedEncoder:
 
     def _add(self, words: list[bytes], h: np.ndarray) -> None:
         """Add new pre-tokens (distinct, not in the table) with their hashes."""
-        ids = list(map(self.bpe, words))
-        n_ids = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat_ids, n_ids = self.bpe_many(words)
         n_bytes = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        flat_ids = np.fromiter((i for x in ids for i in x), dtype=np.uint32, count=int(n_ids.sum()))
         flat_words = np.frombuffer(b"".join(words), dtype=np.uint8)
         e0, e1 = self.entries, self.entries + len(words)
         for name in ("ids_off", "ids_len", "word_off", "word_len"):
@@ -214,9 +251,21 @@ class HashedEncoder:
 
         ``specials`` lists (start, end, id) of special tokens in ``data``, in order.
         """
+        pieces = self.encode_pieces(data, [], specials)
+        return None if pieces is None else pieces[0]
+
+    def encode_pieces(self, data: bytes, cuts: list[int],
+                      specials: list[tuple[int, int, int]] = ()) -> list[np.ndarray] | None:
+        """:meth:`encode`, the ids cut where the bytes are cut at ``cuts`` (increasing offsets, each
+        the start of a pre-token): ``len(cuts) + 1`` arrays. None on a hash collision, or where a
+        cut is not the start of a pre-token (the pieces would not be the ids of the byte ranges).
+
+        Several texts joined at safe cuts encode in one call this way, which is faster than one
+        call each: the words new to the table go through the merges in one batch.
+        """
         b = np.frombuffer(data, dtype=np.uint8)
         if len(b) == 0:
-            return np.zeros(0, dtype=np.uint32)
+            return [np.zeros(0, dtype=np.uint32) for _ in range(len(cuts) + 1)]
         mask = sp_starts = None
         if specials:
             mask = np.zeros(len(b), dtype=bool)
@@ -229,7 +278,7 @@ class HashedEncoder:
         if specials:
             is_special = np.zeros(len(starts), dtype=bool)
             is_special[np.searchsorted(starts, sp_starts)] = True
-        h = _hash_tokens(b, starts, lengths)
+        h, long = _token_keys(b, starts, lengths)
         entry = self._find(h)
         miss = entry < 0
         if is_special is not None:
@@ -245,19 +294,177 @@ class HashedEncoder:
             self._add([data[s : s + n] for s, n in zip(starts[at].tolist(), lengths[at].tolist())], new_h)
             entry[miss] = self._find(h[miss])
         if is_special is not None:
-            entry[is_special] = 0  # placeholder: checked and filled below
-        # check every pre-token against the bytes stored with its entry
-        same = self.word_pool[_ranges(self.word_off[entry], lengths, len(b))] == b
-        if is_special is not None:
-            same |= mask
-            lengths = np.where(is_special, self.word_len[entry], lengths)
-        if not same.all() or not np.array_equal(self.word_len[entry], lengths):
-            return None
+            entry[is_special] = 0  # placeholder: filled below
+            long = long[~is_special[long]]
+        # a hashed key may belong to another word: check the long pre-tokens against the stored
+        # bytes (lengths first, so that the bytes compared lie within the stored word)
+        if long.size:
+            ll, stored = lengths[long], entry[long]
+            if not np.array_equal(self.word_len[stored], ll):
+                return None
+            total = int(ll.sum())
+            if not np.array_equal(self.word_pool[_ranges(self.word_off[stored], ll, total)],
+                                  b[_ranges(starts[long], ll, total)]):
+                return None
         n_ids = self.ids_len[entry]
         if is_special is not None:
             n_ids[is_special] = 1
         ids = self.ids_pool[_ranges(self.ids_off[entry], n_ids, int(n_ids.sum()))]
+        if is_special is None and not cuts:
+            return [ids]
+        first_id = np.cumsum(n_ids) - n_ids
         if is_special is not None:
-            first_id = np.cumsum(n_ids) - n_ids
             ids[first_id[is_special]] = [i for _, _, i in specials]
-        return ids
+        if not cuts:
+            return [ids]
+        at = np.searchsorted(starts, cuts)
+        if (at >= len(starts)).any() or not np.array_equal(starts[at], cuts):
+            return None
+        return np.split(ids, first_id[at])
+
+
+def _joined(words: list[bytes], at: np.ndarray) -> np.ndarray:
+    """The bytes of ``words[i]`` for each ``i`` in ``at``, one after another."""
+    return np.frombuffer(b"".join([words[i] for i in at.tolist()]), dtype=np.uint8)
+
+
+class BatchBPE:
+    """The merges applied to many pre-tokens at once, with numpy: the same ids as applying them
+    to each alone (repeatedly merge the leftmost adjacent pair of lowest rank).
+
+    Words of similar length go through together as the rows of a matrix of ids. Every row that
+    can still merge does so once per round (at its leftmost pair of lowest rank: ``argmin``
+    takes the first of equal values), so all the matrix's rows shrink by one column a round;
+    a row that can merge no more leaves. Shorter words are padded with -1, which pairs with
+    nothing. Groups too small to repay numpy's per-call cost, and the longest words, go to
+    ``bpe_one``, the plain Python form.
+
+    Args:
+        byte_ids: the id of each byte (256 ints).
+        ranks: ``left id << 32 | right id`` -> ``rank << 32 | merged id`` for every merge.
+        bpe_one: one pre-token's bytes -> its ids.
+        max_len: longer pre-tokens go to ``bpe_one``.
+    """
+
+    _GROUPS = ((2, 4), (5, 8), (9, 16), (17, 32))  # lengths padded to the group's largest
+    _MIN_ROWS = 256  # smaller groups go to bpe_one: below about this, numpy's per-call cost outweighs
+
+    def __init__(self, byte_ids: list[int], ranks: dict[int, int], bpe_one: Callable[[bytes], list[int]],
+                 max_len: int = 32):
+        self.byte_ids = np.array(byte_ids, dtype=np.int64)
+        keys = np.fromiter(ranks.keys(), dtype=np.int64, count=len(ranks))
+        vals = np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
+        # the pairs in an open-addressing table at most 1/4 full (-1: an empty slot), so that
+        # most lookups take one probe
+        size = 1 << max(4, (4 * len(keys)).bit_length())
+        self._shift = np.uint64(64 - (size.bit_length() - 1))
+        self.keys = np.full(size, -1, dtype=np.int64)
+        self.vals = np.full(size, _NO_MERGE, dtype=np.int64)
+        slot = self._slots(keys)
+        while keys.size:  # each free slot takes the first key that wants it; the others probe on
+            free = self.keys[slot] == -1
+            _, first = np.unique(slot[free], return_index=True)
+            take = np.flatnonzero(free)[first]
+            self.keys[slot[take]], self.vals[slot[take]] = keys[take], vals[take]
+            rest = np.ones(len(keys), dtype=bool)
+            rest[take] = False
+            keys, vals, slot = keys[rest], vals[rest], (slot[rest] + 1) & (size - 1)
+        self.bpe_one = bpe_one
+        self.max_len = max_len
+
+    def _slots(self, q: np.ndarray) -> np.ndarray:
+        return ((q.astype(np.uint64) * _SLOT_MIX) >> self._shift).astype(np.int64)
+
+    def _rank(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """``rank << 32 | merged id`` of each pair, or ``_NO_MERGE``; a -1 (padding) pairs with nothing."""
+        q = left << 32 | right
+        q[(left < 0) | (right < 0)] = -2  # no key
+        shape, q = q.shape, q.reshape(-1)
+        slot = self._slots(q)
+        k = self.keys[slot]
+        out = self.vals[slot]
+        hit = k == q
+        if hit.all():
+            return out.reshape(shape)
+        out[~hit] = _NO_MERGE
+        todo = np.flatnonzero(~hit & (k != -1))  # the slot holds another pair: probe on
+        mask = len(self.keys) - 1
+        while todo.size:
+            slot[todo] = (slot[todo] + 1) & mask
+            k = self.keys[slot[todo]]
+            hit = k == q[todo]
+            out[todo[hit]] = self.vals[slot[todo[hit]]]
+            todo = todo[~hit & (k != -1)]
+        return out.reshape(shape)
+
+    def __call__(self, words: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of every word, flat (``uint32``), and how many each word has."""
+        n_words = len(words)
+        lengths = np.fromiter(map(len, words), dtype=np.int64, count=n_words)
+        done: list[tuple[np.ndarray, np.ndarray]] = []  # (word indices, their ids as matrix rows)
+        n_ids = lengths.copy()
+        alone = np.ones(n_words, dtype=bool)
+        one = lengths == 1
+        if one.any():
+            at = np.flatnonzero(one)
+            done.append((at, self.byte_ids[_joined(words, at)][:, None]))
+            alone[at] = False
+        for lo, hi in self._GROUPS:
+            if hi > self.max_len:
+                break
+            at = np.flatnonzero((lengths >= lo) & (lengths <= hi))
+            if len(at) < self._MIN_ROWS:
+                continue
+            alone[at] = False
+            self._group(words, at, lengths[at], hi, done, n_ids)
+        rest = np.flatnonzero(alone).tolist()
+        rest_ids = [self.bpe_one(words[i]) for i in rest]
+        for i, ids in zip(rest, rest_ids):
+            n_ids[i] = len(ids)
+        offsets = np.cumsum(n_ids) - n_ids
+        flat = np.empty(int(n_ids.sum()), dtype=np.uint32)
+        for at, mat in done:
+            real = mat >= 0  # a row's padding (-1) follows its ids
+            flat[(offsets[at][:, None] + np.arange(mat.shape[1]))[real]] = mat[real]
+        if rest:
+            flat[_ranges(offsets[rest], n_ids[rest], int(n_ids[rest].sum()))] = [i for ids in rest_ids for i in ids]
+        return flat, n_ids
+
+    def _group(self, words: list[bytes], at: np.ndarray, lengths: np.ndarray, width: int,
+               done: list[tuple[np.ndarray, np.ndarray]], n_ids: np.ndarray) -> None:
+        """Merge the words ``at`` (of ``lengths``, at most ``width``) to the end; record their ids."""
+        raw = np.zeros((len(at), width), dtype=np.uint8)
+        raw[np.arange(width) < lengths[:, None]] = _joined(words, at)
+        ids = self.byte_ids[raw]
+        ids[np.arange(width) >= lengths[:, None]] = -1
+        rank = self._rank(ids[:, :-1], ids[:, 1:])
+        real = lengths.copy()  # symbols per row
+        while True:
+            rows = np.arange(len(at))
+            if rank.shape[1]:
+                pos = rank.argmin(axis=1)
+                best = rank[rows, pos]
+                finished = best == _NO_MERGE
+            else:  # one symbol left in every row
+                finished = np.ones(len(at), dtype=bool)
+            if finished.any():
+                f = np.flatnonzero(finished)
+                n_ids[at[f]] = real[f]
+                done.append((at[f], ids[f]))  # with their padding (-1)
+                if f.size == len(at):
+                    return
+                keep = np.flatnonzero(~finished)
+                at, ids, rank, pos, best, real = at[keep], ids[keep], rank[keep], pos[keep], best[keep], real[keep]
+                rows = np.arange(len(at))
+            # merge each row's pair at pos: drop column pos + 1 of ids and column pos of rank
+            w = ids.shape[1]
+            ids[rows, pos] = best & 0xFFFFFFFF
+            cols = np.arange(w - 1)
+            ids = np.take_along_axis(ids, cols + (cols > pos[:, None]), axis=1)
+            rank = np.take_along_axis(rank, cols[:-1] + (cols[:-1] >= pos[:, None]), axis=1)
+            real -= 1
+            # the pairs on either side of the merged symbol are new
+            r, p = rows[pos > 0], pos[pos > 0]
+            rank[r, p - 1] = self._rank(ids[r, p - 1], ids[r, p])
+            r, p = rows[pos < w - 2], pos[pos < w - 2]
+            rank[r, p] = self._rank(ids[r, p], ids[r, p + 1])
