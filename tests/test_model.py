@@ -15,7 +15,7 @@ from helpers.model_reference import half_to_interleaved, transformer_lm_ref
 
 from lm.export import to_llama_state_dict, to_transformers
 from lm.export.hf import interleaved_to_half as lm_interleaved_to_half
-from lm.model import ModelConfig, TransformerLM
+from lm.model import ModelConfig, TransformerLM, sinusoidal_table
 from lm.nn import cross_entropy
 
 FIXTURE = Path(__file__).parent / "fixtures" / "model_small.safetensors"
@@ -254,6 +254,60 @@ def test_token_positions_are_checked_like_ids(positions):
     assert trusted.reads == []
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope"])
+def test_out_of_range_positions_raise_under_trusted_ids(positions):
+    """Unchecked (trusted_ids), position -1 must not read the table's last row: the sinusoidal
+    table was indexed with [] (the logits of position 15); every table now gathers by
+    index_select, which raises, as the learned and RoPE tables did, with no host read."""
+    model = small_model(positions=positions).eval()
+    ids = torch.tensor([[5, 9]])
+    with model.trusted_ids():
+        for bad in ([[0, -1]], [[0, 16]]):
+            with pytest.raises(IndexError, match="index out of range in self"):
+                model(ids, torch.tensor(bad))
+        with HostReads() as reads:
+            model(ids, torch.tensor([[0, 15]]))
+    assert reads.reads == []
+
+
+def test_id_dtypes_are_read_or_refused_by_name():
+    """int8 is an integer dtype (it was refused as "not an integer tensor") and gives the int64
+    logits; uint16, uint32 and uint64 have no min/max in torch (uint16 targets raised a bare
+    NotImplementedError): refused, naming the argument and the dtype."""
+    model = small_model(positions="learned")
+    ids = torch.tensor([[5, 9, 3]])
+    logits = model(ids)
+    torch.testing.assert_close(model(ids.to(torch.int8), torch.arange(3, dtype=torch.int8)), logits, atol=0, rtol=0)
+    torch.testing.assert_close(model.loss(ids.to(torch.int8), ids.to(torch.int8)), model.loss(ids, ids), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"^ids must be in \[0, vocab_size=64\), got id -1$"):
+        model(torch.tensor([[5, -1]], dtype=torch.int8))
+    for dtype in (torch.uint16, torch.uint32, torch.uint64):
+        message = rf"dtype {dtype} is not supported; use int64 \(long\) or int32$"
+        for kind in (ValueError, TypeError):
+            with pytest.raises(kind, match=f"^ids: {message}"):
+                model(ids.to(dtype))
+            with pytest.raises(kind, match=f"^token_positions: {message}"):
+                model(ids, torch.arange(3).to(dtype))
+            with pytest.raises(kind, match=f"^targets: {message}"):
+                model.loss(ids, ids.to(dtype))
+
+
+def test_an_empty_sequence_gives_empty_logits_on_both_attention_impls():
+    """attn_impl changes no result: the einsum path raised IndexError on zero keys, sdpa gave (1, 0, vocab)."""
+    for impl in ("einsum", "sdpa"):
+        assert small_model(attn_impl=impl)(torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0, 64)
+
+
+def test_sinusoidal_table_refuses_an_odd_width():
+    """An odd d_model gave d_model + 1 columns (the configs refuse it; the public function did not)."""
+    assert sinusoidal_table(4, 8).shape == (4, 8)
+    with pytest.raises(ValueError, match=r"^d_model must be even for sinusoidal positions, got d_model=7$"):
+        sinusoidal_table(4, 7)
+    with pytest.raises(ValueError, match=r"^num_positions must be >= 0, got num_positions=-1$"):
+        sinusoidal_table(-1, 4)
+    assert sinusoidal_table(0, 4).shape == (0, 4)
+
+
 @pytest.mark.parametrize("variant", [{}, {"positions": "learned"}, {"norm_placement": "post"}])
 def test_causality(variant):
     model = small_model(**variant)
@@ -277,7 +331,9 @@ def test_parameter_counts_and_flops():
     assert model.flops_per_token(seq_len=1) == 2 * matmul + 4 * 2 * 64
     tied = TransformerLM(1000, 128, 64, 2, 4, 192, tie_embeddings=True, positions="learned")
     assert tied.num_parameters() == emb + 2 * per_layer + 64 + 128 * 64
-    assert tied.num_parameters(include_embeddings=False) == 2 * per_layer + 64
+    # The tied matrix counts once, as the output projection flops_per_token counts (nanoGPT's
+    # get_num_params, and EncoderDecoder's): only the learned position table is left out.
+    assert tied.num_parameters(include_embeddings=False) == 2 * per_layer + head
     assert model.estimate_mfu(1000.0, 1e12) == pytest.approx(3 * model.flops_per_token() * 1000 / 1e12)
 
 

@@ -184,6 +184,86 @@ def test_sdpa_causal_aligned_to_end_of_keys(impl):
     torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True, impl=impl), expected)
 
 
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+def test_sdpa_with_no_keys_gives_torchs_zeros(impl):
+    """Zero keys (an empty source or prompt): the einsum path's softmax took the max of an empty
+    row (IndexError); torch's kernel gives zeros, and so must both impls."""
+    q = torch.randn(1, 2, 3, 8, requires_grad=True)
+    k, v = torch.randn(1, 2, 0, 8), torch.randn(1, 2, 0, 6)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    assert expected.shape == (1, 2, 3, 6) and not expected.any()
+    for mask, causal in ((None, False), (None, True), (torch.ones(3, 0, dtype=torch.bool), False)):
+        out = scaled_dot_product_attention(q, k, v, mask, is_causal=causal, impl=impl)
+        torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    assert not grad.any()
+    assert softmax(torch.randn(3, 0), -1).shape == torch.softmax(torch.randn(3, 0), -1).shape == (3, 0)
+
+
+def test_attention_with_a_kv_cache_needs_token_positions_for_rope():
+    """Without token_positions a cached layer rotated the second chunk as positions 0, 1, ...
+    (0.83 off the full forward); now it must be told them, and with them chunks equal the full
+    forward. Without RoPE positions do not matter."""
+
+    class Cat:  # the smallest LayerKVCache: every key and value so far
+        def __init__(self):
+            self.k = self.v = None
+
+        def update(self, k, v):
+            self.k = k if self.k is None else torch.cat((self.k, k), -2)
+            self.v = v if self.v is None else torch.cat((self.v, v), -2)
+            return self.k, self.v, None
+
+    x = torch.randn(1, 6, 16)
+    for rope in (RotaryEmbedding(10000.0, 8, 32), None):
+        attn = MultiHeadSelfAttention(16, 2, rope)
+        full, cache = attn(x), Cat()
+        chunks = [attn(x[:, :4], torch.arange(4), kv_cache=cache), attn(x[:, 4:], torch.arange(4, 6), kv_cache=cache)]
+        torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-6, rtol=1e-6)
+        if rope is None:
+            cache = Cat()
+            chunks = [attn(x[:, :4], kv_cache=cache), attn(x[:, 4:], kv_cache=cache)]
+            torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-6, rtol=1e-6)
+        else:
+            message = ("token_positions is required with kv_cache and RoPE: the positions of the new tokens, "
+                       "after the cached ones")
+            with pytest.raises(ValueError, match=f"^{message}$"):
+                attn(x[:, 4:], kv_cache=Cat())
+
+
+def test_cross_attention_without_context_or_cached_keys_raises():
+    """A cross_cache with nothing under the layer and no context: self.k_proj(None) failed deep in
+    einops ("Tensor type unknown to einops")."""
+
+    class Cross:
+        def __init__(self):
+            self.kv = {}
+
+        def get(self, layer):
+            return self.kv.get(layer)
+
+        def put(self, layer, k, v):
+            self.kv[layer] = (k, v)
+
+    attn, x, memory = lm.nn.MultiHeadAttention(16, 2, causal=False), torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    cache = Cross()
+    with pytest.raises(ValueError, match=r"^context \(the memory\) is required: cross_cache holds no keys and "
+                                         r"values for layer 1 yet$"):
+        attn(x, cross_cache=cache, layer=1)
+    first = attn(x, context=memory, cross_cache=cache, layer=1)
+    torch.testing.assert_close(attn(x, cross_cache=cache, layer=1), first, atol=0, rtol=0)  # then it may be None
+    torch.testing.assert_close(attn(x, context=memory), first, atol=0, rtol=0)
+
+
+def test_decoder_block_without_memory_or_a_cross_cache_raises():
+    """memory=None and no cross_cache ran cross-attention over the target itself, with no error."""
+    block = lm.nn.DecoderBlock(16, 2, 32)
+    x, memory = torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    with pytest.raises(ValueError, match=r"^memory is required unless cross_cache holds the memory's keys and values$"):
+        block(x, None)
+    assert block(x, memory).shape == x.shape
+
+
 def test_sdpa_large_scores_are_stable():
     q = torch.randn(1, 4, 16) * 100
     k = torch.randn(1, 4, 16) * 100

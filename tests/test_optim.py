@@ -173,18 +173,27 @@ def test_adamw_defaults_and_argument_checks():
     assert AdamW(params).defaults == {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
     for ok in (dict(lr=0.0), dict(betas=(0.0, 0.0)), dict(eps=0.0), dict(weight_decay=0.0)):
         AdamW(params, **ok)  # the edges of each range are allowed
+    nan = float("nan")  # fails `< 0` as every comparison, so it was accepted and made every parameter NaN
     bad = [
-        (dict(lr=-1e-3), "invalid learning rate: -0.001"),
-        (dict(betas=(1.0, 0.9)), r"invalid betas: \(1.0, 0.9\)"),
-        (dict(betas=(0.9, 1.0)), r"invalid betas: \(0.9, 1.0\)"),
-        (dict(betas=(-0.1, 0.9)), "invalid betas"),
-        (dict(betas=(0.9, -0.1)), "invalid betas"),
-        (dict(eps=-1e-8), "invalid eps: -1e-08"),
-        (dict(weight_decay=-0.1), "invalid weight_decay: -0.1"),
+        (dict(lr=-1e-3), "lr must be >= 0, got -0.001"),
+        (dict(lr=nan), "lr must be >= 0, got nan"),
+        (dict(betas=(1.0, 0.9)), r"betas must each be in \[0, 1\), got \(1.0, 0.9\)"),
+        (dict(betas=(0.9, 1.0)), r"betas must each be in \[0, 1\), got \(0.9, 1.0\)"),
+        (dict(betas=(-0.1, 0.9)), r"betas must each be in \[0, 1\), got \(-0.1, 0.9\)"),
+        (dict(betas=(0.9, -0.1)), r"betas must each be in \[0, 1\), got \(0.9, -0.1\)"),
+        (dict(betas=(nan, 0.999)), r"betas must each be in \[0, 1\), got \(nan, 0.999\)"),
+        (dict(betas=(0.9, nan)), r"betas must each be in \[0, 1\), got \(0.9, nan\)"),
+        (dict(eps=-1e-8), "eps must be >= 0, got -1e-08"),
+        (dict(eps=nan), "eps must be >= 0, got nan"),
+        (dict(weight_decay=-0.1), "weight_decay must be >= 0, got -0.1"),
+        (dict(weight_decay=nan), "weight_decay must be >= 0, got nan"),
     ]
     for kwargs, match in bad:
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match=f"^{match}$"):
             AdamW(params, **kwargs)
+        with pytest.raises(ValueError):  # torch refuses the same
+            torch.optim.AdamW(params, **kwargs)
+    AdamW(params, lr=float("inf"))  # as torch, which accepts it too
 
 
 @pytest.mark.parametrize("fused", [None, False])  # the default (fused on CPU), and the foreach kernels

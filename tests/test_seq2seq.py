@@ -246,6 +246,9 @@ def test_config_round_trip_and_the_architecture_key():
     ({"bos_id": True}, "bos_id must be an id"),
     ({"norm_eps": -1.0}, "norm_eps must be a finite number > 0"),
     ({"norm_eps": 0.0}, "norm_eps"),
+    ({"embed_scale": "no"}, r"^embed_scale must be a bool, got 'no'$"),  # truthy: it scaled
+    ({"embed_scale": 0}, r"^embed_scale must be a bool, got 0$"),
+    ({"embed_scale": None}, r"^embed_scale must be a bool, got None$"),
 ])
 def test_bad_config_raises(kwargs, match):
     """An <eos> sharing an id with <pad> or <bos> would never end a target (their logits are -inf);
@@ -288,6 +291,58 @@ def test_ids_are_checked_like_the_decoder_only_model():
     assert decoding.reads == ["tolist"] * len(out[0])  # the chosen ids, a list a step
     with pytest.raises(ValueError, match=r"source 0: id 53 is outside \[0, vocab_size=53\)"):
         greedy_decode(model, [[5, 53]])
+
+
+def test_decode_without_memory_or_a_cache_holding_it_raises():
+    """decode(tgt, None) ran every cross-attention as non-causal self-attention over the target
+    (position 0 saw target token 2); with a fresh cache it failed deep in einops. Once a cache
+    holds the memory's keys and values, None is what incremental decoding passes."""
+    model = build_model(_config()).eval()
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])
+    with pytest.raises(ValueError, match=r"^memory is required unless cache already holds the memory's keys and "
+                                         r"values$"):
+        model.decode(tgt, None)
+    with pytest.raises(ValueError, match=r"^context \(the memory\) is required: cross_cache holds no keys"):
+        model.decode(tgt, None, cache=model.new_cache(1))
+    memory = model.encode(src)
+    full = model.decode(tgt, memory)
+    cache = model.new_cache(1)
+    steps = [model.decode(tgt[:, :1], memory, cache=cache), model.decode(tgt[:, 1:], None, cache=cache)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_id_dtypes_and_out_of_range_positions():
+    """int8 ids are read (they were refused as "not an integer tensor"); uint16 is refused by name.
+    The sinusoidal table is gathered by index_select: position -1 raises instead of reading the
+    last row, as the learned table does."""
+    model = build_model(_config()).eval()
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 8, 9]])
+    expected = model(src, tgt)
+    torch.testing.assert_close(model(src.to(torch.int8), tgt.to(torch.int8)), expected, atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"^src: dtype torch.uint16 is not supported; use int64 \(long\) or int32$"):
+        model.encode(src.to(torch.uint16))
+    with pytest.raises(ValueError, match=r"^tgt: dtype torch.uint32 is not supported"):
+        model.decode(tgt.to(torch.uint32), model.encode(src))
+    for positions in ("sinusoidal", "learned"):
+        model = build_model(_config(positions=positions)).eval()
+        torch.testing.assert_close(model.embed(tgt, "tgt", torch.tensor([21, 22, 23])),
+                                   model.embed(tgt, "tgt", torch.arange(24)[-3:]), atol=0, rtol=0)
+        with pytest.raises(IndexError, match="index out of range in self"):
+            model.embed(tgt, "tgt", torch.tensor([0, 1, -1]))
+
+
+def test_non_embedding_parameters_keep_the_output_projection():
+    """As TransformerLM's (and nanoGPT's get_num_params): lookups (untied embeddings, learned
+    positions) are left out, the output projection counts, a tied matrix once as that."""
+    d, v, s = 32, 53, 24
+    for tie in (True, False):
+        for positions in ("sinusoidal", "learned"):
+            model = build_model(_config(tie_embeddings=tie, positions=positions))
+            lookups = (0 if tie else 2 * v * d) + (2 * s * d if positions == "learned" else 0)
+            assert model.num_parameters(include_embeddings=False) == model.num_parameters() - lookups
+            assert model.num_parameters() == sum(p.numel() for p in model.parameters())
+            if tie:
+                assert model.num_parameters(include_embeddings=False) >= v * d
 
 
 @pytest.mark.parametrize("positions", ["learned", "rope", "none"])

@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.model.config import ConfigIO, check_architecture
-from lm.model.transformer import INDEX_DTYPES, check_range, sinusoidal_table
+from lm.model.transformer import check_index_dtype, check_range, sinusoidal_table
 from lm.nn import (
     DecoderBlock,
     Embedding,
@@ -38,7 +38,7 @@ from lm.nn import (
 from lm.nn.attention import DEFAULT_ATTN_IMPL
 from lm.nn.block import make_norm
 from lm.nn.choices import check_choice
-from lm.nn.functional import IntegerDtypeError, is_compiling, linear
+from lm.nn.functional import index_rows, is_compiling, linear
 
 IGNORE = -100  # the target of a padding position: left out of the loss
 
@@ -75,6 +75,8 @@ class Seq2SeqConfig(ConfigIO):
                                   "num_heads"))
         if self.architecture != "encoder_decoder":
             raise ValueError(f"architecture must be 'encoder_decoder' for this config, got {self.architecture!r}")
+        if not isinstance(self.embed_scale, bool):  # "no" would be truthy and scale the embeddings
+            raise ValueError(f"embed_scale must be a bool, got {self.embed_scale!r}")
         for name in ("dropout", "label_smoothing"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
@@ -207,14 +209,13 @@ class EncoderDecoder(torch.nn.Module):
         if cfg.embed_scale:
             x = x * math.sqrt(cfg.d_model)
         if cfg.positions == "sinusoidal":
-            x = x + self.position_table[positions].to(x.dtype)
+            x = x + index_rows(self.position_table, positions).to(x.dtype)  # table[-1] would read the last row
         elif cfg.positions == "learned":
             x = x + getattr(self, f"{side}_positions")(positions)
         return dropout(x, cfg.dropout, self.training)
 
     def _check(self, ids: Tensor, name: str, what: str, offset: int = 0) -> None:
-        if ids.dtype not in INDEX_DTYPES:
-            raise IntegerDtypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+        check_index_dtype(name, ids)
         if ids.shape[-1] + offset > self.config.context_length:
             length = ids.shape[-1] + offset
             raise ValueError(f"{what} length {length} exceeds context_length={self.config.context_length}")
@@ -249,6 +250,8 @@ class EncoderDecoder(torch.nn.Module):
         :class:`lm.generate.StaticSeq2SeqCache` holds them from the start, every row at its own
         position.
         """
+        if memory is None and cache is None:  # cross-attention would attend over the target instead
+            raise ValueError("memory is required unless cache already holds the memory's keys and values")
         # Compiled, a cache's length (a Python int) would recompile the graph at every step: the
         # compiled caller (lm.generate.DecodeStep) checks it instead.
         offset = 0 if cache is None or is_compiling() else cache.length

@@ -12,17 +12,31 @@ from torch import Tensor
 from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
 from lm.nn.block import make_norm
-from lm.nn.functional import IntegerDtypeError, check_integer_dtype, is_compiling
+from lm.nn.functional import IntegerDtypeError, check_integer_dtype, index_rows, is_compiling
 
 
 def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
     """Vaswani et al.: ``PE[p, 2i] = sin(p / 10000^(2i/d))``, ``PE[p, 2i+1] = cos(...)``."""
+    if d_model % 2 != 0:  # the sin/cos pairs would give d_model + 1 columns
+        raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={d_model}")
+    if num_positions < 0:
+        raise ValueError(f"num_positions must be >= 0, got num_positions={num_positions}")
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()
 
 
-INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+# The integer dtypes whose range can be read (min/max) and that index (index_select after .long()):
+# torch's uint16, uint32 and uint64 have neither min nor max.
+INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_index_dtype(name: str, values: Tensor) -> None:
+    """Refuse ids (or targets, positions) that are not integers, or of an integer dtype the
+    models cannot read, naming the argument and the dtype."""
+    check_integer_dtype(name, values)  # floats and bools: "must be an integer tensor"
+    if values.dtype not in INDEX_DTYPES:
+        raise IntegerDtypeError(f"{name}: dtype {values.dtype} is not supported; use int64 (long) or int32")
 
 
 def check_range(values: Tensor, name: str, bound_name: str, bound: int, what: str) -> None:
@@ -180,7 +194,7 @@ class TransformerLM(torch.nn.Module):
         if targets.shape != ids.shape:
             raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
         if self.validate_ids and not is_compiling():  # skipped with the ids' check: no device sync
-            check_integer_dtype("targets", targets)  # before reading a float's range as ids
+            check_index_dtype("targets", targets)  # before reading a float's range as ids
             check_range(targets, "targets", "vocab_size", self.config.vocab_size, "target")
         return linear_cross_entropy(self.hidden_states(ids, token_positions), self.lm_head.weight, targets)
 
@@ -203,7 +217,8 @@ class TransformerLM(torch.nn.Module):
         if self.config.positions == "learned":
             x = x + self.position_embeddings(token_positions)
         elif self.config.positions == "sinusoidal":
-            x = x + self.position_table[token_positions].to(x.dtype)
+            # index_rows, as the learned and RoPE tables: table[-1] would read the last row.
+            x = x + index_rows(self.position_table, token_positions).to(x.dtype)
         x = dropout(x, self.config.dropout, self.training)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, None if kv_cache is None else kv_cache.layer(i))
@@ -212,12 +227,10 @@ class TransformerLM(torch.nn.Module):
         return self.ln_final(x)
 
     def _check_input(self, ids: Tensor, kv_cache, token_positions: Tensor | None = None) -> None:
-        if ids.dtype not in INDEX_DTYPES:
-            raise IntegerDtypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+        check_index_dtype("ids", ids)
         seq = ids.shape[-1]
         if token_positions is not None:
-            if token_positions.dtype not in INDEX_DTYPES:
-                raise IntegerDtypeError(f"token_positions must be an integer tensor, got dtype {token_positions.dtype}")
+            check_index_dtype("token_positions", token_positions)
             if token_positions.ndim == 0 or token_positions.shape[-1] != seq:
                 raise ValueError(f"token_positions must end in the sequence dimension of ids ({seq}), "
                                  f"got shape {tuple(token_positions.shape)}")
@@ -242,11 +255,13 @@ class TransformerLM(torch.nn.Module):
     # -- accounting --------------------------------------------------------------------
     def num_parameters(self, include_embeddings: bool = True) -> int:
         """Unique parameters (``parameters()`` yields a tied tensor once). ``include_embeddings=False``
-        leaves out the token and learned position embedding tables (lookups, no FLOPs); an untied
-        ``lm_head`` counts as a matmul."""
+        leaves out the token and learned position embedding tables (lookups, no FLOPs); ``lm_head``
+        counts as a matmul, a tied matrix once, as the output projection (as nanoGPT's
+        ``get_num_params``): the matrices :meth:`flops_per_token` counts, plus the norms' gains."""
         excluded = set()
         if not include_embeddings:
-            excluded.add(id(self.token_embeddings.weight))
+            if not self.config.tie_embeddings:
+                excluded.add(id(self.token_embeddings.weight))
             if hasattr(self, "position_embeddings"):
                 excluded.add(id(self.position_embeddings.weight))
         return sum(p.numel() for p in self.parameters() if id(p) not in excluded)

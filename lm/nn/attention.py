@@ -98,13 +98,17 @@ class MultiHeadAttention(torch.nn.Module):
     ) -> Float[Tensor, "... seq d_model"]:
         """Self-attention over ``x`` (with ``kv_cache``: over everything cached so far too), or
         cross-attention to ``context``, whose projected keys and values ``cross_cache`` keeps
-        under ``layer`` after the first call."""
+        under ``layer`` after the first call. With RoPE and a ``kv_cache``, ``token_positions`` is
+        required: the cache does not say where the new tokens start."""
         # Three matmuls on the separate weights: one q/k/v matmul would copy (concatenate) the
         # weights at every call (slower on CPU, docs/benchmarks.md).
         q = self._heads(self.q_proj(x))
         if context is not None or cross_cache is not None:
             kv = cross_cache.get(layer) if cross_cache is not None else None
             if kv is None:
+                if context is None:  # self.k_proj(None) would fail deep in einops
+                    raise ValueError(f"context (the memory) is required: cross_cache holds no keys and values "
+                                     f"for layer {layer} yet")
                 kv = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
                 if cross_cache is not None:
                     cross_cache.put(layer, *kv)
@@ -113,6 +117,9 @@ class MultiHeadAttention(torch.nn.Module):
             return self.output_proj(rearrange(out, "... h seq d -> ... seq (h d)"))
         k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         if self.rope is not None:
+            if token_positions is None and kv_cache is not None:  # arange would rotate them as 0, 1, ...
+                raise ValueError("token_positions is required with kv_cache and RoPE: the positions of the new "
+                                 "tokens, after the cached ones")
             if token_positions is None:
                 token_positions = torch.arange(x.shape[-2], device=x.device)
             positions = rearrange(token_positions, "... seq -> ... 1 seq")  # the same for every head

@@ -142,6 +142,8 @@ class DecoderBlock(torch.nn.Module):
     ) -> Float[Tensor, "... seq d_model"]:
         """``memory_mask``/``tgt_mask``: ``True`` = a real token. With ``cross_cache`` the keys and
         values of ``memory`` are projected once and reused (``memory`` may then be None)."""
+        if memory is None and cross_cache is None:  # cross-attention would attend over x itself
+            raise ValueError("memory is required unless cross_cache holds the memory's keys and values")
         p, training = self.dropout, self.training
 
         def self_attn(h: Tensor) -> Tensor:

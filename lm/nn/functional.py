@@ -77,6 +77,11 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, empty_is_zero: bool) -> Tensor:
+        ctx.dim = dim
+        if x.shape[dim] == 0:  # no keys: amax would raise; an empty softmax (attention then gives zeros)
+            p = x.clone()
+            ctx.save_for_backward(p)
+            return p
         row_max = x.amax(dim=dim, keepdim=True)
         if empty_is_zero:
             row_max = row_max.clamp_min(torch.finfo(x.dtype).min)
@@ -86,7 +91,6 @@ class _Softmax(torch.autograd.Function):
             total = total.clamp_min(torch.finfo(x.dtype).tiny)
         p = p.div_(total)
         ctx.save_for_backward(p)
-        ctx.dim = dim
         return p
 
     @staticmethod

@@ -43,14 +43,12 @@ class AdamW(torch.optim.Optimizer):
         *,
         fused: bool | None = None,
     ):
-        if lr < 0:
-            raise ValueError(f"invalid learning rate: {lr}")
+        # `not x >= 0`, as torch.optim.AdamW: NaN fails every comparison, and would make every parameter NaN.
+        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas: {betas}")
-        if eps < 0:
-            raise ValueError(f"invalid eps: {eps}")
-        if weight_decay < 0:
-            raise ValueError(f"invalid weight_decay: {weight_decay}")
+            raise ValueError(f"betas must each be in [0, 1), got {tuple(betas)}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         # id(param) -> (its step tensor, the count it holds): valid while that tensor is the state's
         # (a load_state_dict or a copy brings new step tensors, whose counts are read once)
