@@ -8,7 +8,8 @@ import re
 
 import torch
 
-_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+# whole names only (``$`` would let "cpu\n" through), and an index torch parses: no leading zero, within int
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,8}))?")
 DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -33,11 +34,15 @@ def resolve_device(name: str, argument: str = "--device", local_rank: int = 0) -
     value and what is available.
     """
     have = ", ".join(available_devices())
-    if not isinstance(name, str) or not _DEVICE.match(name):
-        raise ValueError(f"{argument}: unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps (here: {have})")
+    unknown = f"{argument}: unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps (here: {have})"
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ValueError(unknown)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # a name torch parses otherwise than the pattern says: a one-line error all the same
+        raise ValueError(unknown) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"{argument}: {name!r} is not available on this machine (available: {have})")

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
@@ -465,19 +466,31 @@ def replace_dir(
     """Build a folder output beside ``out`` and swap it in when the block ends without an error.
 
     Yields the temporary folder to write into. The checks of :func:`check_output_dir` come
-    first, so nothing is written when they refuse. On success the folder gets the marker and
-    the usual mode, the previous output (if any) is moved aside, the new one renamed into
+    first, so nothing is written when they refuse. The new folder gets the usual mode, or, where
+    a folder is already at ``out`` (an empty one the user made, say private, or the output it
+    replaces), that folder's group and mode (plus the owner's rwx, to write into it). On success
+    it gets the marker, the previous output (if any) is moved aside, the new one renamed into
     place, and the old one deleted; on failure the temporary folder goes and ``out`` is as it was.
+    A folder that cannot be made is one line naming ``argument`` and ``out``, not the temporary name.
     """
     out = Path(out)
     replacing = check_output_dir(
         out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
     )
+    before = os.lstat(out) if out.is_dir() and not out.is_symlink() else None
     with removing_made_dirs(out.parent):
-        make_dir(out.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
-            os.chmod(tmp, dir_mode())
+            make_dir(out.parent)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        except OSError as e:
+            raise ValueError(f"{argument}: {str(out)!r} cannot be written: {e.strerror or e}") from None
+        try:
+            if before is None:
+                os.chmod(tmp, dir_mode())
+            else:  # renamed over it: keep who may read it, not the usual mode
+                with contextlib.suppress(OSError):  # a group this user is not in: the mode still holds
+                    os.chown(tmp, -1, before.st_gid)
+                os.chmod(tmp, stat.S_IMODE(before.st_mode) | stat.S_IRWXU)
             yield tmp
             write_marker(tmp, command)
             _fsync_dir(tmp)

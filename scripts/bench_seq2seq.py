@@ -249,6 +249,7 @@ def main() -> int:
     serve(engine, test_en[-args.clients:], at_once=True)  # warm: every step size it will use
     served = {"at once": [], "one after another": [], "greedy_decode": []}
     invariant = like_greedy = True
+    first: list = []  # the "at once" outputs of this round (measured first: the dict's order)
     for r in range(args.rounds):
         chunk = test_en[(r * args.clients) % len(test_en):][: args.clients]
         for name in served:

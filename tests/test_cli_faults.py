@@ -306,6 +306,7 @@ def test_vocab_size_beyond_the_corpus_says_what_it_got(work, tmp_path):
     ("cuda", "--device: 'cuda' is not available on this machine (available: cpu"),
     ("mps", "--device: 'mps' is not available"),
     ("tpu", "--device: unknown device 'tpu'"),
+    ("cuda:01", "--device: unknown device 'cuda:01'; use auto, cpu"),  # torch.device's RuntimeError: a traceback
 ])
 def test_missing_devices_are_one_line(work, tmp_path, device, message):
     if device in ("cuda", "mps"):

@@ -336,3 +336,70 @@ def test_sigterm_during_export_is_one_line_exit_143_and_leaves_no_temporary_fold
                                 check=building)
     assert rc == 143 and capsys.readouterr().err.strip() == "lm export hf: terminated"
     assert not any(tmp_path.iterdir())  # neither .hf.XXXX.tmp nor out/, which the export made
+
+
+def test_export_into_a_closed_pipe_exits_141_with_the_folder_complete(run, tmp_path):
+    """`lm export hf ... | true` exited 2 with "error: [Errno 32] Broken pipe" after a complete export:
+    a script checking the status was told it failed. It ends as a Unix tool cut short does: status 141,
+    nothing on stderr, and the folder is whole."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    d, _, _ = run
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "export", "hf", "--checkpoint", str(d), "--out",
+                             str(tmp_path / "hf")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader is gone before the result line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                                              "tokenizer_config.json", ".lm-output.json"}
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf") is not None
+
+
+def test_an_out_that_cannot_be_made_names_out_and_the_users_path(run, tmp_path, capsys):
+    """"[Errno 36] File name too long: '.../.aaa….XXXX.tmp'" named neither --out nor the path given,
+    but the hidden temporary folder beside it."""
+    d, _, _ = run
+    out = tmp_path / ("a" * 300)
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lm export hf: error: --out: {str(out)!r} cannot be written: File name too long\n"
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o750], ids=oct)  # one of them differs from the umask's mode, whatever it is
+def test_an_empty_folder_the_user_made_keeps_its_mode(run, tmp_path, capsys, mode):
+    """The export was renamed over an empty --out with the usual mode: a private (0700) folder became 0755."""
+    import stat
+
+    d, _, _ = run
+    out = tmp_path / "private"
+    out.mkdir()
+    out.chmod(mode)
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out)]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == mode and (out / "model.safetensors").is_file()
+    out.chmod(0o711)  # and an earlier export replaced with --overwrite keeps its mode too
+    assert main(["export", "hf", "--checkpoint", str(d), "--out", str(out), "--overwrite"]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o711
+
+
+def test_an_export_without_a_tokenizer_says_so(tmp_path, capsys):
+    """A run without data.tokenizer (or a bare .safetensors) gave a folder AutoTokenizer cannot load,
+    while --help promised tokenizer.json and tokenizer_config.json: the help says when, and a warning says so."""
+    checkpoint = tmp_path / "bare.safetensors"
+    export_safetensors(TransformerLM(300, 32, 64, 2, 4, 128, 10000.0), checkpoint)
+    out = tmp_path / "hf"
+    assert main(["export", "hf", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"wrote {out}/ (config.json, model.safetensors) from ")
+    assert captured.err == (f"lm export hf: warning: no tokenizer (none beside --checkpoint, no --tokenizer given): "
+                            f"{str(out)!r} has no tokenizer.json, so transformers' AutoTokenizer cannot load it; "
+                            "pass --tokenizer DIR to add one\n")
+    with pytest.raises(SystemExit):
+        main(["export", "hf", "--help"])
+    assert ("when the run has a tokenizer (its tokenizer/) or --tokenizer is given, tokenizer.json and "
+            "tokenizer_config.json" in " ".join(capsys.readouterr().out.split()))
+    assert "tokenizer_config.json" in export_hf.__doc__.split("\n\n")[0]

@@ -203,3 +203,21 @@ def test_plot_help_says_training_time(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "against steps and training time (evaluation, checkpoints and compilation left out" in out
     assert "wall-clock" not in out
+
+
+def test_label_smoothing_is_read_without_tomllib_as_on_python_3_10(tmp_path, monkeypatch):
+    """Python 3.10 has no tomllib (lm depends on tomli there): `lm plot` imported tomllib on its own
+    and failed with ModuleNotFoundError on every run; it reads config.toml as the rest of lm does."""
+    import sys
+
+    import tomllib
+
+    from lm.train.plot import train_label_smoothing
+
+    run = _run(tmp_path / "s2s")
+    (run / "config.toml").write_text('[model]\narchitecture = "encoder_decoder"\nlabel_smoothing = 0.2\n')
+    monkeypatch.setitem(sys.modules, "tomli", tomllib)  # 3.10: the tomli package
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # 3.10: no tomllib in the standard library
+    assert train_label_smoothing(run) == 0.2
+    (run / "config.toml").write_bytes(b'[model]\narchitecture = "encoder_decoder\xff"\n')  # not UTF-8: unknown
+    assert train_label_smoothing(run) == 0.0

@@ -163,6 +163,26 @@ def test_set_keeps_text_for_text_keys_and_reads_bare_decimals(tmp_path):
         config_from_dict(_raw_config(tmp_path), ["train.max_steps=12x"])
 
 
+def test_numpy_numbers_in_a_config_become_plain_values(tmp_path):
+    """A Python-API config with numpy.float64 (a float subclass) kept it: config.toml held
+    "np.float64(0.001)" and the checkpoint a numpy scalar that the safe loader refuses on --resume."""
+    import numpy as np
+
+    raw = _raw_config(tmp_path)
+    raw["optim"]["max_lr"] = np.float64(0.001)
+    raw["optim"]["weight_decay"] = np.float32(0.5)
+    raw["train"]["batch_size"] = np.int64(8)
+    raw["optim"]["min_lr"] = np.int64(0)
+    cfg = config_from_dict(raw)
+    assert type(cfg.optim.max_lr) is float and cfg.optim.max_lr == 0.001
+    assert type(cfg.optim.weight_decay) is float and cfg.optim.weight_decay == 0.5
+    assert type(cfg.train.batch_size) is int and cfg.train.batch_size == 8
+    assert type(cfg.optim.min_lr) is float and cfg.optim.min_lr == 0.0
+    raw["train"]["compile"] = np.bool_(True)  # not a bool: refused, as before
+    with pytest.raises(ValueError, match=r"train.compile must be true or false, got bool"):
+        config_from_dict(raw)
+
+
 def test_config_overrides_and_resolved_toml_round_trip(tmp_path):
     path = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
     cfg = load_config(path, ["optim.max_lr=3e-3", "train.out_dir=runs/x y", "train.compile=true", "eval.batches=7"])
@@ -176,7 +196,7 @@ def test_config_overrides_and_resolved_toml_round_trip(tmp_path):
         load_config(path, ["optim.max_lr"])
 
 
-@pytest.mark.parametrize("name", ["tinystories-17m", "cpu-small"])
+@pytest.mark.parametrize("name", ["tinystories-17m", "cpu-small", "multi30k-en-de"])
 def test_shipped_configs_list_every_option(name):
     """The README says the configs comment every option: each key of its architecture's config is
     set or shown commented out in its section (seven were missing, dropout and schedule among them)."""

@@ -1,5 +1,6 @@
 """Claims of the README about `lm train` that had no test: device/dtype `auto`, `train.compile`,
-resuming a `max_time` run, and `best.pt` holding the lowest validation loss."""
+resuming a `max_time` run, `best.pt` holding the lowest validation loss, config.toml reading back
+as the run's config (so `--resume` works), and device errors naming what the user typed."""
 
 import os
 import signal
@@ -131,3 +132,85 @@ def test_best_checkpoint_holds_the_lowest_validation_loss(tmp_path, monkeypatch)
     assert at_20["iteration"] == 20
     for k, v in at_20["model"].items():
         assert torch.equal(best["model"][k], v), k
+
+
+# -- config.toml reads back as the config it was written from (so --resume works) ----------------
+
+def test_config_toml_round_trips_any_string_and_numpy_numbers():
+    """JSON's escapes were written as TOML's: a character above U+FFFF became a surrogate pair
+    ("\\ud83d\\ude42") and a numpy float its repr (np.float64(0.001)), neither of them TOML."""
+    import numpy as np
+    import tomllib
+
+    from lm.tomlio import dump_tables
+
+    texts = ["runs/🙂", "story 😀 é ü 中", "\x00\x01\x1f\x7f\t\n\r\b\f", 'a "quoted" \\ back\\slash', "\u2028\ufeff",
+             "\U0010ffff"]
+    numbers = {"f64": np.float64(0.001), "f32": np.float32(0.1), "i64": np.int64(7), "b": np.bool_(True),
+               "big": 2**70, "tiny": 5e-324, "inf": float("inf")}
+    text = dump_tables({"s": {f"k{i}": t for i, t in enumerate(texts)}, "n": numbers})
+    assert text.isascii()  # as JSON's escapes kept it: the file reads the same in any encoding
+    back = tomllib.loads(text)
+    assert back["s"] == {f"k{i}": t for i, t in enumerate(texts)}
+    assert back["n"] == {"f64": 0.001, "f32": float(np.float32(0.1)), "i64": 7, "b": True, "big": 2**70,
+                         "tiny": 5e-324, "inf": float("inf")}
+    assert 'k0 = "runs/\\U0001f642"' in text and "f64 = 0.001\n" in text
+
+
+def test_a_name_that_is_not_utf8_is_refused_naming_its_key():
+    """A folder named in Latin-1 (argv's surrogateescape: 'runs/caf\\udce9') was written as a lone
+    surrogate, which no TOML file holds: the run trained, then could never be resumed."""
+    from lm.tomlio import dump_tables
+
+    with pytest.raises(ValueError) as e:
+        dump_tables({"train": {"device": "cpu", "out_dir": "runs/caf\udce9"}})
+    assert str(e.value) == ("train.out_dir: 'runs/caf\\udce9' holds the byte 0xE9 of a name that is not UTF-8, "
+                            "which a TOML file cannot hold; use a name in UTF-8")
+
+
+def test_a_run_named_with_an_emoji_resumes_in_its_folder(tmp_path):
+    """`--set train.out_dir=runs/🙂` trained, and `--resume` then called the run's own folder "not an
+    lm run config (not valid TOML: Escaped character is not a Unicode scalar value ...)"."""
+
+    def config(steps):
+        raw = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "runs 🙂"), "max_steps": steps},
+                          wandb={"name": "story 😀"}, eval={"interval": 0})  # fmt: skip
+        return config_from_dict(raw)
+
+    assert Trainer(config(2), print_fn=_quiet).run() == 0
+    resumed = Trainer(config(4), print_fn=_quiet, resume=True)
+    assert resumed.step == 2 and resumed.run() == 0 and resumed.step == 4
+
+
+# -- devices: one line naming what the user typed ----------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cuda:01", "cuda:99999999999999999999", "cpu\n"])
+def test_device_names_torch_cannot_parse_are_one_line(device):
+    """The pattern let these through (a leading zero, an index past int64, "$" before a final newline)
+    and torch.device raised RuntimeError: a traceback, exit 1."""
+    from lm.device import available_devices, resolve_device
+
+    with pytest.raises(ValueError) as e:
+        resolve_device(device, "train.device")
+    assert str(e.value) == (f"train.device: unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps "
+                            f"(here: {', '.join(available_devices())})")
+
+
+@pytest.mark.parametrize("device, message", [
+    ("cuda:01", "unknown device 'cuda:01'"),
+    ("", "unknown device ''"),  # was dropped: the run trained on the config's device
+])
+def test_lm_train_names_the_device_flag_it_was_given(tmp_path, capsys, device, message):
+    """`lm train --device X` was reported as `train.device: ...`, an option the user never typed."""
+    from test_train import _write_toml
+
+    from lm.cli import main
+
+    config = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
+    assert main(["train", "--config", str(config), "--device", device, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lm train: error: --device: {message}; use auto, cpu") and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+    # given as train.device, it is named so
+    assert main(["train", "--config", str(config), "--set", "train.device=cuda:01", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("lm train: error: train.device: unknown device 'cuda:01'")

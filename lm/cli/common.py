@@ -12,8 +12,9 @@ One convention (README, "The command line"):
 - commands that run a model take ``--device`` (default ``auto``: CUDA, then MPS, then CPU),
   ``--dtype`` (``auto``, ``float32``, ``bfloat16``) and ``--threads N`` (torch's CPU threads);
 - every ``--help`` shows the defaults and ends with examples;
-- a command that prints its results (``translate``, ``eval``, ``sample``) stops quietly when the
-  reader of its output goes away (``| head``), as a Unix tool does (see :func:`quiet_on_closed_pipe`).
+- a command stops quietly (status 141) when the reader of its output goes away (``| head``), as a
+  Unix tool does (see :func:`quiet_on_closed_pipe`); ``lm train`` trains on, silently;
+- an option a command does not know is that command's error, under its usage (:class:`CommandParser`).
 
 Old spellings (``--out-dir``, the positional checkpoint and folder of ``lm export hf``) still
 work for one release and print a deprecation line.
@@ -43,15 +44,57 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of one subcommand (``lm export``, ``lm export hf``).
+
+    An argument it does not know is its own error, under its own usage (``lm export hf: error:
+    unrecognized arguments: --bogus``): argparse hands a subcommand's leftovers up to ``lm``, which
+    named itself and showed its own usage. Its command (``set_defaults(func=...)``) stops quietly
+    when the reader of its output goes away (:func:`quiet_on_closed_pipe`), like those that print
+    their results: a closed pipe after an export is no failed export.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        self._check_spellings(namespace)
+        return namespace, extras
+
+    def _check_spellings(self, namespace: argparse.Namespace) -> None:
+        """A deprecated spelling's line, or, when the new spelling was given too (``--out-dir A --out B``:
+        the last one given had won, silently), one line that refuses both, as ``lm export hf`` refuses a
+        positional given beside its option."""
+        given = vars(namespace).pop(SPELLINGS, [])
+        for old, value, new in [g for g in given if g[2] is not None]:
+            same = next(((o, v) for o, v, n in given if n is None and o == new), None)
+            if same is not None:
+                self.exit(2, f"{self.prog}: error: {old}: given both as {old} ({value!r}) and as {new} "
+                             f"({same[1]!r}); use {new} alone\n")
+        for old, _, new in given:
+            if new is not None:
+                print(f"{self.prog}: warning: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+    def set_defaults(self, **kwargs) -> None:
+        if "func" in kwargs:
+            kwargs["func"] = quiet_on_closed_pipe(kwargs["func"])
+        super().set_defaults(**kwargs)
+
+
 def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, description: str,
                 examples: str) -> argparse.ArgumentParser:
-    """A subcommand parser with the shared formatter and an ``examples:`` epilog."""
+    """A subcommand parser (a :class:`CommandParser`) with the shared formatter and an ``examples:`` epilog."""
+    sub._parser_class = CommandParser  # add_subparsers(parser_class=...) for the subparsers of every command
     return sub.add_parser(name, help=help, description=description, epilog="examples:\n" + examples.strip("\n"),
                           formatter_class=HelpFormatter)
 
 
+SPELLINGS = "_spellings"  # the namespace's list of (option, value, new spelling or None), see Deprecated
+
+
 class Deprecated(argparse.Action):
-    """An old spelling: stores into the new option's ``dest`` and prints one deprecation line."""
+    """An old spelling: stores into the new option's ``dest``; once the command line is parsed,
+    :class:`CommandParser` prints one deprecation line, or refuses it given beside the new spelling."""
 
     def __init__(self, option_strings, dest, new: str = "", **kwargs):
         self.new = new
@@ -62,7 +105,16 @@ class Deprecated(argparse.Action):
             setattr(namespace, self.dest, None)
             return
         old = option_string or self.metavar or self.dest
-        print(f"{parser.prog}: warning: {old} is deprecated and will be removed; use {self.new}", file=sys.stderr)
+        vars(namespace).setdefault(SPELLINGS, []).append((old, values, self.new))
+        setattr(namespace, self.dest, values)
+
+
+class Spelled(argparse.Action):
+    """The new spelling of an option that has a :class:`Deprecated` one: stored as given, and
+    recorded, so that both given together can be refused."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        vars(namespace).setdefault(SPELLINGS, []).append((option_string, values, None))
         setattr(namespace, self.dest, values)
 
 
@@ -70,7 +122,7 @@ def add_out(p: argparse.ArgumentParser, what: str, *, required: bool = True, def
             metavar: str = "PATH", old: str | None = None) -> None:
     """``--out`` (and ``--overwrite``); ``old`` is a deprecated spelling of ``--out``."""
     p.add_argument("--out", required=required and default is None and old is None, default=default,
-                   metavar=metavar, help=what)
+                   metavar=metavar, help=what, **({"action": Spelled} if old else {}))
     if old:
         p.add_argument(old, dest="out", action=Deprecated, new="--out", metavar=metavar, help=argparse.SUPPRESS)
     p.add_argument("--overwrite", action="store_true",
@@ -131,6 +183,17 @@ def as_flags(**flags: str) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def writing_out(out: str | Path, argument: str = "--out") -> Iterator[None]:
+    """An OSError of writing an output (its folder, or the hidden temporary one built beside it) as one
+    line naming the argument and the path the user gave: ``--out: '/sys/x' cannot be written: Operation
+    not permitted``, not "[Errno 1] Operation not permitted: '/sys/.x.hzy8iri8.tmp'"."""
+    try:
+        yield
+    except OSError as e:
+        raise ValueError(f"{argument}: {str(out)!r} cannot be written: {e.strerror or e}") from None
+
+
 # -- a closed output pipe ----------------------------------------------------------------------
 
 CLOSED_PIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a tool that `| head` cut short
@@ -140,6 +203,9 @@ def quiet_on_closed_pipe(command: Callable[[argparse.Namespace], int]) -> Callab
     """Wrap a command that prints its results so that ``lm CMD ... | head`` ends as ``seq 1e9 | head``
     does: no error line, no traceback, status 141. Python ignores SIGPIPE, so a write to a closed
     pipe raises BrokenPipeError, which would otherwise be reported as an error with exit 2."""
+
+    if getattr(command, "quiet_on_closed_pipe", False):  # wrapped already
+        return command
 
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:
@@ -153,4 +219,5 @@ def quiet_on_closed_pipe(command: Callable[[argparse.Namespace], int]) -> Callab
             silence_stdout()
             return CLOSED_PIPE_STATUS
 
+    run.quiet_on_closed_pipe = True
     return run

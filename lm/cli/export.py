@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lm.cli.common import add_checkpoint, add_command, add_out, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_out, add_quiet, writing_out
 
 EXAMPLES = """
   lm export hf --checkpoint runs/cpu-small --out hf/cpu-small
@@ -22,10 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         esub,
         "hf",
         help="a folder that transformers loads as LlamaForCausalLM",
-        description="Write config.json, model.safetensors (q/k rows permuted to Llama's rotate-half RoPE), "
-        "tokenizer.json and tokenizer_config.json into the --out folder, which "
-        "transformers.AutoModelForCausalLM.from_pretrained loads as Llama. The folder is built beside --out and "
-        "renamed into place when complete; --overwrite replaces only an earlier export.",
+        description="Write config.json and model.safetensors (q/k rows permuted to Llama's rotate-half RoPE) "
+        "into the --out folder, which transformers.AutoModelForCausalLM.from_pretrained loads as Llama, and, when "
+        "the run has a tokenizer (its tokenizer/) or --tokenizer is given, tokenizer.json and "
+        "tokenizer_config.json, which AutoTokenizer loads (without them a warning says so). The folder is built "
+        "beside --out and renamed into place when complete; --overwrite replaces only an earlier export.",
         examples=EXAMPLES,
     )
     add_checkpoint(h, required=False)
@@ -90,12 +91,17 @@ def _cmd_export_hf(args: argparse.Namespace) -> int:
         raise ValueError(f"--checkpoint: {str(path)!r}: {str(e).removeprefix('model: ')}") from None
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
     try:
-        out = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
+        with writing_out(out):  # the model is in memory: an OSError is one of writing --out
+            written = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)
     except ValueError as e:  # the tokenizer's fault (a special token tokenizer.json cannot hold): name its folder
         if not str(e).startswith("tokenizer: "):
             raise
         folder = args.tokenizer or find_run_tokenizer(loaded.path)
         raise ValueError(f"--tokenizer: {str(folder)!r}: {str(e).removeprefix('tokenizer: ')}") from None
-    print(f"wrote {out}/ (config.json, model.safetensors{', tokenizer.json, tokenizer_config.json' if tok else ''}) "
-          f"from {loaded.source}")
+    files = "config.json, model.safetensors" + (", tokenizer.json, tokenizer_config.json" if tok else "")
+    print(f"wrote {written}/ ({files}) from {loaded.source}")
+    if tok is None:
+        print(f"lm export hf: warning: no tokenizer (none beside --checkpoint, no --tokenizer given): {str(written)!r} "
+              "has no tokenizer.json, so transformers' AutoTokenizer cannot load it; pass --tokenizer DIR to add one",
+              file=sys.stderr)
     return 0

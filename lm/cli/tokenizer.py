@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lm.cli.common import add_command, add_out, add_quiet, as_flags
+from lm.cli.common import add_command, add_out, add_quiet, as_flags, writing_out
 from lm.io import (
     atomic_write,
     check_output_dir,
@@ -150,7 +150,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     out = Path(args.out)
     inputs = [("--input", p) for p in paths]
     output = dict(command="lm tokenizer train", overwrite=args.overwrite, inputs=inputs, files=TOKENIZER_FILES)
-    check_output_dir(out, **output)  # before the work: a refusal costs nothing
+    with writing_out(out):
+        check_output_dir(out, **output)  # before the work: a refusal costs nothing
     texts = decompressed_copies(paths, stack)  # the files themselves, or for gzip their decompressed text
     for p, text in zip(paths, texts):
         if text.stat().st_size == 0:
@@ -178,7 +179,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         )
     tok = Tokenizer(vocab, merges, args.special_token)
     t1 = time.perf_counter()
-    with replace_dir(out, **output) as tmp, as_flags(special_tokens="--special-token"):
+    with writing_out(out), replace_dir(out, **output) as tmp, as_flags(special_tokens="--special-token"):
         save_tokenizer_dir(tok, tmp, hf=True)  # refuses a special token that clashes with a learned token
         t2 = time.perf_counter()
         summary = training_summary(tok, stats, paths, heldout, {"save": t2 - t1, "since_start": t2 - t0})

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
-from lm.cli.common import add_command, add_compute, add_out, add_quiet
+from lm.cli.common import add_command, add_compute, add_out, add_quiet, as_flags
 
 TRAIN_EXAMPLES = """
   lm train --config configs/cpu-small.toml
@@ -70,16 +71,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from lm.device import set_threads
+    from lm.device import resolve_device, set_threads
     from lm.io import check_readable_file
+    from lm.tomlio import toml_string
     from lm.train import Trainer, TrainingDiverged, load_config
     from lm.train.distributed import torchrun_env
     from lm.train.trainer import PeerStopped
 
     set_threads(args.threads)
-    overrides = list(args.overrides)
-    overrides += [f"train.device={args.device}"] if args.device else []
+    overrides = list(args.overrides)  # --device and --dtype after them: they win
+    try:
+        overrides += [f"train.device={toml_string(args.device)}"] if args.device is not None else []
+    except ValueError:  # not UTF-8 (TOML cannot hold it), so no device: the usual line
+        resolve_device(args.device, "--device")
+        raise
     overrides += [f"train.dtype={args.dtype}"] if args.dtype else []
+    # a device refused names the --device typed, not the train.device it became
+    flags = as_flags(**{"train.device": "--device"}) if args.device is not None else contextlib.nullcontext()
     env = torchrun_env()  # each process's own: checked (and said) by every process
     try:
         check_readable_file(args.config, "--config")  # a folder: "[Errno 21] Is a directory", naming nothing
@@ -89,7 +97,8 @@ def run_train(args: argparse.Namespace) -> int:
             return 2
         raise
     try:
-        return Trainer(cfg, resume=args.resume, quiet=args.quiet).run()
+        with flags:
+            return Trainer(cfg, resume=args.resume, quiet=args.quiet).run()
     except TrainingDiverged as e:
         print(f"lm train: error: {e}", file=sys.stderr)
         return 3

@@ -120,11 +120,13 @@ HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_con
 
 def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Tokenizer | None = None,
               *, overwrite: bool = False, inputs: Iterable[tuple[str, str | os.PathLike]] = ()) -> Path:
-    """Write ``config.json``, ``model.safetensors`` and (with a tokenizer) ``tokenizer.json`` to ``out_dir``.
+    """Write ``config.json`` and ``model.safetensors`` to ``out_dir``, and with a ``tokenizer``
+    ``tokenizer.json`` and ``tokenizer_config.json`` (without them ``AutoTokenizer`` cannot load the folder).
 
     The folder is built beside ``out_dir`` and renamed into place when complete
     (:func:`lm.io.replace_dir`): ``overwrite`` replaces only an earlier export, never a folder
-    that holds anything else, the ``inputs`` or a folder that contains them.
+    that holds anything else, the ``inputs`` or a folder that contains them. A folder already at
+    ``out_dir`` (an empty one the user made, say private) passes its group and mode on to the new one.
 
     The checks come before anything is written: a model Llama cannot hold (``model: ...``), and a
     tokenizer with more tokens than the model's ``vocab_size`` (its ids would index past the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 import os
 import re
 import types
@@ -202,17 +203,28 @@ def _unoptional(annotation: Any) -> Any:
 
 
 def _check_type(where: str, value: Any, annotation: Any) -> Any:
-    """Return ``value`` (ints widened to float where a float is wanted) or raise a ValueError."""
+    """Return ``value`` as a plain ``int``/``float``/``str`` or raise a ValueError: ints widen to
+    float where a float is wanted, and numpy's numbers (from a Python-API sweep) become Python's,
+    which config.toml and a checkpoint can hold (a numpy scalar in a checkpoint fails ``--resume``)."""
     annotation = _unoptional(annotation)
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, bool) or annotation is bool:  # bool is an int, but no number here
+        ok = isinstance(value, bool) and annotation is bool
+    elif annotation is int:
+        ok = isinstance(value, numbers.Integral)
+    elif annotation is float:
+        ok = isinstance(value, numbers.Real)
+    else:
+        ok = isinstance(value, annotation)
+    if not ok:
+        raise ValueError(f"config: {where} must be {_type_name(annotation)}, got {type(value).__name__} {value!r}")
+    if annotation is float and isinstance(value, numbers.Integral):
         try:
             return float(value)
         except OverflowError:  # a whole number past float's range (hundreds of digits)
             raise ValueError(f"config: {where} must be a number within float range, got an integer of "
                              f"{len(str(abs(value)))} digits") from None
-    ok = isinstance(value, annotation) and not (annotation is int and isinstance(value, bool))
-    if not ok:
-        raise ValueError(f"config: {where} must be {_type_name(annotation)}, got {type(value).__name__} {value!r}")
+    if annotation in (int, float, str) and type(value) is not annotation:
+        return annotation(value)
     return value
 
 

@@ -34,12 +34,11 @@ def train_label_smoothing(run_dir: str | os.PathLike) -> float:
     An encoder–decoder logs its training loss with the label smoothing it trains with
     (``model.label_smoothing``, 0.1 by default) and its validation loss without: the two are
     different quantities, and a plot that draws them on one axis must say so."""
-    import tomllib
+    from lm.tomlio import loads  # tomllib, or tomli on Python 3.10
 
     try:
-        with open(Path(run_dir) / "config.toml", "rb") as f:
-            model = tomllib.load(f).get("model", {})
-    except (OSError, tomllib.TOMLDecodeError):
+        model = loads((Path(run_dir) / "config.toml").read_bytes().decode("utf-8")).get("model", {})
+    except (OSError, ValueError):  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         return 0.0
     if not isinstance(model, dict) or model.get("architecture") != "encoder_decoder":
         return 0.0

@@ -1,0 +1,76 @@
+"""The grammar every subcommand shares (lm.cli.common): its errors name the command that was run,
+a thing given in two spellings is refused, and an output that cannot be written is named as --out."""
+
+import argparse
+
+import pytest
+
+from lm.cli import build_parser, main
+
+
+def _usage(*command: str) -> str:
+    """The usage line(s) argparse prints for ``lm COMMAND...``."""
+    parser = build_parser()
+    for name in command:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return parser.format_usage()
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["export", "hf", "--checkpoint", "run", "--out", "x", "--bogus"], ["export", "hf"]),
+    (["export", "hf", "a", "b", "c"], ["export", "hf"]),  # a third positional
+    (["train", "--config", "c.toml", "--bogus"], ["train"]),
+    (["eval", "--checkpoint", "x", "--data", "y", "--bogus"], ["eval"]),
+    (["tokenizer", "train", "--input", "a", "--vocab-size", "300", "--out", "t", "--bogus", "1"],
+     ["tokenizer", "train"]),
+])
+def test_an_unknown_argument_is_the_error_of_the_command_that_was_run(argv, command, capsys, tmp_path, monkeypatch):
+    """argparse hands a subcommand's leftovers up to `lm`: "usage: lm [-h] [--version] COMMAND ...
+    / lm: error: unrecognized arguments: --bogus", where every other argument error names the command."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    extra = " ".join(argv[argv.index("--bogus"):] if "--bogus" in argv else argv[-1:])
+    prog = "lm " + " ".join(command)
+    assert capsys.readouterr().err == f"{_usage(*command)}{prog}: error: unrecognized arguments: {extra}\n"
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [["--out-dir", "dA", "--out", "dB"], ["--out", "dB", "--out-dir", "dA"]])
+def test_a_deprecated_spelling_beside_the_new_one_is_refused(argv, capsys, tmp_path, monkeypatch):
+    """`--out-dir dA --out dB` wrote dB (and the other order dA) after a deprecation line: the last one won,
+    silently. As `lm export hf` refuses a positional given beside its option, one line names both."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LM_MULTI30K_URL", (tmp_path / "nowhere").as_uri())
+    for prog, command in (("lm data download", ["data", "download", "multi30k"]), ("lm demo", ["demo"])):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, *argv, "--quiet"])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == (f"{prog}: error: --out-dir: given both as --out-dir "
+                                           "('dA') and as --out ('dB'); use --out alone\n")
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_deprecated_spelling_alone_still_works_with_its_line(capsys):
+    args = build_parser().parse_args(["data", "download", "multi30k", "--out-dir", "dA"])
+    assert args.out == "dA" and not hasattr(args, "_spellings")
+    err = capsys.readouterr().err
+    assert err == "lm data download: warning: --out-dir is deprecated and will be removed; use --out\n"
+    args = build_parser().parse_args(["data", "download", "multi30k", "--out", "dB"])
+    assert args.out == "dB" and capsys.readouterr().err == ""
+    assert build_parser().parse_args(["demo"]).out == "runs/demo"  # --out's default, when neither is given
+
+
+def test_an_out_that_cannot_be_made_names_out_and_the_users_path(tmp_path, capsys):
+    """"[Errno 36] File name too long: 'aaa…'" (or, below /sys, "[Errno 1] Operation not permitted:
+    '/sys/.tok.hzy8iri8.tmp'", the hidden temporary folder) named no --out."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat. " * 50)
+    out = tmp_path / ("a" * 300)
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "260", "--out", str(out),
+                 "--holdout-bytes", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lm tokenizer train: error: --out: {str(out)!r} cannot be written: File name too long\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
