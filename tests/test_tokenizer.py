@@ -481,7 +481,7 @@ def test_batch_bpe_equals_brute_force(merges, words):
     data = [w.encode() for w in words]
     expected = [brute_force_bpe_word(tok, ranks, w) for w in data]
     for min_rows in (1, 10**9):  # every group as a matrix, then every word alone
-        with mock.patch.object(tokenizer_module.BatchBPE, "_MIN_ROWS", min_rows):
+        with mock.patch.object(tokenizer_module.BatchBPE, "MIN_ROWS", min_rows):
             tok._batch_bpe = None
             flat, n_ids = tok._bpe_many(data)
         assert n_ids.tolist() == [len(e) for e in expected]

@@ -228,7 +228,21 @@ def test_plain_text_in_small_blocks_equals_regex_path(tok, parts, block):
     assert "".join(text[a:b] for _, a, b in stretches) == text
     for plain, a, b in stretches:
         if plain and b - a > block:  # no safe cut after its first `block` characters
-            assert re.search(r"(?<=[!-~])\n", text[a + block : b]) is None
+            assert re.search(r"(?<=[!-~])[\t\x0b\x0c\r ]*\n", text[a + block - 1 : b]) is None
+
+
+def test_line_ends_with_a_carriage_return_or_spaces_are_safe_cuts(tok):
+    """Only "\n" right after a printable character was a cut: a CRLF text was one block however
+    large (and one non-ASCII character sent all of it down the regex path)."""
+    text = "One line.\r\nTwo  \nthree.\t\r\n" * 4
+    # each cut: the first start of a line end's whitespace run ("\t\r\n" after "three.") 20 characters on
+    assert [(a, b) for _, a, b in plain_stretches(text, max_plain=20)] == [
+        (0, 23), (23, 49), (49, 75), (75, 101), (101, 104)]
+    mixed = "Plain line.\r\nCafé au lait.\r\nPlain again.\r\n"
+    assert list(plain_stretches(mixed)) == [(True, 0, 11), (False, 11, 26), (True, 26, 42)]
+    for t in (text, mixed * 3):
+        with mock.patch.object(tokenizer_module, "_FAST_BLOCK", 16):
+            assert Tokenizer(tok.vocab, tok.merges, tok.special_tokens).encode(t) == regex_path(tok, t)
 
 
 def test_encode_pieces_splits_the_ids_at_pre_token_starts(tok):
@@ -241,3 +255,30 @@ def test_encode_pieces_splits_the_ids_at_pre_token_starts(tok):
     assert sum((p.tolist() for p in pieces), []) == whole
     assert tok._fast.encode_pieces(data, [5]) is None  # inside the pre-token " line"
     assert tok._fast.encode_pieces(data, [len(data)]) is None  # past the last pre-token's start
+
+
+def test_long_words_of_the_same_blocks_in_another_order_hash_apart():
+    """The hash summed one random value per (position mod 64, byte): "a"*64 + "b"*64 and its
+    reverse always collided (the byte check caught it, at the cost of the slow path)."""
+    words = [b"a" * 64 + b"b" * 64, b"b" * 64 + b"a" * 64, b"ab" * 64, b"ba" * 64]
+    b = np.frombuffer(b"".join(words), dtype=np.uint8)
+    keys, hashed = vz._token_keys(b, np.arange(4) * 128, np.full(4, 128))
+    assert hashed.tolist() == [0, 1, 2, 3] and len(set(keys.tolist())) == 4
+
+
+def test_encode_to_numpy_gives_a_writable_array_on_every_path(tok):
+    """The regex path's ids were a read-only view of bytes ('café'), the fast path's writable ('hello')."""
+    for text in ("hello", "café", "東京 x", ""):
+        ids = tok.encode_to_numpy(text)
+        assert ids.flags.writeable, text
+        if ids.size:
+            ids[0] = ids[0]
+
+
+def test_a_short_text_of_new_words_skips_the_batch(tok, monkeypatch):
+    """A handful of new words go one at a time: BatchBPE's numpy calls cost more than they save there
+    (German lines between special tokens encoded 2.4x slower when every segment went through it)."""
+    fresh = Tokenizer(tok.vocab, tok.merges, tok.special_tokens)
+    monkeypatch.setattr(fresh, "_bpe_many", lambda words: pytest.fail(f"batched {len(words)} words"))
+    text = "Zwei Männer stehen am Herd." + EOT + "Ein Mädchen läuft."
+    assert fresh.encode(text) == regex_path(tok, text)

@@ -33,7 +33,10 @@ GPT2_ASCII_REGEX = re.compile(
 _SAFE_NON_ASCII = "‘’‚“”„–—―…«»‹›¡¿·•°§¶†‡′″©®™€£¥¢¤×÷±¦¨¯´¸¬"
 # A character that only the Unicode pattern classifies correctly.
 _NON_ASCII = re.compile(f"[^\\x00-\\x7f{_SAFE_NON_ASCII}]")
-_SAFE_NEWLINE = re.compile(r"(?<=[!-~])\n")
+# a safe cut in plain text: the start of a whitespace run that ends a line ("\n", "\r\n", "  \n")
+# after a printable ASCII character (see find_safe_cut)
+_SAFE_NEWLINE = re.compile(r"(?<=[!-~])[\t\x0b\x0c\r ]*\n")
+_LINE_SPACE = "\t\x0b\x0c\r "
 # a non-ASCII stretch is extended over ASCII gaps shorter than this, to keep calls few
 _ASCII_GAP = 512
 
@@ -80,10 +83,13 @@ def plain_stretches(text: str, max_plain: int | None = None) -> Iterator[tuple[b
         cut = pos
         i = text.rfind("\n", pos + 1, s)
         while i > pos:
-            if "!" <= text[i - 1] <= "~":
-                cut = i
+            j = i
+            while j > pos and text[j - 1] in _LINE_SPACE:  # back to the start of the line end's run
+                j -= 1
+            if j > pos and "!" <= text[j - 1] <= "~":
+                cut = j
                 break
-            i = text.rfind("\n", pos + 1, i)
+            i = text.rfind("\n", pos + 1, j)
         if cut > pos:
             yield True, pos, cut
         # the first safe cut after it, skipping over short ASCII gaps

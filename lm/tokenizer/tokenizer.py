@@ -329,12 +329,16 @@ class Tokenizer:
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
         new = list(dict.fromkeys(w for w, p in zip(words, pieces) if p is None))  # distinct, in order
-        flat, n_ids = self._bpe_many([w.encode("utf-8") for w in new])
-        chars = flat.tobytes().decode(_UTF32, "surrogatepass")
-        start = 0
-        for w, end in zip(new, np.cumsum(n_ids).tolist()):
-            cache[w] = chars[start:end]
-            start = end
+        if len(new) < BatchBPE.MIN_ROWS:  # too few to repay numpy's per-call cost (short texts, mostly)
+            for w in new:
+                cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
+        else:
+            flat, n_ids = self._bpe_many([w.encode("utf-8") for w in new])
+            chars = flat.tobytes().decode(_UTF32, "surrogatepass")
+            start = 0
+            for w, end in zip(new, np.cumsum(n_ids).tolist()):
+                cache[w] = chars[start:end]
+                start = end
         return "".join([cache[w] if p is None else p for w, p in zip(words, pieces)])
 
     def _encode_chars(self, text: str) -> str:
@@ -390,8 +394,8 @@ class Tokenizer:
             if block and (held >= _FAST_BLOCK or k + 1 == len(stretches)):
                 self._encode_block(text, stretches, block, parts)
                 block, held = [], 0
-        if len(parts) == 1:
-            return parts[0]
+        if len(parts) == 1:  # a view of the regex path's bytes is read-only: the caller's array is its own
+            return parts[0] if parts[0].flags.writeable else parts[0].copy()
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
 
     def _encode_block(self, text: str, stretches: list[tuple[bool, int, int]], block: list[tuple[int, bytes]],

@@ -10,7 +10,7 @@ pre-token of up to 7 bytes (most words with their space) is its own key, its byt
 packed into one integer, read with one 8-byte load; a longer one is hashed from its bytes, and a
 hit is checked byte for byte against the word stored with the entry, so a hash collision cannot
 give wrong ids (the caller falls back to the regex path). Pre-tokens not yet in the table get
-their ids from the tokenizer's BPE, one Python call per distinct new word.
+their ids from the tokenizer's BPE, all of a call's new words at once (:class:`BatchBPE`).
 """
 
 from __future__ import annotations
@@ -122,12 +122,17 @@ def _ranges(offsets: np.ndarray, lengths: np.ndarray, total: int) -> np.ndarray:
 
 
 def _hash_tokens(b: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """A hash of each of the pre-tokens that tile ``b`` (they start at ``starts``), top byte 0xFF."""
-    idx = _ranges(np.zeros(len(starts), dtype=np.intp), lengths, len(b))  # position in the token
-    idx &= 63
-    idx <<= 8
+    """A hash of each of the pre-tokens that tile ``b`` (they start at ``starts``), top byte 0xFF.
+
+    Each byte's random value (by its position mod 64) is multiplied by an odd number that
+    grows with its block of 64, so that words that are the same blocks in another order
+    ("a"*64 + "b"*64 and "b"*64 + "a"*64) do not sum alike."""
+    pos = _ranges(np.zeros(len(starts), dtype=np.intp), lengths, len(b))  # position in the token
+    idx = (pos & 63) << 8
     idx |= b
-    h = np.add.reduceat(_HASH_TABLE[idx], starts)
+    values = _HASH_TABLE[idx]
+    values *= ((pos >> 6) * 2 + 1).astype(np.uint64)
+    h = np.add.reduceat(values, starts)
     h ^= lengths.astype(np.uint64) * _LEN_MIX
     h |= _HASHED
     return h
@@ -153,7 +158,7 @@ def _token_keys(b: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple
 
 
 class HashedEncoder:
-    """Maps pre-tokens to ids through a numpy hash table; grows by running ``bpe`` on new words.
+    """Maps pre-tokens to ids through a numpy hash table; grows by running ``bpe_many`` on new words.
 
     Args:
         bpe_many: pre-tokens' UTF-8 bytes -> their token ids, flat, and how many each has.
@@ -347,7 +352,7 @@ class BatchBPE:
     """
 
     _GROUPS = ((2, 4), (5, 8), (9, 16), (17, 32))  # lengths padded to the group's largest
-    _MIN_ROWS = 256  # smaller groups go to bpe_one: below about this, numpy's per-call cost outweighs
+    MIN_ROWS = 256  # smaller groups go to bpe_one: below about this, numpy's per-call cost outweighs
 
     def __init__(self, byte_ids: list[int], ranks: dict[int, int], bpe_one: Callable[[bytes], list[int]],
                  max_len: int = 32):
@@ -400,6 +405,10 @@ class BatchBPE:
     def __call__(self, words: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of every word, flat (``uint32``), and how many each word has."""
         n_words = len(words)
+        if n_words < self.MIN_ROWS:  # no group can be large enough
+            ids = [self.bpe_one(w) for w in words]
+            return (np.fromiter((i for x in ids for i in x), dtype=np.uint32),
+                    np.fromiter(map(len, ids), dtype=np.int64, count=n_words))
         lengths = np.fromiter(map(len, words), dtype=np.int64, count=n_words)
         done: list[tuple[np.ndarray, np.ndarray]] = []  # (word indices, their ids as matrix rows)
         n_ids = lengths.copy()
@@ -413,7 +422,7 @@ class BatchBPE:
             if hi > self.max_len:
                 break
             at = np.flatnonzero((lengths >= lo) & (lengths <= hi))
-            if len(at) < self._MIN_ROWS:
+            if len(at) < self.MIN_ROWS:
                 continue
             alone[at] = False
             self._group(words, at, lengths[at], hi, done, n_ids)
