@@ -33,33 +33,44 @@ GPT2_ASCII_REGEX = re.compile(
 _SAFE_NON_ASCII = "‘’‚“”„–—―…«»‹›¡¿·•°§¶†‡′″©®™€£¥¢¤×÷±¦¨¯´¸¬"
 # A character that only the Unicode pattern classifies correctly.
 _NON_ASCII = re.compile(f"[^\\x00-\\x7f{_SAFE_NON_ASCII}]")
+# A character that the vectorised encoder (lm.tokenizer.vectorized) cannot take: it also takes the
+# characters of two UTF-8 bytes (U+0080-U+07FF: Latin letters with accents, Greek, Cyrillic, Hebrew,
+# Arabic...), classified from a table, except the two that are whitespace (U+0085, U+00A0).
+_NON_FAST = re.compile(f"[^\\x00-\\x84\\x86-\\x9f\\xa1-\\u07ff{_SAFE_NON_ASCII}]")
 # a safe cut in plain text: the start of a whitespace run that ends a line ("\n", "\r\n", "  \n")
-# after a printable ASCII character (see find_safe_cut)
-_SAFE_NEWLINE = re.compile(r"(?<=[!-~])[\t\x0b\x0c\r ]*\n")
+# after a character that is not whitespace (see find_safe_cut)
+_CUT_AFTER = "!-~\x80-\x84\x86-\x9f\xa1-\u07ff"  # printable ASCII, and the two-byte characters that are no space
+_SAFE_NEWLINE = re.compile(f"(?<=[{_CUT_AFTER}])[\\t\\x0b\\x0c\\r ]*\\n")
+_IS_CUT_AFTER = re.compile(f"[{_CUT_AFTER}]").fullmatch
 _LINE_SPACE = "\t\x0b\x0c\r "
 # a non-ASCII stretch is extended over ASCII gaps shorter than this, to keep calls few
 _ASCII_GAP = 512
 
 
-def is_plain(text: str) -> bool:
-    """Whether ``text`` holds only ASCII and common punctuation (see :func:`plain_stretches`)."""
-    return text.isascii() or _NON_ASCII.search(text) is None
+def is_plain(text: str, fast: bool = False) -> bool:
+    """Whether ``text`` holds only ASCII and common punctuation (see :func:`plain_stretches`);
+    with ``fast``, or also characters of two UTF-8 bytes that are not whitespace."""
+    return text.isascii() or (_NON_FAST if fast else _NON_ASCII).search(text) is None
 
 
-def plain_stretches(text: str, max_plain: int | None = None) -> Iterator[tuple[bool, int, int]]:
+def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False) -> Iterator[tuple[bool, int, int]]:
     r"""Cut ``text`` into stretches ``(plain, start, end)`` at safe cuts.
 
-    A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``); the others
-    hold the characters that only the Unicode pattern classifies correctly (short ASCII gaps
-    between them are kept with them, to keep the stretches few). With ``max_plain``, a plain
-    stretch longer than that is cut further, at the first safe cut after each ``max_plain``
-    characters (where there is one).
+    A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``), what the
+    ASCII form of the pattern classifies correctly; with ``fast``, what the vectorised encoder
+    takes: also the characters of two UTF-8 bytes that are not whitespace (``_NON_FAST``). The
+    other stretches hold the characters that only the Unicode pattern classifies correctly
+    (short plain gaps between them are kept with them, to keep the stretches few). With
+    ``max_plain``, a plain stretch longer than that is cut further, at the first safe cut after
+    each ``max_plain`` characters (where there is one).
 
     >>> list(plain_stretches("Hello.\ncafé\nbye"))
-    [(True, 0, 6), (False, 6, 15)]
+    [(True, 0, 6), (False, 6, 11), (True, 11, 15)]
+    >>> list(plain_stretches("Hello.\ncafé\n東京\nbye", fast=True))
+    [(True, 0, 11), (False, 11, 18)]
     """
     if max_plain is not None:
-        for plain, a, b in plain_stretches(text):
+        for plain, a, b in plain_stretches(text, fast=fast):
             while plain and b - a > max_plain:
                 m = _SAFE_NEWLINE.search(text, a + max_plain, b)
                 if m is None:
@@ -68,13 +79,14 @@ def plain_stretches(text: str, max_plain: int | None = None) -> Iterator[tuple[b
                 a = m.start()
             yield plain, a, b
         return
-    if is_plain(text):
+    if is_plain(text, fast):
         if text:
             yield True, 0, len(text)
         return
+    other = _NON_FAST if fast else _NON_ASCII
     pos, n = 0, len(text)
     while pos < n:
-        m = _NON_ASCII.search(text, pos)
+        m = other.search(text, pos)
         if m is None:
             yield True, pos, n
             return
@@ -86,7 +98,7 @@ def plain_stretches(text: str, max_plain: int | None = None) -> Iterator[tuple[b
             j = i
             while j > pos and text[j - 1] in _LINE_SPACE:  # back to the start of the line end's run
                 j -= 1
-            if j > pos and "!" <= text[j - 1] <= "~":
+            if j > pos and _IS_CUT_AFTER(text[j - 1]):
                 cut = j
                 break
             i = text.rfind("\n", pos + 1, j)
@@ -97,7 +109,7 @@ def plain_stretches(text: str, max_plain: int | None = None) -> Iterator[tuple[b
         while True:
             nl = _SAFE_NEWLINE.search(text, end + 1)
             stop = nl.start() if nl is not None else n
-            nxt = _NON_ASCII.search(text, stop, stop + _ASCII_GAP)
+            nxt = other.search(text, stop, stop + _ASCII_GAP)
             if nxt is None:
                 break
             end = nxt.start()

@@ -3,9 +3,10 @@
 Encoding a text: split out special tokens (the longest wins where two overlap), cut the
 rest into pre-tokens with the GPT-2 regex, and apply the merges to each pre-token in
 rank order. Pre-tokens repeat a lot in natural text, so their ids are cached. That is the
-reference path (``Tokenizer._encode_chars``). Stretches of plain text (ASCII and common
-punctuation) take a vectorised path that gives the same ids without a Python step per
-pre-token (:mod:`lm.tokenizer.vectorized`); tests check the two against each other.
+reference path (``Tokenizer._encode_chars``). Stretches of plain text (ASCII, common
+punctuation and characters of two UTF-8 bytes, accented letters among them) take a vectorised
+path that gives the same ids without a Python step per pre-token
+(:mod:`lm.tokenizer.vectorized`); tests check the two against each other.
 """
 
 from __future__ import annotations
@@ -376,9 +377,9 @@ class Tokenizer:
         new to the cache go through the merges in one batch, and its arrays stay in cache.
         """
         if self._cut_stretches:
-            stretches = list(plain_stretches(text, max_plain=_FAST_BLOCK))
+            stretches = list(plain_stretches(text, max_plain=_FAST_BLOCK, fast=True))
         else:
-            stretches = [(is_plain(text), 0, len(text))]
+            stretches = [(is_plain(text, fast=True), 0, len(text))]
         parts: list[np.ndarray | None] = [None] * len(stretches)
         block: list[tuple[int, bytes]] = []  # (index in stretches, UTF-8)
         held = 0

@@ -1,10 +1,12 @@
 r"""Encoding without a Python step per pre-token: the GPT-2 pre-tokens of plain text found with
 numpy, and their ids looked up in a hash table held in numpy arrays.
 
-This is the fast path of :class:`lm.tokenizer.Tokenizer` for text whose characters are ASCII or
-common punctuation (``pretokenize._SAFE_NON_ASCII``), which is what English corpora mostly hold.
-On that text the GPT-2 pattern reduces to rules about classes of bytes — letters, digits, space,
-other whitespace, anything else — that numpy applies to a whole chunk at once
+This is the fast path of :class:`lm.tokenizer.Tokenizer` for text whose characters are ASCII,
+common punctuation (``pretokenize._SAFE_NON_ASCII``) or of two UTF-8 bytes (accented Latin
+letters, Greek, Cyrillic, Hebrew, Arabic; not the two that are whitespace), which is what most
+corpora in those scripts hold. On that text the GPT-2 pattern reduces to rules about classes of
+bytes — letters, digits, space, other whitespace, anything else; a two-byte character's class
+comes from a table by code point — that numpy applies to a whole chunk at once
 (:func:`pretoken_starts`, tested equal to the regex). Each pre-token then gets a 64-bit key: a
 pre-token of up to 7 bytes (most words with their space) is its own key, its bytes and its length
 packed into one integer, read with one 8-byte load; a longer one is hashed from its bytes, and a
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import regex
 
 # byte classes
 _LETTER, _DIGIT, _OTHER, _SPACE, _WS, _SPECIAL = 0, 1, 2, 3, 4, 5
@@ -28,6 +31,11 @@ _CLASS[ord("0") : ord("9") + 1] = _DIGIT
 _CLASS[ord(" ")] = _SPACE
 for _c in "\t\n\x0b\x0c\r":
     _CLASS[ord(_c)] = _WS
+# characters of two UTF-8 bytes (U+0080-U+07FF), by code point: classified as the GPT-2 pattern's
+# \p{L}, \p{N} or neither (the `regex` module's tables, which the regex path uses); the two that are
+# whitespace (U+0085, U+00A0) never reach this path (pretokenize._NON_FAST)
+_CLASS2 = np.array([_LETTER if regex.match(r"\p{L}", chr(cp)) else _DIGIT if regex.match(r"\p{N}", chr(cp))
+                    else _WS if regex.match(r"\s", chr(cp)) else _OTHER for cp in range(0x800)], dtype=np.uint8)
 _APOSTROPHE = ord("'")
 # second (and third) letters of the contractions '(?:[sdmt]|ll|ve|re)
 _ONE_LETTER_CONTRACTION = np.zeros(256, dtype=bool)
@@ -40,15 +48,20 @@ def pretoken_starts(
 ) -> np.ndarray:
     r"""Offsets where the GPT-2 pre-tokens of the UTF-8 bytes ``b`` start.
 
-    ``b`` must hold only ASCII and the punctuation of ``_SAFE_NON_ASCII`` (whose bytes all count
-    as "other"). ``special``, if given, marks the bytes of special tokens and ``special_starts``
-    holds where each of them starts: around them the text is pre-tokenized as if they cut it
-    into separate texts.
+    ``b`` must hold only ASCII, the punctuation of ``_SAFE_NON_ASCII`` (whose bytes all count
+    as "other") and characters of two bytes other than whitespace (classed by code point).
+    ``special``, if given, marks the bytes of special tokens and ``special_starts`` holds where
+    each of them starts: around them the text is pre-tokenized as if they cut it into separate texts.
     """
     n = len(b)
     if n == 0:
         return np.zeros(0, dtype=np.intp)
     c = _CLASS[b]
+    lead = np.flatnonzero((b >= 0xC2) & (b <= 0xDF))  # the first byte of a two-byte character
+    if lead.size:
+        cls = _CLASS2[(b[lead].astype(np.intp) & 0x1F) << 6 | (b[lead + 1] & 0x3F)]
+        c[lead] = cls
+        c[lead + 1] = cls
     if special is not None:
         c[special] = _SPECIAL
     ws = c >= _SPACE
