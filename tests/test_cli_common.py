@@ -74,3 +74,27 @@ def test_an_out_that_cannot_be_made_names_out_and_the_users_path(tmp_path, capsy
     err = capsys.readouterr().err
     assert err == f"lm tokenizer train: error: --out: {str(out)!r} cannot be written: File name too long\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_as_flags_names_the_flag_in_errors_and_warnings():
+    """A library warning named its parameter ("input: ... not valid UTF-8") where the user typed
+    --input; lm tokenizer kept its own warnings-only copy of as_flags for that."""
+    import warnings
+
+    from lm.cli.common import as_flags
+
+    with pytest.raises(ValueError, match=r"^--vocab-size: 100 is below 257$"), as_flags(vocab_size="--vocab-size"):
+        raise ValueError("vocab_size: 100 is below 257")
+    with pytest.raises(ValueError, match=r"^--alpha: must be >= 0$"), as_flags(alpha="--alpha"):
+        raise ValueError("alpha must be >= 0")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        shown = []
+        warnings.showwarning = lambda message, category, *rest, **kw: shown.append((str(message), category))
+        with as_flags(input="--input"):
+            warnings.warn("input: 3 bytes of 'x.txt' are not valid UTF-8", UserWarning, stacklevel=1)
+            warnings.warn("other: untouched", RuntimeWarning, stacklevel=1)
+        warnings.warn("input: after the block", UserWarning, stacklevel=1)
+    assert shown == [("--input: 3 bytes of 'x.txt' are not valid UTF-8", UserWarning),
+                     ("other: untouched", RuntimeWarning), ("input: after the block", UserWarning)]
+    assert seen == []

@@ -27,6 +27,7 @@ import contextlib
 import functools
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -169,18 +170,35 @@ def load_model_and_tokenizer(
 
 @contextlib.contextmanager
 def as_flags(**flags: str) -> Iterator[None]:
-    """Name the command line's flag in a library ValueError that names its parameter: within
-    ``as_flags(vocab_size="--vocab-size")``, ``vocab_size: 100 is below ...`` becomes
-    ``--vocab-size: 100 is below ...`` and ``alpha must be ...`` ``--alpha: must be ...``."""
-    try:
-        yield
-    except ValueError as e:
-        message = str(e)
+    """Name the command line's flag in a library ValueError or warning that names its parameter:
+    within ``as_flags(vocab_size="--vocab-size")``, ``vocab_size: 100 is below ...`` becomes
+    ``--vocab-size: 100 is below ...`` and ``alpha must be ...`` ``--alpha: must be ...``; within
+    ``as_flags(input="--input")`` the warning ``input: 3 bytes ... are not valid UTF-8`` is shown
+    as ``--input: 3 bytes ...``."""
+
+    def renamed(message: str) -> str | None:
         for name, flag in flags.items():
             m = re.match(rf"{re.escape(name)}(?::\s*|\s+(?=must\b))", message)
             if m:
-                raise ValueError(f"{flag}: {message[m.end():]}") from None
+                return f"{flag}: {message[m.end():]}"
+        return None
+
+    shown = warnings.showwarning
+
+    def show(message, category, *rest, **kwargs):
+        new = renamed(str(message))
+        shown(message if new is None else category(new), category, *rest, **kwargs)
+
+    warnings.showwarning = show
+    try:
+        yield
+    except ValueError as e:
+        new = renamed(str(e))
+        if new is not None:
+            raise ValueError(new) from None
         raise
+    finally:
+        warnings.showwarning = shown
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -161,8 +160,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
     stats = TrainStats()
     t0 = time.perf_counter()
-    with as_flags(vocab_size="--vocab-size", num_workers="--num-workers", special_tokens="--special-token"), \
-            _input_warnings():
+    with as_flags(vocab_size="--vocab-size", num_workers="--num-workers", special_tokens="--special-token",
+                  input="--input"):
         vocab, merges = train_bpe(
             [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
             num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
@@ -219,7 +218,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     stale_index = index_path(args.out) if is_pair_file(args.out) else None  # a pair file being replaced
     tok = load_tokenizer_dir(args.tokenizer, argument="--tokenizer")
     t0 = time.perf_counter()
-    with _out_errors(Path(args.out)), _input_warnings():
+    with _out_errors(Path(args.out)), as_flags(input="--input"):
         meta = tokenize_file(tok, args.input, args.out, num_workers=args.num_workers, progress=not args.quiet)
     if stale_index is not None:
         stale_index.unlink(missing_ok=True)
@@ -257,25 +256,6 @@ def _tokenize_pairs(args: argparse.Namespace) -> int:
         f"{(meta['source_bytes'] + meta['target_bytes']) / 1e6:.1f} MB in {dt:.1f}s -> {args.out}"
     )
     return 0
-
-
-@contextlib.contextmanager
-def _input_warnings() -> Iterator[None]:
-    """A library warning about its ``input`` (invalid UTF-8, a long stretch without a line end) names
-    ``--input``, as :func:`lm.cli.common.as_flags` names the flag in an error."""
-    shown = warnings.showwarning
-
-    def show(message, category, *rest, **kwargs):
-        text = str(message)
-        if text.startswith("input: "):
-            message = category(f"--input: {text.removeprefix('input: ')}")
-        shown(message, category, *rest, **kwargs)
-
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        warnings.showwarning = shown
 
 
 @contextlib.contextmanager
