@@ -40,9 +40,14 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return TOKEN_DTYPES["uint16"] if vocab_size <= 1 << 16 else TOKEN_DTYPES["uint32"]
 
 
+def is_count(value, minimum: int = 0) -> bool:
+    """Whether ``value`` is an integer (numpy's too; not a bool) of at least ``minimum``."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= minimum
+
+
 def check_positive(name: str, value) -> None:
     """Refuse a size that is not a positive integer (numpy's too), naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not is_count(value, 1):
         raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
 
 
@@ -201,7 +206,7 @@ def check_optional_fields(meta: dict[str, Any], side: Path, counts: tuple[str, .
     ``lm train`` with a traceback in its bits-per-byte arithmetic."""
     for key in counts:
         value = meta.setdefault(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_count(value):
             raise ValueError(f"sidecar {str(side)!r}: {key!r} must be a non-negative integer, got {value!r}")
     for key in texts:
         value = meta.setdefault(key, "")
