@@ -31,9 +31,12 @@ PLAIN = st.text(
 # Cyrillic, Hebrew, Arabic), numbers (superscripts, fractions, Arabic-Indic digits), others (signs,
 # a combining accent, C1 controls) and those next to the whitespace U+0085 and U+00A0
 TWO_BYTE = "éÄßøłœΩжЯשع²½٣×÷§¬\u0301\u0080\u0084\u0086\u009f¡\u07ff"
+# and of three: CJK, kana, hangul, Devanagari (with its vowel signs, marks: "other"), Thai, full-width
+# digits and letters, CJK punctuation, those next to the whitespace U+1680, U+2000-U+200A, U+3000
+THREE_BYTE = "東京日本語ひらカタ한국हिन्दी२กขー、。「」０９ＡＺ\u1681\u200b\u2027\u3001\ufffd\uffff\u0800"
 FAST = st.text(
     alphabet=st.sampled_from(list("abcABZ019 '''sdmtlverSDLVE.,!?-\"\n\n  \t\r") + list(_SAFE_NON_ASCII[:8])
-                             + list(TWO_BYTE)),
+                             + list(TWO_BYTE) + list(THREE_BYTE)),
     max_size=60,
 )
 
@@ -75,6 +78,19 @@ def test_two_byte_characters_are_classed_as_the_pattern_classes_them():
             continue
         for text in (ch, " " + ch, "a" + ch + "b", "1" + ch + "2", "." + ch + ".", ch * 3 + " x" + ch, "'" + ch):
             assert starts_of(text) == regex_starts(text), (hex(cp), text)
+
+
+def test_every_bmp_character_is_classed_as_the_pattern_classes_it():
+    """Every code point of three UTF-8 bytes (U+0800-U+FFFF) against the Unicode pattern, in texts of
+    a thousand at a time: each after a space, between letters, digits and punctuation, and doubled.
+    The whitespace among them is not plain; nor is a character of four bytes."""
+    spaces = [cp for cp in range(0x800, 0x10000) if not 0xD800 <= cp < 0xE000 and not is_plain(chr(cp), fast=True)]
+    assert spaces == [0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
+    assert not is_plain("\U0001F600", fast=True) and not is_plain("\U00020000", fast=True)
+    chars = [chr(cp) for cp in range(0x800, 0x10000) if not 0xD800 <= cp < 0xE000 and cp not in spaces]
+    for i in range(0, len(chars), 1000):
+        text = "".join(f" {c}a{c}b 1{c}2.{c}.{c}{c} {c}'{c}" for c in chars[i : i + 1000])
+        assert starts_of(text) == regex_starts(text), chars[i]
 
 
 @pytest.mark.parametrize("text", [
@@ -323,8 +339,8 @@ def test_the_fast_path_takes_two_byte_characters(tok, text):
 
 
 def test_german_takes_the_fast_path_and_encodes_like_tiktoken(monkeypatch):
-    """Accented letters sent German (and French, Greek, Russian...) text down the regex path, 0.7x
-    tiktoken's speed warm; characters of two UTF-8 bytes now take the vectorised path."""
+    """Accented letters sent German (and French, Greek, Russian, Hindi, Chinese...) text down the regex
+    path, 0.7x tiktoken's speed warm; characters of two and three UTF-8 bytes now take the vectorised path."""
     import gzip
 
     gpt2 = Tokenizer.from_files(data_file("gpt2_vocab.json"), data_file("gpt2_merges.txt"), [EOT])
@@ -336,3 +352,5 @@ def test_german_takes_the_fast_path_and_encodes_like_tiktoken(monkeypatch):
     assert gpt2.encode(text) == enc.encode(text, allowed_special="all")
     greek_russian = "Καλημέρα κόσμε, 2½ ώρες. Привет, мир! Ёлка — это ель.\n" * 20
     assert gpt2.encode(greek_russian) == enc.encode(greek_russian)
+    three_bytes = "東京は日本の首都です。「こんにちは」と言った。\nहिन्दी में २०२४ लिखा।\nภาษาไทย ๑๒๓\n한국어 ３人\n" * 20
+    assert gpt2.encode(three_bytes) == enc.encode(three_bytes)

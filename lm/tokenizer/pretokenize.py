@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import regex
 
 # The pattern of GPT-2 (and tiktoken's "gpt2" encoding).
@@ -33,15 +34,35 @@ GPT2_ASCII_REGEX = re.compile(
 _SAFE_NON_ASCII = "‘’‚“”„–—―…«»‹›¡¿·•°§¶†‡′″©®™€£¥¢¤×÷±¦¨¯´¸¬"
 # A character that only the Unicode pattern classifies correctly.
 _NON_ASCII = re.compile(f"[^\\x00-\\x7f{_SAFE_NON_ASCII}]")
-# A character that the vectorised encoder (lm.tokenizer.vectorized) cannot take: it also takes the
-# characters of two UTF-8 bytes (U+0080-U+07FF: Latin letters with accents, Greek, Cyrillic, Hebrew,
-# Arabic...), classified from a table, except the two that are whitespace (U+0085, U+00A0).
-_NON_FAST = re.compile(f"[^\\x00-\\x84\\x86-\\x9f\\xa1-\\u07ff{_SAFE_NON_ASCII}]")
-# a safe cut in plain text: the start of a whitespace run that ends a line ("\n", "\r\n", "  \n")
-# after a character that is not whitespace (see find_safe_cut)
-_CUT_AFTER = "!-~\x80-\x84\x86-\x9f\xa1-\u07ff"  # printable ASCII, and the two-byte characters that are no space
-_SAFE_NEWLINE = re.compile(f"(?<=[{_CUT_AFTER}])[\\t\\x0b\\x0c\\r ]*\\n")
-_IS_CUT_AFTER = re.compile(f"[{_CUT_AFTER}]").fullmatch
+
+
+@functools.cache
+def _fast_patterns() -> tuple[re.Pattern, re.Pattern, Callable[[str], object]]:
+    """``(other, safe_newline, cut_after)``, built on first use from the classes of the BMP:
+
+    - ``other`` finds a character the vectorised encoder (:mod:`lm.tokenizer.vectorized`) cannot
+      take. It takes ASCII and the characters of two and three UTF-8 bytes (U+0080-U+FFFF:
+      accented Latin letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai, CJK...), each
+      classed from a table, except the whitespace (U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
+      U+2029, U+202F, U+205F, U+3000) and the surrogates; not those of four bytes (emoji).
+    - ``safe_newline`` finds a safe cut: the start of a whitespace run that ends a line ("\\n",
+      "\\r\\n", "  \\n") after a character that is not whitespace (see :func:`find_safe_cut`):
+      printable ASCII or such a character of the BMP; ``cut_after`` tells such a character.
+    """
+    from lm.tokenizer.vectorized import _WS, bmp_classes
+
+    excluded = {*(np.flatnonzero(bmp_classes()[0x80:] == _WS) + 0x80).tolist(), *range(0xD800, 0xE000)}
+    body, lo = [], 0x80
+    for cp in [*sorted(excluded), 0x10000]:
+        if cp > lo:
+            body.append(f"\\u{lo:04x}-\\u{cp - 1:04x}")
+        lo = cp + 1
+    non_space = "".join(body)
+    return (re.compile(f"[^\\x00-\\x7f{non_space}]"),
+            re.compile(f"(?<=[!-~{non_space}])[\\t\\x0b\\x0c\\r ]*\\n"),
+            re.compile(f"[!-~{non_space}]").fullmatch)
+
+
 _LINE_SPACE = "\t\x0b\x0c\r "
 # a non-ASCII stretch is extended over ASCII gaps shorter than this, to keep calls few
 _ASCII_GAP = 512
@@ -49,8 +70,8 @@ _ASCII_GAP = 512
 
 def is_plain(text: str, fast: bool = False) -> bool:
     """Whether ``text`` holds only ASCII and common punctuation (see :func:`plain_stretches`);
-    with ``fast``, or also characters of two UTF-8 bytes that are not whitespace."""
-    return text.isascii() or (_NON_FAST if fast else _NON_ASCII).search(text) is None
+    with ``fast``, ASCII and characters of two or three UTF-8 bytes that are not whitespace."""
+    return text.isascii() or (_fast_patterns()[0] if fast else _NON_ASCII).search(text) is None
 
 
 def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False) -> Iterator[tuple[bool, int, int]]:
@@ -58,7 +79,8 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
 
     A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``), what the
     ASCII form of the pattern classifies correctly; with ``fast``, what the vectorised encoder
-    takes: also the characters of two UTF-8 bytes that are not whitespace (``_NON_FAST``). The
+    takes: ASCII and the characters of two or three UTF-8 bytes that are not whitespace
+    (:func:`_fast_patterns`). The
     other stretches hold the characters that only the Unicode pattern classifies correctly
     (short plain gaps between them are kept with them, to keep the stretches few). With
     ``max_plain``, a plain stretch longer than that is cut further, at the first safe cut after
@@ -66,13 +88,13 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
 
     >>> list(plain_stretches("Hello.\ncafé\nbye"))
     [(True, 0, 6), (False, 6, 11), (True, 11, 15)]
-    >>> list(plain_stretches("Hello.\ncafé\n東京\nbye", fast=True))
-    [(True, 0, 11), (False, 11, 18)]
+    >>> list(plain_stretches("Hello.\ncafé 東京\n🙂 ok\nbye", fast=True))
+    [(True, 0, 14), (False, 14, 19), (True, 19, 23)]
     """
     if max_plain is not None:
         for plain, a, b in plain_stretches(text, fast=fast):
             while plain and b - a > max_plain:
-                m = _SAFE_NEWLINE.search(text, a + max_plain, b)
+                m = _fast_patterns()[1].search(text, a + max_plain, b)
                 if m is None:
                     break
                 yield True, a, m.start()
@@ -83,7 +105,8 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
         if text:
             yield True, 0, len(text)
         return
-    other = _NON_FAST if fast else _NON_ASCII
+    fast_other, safe_newline, cut_after = _fast_patterns()
+    other = fast_other if fast else _NON_ASCII
     pos, n = 0, len(text)
     while pos < n:
         m = other.search(text, pos)
@@ -98,7 +121,7 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
             j = i
             while j > pos and text[j - 1] in _LINE_SPACE:  # back to the start of the line end's run
                 j -= 1
-            if j > pos and _IS_CUT_AFTER(text[j - 1]):
+            if j > pos and cut_after(text[j - 1]):
                 cut = j
                 break
             i = text.rfind("\n", pos + 1, j)
@@ -107,7 +130,7 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
         # the first safe cut after it, skipping over short ASCII gaps
         end = s
         while True:
-            nl = _SAFE_NEWLINE.search(text, end + 1)
+            nl = safe_newline.search(text, end + 1)
             stop = nl.start() if nl is not None else n
             nxt = other.search(text, stop, stop + _ASCII_GAP)
             if nxt is None:

@@ -17,6 +17,7 @@ their ids from the tokenizer's BPE, all of a call's new words at once (:class:`B
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -31,11 +32,22 @@ _CLASS[ord("0") : ord("9") + 1] = _DIGIT
 _CLASS[ord(" ")] = _SPACE
 for _c in "\t\n\x0b\x0c\r":
     _CLASS[ord(_c)] = _WS
-# characters of two UTF-8 bytes (U+0080-U+07FF), by code point: classified as the GPT-2 pattern's
-# \p{L}, \p{N} or neither (the `regex` module's tables, which the regex path uses); the two that are
-# whitespace (U+0085, U+00A0) never reach this path (pretokenize._NON_FAST)
-_CLASS2 = np.array([_LETTER if regex.match(r"\p{L}", chr(cp)) else _DIGIT if regex.match(r"\p{N}", chr(cp))
-                    else _WS if regex.match(r"\s", chr(cp)) else _OTHER for cp in range(0x800)], dtype=np.uint8)
+
+
+@functools.cache
+def bmp_classes() -> np.ndarray:
+    """The class of every code point below U+10000 (the characters of up to three UTF-8 bytes) as
+    the GPT-2 pattern sees it: ``\\p{L}``, ``\\p{N}``, ``\\s`` (``_WS``) or none of them (``_OTHER``),
+    from the `regex` module's tables, which the regex path uses. Built on first use (a scan of
+    the BMP, some 30 ms). The whitespace above ASCII never reaches this path
+    (``pretokenize._fast_patterns``); the ASCII rows are ``_CLASS``'s."""
+    bmp = "".join(map(chr, range(0x10000)))
+    out = np.full(0x10000, _OTHER, dtype=np.uint8)
+    for pattern, cls in ((r"\p{L}", _LETTER), (r"\p{N}", _DIGIT), (r"\s", _WS)):
+        out[np.fromiter((m.start() for m in regex.finditer(pattern, bmp)), dtype=np.intp)] = cls
+    return out
+
+
 _APOSTROPHE = ord("'")
 # second (and third) letters of the contractions '(?:[sdmt]|ll|ve|re)
 _ONE_LETTER_CONTRACTION = np.zeros(256, dtype=bool)
@@ -48,8 +60,8 @@ def pretoken_starts(
 ) -> np.ndarray:
     r"""Offsets where the GPT-2 pre-tokens of the UTF-8 bytes ``b`` start.
 
-    ``b`` must hold only ASCII, the punctuation of ``_SAFE_NON_ASCII`` (whose bytes all count
-    as "other") and characters of two bytes other than whitespace (classed by code point).
+    ``b`` must hold only ASCII and characters of two or three bytes other than whitespace (each
+    classed by its code point, :func:`bmp_classes`).
     ``special``, if given, marks the bytes of special tokens and ``special_starts`` holds where
     each of them starts: around them the text is pre-tokenized as if they cut it into separate texts.
     """
@@ -57,11 +69,18 @@ def pretoken_starts(
     if n == 0:
         return np.zeros(0, dtype=np.intp)
     c = _CLASS[b]
-    lead = np.flatnonzero((b >= 0xC2) & (b <= 0xDF))  # the first byte of a two-byte character
+    lead = np.flatnonzero(b >= 0xC2)  # the first byte of a character of two or three bytes
     if lead.size:
-        cls = _CLASS2[(b[lead].astype(np.intp) & 0x1F) << 6 | (b[lead + 1] & 0x3F)]
+        first = b[lead].astype(np.intp)
+        second = (b[lead + 1] & 0x3F).astype(np.intp)
+        three = first >= 0xE0
+        cp = np.where(three, (first & 0x0F) << 12 | second << 6, (first & 0x1F) << 6 | second)
+        lead3 = lead[three]
+        cp[three] |= b[lead3 + 2] & 0x3F
+        cls = bmp_classes()[cp]
         c[lead] = cls
         c[lead + 1] = cls
+        c[lead3 + 2] = cls[three]
     if special is not None:
         c[special] = _SPECIAL
     ws = c >= _SPACE
