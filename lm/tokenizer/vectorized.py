@@ -1,12 +1,12 @@
 r"""Encoding without a Python step per pre-token: the GPT-2 pre-tokens of plain text found with
 numpy, and their ids looked up in a hash table held in numpy arrays.
 
-This is the fast path of :class:`lm.tokenizer.Tokenizer` for text whose characters are ASCII,
-common punctuation (``pretokenize._SAFE_NON_ASCII``) or of two UTF-8 bytes (accented Latin
-letters, Greek, Cyrillic, Hebrew, Arabic; not the two that are whitespace), which is what most
-corpora in those scripts hold. On that text the GPT-2 pattern reduces to rules about classes of
-bytes — letters, digits, space, other whitespace, anything else; a two-byte character's class
-comes from a table by code point — that numpy applies to a whole chunk at once
+This is the fast path of :class:`lm.tokenizer.Tokenizer` for text whose characters are ASCII or
+of two or three UTF-8 bytes (accented Latin letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari,
+Thai, CJK, punctuation; not the whitespace among them, nor characters of four bytes such as emoji),
+which is nearly all of most corpora. On that text the GPT-2 pattern reduces to rules about classes
+of bytes — letters, digits, space, other whitespace, anything else; a multi-byte character's class
+comes from a table by code point (:func:`bmp_classes`) — that numpy applies to a whole chunk at once
 (:func:`pretoken_starts`, tested equal to the regex). Each pre-token then gets a 64-bit key: a
 pre-token of up to 7 bytes (most words with their space) is its own key, its bytes and its length
 packed into one integer, read with one 8-byte load; a longer one is hashed from its bytes, and a
@@ -25,7 +25,7 @@ import regex
 
 # byte classes
 _LETTER, _DIGIT, _OTHER, _SPACE, _WS, _SPECIAL = 0, 1, 2, 3, 4, 5
-_CLASS = np.full(256, _OTHER, dtype=np.uint8)  # bytes >= 0x80 are parts of punctuation on this path
+_CLASS = np.full(256, _OTHER, dtype=np.uint8)  # bytes >= 0x80: pretoken_starts classes their characters
 _CLASS[ord("a") : ord("z") + 1] = _LETTER
 _CLASS[ord("A") : ord("Z") + 1] = _LETTER
 _CLASS[ord("0") : ord("9") + 1] = _DIGIT
