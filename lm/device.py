@@ -8,7 +8,8 @@ import re
 
 import torch
 
-# whole names only (``$`` would let "cpu\n" through), and an index torch parses: no leading zero, within int
+# whole names only (``$`` would let "cpu\n" through); an index without a leading zero (compared with
+# the device count as written: torch keeps an index in 8 bits, so "cuda:256" would be cuda:0)
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,8}))?")
 DTYPES = ("auto", "float32", "bfloat16")
 
@@ -39,19 +40,18 @@ def resolve_device(name: str, argument: str = "--device", local_rank: int = 0) -
         raise ValueError(unknown)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
+    if name.startswith("cuda"):
+        index = int(name[5:]) if ":" in name else local_rank
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ValueError(f"{argument}: {name!r} is not available on this machine (available: {have})")
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+        return device
     try:
         device = torch.device(name)
     except RuntimeError:  # a name torch parses otherwise than the pattern says: a one-line error all the same
         raise ValueError(unknown) from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"{argument}: {name!r} is not available on this machine (available: {have})")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-        if device.index >= torch.cuda.device_count():
-            raise ValueError(f"{argument}: {name!r} is not available on this machine (available: {have})")
-        torch.cuda.set_device(device)
-    elif device.type == "mps" and not _mps_available():
+    if device.type == "mps" and not _mps_available():
         raise ValueError(f"{argument}: 'mps' is not available on this machine (available: {have})")
     return device
 

@@ -98,3 +98,28 @@ def test_as_flags_names_the_flag_in_errors_and_warnings():
     assert shown == [("--input: 3 bytes of 'x.txt' are not valid UTF-8", UserWarning),
                      ("other: untouched", RuntimeWarning), ("input: after the block", UserWarning)]
     assert seen == []
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error(tmp_path, monkeypatch):
+    """Every command became quiet on a closed pipe, and took any BrokenPipeError for one: a worker's
+    pipe or a socket breaking ended the command with status 141 and no message."""
+    import os
+    import sys
+
+    from lm.cli.common import CLOSED_PIPE_STATUS, quiet_on_closed_pipe, stdout_reader_gone
+
+    def worker_pipe_broke(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with open(tmp_path / "out.txt", "w") as f:  # stdout a file: the pipe that broke is another
+        monkeypatch.setattr(sys, "stdout", f)
+        assert not stdout_reader_gone()
+        with pytest.raises(BrokenPipeError):
+            quiet_on_closed_pipe(worker_pipe_broke)(argparse.Namespace())
+    read, write = os.pipe()
+    os.close(read)  # stdout a pipe whose reader is gone
+    with os.fdopen(write, "w") as f:
+        monkeypatch.setattr(sys, "stdout", f)
+        assert stdout_reader_gone()
+        assert quiet_on_closed_pipe(worker_pipe_broke)(argparse.Namespace()) == CLOSED_PIPE_STATUS
+        monkeypatch.undo()

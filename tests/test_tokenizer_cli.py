@@ -688,3 +688,22 @@ def test_the_invalid_utf8_warning_of_lm_tokenize_names_input(trained, tmp_path, 
                  "--num-workers", "1", "--quiet"]) == 0
     assert capsys.readouterr().err.strip() == (f"lm tokenize: warning: --input: 20 bytes of {str(path)!r} are not "
                                                "valid UTF-8; they were replaced by U+FFFD")
+
+
+def test_an_input_gone_before_the_summary_is_the_inputs_error(tmp_path, capsys, monkeypatch):
+    """The summary reads the held-out tail of the input; a read failure there was reported as
+    "--out: 'tok' cannot be written: No such file or directory"."""
+    import lm.tokenizer.train as train_module
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("hello world, the cat sat.\n" * 200, encoding="utf-8")
+
+    def gone(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(train_module, "training_summary", gone)
+    assert main(["tokenizer", "train", "--input", str(path), "--vocab-size", "260", "--out", str(tmp_path / "tok"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lm tokenizer train: error: --input: {str(path)!r} cannot be read: No such file or directory\n"
+    assert not (tmp_path / "tok").exists()

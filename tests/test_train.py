@@ -178,8 +178,10 @@ def test_numpy_numbers_in_a_config_become_plain_values(tmp_path):
     assert type(cfg.optim.weight_decay) is float and cfg.optim.weight_decay == 0.5
     assert type(cfg.train.batch_size) is int and cfg.train.batch_size == 8
     assert type(cfg.optim.min_lr) is float and cfg.optim.min_lr == 0.0
-    raw["train"]["compile"] = np.bool_(True)  # not a bool: refused, as before
-    with pytest.raises(ValueError, match=r"train.compile must be true or false, got bool"):
+    raw["train"]["compile"] = np.bool_(False)  # refused as "must be true or false, got bool np.False_"
+    assert type(config_from_dict(raw).train.compile) is bool
+    raw["train"]["batch_size"] = np.bool_(True)  # a bool is no count, numpy's neither
+    with pytest.raises(ValueError, match=r"train.batch_size must be an integer, got bool_? np.True_"):
         config_from_dict(raw)
 
 

@@ -196,6 +196,24 @@ def test_device_names_torch_cannot_parse_are_one_line(device):
                             f"(here: {', '.join(available_devices())})")
 
 
+def test_a_cuda_index_past_the_devices_is_refused_as_written(monkeypatch):
+    """torch keeps a device index in 8 bits: "cuda:256" was cuda:0, and on a one-GPU machine trained
+    there without a word. The index is compared with the device count as the user wrote it."""
+    import torch
+
+    from lm.device import resolve_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    for name in ("cuda:256", "cuda:1", "cuda:128"):
+        with pytest.raises(ValueError, match=rf"^--device: '{name}' is not available on this machine \(available: "):
+            resolve_device(name)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0) and resolve_device("cuda") == torch.device("cuda", 0)
+    assert chosen == [torch.device("cuda", 0)] * 2
+
+
 @pytest.mark.parametrize("device, message", [
     ("cuda:01", "unknown device 'cuda:01'"),
     ("", "unknown device ''"),  # was dropped: the run trained on the config's device

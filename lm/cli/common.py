@@ -232,6 +232,8 @@ def quiet_on_closed_pipe(command: Callable[[argparse.Namespace], int]) -> Callab
             sys.stdout.flush()  # the last buffered lines: their reader may be gone too
             return status
         except BrokenPipeError:
+            if not stdout_reader_gone():  # another pipe broke (a worker's, a socket): a real error
+                raise
             from lm.io import silence_stdout
 
             silence_stdout()
@@ -239,3 +241,17 @@ def quiet_on_closed_pipe(command: Callable[[argparse.Namespace], int]) -> Callab
 
     run.quiet_on_closed_pipe = True
     return run
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader went away: ``poll`` reports an error or a
+    hang-up on it. False for a file, a terminal, a live pipe, or a stdout with no descriptor."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -181,7 +181,10 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     with writing_out(out), replace_dir(out, **output) as tmp, as_flags(special_tokens="--special-token"):
         save_tokenizer_dir(tok, tmp, hf=True)  # refuses a special token that clashes with a learned token
         t2 = time.perf_counter()
-        summary = training_summary(tok, stats, paths, heldout, {"save": t2 - t1, "since_start": t2 - t0})
+        try:  # it reads the held-out tail of the input: a failure there is the input's, not --out's
+            summary = training_summary(tok, stats, paths, heldout, {"save": t2 - t1, "since_start": t2 - t0})
+        except OSError as e:
+            raise ValueError(f"--input: {e.filename or str(paths[0])!r} cannot be read: {e.strerror or e}") from None
         with atomic_write(tmp / "summary.json") as f:
             json.dump(summary, f, indent=1, ensure_ascii=False)
     bpt = summary["bytes_per_token_heldout"]

@@ -257,7 +257,8 @@ class TransformerLM(torch.nn.Module):
         """Unique parameters (``parameters()`` yields a tied tensor once). ``include_embeddings=False``
         leaves out the token and learned position embedding tables (lookups, no FLOPs); ``lm_head``
         counts as a matmul, a tied matrix once, as the output projection (as nanoGPT's
-        ``get_num_params``): the matrices :meth:`flops_per_token` counts, plus the norms' gains."""
+        ``get_num_params``): the matrices :meth:`flops_per_token` counts, plus the norms' weights
+        (and biases)."""
         excluded = set()
         if not include_embeddings:
             if not self.config.tie_embeddings:

@@ -4,8 +4,8 @@ Encoding a text: split out special tokens (the longest wins where two overlap), 
 rest into pre-tokens with the GPT-2 regex, and apply the merges to each pre-token in
 rank order. Pre-tokens repeat a lot in natural text, so their ids are cached. That is the
 reference path (``Tokenizer._encode_chars``). Stretches of plain text (ASCII, common
-punctuation and characters of two UTF-8 bytes, accented letters among them) take a vectorised
-path that gives the same ids without a Python step per pre-token
+punctuation and characters of two or three UTF-8 bytes: accented letters, CJK...) take a
+vectorised path that gives the same ids without a Python step per pre-token
 (:mod:`lm.tokenizer.vectorized`); tests check the two against each other.
 """
 
@@ -372,9 +372,10 @@ class Tokenizer:
         """:meth:`_encode_array` of a text that UTF-8 can encode (else UnicodeEncodeError).
 
         Plain stretches go to the vectorised path joined into blocks of about ``_FAST_BLOCK``
-        bytes: they begin and end at safe cuts (a newline after a printable character), so a
-        join is a safe cut too and each stretch's ids are the ones it has alone. A block's words
-        new to the cache go through the merges in one batch, and its arrays stay in cache.
+        bytes: they begin and end at safe cuts (a line end's whitespace run after a character that
+        is not whitespace), so a join is a safe cut too and each stretch's ids are the ones it has
+        alone. A block's words new to the cache go through the merges in one batch, and its arrays
+        stay in cache.
         """
         if self._cut_stretches:
             stretches = list(plain_stretches(text, max_plain=_FAST_BLOCK, fast=True))

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -207,8 +209,10 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
     float where a float is wanted, and numpy's numbers (from a Python-API sweep) become Python's,
     which config.toml and a checkpoint can hold (a numpy scalar in a checkpoint fails ``--resume``)."""
     annotation = _unoptional(annotation)
-    if isinstance(value, bool) or annotation is bool:  # bool is an int, but no number here
-        ok = isinstance(value, bool) and annotation is bool
+    if annotation is bool:
+        ok = isinstance(value, (bool, np.bool_))
+    elif isinstance(value, bool):  # an int, but no number here
+        ok = False
     elif annotation is int:
         ok = isinstance(value, numbers.Integral)
     elif annotation is float:
@@ -223,7 +227,7 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
         except OverflowError:  # a whole number past float's range (hundreds of digits)
             raise ValueError(f"config: {where} must be a number within float range, got an integer of "
                              f"{len(str(abs(value)))} digits") from None
-    if annotation in (int, float, str) and type(value) is not annotation:
+    if annotation in (int, float, str, bool) and type(value) is not annotation:
         return annotation(value)
     return value
 
