@@ -15,7 +15,6 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 import regex
 
 # The pattern of GPT-2 (and tiktoken's "gpt2" encoding).
@@ -49,9 +48,9 @@ def _fast_patterns() -> tuple[re.Pattern, re.Pattern, Callable[[str], object]]:
       "\\r\\n", "  \\n") after a character that is not whitespace (see :func:`find_safe_cut`):
       printable ASCII or such a character of the BMP; ``cut_after`` tells such a character.
     """
-    from lm.tokenizer.vectorized import _WS, bmp_classes
+    from lm.tokenizer.vectorized import non_ascii_spaces
 
-    excluded = {*(np.flatnonzero(bmp_classes()[0x80:] == _WS) + 0x80).tolist(), *range(0xD800, 0xE000)}
+    excluded = {*non_ascii_spaces(), *range(0xD800, 0xE000)}
     body, lo = [], 0x80
     for cp in [*sorted(excluded), 0x10000]:
         if cp > lo:

@@ -48,6 +48,12 @@ def bmp_classes() -> np.ndarray:
     return out
 
 
+def non_ascii_spaces() -> list[int]:
+    """The code points above ASCII and below U+10000 that the GPT-2 pattern takes for whitespace
+    (``\\s``): this path does not take them (``pretokenize._fast_patterns``)."""
+    return (np.flatnonzero(bmp_classes()[0x80:] == _WS) + 0x80).tolist()
+
+
 _APOSTROPHE = ord("'")
 # second (and third) letters of the contractions '(?:[sdmt]|ll|ve|re)
 _ONE_LETTER_CONTRACTION = np.zeros(256, dtype=bool)
@@ -178,15 +184,63 @@ def _token_keys(b: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple
     # the 8 bytes from each offset, one unaligned little-endian load each
     words = np.ndarray((n,), dtype="<u8", buffer=padded, strides=(1,))
     keys = words[starts]
-    short = lengths <= _EXACT
-    long = np.flatnonzero(~short)
-    lengths_u = lengths.astype(np.uint64)
     keys &= _LOW_BYTES[np.minimum(lengths, _EXACT)]
-    keys |= lengths_u << np.uint64(56)
+    keys |= lengths.astype(np.uint64) << np.uint64(56)
+    long = np.flatnonzero(lengths > _EXACT)
     if long.size:
         ll = lengths[long]
         keys[long] = _hash_tokens(b[_ranges(starts[long], ll, int(ll.sum()))], np.cumsum(ll) - ll, ll)
     return keys, long
+
+
+class _OpenTable:
+    """A hash table in numpy arrays: uint64 keys (0 marks an empty slot, so no key is 0) to int64
+    values, open addressing with linear probing; a key's first slot is the top bits of key times
+    a Fibonacci constant. The owner keeps it at most half full."""
+
+    def __init__(self, size: int, missing: int):
+        self.keys = np.zeros(size, dtype=np.uint64)
+        self.values = np.full(size, missing, dtype=np.int64)  # an empty slot's: what find gives a stranger
+        self.missing = missing
+        self._shift = np.uint64(64 - (size.bit_length() - 1))
+
+    def _slots(self, keys: np.ndarray) -> np.ndarray:
+        return ((keys * _SLOT_MIX) >> self._shift).astype(np.int64)
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """The value of each key, or ``missing`` (the key 0 too: it meets an empty slot's value)."""
+        mask = len(self.keys) - 1
+        slot = self._slots(keys)
+        k = self.keys[slot]
+        out = self.values[slot]
+        hit = k == keys
+        if hit.all():  # the common case: every key in its own slot
+            return out
+        out[~hit] = self.missing
+        todo = np.flatnonzero(~hit & (k != 0))  # the slot held another key: probe on
+        slot, wanted = (slot[todo] + 1) & mask, keys[todo]
+        while todo.size:
+            k = self.keys[slot]
+            hit = k == wanted
+            out[todo[hit]] = self.values[slot[hit]]
+            more = ~hit & (k != 0)
+            todo, slot, wanted = todo[more], (slot[more] + 1) & mask, wanted[more]
+        return out
+
+    def insert(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add ``keys`` (distinct, not 0, not held yet) with their ``values``."""
+        mask = len(self.keys) - 1
+        slot = self._slots(keys)
+        while keys.size:
+            # each free slot takes the first key that wants it; the others probe on
+            free = self.keys[slot] == 0
+            first = np.zeros(len(keys), dtype=bool)
+            _, idx = np.unique(slot[free], return_index=True)
+            first[np.flatnonzero(free)[idx]] = True
+            self.keys[slot[first]] = keys[first]
+            self.values[slot[first]] = values[first]
+            rest = ~first
+            keys, values, slot = keys[rest], values[rest], (slot[rest] + 1) & mask
 
 
 class HashedEncoder:
@@ -204,8 +258,7 @@ class HashedEncoder:
         self.clear()
 
     def clear(self) -> None:
-        self.keys = np.zeros(1 << 16, dtype=np.uint64)  # open addressing, linear probing
-        self.slot_entry = np.zeros(1 << 16, dtype=np.int64)
+        self.table = _OpenTable(1 << 16, -1)  # key -> entry
         self.entries = 0  # distinct pre-tokens held
         self.ids_off = np.zeros(1 << 12, dtype=np.int64)  # entry -> its ids in ids_pool
         self.ids_len = np.zeros(1 << 12, dtype=np.int64)
@@ -214,44 +267,6 @@ class HashedEncoder:
         self.ids_pool = np.zeros(1 << 14, dtype=np.uint32)
         self.word_pool = np.zeros(1 << 16, dtype=np.uint8)
         self.ids_used = self.words_used = 0
-
-    def _slots(self, h: np.ndarray) -> np.ndarray:
-        bits = np.uint64(64 - (len(self.keys).bit_length() - 1))
-        return ((h * _SLOT_MIX) >> bits).astype(np.int64)
-
-    def _find(self, h: np.ndarray) -> np.ndarray:
-        """Entry of each key, or -1."""
-        keys, mask = self.keys, len(self.keys) - 1
-        slot = self._slots(h)
-        k = keys[slot]
-        out = self.slot_entry[slot]
-        hit = k == h
-        if hit.all():  # the common case: every key in its own slot
-            return out
-        out[~hit] = -1
-        todo = np.flatnonzero(~hit & (k != 0))  # the slot held another key: probe on
-        slot, hh = (slot[todo] + 1) & mask, h[todo]
-        while todo.size:
-            k = keys[slot]
-            hit = k == hh
-            out[todo[hit]] = self.slot_entry[slot[hit]]
-            more = ~hit & (k != 0)
-            todo, slot, hh = todo[more], (slot[more] + 1) & mask, hh[more]
-        return out
-
-    def _insert_slots(self, h: np.ndarray, entries: np.ndarray) -> None:
-        keys, mask = self.keys, len(self.keys) - 1
-        slot = self._slots(h)
-        while h.size:
-            # each free slot takes the first key that wants it; the others probe on
-            free = keys[slot] == 0
-            first = np.zeros(len(h), dtype=bool)
-            _, idx = np.unique(slot[free], return_index=True)
-            first[np.flatnonzero(free)[idx]] = True
-            keys[slot[first]] = h[first]
-            self.slot_entry[slot[first]] = entries[first]
-            rest = ~first
-            h, entries, slot = h[rest], entries[rest], (slot[rest] + 1) & mask
 
     def _add(self, words: list[bytes], h: np.ndarray) -> None:
         """Add new pre-tokens (distinct, not in the table) with their hashes."""
@@ -272,16 +287,14 @@ class HashedEncoder:
         self.ids_used += len(flat_ids)
         self.words_used += len(flat_words)
         self.entries = e1
-        if 2 * self.entries > len(self.keys):  # keep the load under 1/2: rebuild twice as large
-            size = len(self.keys)
+        if 2 * self.entries > len(self.table.keys):  # keep the load under 1/2: rebuild twice as large
+            size = len(self.table.keys)
             while 2 * self.entries > size:
                 size *= 2
-            old_keys, old_entries = self.keys, self.slot_entry
-            used = old_keys != 0
-            self.keys = np.zeros(size, dtype=np.uint64)
-            self.slot_entry = np.zeros(size, dtype=np.int64)
-            self._insert_slots(old_keys[used], old_entries[used])
-        self._insert_slots(h, np.arange(e0, e1, dtype=np.int64))
+            old, self.table = self.table, _OpenTable(size, -1)
+            used = old.keys != 0
+            self.table.insert(old.keys[used], old.values[used])
+        self.table.insert(h, np.arange(e0, e1, dtype=np.int64))
 
     def encode(self, data: bytes, specials: list[tuple[int, int, int]] = ()) -> np.ndarray | None:
         """The ids of ``data`` (UTF-8 of text fit for this path) as ``uint32``, or None on a hash collision.
@@ -316,7 +329,7 @@ class HashedEncoder:
             is_special = np.zeros(len(starts), dtype=bool)
             is_special[np.searchsorted(starts, sp_starts)] = True
         h, long = _token_keys(b, starts, lengths)
-        entry = self._find(h)
+        entry = self.table.find(h)
         miss = entry < 0
         if is_special is not None:
             miss &= ~is_special
@@ -329,7 +342,7 @@ class HashedEncoder:
                 new_h, first = np.unique(h[miss], return_index=True)
             at = np.flatnonzero(miss)[first]
             self._add([data[s : s + n] for s, n in zip(starts[at].tolist(), lengths[at].tolist())], new_h)
-            entry[miss] = self._find(h[miss])
+            entry[miss] = self.table.find(h[miss])
         if is_special is not None:
             entry[is_special] = 0  # placeholder: filled below
             long = long[~is_special[long]]
@@ -389,50 +402,19 @@ class BatchBPE:
     def __init__(self, byte_ids: list[int], ranks: dict[int, int], bpe_one: Callable[[bytes], list[int]],
                  max_len: int = 32):
         self.byte_ids = np.array(byte_ids, dtype=np.int64)
-        keys = np.fromiter(ranks.keys(), dtype=np.int64, count=len(ranks))
-        vals = np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
-        # the pairs in an open-addressing table at most 1/4 full (-1: an empty slot), so that
-        # most lookups take one probe
-        size = 1 << max(4, (4 * len(keys)).bit_length())
-        self._shift = np.uint64(64 - (size.bit_length() - 1))
-        self.keys = np.full(size, -1, dtype=np.int64)
-        self.vals = np.full(size, _NO_MERGE, dtype=np.int64)
-        slot = self._slots(keys)
-        while keys.size:  # each free slot takes the first key that wants it; the others probe on
-            free = self.keys[slot] == -1
-            _, first = np.unique(slot[free], return_index=True)
-            take = np.flatnonzero(free)[first]
-            self.keys[slot[take]], self.vals[slot[take]] = keys[take], vals[take]
-            rest = np.ones(len(keys), dtype=bool)
-            rest[take] = False
-            keys, vals, slot = keys[rest], vals[rest], (slot[rest] + 1) & (size - 1)
+        # pair key + 1 (a pair of ids 0 and 0 is key 0, the table's empty slot) -> rank << 32 | merged id,
+        # the table at most 1/4 full, so that most lookups take one probe
+        keys = np.fromiter(ranks.keys(), dtype=np.uint64, count=len(ranks)) + np.uint64(1)
+        self.table = _OpenTable(1 << max(4, (4 * len(keys)).bit_length()), _NO_MERGE)
+        self.table.insert(keys, np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks)))
         self.bpe_one = bpe_one
         self.max_len = max_len
 
-    def _slots(self, q: np.ndarray) -> np.ndarray:
-        return ((q.astype(np.uint64) * _SLOT_MIX) >> self._shift).astype(np.int64)
-
     def _rank(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """``rank << 32 | merged id`` of each pair, or ``_NO_MERGE``; a -1 (padding) pairs with nothing."""
-        q = left << 32 | right
-        q[(left < 0) | (right < 0)] = -2  # no key
-        shape, q = q.shape, q.reshape(-1)
-        slot = self._slots(q)
-        k = self.keys[slot]
-        out = self.vals[slot]
-        hit = k == q
-        if hit.all():
-            return out.reshape(shape)
-        out[~hit] = _NO_MERGE
-        todo = np.flatnonzero(~hit & (k != -1))  # the slot holds another pair: probe on
-        mask = len(self.keys) - 1
-        while todo.size:
-            slot[todo] = (slot[todo] + 1) & mask
-            k = self.keys[slot[todo]]
-            hit = k == q[todo]
-            out[todo[hit]] = self.vals[slot[todo[hit]]]
-            todo = todo[~hit & (k != -1)]
-        return out.reshape(shape)
+        q = (left << 32 | right) + 1
+        q[(left < 0) | (right < 0)] = 0  # no key: the table's value for it is _NO_MERGE
+        return self.table.find(q.reshape(-1).astype(np.uint64)).reshape(q.shape)
 
     def __call__(self, words: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of every word, flat (``uint32``), and how many each word has."""
