@@ -93,6 +93,17 @@ def _naming(path: Path) -> Iterator[None]:
         raise type(e)(e.errno, e.strerror, str(path)) from None
 
 
+@contextlib.contextmanager
+def writing_out(out: str | os.PathLike, argument: str = "--out") -> Iterator[None]:
+    """An OSError of writing an output (its folder, or the hidden temporary one built beside it) as one
+    line naming the argument and the path the user gave: ``--out: '/sys/x' cannot be written: Operation
+    not permitted``, not "[Errno 1] Operation not permitted: '/sys/.x.hzy8iri8.tmp'"."""
+    try:
+        yield
+    except OSError as e:
+        raise ValueError(f"{argument}: {str(out)!r} cannot be written: {e.strerror or e}") from None
+
+
 class InterruptGuard:
     """Ctrl-C as usual, until :meth:`hold`: from then to the end of the ``with`` block an
     interrupt is remembered and raised when the block ends.
@@ -479,11 +490,9 @@ def replace_dir(
     )
     before = os.lstat(out) if out.is_dir() and not out.is_symlink() else None
     with removing_made_dirs(out.parent):
-        try:
+        with writing_out(out, argument):
             make_dir(out.parent)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        except OSError as e:
-            raise ValueError(f"{argument}: {str(out)!r} cannot be written: {e.strerror or e}") from None
         try:
             if before is None:
                 os.chmod(tmp, dir_mode())

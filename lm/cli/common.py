@@ -201,17 +201,6 @@ def as_flags(**flags: str) -> Iterator[None]:
         warnings.showwarning = shown
 
 
-@contextlib.contextmanager
-def writing_out(out: str | Path, argument: str = "--out") -> Iterator[None]:
-    """An OSError of writing an output (its folder, or the hidden temporary one built beside it) as one
-    line naming the argument and the path the user gave: ``--out: '/sys/x' cannot be written: Operation
-    not permitted``, not "[Errno 1] Operation not permitted: '/sys/.x.hzy8iri8.tmp'"."""
-    try:
-        yield
-    except OSError as e:
-        raise ValueError(f"{argument}: {str(out)!r} cannot be written: {e.strerror or e}") from None
-
-
 # -- a closed output pipe ----------------------------------------------------------------------
 
 CLOSED_PIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a tool that `| head` cut short

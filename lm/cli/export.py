@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lm.cli.common import add_checkpoint, add_command, add_out, add_quiet, writing_out
+from lm.cli.common import add_checkpoint, add_command, add_out, add_quiet
 
 EXAMPLES = """
   lm export hf --checkpoint runs/cpu-small --out hf/cpu-small
@@ -74,6 +74,7 @@ def _cmd_export_hf(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer, resolve_checkpoint
     from lm.export import export_hf
     from lm.generate.load import find_run_tokenizer
+    from lm.io import writing_out
 
     checkpoint, out = _old_positionals(args)
     if checkpoint is None:

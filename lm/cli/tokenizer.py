@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lm.cli.common import add_command, add_out, add_quiet, as_flags, writing_out
+from lm.cli.common import add_command, add_out, add_quiet, as_flags
 from lm.io import (
     atomic_write,
     check_output_dir,
@@ -23,6 +23,7 @@ from lm.io import (
     decompressed_copies,
     is_gzip,
     replace_dir,
+    writing_out,
 )
 
 TRAIN_EXAMPLES = """
