@@ -67,6 +67,8 @@ def dump_tables(sections: dict[str, dict[str, Any]]) -> str:
 
 
 def loads(text: str) -> dict[str, Any]:
+    """A TOML document as a dict (``tomllib``, or ``tomli`` on Python 3.10, imported here only); a
+    syntax error is ``TOMLDecodeError``, a ValueError."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10

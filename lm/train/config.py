@@ -23,15 +23,11 @@ from typing import Any
 
 import numpy as np
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 from lm.io import spoken_list
 from lm.model import ARCHITECTURES, ModelConfig, Seq2SeqConfig
 from lm.nn.choices import check_choice
 from lm.tomlio import dump_tables
+from lm.tomlio import loads as toml_loads
 
 
 @dataclass
@@ -284,8 +280,8 @@ def parse_override(item: str) -> tuple[str, str, Any]:
         raise ValueError(f"--set {item!r}: the key must be section.key, e.g. optim.max_lr")
     section, name = key.split(".")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = toml_loads(f"v = {raw}")["v"]
+    except ValueError:  # tomllib.TOMLDecodeError
         value = raw  # bare strings such as paths: --set train.out_dir=runs/x
         if _DECIMAL.fullmatch(raw.strip()):  # ".5", "5.": numbers to a user, though not to TOML
             value = float(raw)
@@ -346,12 +342,12 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     """Read a TOML config file, apply ``--set`` overrides, and check everything."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = toml_loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"--config: file not found: {str(path)!r}") from None
     except UnicodeDecodeError:
         raise ValueError(f"--config: {str(path)!r} is not a TOML file (not UTF-8 text)") from None
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # tomllib.TOMLDecodeError (UnicodeDecodeError, a ValueError too, is above)
         raise ValueError(f"--config: {str(path)!r} is not valid TOML: {e}") from None
     return config_from_dict(raw, overrides)
 
