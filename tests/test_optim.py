@@ -262,6 +262,40 @@ def test_schedule_edges():
     assert wsd_lr_schedule(80, 1.0, 0.0, 10, 100) == 1.0 and wsd_lr_schedule(90, 1.0, 0.0, 10, 100) == 0.5
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda: cosine_lr_schedule(-1, 1.0, 0.1, 0, 100), "cosine_lr_schedule: it must be a finite number >= 0, got -1"),
+    (lambda: cosine_lr_schedule(5, 1.0, 0.1, -10, 100),
+     "cosine_lr_schedule: warmup_iters must be a finite number >= 0, got -10"),
+    (lambda: cosine_lr_schedule(5, float("nan"), 0.1, 10, 100),
+     "cosine_lr_schedule: max_learning_rate must be a finite number >= 0, got nan"),
+    (lambda: cosine_lr_schedule(50, 0.1, 1.0, 10, 100),
+     "cosine_lr_schedule: min_learning_rate (1.0) must not exceed max_learning_rate (0.1)"),
+    (lambda: cosine_lr_schedule("5", 1.0, 0.1, 10, 100), "cosine_lr_schedule: it must be a number, got '5'"),
+    (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, float("inf")),
+     "wsd_lr_schedule: total_iters must be a finite number >= 0, got inf"),
+    (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, 100, 0.0), "wsd_lr_schedule: decay_fraction must be in (0, 1], got 0.0"),
+    (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, 100, 1.5), "wsd_lr_schedule: decay_fraction must be in (0, 1], got 1.5"),
+])
+def test_schedules_refuse_arguments_that_give_no_rate(call, message):
+    """Before, a negative iteration with no warm-up was a ZeroDivisionError, a NaN rate or an inverted
+    min/max came back as a plausible learning rate, and decay_fraction 0 divided by zero at the end."""
+    with pytest.raises(ValueError) as e:
+        call()
+    assert str(e.value) == message
+
+
+def test_inverse_sqrt_schedule_refuses_a_zero_warmup_or_width():
+    from lm.optim import inverse_sqrt_lr_schedule, inverse_sqrt_scale
+
+    with pytest.raises(ValueError, match=r"^inverse_sqrt_lr_schedule: d_model and warmup_iters must be > 0, "
+                                         r"got 512 and 0$"):
+        inverse_sqrt_lr_schedule(10, 512, 0)  # was ZeroDivisionError (0 ** -1.5)
+    with pytest.raises(ValueError, match=r"^inverse_sqrt_lr_schedule: it must be a finite number >= 0, got nan$"):
+        inverse_sqrt_lr_schedule(float("nan"), 512, 4000)
+    with pytest.raises(ValueError, match=r"^inverse_sqrt_scale: peak must be a finite number >= 0, got -0.001$"):
+        inverse_sqrt_scale(-1e-3, 512, 4000)
+
+
 def test_cosine_schedule_matches_cs336_reference_values():
     # The CS336 assignment's expected values for max=1, min=0.1, warm-up 7, cycle 21.
     expected = [0, 0.14285714285714285, 0.2857142857142857, 0.42857142857142855, 0.5714285714285714,

@@ -5,6 +5,24 @@ from __future__ import annotations
 import math
 
 
+def _check(function: str, **values: float) -> None:
+    """Each value a finite, non-negative real number, else a ValueError naming ``function`` and the
+    argument: a NaN or negative argument would otherwise give a NaN rate, a ZeroDivisionError, or a
+    plausible rate from the wrong thing (the trainer's config checks the same for ``lm train``)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+            raise ValueError(f"{function}: {name} must be a number, got {value!r}")
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{function}: {name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_rates(function: str, max_learning_rate: float, min_learning_rate: float) -> None:
+    _check(function, max_learning_rate=max_learning_rate, min_learning_rate=min_learning_rate)
+    if min_learning_rate > max_learning_rate:
+        raise ValueError(f"{function}: min_learning_rate ({min_learning_rate!r}) must not exceed "
+                         f"max_learning_rate ({max_learning_rate!r})")
+
+
 def cosine_lr_schedule(
     it: float,
     max_learning_rate: float,
@@ -23,6 +41,8 @@ def cosine_lr_schedule(
     >>> cosine_lr_schedule(5, 1.0, 0.1, 10, 100), cosine_lr_schedule(100, 1.0, 0.1, 10, 100)
     (0.5, 0.1)
     """
+    _check("cosine_lr_schedule", it=it, warmup_iters=warmup_iters, cosine_cycle_iters=cosine_cycle_iters)
+    _check_rates("cosine_lr_schedule", max_learning_rate, min_learning_rate)
     if it < warmup_iters:
         return max_learning_rate * it / warmup_iters
     if it > cosine_cycle_iters:
@@ -55,6 +75,10 @@ def wsd_lr_schedule(
     >>> [wsd_lr_schedule(i, 1.0, 0.0, 10, 100, 0.2) for i in (5, 50, 80, 90, 100)]
     [0.5, 1.0, 1.0, 0.5, 0.0]
     """
+    _check("wsd_lr_schedule", it=it, warmup_iters=warmup_iters, total_iters=total_iters)
+    _check_rates("wsd_lr_schedule", max_learning_rate, min_learning_rate)
+    if not (isinstance(decay_fraction, (int, float)) and 0 < decay_fraction <= 1):
+        raise ValueError(f"wsd_lr_schedule: decay_fraction must be in (0, 1], got {decay_fraction!r}")
     if it < warmup_iters:
         return max_learning_rate * it / warmup_iters
     decay_start = max(warmup_iters, total_iters * (1 - decay_fraction))
@@ -78,6 +102,10 @@ def inverse_sqrt_lr_schedule(it: float, d_model: int, warmup_iters: float, scale
     >>> round(inverse_sqrt_lr_schedule(4000, 512, 4000), 6), inverse_sqrt_lr_schedule(0, 512, 4000)
     (0.000699, 0.0)
     """
+    _check("inverse_sqrt_lr_schedule", it=it, d_model=d_model, warmup_iters=warmup_iters, scale=scale)
+    if d_model < 1 or warmup_iters <= 0:
+        raise ValueError(f"inverse_sqrt_lr_schedule: d_model and warmup_iters must be > 0, "
+                         f"got {d_model!r} and {warmup_iters!r}")
     if it <= 0:
         return 0.0
     return scale * d_model**-0.5 * min(it**-0.5, it * warmup_iters**-1.5)
@@ -85,4 +113,5 @@ def inverse_sqrt_lr_schedule(it: float, d_model: int, warmup_iters: float, scale
 
 def inverse_sqrt_scale(peak: float, d_model: int, warmup_iters: float) -> float:
     """The ``scale`` that makes :func:`inverse_sqrt_lr_schedule` peak at ``peak`` (at ``warmup_iters``)."""
+    _check("inverse_sqrt_scale", peak=peak, d_model=d_model, warmup_iters=warmup_iters)
     return peak * math.sqrt(d_model * warmup_iters)
