@@ -831,3 +831,25 @@ def test_block_num_heads_zero_is_the_attention_value_error():
         TransformerBlock(32, 0, 48, 16, 10000.0)
     with pytest.raises(ValueError, match="num_heads=-4"):
         TransformerBlock(32, -4, 48, 16, 10000.0)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: lm.nn.MultiHeadAttention(16, 2.0), "num_heads must be a positive integer, got num_heads=2.0"),
+    (lambda: lm.nn.MultiHeadAttention(16, True), "num_heads must be a positive integer, got num_heads=True"),
+    (lambda: lm.nn.MultiHeadAttention(0, 2), "d_model must be a positive integer, got d_model=0"),
+    (lambda: lm.nn.RMSNorm(4, eps=-1), "eps must be a positive finite number, got eps=-1"),
+    (lambda: lm.nn.RMSNorm(4, eps=float("nan")), "eps must be a positive finite number, got eps=nan"),
+    (lambda: lm.nn.LayerNorm(4, eps=0.0), "eps must be a positive finite number, got eps=0.0"),
+    (lambda: lm.nn.RMSNorm(4.0), "d_model must be a positive integer, got d_model=4.0"),
+    (lambda: lm.nn.Linear(8, 0), "out_features must be a positive integer, got out_features=0"),
+    (lambda: lm.nn.Linear(-3, 8), "in_features must be a positive integer, got in_features=-3"),
+    (lambda: lm.nn.Embedding(10, 8.5), "embedding_dim must be a positive integer, got embedding_dim=8.5"),
+    (lambda: lm.nn.SwiGLU(16, 0), "d_ff must be a positive integer, got d_ff=0"),
+    (lambda: lm.nn.RotaryEmbedding(10000.0, 8, 0), "max_seq_len must be a positive integer, got max_seq_len=0"),
+])
+def test_layers_refuse_sizes_and_eps_when_built(build, message):
+    """The layers checked less than the configs: MultiHeadAttention(16, 2.0) failed only at its first
+    forward (a reshape TypeError), RMSNorm(4, eps=-1) computed NaN, Linear(8, 0) built an empty layer."""
+    with pytest.raises(ValueError) as e:
+        build()
+    assert str(e.value) == message

@@ -17,7 +17,7 @@ from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lm.nn.choices import check_choice
+from lm.nn.choices import check_choice, check_size
 from lm.nn.functional import scaled_dot_product_attention
 from lm.nn.linear import Linear
 from lm.nn.rope import RotaryEmbedding
@@ -68,7 +68,9 @@ class MultiHeadAttention(torch.nn.Module):
         causal: bool = True,
     ):
         super().__init__()
-        if num_heads < 1 or d_model % num_heads != 0:
+        check_size("d_model", d_model)
+        check_size("num_heads", num_heads)
+        if d_model % num_heads != 0:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
         check_choice("attn_impl", attn_impl, ATTN_IMPLS)
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lm.nn.choices import check_size
 from lm.nn.functional import check_integer_dtype, index_rows
 
 
@@ -22,6 +23,8 @@ class Embedding(torch.nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
+        check_size("num_embeddings", num_embeddings)
+        check_size("embedding_dim", embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = torch.nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
         self.reset_parameters()

@@ -8,7 +8,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lm.nn.choices import check_choice
+from lm.nn.choices import check_choice, check_size
 from lm.nn.functional import gelu, relu, silu
 from lm.nn.linear import Linear
 
@@ -33,6 +33,8 @@ class SwiGLU(torch.nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
         super().__init__()
+        check_size("d_model", d_model)
+        check_size("d_ff", d_ff)
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
         self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
         self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
@@ -48,6 +50,8 @@ class MLP(torch.nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", device=None, dtype=None):
         super().__init__()
+        check_size("d_model", d_model)
+        check_size("d_ff", d_ff)
         check_choice("activation", activation, self._ACTIVATIONS)
         self.activation = activation
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)

@@ -8,6 +8,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from lm.nn.choices import check_size
 from lm.nn.functional import linear
 
 
@@ -16,6 +17,8 @@ class Linear(torch.nn.Module):
 
     def __init__(self, in_features: int, out_features: int, device=None, dtype=None):
         super().__init__()
+        check_size("in_features", in_features)
+        check_size("out_features", out_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.reset_parameters()

@@ -6,12 +6,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from lm.nn.choices import check_positive, check_size
+
 
 class RMSNorm(torch.nn.Module):
     """``x / sqrt(mean(x²) + eps) * weight`` over the last dimension."""
 
     def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
+        check_size("d_model", d_model)
+        check_positive("eps", eps)
         self.d_model, self.eps = d_model, eps
         self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
@@ -30,6 +34,8 @@ class LayerNorm(torch.nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
+        check_size("d_model", d_model)
+        check_positive("eps", eps)
         self.d_model, self.eps = d_model, eps
         self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
         self.bias = torch.nn.Parameter(torch.zeros(d_model, device=device, dtype=dtype))

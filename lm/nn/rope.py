@@ -3,7 +3,6 @@ by the angle ``pos · theta^(-2i/d_k)``."""
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -11,6 +10,7 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lm.nn.choices import check_positive, check_size
 from lm.nn.functional import check_integer_dtype, index_rows
 
 
@@ -20,12 +20,10 @@ class RotaryEmbedding(torch.nn.Module):
     def __init__(self, theta: float, d_k: int, max_seq_len: int, device=None):
         super().__init__()
         # theta = 0 would build NaN tables without a word (0 ** negative = inf, then inf * 0 = NaN).
-        if not (_is_number(theta, numbers.Real) and 0 < theta < math.inf):
-            raise ValueError(f"theta must be a positive finite number, got theta={theta!r}")
-        if not (_is_number(d_k, numbers.Integral) and d_k > 0 and d_k % 2 == 0):
+        check_positive("theta", theta)
+        if not (isinstance(d_k, numbers.Integral) and not isinstance(d_k, bool) and d_k > 0 and d_k % 2 == 0):
             raise ValueError(f"d_k must be a positive even int for RoPE (it rotates pairs), got d_k={d_k!r}")
-        if not (_is_number(max_seq_len, numbers.Integral) and max_seq_len > 0):
-            raise ValueError(f"max_seq_len must be a positive int, got max_seq_len={max_seq_len!r}")
+        check_size("max_seq_len", max_seq_len)
         self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
         self._build_tables(device)
 
@@ -62,6 +60,3 @@ class RotaryEmbedding(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"theta={self.theta}, d_k={self.d_k}, max_seq_len={self.max_seq_len}"
 
-
-def _is_number(value: object, kind: type) -> bool:
-    return isinstance(value, kind) and not isinstance(value, bool)
