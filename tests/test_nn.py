@@ -853,3 +853,47 @@ def test_layers_refuse_sizes_and_eps_when_built(build, message):
     with pytest.raises(ValueError) as e:
         build()
     assert str(e.value) == message
+
+
+def test_norms_rope_and_losses_compute_float64_inputs_in_float64():
+    """They computed in float32 even for float64 inputs (the attention already kept float64), so
+    torch.autograd.gradcheck, the usual way to check a hand-written layer, failed on every one of
+    them and their float64 outputs were float32-accurate. Checked against float64 formulas here."""
+    from torch.autograd import gradcheck
+
+    from lm.nn.functional import cross_entropy, linear_cross_entropy
+
+    torch.manual_seed(0)
+    f64 = torch.float64
+    x = torch.randn(2, 3, 8, dtype=f64, requires_grad=True)
+    rms, ln = RMSNorm(8, dtype=f64), LayerNorm(8, dtype=f64)
+    with torch.no_grad():
+        rms.weight.uniform_(0.5, 1.5), ln.weight.uniform_(0.5, 1.5), ln.bias.uniform_(-0.5, 0.5)
+    rope = lm.nn.RotaryEmbedding(10000.0, 8, 16).double()
+    pos = torch.tensor([[0, 5, 15], [1, 2, 3]])
+    assert rope.cos.dtype == f64  # built from the angles in float64, not float32 tables widened
+    angles = pos[..., None].double() * 10000.0 ** (-torch.arange(0, 8, 2, dtype=f64) / 8)
+    xe, xo = x[..., 0::2], x[..., 1::2]
+    rope_ref = torch.stack((xe * angles.cos() - xo * angles.sin(), xe * angles.sin() + xo * angles.cos()), -1)
+    mean = x.mean(-1, keepdim=True)
+    cases = [
+        (rms, x * (x.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * rms.weight),
+        (ln, (x - mean) / ((x - mean).pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * ln.weight + ln.bias),
+        (lambda t: rope(t, pos), rope_ref.flatten(-2)),
+    ]
+    for layer, expected in cases:
+        out = layer(x)
+        assert out.dtype == f64
+        torch.testing.assert_close(out, expected, rtol=1e-13, atol=1e-13)
+        assert gradcheck(layer, (x,))
+    logits = torch.randn(6, 11, dtype=f64, requires_grad=True)
+    w = torch.randn(11, 8, dtype=f64, requires_grad=True)
+    h = torch.randn(6, 8, dtype=f64, requires_grad=True)
+    t = torch.tensor([0, 6, 2, 3, 10, 1])
+    expected = -torch.log_softmax(logits, -1)[torch.arange(6), t].mean()
+    assert cross_entropy(logits, t).dtype == f64
+    torch.testing.assert_close(cross_entropy(logits, t), expected, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(linear_cross_entropy(h, w, t, chunk_size=4),
+                               -torch.log_softmax(h @ w.T, -1)[torch.arange(6), t].mean(), rtol=1e-13, atol=1e-13)
+    assert gradcheck(lambda z: cross_entropy(z, t, label_smoothing=0.1), (logits,))
+    assert gradcheck(lambda a, b: linear_cross_entropy(a, b, t, chunk_size=4, label_smoothing=0.1), (h, w))

@@ -198,7 +198,8 @@ def cross_entropy(
     label_smoothing: float = 0.0,
     ignore_index: int | None = None,
 ) -> Float[Tensor, ""]:
-    """Mean of ``-log softmax(logits)[target]`` over every position, computed in float32.
+    """Mean of ``-log softmax(logits)[target]`` over every position, computed in float32 (float64
+    for float64 logits).
 
     Stable for large logits: ``log Σ exp`` is taken after subtracting the row max. The
     gradient is the textbook ``(softmax(logits) - onehot(target)) / N``, written out by hand
@@ -314,7 +315,7 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: Tensor, targets: Tensor, eps: float, ignore_index: int | None) -> Tensor:
         in_dtype = logits.dtype
         targets = targets.long()
-        logits = logits.float()
+        logits = logits.to(torch.promote_types(in_dtype, torch.float32))
         valid = None if ignore_index is None else targets != ignore_index
         if valid is not None:
             targets = targets.masked_fill(~valid, 0)
@@ -411,15 +412,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         n = x2.shape[0]
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_x = torch.empty_like(x2) if want_x else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
-        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        acc = torch.promote_types(torch.promote_types(x.dtype, weight.dtype), torch.float32)  # float64 stays
+        grad_w = torch.zeros_like(weight, dtype=acc) if want_w else None
+        total = torch.zeros((), dtype=acc, device=x.device)
         low_precision = torch.is_autocast_enabled(x.device.type)
         # one chunk without a range over n: compiled with dynamic shapes (sentence-pair batches),
         # iterating a range would make the graph guard on the exact token count (a compile per batch)
         for start in range(0, n, chunk_size) if n > chunk_size else (0,):
             xc, tc = x2[start : start + chunk_size], t[start : start + chunk_size]
             vc = None if valid is None else valid[start : start + chunk_size]
-            logits = einsum(xc, weight, "n d, v d -> n v").float()
+            logits = einsum(xc, weight, "n d, v d -> n v").to(acc)
             row_max = logits.amax(dim=-1, keepdim=True)
             probs = torch.sub(logits, row_max).exp_()
             sums = probs.sum(dim=-1, keepdim=True)
@@ -434,7 +436,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     if low_precision:  # the weight gradient's matmul in autocast's dtype, as unfused
                         grad_w += einsum(dlogits, xc, "n v, n d -> v d")
                     else:
-                        grad_w.addmm_(dlogits.mT, xc.float())
+                        grad_w.addmm_(dlogits.mT, xc.to(acc))
         count = torch.tensor(float(n), device=x.device) if valid is None else valid.sum().float()
         ctx.save_for_backward(grad_x if want_x else None, grad_w if want_w else None, count)
         ctx.x_shape, ctx.w_dtype = x.shape, weight.dtype

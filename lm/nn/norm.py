@@ -1,4 +1,5 @@
-"""Normalisation layers. Both compute in float32 and return the input dtype."""
+"""Normalisation layers. Both compute in float32 (float64 for float64 inputs, so gradient checks in
+float64 hold) and return the input dtype."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         in_dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(in_dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x * self.weight.float()).to(in_dtype)
+        return (x * self.weight.to(x.dtype)).to(in_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
@@ -42,11 +43,11 @@ class LayerNorm(torch.nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         in_dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(in_dtype, torch.float32))
         mean = x.mean(dim=-1, keepdim=True)
         var = (x - mean).pow(2).mean(dim=-1, keepdim=True)
         x = (x - mean) * torch.rsqrt(var + self.eps)
-        return (x * self.weight.float() + self.bias.float()).to(in_dtype)
+        return (x * self.weight.to(x.dtype) + self.bias.to(x.dtype)).to(in_dtype)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"

@@ -27,32 +27,36 @@ class RotaryEmbedding(torch.nn.Module):
         self.theta, self.d_k, self.max_seq_len = theta, d_k, max_seq_len
         self._build_tables(device)
 
-    def _build_tables(self, device) -> None:
+    def _build_tables(self, device, dtype: torch.dtype = torch.float32) -> None:
         inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, device=device, dtype=torch.float64) / self.d_k)
         angles = torch.arange(self.max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq[None, :]
         # Tables are derived from (theta, d_k, max_seq_len), so they are not saved in the state dict.
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.register_buffer("cos", angles.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", angles.sin().to(dtype), persistent=False)
 
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16) would round the tables too; rebuild them in float32 instead,
-        # on whatever device they were moved to.
+        # on whatever device they were moved to (model.double(): in float64 from the angles, not
+        # the float32 tables widened).
+        before = self.cos.dtype
         super()._apply(fn, recurse)
-        if self.cos.dtype != torch.float32:
-            self._build_tables(self.cos.device)
+        if self.cos.dtype != before or self.cos.dtype not in (torch.float32, torch.float64):
+            self._build_tables(self.cos.device, torch.float64 if self.cos.dtype == torch.float64 else torch.float32)
         return self
 
     def forward(
         self, x: Float[Tensor, "... seq d_k"], token_positions: Int[Tensor, "... seq"]
     ) -> Float[Tensor, "... seq d_k"]:
-        """``(x[2i], x[2i+1]) ↦ (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)``, in float32.
+        """``(x[2i], x[2i+1]) ↦ (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)``, in float32
+        (float64 for float64 inputs, with float64 tables after ``.double()``).
 
         A position outside ``[0, max_seq_len)`` raises ``index_select``'s "index out of range" (on a
         CPU; on a GPU the kernel asserts) instead of ``cos[-1]`` reading the last position's angles:
         checked in the gather, with no read back to the host."""
         check_integer_dtype("token_positions", token_positions)
         cos, sin = index_rows(self.cos, token_positions), index_rows(self.sin, token_positions)
-        pairs = rearrange(x.float(), "... seq (half two) -> ... seq half two", two=2)
+        compute = torch.promote_types(torch.promote_types(x.dtype, torch.float32), cos.dtype)
+        pairs = rearrange(x.to(compute), "... seq (half two) -> ... seq half two", two=2)
         x_even, x_odd = pairs.unbind(-1)
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rearrange(rotated, "... seq half two -> ... seq (half two)").to(x.dtype)
