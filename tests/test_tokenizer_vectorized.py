@@ -6,6 +6,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import regex
 from helpers.data import data_file, gpt2_published_pattern
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,9 +35,12 @@ TWO_BYTE = "éÄßøłœΩжЯשع²½٣×÷§¬\u0301\u0080\u0084\u0086\u009f¡
 # and of three: CJK, kana, hangul, Devanagari (with its vowel signs, marks: "other"), Thai, full-width
 # digits and letters, CJK punctuation, those next to the whitespace U+1680, U+2000-U+200A, U+3000
 THREE_BYTE = "東京日本語ひらカタ한국हिन्दी२กขー、。「」０９ＡＺ\u1681\u200b\u2027\u3001\ufffd\uffff\u0800"
+# and of four: emoji (with a skin tone, a flag's regional indicators), mathematical letters and
+# digits, CJK extension B, Gothic, Aegean numbers, a musical sign, the first and last code points
+FOUR_BYTE = "🙂😀👍🏽🇩🇪𝐀𝑥𝟎𝟗𠀀𠮷𐌰𐄇𝄞\U00010000\U0010ffff"
 FAST = st.text(
     alphabet=st.sampled_from(list("abcABZ019 '''sdmtlverSDLVE.,!?-\"\n\n  \t\r") + list(_SAFE_NON_ASCII[:8])
-                             + list(TWO_BYTE) + list(THREE_BYTE)),
+                             + list(TWO_BYTE) + list(THREE_BYTE) + list(FOUR_BYTE)),
     max_size=60,
 )
 
@@ -83,13 +87,29 @@ def test_two_byte_characters_are_classed_as_the_pattern_classes_them():
 def test_every_bmp_character_is_classed_as_the_pattern_classes_it():
     """Every code point of three UTF-8 bytes (U+0800-U+FFFF) against the Unicode pattern, in texts of
     a thousand at a time: each after a space, between letters, digits and punctuation, and doubled.
-    The whitespace among them is not plain; nor is a character of four bytes."""
+    The whitespace among them is not plain."""
     spaces = [cp for cp in range(0x800, 0x10000) if not 0xD800 <= cp < 0xE000 and not is_plain(chr(cp), fast=True)]
     assert spaces == [0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
-    assert not is_plain("\U0001F600", fast=True) and not is_plain("\U00020000", fast=True)
     chars = [chr(cp) for cp in range(0x800, 0x10000) if not 0xD800 <= cp < 0xE000 and cp not in spaces]
     for i in range(0, len(chars), 1000):
         text = "".join(f" {c}a{c}b 1{c}2.{c}.{c}{c} {c}'{c}" for c in chars[i : i + 1000])
+        assert starts_of(text) == regex_starts(text), chars[i]
+
+
+def test_every_letter_and_number_of_four_bytes_is_classed_as_the_pattern_classes_it():
+    """Characters of four UTF-8 bytes (emoji, CJK extension B, mathematical letters) took the regex
+    path. Every letter and number above U+FFFF (some 98,000) against the Unicode pattern, as the BMP's
+    are above, and every 61st of the others (emoji, symbols, unassigned code points); none of them is
+    whitespace (the fast path could not take it: the class rules suppose whitespace of one byte)."""
+    astral = "".join(map(chr, range(0x10000, 0x110000)))
+    assert regex.search(r"\s", astral) is None
+    assert is_plain(astral, fast=True)
+    letters_numbers = regex.findall(r"[\p{L}\p{N}]", astral)
+    others = regex.findall(r"[^\p{L}\p{N}]", astral)[::61]
+    assert len(letters_numbers) > 90_000 and len(others) > 10_000
+    chars = letters_numbers + others
+    for i in range(0, len(chars), 2000):
+        text = "".join(f" {c}a{c}b 1{c}2.{c}.{c}{c} {c}'{c}" for c in chars[i : i + 2000])
         assert starts_of(text) == regex_starts(text), chars[i]
 
 
@@ -354,3 +374,5 @@ def test_german_takes_the_fast_path_and_encodes_like_tiktoken(monkeypatch):
     assert gpt2.encode(greek_russian) == enc.encode(greek_russian)
     three_bytes = "東京は日本の首都です。「こんにちは」と言った。\nहिन्दी में २०२४ लिखा।\nภาษาไทย ๑๒๓\n한국어 ３人\n" * 20
     assert gpt2.encode(three_bytes) == enc.encode(three_bytes)
+    four_bytes = "Love it 🙂🙂 👍🏽 😀! 𝐀𝐁𝐂 = 𝟎𝟗, 𠮷野家 🇩🇪's \U0010ffff\n" * 20  # took the regex path before
+    assert gpt2.encode(four_bytes) == enc.encode(four_bytes)

@@ -40,21 +40,21 @@ def _fast_patterns() -> tuple[re.Pattern, re.Pattern, Callable[[str], object]]:
     """``(other, safe_newline, cut_after)``, built on first use from the classes of the BMP:
 
     - ``other`` finds a character the vectorised encoder (:mod:`lm.tokenizer.vectorized`) cannot
-      take. It takes ASCII and the characters of two and three UTF-8 bytes (U+0080-U+FFFF:
-      accented Latin letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai, CJK...), each
-      classed from a table, except the whitespace (U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
-      U+2029, U+202F, U+205F, U+3000) and the surrogates; not those of four bytes (emoji).
+      take. It takes ASCII and every character above it (accented Latin letters, Greek, Cyrillic,
+      Hebrew, Arabic, Devanagari, Thai, CJK, emoji...), each classed from a table, except the
+      whitespace (U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000)
+      and the surrogates, which UTF-8 cannot encode.
     - ``safe_newline`` finds a safe cut: the start of a whitespace run that ends a line ("\\n",
       "\\r\\n", "  \\n") after a character that is not whitespace (see :func:`find_safe_cut`):
-      printable ASCII or such a character of the BMP; ``cut_after`` tells such a character.
+      printable ASCII or such a character above it; ``cut_after`` tells such a character.
     """
     from lm.tokenizer.vectorized import non_ascii_spaces
 
     excluded = {*non_ascii_spaces(), *range(0xD800, 0xE000)}
     body, lo = [], 0x80
-    for cp in [*sorted(excluded), 0x10000]:
+    for cp in [*sorted(excluded), 0x110000]:
         if cp > lo:
-            body.append(f"\\u{lo:04x}-\\u{cp - 1:04x}")
+            body.append(f"\\U{lo:08x}-\\U{cp - 1:08x}")
         lo = cp + 1
     non_space = "".join(body)
     return (re.compile(f"[^\\x00-\\x7f{non_space}]"),
@@ -69,7 +69,7 @@ _ASCII_GAP = 512
 
 def is_plain(text: str, fast: bool = False) -> bool:
     """Whether ``text`` holds only ASCII and common punctuation (see :func:`plain_stretches`);
-    with ``fast``, ASCII and characters of two or three UTF-8 bytes that are not whitespace."""
+    with ``fast``, any characters but the whitespace above ASCII and lone surrogates."""
     return text.isascii() or (_fast_patterns()[0] if fast else _NON_ASCII).search(text) is None
 
 
@@ -78,7 +78,7 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
 
     A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``), what the
     ASCII form of the pattern classifies correctly; with ``fast``, what the vectorised encoder
-    takes: ASCII and the characters of two or three UTF-8 bytes that are not whitespace
+    takes: every character but the whitespace above ASCII and lone surrogates
     (:func:`_fast_patterns`). The
     other stretches hold the characters that only the Unicode pattern classifies correctly
     (short plain gaps between them are kept with them, to keep the stretches few). With
@@ -87,8 +87,8 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
 
     >>> list(plain_stretches("Hello.\ncafé\nbye"))
     [(True, 0, 6), (False, 6, 11), (True, 11, 15)]
-    >>> list(plain_stretches("Hello.\ncafé 東京\n🙂 ok\nbye", fast=True))
-    [(True, 0, 14), (False, 14, 19), (True, 19, 23)]
+    >>> list(plain_stretches("Hello.\ncafé 東京 🙂\n\u3000ok\nbye", fast=True))  # U+3000: a space
+    [(True, 0, 16), (False, 16, 20), (True, 20, 24)]
     """
     if max_plain is not None:
         for plain, a, b in plain_stretches(text, fast=fast):

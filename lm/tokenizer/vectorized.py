@@ -1,12 +1,12 @@
 r"""Encoding without a Python step per pre-token: the GPT-2 pre-tokens of plain text found with
 numpy, and their ids looked up in a hash table held in numpy arrays.
 
-This is the fast path of :class:`lm.tokenizer.Tokenizer` for text whose characters are ASCII or
-of two or three UTF-8 bytes (accented Latin letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari,
-Thai, CJK, punctuation; not the whitespace among them, nor characters of four bytes such as emoji),
-which is nearly all of most corpora. On that text the GPT-2 pattern reduces to rules about classes
+This is the fast path of :class:`lm.tokenizer.Tokenizer` for text of any characters but the
+whitespace above ASCII (NBSP, U+2000-U+200A, U+3000...) and lone surrogates: ASCII, accented Latin
+letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai, CJK, punctuation, emoji, which is nearly
+all of most corpora. On that text the GPT-2 pattern reduces to rules about classes
 of bytes — letters, digits, space, other whitespace, anything else; a multi-byte character's class
-comes from a table by code point (:func:`bmp_classes`) — that numpy applies to a whole chunk at once
+comes from a table by code point (:func:`plane_classes`) — that numpy applies to a whole chunk at once
 (:func:`pretoken_starts`, tested equal to the regex). Each pre-token then gets a 64-bit key: a
 pre-token of up to 7 bytes (most words with their space) is its own key, its bytes and its length
 packed into one integer, read with one 8-byte load; a longer one is hashed from its bytes, and a
@@ -35,17 +35,23 @@ for _c in "\t\n\x0b\x0c\r":
 
 
 @functools.cache
-def bmp_classes() -> np.ndarray:
-    """The class of every code point below U+10000 (the characters of up to three UTF-8 bytes) as
-    the GPT-2 pattern sees it: ``\\p{L}``, ``\\p{N}``, ``\\s`` (``_WS``) or none of them (``_OTHER``),
-    from the `regex` module's tables, which the regex path uses. Built on first use (a scan of
-    the BMP, some 30 ms). The whitespace above ASCII never reaches this path
-    (``pretokenize._fast_patterns``); the ASCII rows are ``_CLASS``'s."""
-    bmp = "".join(map(chr, range(0x10000)))
+def plane_classes(plane: int) -> np.ndarray:
+    """The class of every code point of Unicode plane ``plane`` (0, the BMP: the characters of up to
+    three UTF-8 bytes; 1-16: of four, emoji among them) as the GPT-2 pattern sees it: ``\\p{L}``,
+    ``\\p{N}``, ``\\s`` (``_WS``) or none of them (``_OTHER``), from the `regex` module's tables, which
+    the regex path uses. Built on first use (a scan of the plane, some 30 ms). The whitespace above
+    ASCII never reaches this path (``pretokenize._fast_patterns``; Unicode has none above the BMP,
+    a test checks), nor do the surrogates; the ASCII rows are ``_CLASS``'s."""
+    chars = "".join(map(chr, range(plane << 16, (plane + 1) << 16)))
     out = np.full(0x10000, _OTHER, dtype=np.uint8)
     for pattern, cls in ((r"\p{L}", _LETTER), (r"\p{N}", _DIGIT), (r"\s", _WS)):
-        out[np.fromiter((m.start() for m in regex.finditer(pattern, bmp)), dtype=np.intp)] = cls
+        out[np.fromiter((m.start() for m in regex.finditer(pattern, chars)), dtype=np.intp)] = cls
     return out
+
+
+def bmp_classes() -> np.ndarray:
+    """:func:`plane_classes` of the BMP (U+0000-U+FFFF)."""
+    return plane_classes(0)
 
 
 def non_ascii_spaces() -> list[int]:
@@ -66,8 +72,8 @@ def pretoken_starts(
 ) -> np.ndarray:
     r"""Offsets where the GPT-2 pre-tokens of the UTF-8 bytes ``b`` start.
 
-    ``b`` must hold only ASCII and characters of two or three bytes other than whitespace (each
-    classed by its code point, :func:`bmp_classes`).
+    ``b`` must hold only ASCII and characters of two to four bytes other than whitespace (each
+    classed by its code point, :func:`plane_classes`).
     ``special``, if given, marks the bytes of special tokens and ``special_starts`` holds where
     each of them starts: around them the text is pre-tokenized as if they cut it into separate texts.
     """
@@ -75,15 +81,26 @@ def pretoken_starts(
     if n == 0:
         return np.zeros(0, dtype=np.intp)
     c = _CLASS[b]
-    lead = np.flatnonzero(b >= 0xC2)  # the first byte of a character of two or three bytes
+    lead = np.flatnonzero(b >= 0xC2)  # the first byte of a character of two to four bytes
     if lead.size:
         first = b[lead].astype(np.intp)
         second = (b[lead + 1] & 0x3F).astype(np.intp)
-        three = first >= 0xE0
+        three = first >= 0xE0  # three or four bytes
         cp = np.where(three, (first & 0x0F) << 12 | second << 6, (first & 0x1F) << 6 | second)
         lead3 = lead[three]
         cp[three] |= b[lead3 + 2] & 0x3F
-        cls = bmp_classes()[cp]
+        four = first >= 0xF0
+        if four.any():  # (first & 0x07) << 18 | second << 12 | third << 6 | fourth
+            lead4 = lead[four]
+            cp[four] = (first[four] & 0x07) << 18 | (cp[four] & 0xFFF) << 6 | b[lead4 + 3] & 0x3F
+            plane = cp >> 16
+            cls = np.empty(lead.size, dtype=np.uint8)
+            for p in np.unique(plane).tolist():
+                at = plane == p
+                cls[at] = plane_classes(p)[cp[at] & 0xFFFF]
+            c[lead4 + 3] = cls[four]
+        else:
+            cls = bmp_classes()[cp]
         c[lead] = cls
         c[lead + 1] = cls
         c[lead3 + 2] = cls[three]
