@@ -38,9 +38,12 @@ THREE_BYTE = "東京日本語ひらカタ한국हिन्दी२กขー、
 # and of four: emoji (with a skin tone, a flag's regional indicators), mathematical letters and
 # digits, CJK extension B, Gothic, Aegean numbers, a musical sign, the first and last code points
 FOUR_BYTE = "🙂😀👍🏽🇩🇪𝐀𝑥𝟎𝟗𠀀𠮷𐌰𐄇𝄞\U00010000\U0010ffff"
+# the whitespace above ASCII: of two bytes (NEL, NBSP) and three (ogham, en quad to hair space,
+# line and paragraph separators, narrow NBSP, medium math space, ideographic space); weighted
+UNICODE_SPACES = "\x85\xa0\u1680\u2000\u2009\u200a\u2028\u2029\u202f\u205f\u3000" + "\xa0\u3000" * 3
 FAST = st.text(
     alphabet=st.sampled_from(list("abcABZ019 '''sdmtlverSDLVE.,!?-\"\n\n  \t\r") + list(_SAFE_NON_ASCII[:8])
-                             + list(TWO_BYTE) + list(THREE_BYTE) + list(FOUR_BYTE)),
+                             + list(TWO_BYTE) + list(THREE_BYTE) + list(FOUR_BYTE) + list(UNICODE_SPACES)),
     max_size=60,
 )
 
@@ -74,26 +77,30 @@ def test_pretoken_starts_equal_the_regex_with_two_byte_characters(text):
 
 def test_two_byte_characters_are_classed_as_the_pattern_classes_them():
     """Every code point of two UTF-8 bytes against the Unicode pattern: alone, after a space, and
-    between letters, digits and punctuation (the whitespace ones, U+0085 and U+00A0, are not plain)."""
+    between letters, digits and punctuation (the whitespace among them too, U+0085 and U+00A0)."""
     for cp in range(0x80, 0x800):
         ch = chr(cp)
-        if not is_plain(ch, fast=True):
-            assert ch in "\x85\xa0"
-            continue
-        for text in (ch, " " + ch, "a" + ch + "b", "1" + ch + "2", "." + ch + ".", ch * 3 + " x" + ch, "'" + ch):
+        assert is_plain(ch, fast=True)
+        for text in (ch, " " + ch, "a" + ch + "b", "1" + ch + "2", "." + ch + ".", ch * 3 + " x" + ch, "'" + ch,
+                     ch + ch + "a", "a " + ch + " b", "a" + ch + "\n b", ch + "\n" + ch, "a " + ch):
             assert starts_of(text) == regex_starts(text), (hex(cp), text)
 
 
 def test_every_bmp_character_is_classed_as_the_pattern_classes_it():
     """Every code point of three UTF-8 bytes (U+0800-U+FFFF) against the Unicode pattern, in texts of
-    a thousand at a time: each after a space, between letters, digits and punctuation, and doubled.
-    The whitespace among them is not plain."""
-    spaces = [cp for cp in range(0x800, 0x10000) if not 0xD800 <= cp < 0xE000 and not is_plain(chr(cp), fast=True)]
-    assert spaces == [0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
-    chars = [chr(cp) for cp in range(0x800, 0x10000) if not 0xD800 <= cp < 0xE000 and cp not in spaces]
+    a thousand at a time: each after a space, between letters, digits and punctuation, and doubled;
+    the whitespace among them (which took the regex path) also in runs with ASCII whitespace."""
+    chars = [chr(cp) for cp in range(0x800, 0x10000) if not 0xD800 <= cp < 0xE000]
+    assert is_plain("".join(chars), fast=True) and not is_plain("a\ud83d", fast=True)  # not a lone surrogate
     for i in range(0, len(chars), 1000):
         text = "".join(f" {c}a{c}b 1{c}2.{c}.{c}{c} {c}'{c}" for c in chars[i : i + 1000])
         assert starts_of(text) == regex_starts(text), chars[i]
+    spaces = [c for c in chars if regex.fullmatch(r"\s", c)]
+    assert [ord(c) for c in spaces] == [0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
+    for c in [*spaces, "\x85", "\xa0"]:
+        for text in (f"a{c}{c}b", f"a {c}b", f"a{c} b", f"a{c}\nb", f"a\n{c}b", f"a {c} {c}  b{c}", f"{c}{c}",
+                     f"x{c}{EOT}", f"{c}'s", f"1{c}{c}2", f"a\t{c}\n \u3000\xa0b"):
+            assert starts_of(text) == regex_starts(text), (hex(ord(c)), text)
 
 
 def test_every_letter_and_number_of_four_bytes_is_classed_as_the_pattern_classes_it():
@@ -376,3 +383,6 @@ def test_german_takes_the_fast_path_and_encodes_like_tiktoken(monkeypatch):
     assert gpt2.encode(three_bytes) == enc.encode(three_bytes)
     four_bytes = "Love it 🙂🙂 👍🏽 😀! 𝐀𝐁𝐂 = 𝟎𝟗, 𠮷野家 🇩🇪's \U0010ffff\n" * 20  # took the regex path before
     assert gpt2.encode(four_bytes) == enc.encode(four_bytes)
+    # so did these
+    spaces = "Preis:\xa0100\xa0€ \xa0 \xa0\xa0x\n東京\u3000大阪\u3000\u3000駅\u2009\u2009km \u202f%\u3000\n" * 20
+    assert gpt2.encode(spaces) == enc.encode(spaces)

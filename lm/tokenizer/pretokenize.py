@@ -40,13 +40,13 @@ def _fast_patterns() -> tuple[re.Pattern, re.Pattern, Callable[[str], object]]:
     """``(other, safe_newline, cut_after)``, built on first use from the classes of the BMP:
 
     - ``other`` finds a character the vectorised encoder (:mod:`lm.tokenizer.vectorized`) cannot
-      take. It takes ASCII and every character above it (accented Latin letters, Greek, Cyrillic,
-      Hebrew, Arabic, Devanagari, Thai, CJK, emoji...), each classed from a table, except the
-      whitespace (U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000)
-      and the surrogates, which UTF-8 cannot encode.
+      take: a lone surrogate, which UTF-8 cannot encode. It takes every other character (accented
+      Latin letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai, CJK, emoji, the Unicode
+      spaces...), each classed from a table.
     - ``safe_newline`` finds a safe cut: the start of a whitespace run that ends a line ("\\n",
       "\\r\\n", "  \\n") after a character that is not whitespace (see :func:`find_safe_cut`):
-      printable ASCII or such a character above it; ``cut_after`` tells such a character.
+      printable ASCII or a character above it other than the whitespace (U+0085, U+00A0, U+1680,
+      U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000); ``cut_after`` tells such a character.
     """
     from lm.tokenizer.vectorized import non_ascii_spaces
 
@@ -57,7 +57,7 @@ def _fast_patterns() -> tuple[re.Pattern, re.Pattern, Callable[[str], object]]:
             body.append(f"\\U{lo:08x}-\\U{cp - 1:08x}")
         lo = cp + 1
     non_space = "".join(body)
-    return (re.compile(f"[^\\x00-\\x7f{non_space}]"),
+    return (re.compile("[\\ud800-\\udfff]"),
             re.compile(f"(?<=[!-~{non_space}])[\\t\\x0b\\x0c\\r ]*\\n"),
             re.compile(f"[!-~{non_space}]").fullmatch)
 
@@ -69,7 +69,7 @@ _ASCII_GAP = 512
 
 def is_plain(text: str, fast: bool = False) -> bool:
     """Whether ``text`` holds only ASCII and common punctuation (see :func:`plain_stretches`);
-    with ``fast``, any characters but the whitespace above ASCII and lone surrogates."""
+    with ``fast``, any characters but lone surrogates."""
     return text.isascii() or (_fast_patterns()[0] if fast else _NON_ASCII).search(text) is None
 
 
@@ -78,8 +78,7 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
 
     A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``), what the
     ASCII form of the pattern classifies correctly; with ``fast``, what the vectorised encoder
-    takes: every character but the whitespace above ASCII and lone surrogates
-    (:func:`_fast_patterns`). The
+    takes: every character but a lone surrogate (:func:`_fast_patterns`). The
     other stretches hold the characters that only the Unicode pattern classifies correctly
     (short plain gaps between them are kept with them, to keep the stretches few). With
     ``max_plain``, a plain stretch longer than that is cut further, at the first safe cut after
@@ -87,8 +86,8 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
 
     >>> list(plain_stretches("Hello.\ncafé\nbye"))
     [(True, 0, 6), (False, 6, 11), (True, 11, 15)]
-    >>> list(plain_stretches("Hello.\ncafé 東京 🙂\n\u3000ok\nbye", fast=True))  # U+3000: a space
-    [(True, 0, 16), (False, 16, 20), (True, 20, 24)]
+    >>> list(plain_stretches("Hello.\ncafé 東京 🙂\n\u3000ok \ud83d\nbye", fast=True))  # half an emoji
+    [(True, 0, 16), (False, 16, 26)]
     """
     if max_plain is not None:
         for plain, a, b in plain_stretches(text, fast=fast):

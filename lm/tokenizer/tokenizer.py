@@ -3,8 +3,8 @@
 Encoding a text: split out special tokens (the longest wins where two overlap), cut the
 rest into pre-tokens with the GPT-2 regex, and apply the merges to each pre-token in
 rank order. Pre-tokens repeat a lot in natural text, so their ids are cached. That is the
-reference path (``Tokenizer._encode_chars``). Stretches of plain text (every character but
-the whitespace above ASCII: accented letters, CJK, emoji...) take a
+reference path (``Tokenizer._encode_chars``). Text that UTF-8 can encode (all but lone
+surrogates: accented letters, CJK, emoji, the Unicode spaces...) takes a
 vectorised path that gives the same ids without a Python step per pre-token
 (:mod:`lm.tokenizer.vectorized`); tests check the two against each other.
 """

@@ -1,18 +1,18 @@
 r"""Encoding without a Python step per pre-token: the GPT-2 pre-tokens of plain text found with
 numpy, and their ids looked up in a hash table held in numpy arrays.
 
-This is the fast path of :class:`lm.tokenizer.Tokenizer` for text of any characters but the
-whitespace above ASCII (NBSP, U+2000-U+200A, U+3000...) and lone surrogates: ASCII, accented Latin
-letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai, CJK, punctuation, emoji, which is nearly
-all of most corpora. On that text the GPT-2 pattern reduces to rules about classes
-of bytes — letters, digits, space, other whitespace, anything else; a multi-byte character's class
-comes from a table by code point (:func:`plane_classes`) — that numpy applies to a whole chunk at once
-(:func:`pretoken_starts`, tested equal to the regex). Each pre-token then gets a 64-bit key: a
-pre-token of up to 7 bytes (most words with their space) is its own key, its bytes and its length
-packed into one integer, read with one 8-byte load; a longer one is hashed from its bytes, and a
-hit is checked byte for byte against the word stored with the entry, so a hash collision cannot
-give wrong ids (the caller falls back to the regex path). Pre-tokens not yet in the table get
-their ids from the tokenizer's BPE, all of a call's new words at once (:class:`BatchBPE`).
+This is the fast path of :class:`lm.tokenizer.Tokenizer` for any text UTF-8 can encode (all but
+lone surrogates): ASCII, accented Latin letters, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai,
+CJK, punctuation, emoji, the Unicode spaces (NBSP, U+3000...). On that text the GPT-2 pattern
+reduces to rules about classes of bytes — letters, digits, space, other whitespace, anything else;
+a multi-byte character's class comes from a table by code point (:func:`plane_classes`) — that
+numpy applies to a whole chunk at once (:func:`pretoken_starts`, tested equal to the regex). Each
+pre-token then gets a 64-bit key: a pre-token of up to 7 bytes (most words with their space) is its
+own key, its bytes and its length packed into one integer, read with one 8-byte load; a longer one
+is hashed from its bytes, and a hit is checked byte for byte against the word stored with the
+entry, so a hash collision cannot give wrong ids (the caller falls back to the regex path).
+Pre-tokens not yet in the table get their ids from the tokenizer's BPE, all of a call's new words
+at once (:class:`BatchBPE`).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def pretoken_starts(
 ) -> np.ndarray:
     r"""Offsets where the GPT-2 pre-tokens of the UTF-8 bytes ``b`` start.
 
-    ``b`` must hold only ASCII and characters of two to four bytes other than whitespace (each
-    classed by its code point, :func:`plane_classes`).
+    ``b`` must be valid UTF-8 (each character above ASCII classed by its code point,
+    :func:`plane_classes`).
     ``special``, if given, marks the bytes of special tokens and ``special_starts`` holds where
     each of them starts: around them the text is pre-tokenized as if they cut it into separate texts.
     """
@@ -82,6 +82,7 @@ def pretoken_starts(
         return np.zeros(0, dtype=np.intp)
     c = _CLASS[b]
     lead = np.flatnonzero(b >= 0xC2)  # the first byte of a character of two to four bytes
+    wide_space = False  # whitespace of two or three bytes (U+0085, NBSP, U+2000-U+200A, U+3000...)
     if lead.size:
         first = b[lead].astype(np.intp)
         second = (b[lead + 1] & 0x3F).astype(np.intp)
@@ -104,6 +105,7 @@ def pretoken_starts(
         c[lead] = cls
         c[lead + 1] = cls
         c[lead3 + 2] = cls[three]
+        wide_space = bool((cls == _WS).any())
     if special is not None:
         c[special] = _SPECIAL
     ws = c >= _SPACE
@@ -114,7 +116,15 @@ def pretoken_starts(
     np.not_equal(run[1:], run[:-1], out=start[1:])
     # \s+(?!\S): a whitespace run of two or more followed by a non-space leaves its last
     # character to the next token (not when a special token or the end follows: that is the end)
-    if n > 2:
+    if wide_space:  # the last character may be of several bytes: by characters, not bytes
+        at = np.flatnonzero(ws & ((b & 0xC0) != 0x80))  # whitespace characters' first bytes
+        at = at[at > 0]
+        at = at[ws[at - 1]]  # after whitespace
+        nxt = at + np.where(b[at] < 0x80, 1, np.where(b[at] < 0xE0, 2, 3))  # the next character
+        nxt_ok = nxt < n
+        at, nxt = at[nxt_ok], nxt[nxt_ok]
+        start[at[(c[nxt] != _SPECIAL) & ~ws[nxt]]] = True
+    elif n > 2:
         follow = (c[2:] != _SPECIAL) & ~ws[2:]
         start[1:-1] |= ws[1:-1] & ws[:-2] & follow
     # " ?\p{L}+" etc.: a space just before letters, digits or other characters joins their token
