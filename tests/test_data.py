@@ -198,6 +198,14 @@ def test_dataset_refuses_bad_context_rank_and_batch_size(tmp_path):
         args = {"context_length": 8, **kwargs}
         with pytest.raises(ValueError, match=match):
             TokenDataset(path, args.pop("context_length"), **args)
+    for seed in (-1, 2**64, 1.5, True):  # numpy's "expected non-negative integer" named neither
+        with pytest.raises(ValueError) as e:
+            TokenDataset(path, 8, seed=seed)
+        assert str(e.value) == f"seed: must be a whole number in [0, 2**64-1], got {seed!r}"
+        with pytest.raises(ValueError) as e:
+            TokenDataset(path, 8).fixed_batches(2, 3, seed=seed)
+        assert str(e.value) == f"seed: must be a whole number in [0, 2**64-1], got {seed!r}"
+    assert TokenDataset(path, 8, seed=np.uint64(2**64 - 1)).sample(1, "cpu")[0].shape == (1, 8)
     ds = TokenDataset(path, 8, rank=1, world_size=2)
     for batch_size in (0, -2):
         with pytest.raises(ValueError, match=f"batch_size must be a positive integer, got batch_size={batch_size}"):

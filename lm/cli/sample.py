@@ -90,7 +90,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: must be >= 1, got {args.max_new_tokens}")
     if args.seed is not None:
-        from lm.train.config import check_seed
+        from lm.checks import check_seed
 
         check_seed(args.seed, "--seed")
     set_threads(args.threads)

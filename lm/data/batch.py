@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lm.data.token_file import check_positive
+from lm.checks import check_size
 
 
 @dataclass
@@ -44,8 +44,8 @@ def random_starts(
     num_tokens: int, batch_size: int, context_length: int, generator: np.random.Generator | None = None
 ) -> np.ndarray:
     """``batch_size`` uniform start positions such that ``context_length + 1`` ids fit after each."""
-    check_positive("batch_size", batch_size)
-    check_positive("context_length", context_length)
+    check_size("batch_size", batch_size)
+    check_size("context_length", context_length)
     if num_tokens <= context_length:
         raise ValueError(f"the token array has {num_tokens} ids; it needs more than context_length={context_length}")
     high = num_tokens - context_length  # exclusive: the last start still has its target
@@ -59,7 +59,7 @@ def batch_at(
 ) -> tuple[Int[Tensor, "batch seq"], Int[Tensor, "batch seq"]]:
     """Inputs and next-token targets for windows beginning at ``starts``."""
     _check_tokens(dataset)
-    check_positive("context_length", context_length)
+    check_size("context_length", context_length)
     starts = np.asarray(starts)
     if starts.ndim != 1 or len(starts) == 0:
         raise ValueError(f"starts must be a non-empty 1-D array of positions, got shape {starts.shape}")

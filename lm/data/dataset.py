@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.data.batch import check_positive, windows_to_xy
+from lm.checks import check_seed, check_size
+from lm.data.batch import windows_to_xy
 from lm.data.token_file import bytes_per_token, max_token_id, read_token_file
 
 
@@ -33,8 +34,8 @@ class TokenDataset:
         world_size: int = 1,
         check_ids: bool = True,
     ):
-        check_positive("context_length", context_length)
-        check_positive("world_size", world_size)
+        check_size("context_length", context_length)
+        check_size("world_size", world_size)
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
         self.path = Path(path)
@@ -56,7 +57,7 @@ class TokenDataset:
                     raise ValueError(
                         f"{str(self.path)!r} contains token id {top}, outside the model's vocabulary [0, {vocab_size})"
                     )
-        self.generator = np.random.Generator(np.random.PCG64(seed))
+        self.generator = np.random.Generator(np.random.PCG64(check_seed(seed, "seed")))
         # Windows are read with pread, not through the memmap: on kernels that map whole large
         # page-cache folios (up to 2 MB) on a fault, each random window through a memmap adds
         # megabytes of resident memory, so a long run would map most of the file.
@@ -76,7 +77,7 @@ class TokenDataset:
 
     def global_starts(self, batch_size: int, generator: np.random.Generator | None = None) -> np.ndarray:
         """Start positions of one global batch (every rank's rows) from ``generator``."""
-        check_positive("batch_size", batch_size)
+        check_size("batch_size", batch_size)
         gen = self.generator if generator is None else generator
         high = len(self.tokens) - self.context_length
         return gen.integers(0, high, size=batch_size * self.world_size)
@@ -89,7 +90,7 @@ class TokenDataset:
 
     def fixed_batches(self, num_batches: int, batch_size: int, seed: int) -> list[np.ndarray]:
         """This rank's starts for ``num_batches`` batches that are the same at every call (evaluation)."""
-        gen = np.random.Generator(np.random.PCG64(seed))
+        gen = np.random.Generator(np.random.PCG64(check_seed(seed, "seed")))
         out = []
         for _ in range(num_batches):
             starts = self.global_starts(batch_size, gen)

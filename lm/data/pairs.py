@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lm.checks import check_size
 from lm.data.token_file import (
     TOKEN_DTYPES,
     check_ids,
     check_ids_sidecar,
     check_optional_fields,
-    check_positive,
     load_sidecar,
     max_token_id,
     sidecar_path,
@@ -400,7 +400,7 @@ def tokenize_pairs(
     """
     from tqdm import tqdm
 
-    check_positive("chunk_pairs", chunk_pairs)
+    check_size("chunk_pairs", chunk_pairs)
     inputs = [("src_path", src_path), ("tgt_path", tgt_path)]
     for out in (out_path, index_path(out_path), sidecar_path(out_path)):  # never over the text it reads
         check_not_input(out, inputs, "out_path")

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from lm.checks import is_count
 from lm.io import InterruptGuard, atomic_write, read_json_object
 
 FORMAT = "lm-tokens"
@@ -38,17 +39,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
     return TOKEN_DTYPES["uint16"] if vocab_size <= 1 << 16 else TOKEN_DTYPES["uint32"]
-
-
-def is_count(value, minimum: int = 0) -> bool:
-    """Whether ``value`` is an integer (numpy's too; not a bool) of at least ``minimum``."""
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= minimum
-
-
-def check_positive(name: str, value) -> None:
-    """Refuse a size that is not a positive integer (numpy's too), naming the argument."""
-    if not is_count(value, 1):
-        raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
 
 
 def check_ids(chunk: np.ndarray, vocab_size: int) -> np.ndarray:

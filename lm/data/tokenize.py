@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from lm.data.token_file import check_positive, is_count, sidecar_path, token_dtype, write_token_file
+from lm.checks import check_size, is_count
+from lm.data.token_file import sidecar_path, token_dtype, write_token_file
 from lm.io import check_not_input, check_readable_file, read_text_range
 from lm.tokenizer import Tokenizer
 from lm.tokenizer.pretokenize import LONG_CHUNK_BYTES, chunk_boundaries, warn_long_chunk
@@ -61,7 +62,7 @@ def tokenize_file(
     path = check_readable_file(input_path, "input")
     check_not_input(out_path, [("input_path", path)], "out_path")
     check_not_input(sidecar_path(out_path), [("input_path", path)], "out_path")
-    check_positive("chunk_bytes", chunk_bytes)  # 0 had never advanced past the first cut: a hang
+    check_size("chunk_bytes", chunk_bytes)  # 0 had never advanced past the first cut: a hang
     if not is_count(warm_bytes):
         raise ValueError(f"warm_bytes must be a non-negative integer (0: no warm-up), got warm_bytes={warm_bytes!r}")
     size = path.stat().st_size

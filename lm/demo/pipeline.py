@@ -254,7 +254,7 @@ def run_demo(settings: DemoSettings) -> DemoReport:
             or settings.corpus_bytes < MIN_CORPUS_BYTES:
         raise ValueError(f"--corpus-bytes: must be at least {MIN_CORPUS_BYTES:,} (5% of the corpus is split off for "
                          f"validation, in whole documents), got {settings.corpus_bytes!r}")
-    from lm.train.config import check_seed
+    from lm.checks import check_seed
 
     check_seed(settings.seed, "--seed")
     inputs = [("--data", settings.data)] if settings.data else []

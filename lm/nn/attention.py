@@ -17,7 +17,8 @@ from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lm.nn.choices import check_choice, check_size
+from lm.checks import check_size
+from lm.nn.choices import check_choice
 from lm.nn.functional import scaled_dot_product_attention
 from lm.nn.linear import Linear
 from lm.nn.rope import RotaryEmbedding

@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lm.nn.choices import check_size
+from lm.checks import check_size
 from lm.nn.functional import check_integer_dtype, index_rows
 
 

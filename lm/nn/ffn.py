@@ -8,7 +8,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lm.nn.choices import check_choice, check_size
+from lm.checks import check_size
+from lm.nn.choices import check_choice
 from lm.nn.functional import gelu, relu, silu
 from lm.nn.linear import Linear
 

@@ -8,7 +8,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lm.nn.choices import check_size
+from lm.checks import check_size
 from lm.nn.functional import linear
 
 

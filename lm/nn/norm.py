@@ -7,7 +7,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lm.nn.choices import check_positive, check_size
+from lm.checks import check_positive, check_size
 
 
 class RMSNorm(torch.nn.Module):

@@ -10,7 +10,7 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lm.nn.choices import check_positive, check_size
+from lm.checks import check_positive, check_size
 from lm.nn.functional import check_integer_dtype, index_rows
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from lm.checks import SEED_MAX
 from lm.io import spoken_list
 from lm.model import ARCHITECTURES, ModelConfig, Seq2SeqConfig
 from lm.nn.choices import check_choice
@@ -44,7 +45,8 @@ class TrainConfig:
     batch_tokens: int | None = None  # encoder-decoder: padded tokens per process per micro-step
     grad_accum_steps: int = 1  # micro-steps per optimizer step
     max_steps: int | None = None  # stop after this many optimizer steps ...
-    max_time: float | None = None  # ... or after this many seconds, whichever comes first
+    max_time: float | None = None  # ... or after this many seconds of training steps, whichever comes first
+    # (evaluation, checkpoints and compilation are not counted: the wall clock runs longer)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # autocast dtype: auto (bfloat16 where supported, else float32) | bfloat16 | float32
@@ -350,18 +352,6 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
     except ValueError as e:  # tomllib.TOMLDecodeError (UnicodeDecodeError, a ValueError too, is above)
         raise ValueError(f"--config: {str(path)!r} is not valid TOML: {e}") from None
     return config_from_dict(raw, overrides)
-
-
-# torch.manual_seed takes [-2**63, 2**64 - 1] (a negative seed is the same as 2**64 + seed) and numpy's
-# PCG64, which draws the training windows, refuses negative seeds: a seed is a whole number in [0, 2**64 - 1].
-SEED_MAX = 2**64 - 1
-
-
-def check_seed(seed: Any, argument: str) -> int:
-    """``seed`` if it is a whole number in [0, 2**64 - 1], else a ValueError naming ``argument``."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
-        raise ValueError(f"{argument}: must be a whole number in [0, 2**64-1], got {seed!r}")
-    return seed
 
 
 def name_options(message: str, options: dict[str, str], args: Any) -> str:

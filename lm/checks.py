@@ -1,0 +1,39 @@
+"""Checks of arguments shared by the layers, the data and the configs, one message for each kind:
+``"{name} must be a positive integer, got {name}={value!r}"`` and the like."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+# torch.manual_seed takes [-2**63, 2**64 - 1] (a negative seed is the same as 2**64 + seed) and numpy's
+# PCG64, which draws the training windows, refuses negative seeds: a seed is a whole number in [0, 2**64 - 1].
+SEED_MAX = 2**64 - 1
+
+
+def is_count(value: object, minimum: int = 0) -> bool:
+    """Whether ``value`` is an integer (numpy's too; not a bool, not a float such as 2.0) of at
+    least ``minimum``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+
+
+def check_size(name: str, value: object) -> None:
+    """Raise ``ValueError("{name} must be a positive integer, got {name}={value!r}")`` unless
+    :func:`is_count` ``(value, 1)``."""
+    if not is_count(value, 1):
+        raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
+
+
+def check_positive(name: str, value: object) -> None:
+    """Raise ``ValueError("{name} must be a positive finite number, got {name}={value!r}")`` unless
+    ``value`` is a real number in (0, inf)."""
+    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf):
+        raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
+
+
+def check_seed(seed: Any, argument: str) -> int:
+    """``seed`` as an int if it is a whole number in [0, 2**64 - 1], else a ValueError naming ``argument``."""
+    if not (is_count(seed) and seed <= SEED_MAX):
+        raise ValueError(f"{argument}: must be a whole number in [0, 2**64-1], got {seed!r}")
+    return int(seed)
