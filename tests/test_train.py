@@ -922,6 +922,57 @@ def test_wandb_offline_needs_no_network(tmp_path):
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
 
 
+def _wandb_history(run_dir: Path) -> list[dict]:
+    """The history rows of an offline wandb run, read from its .wandb file (LevelDB's log format:
+    32 KiB blocks of records, each a 7-byte header of CRC, length and type, then the bytes)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(run_dir.glob("wandb/offline-run-*/run-*.wandb")).read_bytes()
+    pos, records, pending = 7, [], b""  # past the ":W&B" header
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # full, last
+            records.append(pending + chunk)
+            pending = b""
+        elif kind in (2, 3):  # first, middle
+            pending += chunk
+    rows = []
+    for raw in records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            rows.append({k: v for k, v in row.items() if not k.startswith("_")})  # _step, _runtime, _timestamp
+    return rows
+
+
+def test_wandb_keeps_the_steps_a_resume_logs_again(tmp_path, monkeypatch):
+    """Records went to wandb.log(values, step=N). A resume logs again the steps from its checkpoint
+    to where the run stopped, lower than wandb's current step, and wandb drops those ("ignoring
+    partial history record"): the resumed run's curve missed them. Now the step is a value that
+    wandb plots against (define_metric), so every record is kept, in an offline run read back."""
+    pytest.importorskip("wandb")
+    from types import SimpleNamespace
+
+    from lm.train.metrics import MetricsLog
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = SimpleNamespace(mode="offline", project="lm-test", name=None)
+    log = MetricsLog(tmp_path, cfg, {"seed": 0})
+    log.write({"step": 10, "split": "train", "loss": 2.5})
+    log.write({"step": 6, "split": "val", "loss": 3.0})  # as after a resume from step 6
+    log.write({"step": 7, "split": "train", "loss": 2.75})
+    log.close()
+    assert _wandb_history(tmp_path) == [{"step": 10, "train/loss": 2.5}, {"step": 6, "val/loss": 3.0},
+                                        {"step": 7, "train/loss": 2.75}]
+
+
 def test_a_run_that_wandb_refuses_leaves_no_folder_behind(tmp_path, monkeypatch):
     """wandb.init failing (a project name it rejects, online mode without a login) was a traceback
     that left a locked folder with config.toml, an empty metrics.jsonl and wandb_id.txt, which the

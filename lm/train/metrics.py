@@ -60,6 +60,12 @@ class MetricsLog:
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise ValueError(f"wandb: could not start a {wandb_cfg.mode} run (project {wandb_cfg.project!r}): "
                                  f"{first}") from None
+            # The x-axis is the record's step logged as a value, not wandb's own step: a resumed run
+            # logs again the steps from its checkpoint to where it stopped, and wandb drops a log to a
+            # step below its current one ("Steps must be monotonically increasing").
+            self._wandb.define_metric("step")
+            for split in ("train", "val", "config", "compile"):
+                self._wandb.define_metric(f"{split}/*", step_metric="step")
             with atomic_write(id_file) as f:
                 f.write(run_id + "\n")
         self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
@@ -83,7 +89,7 @@ class MetricsLog:
         if self._wandb is not None:
             split = record.get("split", "train")
             values = {f"{split}/{k}": v for k, v in record.items() if k not in ("step", "split") and v is not None}
-            self._wandb.log(values, step=record["step"])
+            self._wandb.log({"step": record["step"], **values})
 
     def close(self) -> None:
         """Close the file (a failed write's line is tried again, and its error raised again: the file
