@@ -897,3 +897,21 @@ def test_norms_rope_and_losses_compute_float64_inputs_in_float64():
                                -torch.log_softmax(h @ w.T, -1)[torch.arange(6), t].mean(), rtol=1e-13, atol=1e-13)
     assert gradcheck(lambda z: cross_entropy(z, t, label_smoothing=0.1), (logits,))
     assert gradcheck(lambda a, b: linear_cross_entropy(a, b, t, chunk_size=4, label_smoothing=0.1), (h, w))
+
+
+def test_the_layers_default_to_the_hand_written_attention_and_the_models_to_sdpa(monkeypatch):
+    """API.md: lm.nn is hand-written, no torch.nn.functional; the attention layers defaulted to torch's
+    fused kernel all the same. Now they default to the einsum; the model configs choose sdpa."""
+    from lm.model import TransformerLM
+
+    calls = []
+    fused = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    x = torch.randn(2, 5, 16)
+    MultiHeadSelfAttention(16, 2)(x)
+    lm.nn.MultiHeadAttention(16, 2, causal=False)(x, context=torch.randn(2, 3, 16))
+    lm.nn.TransformerBlock(16, 2, 32, 8)(x)
+    lm.nn.DecoderBlock(16, 2, 32)(x, torch.randn(2, 3, 16))
+    assert calls == []
+    TransformerLM(50, 8, 16, 2, 2, 32)(torch.randint(0, 50, (2, 5)))
+    assert len(calls) == 2  # one a layer

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lm.nn.attention import ATTN_IMPLS, DEFAULT_ATTN_IMPL
+from lm.nn.attention import ATTN_IMPLS, MODEL_ATTN_IMPL
 from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES
 from lm.nn.choices import check_choice
 from lm.nn.ffn import FFN_TYPES, ffn_hidden_dim
@@ -91,7 +91,7 @@ class ConfigIO:
         return cls.from_dict(loads(text))
 
     def save(self, path: str | Path) -> None:
-        """Write ``.json`` or ``.toml`` according to the suffix."""
+        """Write TOML for a ``.toml`` path, else JSON."""
         from lm.io import atomic_write
 
         path = Path(path)
@@ -129,7 +129,7 @@ class ModelConfig(ConfigIO):
     tie_embeddings: bool = False  # lm_head shares token_embeddings.weight
     # sdpa: torch's fused attention kernel (fast, never materialises the seq × seq scores);
     # einsum: the hand-written reference it is tested against. Same parameters, same results.
-    attn_impl: str = DEFAULT_ATTN_IMPL
+    attn_impl: str = MODEL_ATTN_IMPL
     # Dropout rate, in training mode only, on the embeddings and on the output of every
     # attention and feed-forward branch (nanoGPT's embedding and residual dropout). A
     # regulariser for small data, such as Tiny Shakespeare; 0 is the usual for large corpora.

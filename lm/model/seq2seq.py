@@ -35,7 +35,7 @@ from lm.nn import (
     dropout,
     linear_cross_entropy,
 )
-from lm.nn.attention import DEFAULT_ATTN_IMPL
+from lm.nn.attention import MODEL_ATTN_IMPL
 from lm.nn.block import make_norm
 from lm.nn.choices import check_choice
 from lm.nn.functional import index_rows, is_compiling, linear
@@ -64,7 +64,7 @@ class Seq2SeqConfig(ConfigIO):
     ffn: str = "relu"  # relu | gelu | silu | swiglu
     tie_embeddings: bool = True  # one matrix: source and target embeddings and the output projection
     embed_scale: bool = True  # embeddings · √d_model
-    attn_impl: str = DEFAULT_ATTN_IMPL  # sdpa | einsum: the same results
+    attn_impl: str = MODEL_ATTN_IMPL  # sdpa | einsum: the same results
     pad_id: int = 0  # the ids of the tokenizer's <pad>, <bos> and <eos>
     bos_id: int = 1
     eos_id: int = 2

@@ -1,4 +1,6 @@
-"""Hand-written layers: einops and plain tensor ops, no ``torch.nn`` layers or ``torch.nn.functional``."""
+"""Hand-written layers: einops and plain tensor ops, no ``torch.nn`` layers or ``torch.nn.functional``
+(but for the attention layers' opt-in ``attn_impl="sdpa"``, torch's fused kernel, which the model
+configs choose by default: the same result as the einsum, less memory)."""
 
 from lm.nn.attention import (
     CrossKVCache,

@@ -24,7 +24,10 @@ from lm.nn.linear import Linear
 from lm.nn.rope import RotaryEmbedding
 
 ATTN_IMPLS = ("einsum", "sdpa")
-DEFAULT_ATTN_IMPL = "sdpa"  # torch's fused kernel: the same result as the einsum reference, less memory
+# The layers default to the hand-written einsum, as lm.nn promises (no torch.nn.functional); the model
+# configs choose torch's fused kernel, "sdpa" (the same result, less memory, faster), unless told otherwise.
+DEFAULT_ATTN_IMPL = "einsum"
+MODEL_ATTN_IMPL = "sdpa"
 
 
 class LayerKVCache(Protocol):
@@ -49,12 +52,12 @@ class CrossKVCache(Protocol):
 
 
 class MultiHeadAttention(torch.nn.Module):
-    """Heads are consecutive row blocks of ``q_proj``/``k_proj``/``v_proj``.
+    """Multi-head attention, self or cross; heads are consecutive row blocks of ``q_proj``/``k_proj``/``v_proj``.
 
     ``forward(x)`` is self-attention (``causal`` by default); ``forward(x, context=memory)`` is
     cross-attention, never causal, without RoPE. ``key_padding_mask`` (``True`` = a real token)
-    hides padded keys. ``attn_impl="einsum"`` is the hand-written reference; ``"sdpa"`` calls
-    torch's fused kernel (same result, less memory).
+    hides padded keys. ``attn_impl="einsum"`` (the default) is the hand-written reference;
+    ``"sdpa"`` (the model configs' default) calls torch's fused kernel (same result, less memory).
     """
 
     def __init__(
