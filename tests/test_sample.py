@@ -228,10 +228,18 @@ def test_the_prompt_file_may_be_a_pipe_dev_stdin_or_a_process_substitution(run, 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     lm = shlex.join([sys.executable, "-m", "lm", *common])
     for command, stdin in ((f"{lm} --prompt-file /dev/stdin", b"Lily had"),
-                           (f"{lm} --prompt-file <(printf 'Lily had')", None)):
+                           (f"{lm} --prompt-file <(printf 'Lily had')", None),
+                           (f"echo 'Lily had' | {lm} --prompt-file -", None)):  # echo's line end: dropped
         r = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, env=env, timeout=120)
         assert (r.returncode, r.stdout.decode(), r.stderr.decode()) == (0, want, ""), command
 
+    for text in ("Lily had\n", "Lily had\r\n"):  # a text file's line end is no part of the prompt
+        (tmp_path / "p.txt").write_bytes(text.encode())
+        assert main([*common, "--prompt-file", str(tmp_path / "p.txt")]) == 0
+        assert capsys.readouterr().out == want
+    (tmp_path / "p.txt").write_bytes(b"Lily had\n\n")  # one is: the model starts on a new line
+    assert main([*common, "--prompt-file", str(tmp_path / "p.txt")]) == 0
+    assert capsys.readouterr().out.startswith("Lily had\n")
     for path, message in ((tmp_path, "is a directory"), (tmp_path / "missing.txt", "file not found")):
         assert main([*common, "--prompt-file", str(path)]) == 2
         assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {message}: {str(path)!r}\n"

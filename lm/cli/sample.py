@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="text to continue; '' starts a new document")
     prompt.add_argument("--prompt-file", metavar="FILE",
-                        help="read the prompt from FILE ('-': standard input; a pipe or <(cmd) works too)")
+                        help="read the prompt from FILE ('-': standard input; a pipe or <(cmd) works too); "
+                             "one line end at its end is dropped, as $(cat FILE) drops it")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens to generate at most")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass")
@@ -49,7 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def read_prompt(args: argparse.Namespace) -> str:
-    """The prompt from ``--prompt`` or ``--prompt-file`` (``-`` is stdin), checked to be valid text."""
+    """The prompt from ``--prompt`` or ``--prompt-file`` (``-`` is stdin), checked to be valid text.
+
+    A file's one final line end goes (as llama.cpp's ``-f`` drops it): a text file, or ``echo "Once
+    upon a time" |``, ends in one, and the model would start after a line break, often ending the
+    story at once; a prompt meant to end in a line break ends in two, or goes through ``--prompt``."""
     from lm.io import check_readable_file
 
     if args.prompt is not None:
@@ -67,6 +72,7 @@ def read_prompt(args: argparse.Namespace) -> str:
             data = path.read_bytes()
         except OSError as e:  # /dev/stdin when it is a socket, say: "[Errno 6] ..." would name nothing
             raise ValueError(f"--prompt-file: cannot read {str(path)!r}: {e.strerror or e}") from None
+    data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
