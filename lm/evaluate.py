@@ -1,4 +1,5 @@
-"""Evaluate a language model on a whole token sequence: loss, perplexity and bits per byte.
+"""Evaluate a language model on a whole token sequence (loss, perplexity and bits per byte), and a
+translation model on sentence pairs (loss, BLEU and chrF: ``evaluate_pairs``, ``bleu_chrf``).
 
 Every token but the first is predicted exactly once. By default the sequence is cut into
 consecutive windows of ``context_length`` inputs, so a token sees as much left context as its

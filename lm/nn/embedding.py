@@ -19,7 +19,8 @@ from lm.nn.functional import check_integer_dtype, index_rows
 
 
 class Embedding(torch.nn.Module):
-    """A lookup table: ``forward(ids)`` returns the rows ``weight[ids]`` (``(num_embeddings, embedding_dim)``)."""
+    """A lookup table ``weight`` of shape ``(num_embeddings, embedding_dim)``: ``forward(ids)`` returns
+    the rows ``weight[ids]``, of shape ``ids.shape + (embedding_dim,)``."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()

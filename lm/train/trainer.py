@@ -112,7 +112,8 @@ def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 class Trainer:
-    """Train a :class:`TransformerLM` as ``cfg`` says; ``run()`` returns the process exit status.
+    """Train a :class:`TransformerLM` or an :class:`EncoderDecoder` as ``cfg`` says; ``run()`` returns the
+    process exit status (a diverged run raises :class:`TrainingDiverged`).
 
     Checkpoints are written by a background thread from a copy on the host (the next one waits
     for the previous one, the run's end for the last); ``on_checkpoint(step, path)`` is called
@@ -1090,7 +1091,8 @@ class Trainer:
 
 
 def train(cfg: Config, *, resume: bool = False) -> int:
-    """Build a :class:`Trainer` and run it; the exit status (0, or 128 + a signal number)."""
+    """Build a :class:`Trainer` and run it; the exit status (0, or 128 + a signal number). A loss that
+    stops being finite raises :class:`TrainingDiverged` (``lm train`` exits 3)."""
     return Trainer(cfg, resume=resume).run()
 
 
