@@ -134,3 +134,17 @@ def test_a_checkpoint_larger_than_the_free_space_says_the_disk_is_full(tmp_path,
     assert str(e.value) == (f"could not write checkpoint {str(manager.best_path)!r}: the disk is full: the checkpoint "
                             f"is {_size_of(state):,} bytes and {str(manager.dir)!r} has 1,000 bytes free")
     assert list(manager.dir.iterdir()) == []
+
+
+def test_a_checkpoint_path_that_is_a_folder_is_not_called_a_full_disk(tmp_path):
+    """Every failed write ended in "(disk full?)", an OSError with its reason too ("Is a directory"):
+    the hint is for torch's own write errors, which give no reason (api7 audit)."""
+    import torch
+
+    from lm.checkpoint.io import CheckpointWriteError, write_checkpoint
+
+    (tmp_path / "step.pt").mkdir()
+    with pytest.raises(CheckpointWriteError) as e:
+        write_checkpoint({"model": {"w": torch.zeros(3)}}, tmp_path / "step.pt")
+    assert str(e.value) == f"could not write checkpoint {str(tmp_path / 'step.pt')!r}: IsADirectoryError: " \
+                           f"[Errno 21] Is a directory: {str(tmp_path / 'step.pt')!r}"

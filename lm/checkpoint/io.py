@@ -114,8 +114,9 @@ def write_checkpoint(state: dict[str, Any], out: PathOrFile) -> None:
             with atomic_write(out, "wb") as f:
                 torch.save(state, f)
         except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
-            raise CheckpointWriteError(f"could not write checkpoint {str(out)!r}: {_first_line(e)} (disk full?)") \
-                from None
+            # torch's RuntimeError does not say why ("unexpected pos 832 vs 726"); an OSError does
+            hint = "" if isinstance(e, OSError) and e.errno else " (disk full?)"
+            raise CheckpointWriteError(f"could not write checkpoint {str(out)!r}: {_first_line(e)}{hint}") from None
     else:
         torch.save(state, out)
 
