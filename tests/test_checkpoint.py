@@ -114,6 +114,17 @@ def test_truncated_checkpoint_is_one_clear_error(tmp_path, cut):
     assert "\n" not in str(e.value)
 
 
+def test_a_file_torch_save_never_writes_is_not_a_checkpoint(tmp_path):
+    """Random bytes were "holds objects other than tensors ... (not unpickled: that could run code)",
+    a text file "(truncated or corrupt?): KeyError: 101" (api7 audit): neither is a zip archive."""
+    for name, data in (("random.pt", bytes(range(256)) * 4), ("notes.pt", b"epoch 3: loss 2.1\n")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError) as e:
+            read_checkpoint(tmp_path / name)
+        assert str(e.value) == f"{str(tmp_path / name)!r} is not an lm checkpoint: not a file torch.save writes " \
+                               "(a zip archive)"
+
+
 def test_pickled_objects_are_not_executed(tmp_path):
     # A checkpoint that would need a full unpickler (an arbitrary class) is refused.
     torch.save({"format": "lm-checkpoint", "version": 1, "model": {}, "evil": _model()}, tmp_path / "e.pt")

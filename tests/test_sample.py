@@ -140,7 +140,7 @@ def test_a_corrupt_or_foreign_checkpoint_is_one_line_naming_the_argument(run, tm
                tmp_path / "pickled.pt")
     for name, content, message in (("cut.safetensors", data[:100], "is not a readable safetensors file"),
                                    ("header.safetensors", data[:8] + b"{" * 50, "is not a readable safetensors file"),
-                                   ("text.pt", b"hello\n", "is not a readable checkpoint"),
+                                   ("text.pt", b"hello\n", "is not an lm checkpoint: not a file torch.save writes"),
                                    ("pickled.pt", None, "holds objects other than tensors and plain data")):
         if content is not None:
             (tmp_path / name).write_bytes(content)

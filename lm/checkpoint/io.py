@@ -130,9 +130,15 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
         if isinstance(src, str | os.PathLike):
             # an open file, not the path: torch.load reads a path named *.safetensors as safetensors
             with open(src, "rb") as f:
+                head = f.read(4)  # torch.save writes a zip archive (random bytes, a text file were "holds
+                if len(head) == 4 and head != b"PK\x03\x04":  # objects other than tensors", "KeyError: 101")
+                    raise _NotTorchSave
+                f.seek(0)
                 state = torch.load(f, map_location="cpu", weights_only=True)
         else:
             state = torch.load(src, map_location="cpu", weights_only=True)
+    except _NotTorchSave:
+        raise ValueError(f"{name} is not an lm checkpoint: not a file torch.save writes (a zip archive)") from None
     except Exception as e:  # noqa: BLE001 - a text file or other garbage: torch's unpickler raises anything
         if isinstance(e, pickle.UnpicklingError) and "weights_only" in str(e):
             # torch's message goes on to suggest weights_only=False: not for a file that may run code
@@ -151,6 +157,10 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
         raise ValueError(f"{name} is corrupt: the checksum of its config and other values does not match "
                          "(a damaged file?)")
     return state
+
+
+class _NotTorchSave(Exception):
+    pass
 
 
 def _first_line(e: BaseException) -> str:
