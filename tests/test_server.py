@@ -280,6 +280,23 @@ def test_bad_fields_get_openai_errors_that_name_them(served, body, status, param
     assert err["param"] == param and param.split("_")[0] in err["message"] and err["type"]
 
 
+def test_a_prompt_longer_than_the_context_is_blamed_on_the_prompt(served):
+    """A prompt that fills the context (64 tokens) was refused naming max_tokens, which no value of
+    max_tokens could fix (serve7 audit); with echo and max_tokens 0 it is scored, one more is not."""
+    full = [5] * 64
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": [full], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": "prompt: 64 tokens, and this model's context is 64 (at most 63 in the prompt, to generate one)",
+        "type": "invalid_request_error", "param": "prompt", "code": None}
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": [full], "max_tokens": 0, "echo": True})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 64
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": [full + [5]], "max_tokens": 0, "echo": True})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "prompt: 65 tokens, and this model's context is 64 (at most 64 in the prompt)")
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": [full[:60]], "max_tokens": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"  # here max_tokens can fix it
+
+
 def test_empty_prompts(served):
     """An empty string starts from the end-of-text token (a new document); an empty list of token
     ids is refused as what it is."""
@@ -756,12 +773,26 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
             main(["serve", "--checkpoint", checkpoint, "--port", "0", "--device", "cpu", "--max-batch", "1",
                   "--quiet"])
     assert names == [run.name, run.name]
+    # bytes that are not UTF-8 (lone surrogates in Python) started the server, then every request was a
+    # 500, /health too with the key (serve7 audit)
+    odd = run.parent / "run\udcff"
+    (odd / "checkpoints").mkdir(parents=True)
     for argv, message in ((["--model-name", ""], "--model-name: must not be empty"),
-                          (["--checkpoint", "/"], "--model-name: '/' is in no named run folder")):
+                          (["--checkpoint", "/"], "--model-name: '/' is in no named run folder"),
+                          (["--model-name", "m\udcff"], "--model-name: the value is not valid UTF-8 (at character 1); "
+                                                        "pass --model-name in UTF-8"),
+                          (["--api-key", "k\udcff"], "--api-key: the key (or $LM_API_KEY) is not valid UTF-8 (at "
+                                                     "character 1); pass --api-key in UTF-8")):
         assert main(["serve", "--checkpoint", ".", "--port", "0", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
     assert names == [run.name, run.name]  # refused before the model loaded
+    from lm.cli.serve import served_model_name
+
+    with pytest.raises(ValueError) as e:  # (a .pt checkpoint loads from such a folder; safetensors refuses it)
+        served_model_name(str(odd / "checkpoints" / "step_00000001.pt"))
+    assert str(e.value) == ("--model-name: the run folder's name 'run\\udcff' is not valid UTF-8 (at character 3); "
+                            "pass --model-name in UTF-8")
 
 
 def test_a_signal_while_the_event_loop_holds_the_engine_lock_starts_the_drain(tmp_path_factory):

@@ -703,6 +703,18 @@ def test_lm_translate_counts_one_byte_in_the_singular(run, tmp_path, capsys):
                                            "not valid UTF-8\n")
 
 
+def test_lm_translate_refuses_a_sentence_argument_that_is_not_utf8(run, tmp_path):
+    """Bytes that are not UTF-8 in TEXT were translated as U+FFFD without a word, while --input and
+    `lm sample --prompt` refuse them (serve7 audit)."""
+    d, _, _ = run
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "lm", "translate", "--checkpoint", str(d), "--quiet", b"A dog.",
+                        b"Ein Hund \xff."], capture_output=True, env=env, timeout=120)
+    assert (p.returncode, p.stdout, p.stderr.decode()) == (2, b"", "lm translate: error: TEXT: sentence 2 is not "
+                                                               "valid UTF-8 (at character 9); pass the text as UTF-8 "
+                                                               "or use --input\n")
+
+
 def _model_that_stops(tok, eos_logit: float = 2.0):
     """An unsharpened model whose <eos> is likely enough for hypotheses of many lengths, where the
     length penalty's alpha matters (the other test models never stop before the length limit): the

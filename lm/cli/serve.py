@@ -93,6 +93,7 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
     if model_name is not None:
         if not model_name.strip():
             raise ValueError("--model-name: must not be empty")
+        _check_utf8("--model-name", model_name)
         return model_name
     try:
         run = Path(checkpoint).resolve()
@@ -104,7 +105,20 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
         run = run.parent
     if not run.name:
         raise ValueError(f"--model-name: {checkpoint!r} is in no named run folder; pass --model-name NAME")
+    _check_utf8("--model-name", run.name, f"the run folder's name {run.name!r}")
     return run.name
+
+
+def _check_utf8(option: str, value: str, what: str | None = None) -> None:
+    """Refuse text that is not UTF-8 (bytes the shell or the file system could not decode arrive as
+    lone surrogates): the server started, then answered every request with a 500 (the model name
+    in each response, the API key in each check), /health included."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        what = what or "the value"
+        raise ValueError(f"{option}: {what} is not valid UTF-8 (at character {e.start}); "
+                         f"pass {option} in UTF-8") from None
 
 
 GRACEFUL_SHUTDOWN_S = 30.0  # once the engine has drained: the most time the answers still being sent get
@@ -205,6 +219,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get("LM_API_KEY")
     if api_key is not None and not api_key.strip():
         raise ValueError("--api-key: must not be empty (nor $LM_API_KEY, when set)")
+    if api_key is not None:
+        _check_utf8("--api-key", api_key, "the key (or $LM_API_KEY)")
     for name in ("max_batch", "max_queue", "max_body"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")

@@ -136,6 +136,12 @@ def read_lines(args: argparse.Namespace) -> list[str]:
     if args.text and args.input:
         raise ValueError("--input: give sentences as TEXT or in --input FILE, not both")
     if args.text:
+        for k, text in enumerate(args.text, 1):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # bytes the shell could not decode arrive as lone surrogates
+                raise ValueError(f"TEXT: sentence {k} is not valid UTF-8 (at character {e.start}); pass the text "
+                                 "as UTF-8 or use --input") from None
         return list(args.text)
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")

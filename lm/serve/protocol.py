@@ -181,6 +181,10 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
         if max_tokens > context_length - 1:  # the target starts with <bos>
             raise APIError(400, f"max_tokens: this model writes at most {context_length - 1} tokens, got "
                                 f"{max_tokens}", "max_tokens")
+    elif longest + (0 if echo else 1) > context_length:  # no max_tokens can help: the prompt is the field
+        most = context_length if echo else context_length - 1
+        raise APIError(400, f"prompt: {longest} tokens, and this model's context is {context_length} (at most "
+                            f"{most} in the prompt{'' if echo else ', to generate one'})", "prompt")
     elif longest + max_tokens > context_length:
         raise APIError(400, f"max_tokens: this model's context is {context_length} tokens, and the request asks "
                             f"for {longest + max_tokens} ({longest} in the prompt + {max_tokens} to generate)",
