@@ -297,6 +297,21 @@ def test_a_prompt_longer_than_the_context_is_blamed_on_the_prompt(served):
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"  # here max_tokens can fix it
 
 
+def test_prompts_are_encoded_off_the_event_loop(served, monkeypatch):
+    """Prompts were encoded on the event loop: one 950 kB prompt stalled every stream for 0.3 s (serve7
+    audit). They are encoded on the server's one encoding thread, /tokenize's too."""
+    import threading
+
+    where = []
+    encode = served.tok.encode
+    monkeypatch.setattr(served.tok, "encode", lambda text: where.append(threading.current_thread().name) or
+                        encode(text))
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": ["Lily", "Tom"], "max_tokens": 2})
+    assert r.status_code == 200
+    assert httpx.post(served.url + "/tokenize", json={"prompt": "Lily"}).json()["tokens"] == encode("Lily")
+    assert len(where) == 3 and all(name.startswith("lm-tokenize") for name in where), where
+
+
 def test_empty_prompts(served):
     """An empty string starts from the end-of-text token (a new document); an empty list of token
     ids is refused as what it is."""
