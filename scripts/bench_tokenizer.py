@@ -10,7 +10,9 @@ Rows:
   encode     Tokenizer.encode, one thread, GPT-2 vocab, vs tiktoken's GPT-2 encoding built
              from the same files; "cold" starts from an empty pre-token cache, "warm" encodes
              the text a second time. Ids must be identical. Again on the German side of
-             Multi30k (DATA/multi30k/train.de.gz, 2.1 MB, where present): accented letters.
+             Multi30k (DATA/multi30k/train.de.gz, 2.1 MB, where present): accented letters; and
+             on 2 MB of the text with a no-break space for every 15th space and an emoji
+             after every 40th word (characters of four bytes and Unicode spaces).
   tokenize   `lm tokenize` (tokenize_file, one process per core, text file -> token file) vs
              tiktoken's encode_batch on as many threads, given the file in the chunks `lm tokenize`
              cuts it into (the target is for this row), and vs tiktoken on one thread (reported).
@@ -77,6 +79,19 @@ def tiktoken_file(enc, path: Path, threads: int) -> list[list[int]]:
     raw = path.read_bytes()
     texts = [raw[a:b].decode("utf-8") for a, b in chunk_boundaries(path, [EOT], CHUNK_BYTES)]
     return enc.encode_batch(texts, num_threads=threads, allowed_special="all")
+
+
+def with_emoji_and_nbsp(text: str) -> str:
+    """``text`` with a no-break space for every 15th space and an emoji after every 40th word: web
+    text's characters of four UTF-8 bytes and Unicode spaces, in a fixed place."""
+    emoji = ["\U0001f642", "\U0001f600", "\U0001f44d\U0001f3fd", "\U0001f389", "\U0001f436"]
+    out = []
+    for i, word in enumerate(text.split(" ")):
+        out.append(word)
+        out.append("\u00a0" if i % 15 == 7 else " ")
+        if i % 40 == 20:
+            out.append(emoji[i // 40 % 5] + " ")
+    return "".join(out)
 
 
 def heldout_cut(path: Path, size: int, holdout: int) -> int:
@@ -213,6 +228,7 @@ def main() -> int:
 
                 with gzip.open(german, "rt", encoding="utf-8") as f:
                     texts.append(("German (Multi30k), ", f.read()))
+            texts.append(("emoji and NBSP, ", with_emoji_and_nbsp(text[:2_000_000])))
             for label, body in texts:
                 cold, warm, tik = [], [], []
                 for _ in range(args.reps):
