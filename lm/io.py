@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -78,6 +79,55 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         except BaseException:
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def atomic_files() -> Iterator[Callable[..., IO]]:
+    """Several files that appear together (ids, offsets, sidecar): ``open(path, mode="w",
+    encoding="utf-8")`` gives a temporary file beside ``path``; when the block ends without an
+    error, all of them are fsynced and only then renamed to their paths, in the order opened.
+
+    On any exception every temporary file is removed, and the folders made for them where still
+    empty, and no ``path`` is touched: a failure while writing the last file (a name it cannot
+    hold, a full disk) leaves the earlier output whole, not its first files replaced beside its
+    old sidecar. An OSError of a temporary file names its ``path``.
+    """
+    staged: list[list] = []  # [file object or None, temporary name, path]
+    with contextlib.ExitStack() as dirs:
+
+        def open_file(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> IO:
+            path = Path(path)
+            dirs.enter_context(removing_made_dirs(path.parent))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _naming(path):
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            staged.append([None, tmp, path])
+            try:
+                os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
+                staged[-1][0] = os.fdopen(fd, mode, encoding=None if "b" in mode else encoding)
+            except BaseException:
+                os.close(fd)
+                raise
+            return staged[-1][0]
+
+        try:
+            yield open_file
+            for f, _, path in staged:
+                with _naming(path):
+                    f.flush()
+                    os.fsync(f.fileno())
+                    f.close()
+            for _, tmp, path in staged:
+                with _naming(path):
+                    os.replace(tmp, path)
+        except BaseException:
+            for f, tmp, _ in staged:
+                if f is not None:
+                    with contextlib.suppress(Exception):
+                        f.close()
+                with contextlib.suppress(FileNotFoundError):  # renamed already: the rename itself failed later
                     os.unlink(tmp)
             raise
 
@@ -157,6 +207,42 @@ def silence_stdout() -> None:
             os.close(devnull)
 
 
+def text_name(path: str | os.PathLike) -> str:
+    """``path`` as text that a UTF-8 file (a sidecar, a summary) can hold: the bytes of a name that
+    is not UTF-8 (a Latin-1 file name, which Python holds as lone surrogates) written ``\\xff``.
+
+    >>> text_name("caf\\udce9.en"), text_name("café.en")
+    ('caf\\\\xe9.en', 'café.en')
+    """
+    name = os.fspath(path)
+    name = os.fsdecode(name) if isinstance(name, bytes) else name
+    try:
+        return os.fsencode(name).decode("utf-8", errors="backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that no file name gives
+        return name.encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+
+def check_no_symlink_loop(path: str | os.PathLike, argument: str) -> None:
+    """Refuse, naming ``argument``, a ``path`` that is a symlink loop or lies below one (``ln -s a b;
+    ln -s b a``): ``Path.resolve`` raises RuntimeError for it on Python 3.10-3.12 (a traceback),
+    and every other check calls it missing ("file not found") or a file."""
+    path = Path(path)
+    try:
+        os.stat(path)
+        return
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            return
+    for p in (*reversed(path.parents), path):  # the first component that loops
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                if p == path:
+                    raise ValueError(f"{argument}: {str(path)!r} is a symlink loop") from None
+                raise ValueError(f"{argument}: {str(path)!r} lies below {str(p)!r}, a symlink loop") from None
+
+
 def check_readable_file(path: str | os.PathLike, argument: str, *, stream: bool = False) -> Path:
     """Return ``path`` as a Path, or raise ValueError naming the argument when it is not a readable file.
 
@@ -164,6 +250,7 @@ def check_readable_file(path: str | os.PathLike, argument: str, *, stream: bool 
     not a directory passes too: a named pipe, ``/dev/stdin``, a shell's ``<(cmd)`` (``/dev/fd/N``)."""
     p = Path(path)
     if not p.exists():
+        check_no_symlink_loop(p, argument)
         raise ValueError(f"{argument}: file not found: {str(p)!r}")
     if stream and p.is_dir():
         raise ValueError(f"{argument}: is a directory: {str(p)!r}")
@@ -239,9 +326,18 @@ def looks_like_text(path: str | os.PathLike, sample: int = 1 << 16) -> bool:
 
 # -- outputs -----------------------------------------------------------------------------------
 
+def _resolved(path: Path) -> Path:
+    """``path.resolve()``, or ``path`` made absolute where a symlink loop stops the resolving
+    (RuntimeError on Python 3.10-3.12, OSError later): callers refuse a loop first, naming it."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return Path(os.path.abspath(path))
+
+
 def _same(a: Path, b: Path) -> bool:
     """The same file or folder: equal resolved paths, or (both existing) the same inode."""
-    if a.resolve() == b.resolve():
+    if _resolved(a) == _resolved(b):
         return True
     try:
         return a.exists() and b.exists() and os.path.samefile(a, b)
@@ -300,13 +396,15 @@ def check_text_input(path: Path, content: Path, argument: str = "--input") -> No
 
 def _inside(inner: Path, outer: Path) -> bool:
     """``inner`` is ``outer`` or lies somewhere below it (after resolving links)."""
-    inner, outer = inner.resolve(), outer.resolve()
+    inner, outer = _resolved(inner), _resolved(outer)
     return inner == outer or outer in inner.parents
 
 
 def check_not_input(out: str | os.PathLike, inputs: Inputs, argument: str = "--out", *, folder: bool = False) -> None:
-    """Refuse an output that is one of the inputs, or (a folder) holds an input or the working directory."""
+    """Refuse an output that is one of the inputs, or (a folder) holds an input or the working directory,
+    or a symlink loop (:func:`check_no_symlink_loop`)."""
     out = Path(out)
+    check_no_symlink_loop(out, argument)
     for arg, inp in inputs:
         inp = Path(inp)
         if _same(out, inp):
@@ -340,18 +438,20 @@ def check_output_file(
     """Check that ``out`` may be written; return it as a Path.
 
     A missing file is fine. An existing one is replaced only with ``overwrite`` and only when
-    ``recognise(path)`` says it is ``what`` (a previous output of the same command).
+    ``recognise(path)`` says it is ``what`` (a previous output of the same command). A path that
+    cannot even be looked at (a name too long) is one line naming ``argument`` (:func:`writing_out`).
     """
     out = Path(out)
-    check_not_input(out, inputs, argument)
-    check_parents(out, argument)
-    if out.is_dir():
-        raise ValueError(f"{argument}: {str(out)!r} is a folder; give a file name")
-    if out.exists() or out.is_symlink():
-        if recognise is not None and not recognise(out):
-            raise ValueError(f"{argument}: {str(out)!r} exists and is not {what}; refusing to replace it")
-        if not overwrite:
-            raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
+    with writing_out(out, argument):
+        check_not_input(out, inputs, argument)
+        check_parents(out, argument)
+        if out.is_dir():
+            raise ValueError(f"{argument}: {str(out)!r} is a folder; give a file name")
+        if out.exists() or out.is_symlink():
+            if recognise is not None and not recognise(out):
+                raise ValueError(f"{argument}: {str(out)!r} exists and is not {what}; refusing to replace it")
+            if not overwrite:
+                raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
     return out
 
 
@@ -419,9 +519,17 @@ def check_output_dir(
     ``files``, the names ``command`` writes (or the marker), and every file at any depth is one the
     marker lists (a complete output's marker lists its files). A folder that holds anything else (a
     file the user added beside the output or inside one of its subfolders) is never replaced: the
-    error names the first such entry.
+    error names the first such entry. A path that cannot even be looked at (a name too long) is one
+    line naming ``argument`` (:func:`writing_out`).
     """
-    out = Path(out)
+    with writing_out(out, argument):
+        return _check_output_dir(Path(out), command=command, argument=argument, overwrite=overwrite,
+                                 inputs=inputs, files=files)
+
+
+def _check_output_dir(out: Path, *, command: str, argument: str, overwrite: bool, inputs: Inputs,
+                      files: Iterable[str]) -> bool:
+    """:func:`check_output_dir`, its OSErrors left to the caller."""
     check_not_input(out, inputs, argument, folder=True)
     check_parents(out, argument)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
@@ -593,7 +701,8 @@ def claim_dir(
     output is deleted; when it fails the new folder is removed and the old one put back. An
     empty folder that was there before (one the user made for the output) is written into in
     place and, on failure, emptied of what was written, not removed: no command removes a
-    folder it did not make.
+    folder it did not make. A folder that cannot be made (or set aside) is one line naming
+    ``argument`` and ``out``, as :func:`replace_dir` says it.
     """
     out = Path(out)
     replacing = check_output_dir(
@@ -601,13 +710,20 @@ def claim_dir(
     )
     old = None
     if replacing:
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        os.replace(out, old)
+        with writing_out(out, argument):
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            try:
+                os.replace(out, old)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.rmdir(old)
+                raise
     existed = out.is_dir()  # empty (the checks refused anything else), and not this command's
     with removing_made_dirs(out.parent):
         try:
-            make_dir(out)
-            write_marker(out, command, complete=False)
+            with writing_out(out, argument):
+                make_dir(out)
+                write_marker(out, command, complete=False)
             yield out
             write_marker(out, command, complete=True)
         except BaseException:

@@ -95,20 +95,66 @@ def test_ctrl_c_once_ids_are_written_waits_for_the_sidecar(tmp_path, monkeypatch
 
     path = tmp_path / "c.bin"
     write_token_file(path, np.arange(5), vocab_size=100)  # an earlier output, with its sidecar
-    real = tf.atomic_write
+    real = json.dump
 
-    def interrupted_before_sidecar(p, *a, **k):
-        if str(p).endswith(".json"):
-            os.kill(os.getpid(), signal.SIGINT)  # the ids are in place; the sidecar is not yet
-        return real(p, *a, **k)
+    def interrupted_before_sidecar(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)  # the ids are written; the sidecar is not yet
+        return real(*a, **k)
 
-    monkeypatch.setattr(tf, "atomic_write", interrupted_before_sidecar)
+    monkeypatch.setattr(tf.json, "dump", interrupted_before_sidecar)
     with pytest.raises(KeyboardInterrupt):
         write_token_file(path, np.arange(30), vocab_size=100)
     ids, meta = read_token_file(path)
     assert meta["num_tokens"] == 30 and np.array_equal(ids, np.arange(30))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
     assert sorted(q.name for q in tmp_path.iterdir()) == ["c.bin", "c.bin.json"]
+
+
+def test_a_failed_sidecar_write_leaves_the_earlier_token_file_whole(tmp_path, monkeypatch):
+    """The ids were renamed into place before the sidecar was written: a failure at the sidecar (a
+    full disk) left the new ids beside the old sidecar, the earlier output lost (clifuzz7 #1). Now
+    both are written before either is renamed, and no temporary file is left."""
+    import errno
+
+    import lm.data.token_file as tf
+
+    path = tmp_path / "c.bin"
+    write_token_file(path, np.arange(5), vocab_size=100, source="old.txt")
+    before = {q.name: q.read_bytes() for q in tmp_path.iterdir()}
+
+    def disk_full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tf.json, "dump", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_token_file(path, np.arange(30), vocab_size=100)
+    assert {q.name: q.read_bytes() for q in tmp_path.iterdir()} == before
+
+
+def test_a_source_name_that_is_not_utf8_is_stored_as_escapes(tmp_path):
+    """A Latin-1 file name (a lone surrogate in Python) was stored as the JSON escape "\\udcff", which
+    reads back as a string no UTF-8 file or terminal can hold; it is stored as "\\xff" (clifuzz7 #1)."""
+    meta = write_token_file(tmp_path / "c.bin", np.arange(5), vocab_size=100, source="caf\udce9.txt")
+    assert meta["source"] == "caf\\xe9.txt"
+    assert read_token_file(tmp_path / "c.bin")[1]["source"] == "caf\\xe9.txt"
+    assert b'"source": "caf\\\\xe9.txt"' in (tmp_path / "c.bin.json").read_bytes()
+
+
+@pytest.mark.parametrize("name", [".", "/", "..", "folder"])
+def test_a_folder_given_as_a_token_file_is_named_as_one(tmp_path, monkeypatch, name):
+    """`--set data.train=.` said "data.train: PosixPath('.') has an empty name" (Path.with_name);
+    '..' and other folders "token file not found" (clifuzz7 #12)."""
+    from lm.data.pairs import read_pair_meta
+    from lm.data.token_file import read_token_meta
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError) as e:
+        read_token_meta(name)
+    assert str(e.value) == f"{name!r} is a folder, not a token file"
+    with pytest.raises(ValueError) as e:
+        read_pair_meta(name)
+    assert str(e.value) == f"{name!r} is a folder, not a pair file"
 
 
 def _bad_file(tmp_path, mutate):

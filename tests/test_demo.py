@@ -454,3 +454,27 @@ def test_a_vocab_size_the_corpus_cannot_give_is_a_warning_and_not_claimed(tmp_pa
     assert "100000-token" not in captured.err
     assert "[demo] training a BPE tokenizer of up to 100000 tokens" in captured.err
     assert f"tokenizer     {size} tokens" in captured.out
+
+
+def test_bad_demo_paths_are_one_line_naming_the_option(tmp_path, monkeypatch, capsys):
+    """`--data ''` ran the whole demo on the synthetic corpus, rc 0 ('' taken for "not given",
+    clifuzz7 #7); `--out /proc/x` or a 300-character name was a bare "[Errno ...]" line (#8); a
+    symlink loop at --out a RuntimeError traceback (#2)."""
+    import os
+
+    from lm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loop2", "loop1")
+    os.symlink("loop1", "loop2")
+    long = "x" * 300
+    cases = [(["--data", "", "--out", "d"], "--data: must not be empty; omit --data for TinyStories in data/ or the "
+                                             "synthetic stories"),
+             (["--out", long], f"--out: {long!r} cannot be written: File name too long"),
+             (["--out", "loop1"], "--out: 'loop1' is a symlink loop")]
+    if os.path.isdir("/proc/self"):
+        cases.append((["--out", "/proc/x"], "--out: '/proc/x' cannot be written: No such file or directory"))
+    for extra, message in cases:
+        assert main(["demo", "--train-seconds", "1", "--quiet", *extra]) == 2
+        assert capsys.readouterr().err.strip() == f"lm demo: error: {message}"
+    assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2"]

@@ -300,3 +300,37 @@ def test_help_names_the_mirror_variables(capsys):
             "that holds the files, by their usual names) with a mirror's, or with a file:// URL of a local copy"
             in text)
     assert "LM_MULTI30K_URL=file://" in text and "LM_TINYSTORIES_URL=https://" in text
+
+
+@pytest.mark.parametrize("dataset, variable", [("tinystories", "LM_TINYSTORIES_URL"), ("multi30k", "LM_MULTI30K_URL")])
+@pytest.mark.parametrize("url, why", [
+    ("http://[::1", "is not a valid URL (Invalid IPv6 URL)"),
+    ("http://host:abc", "is not a valid URL (Port could not be cast to integer value as 'abc')"),
+    ("notaurl", "is not an http://, https:// or file:// URL"),
+    ("https://", "is not an http://, https:// or file:// URL"),
+])
+def test_a_mirror_variable_that_is_not_a_url_is_named(tmp_path, monkeypatch, capsys, dataset, variable, url, why):
+    """urllib's own "Invalid IPv6 URL" or "unknown url type: 'notaurl/train.en.gz'" named neither the
+    variable nor its value (clifuzz7 #12)."""
+    monkeypatch.setenv(variable, url)
+    assert main(["data", "download", dataset, "--out", str(tmp_path / "d"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lm data download: error: {variable}: {url!r} {why}; give ") and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_out_or_a_symlink_loop_is_refused(tmp_path, monkeypatch, capsys):
+    """`--out ''` downloaded into the current folder, not the default data/ (clifuzz7 #7); a symlink
+    loop was called "a file, not a folder" (clifuzz7 #2)."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LM_MULTI30K_URL", "http://127.0.0.1:9/offline")  # nothing is fetched either way
+    os.symlink("loop2", "loop1")
+    os.symlink("loop1", "loop2")
+    for out, message in [("", "--out: must not be empty; omit --out for the default (data, or data/multi30k)"),
+                         ("loop1", "--out: 'loop1' is a symlink loop")]:
+        for dataset in ("tinystories", "multi30k"):
+            assert main(["data", "download", dataset, "--out", out, "--quiet"]) == 2
+            assert capsys.readouterr().err.strip() == f"lm data download: error: {message}"
+    assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2"]

@@ -119,3 +119,72 @@ def test_overwrite_never_replaces_a_folder_without_the_commands_marker(tmp_path)
     # the same folder marked as the command's output is replaced with --overwrite
     write_marker(hf, "lm export hf")
     assert check_output_dir(hf, command="lm export hf", overwrite=True, files=HF_FILES) is True
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc, where no folder can be made")
+def test_a_folder_that_cannot_be_made_is_one_line_naming_the_argument(tmp_path):
+    """`lm demo --out /proc/x` said "[Errno 2] No such file or directory: '/proc/x'", naming neither
+    --out nor what failed (clifuzz7 #8), where replace_dir's outputs name both."""
+    with pytest.raises(ValueError) as e, claim_dir("/proc/x", command="lm test"):
+        pass
+    assert str(e.value) == "--out: '/proc/x' cannot be written: No such file or directory"
+
+
+def test_a_name_too_long_to_look_at_is_one_line_naming_the_argument(tmp_path):
+    """A 300-character --out of `lm demo` or `lm plot` was "[Errno 36] File name too long: 'xxx...'":
+    the checks' own stat of the path failed (clifuzz7 #8)."""
+    from lm.io import check_output_dir, check_output_file
+
+    long = tmp_path / ("x" * 300)
+    for check in (lambda: check_output_dir(long, command="lm test"), lambda: check_output_file(long)):
+        with pytest.raises(ValueError) as e:
+            check()
+        assert str(e.value) == f"--out: {str(long)!r} cannot be written: File name too long"
+
+
+def test_a_symlink_loop_is_refused_naming_it(tmp_path, monkeypatch):
+    """Path.resolve raises RuntimeError for a loop on Python 3.10-3.12: every output check was a
+    traceback for a loop at --out (lm tokenizer train, tokenize, plot, export hf, demo), and
+    check_readable_file called one "file not found" (clifuzz7 #2)."""
+    from lm.io import check_not_input, check_output_dir, check_output_file, check_readable_file
+
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loop2", "loop1")
+    os.symlink("loop1", "loop2")
+    (tmp_path / "in.txt").write_text("x")
+    checks = [
+        (lambda: claim_dir("loop1", command="lm test").__enter__(), "--out: 'loop1' is a symlink loop"),
+        (lambda: check_output_dir("loop1", command="lm test", inputs=[("--input", "in.txt")]),
+         "--out: 'loop1' is a symlink loop"),
+        (lambda: check_output_file("loop1/x.png"), "--out: 'loop1/x.png' lies below 'loop1', a symlink loop"),
+        (lambda: check_not_input("loop1/a/b", [("--input", "in.txt")], "out"),
+         "out: 'loop1/a/b' lies below 'loop1', a symlink loop"),
+        (lambda: check_readable_file("loop1", "--input"), "--input: 'loop1' is a symlink loop"),
+    ]
+    for check, message in checks:
+        with pytest.raises(ValueError) as e:
+            check()
+        assert str(e.value) == message
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "loop1", "loop2"]
+
+
+def test_atomic_files_renames_nothing_until_every_file_is_written(tmp_path):
+    """The files of one output (ids, offsets, sidecar) appear together: a failure while writing the
+    last leaves every earlier file as it was, and no temporary file (clifuzz7 #1)."""
+    from lm.io import atomic_files
+
+    for name in ("a.bin", "a.bin.json"):
+        (tmp_path / name).write_text(f"old {name}")
+    with pytest.raises(UnicodeEncodeError), atomic_files() as open_file:
+        open_file(tmp_path / "a.bin", "wb").write(b"new ids")
+        assert (tmp_path / "a.bin").read_text() == "old a.bin"  # not renamed yet
+        open_file(tmp_path / "a.bin.json").write("\udcff")  # a lone surrogate: no UTF-8 file holds it
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.bin": "old a.bin", "a.bin.json": "old a.bin.json"}
+    with atomic_files() as open_file:
+        open_file(tmp_path / "sub" / "a.bin", "wb").write(b"new ids")
+        open_file(tmp_path / "sub" / "a.bin.json").write("{}")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "sub").iterdir()} == {"a.bin": b"new ids", "a.bin.json": b"{}"}
+    with pytest.raises(RuntimeError), atomic_files() as open_file:
+        open_file(tmp_path / "made" / "deeper" / "a.bin", "wb").write(b"x")
+        raise RuntimeError("stopped")
+    assert not (tmp_path / "made").exists()  # the folders it made, removed again

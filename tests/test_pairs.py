@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -728,3 +729,43 @@ def test_tokenize_pairs_refuses_a_chunk_size_below_one(tok_dir, tmp_path, chunk_
     assert not (tmp_path / "cp.bin").exists()
     meta = tokenize_pairs(load_tokenizer_dir(tok_dir), src, tgt, tmp_path / "cp.bin", chunk_pairs=1)
     assert meta["num_pairs"] == 2
+
+
+def test_a_failed_sidecar_write_leaves_the_earlier_pair_file_whole(pair_path, tmp_path, monkeypatch):
+    """The ids and then the offsets were renamed into place before the sidecar was written: a
+    failure at the sidecar left the new ids and offsets beside the old sidecar, which `lm train`
+    then refused as truncated (clifuzz7 #1). All three are written before any is renamed."""
+    import errno
+
+    import lm.data.pairs as pairs
+
+    path = tmp_path / "p.bin"
+    for suffix in ("", ".idx", ".json"):
+        Path(f"{path}{suffix}").write_bytes(Path(f"{pair_path}{suffix}").read_bytes())
+    before = {q.name: q.read_bytes() for q in tmp_path.iterdir()}
+
+    def disk_full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pairs.json, "dump", disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        write_pair_file(path, random_pairs(7, 100, seed=1), vocab_size=100)
+    assert {q.name: q.read_bytes() for q in tmp_path.iterdir()} == before
+
+
+def test_inputs_whose_names_are_not_utf8_make_a_whole_pair_file(corpus, tok_dir, tmp_path, capsys):
+    """A Latin-1 file name (\\xff.en) failed the sidecar (ensure_ascii=False cannot write a lone
+    surrogate) after the ids and offsets were renamed: with --overwrite the earlier pair file was
+    lost, without it ids and offsets were left with no sidecar (clifuzz7 #1). The names are stored
+    with the bytes that are not UTF-8 as \\xff."""
+    src, tgt = parallel_text(5)
+    en, de = Path(os.fsdecode(bytes(tmp_path) + b"/\xff.en")), Path(os.fsdecode(bytes(tmp_path) + b"/\xff.de"))
+    write_lines(en, src)
+    write_lines(de, tgt)
+    out = tmp_path / "out" / "p.bin"
+    argv = ["tokenize", "--tokenizer", str(tok_dir), "--input", str(en), "--target", str(de), "--out", str(out),
+            "--quiet"]
+    assert main(argv) == 0, capsys.readouterr().err
+    meta = read_pair_file(out).meta
+    assert (meta["num_pairs"], meta["source"], meta["target"]) == (5, f"{tmp_path}/\\xff.en", f"{tmp_path}/\\xff.de")
+    assert sorted(q.name for q in out.parent.iterdir()) == ["p.bin", "p.bin.idx", "p.bin.json"]

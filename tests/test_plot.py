@@ -221,3 +221,33 @@ def test_label_smoothing_is_read_without_tomllib_as_on_python_3_10(tmp_path, mon
     assert train_label_smoothing(run) == 0.2
     (run / "config.toml").write_bytes(b'[model]\narchitecture = "encoder_decoder\xff"\n')  # not UTF-8: unknown
     assert train_label_smoothing(run) == 0.0
+
+
+def test_an_empty_out_is_refused_not_taken_for_the_default(tmp_path, capsys):
+    """`lm plot RUN --out ''` wrote RUN/loss.png, rc 0: '' was taken for "not given" (clifuzz7 #7)."""
+    run = _run(tmp_path / "run")
+    rc, err = _cli(["plot", str(run), "--out", "", "--quiet"], capsys)
+    assert (rc, err.strip()) == (2, "lm plot: error: --out: must not be empty; omit --out for the default, "
+                                    "RUN_DIR/loss.png")
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+def test_an_out_that_cannot_be_written_is_one_line_naming_out(tmp_path, capsys, monkeypatch):
+    """`--out /proc/x.png` said "[Errno 2] No such file or directory: '/proc/x.png'", a 300-character
+    name "[Errno 36] File name too long", naming no option (clifuzz7 #8); a symlink loop in its
+    folder was a RuntimeError traceback (clifuzz7 #2)."""
+    import os
+
+    run = _run(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loop2", "loop1")
+    os.symlink("loop1", "loop2")
+    long = "x" * 300 + ".png"
+    cases = [(long, f"--out: {long!r} cannot be written: File name too long"),
+             ("loop1/x.png", "--out: 'loop1/x.png' lies below 'loop1', a symlink loop")]
+    if os.path.isdir("/proc/self"):
+        cases.append(("/proc/x.png", "--out: '/proc/x.png' cannot be written: No such file or directory"))
+    for out, message in cases:
+        rc, err = _cli(["plot", str(run), "--out", out, "--quiet"], capsys)
+        assert (rc, err.strip()) == (2, f"lm plot: error: {message}")
+    assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2", "run"]

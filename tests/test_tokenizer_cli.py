@@ -707,3 +707,54 @@ def test_an_input_gone_before_the_summary_is_the_inputs_error(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err == f"lm tokenizer train: error: --input: {str(path)!r} cannot be read: No such file or directory\n"
     assert not (tmp_path / "tok").exists()
+
+
+def test_a_repeated_input_trains_on_every_file(tmp_path, capsys):
+    """`--input a --input b` kept b only, without a word (nargs="+" with the default store action),
+    while --special-token beside it is repeatable (clifuzz7 #3). Both spellings train on both files."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(STORY * 40, encoding="utf-8")
+    b.write_text("Zebras zigzag by the zoo. " * 200, encoding="utf-8")
+    common = ["--vocab-size", "300", "--holdout-bytes", "0", "--num-workers", "1", "--quiet"]
+    assert main(["tokenizer", "train", "--input", str(a), "--input", str(b), "--out", str(tmp_path / "t1"),
+                 *common]) == 0
+    assert main(["tokenizer", "train", "--input", str(a), str(b), "--out", str(tmp_path / "t2"), *common]) == 0
+    summary = json.loads((tmp_path / "t1" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["inputs"] == [str(a), str(b)]
+    assert summary["train_bytes"] == a.stat().st_size + b.stat().st_size
+    for name in ("vocab.json", "merges.txt"):
+        assert (tmp_path / "t1" / name).read_bytes() == (tmp_path / "t2" / name).read_bytes()
+
+
+def test_an_input_name_that_is_not_utf8_is_in_the_summary_as_escapes(tmp_path, capsys):
+    """`--input $'\\xff.txt'` trained, then failed writing summary.json ("'utf-8' codec can't encode
+    character '\\udcff'"), naming no option (clifuzz7 #1). The name is stored with \\xff."""
+    src = Path(os.fsdecode(bytes(tmp_path) + b"/\xff.txt"))
+    src.write_text(STORY * 40, encoding="utf-8")
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--input", str(src), "--vocab-size", "300", "--holdout-bytes", "0",
+                 "--num-workers", "1", "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["inputs"] == [f"{tmp_path}/\\xff.txt"]
+
+
+def test_a_symlink_loop_as_an_output_or_input_is_one_line(corpus, trained, tmp_path, capsys, monkeypatch):
+    """A loop (ln -s b a; ln -s a b) at --out was a 48-line RuntimeError traceback from Path.resolve
+    (Python 3.10-3.12); at --input it was "file not found" (clifuzz7 #2)."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("loop2", "loop1")
+    os.symlink("loop1", "loop2")
+    cases = [
+        (["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", "loop1"],
+         "lm tokenizer train: error: --out: 'loop1' is a symlink loop"),
+        (["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out", "loop1"],
+         "lm tokenize: error: --out: 'loop1' is a symlink loop"),
+        (["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out", "loop1/x.bin"],
+         "lm tokenize: error: --out: 'loop1/x.bin' lies below 'loop1', a symlink loop"),
+        (["tokenize", "--tokenizer", str(trained), "--input", "loop1", "--out", "x.bin"],
+         "lm tokenize: error: --input: 'loop1' is a symlink loop"),
+    ]
+    for argv, message in cases:
+        assert main([*argv, "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == message
+    assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2"]

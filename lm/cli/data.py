@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_download(args: argparse.Namespace) -> int:
     from lm.data.download import download_multi30k, download_tinystories
 
+    if args.out == "":  # had been taken as the current folder, not the default
+        raise ValueError("--out: must not be empty; omit --out for the default (data, or data/multi30k)")
     if args.dataset == "multi30k":
         if args.split is not None:
             raise ValueError(f"--split: multi30k has no --split (it downloads all of its 6 files, 1.3 MB), "

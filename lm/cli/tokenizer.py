@@ -16,6 +16,7 @@ from pathlib import Path
 from lm.cli.common import add_command, add_out, add_quiet, as_flags
 from lm.io import (
     atomic_write,
+    check_no_symlink_loop,
     check_output_dir,
     check_output_file,
     check_readable_file,
@@ -23,6 +24,7 @@ from lm.io import (
     decompressed_copies,
     is_gzip,
     replace_dir,
+    text_name,
     writing_out,
 )
 
@@ -58,8 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "The folder is built beside DIR and renamed into place when complete.",
         examples=TRAIN_EXAMPLES,
     )
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE",
-                   help="UTF-8 text file(s); gzip (told by its content) is decompressed to a temporary file first")
+    p.add_argument("--input", nargs="+", action="extend", required=True, metavar="FILE",
+                   help="UTF-8 text file(s) (repeatable: --input a.txt --input b.txt trains on both); gzip "
+                   "(told by its content) is decompressed to a temporary file first")
     p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="total vocabulary size")
     p.add_argument("--special-token", action="append", default=[], metavar="TOK",
                    help="a special token, e.g. '<|endoftext|>' (repeatable); documents are cut at it")
@@ -186,6 +189,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             summary = training_summary(tok, stats, paths, heldout, {"save": t2 - t1, "since_start": t2 - t0})
         except OSError as e:
             raise ValueError(f"--input: {e.filename or str(paths[0])!r} cannot be read: {e.strerror or e}") from None
+        summary["inputs"] = [text_name(p) for p in summary["inputs"]]  # a name that is not UTF-8: as \xff
         with atomic_write(tmp / "summary.json") as f:
             json.dump(summary, f, indent=1, ensure_ascii=False)
     bpt = summary["bytes_per_token_heldout"]
@@ -293,6 +297,7 @@ def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, Path]], wha
 
     out = Path(args.out)
     tok = Path(args.tokenizer)
+    check_no_symlink_loop(out, "--out")  # before resolving it below: a traceback on Python 3.11
     if tok.is_dir():
         where, folder = out.parent.resolve(), tok.resolve()
         if where == folder or folder in where.parents:

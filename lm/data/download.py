@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lm.io import check_parents, removing_made_dirs
+from lm.io import check_no_symlink_loop, check_parents, removing_made_dirs
 
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
@@ -148,6 +148,7 @@ def check_out_dir(out_dir: str | os.PathLike, argument: str = "--out") -> Path:
     """``out_dir`` as a Path; a one-line ValueError naming ``argument`` when it, or a folder above
     it, exists and is not a folder (so it cannot hold the downloads)."""
     out_dir = Path(out_dir)
+    check_no_symlink_loop(out_dir, argument)  # not "a file, not a folder"
     if not out_dir.is_dir() and (out_dir.exists() or out_dir.is_symlink()):
         raise ValueError(f"{argument}: {str(out_dir)!r} is a file, not a folder; give a folder")
     check_parents(out_dir, argument)
@@ -309,10 +310,31 @@ def download_tinystories(split: str = "valid", out_dir: str | os.PathLike = "dat
     """Fetch TinyStoriesV2-GPT4 ``train`` (2.2 GB) or ``valid`` (22 MB) text into ``out_dir``."""
     if split not in TINYSTORIES_FILES:
         raise ValueError(f"split: {split!r} is not one of {sorted(TINYSTORIES_FILES)}")
-    base = (base_url or os.environ.get("LM_TINYSTORIES_URL") or TINYSTORIES_URL).rstrip("/")
+    base = _base_url(base_url, "LM_TINYSTORIES_URL", TINYSTORIES_URL)
     name = TINYSTORIES_FILES[split]
     with _naming_env(base_url, "LM_TINYSTORIES_URL"):
         return download(f"{base}/{name}", Path(out_dir) / name, progress=progress, overwrite=overwrite)
+
+
+def _base_url(base_url: str | None, variable: str, default: str) -> str:
+    """The base URL: ``base_url``, else the environment variable ``variable`` (when set and not
+    empty), else ``default``; one that is no http(s):// or file:// URL is a ValueError naming where it
+    came from (urllib had said only "Invalid IPv6 URL" or "unknown url type: 'notaurl/train.en.gz'")."""
+    source = "base_url" if base_url else variable if os.environ.get(variable) else None
+    given = base_url or os.environ.get(variable) or default
+    base = given.rstrip("/")
+    if source is None:
+        return base
+    try:
+        parts = urllib.parse.urlsplit(base)
+        parts.port  # noqa: B018 -- a port that is not a number raises here
+    except ValueError as e:
+        raise ValueError(f"{source}: {given!r} is not a valid URL ({e}); give the http://, https:// or file:// URL "
+                         "of the folder that holds the files") from None
+    if parts.scheme not in ("http", "https", "file") or (parts.scheme != "file" and not parts.hostname):
+        raise ValueError(f"{source}: {given!r} is not an http://, https:// or file:// URL; give the URL of the "
+                         "folder that holds the files")
+    return base
 
 
 @contextlib.contextmanager
@@ -336,7 +358,7 @@ def download_multi30k(out_dir: str | os.PathLike = "data/multi30k", *, base_url:
     each one's size and SHA-256 are checked. A complete file already there is kept; one whose
     checksum is wrong is replaced only with ``overwrite``.
     """
-    base = (base_url or os.environ.get("LM_MULTI30K_URL") or MULTI30K_URL).rstrip("/")
+    base = _base_url(base_url, "LM_MULTI30K_URL", MULTI30K_URL)
     out_dir = check_out_dir(out_dir)
     for name in MULTI30K_FILES:  # all six before any is fetched
         check_download_dest(out_dir / name)

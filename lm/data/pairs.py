@@ -50,6 +50,7 @@ from lm.checks import check_size
 from lm.data.token_file import (
     TOKEN_DTYPES,
     check_ids,
+    check_ids_file,
     check_ids_sidecar,
     check_optional_fields,
     load_sidecar,
@@ -57,7 +58,7 @@ from lm.data.token_file import (
     sidecar_path,
     token_dtype,
 )
-from lm.io import GZIP_MAGIC, InterruptGuard, atomic_write, check_not_input
+from lm.io import GZIP_MAGIC, InterruptGuard, atomic_files, check_not_input, text_name
 
 if TYPE_CHECKING:  # torch is imported where batches are built: `lm tokenize` writes pair files without it
     import torch
@@ -68,8 +69,10 @@ _OFFSET_DTYPE = np.dtype("<i8")
 
 
 def index_path(path: str | os.PathLike) -> Path:
-    """``X.bin`` -> ``X.bin.idx``, the offsets of a pair file."""
+    """``X.bin`` -> ``X.bin.idx``, the offsets of a pair file (a path with no name, ``.``, is a ValueError)."""
     path = Path(path)
+    if not path.name:
+        raise ValueError(f"{str(path)!r} is a folder, not a pair file")
     return path.with_name(path.name + ".idx")
 
 
@@ -187,9 +190,11 @@ def write_pair_file(
 ) -> dict[str, Any]:
     """Write ``(source ids, target ids)`` pairs to ``path``, its offsets and its sidecar; return the sidecar.
 
-    Each of the three files is written atomically; the ids first, the offsets next, the sidecar
-    last, and a Ctrl-C once the ids are written waits until the sidecar is in place, so an
-    interrupted run leaves the old files (or none) or the new ones, never a mixture.
+    The three files are written under temporary names and renamed only once all three are
+    complete (:func:`lm.io.atomic_files`), and a Ctrl-C once the ids are written waits for the
+    renames, so a failed or interrupted run leaves the old files (or none) or the new ones, never
+    a mixture. ``source`` and ``target`` are stored as :func:`lm.io.text_name` gives them (a file
+    name that is not UTF-8 had failed the sidecar after the ids were in place).
     Every id must lie in ``[0, vocab_size)``.
 
     >>> meta = write_pair_file("/tmp/p.bin", [(np.array([5, 6]), np.array([7]))], vocab_size=10)
@@ -208,17 +213,17 @@ def _write_pair_file(path, pairs, vocab_size: int, extra: Callable[[], dict[str,
     path = Path(path)
     dtype = token_dtype(vocab_size)
     offsets = [0]
-    with InterruptGuard() as guard:  # the files' renames happen together: a Ctrl-C waits for the last
-        with atomic_write(path, "wb") as f:
-            for src, tgt in pairs:
-                for side in (src, tgt):
-                    ids = check_ids(side, vocab_size)
-                    if ids.size:
-                        f.write(np.ascontiguousarray(ids, dtype=dtype).tobytes())
-                    offsets.append(offsets[-1] + int(ids.size))
-            guard.hold()
-        with atomic_write(index_path(path), "wb") as f:
-            f.write(np.asarray(offsets, dtype=_OFFSET_DTYPE).tobytes())
+    # all three written before any is renamed; a Ctrl-C once the ids are written waits for the renames
+    with InterruptGuard() as guard, atomic_files() as open_file:
+        f = open_file(path, "wb")
+        for src, tgt in pairs:
+            for side in (src, tgt):
+                ids = check_ids(side, vocab_size)
+                if ids.size:
+                    f.write(np.ascontiguousarray(ids, dtype=dtype).tobytes())
+                offsets.append(offsets[-1] + int(ids.size))
+        guard.hold()
+        open_file(index_path(path), "wb").write(np.asarray(offsets, dtype=_OFFSET_DTYPE).tobytes())
         meta = {
             "format": FORMAT,
             "version": VERSION,
@@ -233,9 +238,10 @@ def _write_pair_file(path, pairs, vocab_size: int, extra: Callable[[], dict[str,
             "target": "",
         }
         meta.update(extra())
-        with atomic_write(sidecar_path(path), "w") as f:
-            json.dump(meta, f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        meta["source"], meta["target"] = text_name(meta["source"]), text_name(meta["target"])
+        f = open_file(sidecar_path(path), "w")
+        json.dump(meta, f, indent=1, ensure_ascii=False)
+        f.write("\n")
     return meta
 
 
@@ -256,6 +262,7 @@ def is_pair_file(path: str | os.PathLike) -> bool:
 def read_pair_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of the pair file ``path`` against its ids and offsets files; return it."""
     path = Path(path)
+    check_ids_file(path, "pair file")
     side, idx = sidecar_path(path), index_path(path)
     meta = load_sidecar(path, side, "pair file", "`lm tokenize --target`")
     if meta.get("format") != FORMAT:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from lm.checks import is_count
-from lm.io import InterruptGuard, atomic_write, read_json_object
+from lm.io import InterruptGuard, atomic_files, read_json_object, text_name
 
 FORMAT = "lm-tokens"
 VERSION = 1
@@ -29,8 +29,11 @@ _SCAN_CHUNK = 1 << 22  # ids per read when scanning a file: 8-16 MB, whatever th
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:
-    """``X.bin`` -> ``X.bin.json``."""
+    """``X.bin`` -> ``X.bin.json``; a path with no file name (``.``, ``/``) is a ValueError naming it,
+    which no ``lm tokenize`` output can be (``Path.with_name`` said "PosixPath('.') has an empty name")."""
     path = Path(path)
+    if not path.name:
+        raise ValueError(f"{str(path)!r} is a folder, not a token or pair file")
     return path.with_name(path.name + ".json")
 
 
@@ -100,7 +103,8 @@ def write_token_file(
     tokenizer_sha256: str = "",
     source: str = "",
 ) -> dict[str, Any]:
-    """Write ids to ``path`` and the sidecar to ``path + '.json'``, each atomically; return the sidecar.
+    """Write ids to ``path`` and the sidecar to ``path + '.json'``, both renamed into place only once
+    both are complete (:func:`lm.io.atomic_files`); return the sidecar.
 
     ``ids_array`` is one integer array (a NumPy array, a torch tensor or anything else with
     ``__array__``, or a list, tuple or range of ints), or any other iterable of arrays (or lists),
@@ -117,17 +121,18 @@ def write_token_file(
     dtype = token_dtype(vocab_size)
     chunks = _chunks(ids_array)
     num_tokens = 0
-    # The ids go first, the sidecar last, and a Ctrl-C once the ids are written waits for the sidecar:
-    # the two renames happen together. (A crash in between leaves the old sidecar, whose num_tokens
-    # no longer matches the file size, so readers refuse the pair.)
-    with InterruptGuard() as guard:
-        with atomic_write(path, "wb") as f:
-            for chunk in chunks:
-                chunk = check_ids(chunk, vocab_size)
-                if chunk.size:
-                    f.write(np.ascontiguousarray(chunk, dtype=dtype).tobytes())
-                    num_tokens += chunk.size
-            guard.hold()
+    # Both files are written before either is renamed (a failure at the sidecar leaves the earlier
+    # output whole), and a Ctrl-C once the ids are written waits for the renames. (A crash between
+    # the two renames leaves the old sidecar, whose num_tokens no longer matches the file size, so
+    # readers refuse the pair.)
+    with InterruptGuard() as guard, atomic_files() as open_file:
+        f = open_file(path, "wb")
+        for chunk in chunks:
+            chunk = check_ids(chunk, vocab_size)
+            if chunk.size:
+                f.write(np.ascontiguousarray(chunk, dtype=dtype).tobytes())
+                num_tokens += chunk.size
+        guard.hold()
         meta = {
             "format": FORMAT,
             "version": VERSION,
@@ -136,11 +141,11 @@ def write_token_file(
             "num_tokens": int(num_tokens),
             "source_bytes": int(source_bytes),
             "tokenizer_sha256": str(tokenizer_sha256),
-            "source": str(source),
+            "source": text_name(source),
         }
-        with atomic_write(sidecar_path(path), "w") as f:
-            json.dump(meta, f, indent=1)
-            f.write("\n")
+        f = open_file(sidecar_path(path), "w")
+        json.dump(meta, f, indent=1)
+        f.write("\n")
     return meta
 
 
@@ -153,11 +158,19 @@ def is_token_file(path: str | os.PathLike) -> bool:
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
+def check_ids_file(path: Path, what: str) -> None:
+    """A one-line ValueError when ``path`` (a ``what``) is a folder or missing: before its sidecar's
+    name is made from it (``.`` and ``/`` have no name to add ``.json`` to)."""
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a folder, not a {what}")
+    if not path.is_file():
+        raise ValueError(f"{what} not found: {str(path)!r}")
+
+
 def load_sidecar(path: Path, side: Path, what: str, writer: str) -> dict[str, Any]:
     """The JSON object in ``side``, the sidecar of ``path`` (a ``what`` that ``writer`` makes);
     a one-line ValueError when either file is missing or the sidecar is not a JSON object."""
-    if not path.is_file():
-        raise ValueError(f"{what} not found: {str(path)!r}")
+    check_ids_file(path, what)
     if not side.is_file():
         raise ValueError(f"{str(path)!r} has no sidecar {side.name!r}; write {what}s with {writer}")
     return read_json_object(side, "sidecar")
@@ -207,6 +220,7 @@ def check_optional_fields(meta: dict[str, Any], side: Path, counts: tuple[str, .
 def read_token_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of ``path`` against the file itself (dtype, size); return it."""
     path = Path(path)
+    check_ids_file(path, "token file")
     side = sidecar_path(path)
     meta = load_sidecar(path, side, "token file", "`lm tokenize`")
     if meta.get("format") != FORMAT:

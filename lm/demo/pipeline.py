@@ -246,6 +246,8 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     from lm.io import check_output_dir, check_readable_file, claim_dir
 
     out = Path(settings.out_dir)
+    if settings.data is not None and not str(settings.data):  # had been taken for "not given": the synthetic corpus
+        raise ValueError("--data: must not be empty; omit --data for TinyStories in data/ or the synthetic stories")
     if settings.data:
         check_readable_file(settings.data, "--data")
     if not settings.train_seconds > 0:

@@ -93,7 +93,8 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
     named by :func:`run_labels` (a train loss with label smoothing says so: see
     :func:`train_label_smoothing`); the PNG carries :data:`PLOT_MARK` (see :func:`is_marked_plot`).
     Records without a ``time`` are drawn against steps only. A run with no loss record, or an
-    ``out`` that is a run's ``metrics.jsonl``, is a ValueError naming it, before anything is written.
+    ``out`` that is a run's ``metrics.jsonl``, is a ValueError naming it, before anything is written;
+    so is an ``out`` that cannot be written (``--out: '/proc/x.png' cannot be written: ...``).
     """
     check_not_input(out, [("run_dirs", Path(d) / "metrics.jsonl") for d in run_dirs], "out")
     runs = [(Path(d), loss_records(d)) for d in run_dirs]
@@ -108,7 +109,7 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    from lm.io import atomic_write
+    from lm.io import atomic_write, writing_out
 
     longest = max((r["time"] for _, rows in runs for split in rows.values() for r in split if _number(r.get("time"))),
                   default=0)
@@ -140,7 +141,9 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path
         by_time.text(0.5, 0.5, "no records with a time", ha="center", va="center", transform=by_time.transAxes)
     fig.tight_layout()
     out = Path(out)
-    with atomic_write(out, "wb") as f:
-        fig.savefig(f, format="png", dpi=120, metadata=dict([PLOT_MARK]))
-    plt.close(fig)
+    try:
+        with writing_out(out, "--out"), atomic_write(out, "wb") as f:  # /proc/x.png: one line naming --out
+            fig.savefig(f, format="png", dpi=120, metadata=dict([PLOT_MARK]))
+    finally:
+        plt.close(fig)
     return out
