@@ -353,6 +353,21 @@ def test_prompt_file_stdin_threads_and_dtype(work, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_an_empty_resume_is_refused_not_taken_for_not_given(work, tmp_path):
+    """`--resume ''` (a script's `--resume "$CKPT"` with the variable unset) was taken for no
+    --resume: a fresh run from step 0 in an empty train.out_dir, exit 0, and for a run folder
+    "already holds a run; pass --resume", though --resume was passed (clifuzz7 #7)."""
+    want = ("lm train: error: --resume: must not be empty; pass --resume alone to continue the run in "
+            "train.out_dir, or --resume PATH")
+    before = snapshot(work / "run")
+    for out in ("run", "fresh"):
+        toml = write_toml(tmp_path / f"{out}.toml", run_config(work, out, max_steps=1))
+        r = lm("train", "--config", toml, "--resume", "", "--quiet", cwd=tmp_path)
+        one_line_error(r)
+        assert err_of(r) == want
+    assert not (work / "fresh").exists() and snapshot(work / "run") == before
+
+
 def test_resume_from_a_named_checkpoint(work, tmp_path):
     from lm.train import Trainer, config_from_dict
 

@@ -332,3 +332,28 @@ def test_tokenizer_errors_name_the_option_once_and_point_to_a_runs_tokenizer(run
                            (tmp_path / "empty", f"no vocab.json in {str(tmp_path / 'empty')!r}")):
         assert main(["sample", "--checkpoint", str(d), "--prompt", "x", "--tokenizer", str(given)]) == 2
         assert capsys.readouterr() == ("", f"lm sample: error: --tokenizer: {message}\n")
+
+
+def test_an_empty_tokenizer_is_refused_not_taken_for_the_runs(run, tmp_path, capsys, monkeypatch):
+    """`--tokenizer ''` (a script's unset variable) was taken for "not given": every command used the
+    run's tokenizer, exit 0, where `--model-name ''` or `--device ''` are refused (clifuzz7 #7). It
+    is refused before any model is loaded, in every command that takes it."""
+    import lm.checkpoint
+
+    d, _, _ = run
+    (tmp_path / "v.txt").write_text(TEXT)
+
+    def load_model(*a, **kw):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(lm.checkpoint, "load_model", load_model)
+    for argv in (["sample", "--checkpoint", d, "--prompt", "x"],
+                 ["eval", "--checkpoint", d, "--data", tmp_path / "v.txt"],
+                 ["translate", "--checkpoint", d, "abc"],
+                 ["export", "hf", "--checkpoint", d, "--out", tmp_path / "hf"],
+                 ["serve", "--checkpoint", d, "--port", "0"]):
+        assert main([*map(str, argv), "--tokenizer", ""]) == 2, argv
+        command = " ".join(argv[: 2 if argv[0] == "export" else 1])
+        assert capsys.readouterr() == ("", f"lm {command}: error: --tokenizer: must not be empty; omit it to use the "
+                                           "run's tokenizer/\n")
+    assert sorted(os.listdir(tmp_path)) == ["v.txt"]

@@ -810,6 +810,89 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
                             "pass --model-name in UTF-8")
 
 
+def test_a_max_batch_that_cannot_fit_is_one_line_naming_it(tmp_path_factory, capsys, monkeypatch):
+    """`--max-batch 2**70` was an OverflowError traceback (`[None] * max_batch`), ten million rows
+    torch's allocator error, both exit 1, where `lm train` and `lm translate` size their batches
+    (clifuzz7 #5). The slots' key/value cache is now counted before it is made, and an allocation
+    that fails all the same is one line too."""
+    from lm.cli import main
+
+    run, model, _tok = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    cfg = model.config
+    per_row = 2 * cfg.num_layers * cfg.num_heads * (cfg.context_length + 1) * (cfg.d_model // cfg.num_heads)  # k and v
+    for rows in (10**9, 2**70):
+        assert main(["serve", "--checkpoint", str(run), "--port", "0", "--max-batch", str(rows), "--quiet"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1, err
+        assert err.startswith(f"lm serve: error: --max-batch: a batch of {rows} rows does not fit in memory (their "
+                              f"key/value cache needs at least {rows * per_row * 4 / 2**30:,.2f} GiB, cpu has "), err
+        assert err.endswith(" GiB free); lower --max-batch\n"), err
+
+    def allocator_fails(self, *args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 42240000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(Engine, "__init__", allocator_fails)
+    assert main(["serve", "--checkpoint", str(run), "--port", "0", "--max-batch", "4", "--quiet"]) == 2
+    assert capsys.readouterr() == ("", "lm serve: error: --max-batch: a batch of 4 rows does not fit in memory (torch "
+                                       "tried to allocate 42240000000 bytes); lower --max-batch\n")
+
+
+def test_the_counted_cache_is_the_one_the_engine_makes():
+    import torch
+
+    from lm.generate.static import StaticKVCache, StaticSeq2SeqCache
+    from lm.model import ModelConfig, Seq2SeqConfig, build_model
+
+    lm_model = build_model(ModelConfig(vocab_size=50, context_length=24, d_model=32, num_layers=3, num_heads=4,
+                                       d_ff=64))
+    mt_model = build_model(Seq2SeqConfig(vocab_size=50, context_length=24, d_model=32, encoder_layers=1,
+                                         decoder_layers=2, num_heads=4, d_ff=64))
+    for cls, model in ((StaticKVCache, lm_model), (StaticSeq2SeqCache, mt_model), (StaticKVCache, lm_model.to(
+            torch.bfloat16))):
+        cache = cls.for_model(model, 5)
+        tensors = [*cache.k, *cache.v, *getattr(cache, "cross_k", []), *getattr(cache, "cross_v", [])]
+        assert cls.bytes_for(model, 5) == sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_api_keys_no_client_can_send_and_model_names_with_line_breaks_are_refused(tmp_path_factory, capsys,
+                                                                                  monkeypatch):
+    """`--api-key ключ` started a server no OpenAI client could call (httpx and urllib encode a header
+    as ASCII or Latin-1), `--api-key $'a\\nb'` one nobody could authenticate to, and `--model-name
+    $'a\\nb'` broke the start-up line in two (clifuzz7 #9). Refused before the model loads; the key is
+    never shown."""
+    from lm.cli import main
+    from lm.cli.serve import check_api_key
+
+    run, model, _tok = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    loaded = []
+    monkeypatch.setattr("lm.cli.common.load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
+    advice = ("use printable ASCII characters without spaces (letters, digits, punctuation): HTTP clients send no "
+              "others in a Bearer token")
+    for argv, message in (
+            (["--api-key", "ключ"], f"--api-key: the key (or $LM_API_KEY) has a non-ASCII character at character 0; "
+                                   f"{advice}"),
+            (["--api-key", "a\nb"], f"--api-key: the key (or $LM_API_KEY) has a control character at character 1; "
+                                    f"{advice}"),
+            (["--api-key", "sk 1"], f"--api-key: the key (or $LM_API_KEY) has a space at character 2; {advice}"),
+            (["--api-key", "key\x7f"], f"--api-key: the key (or $LM_API_KEY) has a control character at character 3; "
+                                       f"{advice}"),
+            (["--model-name", "a\nb"], "--model-name: the value holds U+000A, a control character or line break, at "
+                                       "character 1; pass --model-name without one"),
+            (["--model-name", "a\u2028b"], "--model-name: the value holds U+2028, a control character or line break, "
+                                           "at character 1; pass --model-name without one")):
+        assert main(["serve", "--checkpoint", str(run), "--port", "0", *argv]) == 2
+        assert capsys.readouterr() == ("", f"lm serve: error: {message}\n")
+    monkeypatch.setenv("LM_API_KEY", "tab\tkey")
+    assert main(["serve", "--checkpoint", str(run), "--port", "0"]) == 2
+    assert capsys.readouterr().err == ("lm serve: error: --api-key: the key (or $LM_API_KEY) has a control character "
+                                       f"at character 3; {advice}\n")
+    assert loaded == []
+    check_api_key("".join(map(chr, range(33, 127))))  # every visible ASCII character is a key's
+
+
 def test_a_signal_while_the_event_loop_holds_the_engine_lock_starts_the_drain(tmp_path_factory):
     """uvicorn runs the SIGTERM (Ctrl-C) handler on the main thread between two bytecodes, which may
     be the event loop's inside ``with engine._lock:`` (``submit_all``, ``_withdraw``). The handler

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -463,15 +464,31 @@ def test_lm_eval_translates_a_source_line_as_lm_translate_does(run, tmp_path, ca
     assert [pairs.src(i).tolist() for i in range(len(pairs))] == [tok.encode(s) for s in sources]
 
 
+def _decoding_bytes(cfg, src_lengths, beam):
+    """What decoding holds at its first step at least, written out here from the tensors the
+    decoders make: the self-attention cache (float32, target positions + 1), the cross-attention's
+    keys and values and the memory of every hypothesis (counted at 2 bytes, autocast's), and the
+    logits, their log-softmax and the candidates' scores (float32)."""
+    rows = len(src_lengths) * beam
+    positions = min(max(src_lengths) + 50, cfg.context_length - 1) + 1
+    head_dim = cfg.d_model // cfg.num_heads
+    cache = cfg.decoder_layers * 2 * rows * cfg.num_heads * positions * head_dim * 4
+    cross = (cfg.decoder_layers * 2 * cfg.num_heads * head_dim + cfg.d_model) * rows * (max(src_lengths) + 1) * 2
+    return cache + cross + rows * cfg.vocab_size * 4 * (3 if beam > 1 else 1)
+
+
 @pytest.mark.parametrize("command", ["translate", "eval"])
-def test_a_beam_too_large_for_memory_is_one_line_naming_beam_and_batch_size(run, tmp_path, capsys, command):
+@pytest.mark.parametrize("beam", [10**12, 2**63 - 1, 2**70])
+def test_a_beam_too_large_for_memory_is_one_line_naming_beam_and_batch_size(run, tmp_path, capsys, command, beam):
     """`--beam 10000000000` was a traceback ("DefaultCPUAllocator: can't allocate memory"), status 1;
     the README promises one line naming the argument and the value, and status 2, for a batch that
-    cannot fit in memory. (The cache, the largest allocation, is made first: it fails at once.)"""
-    d, _, _ = run
+    cannot fit in memory. Beams past what torch can index were tracebacks even after that ("Storage
+    size calculation overflowed" at 2**63 - 1, "Overflow when unpacking long long" at 2**70; clifuzz7
+    #4). What decoding needs is now counted before anything is allocated (before `lm eval`'s
+    teacher forcing too), with the numbers in the line."""
+    d, model, tok = run
     (tmp_path / "s.txt").write_text("abc\nhello\n")
     (tmp_path / "t.txt").write_text("cba\nolleh\n")
-    beam = 10**12  # a cache of ~10^16 bytes: more than any address space, whatever the overcommit policy
     args = (["translate", "--checkpoint", d, "--input", tmp_path / "s.txt"] if command == "translate" else
             ["eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt"])
     assert _lm(*args, "--beam", beam, "--batch-size", "5", "--quiet") == 2
@@ -479,9 +496,30 @@ def test_a_beam_too_large_for_memory_is_one_line_naming_beam_and_batch_size(run,
     assert captured.out == ""
     err = captured.err.strip()
     assert len(err.splitlines()) == 1, err
+    need = _decoding_bytes(model.config, [len(tok.encode("abc")), len(tok.encode("hello"))], beam)
     assert err.startswith(f"lm {command}: error: --beam/--batch-size: a batch of up to 5 sentences at beam {beam} "
-                          "does not fit in memory (torch tried to allocate "), err
-    assert err.endswith("; lower --beam or --batch-size"), err
+                          "does not fit in memory (its key/value cache, memory and logits need at least "
+                          f"{need / 2**30:,.2f} GiB, cpu has "), err
+    assert err.endswith(" GiB free); lower --beam or --batch-size"), err
+
+
+def test_what_decoding_needs_is_counted_as_it_is_allocated():
+    """decoding_bytes, the count the refusal above rests on, against the tensors themselves: the
+    cache the decoder makes, and the memory (float32 here) and logits of a first step."""
+    from lm.generate.seq2seq import decoding_bytes, max_target_length, source_batch
+
+    model = _model()
+    cfg = model.config
+    for lengths, beam in (([4, 2, 7], 1), ([4, 2, 7], 3), ([30], 5)):
+        rows = len(lengths) * beam
+        cache = model.new_cache(rows, max_len=max(max_target_length(model, n) for n in lengths) + 1)
+        kv = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
+        ids, mask = source_batch([[5] * n for n in lengths], cfg.eos_id, cfg.pad_id, model.device)
+        memory = model.encode(ids, mask).repeat_interleave(beam, dim=0)
+        cross = (2 * cfg.decoder_layers + 1) * memory.numel() * 2  # k and v of each layer, as wide as the memory
+        logits = rows * cfg.vocab_size * 4 * (3 if beam > 1 else 1)
+        assert decoding_bytes(model, lengths, beam) == kv + cross + logits
+        assert decoding_bytes(model, lengths, beam) == _decoding_bytes(cfg, lengths, beam)
 
 
 def test_only_an_allocation_failure_is_reported_as_memory():
@@ -692,6 +730,30 @@ def test_lm_translate_refuses_a_bad_alpha_before_any_work_and_any_output(run, tm
         assert (captured.out, captured.err) == ("", want)
     assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "blank.txt", "--quiet") == 0
     assert capsys.readouterr().out == "\n\n"
+
+
+@pytest.mark.parametrize("alpha", ["300", "1e30"])
+def test_an_alpha_whose_length_penalty_overflows_is_refused_before_any_work(run, tmp_path, capsys, alpha):
+    """`--alpha 1e30` (or 300 on a 63-token target) passed the checks, then the length penalty
+    ((5 + L) / 6) ** alpha overflowed a float mid-search: an OverflowError traceback (clifuzz7 #4).
+    alpha is now at most 10 (finite at any length; GNMT used 0.6 to 1.0), checked as nan is: before
+    the model is loaded, in lm translate, lm eval and the library."""
+    d, model, _ = run
+    (tmp_path / "s.txt").write_text("abc\n")
+    want = (f"--alpha: must be at most 10, got {float(alpha)!r} (GNMT used 0.6 to 1.0; the length penalty "
+            "((5 + length) / 6) ** alpha overflows for large ones)\n")
+    nowhere = tmp_path / "no-such-run"  # no model looked at
+    for argv in (["translate", "--checkpoint", d, "--input", tmp_path / "s.txt"],
+                 ["translate", "--checkpoint", nowhere, "abc"],
+                 ["eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "s.txt"],
+                 ["eval", "--checkpoint", nowhere, "--data", tmp_path / "s.txt", "--target", tmp_path / "s.txt"]):
+        assert _lm(*argv, "--alpha", alpha, "--quiet") == 2
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", f"lm {argv[0]}: error: {want}")
+    with pytest.raises(ValueError, match=r"^alpha must be at most 10, got 1e\+30 \(GNMT"):
+        translate(model, SOURCES, beam_size=3, alpha=1e30)
+    assert math.isfinite(length_penalty(10**9, 10.0))  # the largest alpha, at any context length
+    assert translate(model, SOURCES, beam_size=3, alpha=10.0, max_extra=12)  # and it decodes
 
 
 def test_lm_translate_counts_one_byte_in_the_singular(run, tmp_path, capsys):

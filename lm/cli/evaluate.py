@@ -226,7 +226,7 @@ def eval_translation(args: argparse.Namespace) -> int:
     import sys
 
     from lm.cli.common import load_model_and_tokenizer
-    from lm.cli.translate import decoding_fits, plural, progress_bar
+    from lm.cli.translate import check_decoding_memory, decoding_fits, plural, progress_bar
     from lm.device import autocast, resolve_dtype
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate
@@ -272,6 +272,9 @@ def eval_translation(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, model.device)
     size = args.batch_size
     banned = line_break_ids(tok)  # as `lm translate`: one translation a line
+    order = sorted(range(len(src)), key=lambda i: len(src[i]))  # similar lengths decode together
+    check_decoding_memory(model, [[len(src[i]) for i in order[j : j + size] if src[i]]
+                                  for j in range(0, len(order), size)], beam, size)  # before the teacher forcing
     with autocast(model.device, dtype), decoding_fits(beam, size):
         result = {"loss": None, "perplexity": None, "tokens": 0}  # no pair fits: no loss, still BLEU
         if keep:
@@ -279,7 +282,6 @@ def eval_translation(args: argparse.Namespace) -> int:
                 collate_pairs([src_raw[i] for i in keep[j : j + size]], [ref[i] for i in keep[j : j + size]],
                               pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, device=model.device)
                 for j in range(0, len(keep), size)))
-        order = sorted(range(len(src)), key=lambda i: len(src[i]))  # similar lengths decode together
         hyps = [""] * len(src)
         with progress_bar(len(order), args.quiet) as bar:
             for j in range(0, len(order), size):

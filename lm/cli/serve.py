@@ -94,6 +94,7 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
         if not model_name.strip():
             raise ValueError("--model-name: must not be empty")
         _check_utf8("--model-name", model_name)
+        _check_printable("--model-name", model_name)
         return model_name
     try:
         run = Path(checkpoint).resolve()
@@ -106,6 +107,7 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
     if not run.name:
         raise ValueError(f"--model-name: {checkpoint!r} is in no named run folder; pass --model-name NAME")
     _check_utf8("--model-name", run.name, f"the run folder's name {run.name!r}")
+    _check_printable("--model-name", run.name, f"the run folder's name {run.name!r}")
     return run.name
 
 
@@ -119,6 +121,34 @@ def _check_utf8(option: str, value: str, what: str | None = None) -> None:
         what = what or "the value"
         raise ValueError(f"{option}: {what} is not valid UTF-8 (at character {e.start}); "
                          f"pass {option} in UTF-8") from None
+
+
+def _check_printable(option: str, value: str, what: str | None = None) -> None:
+    """Refuse a control character or line break in the model's id: it is printed on the start-up
+    line and sent in every response, where ``a\\nb`` broke the line in two."""
+    import unicodedata
+
+    bad = next((i for i, c in enumerate(value) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        raise ValueError(f"{option}: {what or 'the value'} holds U+{ord(value[bad]):04X}, a control character or "
+                         f"line break, at character {bad}; pass {option} without one")
+
+
+def check_api_key(key: str) -> None:
+    """The key must be visible ASCII (``!`` to ``~``), as a Bearer token in an HTTP header is:
+    ``ключ`` started a server that no OpenAI client could call (they encode headers as ASCII or
+    Latin-1), and a line break one that nobody could (a header holds no line break). The key
+    itself is never shown."""
+    if not key.strip():
+        raise ValueError("--api-key: must not be empty (nor $LM_API_KEY, when set)")
+    _check_utf8("--api-key", key, "the key (or $LM_API_KEY)")
+    bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        c = key[bad]
+        kind = "a space" if c == " " else "a control character" if c < " " or c == "\x7f" else "a non-ASCII character"
+        raise ValueError(f"--api-key: the key (or $LM_API_KEY) has {kind} at character {bad}; use printable ASCII "
+                         "characters without spaces (letters, digits, punctuation): HTTP clients send no others in a "
+                         "Bearer token")
 
 
 GRACEFUL_SHUTDOWN_S = 30.0  # once the engine has drained: the most time the answers still being sent get
@@ -200,6 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import traceback
 
     from lm.cli.common import load_model_and_tokenizer
+    from lm.cli.translate import check_fits, model_fits, plural
     from lm.device import resolve_dtype, set_threads
     from lm.generate.seq2seq import line_break_ids
 
@@ -217,10 +248,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("LM_API_KEY")
-    if api_key is not None and not api_key.strip():
-        raise ValueError("--api-key: must not be empty (nor $LM_API_KEY, when set)")
     if api_key is not None:
-        _check_utf8("--api-key", api_key, "the key (or $LM_API_KEY)")
+        check_api_key(api_key)
     for name in ("max_batch", "max_queue", "max_body"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
@@ -237,10 +266,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("lm serve: compiling the decode steps (tens of seconds) ...", file=sys.stderr, flush=True)
     common = dict(max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype, vocab_size=tok.vocab_size,
                   compile=args.compile, step_sizes=args.step_sizes)
-    if model.config.architecture == "encoder_decoder":  # a translation model: prompt in, translation out
-        engine = TranslationEngine(model, banned_ids=line_break_ids(tok), **common)  # one line, as lm translate
-    else:
-        engine = Engine(model, eos_id=tok.eot_id, **common)
+    seq2seq = model.config.architecture == "encoder_decoder"  # a translation model: prompt in, translation out
+    batch = f"--max-batch: a batch of {args.max_batch} {plural(args.max_batch, 'row')}"
+    # the slots' cache, every context position of every row, is made at once: refused with the numbers
+    check_fits(batch, (TranslationEngine if seq2seq else Engine).cache_class.bytes_for(model, args.max_batch),
+               "their key/value cache needs", model.device, "lower --max-batch")
+    with model_fits(batch, "lower --max-batch"):  # what the count leaves out: the probe's activations, a wider step
+        if seq2seq:
+            engine = TranslationEngine(model, banned_ids=line_break_ids(tok), **common)  # one line, as lm translate
+        else:
+            engine = Engine(model, eos_id=tok.eot_id, **common)
     top = max(engine.steps)  # the largest step: every slot, and idle rows where it is wider
     if not args.quiet:
         dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the "

@@ -90,6 +90,9 @@ def run_train(args: argparse.Namespace) -> int:
     flags = as_flags(**{"train.device": "--device"}) if args.device is not None else contextlib.nullcontext()
     env = torchrun_env()  # each process's own: checked (and said) by every process
     try:
+        if args.resume == "":  # an unset variable: taken for "not given", it started the run over
+            raise ValueError("--resume: must not be empty; pass --resume alone to continue the run in "
+                             "train.out_dir, or --resume PATH")
         check_readable_file(args.config, "--config")  # a folder: "[Errno 21] Is a directory", naming nothing
         cfg = load_config(args.config, overrides)
     except (ValueError, OSError):
@@ -118,7 +121,10 @@ def run_plot(args: argparse.Namespace) -> int:
             raise ValueError(f"RUN_DIR: {d!r} is not a folder; pass a run directory of `lm train`")
         if not (Path(d) / "metrics.jsonl").is_file():
             raise ValueError(f"RUN_DIR: {d!r} has no metrics.jsonl; is it a run directory of `lm train`?")
-    out = args.out or (Path(args.run_dirs[0]) / "loss.png" if len(args.run_dirs) == 1 else Path("loss.png"))
+    if args.out == "":  # it had been taken for "not given": the plot went to the default
+        raise ValueError("--out: must not be empty; omit --out for the default, RUN_DIR/loss.png")
+    out = args.out if args.out is not None else (
+        Path(args.run_dirs[0]) / "loss.png" if len(args.run_dirs) == 1 else Path("loss.png"))
     if Path(out).suffix.lower() != ".png":
         raise ValueError(f"--out: {str(out)!r} must end in .png")
     inputs = [("RUN_DIR", Path(d) / "metrics.jsonl") for d in args.run_dirs]

@@ -92,6 +92,42 @@ def decoding_fits(beam: int, batch_size: int) -> contextlib.AbstractContextManag
                       f"beam {beam}", "lower --beam or --batch-size")
 
 
+def check_fits(batch: str, need: int, what: str, device, remedy: str) -> None:
+    """Refuse, in the words of :func:`model_fits`, a batch that needs at least ``need`` bytes,
+    counted before anything is allocated (``what``: for what, "its cache needs"), when that is more
+    than ``device`` has free, or more than a tensor can hold where the free memory is unknown:
+    torch's own errors for a size past int64 were tracebacks ("Storage size calculation
+    overflowed", "Overflow when unpacking long long")."""
+    from lm.train.memory import available_bytes
+
+    have = available_bytes(device)
+    if need <= (2**63 - 1 if have is None else have):
+        return
+    free = "more than a tensor can hold" if have is None else f"{device} has {gib(have)} free"
+    raise ValueError(f"{batch} does not fit in memory ({what} at least {gib(need)}, {free}); {remedy}")
+
+
+def gib(n: int) -> str:
+    """A size in GiB, as torch's allocator errors give it: "2.00 GiB"; any integer (a size counted
+    from an absurd option need not fit a float).
+
+    >>> gib(3 << 29), gib(10**400)
+    ('1.50 GiB', 'about 2**1328 bytes')
+    """
+    return f"{n / 2**30:,.2f} GiB" if n.bit_length() < 1000 else f"about 2**{n.bit_length() - 1} bytes"
+
+
+def check_decoding_memory(model, batches: list[list[int]], beam: int, batch_size: int) -> None:
+    """Refuse ``--beam``/``--batch-size`` when decoding the largest of ``batches`` (each the source
+    lengths of one decoding batch) cannot fit (:func:`lm.generate.seq2seq.decoding_bytes`), before
+    any decoding (and before ``lm eval``'s teacher forcing), in the words of :func:`decoding_fits`."""
+    from lm.generate.seq2seq import decoding_bytes
+
+    need = max((decoding_bytes(model, b, beam) for b in batches if b), default=0)
+    check_fits(f"--beam/--batch-size: a batch of up to {batch_size} {plural(batch_size, 'sentence')} at beam {beam}",
+               need, "its key/value cache, memory and logits need", model.device, "lower --beam or --batch-size")
+
+
 def plural(n: int, word: str, words: str | None = None) -> str:
     """``word`` for a count of one, else ``words`` (default ``word + "s"``): "1 byte", "2 bytes"."""
     return word if n == 1 else words or word + "s"
@@ -187,6 +223,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     for i, s in enumerate(sources):
         check_source_length(f"{where} {i + 1}", len(s), cfg.context_length)
     banned = line_break_ids(tok)  # one translation a line, whatever the model would emit
+    check_decoding_memory(model, [[len(s) for s in sources[i : i + args.batch_size] if s]
+                                  for i in range(0, len(sources), args.batch_size)], args.beam, args.batch_size)
     out = sys.stdout
     with autocast(model.device, dtype), progress_bar(len(sources), args.quiet) as bar, \
             decoding_fits(args.beam, args.batch_size):

@@ -134,6 +134,8 @@ def load_model_and_tokenizer(
     from lm.device import resolve_device
     from lm.tokenizer import check_tokenizer_checksum, load_tokenizer_dir
 
+    if isinstance(tokenizer, str) and not tokenizer:  # '' (an unset variable) had meant "the run's", silently
+        raise ValueError(f"{tokenizer_argument}: must not be empty; omit it to use the run's tokenizer/")
     dev = device if isinstance(device, torch.device) else resolve_device(device, "--device")
     file = resolve_checkpoint(path, argument)
     try:

@@ -128,10 +128,18 @@ def _check_beam_size(beam_size: int) -> None:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
 
 
+MAX_ALPHA = 10.0  # GNMT tuned alpha in [0.6, 1.0]; up to 10 the length penalty is finite at any context length
+
+
 def check_alpha(alpha: float) -> None:
-    """The length penalty's exponent is a finite number >= 0."""
+    """The length penalty's exponent is a finite number in [0, :data:`MAX_ALPHA`]: ``((5 + L) / 6) **
+    alpha`` overflows a float for larger ones on long targets (alpha 300 at 63 tokens), which was a
+    traceback mid-search."""
     if not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    if alpha > MAX_ALPHA:
+        raise ValueError(f"alpha must be at most {MAX_ALPHA:g}, got {alpha!r} (GNMT used 0.6 to 1.0; the length "
+                         "penalty ((5 + length) / 6) ** alpha overflows for large ones)")
 
 
 def _check_beam_options(alpha: float, stopping: str) -> None:
@@ -142,6 +150,24 @@ def _check_beam_options(alpha: float, stopping: str) -> None:
 def max_target_length(model, src_len: int, extra: int = 50) -> int:
     """``src_len + extra`` new tokens, within the context (which also holds ``<bos>``)."""
     return min(src_len + extra, model.config.context_length - 1)
+
+
+def decoding_bytes(model, src_lengths: Sequence[int], beam_size: int = 1, max_extra: int = 50) -> int:
+    """Bytes that decoding sources of ``src_lengths`` tokens together at ``beam_size`` (greedy
+    decoding: 1) holds at its first step at least, counted before anything is allocated: the
+    decoder's key/value cache, the cross-attention's keys and values and the memory of every
+    hypothesis, and its float32 logits (with beam search, their log-softmax and the candidates'
+    scores too). A size that cannot fit is then refused with the numbers; one past what torch can
+    index (``--beam`` 2**63) was a traceback, and a beam of a million was killed by the OS."""
+    cfg = model.config
+    rows = len(src_lengths) * beam_size
+    max_len = max(max_target_length(model, n, max_extra) for n in src_lengths) + 1
+    src_len = max(src_lengths) + 1  # with its <eos>
+    size = model.output_weight.element_size()  # the cache's; activations may be 2 bytes under autocast
+    cache = 2 * cfg.decoder_layers * cfg.num_heads * max_len * cfg.head_dim * size
+    cross = (2 * cfg.decoder_layers * cfg.num_heads * cfg.head_dim + cfg.d_model) * src_len * min(size, 2)
+    logits = (3 if beam_size > 1 else 1) * cfg.vocab_size * 4
+    return rows * (cache + cross + logits)
 
 
 @torch.inference_mode()

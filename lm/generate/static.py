@@ -93,6 +93,15 @@ class StaticKVCache:
                    cfg.context_length if max_len is None else max_len, cfg.head_dim, device=weight.device,
                    dtype=weight.dtype)
 
+    @classmethod
+    def bytes_for(cls, model, rows: int) -> int:
+        """Bytes of the keys and values of :meth:`for_model`'s cache of ``rows`` rows, counted without
+        allocating it: ``lm serve`` refuses a ``--max-batch`` that cannot fit (2**70 rows was a
+        traceback, ten million an allocator error) before it tries."""
+        cfg = model.config
+        per_row = 2 * getattr(cfg, cls.layers_field) * cfg.num_heads * (cfg.context_length + 1) * cfg.head_dim
+        return rows * per_row * model.output_weight.element_size()
+
     def leading(self, rows: int) -> StaticKVCache:
         """A cache over this one's first ``rows`` rows: the same memory (a step over it reads and
         writes these rows), its own lengths."""
@@ -209,6 +218,11 @@ class StaticSeq2SeqCache(StaticKVCache):
         self.memory_mask = torch.zeros(rows, max_len + 1, dtype=torch.bool, device=device)
         self.source_lengths = [0] * rows  # each row's source, in positions (shared with leading views)
         self._source_span = self._slot
+
+    @classmethod
+    def bytes_for(cls, model, rows: int) -> int:
+        """:meth:`StaticKVCache.bytes_for`, the cross-attention's keys and values too (as many)."""
+        return 2 * super().bytes_for(model, rows)
 
     def leading(self, rows: int) -> StaticSeq2SeqCache:
         view = super().leading(rows)
