@@ -22,6 +22,7 @@ import torch
 
 from lm.model import TransformerLM
 from lm.serve.engine import Engine, default_step_sizes
+from lm.train.memory import available_bytes
 
 DEMO = dict(vocab_size=2048, context_length=256, d_model=192, num_layers=4, num_heads=6, d_ff=512)
 
@@ -35,6 +36,13 @@ def main() -> None:
     for flag, value in (("--max-batch", args.max_batch), ("--rounds", args.rounds)):
         if value < 1:
             ap.error(f"{flag}: must be >= 1, got {value}")
+    # two engines (eager, compiled), each with a float32 key and value cache of --max-batch rows
+    # of context + 1 positions in every layer: refused in a line, not by the allocator's traceback
+    need = 2 * args.max_batch * DEMO["num_layers"] * 2 * (DEMO["context_length"] + 1) * DEMO["d_model"] * 4
+    have = available_bytes(torch.device("cpu"))
+    if have is not None and need > have:
+        ap.error(f"--max-batch: {args.max_batch:,} rows need {need / 1e9:,.1f} GB for the two engines' KV caches "
+                 f"but this machine has {have / 1e9:,.1f} GB free; lower --max-batch")
     torch.manual_seed(0)
     model = TransformerLM(**DEMO).eval()
     sizes = default_step_sizes(args.max_batch)

@@ -170,6 +170,32 @@ def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference:
         print(f"| {name} | {rate:,.0f} | {rate / ref:.2f}× |")
 
 
+def too_large(args) -> str | None:
+    """The error naming --batch or --streams when its tensors certainly cannot fit in memory (a lower
+    bound: one model's training step; lm's key and value cache of the streams), else None. Such a
+    size was the allocator's traceback, or torch's overflow past 2**63."""
+    from lm.model import ModelConfig
+    from lm.train.memory import available_bytes, step_bytes
+
+    have = available_bytes(torch.device("cpu"))
+    if have is None:
+        return None
+    needs = []
+    if not args.skip_train:
+        needs.append(("--batch", step_bytes(ModelConfig(**SHAPE), args.batch)["total"],
+                      f"a training step of {args.batch:,} x {SHAPE['context_length']} tokens"))
+    if not args.skip_generate:
+        positions = args.prompt_len + args.new_tokens
+        cache = args.streams * SHAPE["num_layers"] * 2 * positions * SHAPE["d_model"] * 4
+        needs.append(("--streams", cache,
+                      f"the key and value cache of {args.streams:,} streams of {positions} positions"))
+    for flag, need, what in needs:
+        if need > have:
+            return (f"{flag}: {what} needs at least {need / 1e9:,.1f} GB but this machine has {have / 1e9:,.1f} GB "
+                    f"free; lower {flag}")
+    return None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: p.exit(2, f"{p.prog}: error: {message}\n")  # one line, no usage
@@ -196,6 +222,11 @@ def main() -> int:
     if args.prompt_len + args.new_tokens > GEN_CONTEXT:  # past it lm slides its window, transformers does not
         p.error(f"--prompt-len + --new-tokens: must be <= the generation model's {GEN_CONTEXT} positions, got "
                 f"{args.prompt_len} + {args.new_tokens} = {args.prompt_len + args.new_tokens}")
+    if args.skip_train and args.skip_generate:
+        p.error("--skip-train and --skip-generate: together they leave nothing to run; give one at most")
+    problem = too_large(args)
+    if problem:
+        p.error(problem)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, cpu")
     if not args.skip_train:
         rows = bench_training(args)

@@ -15,6 +15,8 @@ Exits non-zero when the 200 steps add 200 MB or more.
 from __future__ import annotations
 
 import argparse
+import math
+import shutil
 import sys
 import tempfile
 import time
@@ -54,8 +56,15 @@ def main() -> int:
     # one line naming the option, exit 2, before gigabytes are written
     if args.dir is not None and not Path(args.dir).is_dir():
         return error(f"--dir: {args.dir!r} is not a folder")
+    if not math.isfinite(args.gb):
+        return error(f"--gb: must be a finite number of GB, got {args.gb:g}")
     if not args.gb > 0 or int(args.gb * (1 << 30)) // 2 < 2 * 16 * 129:
         return error(f"--gb: must hold a few batches of 16 × 129 tokens (at least 0.0001), got {args.gb:g}")
+    folder = args.dir if args.dir is not None else tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    if args.gb * (1 << 30) > free:  # it would write until the disk is full
+        return error(f"--gb: a {args.gb:g} GB token file does not fit in the {free / (1 << 30):,.1f} GB free in "
+                     f"{folder!r}; lower --gb or pass --dir on a larger disk")
     if args.steps < 1:
         return error(f"--steps: must be >= 1, got {args.steps}")
 

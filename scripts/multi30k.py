@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import shutil
 import sys
@@ -103,12 +104,11 @@ def main() -> int:
     try:
         check_args(args)  # before any training: a typo must not cost the budget
         test = read_test(args, src_dir)
+        from lm.device import set_threads
+
+        set_threads(args.threads)  # bounded as `lm` bounds --threads (torch's own overflowed past 2**63)
     except ValueError as e:
         return error(str(e))
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
 
     out = Path(args.out)
     try:
@@ -154,6 +154,8 @@ def check_args(args) -> None:
     if not args.budget > MARGIN:
         raise ValueError(f"--budget: must be more than the {MARGIN:g} s kept for the final validation, "
                          f"got {args.budget:g}")
+    if not math.isfinite(args.budget):  # the run's train.max_time: named here, not as that key
+        raise ValueError(f"--budget: must be a finite number of seconds, got {args.budget:g}")
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
     if args.threads is not None and args.threads < 1:

@@ -41,6 +41,10 @@ def main() -> int:
         sys.exit(f"playground_screenshot.py: --out: {str(out)!r} is a directory; give the PNG's file name")
     if out.exists() and not args.overwrite:
         sys.exit(f"playground_screenshot.py: --out: {str(out)!r} exists; pass --overwrite to replace it")
+    chromium = shutil.which(args.chromium)  # checked before the server starts, as --out is
+    if chromium is None:
+        sys.exit(f"playground_screenshot.py: --chromium: {args.chromium!r} is not an executable file; install "
+                 "Debian's chromium or pass --chromium PATH")
     from playwright.sync_api import sync_playwright
 
     port = free_port()
@@ -50,7 +54,7 @@ def main() -> int:
         sys.exit(f"playground_screenshot.py: {e}")
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 960, "height": 720}, device_scale_factor=1)
             page.goto(url + "/")
             page.fill("#prompt", args.prompt)

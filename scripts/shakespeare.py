@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -109,6 +110,8 @@ def check_args(args) -> None:
     if not args.budget > args.eval_margin:
         raise ValueError(f"--budget: must be more than the {args.eval_margin:g} s kept for the final evaluation "
                          f"(--eval-margin), got {args.budget:g}")
+    if not math.isfinite(args.budget):  # the run's train.max_time: named here, not as that key
+        raise ValueError(f"--budget: must be a finite number of seconds, got {args.budget:g}")
     if args.vocab_size < 256:
         raise ValueError(f"--vocab-size: must be at least 256 (one token a byte), got {args.vocab_size}")
     if not 0 <= args.warmup_fraction < 1:

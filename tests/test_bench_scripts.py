@@ -79,6 +79,14 @@ def test_tokenizer_refuses_a_holdout_with_no_line_end(monkeypatch, capsys, tmp_p
              f"--holdout-bytes: no line end or {EOT} in the last 2,000 bytes of {str(text)!r}")
 
 
+def test_tokenizer_refuses_to_skip_every_task(monkeypatch, capsys, small_text):
+    """clifuzz7: an empty table and exit 0, which reads as a run that found nothing wrong."""
+    _refused(monkeypatch, capsys, "bench_tokenizer.py", ["--data", small_text.parent, "--text", small_text,
+             "--skip", "train", "encode", "tokenize", "longword"],
+             "--skip: train encode tokenize longword leaves no task to run (the tasks: train encode tokenize "
+             "longword)")
+
+
 def test_tokenizer_refuses_missing_or_unreadable_inputs(monkeypatch, capsys, tmp_path, small_text):
     skip_train = ["--skip", "train"]
     _refused(monkeypatch, capsys, "bench_tokenizer.py", ["--data", tmp_path / "nonexist", "--skip", "train"],
@@ -166,6 +174,20 @@ GENERATE = ["--skip-train", "--attn-impls", "sdpa", "--gen-rounds", "1", "--stre
 def test_model_refuses_bad_counts(monkeypatch, capsys, argv, why):
     """Each was a traceback (StatisticsError, ZeroDivisionError, a reshape error, IndexError), some
     after half a table; past 512 positions lm slid its window and transformers did not."""
+    _refused(monkeypatch, capsys, "bench_model.py", argv, why)
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--skip-train", "--skip-generate"],
+     "--skip-train and --skip-generate: together they leave nothing to run; give one at most"),
+    ([*TRAIN, "--batch", str(2**70)], "--batch: a training step of 1,180,591,620,717,411,303,424 x 256 tokens needs "
+                                      "at least "),
+    ([*GENERATE, "--streams", str(2**70)], "--streams: the key and value cache of 1,180,591,620,717,411,303,424 "
+                                           "streams of 288 positions needs at least "),
+])
+def test_model_refuses_nothing_to_run_and_sizes_past_memory(monkeypatch, capsys, argv, why):
+    """clifuzz7: both --skip options printed a header and exit 0 having measured nothing; 2**70 was
+    torch's "Overflow when unpacking long long" traceback once the models were built."""
     _refused(monkeypatch, capsys, "bench_model.py", argv, why)
 
 
@@ -259,6 +281,16 @@ def test_step_refuses_bad_options(monkeypatch, capsys, argv, why):
     _refused(monkeypatch, capsys, "bench_step.py", ["--config", REPO / "configs" / "cpu-small.toml", *argv], why)
 
 
+@pytest.mark.parametrize("script", ["bench_step.py", "bench_train.py"])
+def test_step_and_train_refuse_a_config_that_is_no_file(monkeypatch, capsys, tmp_path, script):
+    """clifuzz7: a folder was an IsADirectoryError traceback, a symlink loop an OSError one
+    (load_config caught only a missing file)."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    _refused(monkeypatch, capsys, script, ["--config", tmp_path], f"--config: not a regular file: {str(tmp_path)!r}")
+    _refused(monkeypatch, capsys, script, ["--config", tmp_path / "loop1"], "--config: ")
+
+
 @pytest.mark.parametrize("argv, why", [
     (["--rounds", "0"], "--rounds: must be >= 1, got 0"),
     (["--steps", "0"], "--steps: must be >= 1, got 0"),
@@ -280,6 +312,8 @@ def test_step_bound_times_one_and_sixteen_rows_in_turn():
 @pytest.mark.parametrize("argv, why", [
     (["--max-batch", "0"], "--max-batch: must be >= 1, got 0"),
     (["--max-batch", "1", "--rounds", "0"], "--rounds: must be >= 1, got 0"),
+    # clifuzz7: an OverflowError traceback from the engine's rows
+    (["--max-batch", str(2**70)], "--max-batch: 1,180,591,620,717,411,303,424 rows need "),
 ])
 def test_decode_steps_refuses_bad_counts(monkeypatch, capsys, argv, why):
     _refused(monkeypatch, capsys, "bench_decode_steps.py", argv, why)

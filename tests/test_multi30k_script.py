@@ -127,6 +127,10 @@ def test_a_budget_too_small_names_budget(data, tmp_path, monkeypatch, capsys):
     (["--batch-tokens", "0"], "--batch-tokens 0: config: train.batch_tokens must be > 0, got 0"),
     (["--schedule", "inverse_sqrt", "--warmup", "0"], "--warmup 0: config: optim.schedule = inverse_sqrt needs"),
     (["--budget", "nan"], "--budget: must be more than the 3 s kept for the final validation, got nan"),
+    # clifuzz7: `config: train.max_time must be a finite number`, a key the user never set
+    (["--budget", "inf"], "--budget: must be a finite number of seconds, got inf"),
+    # clifuzz7: torch.set_num_threads' "Overflow when unpacking long long" traceback; `lm` caps --threads
+    (["--threads", str(2**70)], "--threads: must be at most "),
 ])
 def test_a_bad_setting_is_refused_before_anything_runs_naming_its_option(data, tmp_path, monkeypatch, capsys,
                                                                           argv, why):

@@ -63,11 +63,28 @@ def test_mutation_finds_methods_and_functions_at_a_revision():
     (["--dir", "nonexistent"], "--dir: 'nonexistent' is not a folder"),
     (["--gb", "0"], "--gb: must hold a few batches"),
     (["--steps", "0"], "--steps: must be >= 1, got 0"),
+    # clifuzz7: inf was an OverflowError traceback; 1e30 wrote until the disk was full (--steps 0, which
+    # the code before refused before writing, keeps this test from filling the disk there)
+    (["--gb", "inf"], "--gb: must be a finite number of GB, got inf"),
+    (["--gb", "1e30", "--dir", ".", "--steps", "0"], "--gb: a 1e+30 GB token file does not fit in the "),
 ])
 def test_check_train_memory_refuses_bad_options(tmp_path, argv, why):
     """Each was a traceback (a missing --dir from TemporaryDirectory, --gb 0 and --steps 0 from the trainer)."""
     _refused(_run("check_train_memory.py", *argv, cwd=tmp_path), "check_train_memory.py", why)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("chromium", ["nonexist/chromium", "afolder"])
+def test_playground_screenshot_checks_chromium_before_serving(tmp_path, chromium):
+    """clifuzz7: a --chromium that is not there started the server, then failed in a Playwright
+    traceback. Refused first, as --out is (the checkpoint given here would be refused by the server)."""
+    (tmp_path / "afolder").mkdir()
+    r = _run("playground_screenshot.py", "--checkpoint", "nonexist-run", "--chromium", chromium, "--out", "x.png",
+             cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr == (f"playground_screenshot.py: --chromium: {chromium!r} is not an executable file; install "
+                        "Debian's chromium or pass --chromium PATH\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afolder"]
 
 
 @pytest.mark.parametrize("argv, why", [

@@ -46,6 +46,8 @@ def _error(capsys) -> str:
     (["--num-layers", "0"], "--num-layers 0: config: [model] num_layers must be a positive integer, got 0"),
     (["--warmup-fraction", "1"], "--warmup-fraction: must be in [0, 1), got 1"),
     (["--seed", "-1"], "--seed -1: config: train.seed must be a whole number"),
+    # clifuzz7: `config: train.max_time must be a finite number`, a key the user never set
+    (["--budget", "inf"], "--budget: must be a finite number of seconds, got inf"),
 ])
 def test_a_bad_setting_is_refused_before_anything_runs_naming_its_option(data, tmp_path, monkeypatch, capsys,
                                                                           argv, why):

@@ -18,13 +18,12 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lm.checks import SEED_MAX
-from lm.io import spoken_list
+from lm.io import check_readable_file, spoken_list
 from lm.model import ARCHITECTURES, ModelConfig, Seq2SeqConfig
 from lm.nn.choices import check_choice
 from lm.tomlio import dump_tables
@@ -341,12 +340,15 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:
-    """Read a TOML config file, apply ``--set`` overrides, and check everything."""
-    path = Path(path)
+    """Read a TOML config file, apply ``--set`` overrides, and check everything; a path that is no
+    readable file (a folder, a symlink loop) is a one-line error naming --config, for every caller."""
+    path = check_readable_file(path, "--config")
     try:
         raw = toml_loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except FileNotFoundError:  # removed since the check
         raise ValueError(f"--config: file not found: {str(path)!r}") from None
+    except OSError as e:  # unreadable after all (an I/O error, a permission os.access did not foresee)
+        raise ValueError(f"--config: cannot read {str(path)!r}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise ValueError(f"--config: {str(path)!r} is not a TOML file (not UTF-8 text)") from None
     except ValueError as e:  # tomllib.TOMLDecodeError (UnicodeDecodeError, a ValueError too, is above)
@@ -371,6 +373,13 @@ def name_options(message: str, options: dict[str, str], args: Any) -> str:
     return f"{', '.join(named)}: {message}" if named else message
 
 
+MAX_GRAD_ACCUM = 2**31 - 1  # train.grad_accum_steps: far past any run (a step would take weeks)
+# eval.batches: the token windows' starts of every batch are drawn at start-up (about ten seconds for a
+# million) and kept (lm.train.memory checks their size); a pair plan takes at most its own batches, so a
+# million covers any validation set
+MAX_EVAL_BATCHES = 1_000_000
+
+
 def _check_values(cfg: Config) -> None:
     t, o = cfg.train, cfg.optim
 
@@ -391,6 +400,9 @@ def _check_values(cfg: Config) -> None:
     positive("train.max_time", t.max_time)
     positive("train.batch_size", t.batch_size)
     positive("train.grad_accum_steps", t.grad_accum_steps)
+    if t.grad_accum_steps > MAX_GRAD_ACCUM:  # torch could not even divide the loss by one past 2**63
+        raise ValueError(f"config: train.grad_accum_steps must be at most 2**31 - 1 (the micro-batches of one "
+                         f"optimizer step: that many would take weeks), got {t.grad_accum_steps:,}")
     positive("optim.max_lr", o.max_lr)
     positive("optim.min_lr", o.min_lr, allow_zero=True)
     positive("optim.warmup_iters", o.warmup_iters, allow_zero=True)
@@ -405,6 +417,9 @@ def _check_values(cfg: Config) -> None:
     positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     positive("eval.interval", cfg.eval.interval, allow_zero=True)
     positive("eval.batches", cfg.eval.batches)
+    if cfg.eval.batches > MAX_EVAL_BATCHES:
+        raise ValueError(f"config: eval.batches must be at most {MAX_EVAL_BATCHES:,} (the batches are drawn and held "
+                         f"from the start, and every evaluation runs them all), got {cfg.eval.batches:,}")
     positive("eval.batch_size", cfg.eval.batch_size)
     positive("checkpoint.interval", cfg.checkpoint.interval, allow_zero=True)
     positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)

@@ -70,11 +70,31 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
 
 
+# what a fixed evaluation batch of token windows holds besides its int64 starts: two numpy array
+# headers (the batch is a view of the drawn global batch), see lm.data.TokenDataset.fixed_batches
+FIXED_BATCH_BYTES = 224
+
+
 def check_step_memory(cfg, device: torch.device) -> None:
-    """Raise a one-line ValueError when a training or evaluation step of ``cfg`` cannot fit on ``device``."""
+    """Raise a one-line ValueError when a training or evaluation step of ``cfg``, or its fixed
+    evaluation batches, cannot fit on ``device``."""
+    t, m = cfg.train, cfg.model
     have = available_bytes(device)
-    if have is None:
-        return
+    if have is not None:
+        _check_steps(cfg, device, have)
+    host = available_bytes(torch.device("cpu"))  # the starts are numpy arrays, whatever the device
+    if host is not None and cfg.data.val and m.architecture != "encoder_decoder":  # pairs: a plan, no larger
+        rows = cfg.eval.batch_size or t.batch_size
+        held = cfg.eval.batches * (FIXED_BATCH_BYTES + 8 * rows)
+        if held > host:
+            raise ValueError(
+                f"eval.batches: {cfg.eval.batches:,} fixed evaluation batches of {rows:,} windows hold "
+                f"{_gb(held)} of start positions from the start, but the host has {_gb(host)} free; lower "
+                "eval.batches" + (" or eval.batch_size" if cfg.eval.batch_size else "")
+            )
+
+
+def _check_steps(cfg, device: torch.device, have: int) -> None:
     t, m = cfg.train, cfg.model
     if m.architecture == "encoder_decoder":
         checks = [("train.batch_tokens", t.batch_tokens, True)]
@@ -95,7 +115,7 @@ def check_step_memory(cfg, device: torch.device) -> None:
         size = f"{batch:,} tokens" if pairs else f"{batch:,} x {m.context_length} tokens"
         if need["total"] > have:
             raise ValueError(
-                f"{key}: a {'training' if train else 'evaluation'} step of {size} "
+                f"{key}: {'a training' if train else 'an evaluation'} step of {size} "
                 f"needs at least {_gb(need['total'])} (weights and optimizer {_gb(need['weights'])}, activations "
                 f"{_gb(need['activations'])}) but {device} has {_gb(have)} free; lower {key}"
                 + (" and raise train.grad_accum_steps" if train else "")
