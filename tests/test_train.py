@@ -198,6 +198,80 @@ def test_config_overrides_and_resolved_toml_round_trip(tmp_path):
         load_config(path, ["optim.max_lr"])
 
 
+def test_counts_without_a_use_beyond_a_bound_are_refused_naming_the_key(tmp_path):
+    """clifuzz7: train.grad_accum_steps = 2**70 was an OverflowError traceback at the first step,
+    after the run folder was made; eval.batches = 2**70 drew batches until memory ran out."""
+    raw = _raw_config(tmp_path)
+    for key, bound, message in (
+        ("train.grad_accum_steps", 2**31 - 1, "config: train.grad_accum_steps must be at most 2**31 - 1 (the "
+         "micro-batches of one optimizer step: that many would take weeks), got 1,180,591,620,717,411,303,424"),
+        ("eval.batches", 1_000_000, "config: eval.batches must be at most 1,000,000 (the batches are drawn and "
+         "held from the start, and every evaluation runs them all), got 1,180,591,620,717,411,303,424"),
+    ):
+        with pytest.raises(ValueError) as e:
+            config_from_dict(raw, [f"{key}={2**70}"])
+        assert str(e.value) == message
+        with pytest.raises(ValueError, match=rf"^config: {key} must be at most .*, got {bound + 1:,}$"):
+            config_from_dict(raw, [f"{key}={bound + 1}"])
+        section, name = key.split(".")
+        assert getattr(getattr(config_from_dict(raw, [f"{key}={bound}"]), section), name) == bound
+
+
+def test_lm_train_refuses_a_huge_count_before_making_the_run_folder(tmp_path):
+    path = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
+    r = _lm("train", "--config", str(path), "--threads", "1", "--quiet", "--set", f"train.grad_accum_steps={2**70}")
+    assert r.returncode == 2 and r.stderr.startswith("lm train: error: config: train.grad_accum_steps must be at "
+                                                     "most 2**31 - 1"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_fixed_evaluation_batches_that_cannot_fit_in_memory_are_refused(tmp_path, monkeypatch):
+    """The starts of every fixed evaluation batch are drawn and held at start-up: counted against
+    the host's memory, naming eval.batches (and eval.batch_size when it is set)."""
+    from lm.train import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**9)
+    raw = _raw_config(tmp_path, eval={"batches": 1_000_000})
+    memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))  # 1e6 x (224 + 4 x 8) bytes: 256 MB
+    raw["eval"]["batch_size"] = 200  # an evaluation step fits; its starts, 1e6 x (224 + 1,600) bytes, do not
+    with pytest.raises(ValueError) as e:
+        memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+    assert str(e.value) == ("eval.batches: 1,000,000 fixed evaluation batches of 200 windows hold 1.8 GB of start "
+                            "positions from the start, but the host has 1.0 GB free; lower eval.batches or "
+                            "eval.batch_size")
+    del raw["eval"]["batch_size"]
+    raw["train"]["batch_size"] = 200
+    with pytest.raises(ValueError, match=r"^eval.batches: .* free; lower eval.batches$"):
+        memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+    del raw["data"]["val"]  # no validation file: no fixed batches
+    memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+
+
+def test_an_evaluation_step_that_cannot_fit_says_an_evaluation_step(tmp_path, monkeypatch):
+    """It said "a evaluation step"."""
+    from lm.train import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**9)
+    raw = _raw_config(tmp_path, eval={"batch_size": 10**9})
+    with pytest.raises(ValueError, match=r"^eval.batch_size: an evaluation step of 1,000,000,000 x 16 tokens needs "
+                                         r"at least [\d.,]+ GB .* but cpu has 1.0 GB free; lower eval.batch_size$"):
+        memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+
+
+def test_load_config_refuses_a_path_that_is_no_readable_file_naming_config(tmp_path):
+    """clifuzz7: a folder was an IsADirectoryError traceback and a symlink loop an OSError one in
+    the scripts that call load_config (bench_step.py, bench_train.py); lm train checked first."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    with pytest.raises(ValueError) as e:
+        load_config(tmp_path)
+    assert str(e.value) == f"--config: not a regular file: {str(tmp_path)!r}"
+    with pytest.raises(ValueError) as e:
+        load_config(tmp_path / "loop1")
+    assert str(e.value).startswith("--config: ") and repr(str(tmp_path / "loop1")) in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("name", ["tinystories-17m", "cpu-small", "multi30k-en-de"])
 def test_shipped_configs_list_every_option(name):
     """The README says the configs comment every option: each key of its architecture's config is
@@ -948,7 +1022,9 @@ def _wandb_history(run_dir: Path) -> list[dict]:
         record.ParseFromString(raw)
         if record.WhichOneof("record_type") == "history":
             row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            rows.append({k: v for k, v in row.items() if not k.startswith("_")})  # _step, _runtime, _timestamp
+            row = {k: v for k, v in row.items() if not k.startswith("_")}  # _step, _runtime, _timestamp
+            if row:  # (a row of wandb's own bookkeeping alone holds nothing logged)
+                rows.append(row)
     return rows
 
 
@@ -1290,6 +1366,9 @@ def test_quiet_quiets_wandb(tmp_path, capsys, monkeypatch):
     calls = []
 
     class Run:
+        def define_metric(self, *args, **kwargs):
+            pass
+
         def log(self, *args, **kwargs):
             pass
 
