@@ -572,6 +572,28 @@ def test_a_choice_seed_is_the_32_bits_torch_keeps_so_the_streams_are_those_of_be
     assert [g.initial_seed() for g in generators] == [choice_seed(5, j) for j in range(3)]
 
 
+def test_a_request_ended_whole_is_counted_before_its_client_hears():
+    """A request ended as a whole (failed scoring, a prompt scored with max_tokens 0, cancelled while
+    waiting) told its client first and counted it after, so /metrics read right after the answer
+    could miss it (a test saw this under load); a row that ends was already counted first."""
+    _, engine, _ = _engine_with_a_nan_token()
+    seen = []
+
+    def request(prompt, params):
+        return Request(list(prompt), params, 1, on_finish=lambda i, r: seen.append((r, dict(engine.stats.requests))))
+
+    params = SamplingParams(max_tokens=0, prompt_logprobs=1)
+    engine.submit(request([5, 13, 7], params))  # fails: a NaN token
+    engine.submit(request([5, 6, 7], params))  # scored, nothing to sample
+    run_until_idle(engine)
+    engine.submit(waiting := request([5, 6, 7], SamplingParams(max_tokens=4)))
+    waiting.cancel()
+    run_until_idle(engine)
+    assert seen == [("error", {"finished": 0, "cancelled": 0, "rejected": 0, "failed": 1}),
+                    ("length", {"finished": 1, "cancelled": 0, "rejected": 0, "failed": 1}),
+                    ("cancelled", {"finished": 1, "cancelled": 1, "rejected": 0, "failed": 1})]
+
+
 def test_a_scored_prompt_whose_logits_are_not_finite_fails_its_request_alone():
     """``max_tokens`` 0 (echo: the prompt scored, nothing sampled) never reached ``_emit``'s check:
     NaN log-probabilities went out (a 500 "internal error" and a traceback, or bare ``NaN`` in a

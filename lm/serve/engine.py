@@ -585,10 +585,10 @@ class Engine:
                 self._free(slot, early)
 
     def _finish_all(self, request: Request, reason: str) -> None:
+        self.stats.ended(reason, request.n)  # counted before the client hears, as in _free
         if request.on_finish is not None:
             for index in range(request.n):
                 request.on_finish(index, reason)
-        self.stats.ended(reason, request.n)
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:
