@@ -61,26 +61,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     still empty, and ``path`` is left untouched, so an interrupted run never leaves a file that
     looks complete. An OSError of the temporary file names ``path``, the file the caller asked for.
     """
-    path = Path(path)
-    tmp = None
-    with removing_made_dirs(path.parent):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with _naming(path):
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-                os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
-            with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
-                yield f
-                with _naming(path):
-                    f.flush()
-                    os.fsync(f.fileno())
-            with _naming(path):
-                os.replace(tmp, path)
-        except BaseException:
-            if tmp is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            raise
+    with atomic_files() as open_file:
+        yield open_file(path, mode, encoding)
 
 
 @contextlib.contextmanager
@@ -105,7 +87,8 @@ def atomic_files() -> Iterator[Callable[..., IO]]:
                 fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             staged.append([None, tmp, path])
             try:
-                os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
+                with _naming(path):
+                    os.chmod(tmp, file_mode())  # mkstemp creates 0600; give the file the usual mode
                 staged[-1][0] = os.fdopen(fd, mode, encoding=None if "b" in mode else encoding)
             except BaseException:
                 os.close(fd)
