@@ -124,7 +124,7 @@ def main() -> int:
     try:
         status = report(args, out, test, *trained)
     except Exception as e:
-        from lm.cli.translate import is_out_of_memory
+        from lm.cli.common import is_out_of_memory
 
         if is_out_of_memory(e):
             return error(f"--beam: decoding the test set at beam {args.beam} does not fit in memory; {kept}")

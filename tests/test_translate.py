@@ -524,7 +524,8 @@ def test_what_decoding_needs_is_counted_as_it_is_allocated():
 
 def test_only_an_allocation_failure_is_reported_as_memory():
     """decoding_fits turns torch's allocator errors into the one line, and nothing else."""
-    from lm.cli.translate import decoding_fits, is_out_of_memory
+    from lm.cli.common import is_out_of_memory
+    from lm.cli.translate import decoding_fits
 
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ..."))
     cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: can't allocate memory: "

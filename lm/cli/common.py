@@ -201,6 +201,94 @@ def as_flags(**flags: str) -> Iterator[None]:
         warnings.showwarning = shown
 
 
+# -- errors in the command line's words --------------------------------------------------------
+
+def check_utf8(option: str, value: str, what: str = "", remedy: str = "") -> None:
+    """Refuse an argument that is not UTF-8, in one line: "OPTION: WHAT is not valid UTF-8 (at
+    character N); REMEDY" (default remedy: pass OPTION in UTF-8). Bytes the shell or the file
+    system could not decode arrive in ``sys.argv`` as lone surrogates, which every later encode
+    fails on: a prompt's tokens, a server's JSON responses and headers, an output file's name.
+
+    >>> check_utf8("--prompt", "caf\\udce9", remedy="use --prompt-file")
+    Traceback (most recent call last):
+    ValueError: --prompt: not valid UTF-8 (at character 3); use --prompt-file
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{option}: {what + ' is ' if what else ''}not valid UTF-8 (at character {e.start}); "
+                         f"{remedy or f'pass {option} in UTF-8'}") from None
+
+
+def require_architecture(model, want: str, checkpoint: str) -> None:
+    """One line pointing to the right command when a checkpoint is of the other kind."""
+    arch = model.config.architecture
+    if arch == want:
+        return
+    hint = "`lm translate`" if arch == "encoder_decoder" else "`lm sample`"
+    kind = "a translation model (encoder_decoder)" if arch == "encoder_decoder" else "a language model (decoder_lm)"
+    raise ValueError(f"--checkpoint: {checkpoint!r} is {kind}; use {hint}")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether torch's allocator failed: ``torch.OutOfMemoryError`` (a GPU), or the CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...")."""
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+@contextlib.contextmanager
+def model_fits(batch: str, remedy: str) -> Iterator[None]:
+    """Within it, a batch that cannot fit in memory is one line, "``batch`` does not fit in memory
+    (torch tried to allocate N); ``remedy``", not torch's traceback (README, "Errors": ``batch``
+    starts with the arguments that size it and says their values). A model whose logits are not
+    finite (NaN or inf: it overflows) is one line naming ``--checkpoint``."""
+    from lm.generate.sampling import NonFiniteLogitsError
+
+    try:
+        yield
+    except NonFiniteLogitsError as e:
+        raise ValueError(f"--checkpoint: {e}") from None
+    except RuntimeError as e:
+        if not is_out_of_memory(e):
+            raise
+        size = re.search(r"[Tt]ried to allocate ([\d.]+ ?[A-Za-z]+)", str(e))
+        tried = f" (torch tried to allocate {size.group(1)})" if size else ""
+        raise ValueError(f"{batch} does not fit in memory{tried}; {remedy}") from None
+
+
+def check_fits(batch: str, need: int, what: str, device, remedy: str) -> None:
+    """Refuse, in the words of :func:`model_fits`, a batch that needs at least ``need`` bytes,
+    counted before anything is allocated (``what``: for what, "its cache needs"), when that is more
+    than ``device`` has free, or more than a tensor can hold where the free memory is unknown:
+    torch's own errors for a size past int64 were tracebacks ("Storage size calculation
+    overflowed", "Overflow when unpacking long long")."""
+    from lm.train.memory import available_bytes
+
+    have = available_bytes(device)
+    if need <= (2**63 - 1 if have is None else have):
+        return
+    free = "more than a tensor can hold" if have is None else f"{device} has {gib(have)} free"
+    raise ValueError(f"{batch} does not fit in memory ({what} at least {gib(need)}, {free}); {remedy}")
+
+
+def gib(n: int) -> str:
+    """A size in GiB, as torch's allocator errors give it: "2.00 GiB"; any integer (a size counted
+    from an absurd option need not fit a float).
+
+    >>> gib(3 << 29), gib(10**400)
+    ('1.50 GiB', 'about 2**1328 bytes')
+    """
+    return f"{n / 2**30:,.2f} GiB" if n.bit_length() < 1000 else f"about 2**{n.bit_length() - 1} bytes"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``word`` for a count of one, else ``words`` (default ``word + "s"``): "1 byte", "2 bytes"."""
+    return word if n == 1 else words or word + "s"
+
+
 # -- a closed output pipe ----------------------------------------------------------------------
 
 CLOSED_PIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a tool that `| head` cut short

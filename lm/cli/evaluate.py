@@ -92,8 +92,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from lm.cli.common import load_model_and_tokenizer
-    from lm.cli.translate import check_alpha, model_fits, plural
+    from lm.cli.common import load_model_and_tokenizer, model_fits, plural
+    from lm.cli.translate import check_alpha
     from lm.data import read_token_file
     from lm.data.token_file import bytes_per_token
     from lm.device import autocast, resolve_dtype, set_threads
@@ -225,8 +225,8 @@ def eval_translation(args: argparse.Namespace) -> int:
     """Loss and perplexity by teacher forcing, BLEU and chrF of the translations, on a file pair."""
     import sys
 
-    from lm.cli.common import load_model_and_tokenizer
-    from lm.cli.translate import check_decoding_memory, decoding_fits, plural, progress_bar
+    from lm.cli.common import load_model_and_tokenizer, plural
+    from lm.cli.translate import check_decoding_memory, decoding_fits, progress_bar
     from lm.device import autocast, resolve_dtype
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate

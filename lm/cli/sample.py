@@ -6,7 +6,15 @@ import argparse
 import sys
 import time
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
+from lm.cli.common import (
+    add_checkpoint,
+    add_command,
+    add_compute,
+    add_quiet,
+    as_flags,
+    check_utf8,
+    quiet_on_closed_pipe,
+)
 
 EXAMPLES = """
   lm sample --checkpoint runs/cpu-small --prompt "Once upon a time"
@@ -58,11 +66,7 @@ def read_prompt(args: argparse.Namespace) -> str:
     from lm.io import check_readable_file
 
     if args.prompt is not None:
-        try:
-            args.prompt.encode("utf-8")
-        except UnicodeEncodeError as e:  # bytes the shell could not decode arrive as lone surrogates
-            raise ValueError(f"--prompt: not valid UTF-8 (at character {e.start}); pass the text as UTF-8 "
-                             "or use --prompt-file") from None
+        check_utf8("--prompt", args.prompt, remedy="pass the text as UTF-8 or use --prompt-file")
         return args.prompt
     if args.prompt_file == "-":
         data = sys.stdin.buffer.read()
@@ -83,8 +87,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from lm.cli.common import load_model_and_tokenizer
-    from lm.cli.translate import require_architecture
+    from lm.cli.common import load_model_and_tokenizer, require_architecture
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import TextStreamer, generate
     from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, generator_seed

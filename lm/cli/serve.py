@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet
+from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, check_utf8
 
 EXAMPLES = """
   lm serve --checkpoint runs/cpu-small                     # http://127.0.0.1:8000 (the playground at /)
@@ -93,7 +93,7 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
     if model_name is not None:
         if not model_name.strip():
             raise ValueError("--model-name: must not be empty")
-        _check_utf8("--model-name", model_name)
+        check_utf8("--model-name", model_name, "the value")
         _check_printable("--model-name", model_name)
         return model_name
     try:
@@ -106,21 +106,9 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
         run = run.parent
     if not run.name:
         raise ValueError(f"--model-name: {checkpoint!r} is in no named run folder; pass --model-name NAME")
-    _check_utf8("--model-name", run.name, f"the run folder's name {run.name!r}")
+    check_utf8("--model-name", run.name, f"the run folder's name {run.name!r}")
     _check_printable("--model-name", run.name, f"the run folder's name {run.name!r}")
     return run.name
-
-
-def _check_utf8(option: str, value: str, what: str | None = None) -> None:
-    """Refuse text that is not UTF-8 (bytes the shell or the file system could not decode arrive as
-    lone surrogates): the server started, then answered every request with a 500 (the model name
-    in each response, the API key in each check), /health included."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        what = what or "the value"
-        raise ValueError(f"{option}: {what} is not valid UTF-8 (at character {e.start}); "
-                         f"pass {option} in UTF-8") from None
 
 
 def _check_printable(option: str, value: str, what: str | None = None) -> None:
@@ -141,7 +129,7 @@ def check_api_key(key: str) -> None:
     itself is never shown."""
     if not key.strip():
         raise ValueError("--api-key: must not be empty (nor $LM_API_KEY, when set)")
-    _check_utf8("--api-key", key, "the key (or $LM_API_KEY)")
+    check_utf8("--api-key", key, "the key (or $LM_API_KEY)")
     bad = next((i for i, c in enumerate(key) if not "!" <= c <= "~"), None)
     if bad is not None:
         c = key[bad]
@@ -229,8 +217,7 @@ def draining_server(app, *, host: str, port: int, quiet: bool = False,
 def cmd_serve(args: argparse.Namespace) -> int:
     import traceback
 
-    from lm.cli.common import load_model_and_tokenizer
-    from lm.cli.translate import check_fits, model_fits, plural
+    from lm.cli.common import check_fits, load_model_and_tokenizer, model_fits, plural
     from lm.device import resolve_dtype, set_threads
     from lm.generate.seq2seq import line_break_ids
 

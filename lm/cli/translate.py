@@ -5,12 +5,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
-import re
 import sys
 import zlib
-from collections.abc import Iterator
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
+from lm.cli.common import (
+    add_checkpoint,
+    add_command,
+    add_compute,
+    add_quiet,
+    as_flags,
+    check_fits,
+    check_utf8,
+    model_fits,
+    plural,
+    quiet_on_closed_pipe,
+    require_architecture,
+)
 
 EXAMPLES = """
   lm translate --checkpoint runs/multi30k-en-de "A man is riding a bicycle." "Two dogs play in the snow."
@@ -44,45 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_translate)
 
 
-def require_architecture(model, want: str, checkpoint: str) -> None:
-    """One line pointing to the right command when a checkpoint is of the other kind."""
-    arch = model.config.architecture
-    if arch == want:
-        return
-    hint = "`lm translate`" if arch == "encoder_decoder" else "`lm sample`"
-    kind = "a translation model (encoder_decoder)" if arch == "encoder_decoder" else "a language model (decoder_lm)"
-    raise ValueError(f"--checkpoint: {checkpoint!r} is {kind}; use {hint}")
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether torch's allocator failed: ``torch.OutOfMemoryError`` (a GPU), or the CPU allocator's
-    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...")."""
-    import torch
-
-    return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
-
-
-@contextlib.contextmanager
-def model_fits(batch: str, remedy: str) -> Iterator[None]:
-    """Within it, a batch that cannot fit in memory is one line, "``batch`` does not fit in memory
-    (torch tried to allocate N); ``remedy``", not torch's traceback (README, "Errors": ``batch``
-    starts with the arguments that size it and says their values). A model whose logits are not
-    finite (NaN or inf: it overflows) is one line naming ``--checkpoint``."""
-    from lm.generate.sampling import NonFiniteLogitsError
-
-    try:
-        yield
-    except NonFiniteLogitsError as e:
-        raise ValueError(f"--checkpoint: {e}") from None
-    except RuntimeError as e:
-        if not is_out_of_memory(e):
-            raise
-        size = re.search(r"[Tt]ried to allocate ([\d.]+ ?[A-Za-z]+)", str(e))
-        tried = f" (torch tried to allocate {size.group(1)})" if size else ""
-        raise ValueError(f"{batch} does not fit in memory{tried}; {remedy}") from None
-
-
 def decoding_fits(beam: int, batch_size: int) -> contextlib.AbstractContextManager[None]:
     """Within it, a batch that cannot fit in memory is one line naming ``--beam`` and
     ``--batch-size`` and their values (README, "Errors"), not torch's traceback: the decoder's
@@ -90,31 +61,6 @@ def decoding_fits(beam: int, batch_size: int) -> contextlib.AbstractContextManag
     (NaN or inf: it overflows) is one line naming ``--checkpoint``."""
     return model_fits(f"--beam/--batch-size: a batch of up to {batch_size} {plural(batch_size, 'sentence')} at "
                       f"beam {beam}", "lower --beam or --batch-size")
-
-
-def check_fits(batch: str, need: int, what: str, device, remedy: str) -> None:
-    """Refuse, in the words of :func:`model_fits`, a batch that needs at least ``need`` bytes,
-    counted before anything is allocated (``what``: for what, "its cache needs"), when that is more
-    than ``device`` has free, or more than a tensor can hold where the free memory is unknown:
-    torch's own errors for a size past int64 were tracebacks ("Storage size calculation
-    overflowed", "Overflow when unpacking long long")."""
-    from lm.train.memory import available_bytes
-
-    have = available_bytes(device)
-    if need <= (2**63 - 1 if have is None else have):
-        return
-    free = "more than a tensor can hold" if have is None else f"{device} has {gib(have)} free"
-    raise ValueError(f"{batch} does not fit in memory ({what} at least {gib(need)}, {free}); {remedy}")
-
-
-def gib(n: int) -> str:
-    """A size in GiB, as torch's allocator errors give it: "2.00 GiB"; any integer (a size counted
-    from an absurd option need not fit a float).
-
-    >>> gib(3 << 29), gib(10**400)
-    ('1.50 GiB', 'about 2**1328 bytes')
-    """
-    return f"{n / 2**30:,.2f} GiB" if n.bit_length() < 1000 else f"about 2**{n.bit_length() - 1} bytes"
 
 
 def check_decoding_memory(model, batches: list[list[int]], beam: int, batch_size: int) -> None:
@@ -126,11 +72,6 @@ def check_decoding_memory(model, batches: list[list[int]], beam: int, batch_size
     need = max((decoding_bytes(model, b, beam) for b in batches if b), default=0)
     check_fits(f"--beam/--batch-size: a batch of up to {batch_size} {plural(batch_size, 'sentence')} at beam {beam}",
                need, "its key/value cache, memory and logits need", model.device, "lower --beam or --batch-size")
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """``word`` for a count of one, else ``words`` (default ``word + "s"``): "1 byte", "2 bytes"."""
-    return word if n == 1 else words or word + "s"
 
 
 def check_alpha(alpha: float) -> None:
@@ -173,11 +114,7 @@ def read_lines(args: argparse.Namespace) -> list[str]:
         raise ValueError("--input: give sentences as TEXT or in --input FILE, not both")
     if args.text:
         for k, text in enumerate(args.text, 1):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:  # bytes the shell could not decode arrive as lone surrogates
-                raise ValueError(f"TEXT: sentence {k} is not valid UTF-8 (at character {e.start}); pass the text "
-                                 "as UTF-8 or use --input") from None
+            check_utf8("TEXT", text, f"sentence {k}", "pass the text as UTF-8 or use --input")
         return list(args.text)
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
