@@ -267,11 +267,33 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
     cfg = config_from_dict(make_config(args, vocab_size=tok.vocab_size, ids=ids, out=out, tok_dir=tok_dir,
                                        train_seconds=train_seconds))
     trainer = Trainer(cfg)
+    check_test_decoding(args, trainer.model, [len(tok.encode(s.strip())) for s, _ in test_pairs])
     if trainer.run() != 0:
         return None
     t_train = time.perf_counter() - t_start - t_tok
     wall = time.perf_counter() - t_start  # the clock stops here: decoding is not counted
     return trainer, tok, t_tok, t_train, wall
+
+
+BATCH = 64  # test sentences decoded together, shortest first
+
+
+def test_batches(lengths: list[int]) -> list[list[int]]:
+    """The test sentences' indices in the batches they are decoded in: by source length, ``BATCH`` a batch."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[j : j + BATCH] for j in range(0, len(order), BATCH)]
+
+
+def check_test_decoding(args, model, lengths: list[int]) -> None:
+    """Refuse ``--beam`` when decoding the test set's largest batch cannot fit in memory, counted
+    (:func:`lm.generate.seq2seq.decoding_bytes`) before training: ``--beam 1000000`` had trained for
+    the whole budget, then failed."""
+    from lm.cli.common import check_fits
+    from lm.generate.seq2seq import decoding_bytes
+
+    need = max(decoding_bytes(model, [lengths[i] for i in rows], args.beam) for rows in test_batches(lengths))
+    check_fits(f"--beam: decoding the test set at beam {args.beam}", need,
+               "its key/value cache, memory and logits need", model.device, "lower --beam")
 
 
 def report(args, out: Path, test, trainer, tok, t_tok: float, t_train: float, wall: float) -> int:
@@ -287,12 +309,10 @@ def report(args, out: Path, test, trainer, tok, t_tok: float, t_train: float, wa
     model = trainer.model.eval()
     sources = [tok.encode(s.strip()) for s, _ in pairs]
     banned = line_break_ids(tok)  # one hypothesis a line of test.hyp
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     hyps = [""] * len(sources)
     t0 = time.perf_counter()
-    with tqdm(total=len(order), unit=" sentences", desc="translate", disable=None, file=sys.stderr) as bar:
-        for j in range(0, len(order), 64):  # the bar shows on a terminal only
-            rows = order[j : j + 64]
+    with tqdm(total=len(sources), unit=" sentences", desc="translate", disable=None, file=sys.stderr) as bar:
+        for rows in test_batches(list(map(len, sources))):  # the bar shows on a terminal only
             for i, o in zip(rows, translate(model, [sources[i] for i in rows], beam_size=args.beam,
                                             banned_ids=banned)):
                 hyps[i] = tok.decode(o).strip()

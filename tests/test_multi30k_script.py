@@ -149,14 +149,42 @@ def test_a_bad_setting_is_refused_before_anything_runs_naming_its_option(data, t
     assert not out.exists()
 
 
-def test_a_failure_after_training_keeps_the_trained_run(data, tmp_path, monkeypatch, capsys):
-    """A failure while decoding the test set (here a beam that cannot fit in memory) came after the
-    budget was spent, and deleted the trained run with the rest of --out. The run stays, and the
-    error says where; --overwrite then replaces the output, and a run that succeeds lists its
-    test.hyp (one hypothesis a test line) and result.json."""
+@pytest.mark.parametrize("beam", [10**6, 10**12, 2**70])
+def test_a_beam_that_cannot_fit_is_refused_before_training(data, tmp_path, monkeypatch, capsys, beam):
+    """--beam 10**12 trained for the whole budget, then failed decoding the test set. The decoder's
+    cache, memory and logits for the test set's largest batch are counted once the tokenizer can
+    count its tokens and the model is built, before the first step."""
+    import lm.train
+
+    def run(self):
+        raise AssertionError("the model trained before --beam was refused")
+
+    monkeypatch.setattr(lm.train.Trainer, "run", run)
     out = tmp_path / "out"
-    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 10**12, *TINY) == 2
-    assert _error(capsys) == (f"multi30k.py: error: --beam: decoding the test set at beam {10**12} does not fit in "
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", beam, *TINY) == 2
+    err = _error(capsys)
+    assert err.startswith(f"multi30k.py: error: --beam: decoding the test set at beam {beam} does not fit in memory "
+                          "(its key/value cache, memory and logits need at least "), err
+    assert err.endswith("; lower --beam"), err
+    assert not out.exists()
+
+
+def test_a_failure_after_training_keeps_the_trained_run(data, tmp_path, monkeypatch, capsys):
+    """A failure while decoding the test set (here the allocator's, past the count made before
+    training) came after the budget was spent, and deleted the trained run with the rest of --out.
+    The run stays, and the error says where; --overwrite then replaces the output, and a run that
+    succeeds lists its test.hyp (one hypothesis a test line) and result.json."""
+    import lm.generate
+
+    def translate(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 81920000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as m:
+        m.setattr(lm.generate, "translate", translate)
+        assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 3, *TINY) == 2
+    assert _error(capsys) == ("multi30k.py: error: --beam: decoding the test set at beam 3 does not fit in "
                               f"memory; the trained run is kept in {str(out / 'run')!r}")
     assert list((out / "run" / "checkpoints").glob("step_*.pt")) and (out / "tokenizer" / "vocab.json").is_file()
     assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 2, "--overwrite", *TINY) == 0
