@@ -516,3 +516,23 @@ def test_resume_keeps_the_lines_that_are_not_records_with_a_step(tmp_path):
     assert lines.index("[1, 2]") + 1 == lines.index('{"step": "7", "split": "note"}')
     assert [r["step"] for r in read_metrics(tmp_path / "run") if isinstance(r, dict) and r.get("split") == "train"] \
         == list(range(1, 13))
+
+
+@pytest.mark.parametrize("resume, why", [
+    ("", "resume: must not be empty; pass resume=True to continue the run in train.out_dir, or a checkpoint's path"),
+    (None, "resume: must be True, False or a checkpoint's path, got None"),
+    (1, "resume: must be True, False or a checkpoint's path, got 1"),
+])
+def test_the_library_refuses_a_resume_that_means_neither(tmp_path, resume, why):
+    """`Trainer(cfg, resume=os.environ.get("CKPT", ""))` took the empty path for False: a run to
+    continue was refused with "already holds a run; pass --resume to continue it" (which the caller
+    had meant to do), and a folder with no run started fresh. The CLI refused `--resume ''`
+    already. The run folder is left as it was."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    before = _snapshot(tmp_path / "run")
+    raw["train"]["max_steps"] = 4
+    with pytest.raises(ValueError) as e:
+        Trainer(config_from_dict(raw), resume=resume, print_fn=_quiet)
+    assert str(e.value) == why
+    assert _snapshot(tmp_path / "run") == before

@@ -111,6 +111,20 @@ def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     return resolve_dtype(dtype, device, "train.dtype")
 
 
+def check_resume(resume) -> None:
+    """``resume`` is False (start), True (continue the run in ``train.out_dir``) or a checkpoint's
+    path. An empty path (an unset variable, ``resume=os.environ.get(...)``) was taken for False (a
+    run to continue refused as one "to continue with --resume", a folder with none started fresh);
+    ``1`` or ``None`` are refused as not meaning either."""
+    if isinstance(resume, bool):
+        return
+    if not isinstance(resume, (str, os.PathLike)):
+        raise ValueError(f"resume: must be True, False or a checkpoint's path, got {resume!r}")
+    if not os.fspath(resume):
+        raise ValueError("resume: must not be empty; pass resume=True to continue the run in train.out_dir, "
+                         "or a checkpoint's path")
+
+
 class Trainer:
     """Train a :class:`TransformerLM` or an :class:`EncoderDecoder` as ``cfg`` says; ``run()`` returns the
     process exit status (a diverged run raises :class:`TrainingDiverged`).
@@ -129,6 +143,7 @@ class Trainer:
         print_fn: Callable[[str], None] = print,
         quiet: bool = False,
     ):
+        check_resume(resume)  # before anything starts
         self.cfg = cfg
         self.on_checkpoint = on_checkpoint
         self._print = print_fn
@@ -1090,7 +1105,7 @@ class Trainer:
                     self._writer.save_best(self.training_state(rng_by_rank))
 
 
-def train(cfg: Config, *, resume: bool = False) -> int:
+def train(cfg: Config, *, resume: bool | str | os.PathLike = False) -> int:
     """Build a :class:`Trainer` and run it; the exit status (0, or 128 + a signal number). A loss that
     stops being finite raises :class:`TrainingDiverged` (``lm train`` exits 3)."""
     return Trainer(cfg, resume=resume).run()
