@@ -851,9 +851,11 @@ def test_the_counted_cache_is_the_one_the_engine_makes():
                                          decoder_layers=2, num_heads=4, d_ff=64))
     for cls, model in ((StaticKVCache, lm_model), (StaticSeq2SeqCache, mt_model), (StaticKVCache, lm_model.to(
             torch.bfloat16))):
-        cache = cls.for_model(model, 5)
-        tensors = [*cache.k, *cache.v, *getattr(cache, "cross_k", []), *getattr(cache, "cross_v", [])]
-        assert cls.bytes_for(model, 5) == sum(t.numel() * t.element_size() for t in tensors)
+        for max_len in (None, 9):
+            cache = cls.for_model(model, 5, max_len)
+            tensors = [*cache.k, *cache.v, *getattr(cache, "cross_k", []), *getattr(cache, "cross_v", [])]
+            assert cache.max_len == (24 if max_len is None else max_len)
+            assert cls.bytes_for(model, 5, max_len) == sum(t.numel() * t.element_size() for t in tensors)
 
 
 def test_api_keys_no_client_can_send_and_model_names_with_line_breaks_are_refused(tmp_path_factory, capsys,

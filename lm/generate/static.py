@@ -38,6 +38,7 @@ sums a row's keys in an order that depends on how many there are.
 from __future__ import annotations
 
 import contextlib
+import math
 import types
 
 import torch
@@ -71,9 +72,7 @@ class StaticKVCache:
 
     def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
                  device=None, dtype=torch.float32):
-        # One position more than a row can hold: a span, even the whole max_len, is then never the
-        # whole tensor, which torch.compile would treat as a case of its own (another compilation).
-        shape = (rows, num_heads, max_len + 1, head_dim)
+        shape = self.tensor_shape(rows, num_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.rows, self.max_len = rows, max_len
@@ -86,21 +85,33 @@ class StaticKVCache:
 
     layers_field = "num_layers"  # the model config's number of layers with a cache
 
-    @classmethod
-    def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticKVCache:
-        cfg, weight = model.config, model.output_weight
-        return cls(getattr(cfg, cls.layers_field), rows, cfg.num_heads,
-                   cfg.context_length if max_len is None else max_len, cfg.head_dim, device=weight.device,
-                   dtype=weight.dtype)
+    @staticmethod
+    def tensor_shape(rows: int, num_heads: int, max_len: int, head_dim: int) -> tuple[int, int, int, int]:
+        """The shape of one layer's keys (and of its values). One position more than a row can
+        hold: a span, even the whole ``max_len``, is then never the whole tensor, which
+        torch.compile would treat as a case of its own (another compilation)."""
+        return rows, num_heads, max_len + 1, head_dim
 
     @classmethod
-    def bytes_for(cls, model, rows: int) -> int:
-        """Bytes of the keys and values of :meth:`for_model`'s cache of ``rows`` rows, counted without
-        allocating it: ``lm serve`` refuses a ``--max-batch`` that cannot fit (2**70 rows was a
-        traceback, ten million an allocator error) before it tries."""
+    def _layout(cls, model, rows: int, max_len: int | None) -> tuple[int, tuple[int, int, int, int]]:
+        """The number of layers with a cache and :meth:`tensor_shape` for ``model``."""
         cfg = model.config
-        per_row = 2 * getattr(cfg, cls.layers_field) * cfg.num_heads * (cfg.context_length + 1) * cfg.head_dim
-        return rows * per_row * model.output_weight.element_size()
+        max_len = cfg.context_length if max_len is None else max_len
+        return getattr(cfg, cls.layers_field), cls.tensor_shape(rows, cfg.num_heads, max_len, cfg.head_dim)
+
+    @classmethod
+    def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticKVCache:
+        layers, (rows, heads, positions, head_dim) = cls._layout(model, rows, max_len)
+        weight = model.output_weight
+        return cls(layers, rows, heads, positions - 1, head_dim, device=weight.device, dtype=weight.dtype)
+
+    @classmethod
+    def bytes_for(cls, model, rows: int, max_len: int | None = None) -> int:
+        """Bytes of the keys and values of :meth:`for_model`'s cache, counted without allocating
+        it: ``lm serve`` refuses a ``--max-batch`` that cannot fit (2**70 rows was a traceback, ten
+        million an allocator error) before it tries."""
+        layers, shape = cls._layout(model, rows, max_len)
+        return 2 * layers * math.prod(shape) * model.output_weight.element_size()
 
     def leading(self, rows: int) -> StaticKVCache:
         """A cache over this one's first ``rows`` rows: the same memory (a step over it reads and
@@ -212,7 +223,7 @@ class StaticSeq2SeqCache(StaticKVCache):
     def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
                  device=None, dtype=torch.float32):
         super().__init__(num_layers, rows, num_heads, max_len, head_dim, device=device, dtype=dtype)
-        shape = (rows, num_heads, max_len + 1, head_dim)  # one more, as the decoder's
+        shape = self.tensor_shape(rows, num_heads, max_len, head_dim)  # as the decoder's
         self.cross_k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.cross_v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.memory_mask = torch.zeros(rows, max_len + 1, dtype=torch.bool, device=device)
@@ -220,9 +231,9 @@ class StaticSeq2SeqCache(StaticKVCache):
         self._source_span = self._slot
 
     @classmethod
-    def bytes_for(cls, model, rows: int) -> int:
+    def bytes_for(cls, model, rows: int, max_len: int | None = None) -> int:
         """:meth:`StaticKVCache.bytes_for`, the cross-attention's keys and values too (as many)."""
-        return 2 * super().bytes_for(model, rows)
+        return 2 * super().bytes_for(model, rows, max_len)
 
     def leading(self, rows: int) -> StaticSeq2SeqCache:
         view = super().leading(rows)
