@@ -996,14 +996,32 @@ def test_wandb_offline_needs_no_network(tmp_path):
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
 
 
-def _wandb_history(run_dir: Path) -> list[dict]:
+def _wandb_history(run_dir: Path, timeout: float = 60.0) -> list[dict]:
     """The history rows of an offline wandb run, read from its .wandb file (LevelDB's log format:
-    32 KiB blocks of records, each a 7-byte header of CRC, length and type, then the bytes)."""
+    32 KiB blocks of records, each a 7-byte header of CRC, length and type, then the bytes), once
+    the file holds the run's exit record: ``run.finish()`` returns before wandb's service process
+    has written the file (under load it held only its 7-byte header for a moment: 1 read in 7)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        kinds, rows = _wandb_records(run_dir)
+        if "exit" in kinds or time.monotonic() > deadline:
+            assert "exit" in kinds, f"the offline wandb run was not written within {timeout:g} s: {kinds}"
+            return rows
+        time.sleep(0.1)
+
+
+def _wandb_records(run_dir: Path) -> tuple[list[str], list[dict]]:
+    """The kinds of the records of an offline wandb run's .wandb file as it is now, and its history rows."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    data = next(run_dir.glob("wandb/offline-run-*/run-*.wandb")).read_bytes()
+    files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    if not files:
+        return [], []
+    data = files[0].read_bytes()
     pos, records, pending = 7, [], b""  # past the ":W&B" header
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
@@ -1011,21 +1029,24 @@ def _wandb_history(run_dir: Path) -> list[dict]:
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if len(chunk) < length:  # a record still being written
+            break
         if kind in (1, 4):  # full, last
             records.append(pending + chunk)
             pending = b""
         elif kind in (2, 3):  # first, middle
             pending += chunk
-    rows = []
+    kinds, rows = [], []
     for raw in records:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "history":
+        kinds.append(record.WhichOneof("record_type"))
+        if kinds[-1] == "history":
             row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             row = {k: v for k, v in row.items() if not k.startswith("_")}  # _step, _runtime, _timestamp
             if row:  # (a row of wandb's own bookkeeping alone holds nothing logged)
                 rows.append(row)
-    return rows
+    return kinds, rows
 
 
 def test_wandb_keeps_the_steps_a_resume_logs_again(tmp_path, monkeypatch):
