@@ -38,10 +38,16 @@ def resolve_device(name: str, argument: str = "--device", local_rank: int = 0) -
     unknown = f"{argument}: unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps (here: {have})"
     if not isinstance(name, str) or not _DEVICE.fullmatch(name):
         raise ValueError(unknown)
+    given = name
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
     if name.startswith("cuda"):
         index = int(name[5:]) if ":" in name else local_rank
+        if torch.cuda.is_available() and ":" not in name and index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()  # the index is the process's local rank (torchrun)
+            raise ValueError(f"{argument}: {given!r} is the local rank's GPU, cuda:{index} for LOCAL_RANK {index}, but "
+                             f"this machine has {count} (available: {have}); start at most {count} "
+                             f"process{'es' if count != 1 else ''} per machine (torchrun --nproc_per_node)")
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             raise ValueError(f"{argument}: {name!r} is not available on this machine (available: {have})")
         device = torch.device("cuda", index)

@@ -232,3 +232,30 @@ def test_lm_train_names_the_device_flag_it_was_given(tmp_path, capsys, device, m
     # given as train.device, it is named so
     assert main(["train", "--config", str(config), "--set", "train.device=cuda:01", "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("lm train: error: train.device: unknown device 'cuda:01'")
+
+
+def test_a_run_that_fails_after_taking_its_folder_leaves_none_behind(tmp_path, monkeypatch):
+    """ddp8: a failure after the run folder was made and locked, before anything was written in it
+    (under DDP, a peer that died at the first broadcast), left the folder holding a stale .lock,
+    and the next run printed that it "took over" the lock. Now the folder goes (a fresh one), or
+    only the lock (a run's own folder, resumed)."""
+    def broken(self):
+        raise RuntimeError("the DDP wrap failed")
+
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "_wrap_for_devices", broken)
+        with pytest.raises(RuntimeError, match="the DDP wrap failed"):
+            Trainer(config_from_dict(raw), print_fn=_quiet)
+    assert not (tmp_path / "run").exists()
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    files = sorted(p.name for p in (tmp_path / "run").iterdir())
+    raw["train"]["max_steps"] = 4
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "_wrap_for_devices", broken)
+        with pytest.raises(RuntimeError, match="the DDP wrap failed"):
+            Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == files  # no .lock left
+    lines = []
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append).run() == 0
+    assert not any("took over" in line for line in lines), lines

@@ -101,6 +101,11 @@ def test_a_lost_peer_is_told_apart_from_other_errors():
     nccl = dist.DistBackendError("NCCL communicator was aborted on rank 0.\nmore")
     assert peer_stopped(nccl) == ("another process of the run stopped or cannot be reached (DistBackendError: NCCL "
                                   "communicator was aborted on rank 0.)")
+    # ddp8: a frozen peer (SIGSTOP) left the others waiting torch's 30 minutes, then a 30-line traceback
+    frozen = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+              "1800000ms for recv operation to complete")
+    assert peer_stopped(RuntimeError(frozen)) == ("another process of the run did not answer within 30m00s (gloo: "
+                                                  "timed out waiting for a recv)")
     for other in (RuntimeError("Connection closed by peer"), ValueError(GLOO_PEER_CLOSED), RuntimeError("boom")):
         assert peer_stopped(other) is None
 
@@ -411,3 +416,61 @@ def test_a_config_error_is_said_once_per_machine_under_torchrun(tmp_path, capsys
         monkeypatch.setenv("LOCAL_RANK", str(rank))
         assert main(["train", "--config", str(toml), "--set", "train.max_steps=-3"]) == 2
         assert capsys.readouterr().err == err
+
+
+# -- refusals decided once, by rank 0 (audit ddp8 #4, #6) --------------------------------------------
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_refusal_is_said_once_in_rank_zeros_words(tmp_path):
+    """A second torchrun on a folder in use printed two errors, rank 1's first and false ("stopped
+    before its first checkpoint; pass --resume", read from a folder rank 0 had not locked for it);
+    a missing data file and a run that needs --resume were printed once a process. Rank 0 now
+    decides and says it; the others stop with exit 2 and say nothing."""
+    from lm.train.run_dir import RunLock
+
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    toml = str(_write_toml(tmp_path / "c.toml", raw))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "lm", "train", "--config", toml, "--quiet"]
+
+    def errors(*extra):
+        done = subprocess.run([*torchrun, *extra], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode != 0, done.stderr[-3000:]
+        return [line for line in done.stderr.splitlines() if line.startswith(("lm train", "[rank"))]
+
+    (tmp_path / "run").mkdir()
+    lock = RunLock(tmp_path / "run")
+    lock.acquire(lambda *_: None)  # another `lm train` (this process) holds the folder
+    try:
+        lines = errors()
+    finally:
+        lock.release()
+    assert len(lines) == 1 and lines[0].startswith(f"lm train: error: train.out_dir: {str(tmp_path / 'run')!r} is in "
+                                                    "use by another `lm train` (pid "), lines
+    lines = errors("--set", f"data.train='{tmp_path / 'nothing.bin'}'")
+    assert len(lines) == 1 and "nothing.bin" in lines[0], lines
+    done = subprocess.run(torchrun, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = errors()  # the run is done: again only with --resume
+    assert len(lines) == 1 and "already holds a run; pass --resume" in lines[0], lines
+    # a diverged run: the gradient norm and losses are all-reduced, the same line on every rank
+    lines = errors("--set", f"train.out_dir='{tmp_path / 'diverged'}'", "--set", "optim.max_lr=1e30",
+                   "--set", "optim.grad_clip=0", "--set", "train.max_steps=20", "--set", "log.interval=5")
+    assert len(lines) == 1 and " became " in lines[0], lines
+
+
+@pytest.mark.parametrize("name", ["cuda", "auto"])
+def test_more_processes_than_gpus_is_said_as_such(monkeypatch, name):
+    """ddp8: rank 1 of two on a one-GPU machine said "'cuda' is not available on this machine
+    (available: cpu, cuda:0)", contradicting itself ('auto' said the same of a 'cuda' never typed)."""
+    from lm.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError) as e:
+        resolve_device(name, "train.device", local_rank=1)
+    assert str(e.value) == (f"train.device: {name!r} is the local rank's GPU, cuda:1 for LOCAL_RANK 1, but this "
+                            "machine has 1 (available: cpu, cuda:0); start at most 1 process per machine (torchrun "
+                            "--nproc_per_node)")

@@ -61,10 +61,33 @@ def _poll_trainer(tmp_path, **train):
 
 
 def test_ddp_agrees_on_signals_and_time_at_poll_steps_only(tmp_path):
-    """One agreement (one all-reduce) per POLL_STEPS steps and at the log steps, not per step."""
+    """One agreement (one all-reduce) per POLL_STEPS steps, at the log steps and at the first step
+    (which measures a step's time), not per step."""
     trainer = _poll_trainer(tmp_path)
     assert trainer.run() == 0
-    assert [s for s, _ in trainer.dist.polls] == sorted({*range(POLL_STEPS, 41, POLL_STEPS), 25})
+    assert [s for s, _ in trainer.dist.polls] == sorted({1, *range(POLL_STEPS, 41, POLL_STEPS), 25})
+
+
+@pytest.mark.parametrize("step_seconds, polls", [
+    (0.05, [1, 10, 20, 25, 30, 37]),  # 10 steps are 0.5 s: every POLL_STEPS (and the last step, 37)
+    (0.5, [1, 4, 8, 12, 16, 20, 24, 25, 28, 32, 36, 37]),  # POLL_SECONDS is 4 steps
+    (4.0, list(range(1, 38))),  # every step
+])
+def test_ddp_polls_slow_steps_within_seconds_and_at_the_last_step(tmp_path, step_seconds, polls):
+    """ddp8: with steps of 4 s a SIGTERM waited up to 10 steps (40 s) for the next agreement, and
+    torchrun kills its workers 30 s after its own SIGTERM: the stop's checkpoint was never written.
+    Polls now come about every POLL_SECONDS of agreed training time. And the last step by
+    max_steps (37, no multiple of anything) agreed on nothing: the time of the steps after the
+    last poll was missing from the final record and checkpoint (a 7-step run logged 2.1 s where
+    one process logged 3.6 s)."""
+    trainer = _poll_trainer(tmp_path, max_steps=37)
+    ticks = iter(range(1_000_000))
+    trainer.clock = lambda: next(ticks) * step_seconds  # read once a step
+    assert trainer.run() == 0
+    assert [s for s, _ in trainer.dist.polls] == polls
+    assert trainer.elapsed == pytest.approx(37 * step_seconds)
+    last = [r for r in read_metrics(tmp_path / "run") if r.get("split") == "train"][-1]
+    assert last["step"] == 37 and last["time"] == pytest.approx(37 * step_seconds, abs=1e-3)
 
 
 def test_ddp_signal_stops_every_rank_at_the_next_poll(tmp_path):
@@ -79,7 +102,7 @@ def test_ddp_signal_stops_every_rank_at_the_next_poll(tmp_path):
 
     trainer.train_step = signalled_at_step_3
     assert trainer.run() == 128 + signal.SIGTERM
-    assert trainer.step == POLL_STEPS and trainer.dist.polls == [(POLL_STEPS, True)]
+    assert trainer.step == POLL_STEPS and trainer.dist.polls == [(1, False), (POLL_STEPS, True)]
     assert (tmp_path / "a" / "run" / "checkpoints" / f"step_{POLL_STEPS:08d}.pt").is_file()
 
 

@@ -76,7 +76,7 @@ def run_train(args: argparse.Namespace) -> int:
     from lm.tomlio import toml_string
     from lm.train import Trainer, TrainingDiverged, load_config
     from lm.train.distributed import torchrun_env
-    from lm.train.trainer import PeerStopped
+    from lm.train.trainer import PeerStopped, RefusedOnRankZero
 
     set_threads(args.threads)
     overrides = list(args.overrides)  # --device and --dtype after them: they win
@@ -102,8 +102,11 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         with flags:
             return Trainer(cfg, resume=args.resume, quiet=args.quiet).run()
-    except TrainingDiverged as e:
-        print(f"lm train: error: {e}", file=sys.stderr)
+    except RefusedOnRankZero:  # rank 0 says why, once
+        return 2
+    except TrainingDiverged as e:  # under torchrun every process holds the same all-reduced numbers
+        if env.local_rank == 0:
+            print(f"lm train: error: {e}", file=sys.stderr)
         return 3
     except PeerStopped as e:  # under torchrun: the process that failed says why; this one, where it stopped
         print(f"lm train: error: {e}", file=sys.stderr)

@@ -51,6 +51,15 @@ class Dist:
         dist.gather_object(value, out, dst=0)  # nccl: through the device that resolve_device made current
         return out
 
+    def broadcast_object(self, value: Any) -> Any:
+        """Rank 0's ``value`` (picklable) on every rank; ``value`` itself with one process, or where
+        no process group was started (a Dist made by hand). Each rank must call it at the same point."""
+        if not self.enabled or not dist.is_initialized():
+            return value
+        box = [value if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)  # nccl: through the device that resolve_device made current
+        return box[0]
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

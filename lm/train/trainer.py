@@ -11,6 +11,7 @@ import contextlib
 import inspect
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -53,8 +54,11 @@ from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, MetricsWriteError, format_duration
 from lm.train.run_dir import SET_ASIDE_BEST, RunLock, check_run_folder, holds_run, set_aside
 
-# Under DDP, the steps between two agreements on signals and the time (see Trainer._agree).
+# Under DDP, the most steps between two agreements on signals and the time, and the training
+# seconds aimed at between two (see Trainer._agree): slow steps are polled more often, so that a
+# stop's checkpoint is written well inside a launcher's grace period (torchrun's: 30 s).
 POLL_STEPS = 10
+POLL_SECONDS = 2.0
 
 # The model's buffers (RoPE and position tables) are constants, the same on every rank: nothing to
 # broadcast before each forward. torch 2.13 deprecates broadcast_buffers (a FutureWarning per rank)
@@ -71,12 +75,21 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite."""
 
 
+class RefusedOnRankZero(ValueError):
+    """Under DDP, rank 0 refused the run (a folder in use, a run to resume or not, a data file):
+    the other ranks stop with its words, which rank 0 says (``lm train`` prints them once)."""
+
+
 class PeerStopped(RuntimeError):
     """Under DDP, a collective failed because another process of the run stopped (crashed or was killed)."""
 
 
 # gloo's words when the process at the other end of a connection is gone (a plain RuntimeError)
 _GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def plural_steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def peer_stopped(error: BaseException) -> str | None:
@@ -88,6 +101,10 @@ def peer_stopped(error: BaseException) -> str | None:
         gone = next((words for words in _GLOO_PEER_GONE if words in text), None)
         if gone is not None:
             return f"another process of the run stopped (gloo: {gone.lower()})"
+        waited = re.search(r"Timed out waiting (\d+)ms for (\w+)", text)
+        if waited:  # a peer alive but not answering (frozen, stopped, swapping): torch's default wait is 30 min
+            return (f"another process of the run did not answer within {format_duration(int(waited[1]) / 1000)} "
+                    f"(gloo: timed out waiting for a {waited[2]})")
     dist_error = getattr(torch.distributed, "DistError", None)  # torch >= 2.1 names them
     if dist_error is not None and isinstance(error, dist_error):
         first = text.splitlines()[0][:200] if text else ""
@@ -156,14 +173,20 @@ class Trainer:
         self.run_dir = Path(cfg.train.out_dir)
         self.ckpts = CheckpointManager(self.run_dir, cfg.checkpoint.keep_last)
         self._writer = BackgroundWriter(self.ckpts)
+        taken = False
         try:
-            self._check_data()  # before any output: a refusal costs nothing
+            self._decided_by_rank_zero(self._check_data, self._check_data)  # before any output: a refusal costs nothing
             self._build_model_and_optimizer()
             self._take_run_folder(resume)
+            taken = True
             self._wrap_for_devices()
             self._plan_steps_and_evaluation()
-        except Exception as e:  # a peer that died while the run started (DDP's first broadcast): as in run()
-            reason = peer_stopped(e) if self.dist.enabled else None
+        except BaseException as e:  # a peer that died while the run started (DDP's first broadcast): as in run()
+            if taken:  # the folder locked, maybe made, nothing written in it yet: left as it was found
+                self._lock.release()
+                if self.dist.is_main and not self._held_run:
+                    remove_made_dirs(self._made_dirs)
+            reason = peer_stopped(e) if self.dist.enabled and isinstance(e, Exception) else None
             if reason is None:
                 raise
             raise PeerStopped(f"{reason} while the run was starting; no step was taken") from e
@@ -255,15 +278,19 @@ class Trainer:
             self._held_run = not made_dir and holds_run(self.run_dir)  # else all in it is this run's doing
         if made_dir and resume is True:  # before anything is made
             raise ValueError(f"--resume: {str(self.run_dir)!r} holds no run to resume (there is no such folder)")
-        try:
-            if self.dist.is_main:
-                with _out_dir_error(self.run_dir, "cannot read"):
-                    check_run_folder(self.run_dir)
-                with _out_dir_error(self.run_dir, "cannot create"):
-                    self.run_dir.mkdir(parents=True, exist_ok=True)
-                with _out_dir_error(self.run_dir, "cannot write in"):
-                    self._lock.acquire(self._print)
+        def lock_and_open() -> None:
+            with _out_dir_error(self.run_dir, "cannot read"):
+                check_run_folder(self.run_dir)
+            with _out_dir_error(self.run_dir, "cannot create"):
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            with _out_dir_error(self.run_dir, "cannot write in"):
+                self._lock.acquire(self._print)
             self._open_run(resume)
+
+        try:
+            # rank 0 locks the folder and reads it; the others read it only once it is locked (a
+            # folder in use was "in use" on rank 0 and "stopped before its first checkpoint" on rank 1)
+            self._decided_by_rank_zero(lock_and_open, lambda: self._open_run(resume))
             if self.dist.is_main:  # the lock is ours: no other lm train is writing in this folder
                 for tmp in self.ckpts.remove_partial_writes():
                     self._log(f"removed {tmp}, a file left half-written by a killed run", always=True)
@@ -273,6 +300,26 @@ class Trainer:
             if self.dist.is_main:
                 remove_made_dirs(self._made_dirs)
             raise
+
+    def _decided_by_rank_zero(self, main: Callable[[], None], others: Callable[[], None]) -> None:
+        """Under DDP, ``main`` on rank 0 first, its outcome then told to the others: where it refused,
+        they raise :class:`RefusedOnRankZero` with its words (``lm train`` prints the refusal once,
+        not once a process, and never another rank's reading of what rank 0 refused); else they run
+        ``others``. One process: ``main``."""
+        if not self.dist.enabled:
+            return main()
+        failed = None
+        if self.dist.is_main:
+            try:
+                main()
+            except Exception as e:  # any: the others wait for word of it
+                failed = e
+        said = self.dist.broadcast_object(None if failed is None else str(failed))
+        if failed is not None:
+            raise failed
+        if said is not None:
+            raise RefusedOnRankZero(said)
+        others()
 
     def _wrap_for_devices(self) -> None:
         """DDP across processes, torch.compile, autocast: what the training step runs through."""
@@ -302,6 +349,9 @@ class Trainer:
         self._flops_per_token = 3 * unwrap(self.model).flops_per_token()  # forward and backward
         self._signal: int | None = None
         self._unagreed_seconds = 0.0  # this rank's training seconds not yet agreed on (DDP, see _agree)
+        self._unagreed_steps = 0
+        self._poll_every = POLL_STEPS  # steps between agreements, from the agreed step time
+        self._next_poll = 0  # the step of the next agreement: the run's first (it measures a step's time)
         self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
         self._val_starts = []  # token windows' starts, or pair batches' indices (a rank may have none)
         if self.val_data is not None and self.pairs:
@@ -848,7 +898,9 @@ class Trainer:
             print(f"lm train: {signal.Signals(signum).name} again: stopped {then}", file=sys.stderr)
             raise SystemExit(128 + signum)  # a second SIGTERM: terminated, as the first would have been
         self._signal = signum
-        self._log(f"{signal.Signals(signum).name}: saving a checkpoint after this step (again to abort)", always=True)
+        when = "after this step" if not self.dist.enabled else \
+            f"once every process has heard, within {plural_steps(self._poll_every)}"
+        self._log(f"{signal.Signals(signum).name}: saving a checkpoint {when} (again to abort)", always=True)
 
     def _log(self, line: str, always: bool = False) -> None:
         """A console line from rank 0; with ``quiet`` only the ``always`` ones (start, stop, end)."""
@@ -911,7 +963,8 @@ class Trainer:
         cfg, step = self.cfg, self.step
         return _Due(log=step % cfg.log.interval == 0,
                     eval=bool(cfg.eval.interval) and step % cfg.eval.interval == 0,
-                    save=bool(cfg.checkpoint.interval) and step % cfg.checkpoint.interval == 0)  # fmt: skip
+                    save=bool(cfg.checkpoint.interval) and step % cfg.checkpoint.interval == 0,
+                    end=cfg.train.max_steps is not None and step >= cfg.train.max_steps)  # fmt: skip
 
     def _time_step(self, window: _LogWindow, loss, norm, clock: float, due: _Due, compiling: bool) -> bool:
         """Add the step to the log window and its time to the run's; whether the ranks agreed to stop.
@@ -919,7 +972,7 @@ class Trainer:
         The device is synchronized (on a GPU) only at a step due for something, or one that
         compiled, so that the clock is true there and the queue is never drained elsewhere. A
         step that compiled is reported as compile time and not counted as training time."""
-        boundary = due.log or due.eval or due.save or compiling
+        boundary = due.log or due.eval or due.save or due.end or compiling
         if boundary:
             self._synchronize()
         seconds = self.clock() - clock
@@ -927,7 +980,7 @@ class Trainer:
         if compiling:
             self._report_compile(seconds)
             return self._agree(0.0, poll=True)
-        return self._agree(seconds, poll=boundary or self.step % POLL_STEPS == 0)
+        return self._agree(seconds, poll=boundary or self.step >= self._next_poll)
 
     def _log_window(self, window: _LogWindow, lr: float, norm: torch.Tensor | None) -> None:
         """The train line and record of the steps since the last: mean loss (checked finite), tokens/s, MFU."""
@@ -943,17 +996,26 @@ class Trainer:
         Under DDP every rank must take the same decision at the same step (ranks that disagreed
         would wait forever in different collectives), and asking the others costs a collective
         and a host–device sync. So a rank counts its seconds aside, and only at poll steps (the
-        same steps on every rank: log, evaluation and checkpoint steps and every ``POLL_STEPS``)
-        one all-reduce tells everyone whether a signal arrived anywhere and the slowest rank's
-        time, which is then added to ``elapsed``. One process adds its time at every step and
-        reads its own signal flag before each step, for free.
+        same steps on every rank: log, evaluation and checkpoint steps, the run's first step and
+        its last by ``train.max_steps``, and the polls in between) one all-reduce tells everyone
+        whether a signal arrived anywhere and the slowest rank's time, which is then added to
+        ``elapsed``. The polls in between come at the multiples of ``POLL_STEPS``, or of fewer
+        steps, about ``POLL_SECONDS`` of training, when steps are slower (decided from the agreed
+        time: the same on every rank), so a signal is acted on within a few seconds even when a
+        step takes seconds. One process adds
+        its time at every step and reads its own signal flag before each step, for free.
         """
         self._unagreed_seconds += seconds
+        self._unagreed_steps += 1
         if self.dist.enabled and not poll:
             return False
         signalled, seconds = self.dist.agree(self._signal is not None, self._unagreed_seconds, self.device)
         self.elapsed += seconds
-        self._unagreed_seconds = 0.0
+        if seconds > 0:  # (a compiling step's time is not training time: it decides nothing)
+            per_step = seconds / self._unagreed_steps
+            self._poll_every = max(1, min(POLL_STEPS, int(POLL_SECONDS / per_step)))
+        self._next_poll = (self.step // self._poll_every + 1) * self._poll_every  # the next multiple
+        self._unagreed_seconds, self._unagreed_steps = 0.0, 0
         return signalled
 
     def _report_compile(self, seconds: float) -> None:
@@ -1149,11 +1211,13 @@ def _out_dir_error(run_dir: Path, what: str):
 
 
 class _Due(NamedTuple):
-    """What a step is due for: a train log line, an evaluation, a checkpoint."""
+    """What a step is due for: a train log line, an evaluation, a checkpoint; whether it is the
+    run's last by ``train.max_steps`` (its time must be agreed on before the last record)."""
 
     log: bool
     eval: bool
     save: bool
+    end: bool = False
 
 
 class _LogWindow:
