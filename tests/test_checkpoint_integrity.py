@@ -59,6 +59,33 @@ def test_a_flipped_byte_in_the_pickled_config_or_iteration_is_refused(tmp_path, 
         load_model(bad)
 
 
+@pytest.mark.parametrize("key", [b"meta_crc32", b"tensor_crc32"])
+def test_a_flipped_bit_in_a_checksum_keys_name_is_refused_not_taken_for_an_older_file(tmp_path, key):
+    """ckpt8: `meta_crc32` with one bit flipped (`meta_crc33`) read as a checkpoint from before that
+    checksum, so nothing checked the rest: with the iteration changed too, `--resume` went on from
+    step 17 with step 20's weights and wrote over step_20.pt and model.safetensors. Every bit of
+    both names is flipped in turn, with the iteration changed; not one file loads."""
+    path = tmp_path / "c.pt"
+    _checkpoint(path, _lm())
+    start, size = _pickle_offset(path)
+    clean = bytearray(path.read_bytes())
+    _flip_after(clean, start, start + size, b"iteration", b"K\x07", b"K\x05")
+    at = clean.index(key, start)  # (the local header may be longer than _pickle_offset counts)
+    loaded = 0
+    for i in range(len(key)):
+        for bit in range(8):
+            raw = bytearray(clean)
+            raw[at + i] ^= 1 << bit
+            bad = tmp_path / "bad.pt"
+            bad.write_bytes(bytes(raw))
+            try:
+                read_checkpoint(bad)
+                loaded += 1
+            except ValueError as e:
+                assert "bad.pt" in str(e) and "\n" not in str(e)
+    assert loaded == 0
+
+
 def test_a_checkpoint_written_before_the_config_checksum_still_loads(tmp_path):
     model = _lm()
     state = {"format": "lm-checkpoint", "version": 1, "iteration": 5, "model": model.state_dict(),

@@ -149,14 +149,35 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
         raise ValueError(f"{name} is not an lm checkpoint")
     if state.get("version") != VERSION:
         raise ValueError(f"{name} has checkpoint version {state.get('version')!r}; this lm reads {VERSION}")
+    damaged = _damaged_checksum_key(state)
+    if damaged is not None or ("meta_crc32" in state and "tensor_crc32" not in state):
+        # a damaged key name had read as a checkpoint from before the checksums: nothing checked (ckpt8)
+        raise ValueError(f"{name} is corrupt: a checksum's entry is damaged ({damaged or 'tensor_crc32'!r} is "
+                         "missing or misspelt), so its contents cannot be checked (a damaged file?)")
     saved = state.pop("tensor_crc32", None)  # absent in checkpoints of earlier versions: not checked
-    saved_meta = state.pop("meta_crc32", None)  # absent in checkpoints written before it was added
+    saved_meta = state.pop("meta_crc32", None)  # absent in checkpoints written before it was added (which hold
+    # tensor_crc32 alone, or neither)
     if saved is not None and tensor_checksum(state) != saved:
         raise ValueError(f"{name} is corrupt: the checksum of its tensors does not match (a damaged file?)")
     if saved_meta is not None and meta_checksum(state) != saved_meta:
         raise ValueError(f"{name} is corrupt: the checksum of its config and other values does not match "
                          "(a damaged file?)")
     return state
+
+
+CHECKSUM_KEYS = ("tensor_crc32", "meta_crc32")
+
+
+def _damaged_checksum_key(state: dict) -> str | None:
+    """A top-level key one or two characters away from a checksum key's name, as a flipped bit or
+    byte in the file makes it (``meta_crc33``): the file is damaged, not one written before the
+    checksums; None when there is none."""
+    for key in state:
+        if isinstance(key, str) and key not in CHECKSUM_KEYS:
+            for name in CHECKSUM_KEYS:
+                if len(key) == len(name) and sum(a != b for a, b in zip(key, name)) <= 2:
+                    return key
+    return None
 
 
 class _NotTorchSave(Exception):
