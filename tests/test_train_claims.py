@@ -259,3 +259,42 @@ def test_a_run_that_fails_after_taking_its_folder_leaves_none_behind(tmp_path, m
     lines = []
     assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append).run() == 0
     assert not any("took over" in line for line in lines), lines
+
+
+def test_more_ctrl_cs_during_a_slow_checkpoint_write_wait_for_it(tmp_path, monkeypatch, capsys):
+    """ckpt8: a third Ctrl-C while a large checkpoint was being written left run()'s wait for it:
+    the lock was never released, and `lm`'s exit (os._exit) cut the file short, leaving only its
+    temporary file. Now every further signal is held until the file is whole; the run says so."""
+    import threading
+    import time
+
+    from lm.checkpoint.manager import CheckpointManager
+
+    save = CheckpointManager.save
+
+    def slow_save(self, *args, **kwargs):
+        time.sleep(1.5)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointManager, "save", slow_save)
+    raw = _raw_config(tmp_path, train={"max_steps": 1000}, checkpoint={"interval": 3})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+
+    def press_ctrl_c_thrice():
+        while not trainer._writer.writing:
+            time.sleep(0.01)
+        for _ in range(3):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+
+    presser = threading.Thread(target=press_ctrl_c_thrice)
+    presser.start()
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    presser.join()
+    assert not trainer._writer.writing  # the file was finished before run() gave up
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in ckpts.iterdir()] == ["step_00000003.pt"]
+    assert read_checkpoint(ckpts / "step_00000003.pt")["iteration"] == 3
+    assert not (tmp_path / "run" / ".lock").exists()
+    assert f"the checkpoint being written was finished: {ckpts / 'step_00000003.pt'}" in capsys.readouterr().err

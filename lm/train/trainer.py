@@ -871,8 +871,7 @@ class Trainer:
             then = "; --resume continues from it" if self.ckpts.latest() else ""
             raise PeerStopped(f"{reason}; {self._last_good_checkpoint()}{then}") from e
         finally:
-            with contextlib.suppress(Exception):  # an error on the way out: still finish the file being written
-                self._writer.wait()
+            self._finish_writing()  # an error on the way out, more Ctrl-Cs: the file being written is finished
             if self.metrics is not None:
                 # closed on the way out of an error (a full disk may fail it again): the lock, the
                 # process group and the signal handlers are released all the same
@@ -884,6 +883,23 @@ class Trainer:
             # handler would end this one before it says why
             for s, h in handlers.items():
                 signal.signal(s, h)
+
+    def _finish_writing(self) -> None:
+        """Wait for the checkpoint being written, if any, through an error and any further signal: a
+        third Ctrl-C during a slow write left the wait, and ``lm``'s exit then cut the file short
+        (only its temporary file left, the run's steps lost) and the lock was never released. Where
+        a signal cut the run short, say that the checkpoint was finished, and where."""
+        was_writing = self._writer.writing
+        while True:
+            try:
+                self._writer.wait()
+                break
+            except (KeyboardInterrupt, SystemExit):  # the stop is on its way already: finish the file first
+                continue
+            except Exception:  # the write failed: its error is the run's (raised where the run waits)
+                break
+        if was_writing and self._signal is not None and self.dist.is_main and self.ckpts.latest() is not None:
+            print(f"lm train: the checkpoint being written was finished: {self.ckpts.latest()}", file=sys.stderr)
 
     def _last_good_checkpoint(self) -> str:
         latest = self.ckpts.latest()
