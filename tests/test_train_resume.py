@@ -536,3 +536,32 @@ def test_the_library_refuses_a_resume_that_means_neither(tmp_path, resume, why):
         Trainer(config_from_dict(raw), resume=resume, print_fn=_quiet)
     assert str(e.value) == why
     assert _snapshot(tmp_path / "run") == before
+
+
+def test_a_run_with_a_stray_file_is_named_as_a_run_with_the_file_to_move(tmp_path, capsys):
+    """ckpt8: a .DS_Store (Finder writes one into any folder it opens) or a backup copy in
+    checkpoints/, or a typo in config.toml, made a run "hold no run of `lm train`", with the
+    advice to choose a new or empty folder: abandoning the run. Now the run is named as one, and
+    the entry to move out; once moved, --resume continues."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    good = _write_toml(tmp_path / "good.toml", raw)
+    assert _cli(["train", "--config", str(good)], capsys)[0] == 0
+    run = tmp_path / "run"
+    for stray in (run / "checkpoints" / ".DS_Store", run / "checkpoints" / "step_00000002.pt.bak"):
+        stray.write_bytes(b"x")
+        before = _snapshot(run)
+        rc, err = _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=4"], capsys)
+        assert rc == 2 and err == (f"lm train: error: train.out_dir: {str(run)!r} holds a run of `lm train` (its "
+                                   "config.toml and metrics.jsonl are lm train's), but checkpoints/ "
+                                   f"holds {stray.name!r}, which is not a checkpoint of lm train; move that out of the "
+                                   "folder (or mend it) and run again\n"), err
+        assert _snapshot(run) == before
+        stray.unlink()
+    config = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(config.replace("[model]", "[model", 1))
+    rc, err = _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=4"], capsys)
+    assert rc == 2 and err.startswith(f"lm train: error: train.out_dir: {str(run)!r} holds a run of `lm train` (its "
+                                      "metrics.jsonl and checkpoints are lm train's), but config.toml is not an lm "
+                                      "run config (not valid TOML: "), err
+    (run / "config.toml").write_text(config)
+    assert _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=4"], capsys)[0] == 0

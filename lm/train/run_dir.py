@@ -57,14 +57,19 @@ def run_problem(run_dir: Path) -> str | None:
     ``split``; a first line cut short by a kill counts); ``checkpoints/`` is a folder that holds
     only checkpoint names (``step_N.pt``, ``best.pt``, ``best.pt.N``, the temporary files of their
     writes, ``NAME.pt.unreadable``). Another tool's files with these names are not taken for a run."""
+    return next((problem for problem in marker_problems(run_dir).values() if problem is not None), None)
+
+
+def marker_problems(run_dir: Path) -> dict[str, str | None]:
+    """Each name of :data:`RUN_MARKERS` that is in ``run_dir``, with why it is not what ``lm train``
+    writes there (None where it is), in the order lm train writes them."""
+    problems = {}
     for name, check in (("config.toml", _config_problem), ("metrics.jsonl", _metrics_problem),
                         ("checkpoints", _checkpoints_problem)):
         path = run_dir / name
         if os.path.lexists(path):
-            problem = check(path)
-            if problem is not None:
-                return problem
-    return None
+            problems[name] = check(path)
+    return problems
 
 
 def _config_problem(path: Path) -> str | None:
@@ -140,10 +145,20 @@ def check_run_folder(run_dir: Path) -> None:
             "and holds no run of `lm train` (no config.toml, metrics.jsonl or checkpoints/); choose a new or "
             "empty folder"
         )
-    problem = run_problem(run_dir)
-    if problem is not None:
-        raise ValueError(f"train.out_dir: {str(run_dir)!r} is not empty and holds no run of `lm train`: {problem}; "
-                         "choose a new or empty folder")
+    problems = marker_problems(run_dir)
+    problem = next((p for p in problems.values() if p is not None), None)
+    if problem is None:
+        return
+    # what shows a run of its own: its config, records, step checkpoints (not an empty metrics.jsonl)
+    shown = {"config.toml": lambda: True, "metrics.jsonl": lambda: (run_dir / "metrics.jsonl").stat().st_size > 0,
+             "checkpoints": lambda: any(STEP_FILE.match(p.name) for p in (run_dir / "checkpoints").iterdir())}
+    good = [name for name, p in problems.items() if p is None and shown[name]()]
+    if good:  # a run (a .DS_Store in checkpoints/, a hand-edited config.toml): not a folder to abandon
+        raise ValueError(f"train.out_dir: {str(run_dir)!r} holds a run of `lm train` (its {' and '.join(good)} "
+                         f"{'are' if len(good) > 1 else 'is'} lm train's), but {problem}; move that out of the "
+                         "folder (or mend it) and run again")
+    raise ValueError(f"train.out_dir: {str(run_dir)!r} is not empty and holds no run of `lm train`: {problem}; "
+                     "choose a new or empty folder")
 
 
 def set_aside(path: Path) -> Path | None:
