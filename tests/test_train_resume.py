@@ -565,3 +565,48 @@ def test_a_run_with_a_stray_file_is_named_as_a_run_with_the_file_to_move(tmp_pat
                                       "run config (not valid TOML: "), err
     (run / "config.toml").write_text(config)
     assert _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=4"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("kind", ["folder", "broken link"])
+def test_a_latest_checkpoint_that_is_a_folder_or_a_broken_link_is_named_with_the_way_out(tmp_path, capsys, kind):
+    """ckpt8: a step_N.pt that is a folder or a link to nothing was "checkpoint not found" (it is
+    there), without the `mv ... .unreadable` way out an unreadable checkpoint gets; following it,
+    the run continues from the checkpoint before."""
+    raw = _raw_config(tmp_path, train={"max_steps": 4}, checkpoint={"interval": 2, "keep_last": 0})
+    good = _write_toml(tmp_path / "good.toml", raw)
+    assert _cli(["train", "--config", str(good)], capsys)[0] == 0
+    latest = tmp_path / "run" / "checkpoints" / "step_00000004.pt"
+    latest.unlink()
+    if kind == "folder":
+        latest.mkdir()
+        what = "is a folder, not a checkpoint file"
+    else:
+        latest.symlink_to(tmp_path / "gone.pt")
+        what = f"is a symbolic link to {str(tmp_path / 'gone.pt')!r}, which does not exist"
+    rc, err = _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=6"], capsys)
+    aside = latest.with_name("step_00000004.pt.unreadable")
+    assert rc == 2 and err == (f"lm train: error: --resume: {str(latest)!r} {what}; move it aside (mv "
+                               f"{shlex.quote(str(latest))} {shlex.quote(str(aside))}) and run again with --resume "
+                               "alone: it continues from step 2\n"), err
+    latest.rename(aside)
+    assert _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=6"], capsys)[0] == 0
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000006.pt")["iteration"] == 6
+
+
+def test_an_old_checkpoint_that_cannot_be_deleted_is_a_warning_not_the_end_of_the_run(tmp_path, capsys):
+    """ckpt8: pruning (checkpoint.keep_last) that failed to delete an old checkpoint (an immutable
+    file; here a folder of that name) stopped the run with a bare "[Errno 21] Is a directory" line,
+    before max_steps and with no final export. It is a warning now; the run goes on to its end."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2, "keep_last": 1})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    (tmp_path / "run" / "checkpoints" / "step_00000001.pt").mkdir()  # an old "checkpoint" that cannot go
+    (tmp_path / "run" / "checkpoints" / "step_00000001.pt" / "x").write_text("kept")
+    raw["train"]["max_steps"] = 6
+    with pytest.warns(UserWarning, match=r"could not delete the old checkpoint '.*step_00000001\.pt' "
+                                         r"\(checkpoint.keep_last = 1\): .*; the new one, '.*step_00000004\.pt', is "
+                                         r"written, and the run goes on"):
+        trainer = Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
+        assert trainer.run() == 0
+    assert trainer.step == 6 and (tmp_path / "run" / "model.safetensors").is_file()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["best.pt", "step_00000001.pt",
+                                                                                   "step_00000006.pt"]

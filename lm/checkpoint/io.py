@@ -125,6 +125,13 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
     """Load a checkpoint onto the CPU with ``weights_only=True``; a bad file raises a one-line ValueError."""
     name = repr(str(src)) if isinstance(src, str | os.PathLike) else "checkpoint"
     if isinstance(src, str | os.PathLike) and not Path(src).is_file():
+        path = Path(src)
+        if path.is_dir():
+            raise ValueError(f"{name} is a folder, not a checkpoint file")
+        if path.is_symlink() and not path.exists():
+            raise ValueError(f"{name} is a symbolic link to {os.readlink(path)!r}, which does not exist")
+        if path.exists():
+            raise ValueError(f"{name} is not a regular file (a pipe, a device...), not a checkpoint file")
         raise ValueError(f"checkpoint not found: {name}")
     try:
         if isinstance(src, str | os.PathLike):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,12 @@ class CheckpointManager:
         _write(state, path)
         if self.keep_last > 0:
             for _, old in self.step_files()[: -self.keep_last]:
-                old.unlink(missing_ok=True)
+                try:
+                    old.unlink(missing_ok=True)
+                except OSError as e:  # (an immutable file, a folder of that name): the new checkpoint is good
+                    warnings.warn(f"could not delete the old checkpoint {str(old)!r} (checkpoint.keep_last = "
+                                  f"{self.keep_last}): {e.strerror or e}; the new one, {str(path)!r}, is written, "
+                                  "and the run goes on", stacklevel=2)
         return path
 
     def save_best(self, state: dict[str, Any]) -> Path:

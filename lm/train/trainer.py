@@ -461,7 +461,8 @@ class Trainer:
         checkpoint's and resume again, from the checkpoint before it (an older checkpoint of the run
         cannot be resumed while a later one is there: see _open_run)."""
         latest = self.ckpts.latest()
-        if latest is None or not path.is_file() or path.resolve() != latest.resolve():
+        # (a folder or a broken link named as the latest checkpoint is moved aside the same way)
+        if latest is None or not os.path.lexists(path) or path.resolve() != latest.resolve():
             return ""
         aside, n = latest.with_name(f"{latest.name}.unreadable"), 1
         while aside.exists():
