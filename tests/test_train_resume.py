@@ -610,3 +610,27 @@ def test_an_old_checkpoint_that_cannot_be_deleted_is_a_warning_not_the_end_of_th
     assert trainer.step == 6 and (tmp_path / "run" / "model.safetensors").is_file()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["best.pt", "step_00000001.pt",
                                                                                    "step_00000006.pt"]
+
+
+def test_the_temporary_files_of_a_killed_runs_writes_are_cleared_when_it_reopens(tmp_path, capsys):
+    """ckpt8: a kill while a new run wrote its config.toml left `.lock` and `.config.toml.X.tmp`, a
+    folder that `lm train` and `lm train --resume` both refused ("not empty ... holds no run"): the
+    user had to delete a file lm made. A kill while a resume rewrote metrics.jsonl left
+    `.metrics.jsonl.X.tmp` for good. Now a folder holding only those is a new run's, and every
+    such file of the run's (and of its tokenizer/) is removed when the run reopens its folder."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    good = _write_toml(tmp_path / "good.toml", raw)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("999999\n")  # its process is gone
+    (run / ".config.toml.k2x9_abc.tmp").write_text("[model]\nvocab")
+    rc, err = _cli(["train", "--config", str(good), "--resume"], capsys)
+    assert rc == 2 and "holds no run to resume" in err, err
+    assert _cli(["train", "--config", str(good)], capsys)[0] == 0
+    assert not (run / ".config.toml.k2x9_abc.tmp").exists()
+    left = [run / ".metrics.jsonl.edyeoavg.tmp", run / "tokenizer" / ".vocab.json.q1w2e3r4.tmp"]
+    for path in left:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("half")
+    assert _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=4"], capsys)[0] == 0
+    assert not any(path.exists() for path in left)

@@ -15,8 +15,12 @@ STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 # The temporary file of an atomic write of a checkpoint (lm.io.atomic_write: ".NAME.RANDOM.tmp"),
 # left behind when a run was killed while writing it.
 PARTIAL_FILE = re.compile(r"^\.(step_\d+|best)\.pt\.[A-Za-z0-9_]+\.tmp$")
-# ... and of the run's exported weights (RUN_DIR/model.safetensors), as large as the model
-_PARTIAL_EXPORT = re.compile(r"^\.model\.safetensors\.[A-Za-z0-9_]+\.tmp$")
+# ... and of the run folder's other files written whole (the exported weights, as large as the
+# model; the config, metrics.jsonl rewritten by a resume, the wandb id, the plot)
+PARTIAL_RUN_FILE = re.compile(r"^\.(model\.safetensors|config\.toml|metrics\.jsonl|wandb_id\.txt|loss\.png)"
+                              r"\.[A-Za-z0-9_]+\.tmp$")
+# ... and of the tokenizer files copied into RUN_DIR/tokenizer/
+_PARTIAL_TOKENIZER_FILE = re.compile(r"^\.(vocab\.json|merges\.txt|tokenizer_config\.json)\.[A-Za-z0-9_]+\.tmp$")
 
 
 class CheckpointManager:
@@ -48,13 +52,14 @@ class CheckpointManager:
         return files[-1][1] if files else None
 
     def remove_partial_writes(self) -> list[Path]:
-        """Delete the temporary files of checkpoint writes that a killed run left (call with the
-        run folder locked: no write is in progress); return their paths."""
+        """Delete the temporary files of the writes that a killed run left in its folder (the
+        checkpoints', the exported weights', the config's, metrics.jsonl's, the tokenizer files'...;
+        call with the run folder locked: no write is in progress); return their paths."""
         partial = []
-        if self.dir.parent.is_dir():
-            partial += [p for p in self.dir.parent.iterdir() if _PARTIAL_EXPORT.match(p.name) and p.is_file()]
-        if self.dir.is_dir():
-            partial += [p for p in self.dir.iterdir() if PARTIAL_FILE.match(p.name) and p.is_file()]
+        for folder, pattern in ((self.dir.parent, PARTIAL_RUN_FILE), (self.dir, PARTIAL_FILE),
+                                (self.dir.parent / "tokenizer", _PARTIAL_TOKENIZER_FILE)):
+            if folder.is_dir():
+                partial += [p for p in folder.iterdir() if pattern.match(p.name) and p.is_file()]
         partial.sort()
         for p in partial:
             p.unlink(missing_ok=True)

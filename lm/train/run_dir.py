@@ -135,8 +135,11 @@ def check_run_folder(run_dir: Path) -> None:
     names (``model.safetensors``, ``tokenizer/``, another tool's ``config.toml``...) are not taken for one."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"train.out_dir: {str(run_dir)!r} exists and is not a folder")
+    from lm.checkpoint.manager import PARTIAL_RUN_FILE
+
     entries = run_entries(run_dir)
-    others = sorted(entries - {LOCK_NAME})  # a lock alone: a run killed before it wrote anything
+    # a lock alone, or with the temporary file of its first write: a run killed before it wrote anything
+    others = sorted(e for e in entries - {LOCK_NAME} if not PARTIAL_RUN_FILE.match(e))
     if not others:
         return
     if not entries & set(RUN_MARKERS):
