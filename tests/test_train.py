@@ -1648,3 +1648,28 @@ def test_a_read_only_parent_of_out_dir_is_one_line_naming_it(tmp_path):
             assert done.stderr.count("\n") == 1, done.stderr
     finally:
         ro.chmod(0o755)
+
+
+def test_a_sigterm_right_after_a_sigint_is_the_same_stop(tmp_path, monkeypatch):
+    """ddp8: torchrun, given two SIGINTs (Ctrl-C under `timeout`, which forwards it), sends its
+    workers SIGINT then SIGTERM 1 ms apart; each took the SIGTERM for a second request and stopped
+    "without a checkpoint". A signal of the other kind within SAME_STOP_SECONDS is the same stop;
+    later, or of the same kind (Ctrl-C twice), it is a second one as before."""
+    import lm.train.trainer as trainer_module
+
+    now = [100.0]
+    monkeypatch.setattr(trainer_module.time, "monotonic", lambda: now[0])
+    trainer = Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 2})), print_fn=_quiet)
+    try:
+        trainer._on_signal(signal.SIGINT, None)
+        now[0] += 0.001
+        trainer._on_signal(signal.SIGTERM, None)  # the launcher's escalation: nothing more
+        assert trainer._signal == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            trainer._on_signal(signal.SIGINT, None)  # Ctrl-C again: a second request
+        now[0] += trainer_module.SAME_STOP_SECONDS
+        with pytest.raises(SystemExit) as stopped:
+            trainer._on_signal(signal.SIGTERM, None)  # a SIGTERM a second later: a second request too
+        assert stopped.value.code == 128 + signal.SIGTERM
+    finally:
+        trainer._lock.release()

@@ -59,6 +59,9 @@ from lm.train.run_dir import SET_ASIDE_BEST, RunLock, check_run_folder, holds_ru
 # stop's checkpoint is written well inside a launcher's grace period (torchrun's: 30 s).
 POLL_STEPS = 10
 POLL_SECONDS = 2.0
+# A signal of the other kind (SIGTERM after SIGINT) this soon after the first is the same stop, passed
+# on by a launcher (torchrun escalates at once when it gets two SIGINTs), not a second request.
+SAME_STOP_SECONDS = 1.0
 
 # The model's buffers (RoPE and position tables) are constants, the same on every rank: nothing to
 # broadcast before each forward. torch 2.13 deprecates broadcast_buffers (a FutureWarning per rank)
@@ -348,6 +351,7 @@ class Trainer:
         self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops, autocast_dtype(t.dtype, self.device))
         self._flops_per_token = 3 * unwrap(self.model).flops_per_token()  # forward and backward
         self._signal: int | None = None
+        self._signal_at = 0.0  # when it came (time.monotonic)
         self._unagreed_seconds = 0.0  # this rank's training seconds not yet agreed on (DDP, see _agree)
         self._unagreed_steps = 0
         self._poll_every = POLL_STEPS  # steps between agreements, from the agreed step time
@@ -907,6 +911,9 @@ class Trainer:
         return f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        soon = time.monotonic() - self._signal_at < SAME_STOP_SECONDS
+        if self._signal is not None and signum != self._signal and soon:
+            return  # a launcher passing one stop on as SIGINT then SIGTERM (torchrun under `timeout`, 1 ms apart)
         if self._signal is not None:  # a second signal: stop now, without a checkpoint
             if signum == signal.SIGINT:  # run()'s finally still waits for a checkpoint being written
                 raise KeyboardInterrupt
@@ -914,7 +921,7 @@ class Trainer:
                     else "without a checkpoint")
             print(f"lm train: {signal.Signals(signum).name} again: stopped {then}", file=sys.stderr)
             raise SystemExit(128 + signum)  # a second SIGTERM: terminated, as the first would have been
-        self._signal = signum
+        self._signal, self._signal_at = signum, time.monotonic()
         when = "after this step" if not self.dist.enabled else \
             f"once every process has heard, within {plural_steps(self._poll_every)}"
         self._log(f"{signal.Signals(signum).name}: saving a checkpoint {when} (again to abort)", always=True)
