@@ -11,7 +11,9 @@ The rules, which every command follows:
   a folder carries a marker file :data:`MARKER` naming the command that made it, and a folder
   that holds anything the command does not write (a file the user added to it) is never replaced;
 - a folder output is built beside its final name and swapped in only once it is complete
-  (:func:`replace_dir`), so a failed or interrupted command leaves the previous output as it was.
+  (:func:`replace_dir`), so a failed or interrupted command leaves the previous output as it was;
+  one killed (SIGKILL) while the previous output was set aside leaves it in a hidden sibling, which the
+  next run finds: it refuses, saying where it is, unless ``--overwrite`` discards it (:func:`_set_aside`).
 
 Files and folders get the modes the user's umask gives (not ``mkstemp``'s 0600/0700).
 """
@@ -23,6 +25,8 @@ import contextlib
 import errno
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import stat
@@ -502,7 +506,10 @@ def check_output_dir(
     ``files``, the names ``command`` writes (or the marker), and every file at any depth is one the
     marker lists (a complete output's marker lists its files). A folder that holds anything else (a
     file the user added beside the output or inside one of its subfolders) is never replaced: the
-    error names the first such entry. A path that cannot even be looked at (a name too long) is one
+    error names the first such entry. Without ``overwrite``, an earlier output of ``command`` that a
+    run killed while replacing ``out`` left set aside beside it (:func:`_set_aside`) is refused too,
+    whatever ``out`` holds: the error says where it is and how to put it back, or to pass
+    ``--overwrite`` to discard it. A path that cannot even be looked at (a name too long) is one
     line naming ``argument`` (:func:`writing_out`).
     """
     with writing_out(out, argument):
@@ -517,35 +524,96 @@ def _check_output_dir(out: Path, *, command: str, argument: str, overwrite: bool
     check_parents(out, argument)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ValueError(f"{argument}: {str(out)!r} exists and is not a folder")
-    if not out.exists():
-        return False
     files = tuple(files)
-    entries = sorted(p.name for p in out.iterdir())
-    if not entries:
-        return False
-    marker = read_marker(out)
-    foreign = [name for name in entries if not _written_by(name, files)]
-    if marker is None and not foreign:  # names alone prove nothing: a user's data/ and run/, transformers' files
-        raise ValueError(
-            f"{argument}: {str(out)!r} holds files and no {MARKER} naming `{command}` (it was not written by "
-            f"`{command}`, or by a version of lm before the marker); refusing to replace it: choose a new or "
-            "empty folder, or remove it yourself"
-        )
+    replacing = out.exists() and any(out.iterdir())
+    if replacing:
+        marker = read_marker(out)
+        foreign = _not_written(out, files, marker)
+        if marker is None and not foreign:  # names alone prove nothing: a user's data/ and run/, transformers' files
+            raise ValueError(
+                f"{argument}: {str(out)!r} holds files and no {MARKER} naming `{command}` (it was not written by "
+                f"`{command}`, or by a version of lm before the marker); refusing to replace it: choose a new or "
+                "empty folder, or remove it yourself"
+            )
+        if foreign or (marker and marker["command"] != command):
+            why = [f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")] if foreign else []
+            if marker and marker["command"] != command:
+                why.append(f"it is an output of `{marker['command']}`")
+            raise ValueError(
+                f"{argument}: {str(out)!r} holds files that `{command}` did not write ({'; '.join(why)}); "
+                "refusing to replace it: choose a new or empty folder"
+            )
+    if not overwrite:
+        set_aside = _set_aside(out, command, files)
+        if set_aside:
+            raise ValueError(_set_aside_message(out, set_aside, command, argument, replacing))
+    if replacing and not overwrite:
+        raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
+    return replacing
+
+
+def _not_written(folder: Path, files: tuple[str, ...], marker: dict | None) -> list[str]:
+    """The entries of ``folder`` that its command does not write: at the top, those not among ``files``
+    (:func:`_written_by`); below, when the marker lists the files (a complete output), any not listed."""
+    foreign = [name for name in sorted(p.name for p in folder.iterdir()) if not _written_by(name, files)]
     listed = marker.get("files") if marker else None
     if not foreign and isinstance(listed, list):  # a complete output lists its files: anything added since,
         known = set(listed) | {MARKER}             # at any depth (a note in a demo's run/), is not the command's
-        foreign = [p for p in sorted(_tree(out)) if p not in known and not _temp_of(p, known)]
-    if foreign or (marker and marker["command"] != command):
-        why = [f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")] if foreign else []
-        if marker and marker["command"] != command:
-            why.append(f"it is an output of `{marker['command']}`")
-        raise ValueError(
-            f"{argument}: {str(out)!r} holds files that `{command}` did not write ({'; '.join(why)}); "
-            "refusing to replace it: choose a new or empty folder"
-        )
-    if not overwrite:
-        raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
-    return True
+        foreign = [p for p in sorted(_tree(folder)) if p not in known and not _temp_of(p, known)]
+    return foreign
+
+
+def _set_aside(out: Path, command: str, files: tuple[str, ...]) -> list[Path]:
+    """The earlier outputs of ``command`` that a killed run left set aside beside ``out``.
+
+    :func:`claim_dir` and :func:`replace_dir` move the output they replace to a hidden sibling
+    ``.OUT.XXXXXXXX.old`` (``tempfile.mkdtemp``'s name) while they run; a run killed meanwhile
+    (SIGKILL, a power cut) leaves it there. Listed is each such folder (not a link) whose marker
+    names ``command`` and that holds only what ``command`` writes (:func:`_not_written`), complete
+    outputs first, then the newest first. One without a marker (an empty one: killed before the
+    move), another command's, or one holding anything else is not listed, and so never touched.
+    A parent folder that cannot be read lists none.
+    """
+    name = re.compile(re.escape(f".{out.name}.") + r"[a-z0-9_]{8}\.old")
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(out.parent if str(out.parent) else "."):
+            if not name.fullmatch(entry.name):
+                continue
+            folder = out.parent / entry.name
+            with contextlib.suppress(OSError):
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                marker = read_marker(folder)
+                if marker is None or marker["command"] != command or _not_written(folder, files, marker):
+                    continue
+                found.append((marker.get("complete") is True, entry.stat(follow_symlinks=False).st_mtime, folder))
+    return [folder for *_, folder in sorted(found, key=lambda f: (f[0], f[1]), reverse=True)]
+
+
+def _set_aside_message(out: Path, set_aside: list[Path], command: str, argument: str, present: bool) -> str:
+    """The refusal, without ``--overwrite``, of an ``out`` whose earlier output a killed run left set
+    aside (:func:`_set_aside`): one line naming ``argument``, where that output is, and how to get it back."""
+    old = set_aside[0]
+    more = f" (and {len(set_aside) - 1} more like it)" if len(set_aside) > 1 else ""
+    if (read_marker(old) or {}).get("complete") is True:
+        what = "the previous complete output"
+        clear = ""  # mv onto a folder would move it inside: the one in its place goes first
+        if present or out.is_dir():
+            clear = f"{'rm -r' if present else 'rmdir'} {shlex.quote(str(out))} && "
+        how = f"to put it back: {clear}mv {shlex.quote(str(old))} {shlex.quote(str(out))}"
+    else:
+        what = "an earlier incomplete output"
+        how = f"to remove it: rm -r {shlex.quote(str(old))}"
+    return (f"{argument}: a run of `{command}` was killed while replacing {str(out)!r}, and {what} is still set "
+            f"aside in {str(old)!r}{more}; {how}; or pass --overwrite to discard it")
+
+
+def _remove_set_aside(folders: list[Path]) -> None:
+    """Remove the earlier outputs a killed run left set aside (:func:`_set_aside`), once ``--overwrite``
+    has replaced them."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def make_dir(path: str | os.PathLike) -> Path:
@@ -572,13 +640,17 @@ def replace_dir(
     a folder is already at ``out`` (an empty one the user made, say private, or the output it
     replaces), that folder's group and mode (plus the owner's rwx, to write into it). On success
     it gets the marker, the previous output (if any) is moved aside, the new one renamed into
-    place, and the old one deleted; on failure the temporary folder goes and ``out`` is as it was.
+    place, and the old one deleted, with any earlier output of ``command`` a killed run left set aside
+    (:func:`_set_aside`: with ``overwrite`` only, the checks refuse them otherwise); on failure the
+    temporary folder goes and ``out`` and those are as they were.
     A folder that cannot be made is one line naming ``argument`` and ``out``, not the temporary name.
     """
     out = Path(out)
+    files = tuple(files)
     replacing = check_output_dir(
         out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
     )
+    set_aside = _set_aside(out, command, files)  # a killed run's: listed before this run sets its own aside
     before = os.lstat(out) if out.is_dir() and not out.is_symlink() else None
     with removing_made_dirs(out.parent):
         with writing_out(out, argument):
@@ -605,6 +677,7 @@ def replace_dir(
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, out)  # onto a missing or empty folder
+            _remove_set_aside(set_aside)
             _fsync_dir(out.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -681,16 +754,20 @@ def claim_dir(
 
     After the checks, a previous output is moved aside to a hidden sibling and ``out`` is made
     anew, marked incomplete. When the block succeeds the marker says complete and the old
-    output is deleted; when it fails the new folder is removed and the old one put back. An
+    output is deleted, with any earlier output of ``command`` that a run killed meanwhile left set
+    aside (:func:`_set_aside`: with ``overwrite`` only, the checks refuse them otherwise); when it
+    fails the new folder is removed and the old one put back, and those are kept. An
     empty folder that was there before (one the user made for the output) is written into in
     place and, on failure, emptied of what was written, not removed: no command removes a
     folder it did not make. A folder that cannot be made (or set aside) is one line naming
     ``argument`` and ``out``, as :func:`replace_dir` says it.
     """
     out = Path(out)
+    files = tuple(files)
     replacing = check_output_dir(
         out, command=command, argument=argument, overwrite=overwrite, inputs=inputs, files=files
     )
+    set_aside = _set_aside(out, command, files)  # a killed run's: listed before this run sets its own aside
     old = None
     if replacing:
         with writing_out(out, argument):
@@ -719,6 +796,7 @@ def claim_dir(
             raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    _remove_set_aside(set_aside)
 
 
 def spoken_list(items: list[str]) -> str:

@@ -3,6 +3,12 @@ on failure or interrupt it removes only what it made. A folder the user made bef
 what the command wrote; a folder it made goes; with --overwrite the earlier output is put back."""
 
 import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -188,3 +194,131 @@ def test_atomic_files_renames_nothing_until_every_file_is_written(tmp_path):
         open_file(tmp_path / "made" / "deeper" / "a.bin", "wb").write(b"x")
         raise RuntimeError("stopped")
     assert not (tmp_path / "made").exists()  # the folders it made, removed again
+
+
+FILES = ("run", "report.json")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _killed_overwrite(tmp_path, builder="claim_dir"):
+    """A complete output at tmp_path/out, then a second run with --overwrite SIGKILLed while it runs:
+    that run's folder at out (claim_dir: built in place; replace_dir: out missing, killed after
+    setting it aside), the complete one set aside in a hidden .out.XXXXXXXX.old. Returns that folder."""
+    out = tmp_path / "out"
+    with claim_dir(out, command="lm test", files=FILES) as claimed:
+        _write_partial(claimed)
+        (claimed / "report.json").write_text('{"earlier": true}')
+    if builder == "claim_dir":
+        body = ("with claim_dir(out, command='lm test', overwrite=True, files=('run', 'report.json')) as d:\n"
+                "    (d / 'report.json').write_text('{\"partial\": true}')\n"
+                "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    else:  # killed in replace_dir's window between setting the old output aside and renaming the new one in
+        body = ("real = os.replace\n"
+                "def killed(a, b):\n"
+                "    real(a, b)\n"
+                "    if str(b).endswith('.old'):\n"
+                "        os.kill(os.getpid(), signal.SIGKILL)\n"
+                "lm.io.os.replace = killed\n"
+                "with replace_dir(out, command='lm test', overwrite=True, files=('run', 'report.json')) as d:\n"
+                "    (d / 'report.json').write_text('{}')\n")
+    script = ("import os, signal\nfrom pathlib import Path\nimport lm.io\nfrom lm.io import claim_dir, replace_dir\n"
+              f"out = Path({str(out)!r})\n{body}")
+    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    olds = sorted(tmp_path.glob(".out.*.old"))
+    assert len(olds) == 1 and read_marker(olds[0])["complete"] is True, sorted(os.listdir(tmp_path))
+    assert (olds[0] / "report.json").read_text() == '{"earlier": true}'
+    for tmp in tmp_path.glob(".out.*.tmp"):  # replace_dir's new folder, left by the kill: not at issue here
+        shutil.rmtree(tmp)
+    if builder == "claim_dir":
+        assert read_marker(out)["complete"] is False
+    else:
+        assert not out.exists()
+    return olds[0]
+
+
+def _hint(message):
+    """The shell command the refusal gives to get the output back."""
+    return message.split("; to put it back: ")[1].split("; or pass --overwrite")[0]
+
+
+@pytest.mark.parametrize("state", ["incomplete", "missing", "empty"])
+def test_without_overwrite_a_killed_runs_set_aside_output_is_refused_naming_it(tmp_path, state):
+    """`lm demo --out out --overwrite` SIGKILLed while it ran left the previous complete output hidden
+    in .out.XXXXXXXX.old for ever: the next run said only "exists; pass --overwrite" (or, with out
+    gone, wrote a new output), and --overwrite then replaced out and left the .old (ckpt8 claim)."""
+    from lm.io import check_output_dir
+
+    out = tmp_path / "out"
+    old = _killed_overwrite(tmp_path, "replace_dir" if state == "missing" else "claim_dir")
+    if state == "empty":  # the user cleared out the incomplete output, keeping the folder
+        shutil.rmtree(out)
+        out.mkdir()
+    q_out, q_old = shlex.quote(str(out)), shlex.quote(str(old))
+    clear = {"incomplete": f"rm -r {q_out} && ", "missing": "", "empty": f"rmdir {q_out} && "}[state]
+    want = (f"--out: a run of `lm test` was killed while replacing {str(out)!r}, and the previous complete output "
+            f"is still set aside in {str(old)!r}; to put it back: {clear}mv {q_old} {q_out}; "
+            "or pass --overwrite to discard it")
+    before = _files_under(tmp_path)
+    for check in (lambda: check_output_dir(out, command="lm test", files=FILES),
+                  lambda: claim_dir(out, command="lm test", files=FILES).__enter__()):
+        with pytest.raises(ValueError) as e:
+            check()
+        assert str(e.value) == want
+    assert _files_under(tmp_path) == before and old.is_dir()
+    subprocess.run(_hint(str(e.value)), shell=True, check=True)  # the way back it gives works
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert (out / "report.json").read_text() == '{"earlier": true}' and read_marker(out)["complete"] is True
+
+
+@pytest.mark.parametrize("builder", ["claim_dir", "replace_dir"])
+def test_overwrite_discards_a_killed_runs_set_aside_output_once_it_succeeds(tmp_path, builder):
+    """With --overwrite the set-aside output goes with the one it replaces, but only when the run succeeds:
+    one that fails leaves out and the set-aside output as they were, to be found again."""
+    from lm.io import replace_dir
+
+    build = {"claim_dir": claim_dir, "replace_dir": replace_dir}[builder]
+    out = tmp_path / "out"
+    old = _killed_overwrite(tmp_path)
+    before = _files_under(tmp_path)
+    with pytest.raises(KeyboardInterrupt), build(out, command="lm test", overwrite=True, files=FILES) as d:
+        _write_partial(d)
+        raise KeyboardInterrupt
+    assert _files_under(tmp_path) == before and old.is_dir()
+    with build(out, command="lm test", overwrite=True, files=FILES) as d:
+        (d / "report.json").write_text('{"new": true}')
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no hidden .old folder left beside it
+    assert (out / "report.json").read_text() == '{"new": true}' and read_marker(out)["complete"] is True
+
+
+def test_a_set_aside_folder_that_is_not_the_commands_is_never_touched(tmp_path):
+    """Only a .out.XXXXXXXX.old holding an output of the same command, and nothing else, counts: one
+    without a marker (a run killed before it moved the output there, or a user's), another command's,
+    one the user added a file to, or one of another output (.out.b.XXXXXXXX.old) is neither reported
+    nor removed."""
+    from lm.io import check_output_dir
+
+    out = tmp_path / "out"
+    old = _killed_overwrite(tmp_path)
+    others = {name: tmp_path / name for name in (".out.aaaaaaaa.old", ".out.bbbbbbbb.old", ".out.cccccccc.old",
+                                                  ".out.b.dddddddd.old", ".out.eeeeeeee.old")}
+    others[".out.aaaaaaaa.old"].mkdir()  # empty, no marker
+    for name, command in ((".out.bbbbbbbb.old", "lm export hf"), (".out.cccccccc.old", "lm test"),
+                          (".out.b.dddddddd.old", "lm test")):
+        others[name].mkdir()
+        (others[name] / "report.json").write_text("{}")
+        write_marker(others[name], command)
+    (others[".out.cccccccc.old"] / "notes.txt").write_text("mine")  # added by the user after the marker
+    others[".out.eeeeeeee.old"].mkdir()
+    (others[".out.eeeeeeee.old"] / "report.json").write_text("mine")  # no marker
+    with pytest.raises(ValueError, match=re.escape(f"set aside in {str(old)!r};")):  # only ours is named
+        check_output_dir(out, command="lm test", files=FILES)
+    with claim_dir(out, command="lm test", overwrite=True, files=FILES) as d:
+        _write_partial(d)
+    assert not old.exists() and all(p.is_dir() for p in others.values())
+    assert sorted(os.listdir(tmp_path)) == sorted(["out", *others])
+    assert (others[".out.cccccccc.old"] / "notes.txt").read_text() == "mine"
+    # none of them is reported either
+    shutil.rmtree(out)
+    assert check_output_dir(out, command="lm test", files=FILES) is False
