@@ -93,24 +93,25 @@ class StaticKVCache:
         return rows, num_heads, max_len + 1, head_dim
 
     @classmethod
-    def _layout(cls, model, rows: int, max_len: int | None) -> tuple[int, tuple[int, int, int, int]]:
-        """The number of layers with a cache and :meth:`tensor_shape` for ``model``."""
+    def _sizes(cls, model, max_len: int | None) -> tuple[int, int, int, int]:
+        """``model``'s layers with a cache, heads, positions (the context unless ``max_len``) and head size."""
         cfg = model.config
-        max_len = cfg.context_length if max_len is None else max_len
-        return getattr(cfg, cls.layers_field), cls.tensor_shape(rows, cfg.num_heads, max_len, cfg.head_dim)
+        return (getattr(cfg, cls.layers_field), cfg.num_heads, cfg.context_length if max_len is None else max_len,
+                cfg.head_dim)
 
     @classmethod
     def for_model(cls, model, rows: int, max_len: int | None = None) -> StaticKVCache:
-        layers, (rows, heads, positions, head_dim) = cls._layout(model, rows, max_len)
+        layers, heads, max_len, head_dim = cls._sizes(model, max_len)
         weight = model.output_weight
-        return cls(layers, rows, heads, positions - 1, head_dim, device=weight.device, dtype=weight.dtype)
+        return cls(layers, rows, heads, max_len, head_dim, device=weight.device, dtype=weight.dtype)
 
     @classmethod
     def bytes_for(cls, model, rows: int, max_len: int | None = None) -> int:
         """Bytes of the keys and values of :meth:`for_model`'s cache, counted without allocating
         it: ``lm serve`` refuses a ``--max-batch`` that cannot fit (2**70 rows was a traceback, ten
         million an allocator error) before it tries."""
-        layers, shape = cls._layout(model, rows, max_len)
+        layers, heads, max_len, head_dim = cls._sizes(model, max_len)
+        shape = cls.tensor_shape(rows, heads, max_len, head_dim)
         return 2 * layers * math.prod(shape) * model.output_weight.element_size()
 
     def leading(self, rows: int) -> StaticKVCache:
