@@ -250,8 +250,9 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
     vocab, merges = train_bpe(joint, args.vocab_size, SPECIALS)
     tok = Tokenizer(vocab, merges, SPECIALS)
     test_src, _, test_pairs, arg = test
-    for i, (s, _) in enumerate(test_pairs):  # as `lm translate` refuses it, before the model trains
-        check_source_length(f"{arg}: line {i + 1} of {str(test_src)!r}", len(tok.encode(s.strip())), CONTEXT)
+    lengths = [len(tok.encode(s.strip())) for s, _ in test_pairs]
+    for i, n in enumerate(lengths):  # as `lm translate` refuses it, before the model trains
+        check_source_length(f"{arg}: line {i + 1} of {str(test_src)!r}", n, CONTEXT)
     tok_dir = save_tokenizer_dir(tok, out / "tokenizer")
     for split in ("train", "val"):
         tokenize_pairs(tok, src_dir / f"{split}.en.gz", src_dir / f"{split}.de.gz", data / f"{split}.bin")
@@ -267,7 +268,7 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
     cfg = config_from_dict(make_config(args, vocab_size=tok.vocab_size, ids=ids, out=out, tok_dir=tok_dir,
                                        train_seconds=train_seconds))
     trainer = Trainer(cfg)
-    check_test_decoding(args, trainer.model, [len(tok.encode(s.strip())) for s, _ in test_pairs])
+    check_test_decoding(args, trainer.model, lengths)
     if trainer.run() != 0:
         return None
     t_train = time.perf_counter() - t_start - t_tok

@@ -186,9 +186,7 @@ class Trainer:
             self._plan_steps_and_evaluation()
         except BaseException as e:  # a peer that died while the run started (DDP's first broadcast): as in run()
             if taken:  # the folder locked, maybe made, nothing written in it yet: left as it was found
-                self._lock.release()
-                if self.dist.is_main and not self._held_run:
-                    remove_made_dirs(self._made_dirs)
+                self._give_back_run_folder()
             reason = peer_stopped(e) if self.dist.enabled and isinstance(e, Exception) else None
             if reason is None:
                 raise
@@ -298,11 +296,16 @@ class Trainer:
                 for tmp in self.ckpts.remove_partial_writes():
                     self._log(f"removed {tmp}, a file left half-written by a killed run", always=True)
         except BaseException:
-            self._lock.release()
-            # the folders this run made, where still empty (one that could not be made is not there)
-            if self.dist.is_main:
-                remove_made_dirs(self._made_dirs)
+            self._give_back_run_folder()
             raise
+
+    def _give_back_run_folder(self) -> None:
+        """A start that failed once the run folder was (or was being) taken: the lock released, and
+        the folders this run made removed where still empty (one that could not be made is not
+        there; a folder that was there before, a run's own included, is not among them)."""
+        self._lock.release()
+        if self.dist.is_main:
+            remove_made_dirs(self._made_dirs)
 
     def _decided_by_rank_zero(self, main: Callable[[], None], others: Callable[[], None]) -> None:
         """Under DDP, ``main`` on rank 0 first, its outcome then told to the others: where it refused,
@@ -598,8 +601,7 @@ class Trainer:
         if tok.is_dir() and not any(tok.iterdir()):
             tok.rmdir()
         shutil.rmtree(self.run_dir / "wandb", ignore_errors=True)  # what wandb.init made of its run before failing
-        self._lock.release()
-        remove_made_dirs(self._made_dirs)  # the folder and the parents made for it, where empty
+        self._give_back_run_folder()  # the folder and the parents made for it, where empty
 
     def _prepare_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -903,8 +905,9 @@ class Trainer:
                 continue
             except Exception:  # the write failed: its error is the run's (raised where the run waits)
                 break
-        if was_writing and self._signal is not None and self.dist.is_main and self.ckpts.latest() is not None:
-            print(f"lm train: the checkpoint being written was finished: {self.ckpts.latest()}", file=sys.stderr)
+        latest = self.ckpts.latest() if was_writing and self._signal is not None and self.dist.is_main else None
+        if latest is not None:
+            print(f"lm train: the checkpoint being written was finished: {latest}", file=sys.stderr)
 
     def _last_good_checkpoint(self) -> str:
         latest = self.ckpts.latest()
