@@ -13,7 +13,8 @@ The rules, which every command follows:
 - a folder output is built beside its final name and swapped in only once it is complete
   (:func:`replace_dir`), so a failed or interrupted command leaves the previous output as it was;
   one killed (SIGKILL) while the previous output was set aside leaves it in a hidden sibling, which the
-  next run finds: it refuses, saying where it is, unless ``--overwrite`` discards it (:func:`_set_aside`).
+  next run finds: it refuses, saying where it is, unless ``--overwrite`` discards it (:func:`_set_aside`);
+  the temporary copy such a kill leaves is named in a warning and kept (:func:`warn_leftover_temps`).
 
 Files and folders get the modes the user's umask gives (not ``mkstemp``'s 0600/0700).
 """
@@ -32,6 +33,7 @@ import signal
 import stat
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -413,6 +415,52 @@ def check_parents(out: str | os.PathLike, argument: str = "--out") -> None:
             raise ValueError(f"{argument}: {str(p)!r} is a file, not a folder, so {str(out)!r} cannot be made")
 
 
+_RANDOM = r"[a-z0-9_]{8}"  # the random part of tempfile.mkstemp's and mkdtemp's names
+
+
+def _leftover_temps(out: Path) -> list[Path]:
+    """The temporary files or folders that a killed writer of ``out`` left beside it: ``.OUT.XXXXXXXX.tmp``
+    (:func:`atomic_write`, :func:`replace_dir`). A parent folder that cannot be read lists none."""
+    name = re.compile(re.escape(f".{out.name}.") + _RANDOM + r"\.tmp")
+    with contextlib.suppress(OSError):
+        return sorted(out.parent / e.name for e in os.scandir(out.parent if str(out.parent) else ".")
+                      if name.fullmatch(e.name))
+    return []
+
+
+def _disk_size(path: Path) -> int:
+    """The bytes of a file, or of every file under a folder (links not followed); what cannot be read counts 0."""
+    if not path.is_dir() or path.is_symlink():
+        with contextlib.suppress(OSError):
+            return os.lstat(path).st_size
+        return 0
+    total = 0
+    for root, _, names in os.walk(path):
+        for n in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, n)).st_size
+    return total
+
+
+def warn_leftover_temps(out: str | os.PathLike, argument: str = "--out") -> None:
+    """Warn (one line naming ``argument``) of the temporary files or folders a writer of ``out`` killed
+    mid-write (SIGKILL, a power cut) left beside it, with their size and how to remove them. They are
+    not removed: one may belong to another run writing ``out`` right now."""
+    out = Path(out)
+    temps = _leftover_temps(out)
+    if not temps:
+        return
+    size = sum(_disk_size(t) for t in temps)
+    what = (f"{str(temps[0])!r} and {len(temps) - 1} more ({size:,} bytes), beside {str(out)!r}, are the temporary "
+            "copies of runs" if len(temps) > 1 else
+            f"{str(temps[0])!r} ({size:,} bytes), beside {str(out)!r}, is the temporary copy of a run")
+    warnings.warn(
+        f"{argument}: {what} killed while writing it (or writing it now); once none is running: "
+        f"rm -r {' '.join(shlex.quote(str(t)) for t in temps)}",
+        stacklevel=2,  # one place for every caller: the same leftovers are named once per process
+    )
+
+
 def check_output_file(
     out: str | os.PathLike,
     *,
@@ -439,6 +487,7 @@ def check_output_file(
                 raise ValueError(f"{argument}: {str(out)!r} exists and is not {what}; refusing to replace it")
             if not overwrite:
                 raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
+    warn_leftover_temps(out, argument)
     return out
 
 
@@ -549,6 +598,7 @@ def _check_output_dir(out: Path, *, command: str, argument: str, overwrite: bool
             raise ValueError(_set_aside_message(out, set_aside, command, argument, replacing))
     if replacing and not overwrite:
         raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
+    warn_leftover_temps(out, argument)
     return replacing
 
 
@@ -574,7 +624,7 @@ def _set_aside(out: Path, command: str, files: tuple[str, ...]) -> list[Path]:
     move), another command's, or one holding anything else is not listed, and so never touched.
     A parent folder that cannot be read lists none.
     """
-    name = re.compile(re.escape(f".{out.name}.") + r"[a-z0-9_]{8}\.old")
+    name = re.compile(re.escape(f".{out.name}.") + _RANDOM + r"\.old")
     found = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(out.parent if str(out.parent) else "."):

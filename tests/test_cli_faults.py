@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -180,6 +181,59 @@ def test_overwrite_never_replaces_a_tokenizer_folder_the_user_added_to(work, tmp
     assert lm(*train, "--overwrite", cwd=tmp_path).returncode == 0
     assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == sorted(
         [".lm-output.json", "merges.txt", "summary.json", "tokenizer.json", "tokenizer_config.json", "vocab.json"])
+
+
+KILLED_WRITER = """
+import os, sys
+from lm.io import atomic_write, replace_dir
+if sys.argv[1] == "file":
+    with atomic_write(sys.argv[2], "wb") as f:
+        f.write(b"x" * 1000)
+        f.flush()
+        os.kill(os.getpid(), 9)
+with replace_dir(sys.argv[2], command="lm tokenizer train") as tmp:
+    (tmp / "vocab.json").write_bytes(b"x" * 500)
+    os.kill(os.getpid(), 9)
+"""
+
+
+def test_what_a_killed_writer_left_is_named_and_kept(work, tmp_path):
+    """A writer killed mid-write (SIGKILL: no clean-up runs) leaves its temporary file or folder beside the
+    output. The next run says so in one warning line (what, how large, the command to remove it) and
+    removes nothing: the temporary copy may be another run's, writing the same output now."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for kind, out in (("file", "x.bin"), ("folder", "tok")):
+        r = subprocess.run([sys.executable, "-c", KILLED_WRITER, kind, out], cwd=tmp_path, env=env)
+        assert r.returncode == -signal.SIGKILL
+    temps = {p.name: p for p in tmp_path.iterdir()}
+    assert sorted(temps) == sorted(n for n in temps if n.startswith((".x.bin.", ".tok.")) and n.endswith(".tmp")), temps
+    (tmp_path / ".x.bin.json.abcd1234.tmp").write_text("the sidecar's, named when the sidecar is checked")
+    before = snapshot(tmp_path)
+    r = lm("tokenize", "--tokenizer", work / "tok", "--input", work / "corpus.txt", "--out", "x.bin", "--quiet",
+           cwd=tmp_path)
+    assert r.returncode == 0, err_of(r)
+    [file_temp] = [n for n in temps if n.startswith(".x.bin.")]
+    assert err_of(r).splitlines() == [
+        f"lm tokenize: warning: --out: {file_temp!r} (1,000 bytes), beside 'x.bin', is the temporary copy of a run "
+        f"killed while writing it (or writing it now); once none is running: rm -r {file_temp}",
+        "lm tokenize: warning: --out: '.x.bin.json.abcd1234.tmp' (48 bytes), beside 'x.bin.json', is the temporary "
+        "copy of a run killed while writing it (or writing it now); once none is running: "
+        "rm -r .x.bin.json.abcd1234.tmp",
+    ]
+    r = lm("tokenizer", "train", "--input", work / "corpus.txt", "--vocab-size", "260", "--out", "tok", "--quiet",
+           "--holdout-bytes", "0", cwd=tmp_path)
+    assert r.returncode == 0, err_of(r)
+    [folder_temp] = [n for n in temps if n.startswith(".tok.")]
+    assert err_of(r) == (  # once, though the folder is checked twice (before the work, and by replace_dir)
+        f"lm tokenizer train: warning: --out: {folder_temp!r} (500 bytes), beside 'tok', is the temporary copy of "
+        f"a run killed while writing it (or writing it now); once none is running: rm -r {folder_temp}")
+    assert {k: v for k, v in snapshot(tmp_path).items() if k.startswith(".")} == before
+    for p in temps.values():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (tmp_path / ".x.bin.json.abcd1234.tmp").unlink()
+    r = lm("tokenize", "--tokenizer", work / "tok", "--input", work / "corpus.txt", "--out", "x.bin", "--quiet",
+           "--overwrite", cwd=tmp_path)
+    assert r.returncode == 0 and err_of(r) == "", err_of(r)
 
 
 def test_a_refused_demo_writes_nothing(work, tmp_path):
