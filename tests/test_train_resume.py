@@ -5,6 +5,7 @@ out of an unreadable latest checkpoint."""
 import shlex
 import shutil
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -602,11 +603,16 @@ def test_an_old_checkpoint_that_cannot_be_deleted_is_a_warning_not_the_end_of_th
     (tmp_path / "run" / "checkpoints" / "step_00000001.pt").mkdir()  # an old "checkpoint" that cannot go
     (tmp_path / "run" / "checkpoints" / "step_00000001.pt" / "x").write_text("kept")
     raw["train"]["max_steps"] = 6
-    with pytest.warns(UserWarning, match=r"could not delete the old checkpoint '.*step_00000001\.pt' "
-                                         r"\(checkpoint.keep_last = 1\): .*; the new one, '.*step_00000004\.pt', is "
-                                         r"written, and the run goes on"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         trainer = Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
         assert trainer.run() == 0
+    assert [str(w.message) for w in caught if w.category is UserWarning] == [  # at each prune: steps 4 and 6
+        f"could not delete the old checkpoint {str(tmp_path / 'run' / 'checkpoints' / 'step_00000001.pt')!r} "
+        "(checkpoint.keep_last = 1): Is a directory; the new one, "
+        f"{str(tmp_path / 'run' / 'checkpoints' / f'step_0000000{step}.pt')!r}, is written, and the run goes on"
+        for step in (4, 6)
+    ], [str(w.message) for w in caught]
     assert trainer.step == 6 and (tmp_path / "run" / "model.safetensors").is_file()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["best.pt", "step_00000001.pt",
                                                                                    "step_00000006.pt"]
