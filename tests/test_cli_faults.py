@@ -338,6 +338,9 @@ def test_text_that_is_not_utf8_warns_in_one_line_and_counts(work, tmp_path):
     ("train.device=mps", "train.device: 'mps' is not available on this machine (available: cpu"),
     ("train.device=tpu", "train.device: unknown device 'tpu'"),
     ("train.batch_size=100000000", "train.batch_size: a training step of 100,000,000 x 16 tokens needs at least"),
+    ("train.dist_timeout=0", "train.dist_timeout must be > 0, got 0"),
+    ("train.dist_timeout=inf", "train.dist_timeout must be a finite number, got inf"),
+    ("train.dist_timeout=1e300", "train.dist_timeout must be at most 2,592,000 seconds (30 days), got 1e+300"),
 ])
 def test_config_values_that_cannot_train(work, tmp_path, setting, message):
     toml = write_toml(tmp_path / "c.toml", run_config(work, "never", max_steps=2))

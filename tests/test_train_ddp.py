@@ -51,7 +51,7 @@ def rank_of_two(tmp_path, monkeypatch):
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "__init__", init)
-    monkeypatch.setattr(trainer_module, "init_distributed", lambda device: (
+    monkeypatch.setattr(trainer_module, "init_distributed", lambda device, timeout: (
         _RankOfTwo(lambda: made[-1], failure.get("step"), failure.get("error")), torch.device("cpu")))
     yield lambda step, error: failure.update(step=step, error=error)
     if dist.is_initialized():  # a run shuts the group down itself
@@ -105,7 +105,7 @@ def test_a_lost_peer_is_told_apart_from_other_errors():
     frozen = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
               "1800000ms for recv operation to complete")
     assert peer_stopped(RuntimeError(frozen)) == ("another process of the run did not answer within 30m00s (gloo: "
-                                                  "timed out waiting for a recv)")
+                                                  "timed out waiting for a recv; train.dist_timeout sets the wait)")
     for other in (RuntimeError("Connection closed by peer"), ValueError(GLOO_PEER_CLOSED), RuntimeError("boom")):
         assert peer_stopped(other) is None
 
@@ -186,6 +186,54 @@ def test_a_rank_dead_while_the_run_starts_is_one_line(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
+FREEZES = """
+import os, sys, time
+from lm.cli import entry
+from lm.train import Trainer
+
+step = Trainer.train_step
+
+def train_step(self, lr):  # rank 1 stops answering during step 7, after the checkpoint of step 5
+    if self.dist.rank == 1 and self.step == 6:
+        time.sleep(600)
+    return step(self, lr)
+
+Trainer.train_step = train_step
+sys.argv = ["lm", *sys.argv[1:]]
+entry()
+"""
+
+
+@pytest.mark.slow
+def test_a_frozen_rank_is_waited_for_train_dist_timeout_then_named(tmp_path):
+    """ddp8 checked the frozen peer's message against the text gloo gives after torch's 30 minutes;
+    train.dist_timeout shortens the wait, so here it is a real one: 4 s, then one line."""
+    from lm.serve.process import free_port
+
+    script = tmp_path / "freezes.py"
+    script.write_text(FREEZES)
+    raw = _raw_config(tmp_path, train={"max_steps": 20, "dist_timeout": 4}, log={"interval": 100},
+                      checkpoint={"interval": 5})
+    toml = _write_toml(tmp_path / "c.toml", raw)
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, str(script), "train", "--config", str(toml), "--quiet"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        out, err = procs[0].communicate(timeout=300)
+    finally:
+        procs[1].kill()
+        procs[1].communicate(timeout=60)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000005.pt"
+    assert procs[0].returncode == 1 and err.count("\n") == 1, err[-6000:]
+    assert err == ("lm train: error: another process of the run did not answer within 4s (gloo: timed out waiting for "
+                   f"a recv; train.dist_timeout sets the wait); the last good checkpoint is {ckpt}; --resume continues "
+                   "from it\n"), err
+
+
 @pytest.mark.slow
 def test_under_torchrun_the_survivor_of_a_dead_rank_says_one_line(tmp_path):
     script = tmp_path / "dies.py"
@@ -229,7 +277,7 @@ def as_rank(tmp_path, monkeypatch):
             dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'group{next(groups)}'}", rank=0,
                                     world_size=1)
         monkeypatch.setattr(trainer_module, "init_distributed",
-                            lambda device: (Rank(rank, gather), torch.device("cpu")))
+                            lambda device, timeout: (Rank(rank, gather), torch.device("cpu")))
 
     yield choose
     if dist.is_initialized():

@@ -26,7 +26,7 @@ def _processes(monkeypatch, world_size: int) -> None:
     import lm.train.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "init_distributed",
-                        lambda device: (Dist(0, 0, world_size), torch.device("cpu")))  # fmt: skip
+                        lambda device, timeout: (Dist(0, 0, world_size), torch.device("cpu")))  # fmt: skip
 
 
 def _rewrite(path, **changes) -> None:

@@ -54,6 +54,9 @@ class TrainConfig:
     # an exact --resume). CPU kernels are deterministic anyway; on CUDA this turns on torch's
     # deterministic algorithms and CUBLAS_WORKSPACE_CONFIG=:4096:8 (see lm/train/determinism.py).
     deterministic: bool = True
+    # torchrun: seconds a process waits for the others in a collective (a frozen or swapping peer,
+    # a long evaluation on rank 0) before it stops; default: torch's (30 min on gloo, 10 min on nccl)
+    dist_timeout: float | None = None
 
 
 @dataclass
@@ -153,7 +156,8 @@ def _suggest_in(section: str, key: str, names: list[str]) -> str:
 # Everything else (data, batch, seed, dtype, optimizer and schedule, model...) shapes the
 # trajectory: a resumed run keeps it, so that it ends where the uninterrupted run does.
 RESUME_MAY_CHANGE = (
-    "train.out_dir", "train.max_steps", "train.max_time", "train.device", "train.compile", "data.tokenizer",
+    "train.out_dir", "train.max_steps", "train.max_time", "train.device", "train.compile", "train.dist_timeout",
+    "data.tokenizer",
     "eval.interval", "checkpoint.*", "log.*", "wandb.*",
 )
 
@@ -378,6 +382,7 @@ MAX_GRAD_ACCUM = 2**31 - 1  # train.grad_accum_steps: far past any run (a step w
 # million) and kept (lm.train.memory checks their size); a pair plan takes at most its own batches, so a
 # million covers any validation set
 MAX_EVAL_BATCHES = 1_000_000
+MAX_DIST_TIMEOUT = 30 * 24 * 3600
 
 
 def _check_values(cfg: Config) -> None:
@@ -398,6 +403,10 @@ def _check_values(cfg: Config) -> None:
             raise ValueError(f"config: {name} must be a whole number in [0, 2**64-1], got {seed}")
     positive("train.max_steps", t.max_steps)
     positive("train.max_time", t.max_time)
+    positive("train.dist_timeout", t.dist_timeout)
+    if t.dist_timeout is not None and t.dist_timeout > MAX_DIST_TIMEOUT:  # timedelta overflows past ~2.7e12 days
+        raise ValueError(f"config: train.dist_timeout must be at most {MAX_DIST_TIMEOUT:,} seconds (30 days), "
+                         f"got {t.dist_timeout:g}")
     positive("train.batch_size", t.batch_size)
     positive("train.grad_accum_steps", t.grad_accum_steps)
     if t.grad_accum_steps > MAX_GRAD_ACCUM:  # torch could not even divide the loss by one past 2**63

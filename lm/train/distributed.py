@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -110,15 +111,17 @@ def torchrun_env() -> Dist:
     return Dist(rank, local_rank, world_size)
 
 
-def init_distributed(device_name: str) -> tuple[Dist, torch.device]:
-    """Join the process group ``torchrun`` describes in the environment (if any); pick the device."""
+def init_distributed(device_name: str, timeout: float | None = None) -> tuple[Dist, torch.device]:
+    """Join the process group ``torchrun`` describes in the environment (if any); pick the device.
+    ``timeout``: seconds a collective waits for the other processes (``train.dist_timeout``), or torch's default."""
     env = torchrun_env()
     if not env.enabled:
         return env, resolve_device(device_name, "train.device")
     rank, local_rank, world_size = env.rank, env.local_rank, env.world_size
     device = resolve_device(device_name, "train.device", local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        wait = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **wait)
     return Dist(rank, local_rank, world_size), device
 
 

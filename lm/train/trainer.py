@@ -107,7 +107,7 @@ def peer_stopped(error: BaseException) -> str | None:
         waited = re.search(r"Timed out waiting (\d+)ms for (\w+)", text)
         if waited:  # a peer alive but not answering (frozen, stopped, swapping): torch's default wait is 30 min
             return (f"another process of the run did not answer within {format_duration(int(waited[1]) / 1000)} "
-                    f"(gloo: timed out waiting for a {waited[2]})")
+                    f"(gloo: timed out waiting for a {waited[2]}; train.dist_timeout sets the wait)")
     dist_error = getattr(torch.distributed, "DistError", None)  # torch >= 2.1 names them
     if dist_error is not None and isinstance(error, dist_error):
         first = text.splitlines()[0][:200] if text else ""
@@ -168,7 +168,7 @@ class Trainer:
         self.on_checkpoint = on_checkpoint
         self._print = print_fn
         self._quiet = quiet
-        self.dist, self.device = init_distributed(cfg.train.device)
+        self.dist, self.device = init_distributed(cfg.train.device, cfg.train.dist_timeout)
         self._determinism = configure_determinism(cfg.train.deterministic, self.device,  # before any CUDA work
                                                   max_time=cfg.train.max_time, max_steps=cfg.train.max_steps,
                                                   schedule=cfg.optim.schedule)
