@@ -757,13 +757,76 @@ def test_an_alpha_whose_length_penalty_overflows_is_refused_before_any_work(run,
     assert translate(model, SOURCES, beam_size=3, alpha=10.0, max_extra=12)  # and it decodes
 
 
-def test_lm_translate_counts_one_byte_in_the_singular(run, tmp_path, capsys):
+def test_lm_translate_names_the_line_of_the_first_byte_that_is_not_utf8(run, tmp_path, capsys):
+    """seq2seq8 #3: `--input: 'bad.en' has 1 byte that is not valid UTF-8` said neither line nor column,
+    which lm eval --target and lm tokenize --target name; a pair file was taken for bad text."""
     d, _, _ = run
-    for data, words in ((b"ab\xff\n", "1 byte that is"), (b"a\xff\nb\xfe\n", "2 bytes that are")):
+    for data, where in (
+        (b"ab\xff\n", "line 1: not valid UTF-8 (byte 0xff at column 3; 1 byte in all)"),
+        (b"ok\r\na\xfe\nb\xff\xfe\n", "line 2: not valid UTF-8 (byte 0xfe at column 2; 3 bytes in all)"),
+    ):
         (tmp_path / "bad.txt").write_bytes(data)
         assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "bad.txt", "--quiet") == 2
-        assert capsys.readouterr().err == (f"lm translate: error: --input: {str(tmp_path / 'bad.txt')!r} has {words} "
-                                           "not valid UTF-8\n")
+        assert capsys.readouterr().err == f"lm translate: error: --input: {str(tmp_path / 'bad.txt')!r} {where}\n"
+    import numpy as np
+
+    from lm.data.pairs import write_pair_file
+
+    _, _, tok = run
+    write_pair_file(tmp_path / "p.bin", [(np.array([5, 6]), np.array([7]))], vocab_size=tok.vocab_size)
+    assert _lm("translate", "--checkpoint", d, "--input", tmp_path / "p.bin", "--quiet") == 2
+    assert capsys.readouterr().err == (
+        f"lm translate: error: --input: {str(tmp_path / 'p.bin')!r} is a translation pair file (`lm tokenize "
+        "--target`); give the sentences to translate as text, one a line (plain or gzip)\n")
+
+
+def test_a_sentence_argument_holding_a_line_break_is_refused(run, tmp_path, capsys):
+    """seq2seq8 #2: `lm translate R "$(head -3 test.en)"` translated three lines as one sentence, one
+    output line for three; lm serve refuses such a prompt. Surrounding whitespace is stripped first."""
+    d, model, tok = run
+    assert _lm("translate", "--checkpoint", d, "--beam", "1", "--quiet", "ab", "cd\nef") == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "lm translate: error: TEXT: sentence 2 holds a line break, and a "
+                                                "line is one sentence (one translation a line); pass each line as its "
+                                                "own TEXT, or the lines in --input FILE\n")
+    assert _lm("translate", "--checkpoint", d, "--beam", "1", "--quiet", "ab\n", "\ncd\r\n") == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == _greedy_lines(model, tok, ["ab", "cd"])
+
+
+def test_logits_that_are_not_finite_name_the_line_the_user_gave(run, tmp_path, capsys):
+    """seq2seq8 #1: "at new token 1 of prompt 7" for --input line 40: the row's place among the
+    non-empty lines of its batch, which changed with --batch-size. Now the line (or TEXT sentence,
+    or lm eval's --data line, whose batches are sorted by length) as the user counts it."""
+    from lm.checkpoint import export_safetensors
+    from lm.tokenizer import save_tokenizer_dir
+
+    _, _, tok = run
+    torch.manual_seed(0)
+    model = build_model(Seq2SeqConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, encoder_layers=2,
+                                      decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
+                                      tie_embeddings=False)).eval()
+    with torch.no_grad():  # finite weights (load_model checks them); a source holding "z" overflows
+        model.src_embeddings.weight[ord("z") + 3] = 1e37
+    d = tmp_path / "z"
+    export_safetensors(model, d / "model.safetensors")
+    save_tokenizer_dir(tok, d / "tokenizer")
+    (tmp_path / "in.txt").write_text("ab\n\ncd\nxz\nef\n")
+    for argv, where, out in (
+        (("translate", "--input", tmp_path / "in.txt", "--batch-size", 2), "--input line 4", 2),
+        (("translate", "--input", tmp_path / "in.txt", "--batch-size", 3, "--beam", 1), "--input line 4", 3),
+        (("translate", "ab", "xz"), "TEXT sentence 2", 0),
+    ):
+        assert _lm(argv[0], "--checkpoint", d, *argv[1:], "--quiet") == 2
+        captured = capsys.readouterr()
+        assert captured.err == (f"lm translate: error: --checkpoint: the model's logits are not finite (NaN or inf) "
+                                f"at new token 1 of {where}\n"), captured.err
+        assert len(captured.out.splitlines()) == out  # the batches before it
+    (tmp_path / "five.txt").write_text("abcdef\nab\nxz\n")  # sorted by length: xz decodes in the first batch
+    (tmp_path / "refs.txt").write_text(("r" * 40 + "\n") * 3)  # too long for the loss: only decoding sees "xz"
+    assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "five.txt", "--target", tmp_path / "refs.txt",
+               "--batch-size", 2, "--quiet") == 2
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "lm eval: error: --checkpoint: the model's logits are not finite (NaN or inf) at new token 1 of --data line 3"]
 
 
 def test_lm_translate_refuses_a_sentence_argument_that_is_not_utf8(run, tmp_path):

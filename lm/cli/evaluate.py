@@ -230,6 +230,7 @@ def eval_translation(args: argparse.Namespace) -> int:
     from lm.device import autocast, resolve_dtype
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate
+    from lm.generate.sampling import NonFiniteLogitsError
     from lm.generate.seq2seq import check_source_length, line_break_ids
     from lm.io import check_readable_file
 
@@ -287,8 +288,12 @@ def eval_translation(args: argparse.Namespace) -> int:
             for j in range(0, len(order), size):
                 rows = [i for i in order[j : j + size] if src[i]]  # an empty source: an empty translation
                 if rows:
-                    for i, ids in zip(rows, translate(model, [src[i] for i in rows], beam_size=beam, alpha=alpha,
-                                                           vocab_size=tok.vocab_size, banned_ids=banned)):
+                    try:
+                        done = translate(model, [src[i] for i in rows], beam_size=beam, alpha=alpha,
+                                         vocab_size=tok.vocab_size, banned_ids=banned)
+                    except NonFiniteLogitsError as e:  # its row in this batch, as the line of --data
+                        raise e.naming([i + 1 for i in rows], "--data line") from None
+                    for i, ids in zip(rows, done):
                         hyps[i] = tok.decode(ids).strip()
                 bar.update(len(order[j : j + size]))
     result.update(bleu_chrf(hyps, [t.strip() for _, t in pairs]), sentences=len(pairs), beam=beam, alpha=alpha,

@@ -108,6 +108,8 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_lines(args: argparse.Namespace) -> list[str]:
+    from lm.data.pairs import is_pair_file
+    from lm.data.token_file import is_token_file
     from lm.io import check_readable_file, decode_utf8
 
     if args.text and args.input:
@@ -115,13 +117,22 @@ def read_lines(args: argparse.Namespace) -> list[str]:
     if args.text:
         for k, text in enumerate(args.text, 1):
             check_utf8("TEXT", text, f"sentence {k}", "pass the text as UTF-8 or use --input")
+            if "\n" in text.strip():  # "$(head -3 test.en)": three lines, one translation; lm serve refuses it too
+                raise ValueError(f"TEXT: sentence {k} holds a line break, and a line is one sentence (one "
+                                 "translation a line); pass each line as its own TEXT, or the lines in --input FILE")
         return list(args.text)
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
     if args.input == "-":
         data = sys.stdin.buffer.read()
     else:  # read once, whole: a pipe or <(cmd) works too
-        data = check_readable_file(args.input, "--input", stream=True).read_bytes()
+        path = check_readable_file(args.input, "--input", stream=True)
+        if is_pair_file(path) or is_token_file(path):  # before its bytes are taken for text
+            what = "a translation pair file (`lm tokenize --target`)" if is_pair_file(path) else \
+                "a token file (`lm tokenize`)"
+            raise ValueError(f"--input: {str(path)!r} is {what}; give the sentences to translate as text, one a "
+                             "line (plain or gzip)")
+        data = path.read_bytes()
     name = "standard input" if args.input == "-" else repr(args.input)
     if data[:2] == b"\x1f\x8b":  # gzip, as the Multi30k files come and `lm eval --data/--target` read them
         try:
@@ -129,9 +140,14 @@ def read_lines(args: argparse.Namespace) -> list[str]:
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             raise ValueError(f"--input: {name} is not a valid gzip file: {e}") from None
     text, bad = decode_utf8(data)
-    if bad:
-        raise ValueError(f"--input: {name} has {bad:,} {plural(bad, 'byte that is', 'bytes that are')} "
-                         "not valid UTF-8")
+    if bad:  # where the first bad byte is, as lm eval --target and lm tokenize --target say it
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            at = e.start
+        line, column = data.count(b"\n", 0, at) + 1, at - data.rfind(b"\n", 0, at)
+        raise ValueError(f"--input: {name} line {line}: not valid UTF-8 (byte 0x{data[at]:02x} at column {column}; "
+                         f"{bad:,} {plural(bad, 'byte', 'bytes')} in all)")
     return split_lines(text)
 
 
@@ -142,6 +158,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.generate import translate
+    from lm.generate.sampling import NonFiniteLogitsError
     from lm.generate.seq2seq import check_source_length, line_break_ids
 
     if args.beam < 1:
@@ -156,7 +173,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     cfg = model.config
     dtype = resolve_dtype(args.dtype, model.device)
     sources = [tok.encode(line.strip()) for line in lines]
-    where = "TEXT: sentence" if args.text else "--input: line"  # what the user gave the sentences as
+    given = "TEXT sentence" if args.text else "--input line"  # what the user gave the sentences as
+    where = "TEXT: sentence" if args.text else "--input: line"
     for i, s in enumerate(sources):
         check_source_length(f"{where} {i + 1}", len(s), cfg.context_length)
     banned = line_break_ids(tok)  # one translation a line, whatever the model would emit
@@ -171,9 +189,12 @@ def cmd_translate(args: argparse.Namespace) -> int:
             result = [[] for _ in chunk]
             if todo:
                 with as_flags(alpha="--alpha"):
-                    done = translate(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
-                                     vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
-                                     banned_ids=banned)
+                    try:
+                        done = translate(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
+                                         vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
+                                         banned_ids=banned)
+                    except NonFiniteLogitsError as e:  # its row in this batch, as the line the user gave
+                        raise e.naming([start + j + 1 for j in todo], given) from None
                 for j, ids in zip(todo, done):
                     result[j] = ids
             with tqdm.external_write_mode(file=out):  # the bar steps aside when both share a terminal

@@ -139,9 +139,18 @@ class NonFiniteLogitsError(ValueError):
     chosen: a model that diverged, or that overflows. Sampled, ``multinomial`` had raised torch's own
     error; greedy, ``argmax`` had picked a token anyway (text that means nothing)."""
 
-    def __init__(self, token: int | None = None, prompt: int | None = None):
-        where = "" if token is None else f" at new token {token}" + ("" if prompt is None else f" of prompt {prompt}")
-        super().__init__(f"the model's logits are not finite (NaN or inf){where}")
+    def __init__(self, token: int | None = None, prompt: int | None = None, *, where: str | None = None):
+        self.token, self.prompt = token, prompt  # prompt: the row's index in the batch the decoder was given
+        where = where or ("" if prompt is None else f"prompt {prompt}")
+        at = "" if token is None else f" at new token {token}" + (f" of {where}" if where else "")
+        super().__init__(f"the model's logits are not finite (NaN or inf){at}")
+
+    def naming(self, rows: list[int], what: str) -> NonFiniteLogitsError:
+        """The same error with its prompt named as the user gave it: ``what`` and ``rows[prompt]``
+        (``"--input line"`` and the 1-based line numbers of the batch's rows), not its place in the batch."""
+        if self.prompt is None:
+            return self
+        return NonFiniteLogitsError(self.token, self.prompt, where=f"{what} {rows[self.prompt]}")
 
 
 def next_token_and_finite(
