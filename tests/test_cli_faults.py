@@ -525,8 +525,12 @@ def test_every_subcommand_follows_the_grammar(path, parser):
     assert "--out-dir" not in text and "OUT_DIR" not in text, name  # old spellings are hidden
     if name in OUTPUT_COMMANDS:
         assert "--out" in options and "--overwrite" in options, name
+    # the help ends with its examples (readme8: lm train's ended with a paragraph after them)
+    assert all(line.startswith("  ") for line in parser.epilog.splitlines()[1:] if line.strip()), name
     if name in MODEL_COMMANDS:
         assert {"--device", "--dtype", "--threads"} <= options, name
+        for option in ("--device", "--dtype"):  # lm train's come from its config: the help says so (readme8)
+            assert "default" in formatter._get_help_string(helps[option]), (name, option)
     if "--checkpoint" in options:
         assert helps["--checkpoint"].metavar == "PATH", name
 

@@ -147,6 +147,16 @@ def test_offline_is_one_line(tmp_path, monkeypatch, capsys):
     assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot reach 127.0.0.1" in err and "(offline?)" in err and len(err.splitlines()) == 1
+    # readme8: from the usual host, the line says how to download from a mirror or a local copy instead
+    import lm.data.download as download
+
+    monkeypatch.delenv("LM_TINYSTORIES_URL")
+    monkeypatch.setattr(download, "TINYSTORIES_URL", f"http://127.0.0.1:{port}/resolve/main")
+    assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lm data download: error: cannot reach 127.0.0.1:") and err.endswith(
+        " (offline?; for a mirror or a local copy, set LM_TINYSTORIES_URL, e.g. "
+        "LM_TINYSTORIES_URL=file:///path/to/folder)\n") and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])

@@ -140,11 +140,14 @@ def add_quiet(p: argparse.ArgumentParser) -> None:
 
 
 def add_compute(p: argparse.ArgumentParser, *, device: str | None = "auto", dtype: str | None = "auto") -> None:
-    """``--device``, ``--dtype`` and ``--threads`` for a command that runs a model."""
+    """``--device``, ``--dtype`` and ``--threads`` for a command that runs a model; a default of None
+    is the config's (``lm train``: ``train.device``, ``train.dtype``), and the help says so."""
     p.add_argument("--device", default=device, metavar="DEVICE",
-                   help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps")
+                   help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps"
+                   + (" (default: the config's train.device)" if device is None else ""))
     p.add_argument("--dtype", default=dtype, choices=["auto", "float32", "bfloat16"],
-                   help="compute dtype (autocast); auto is bfloat16 on CUDA GPUs that support it, else float32")
+                   help="compute dtype (autocast); auto is bfloat16 on CUDA GPUs that support it, else float32"
+                   + (" (default: the config's train.dtype)" if dtype is None else ""))
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads for torch (default: torch's choice, usually the core count)")
 

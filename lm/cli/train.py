@@ -16,11 +16,6 @@ TRAIN_EXAMPLES = """
   lm train --config configs/cpu-small.toml --resume runs/cpu-small/checkpoints/best.pt --set train.out_dir=runs/b
   lm train --config configs/cpu-small.toml --threads 1     # one CPU thread (faster on a busy machine)
   torchrun --nproc_per_node 4 -m lm train --config configs/tinystories-17m.toml   # DDP
-
-A run writes RUN_DIR (train.out_dir): config.toml (resolved), metrics.jsonl,
-checkpoints/step_*.pt (the last checkpoint.keep_last) and best.pt, model.safetensors.
-SIGINT/SIGTERM save a checkpoint and exit; --resume continues exactly where it stopped.
-One `lm train` at a time holds a run folder (RUN_DIR/.lock).
 """
 
 PLOT_EXAMPLES = """
@@ -36,7 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers,
         "train",
         help="train a Transformer LM from a TOML config",
-        description="Train a Transformer language model on token files written by `lm tokenize`.",
+        description="Train a Transformer language model on token files written by `lm tokenize`. A run writes "
+        "RUN_DIR (train.out_dir): config.toml (resolved), metrics.jsonl, checkpoints/step_*.pt (the last "
+        "checkpoint.keep_last) and best.pt, model.safetensors. SIGINT/SIGTERM save a checkpoint and exit; --resume "
+        "continues exactly where it stopped. One `lm train` at a time holds a run folder (RUN_DIR/.lock).",
         examples=TRAIN_EXAMPLES,
     )
     p.add_argument("--config", required=True, metavar="FILE.toml", help="the run's configuration")

@@ -340,11 +340,17 @@ def _base_url(base_url: str | None, variable: str, default: str) -> str:
 @contextlib.contextmanager
 def _naming_env(base_url: str | None, variable: str):
     """Say in a download error that the URL came from the environment variable, when it did (not in an
-    error of this machine's disk, which the URL is no part of)."""
+    error of this machine's disk, which the URL is no part of); when the usual host cannot be reached,
+    that the variable takes a mirror or a local copy."""
     try:
         yield
     except DownloadError as e:
-        if base_url or not os.environ.get(variable):
+        if base_url:
+            raise
+        if not os.environ.get(variable):
+            if str(e).endswith(" (offline?)"):
+                raise DownloadError(f"{str(e)[:-1]}; for a mirror or a local copy, set {variable}, e.g. "
+                                    f"{variable}=file:///path/to/folder)") from None
             raise
         raise DownloadError(f"{e} (the URL is from {variable})") from None
 
