@@ -159,17 +159,11 @@ entry()
 """
 
 
-@pytest.mark.slow
-def test_a_rank_dead_while_the_run_starts_is_one_line(tmp_path):
-    """A peer that died while DDP wrapped the model (inside Trainer's constructor) gave rank 0 a gloo
-    traceback: only the loop mapped a lost peer to one line. The two ranks are started as torchrun
-    would (its environment), without torchrun, which would SIGTERM rank 0 once rank 1 failed."""
+def _two_ranks(script, toml) -> list[subprocess.Popen]:
+    """`lm train --config TOML` as ranks 0 and 1 of two, through ``script``, each with the environment
+    torchrun gives it, without torchrun (which would SIGTERM rank 0 once rank 1 failed)."""
     from lm.serve.process import free_port
 
-    script = tmp_path / "dies.py"
-    script.write_text(DIES_AT_START)
-    raw = _raw_config(tmp_path, train={"max_steps": 4}, log={"interval": 100})
-    toml = _write_toml(tmp_path / "c.toml", raw)
     port = free_port()
     procs = []
     for rank in (0, 1):
@@ -177,6 +171,19 @@ def test_a_rank_dead_while_the_run_starts_is_one_line(tmp_path):
                "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)}
         procs.append(subprocess.Popen([sys.executable, str(script), "train", "--config", str(toml), "--quiet"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+@pytest.mark.slow
+def test_a_rank_dead_while_the_run_starts_is_one_line(tmp_path):
+    """A peer that died while DDP wrapped the model (inside Trainer's constructor) gave rank 0 a gloo
+    traceback: only the loop mapped a lost peer to one line. The two ranks are started as torchrun
+    would (its environment), without torchrun, which would SIGTERM rank 0 once rank 1 failed."""
+    script = tmp_path / "dies.py"
+    script.write_text(DIES_AT_START)
+    raw = _raw_config(tmp_path, train={"max_steps": 4}, log={"interval": 100})
+    toml = _write_toml(tmp_path / "c.toml", raw)
+    procs = _two_ranks(script, toml)
     out, err = procs[0].communicate(timeout=300)
     procs[1].communicate(timeout=60)
     assert procs[1].returncode == 1
@@ -208,20 +215,12 @@ entry()
 def test_a_frozen_rank_is_waited_for_train_dist_timeout_then_named(tmp_path):
     """ddp8 checked the frozen peer's message against the text gloo gives after torch's 30 minutes;
     train.dist_timeout shortens the wait, so here it is a real one: 4 s, then one line."""
-    from lm.serve.process import free_port
-
     script = tmp_path / "freezes.py"
     script.write_text(FREEZES)
     raw = _raw_config(tmp_path, train={"max_steps": 20, "dist_timeout": 4}, log={"interval": 100},
                       checkpoint={"interval": 5})
     toml = _write_toml(tmp_path / "c.toml", raw)
-    port = free_port()
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        procs.append(subprocess.Popen([sys.executable, str(script), "train", "--config", str(toml), "--quiet"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    procs = _two_ranks(script, toml)
     try:
         out, err = procs[0].communicate(timeout=300)
     finally:
