@@ -302,7 +302,7 @@ def report(args, out: Path, test, trainer, tok, t_tok: float, t_train: float, wa
     from tqdm import tqdm
 
     from lm.evaluate import bleu_chrf
-    from lm.generate import translate
+    from lm.generate import NonFiniteLogitsError, translate
     from lm.generate.seq2seq import line_break_ids
     from lm.io import atomic_write
 
@@ -314,8 +314,11 @@ def report(args, out: Path, test, trainer, tok, t_tok: float, t_train: float, wa
     t0 = time.perf_counter()
     with tqdm(total=len(sources), unit=" sentences", desc="translate", disable=None, file=sys.stderr) as bar:
         for rows in test_batches(list(map(len, sources))):  # the bar shows on a terminal only
-            for i, o in zip(rows, translate(model, [sources[i] for i in rows], beam_size=args.beam,
-                                            banned_ids=banned)):
+            try:
+                done = translate(model, [sources[i] for i in rows], beam_size=args.beam, banned_ids=banned)
+            except NonFiniteLogitsError as e:  # its row in this batch, as the line of the test sources
+                raise e.naming([i + 1 for i in rows], "--test source line") from None
+            for i, o in zip(rows, done):
                 hyps[i] = tok.decode(o).strip()
             bar.update(len(rows))
     t_decode = time.perf_counter() - t0

@@ -187,6 +187,26 @@ def test_a_failure_after_training_keeps_the_trained_run(data, tmp_path, monkeypa
     assert _error(capsys) == ("multi30k.py: error: --beam: decoding the test set at beam 3 does not fit in "
                               f"memory; the trained run is kept in {str(out / 'run')!r}")
     assert list((out / "run" / "checkpoints").glob("step_*.pt")) and (out / "tokenizer" / "vocab.json").is_file()
+
+    def overflows(model, sources, **kwargs):  # the third test sentence's logits overflow, in whichever batch
+        third = tok.encode(lines[2].strip())
+        if third in sources:
+            raise lm.generate.NonFiniteLogitsError(1, sources.index(third))
+        return [[] for _ in sources]
+
+    import gzip
+
+    from lm.tokenizer import load_tokenizer_dir
+
+    lines = gzip.decompress((data / "multi30k" / "test_2016_flickr.en.gz").read_bytes()).decode().splitlines()
+    tok = load_tokenizer_dir(out / "tokenizer")
+    assert lines.count(lines[2]) == 1
+    with monkeypatch.context() as m:  # seq2seq8: named by its line, not by its place in the batch
+        m.setattr(lm.generate, "translate", overflows)
+        assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 3, "--overwrite",
+                     *TINY) == 2
+    assert _error(capsys) == ("multi30k.py: error: the model's logits are not finite (NaN or inf) at new token 1 of "
+                              f"--test source line 3; the trained run is kept in {str(out / 'run')!r}")
     assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 2, "--overwrite", *TINY) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[-1].startswith("BLEU ")
