@@ -493,6 +493,42 @@ def test_compiled_generation_gives_the_eager_tokens(variant):
         assert alive() is None  # a weak-keyed table of steps (which hold the model) kept it forever
 
 
+@pytest.mark.slow
+def test_a_prompt_that_overflowed_leaves_nothing_for_the_next_compiled_call():
+    """decode8: the static cache kept with the model held the NaN keys and values an overflowing
+    prompt wrote, past the next prompt's length; masked, but 0 x NaN is NaN, so a prompt that is fine
+    failed with NonFiniteLogitsError until the model was rebuilt. Each row is cleared before its prefill."""
+    from lm.generate import NonFiniteLogitsError
+
+    model = TransformerLM(**SMALL).eval()
+    good = generate(model, [1, 2, 3], 5, temperature=0)
+    bad = next(t for t in range(10, SMALL["vocab_size"]) if t not in good)
+    with torch.no_grad():
+        model.token_embeddings.weight[bad] = float("inf")  # a prompt holding it overflows
+    assert generate(model, [1, 2, 3], 5, temperature=0) == good
+    with pytest.raises(NonFiniteLogitsError):
+        generate(model, [1, 2, 3, bad, 4, 5, 6, 7, 8, 9], 5, temperature=0, compile=True)
+    assert generate(model, [1, 2, 3], 5, temperature=0, compile=True) == good  # the same compiled step
+
+
+def test_eos_id_is_one_id_of_the_vocabulary():
+    """decode8: eos_id was never checked: a list (transformers' eos_token_id=[...]), a string or an id
+    outside the vocabulary never stopped generation, and True stopped at id 1."""
+    model = TransformerLM(**SMALL)
+    free = generate(model, [1, 2], 10, temperature=0)
+    vocab = SMALL["vocab_size"]
+    for bad, extra in (([free[3]], " (one id, not a list of them)"), ((free[3],), " (one id, not a list of them)"),
+                       (str(free[3]), ""), (vocab, ""), (-1, ""), (True, ""), (2.0, "")):
+        with pytest.raises(ValueError) as e:
+            generate(model, [1, 2], 10, temperature=0, eos_id=bad)
+        assert str(e.value) == (f"eos_id must be None or one token id in [0, vocab_size={vocab}), got "
+                                f"eos_id={bad!r}{extra}")
+    import numpy as np
+
+    for same in (free[3], np.int64(free[3]), torch.tensor(free[3])):
+        assert generate(model, [1, 2], 10, temperature=0, eos_id=same) == free[:4]
+
+
 def test_stops_after_eos():
     model = TransformerLM(**SMALL)
     free = generate(model, [1, 2], 10, temperature=0)

@@ -357,3 +357,28 @@ def test_an_empty_tokenizer_is_refused_not_taken_for_the_runs(run, tmp_path, cap
         assert capsys.readouterr() == ("", f"lm {command}: error: --tokenizer: must not be empty; omit it to use the "
                                            "run's tokenizer/\n")
     assert sorted(os.listdir(tmp_path)) == ["v.txt"]
+
+
+def test_an_empty_prompt_without_end_of_text_names_the_option_given(tmp_path, capsys, monkeypatch):
+    """decode8: an empty --prompt-file (or standard input) with a tokenizer that has no <|endoftext|>
+    was refused as `--prompt: empty`, an option the user had not given."""
+    import io
+
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
+
+    (tmp_path / "corpus.txt").write_text(TEXT * 40, encoding="utf-8")
+    vocab, merges = train_bpe(tmp_path / "corpus.txt", 270, [])
+    save_tokenizer_dir(Tokenizer(vocab, merges, []), tmp_path / "tok")
+    torch.manual_seed(0)
+    save_model(tmp_path, TransformerLM(vocab_size=270, context_length=16, d_model=32, num_layers=1, num_heads=2,
+                                       d_ff=64))
+    (tmp_path / "empty.txt").write_text("\n")  # its one line end goes: nothing is left
+    common = ["sample", "--checkpoint", str(tmp_path), "--tokenizer", str(tmp_path / "tok"), "--max-new-tokens", "3"]
+    rest = ", and the tokenizer has no <|endoftext|> to start a document with\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    for given, said in ((["--prompt", ""], "--prompt: empty"),
+                        (["--prompt-file", str(tmp_path / "empty.txt")],
+                         f"--prompt-file: {str(tmp_path / 'empty.txt')!r} is empty"),
+                        (["--prompt-file", "-"], "--prompt-file: standard input is empty")):
+        assert main([*common, *given]) == 2
+        assert capsys.readouterr().err == f"lm sample: error: {said}{rest}"

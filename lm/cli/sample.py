@@ -113,7 +113,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
     prompt_ids = tok.encode(prompt)
     if not prompt_ids:
         if eos is None:
-            raise ValueError("--prompt: empty, and the tokenizer has no <|endoftext|> to start a document with")
+            name = "standard input" if args.prompt_file == "-" else repr(args.prompt_file)
+            what = "--prompt: empty" if args.prompt is not None else f"--prompt-file: {name} is empty"
+            raise ValueError(f"{what}, and the tokenizer has no <|endoftext|> to start a document with")
         prompt_ids = [eos]
     gen = torch.Generator()  # on the CPU, as lm serve's: sampling draws there, so a seed gives the same tokens anywhere
     if args.seed is not None:

@@ -10,7 +10,8 @@ the last ``context_length`` tokens, exactly as if the model were re-run on
 ``context_length - window_shift + 1`` tokens. With the default ``window_shift=1`` that rebuild
 happens for every token once the window is full (exact, but each token then costs a forward over
 ``context_length`` positions); a larger shift rebuilds less often, and a token is then conditioned
-on between ``context_length - window_shift`` (at least one) and ``context_length`` tokens.
+on between ``context_length - window_shift + 1`` (one at ``window_shift = context_length``) and
+``context_length`` tokens.
 ``window_shift`` may be ``context_length`` itself, the only value for a model of ``context_length``
 1 (each token predicted from the one before it).
 
@@ -117,7 +118,7 @@ def generate(
     compile: bool = False,
 ) -> list[int] | list[list[int]]:
     """Sample up to ``max_new_tokens`` new tokens after ``prompt_ids`` and return them
-    (the new tokens only, ending with ``eos_id`` if it was emitted).
+    (the new tokens only, ending with ``eos_id`` if it was emitted: one token id, or None for none).
 
     ``prompt_ids`` is one prompt (a list of ids, a 1-D tensor or numpy array) → ``list[int]``, or a
     batch of prompts of any lengths (a list of lists, a 2-D tensor or array) → ``list[list[int]]``. ``on_token``,
@@ -164,6 +165,11 @@ def generate(
         )
     window_shift = operator.index(window_shift)
     check_vocab_limit(vocab_size, cfg.vocab_size)
+    if eos_id is not None and (as_integer(eos_id) is None or not 0 <= eos_id < cfg.vocab_size):
+        list_of_ids = isinstance(eos_id, (list, tuple, set)) or isinstance(eos_id, torch.Tensor) and eos_id.dim()
+        raise ValueError(f"eos_id must be None or one token id in [0, vocab_size={cfg.vocab_size}), got "
+                         f"eos_id={eos_id!r}" + (" (one id, not a list of them)" if list_of_ids else ""))
+    eos_id = None if eos_id is None else operator.index(eos_id)
     prompts, single = _as_prompt_list(prompt_ids)
     if not prompts:
         raise ValueError("prompt_ids: got an empty batch of prompts")
@@ -254,6 +260,9 @@ class _StaticRows:
             r = h[-window:]
             one = self.model.new_cache(1, max_len=len(r))
             last.append(self.model(torch.tensor([r], device=self.model.device), kv_cache=one, last_only=True)[0, -1])
+            # the cache is kept with the model: past this row's length it holds an earlier call's keys and
+            # values, masked but read (0 x a NaN that an overflowing prompt left there is NaN: decode8)
+            self.decode.cache.clear(b)
             self.decode.cache.fill_from(b, one)
             self.lengths.append(len(r))
         self.width = max(self.lengths)
