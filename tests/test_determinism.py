@@ -23,6 +23,11 @@ def _threads(n: int):
         torch.set_num_threads(before)
 
 
+
+def _cpu_threads() -> str:
+    n = torch.get_num_threads()
+    return f"{n} CPU thread{'' if n == 1 else 's'}"
+
 def test_embedding_gradient_is_the_in_order_sum_at_any_thread_count():
     torch.manual_seed(0)
     ids = torch.randint(0, 50, (16, 128))  # every id about 40 times
@@ -105,7 +110,7 @@ def test_training_steps_with_clipping_and_adamw_are_bitwise_repeatable():
 def test_configure_determinism_on_cpu_switches_nothing_global():
     before = torch.are_deterministic_algorithms_enabled()
     line = configure_determinism(True, torch.device("cpu"))
-    assert line.startswith("deterministic: yes at ") and f"{torch.get_num_threads()} CPU threads" in line
+    assert line.startswith("deterministic: yes at ") and f"{_cpu_threads()}" in line
     assert torch.are_deterministic_algorithms_enabled() == before
     assert "off" in configure_determinism(False, torch.device("cpu"))
 
@@ -120,7 +125,7 @@ def test_the_line_says_when_max_time_makes_the_schedule_follow_the_clock(tmp_pat
 
     cpu = torch.device("cpu")
     paced = configure_determinism(True, cpu, max_time=600.0, max_steps=600)
-    assert paced == (f"deterministic: the steps yes at {torch.get_num_threads()} CPU threads (another thread count "
+    assert paced == (f"deterministic: the steps yes at {_cpu_threads()} (another thread count "
                      "may change the last bits), but the schedule follows the clock (train.max_time): runs and "
                      "--resume are bitwise the same only while the steps keep up with train.max_steps 600 in 600 s "
                      "(1 s a step on average)"), paced
@@ -132,6 +137,13 @@ def test_the_line_says_when_max_time_makes_the_schedule_follow_the_clock(tmp_pat
     assert "train.max_time may end a run, or its --resume, at another step" in by_step, by_step
     assert configure_determinism(True, cpu, max_steps=60).startswith("deterministic: yes at ")
     assert configure_determinism(False, cpu, max_time=6.0).startswith("deterministic: off")
+    before = torch.get_num_threads()
+    try:  # one thread, not "1 CPU threads" (audit train8)
+        torch.set_num_threads(1)
+        assert configure_determinism(True, cpu, max_steps=60).startswith("deterministic: yes at 1 CPU thread (")
+        assert configure_determinism(False, cpu).endswith("deterministic at 1 CPU thread anyway")
+    finally:
+        torch.set_num_threads(before)
 
     # the run's own line, and what it warns of: steps slower than max_time's pace take other lrs
     raw = _raw_config(tmp_path, train={"max_steps": 4, "max_time": 4.0}, eval={"interval": 0})
@@ -143,10 +155,14 @@ def test_the_line_says_when_max_time_makes_the_schedule_follow_the_clock(tmp_pat
         trainer.clock = lambda s=seconds, t=ticks: s * next(t)
         assert trainer.run() == 0
         assert [line for line in lines if line.startswith("deterministic:")] == [
-            f"deterministic: the steps yes at {torch.get_num_threads()} CPU threads (another thread count may change "
+            f"deterministic: the steps yes at {_cpu_threads()} (another thread count may change "
             "the last bits), but the schedule follows the clock (train.max_time): runs and --resume are bitwise the "
             "same only while the steps keep up with train.max_steps 4 in 4 s (1 s a step on average)"], lines
         lrs.append([r["lr"] for r in read_metrics(tmp_path / f"run{seconds}") if r["split"] == "train"])
+        behind = [line for line in lines if "fell behind" in line]  # said once, where it happened (audit train8)
+        assert behind == ([] if seconds == 0 else [
+            "step 1: the steps fell behind train.max_steps 4 in train.max_time 4 s; the learning rates follow the "
+            "clock from here, so a rerun or --resume may not be bitwise the same"]), lines
     # the slow run's lrs run ahead of its steps, and it ends where the time is up, at step 3
     assert len(lrs[0]) == 4 and len(lrs[1]) == 3 and lrs[0][0] == lrs[1][0] and lrs[0][1] < lrs[1][1], lrs
 

@@ -176,7 +176,9 @@ def test_tokenizer_errors_have_one_prefix_the_argument(tmp_path):
     (bad / "merges.txt").write_bytes(b"".join(lines[:3]) + b"a \xff\n" + b"".join(lines[3:]))
     (tmp_path / "half").mkdir()
     shutil.copy(run / "tokenizer" / "vocab.json", tmp_path / "half")
-    cases = [(tmp_path / "nowhere", f"not a directory: {str(tmp_path / 'nowhere')!r}"),
+    (tmp_path / "afile").write_text("x")
+    cases = [(tmp_path / "nowhere", f"not found: {str(tmp_path / 'nowhere')!r}"),
+             (tmp_path / "afile", f"not a directory: {str(tmp_path / 'afile')!r}"),
              (run, f"no vocab.json in {str(run)!r}; pass {str(run / 'tokenizer')!r}, which has one"),
              (tmp_path / "half", f"no merges.txt in {str(tmp_path / 'half')!r}"),
              (bad, f"line 4 of {str(bad / 'merges.txt')!r} is not UTF-8 (byte 0xff)")]

@@ -327,7 +327,7 @@ def test_tokenizer_errors_name_the_option_once_and_point_to_a_runs_tokenizer(run
     naming a parameter of the library. One prefix now, and the run's tokenizer/ is suggested."""
     d, _, _ = run
     (tmp_path / "empty").mkdir()
-    for given, message in ((tmp_path / "nowhere", f"not a directory: {str(tmp_path / 'nowhere')!r}"),
+    for given, message in ((tmp_path / "nowhere", f"not found: {str(tmp_path / 'nowhere')!r}"),
                            (d, f"no vocab.json in {str(d)!r}; pass {str(d / 'tokenizer')!r}, which has one"),
                            (tmp_path / "empty", f"no vocab.json in {str(tmp_path / 'empty')!r}")):
         assert main(["sample", "--checkpoint", str(d), "--prompt", "x", "--tokenizer", str(given)]) == 2

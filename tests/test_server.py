@@ -485,6 +485,11 @@ def test_an_api_key_through_the_openai_client(tmp_path_factory):
         r = client.completions.create(model="tiny", prompt="Lily", max_tokens=3, temperature=0.0)
         assert r.usage.completion_tokens <= 3 and [m.id for m in client.models.list().data] == ["tiny"]
         assert httpx.get(server.url + "/").status_code == 200 and httpx.get(server.url + "/health").status_code == 200
+        # the scheme's case is free (RFC 9110, 11.1): "bearer" was a 401 with the right key (audit serve9)
+        for header, status in (("bearer k3y", 200), ("BEARER k3y", 200), ("bearer k3y2", 401), ("Basic k3y", 401),
+                               ("Bearerk3y", 401)):
+            r = httpx.get(server.url + "/v1/models", headers={"Authorization": header})
+            assert r.status_code == status, (header, r.text)
         with pytest.raises(ValueError, match="api_key: must be a non-empty string"):
             create_app(Engine(model, max_batch=1), tok, "tiny", api_key="")
     finally:
@@ -1065,6 +1070,34 @@ def test_vllms_result_changing_extensions_are_refused_at_any_other_value_than_th
     for unused in [None] if no_effect is None else [None, no_effect]:
         r = httpx.post(served.url + "/v1/completions", json={**base, name: unused})
         assert r.status_code == 200 and r.json()["choices"] == plain, (name, unused)
+
+
+def test_an_unknown_or_misspelt_field_is_a_400_naming_it_never_ignored(served):
+    """{"temprature": 0} sampled at temperature 1 and {"max_token": 3} gave 16 tokens, each a 200 with
+    nothing in the log (audit serve9): every field not in the API is now OpenAI's 400 "Unrecognized
+    request argument supplied", naming it and the field likely meant. The fields that change nothing
+    here (OpenAI's user; vLLM's priority, cache_salt, add_special_tokens) are taken, and checked."""
+    base = {"prompt": "Lily had", "max_tokens": 4, "temperature": 0.0}
+    for name, value, meant in (("temprature", 0, "temperature"), ("max_token", 3, "max_tokens"),
+                               ("max_completion_tokens", 3, "max_tokens"), ("top_logprobs", 5, "logprobs"),
+                               ("return_token_ids", True, None), ("foo", 1, None)):
+        r = httpx.post(served.url + "/v1/completions", json={**base, name: value})
+        hint = f" (did you mean {meant!r}?)" if meant else ""
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": f"Unrecognized request argument supplied: {name}{hint}", "type": "invalid_request_error",
+            "param": name, "code": None}, (name, r.text)
+    for path, body in (("/tokenize", {"prompt": "x", "add_special_token": True}), ("/detokenize", {"tokens": [1],
+                                                                                                  "skip": 1})):
+        r = httpx.post(served.url + path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith(
+            "Unrecognized request argument supplied: "), (path, r.text)
+    plain = httpx.post(served.url + "/v1/completions", json=base).json()["choices"]
+    taken = {"user": "u-1", "priority": 3, "cache_salt": "s", "add_special_tokens": False}
+    r = httpx.post(served.url + "/v1/completions", json={**base, **taken})
+    assert r.status_code == 200 and r.json()["choices"] == plain, r.text
+    for name, value in (("user", 5), ("priority", "high"), ("cache_salt", 1), ("add_special_tokens", None)):
+        r = httpx.post(served.url + "/v1/completions", json={**base, name: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, (name, r.text)
 
 
 def test_echo_of_a_prompt_whose_logits_are_not_finite_is_a_500_counted_failed(tmp_path_factory):

@@ -202,7 +202,7 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
         (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "<s>",
           "--special-token", "<s>", "--out", "OUT"], "duplicate special token '<s>'"),
         (["tokenize", "--tokenizer", "NODIR", "--input", "CORPUS", "--out", "OUT/x.bin"],
-         "lm tokenize: error: --tokenizer: not a directory: 'NODIR'"),  # once: not "--tokenizer: tokenizer: ..."
+         "lm tokenize: error: --tokenizer: not found: 'NODIR'"),  # once: not "--tokenizer: tokenizer: ..."
         (["tokenize", "--tokenizer", "TOK", "--input", "MISSING", "--out", "OUT/x.bin"],
          "--input: file not found: 'MISSING'"),
         (["tokenize", "--tokenizer", "TOK", "--input", "EMPTY", "--out", "OUT/x.bin"],

@@ -106,6 +106,23 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"optim": {"max_lr": 10**400}}, "optim.max_lr must be a number within float range, got an integer of 401"),
         ({"model": {"vocab_size": 10**20}}, "vocab_size must be at most 2**31 - 1, got 100,000,000,000,000,000,000"),
         ({"train": {"out_dir": ""}}, "train.out_dir must name a folder, got ''"),
+        # audit train8: an empty data.val trained with no evaluation, silently, and --resume then refused the file
+        ({"data": {"val": ""}}, "config: data.val must name a token file (leave the key out for no evaluation), "
+                                "got ''"),
+        ({"data": {"tokenizer": " "}}, "config: data.tokenizer must name a tokenizer folder (leave the key out for "
+                                       "no tokenizer), got ' '"),
+        # audit train8: other trainers' names were matched by spelling alone (optim.lr -> 'optim.min_lr', the floor)
+        ({"optim": {"lr": 1.0}}, "unknown key optim.lr (did you mean 'optim.max_lr'?)"),
+        ({"train": {"learning_rate": 1.0}}, "unknown key train.learning_rate (did you mean 'optim.max_lr'?)"),
+        ({"model": {"block_size": 64}}, "unknown key model.block_size (did you mean 'model.context_length'?)"),
+        ({"model": {"n_embd": 64}}, "unknown key model.n_embd (did you mean 'model.d_model'?)"),
+        ({"model": {"n_layer": 2}}, "unknown key model.n_layer (did you mean 'model.num_layers'?)"),
+        ({"optim": {"lr_decay_iters": 5}},
+         "unknown key optim.lr_decay_iters (did you mean 'optim.cosine_cycle_iters'?)"),
+        ({"train": {"eval_iters": 5}}, "unknown key train.eval_iters (did you mean 'eval.batches'?)"),
+        ({"train": {"max_iters": 5}}, "unknown key train.max_iters (did you mean 'train.max_steps'?)"),
+        ({"train": {"threads": 1}}, "unknown key train.threads (that is lm train's --threads flag, not a config key)"),
+        ({"train": {"resume": True}}, "unknown key train.resume (that is lm train's --resume flag, not a config key)"),
         ({"model": {"label_smoothing": 0.1}},
          "unknown key model.label_smoothing (a key of model.architecture = 'encoder_decoder')"),
     ]
@@ -130,10 +147,42 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         with pytest.raises(ValueError, match=rf"^config: {key}.batch_size applies to a decoder_lm model; an "
                                              rf"encoder_decoder model is batched by {key}.batch_tokens"):
             config_from_dict(bad)
+    seq = json.loads(json.dumps(pairs))
+    seq["model"]["n_layer"] = 2
+    with pytest.raises(ValueError, match=r"unknown key model.n_layer for model.architecture 'encoder_decoder' \(did "
+                                         r"you mean 'model.encoder_layers' and 'model.decoder_layers'\?\)$"):
+        config_from_dict(seq)
     no_limit = json.loads(json.dumps(raw))
     del no_limit["train"]["max_steps"]
     with pytest.raises(ValueError, match="set train.max_steps or train.max_time"):
         config_from_dict(no_limit)
+
+
+def test_set_none_unsets_a_key_that_may_be_left_out(tmp_path):
+    """cpu-small.toml's train.max_time = 600 could not be taken out with --set: "", none, null, inf and 0
+    were all refused, so `--set train.max_steps=N` stayed capped at ten minutes (audit train8). ``none``
+    (or ``null``) now leaves such a key out, as deleting its line would; text keys keep the word."""
+    raw = _raw_config(tmp_path, train={"max_steps": 5, "max_time": 600.0}, optim={"cosine_cycle_iters": 9},
+                      eval={"batch_size": 4})
+    cfg = config_from_dict(raw, ["train.max_time=none", "optim.cosine_cycle_iters=NULL", "eval.batch_size= none"])
+    assert (cfg.train.max_time, cfg.optim.cosine_cycle_iters, cfg.eval.batch_size) == (None, None, None)
+    assert config_from_dict(raw, ["train.dist_timeout=none"]).train.max_time == 600.0  # unset already: no change
+    assert config_from_dict(raw, ["wandb.name=none"]).wandb.name == "none"  # text: the word itself
+    assert config_from_dict(raw, ["data.val=none"]).data.val == "none"  # a path: a file called none
+    for item, message in (
+            ("train.max_time=", "config: train.max_time must be a number, got str '' "
+                                "(--set train.max_time=none leaves it unset)"),
+            ("train.max_time=0", "config: train.max_time must be > 0, got 0.0 (--set train.max_time=none leaves it "
+                                 "unset)"),
+            ("train.max_time=inf", "config: train.max_time must be a finite number, got inf (--set "
+                                   "train.max_time=none leaves it unset)"),
+            ("train.compile=none", "config: train.compile must be true or false, got str 'none'"),  # no None here
+            ("train.batch_size=none", "config: train.batch_size must be an integer, got str 'none'"),
+            ("train.max_steps=none", "config: set train.max_steps or train.max_time (or both)"),
+    ):
+        with pytest.raises(ValueError) as e:
+            config_from_dict(raw, [item] + (["train.max_time=none"] if "max_steps" in item else []))
+        assert str(e.value) == message, (item, str(e.value))
 
 
 def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, monkeypatch):
@@ -245,6 +294,22 @@ def test_fixed_evaluation_batches_that_cannot_fit_in_memory_are_refused(tmp_path
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
     del raw["data"]["val"]  # no validation file: no fixed batches
     memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+
+
+def test_a_run_without_data_val_says_it_evaluates_nothing(tmp_path):
+    """eval.interval set and data.val left out trained with no evaluation and no line saying so (audit
+    train8); with eval.interval = 0 nothing was asked for, and nothing is said."""
+    from lm.train import Trainer
+
+    for interval, said in ((10, ["no evaluation: eval.interval is 10 but data.val is not set (no val records, no "
+                                 "checkpoints/best.pt)"]), (0, [])):
+        raw = _raw_config(tmp_path, train={"max_steps": 2, "out_dir": str(tmp_path / f"run{interval}")},
+                          eval={"interval": interval})
+        del raw["data"]["val"]
+        lines = []
+        assert Trainer(config_from_dict(raw), print_fn=lines.append).run() == 0
+        assert [line for line in lines if line.startswith("no evaluation")] == said, lines
+        assert not (tmp_path / f"run{interval}" / "checkpoints" / "best.pt").exists()
 
 
 def test_an_evaluation_step_that_cannot_fit_says_an_evaluation_step(tmp_path, monkeypatch):

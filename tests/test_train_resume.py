@@ -85,6 +85,24 @@ def test_resume_with_max_steps_below_the_checkpoint_is_refused(tmp_path, capsys)
     assert "nothing left to train: step 10 has reached train.max_steps 10" in capsys.readouterr().out
 
 
+def test_resume_messages_spell_values_as_the_config_does(tmp_path, capsys):
+    """"train.deterministic is True in ... but False", "cosine_cycle_iters is None" and "keep_best
+    True -> False": Python's spellings of what config.toml writes true, false or leaves out (audit
+    train8). A key left out is "unset"."""
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 4}))
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000004.pt"
+    for item, was, now in (("train.deterministic=false", "true", "false"), ("optim.cosine_cycle_iters=9", "unset", "9"),
+                           ("train.dtype=bfloat16", "'float32'", "'bfloat16'")):
+        rc, err = _cli(["train", "--config", str(good), "--resume", "--set", item], capsys)
+        key = item.split("=")[0]
+        assert rc == 2 and err.startswith(f"lm train: error: --resume: {key} is {was} in {str(ckpt)!r} but {now} in "
+                                          "the config; a resumed run keeps"), err
+    assert main(["train", "--config", str(good), "--resume", "--set", "checkpoint.keep_best=false",
+                 "--set", "log.peak_tflops=5"]) == 0
+    assert "resumed with checkpoint.keep_best true -> false, log.peak_tflops unset -> 5.0" in capsys.readouterr().out
+
+
 def test_the_same_data_by_another_path_or_moved_resumes_and_other_data_is_refused(tmp_path, capsys, monkeypatch):
     """data.train was compared as a string: `./train.bin` for `train.bin`, an absolute path for a
     relative one, or the file moved to another folder, could never resume. The same file (or a file
@@ -241,12 +259,15 @@ def test_a_resume_of_a_stopped_run_at_its_step_records_the_last_evaluation_once(
     at_7 = {**raw, "train": {**raw["train"], "max_steps": 7}}
     lines = []
     assert Trainer(config_from_dict(at_7), resume=True, print_fn=lines.append).run() == 0
-    assert "resumed with train.max_steps 12 -> 7" in lines and lines[-1] == f"done: step 7, checkpoint {ckpt}", lines
     records = [(r["step"], r["split"]) for r in read_metrics(run)]
     assert records[-2:] == [(7, "config"), (7, "val")], records
     state = read_checkpoint(ckpt)
     assert state["last_eval_step"] == 7 and state["config"]["train"]["max_steps"] == 7
     assert state["best_val_loss"] == min(r["loss"] for r in read_metrics(run) if r["split"] == "val")
+    # the last line names the checkpoint, the exported weights and the best one (audit train8)
+    done = (f"done: step 7, checkpoint {ckpt}; weights {run / 'model.safetensors'}; best val loss "
+            f"{state['best_val_loss']:.4f} in {run / 'checkpoints' / 'best.pt'}")
+    assert "resumed with train.max_steps 12 -> 7" in lines and lines[-1] == done, lines
     assert (run / "model.safetensors").is_file()
 
     before = _files(run)
@@ -255,8 +276,7 @@ def test_a_resume_of_a_stopped_run_at_its_step_records_the_last_evaluation_once(
         assert Trainer(config_from_dict(at_7), resume=True, print_fn=lines.append).run() == 0
         assert _files(run) == before  # metrics.jsonl, best.pt, the checkpoint, the export: all as they were
         assert not [line for line in lines if line.startswith(("resumed with", "eval step"))], lines
-        assert lines[-2:] == ["nothing left to train: step 7 has reached train.max_steps 7",
-                              f"done: step 7, checkpoint {ckpt}"], lines
+        assert lines[-2:] == ["nothing left to train: step 7 has reached train.max_steps 7", done], lines
 
     # the checkpoint written again holds the state it was resumed from: training on is still exact
     assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0

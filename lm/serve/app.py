@@ -367,7 +367,8 @@ class _Guard:
         if self.api_key is None or scope.get("path", "") in OPEN_ROUTES:
             return True
         given = dict(scope.get("headers") or ()).get(b"authorization", b"")
-        return given.startswith(b"Bearer ") and hmac.compare_digest(given[len(b"Bearer "):], self.api_key)
+        # the scheme is case-insensitive (RFC 9110, 11.1): "bearer KEY" from a hand-written client is the key too
+        return given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:], self.api_key)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":

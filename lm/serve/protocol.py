@@ -16,6 +16,7 @@ OpenAI's and vLLM's.
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
 import uuid
@@ -51,6 +52,18 @@ UNSUPPORTED = {  # field: the value that means "not used" (OpenAI's, then vLLM's
     "return_tokens_as_token_ids": False, "logprob_token_ids": [], "repetition_detection": None,
     "prompt_embeds": None, "vllm_xargs": {}, "logits_processors": [],
 }  # (null is "not used" for each)
+# The fields a completions request may hold: OpenAI's (``user`` only tags the request), vLLM's that this
+# server implements (top_k, ignore_eos; priority and cache_salt change nothing here, as add_special_tokens
+# does not: this tokenizer adds none) and the UNSUPPORTED ones, refused with their own message. Any
+# other field is a 400, as OpenAI's "Unrecognized request argument supplied": taken in silence, a
+# misspelt "temprature" or "max_token" gave a plausible answer to a request nobody sent.
+COMPLETION_FIELDS = frozenset({
+    "model", "prompt", "best_of", "echo", "logprobs", "max_tokens", "n", "seed", "stop", "stream", "stream_options",
+    "temperature", "top_p", "user", "top_k", "ignore_eos", "priority", "cache_salt", "add_special_tokens",
+}) | UNSUPPORTED.keys()
+_OTHER_NAMES = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs", "max_new_tokens": "max_tokens",
+                "stop_sequences": "stop", "num_return_sequences": "n", "do_sample": "temperature",
+                "return_token_ids": None}  # (vLLM's: the ids of prompt and completion, not return_tokens_as_...)
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")  # OpenAI's; vLLM's (refused unless false)
 MAX_STOP = 4  # as OpenAI
 
@@ -121,6 +134,13 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     ``max_tokens`` defaults to the most the model writes."""
     translation = architecture == "encoder_decoder"
     body = _check_model(body, model_name)
+    _known_fields(body, COMPLETION_FIELDS)
+    _integer(body, "priority", 0)  # vLLM's scheduling priority: one queue here, so no effect, but an integer
+    if not isinstance(body.get("cache_salt", ""), (str, type(None))):
+        raise APIError(400, f"cache_salt: must be a string, got {body['cache_salt']!r}", "cache_salt")
+    _boolean(body, "add_special_tokens", True, null=False)
+    if not isinstance(body.get("user", ""), (str, type(None))):
+        raise APIError(400, f"user: must be a string, got {body['user']!r}", "user")
     for name, unused in UNSUPPORTED.items():
         value = body.get(name, unused)
         if value is not None and not (value == unused and isinstance(value, bool) == isinstance(unused, bool)):
@@ -244,6 +264,16 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     return CompletionRequest(prompts, params, n, stops, stream, include_usage, echo, texts)
 
 
+def _known_fields(body: dict, fields: frozenset[str] | set[str]) -> None:
+    """A 400 naming the first field of ``body`` not in ``fields``, with the likely one meant."""
+    for name in body:
+        if name not in fields:
+            meant = _OTHER_NAMES[name] if name in _OTHER_NAMES else next(
+                iter(difflib.get_close_matches(name, sorted(fields), 1, 0.75)), None)
+            hint = f" (did you mean {meant!r}?)" if meant else ""
+            raise APIError(400, f"Unrecognized request argument supplied: {name}{hint}", name)
+
+
 def _check_model(body: Any, model_name: str) -> dict:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
@@ -258,6 +288,7 @@ def parse_tokenize(body: Any, *, model_name: str) -> str:
     """A ``POST /tokenize`` body (vLLM's): the ``prompt`` text. ``add_special_tokens`` may be given;
     this tokenizer adds none either way."""
     body = _check_model(body, model_name)
+    _known_fields(body, {"model", "prompt", "add_special_tokens"})
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise APIError(400, f"prompt: must be a string, got {type(prompt).__name__}", "prompt")
@@ -269,6 +300,7 @@ def parse_tokenize(body: Any, *, model_name: str) -> str:
 def parse_detokenize(body: Any, tokenizer, *, model_name: str) -> list[int]:
     """A ``POST /detokenize`` body (vLLM's): ``tokens``, ids of this tokenizer."""
     body = _check_model(body, model_name)
+    _known_fields(body, {"model", "tokens"})
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise APIError(400, "tokens: must be a list of token ids", "tokens")

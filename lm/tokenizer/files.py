@@ -289,8 +289,8 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
 
 
 def _load_tokenizer_dir(d: Path, special_tokens: Sequence[str] | None) -> Tokenizer:
-    if not d.is_dir():
-        raise ValueError(f"tokenizer: not a directory: {str(d)!r}")
+    if not d.is_dir():  # a path to nothing is "not found", as data.train's and --checkpoint's are
+        raise ValueError(f"tokenizer: {'not a directory' if os.path.lexists(d) else 'not found'}: {str(d)!r}")
     if special_tokens is None:
         cfg = d / "tokenizer_config.json"
         special_tokens = []

@@ -152,6 +152,48 @@ def _suggest_in(section: str, key: str, names: list[str]) -> str:
     return f" (did you mean {f'{section}.{close[0]}'!r}?)" if close else ""
 
 
+# Names other trainers use (nanoGPT, litgpt, Hugging Face) for what is a key, or a flag, here. String
+# similarity alone led them astray: optim.lr was "did you mean 'optim.min_lr'?", and a nanoGPT user
+# who took that set the schedule's floor, not its peak, with no error.
+_FOREIGN_NAMES: dict[str, str] = {
+    **dict.fromkeys(("lr", "learning_rate", "peak_lr"), "optim.max_lr"),
+    **dict.fromkeys(("block_size", "seq_len", "max_seq_len", "max_seq_length", "n_ctx", "n_positions",
+                     "max_position_embeddings"), "model.context_length"),
+    **dict.fromkeys(("n_embd", "n_embed", "dim", "hidden_size", "emb_dim", "d_embed"), "model.d_model"),
+    **dict.fromkeys(("n_layer", "n_layers", "num_hidden_layers"), "model.num_layers"),
+    **dict.fromkeys(("n_head", "n_heads", "num_attention_heads"), "model.num_heads"),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "hidden_dim", "d_hidden"), "model.d_ff"),
+    **dict.fromkeys(("lr_decay_iters", "lr_decay_steps", "decay_steps"), "optim.cosine_cycle_iters"),
+    **dict.fromkeys(("warmup_steps", "lr_warmup_steps", "warmup"), "optim.warmup_iters"),
+    **dict.fromkeys(("max_iters", "train_iters", "num_steps", "max_train_steps"), "train.max_steps"),
+    **dict.fromkeys(("eval_iters", "eval_batches", "eval_steps"), "eval.batches"),
+    "eval_interval": "eval.interval", "log_interval": "log.interval",
+    **dict.fromkeys(("gradient_accumulation_steps", "grad_accum", "gradient_accumulation_iters"),
+                    "train.grad_accum_steps"),
+    **dict.fromkeys(("micro_batch_size", "per_device_train_batch_size"), "train.batch_size"),
+    **dict.fromkeys(("min_learning_rate",), "optim.min_lr"),
+    **dict.fromkeys(("adam_beta1",), "optim.beta1"), **dict.fromkeys(("adam_beta2",), "optim.beta2"),
+    **dict.fromkeys(("max_grad_norm", "gradient_clip_val", "clip_grad"), "optim.grad_clip"),
+    **dict.fromkeys(("wandb_project",), "wandb.project"), **dict.fromkeys(("wandb_run_name",), "wandb.name"),
+    **dict.fromkeys(("threads", "num_threads"), "--threads"),
+    **dict.fromkeys(("resume", "init_from", "resume_from_checkpoint"), "--resume"),
+}
+
+
+def _foreign_name(key: str, known: list[str]) -> str:
+    """`` (did you mean 'optim.max_lr'?)`` for a name another trainer uses; "" for none."""
+    target = _FOREIGN_NAMES.get(key.lower())
+    if target is None:
+        return ""
+    if target.startswith("--"):
+        return f" (that is lm train's {target} flag, not a config key)"
+    if target in known:
+        return f" (did you mean {target!r}?)"
+    if target == "model.num_layers" and "model.encoder_layers" in known:  # an encoder_decoder has two stacks
+        return " (did you mean 'model.encoder_layers' and 'model.decoder_layers'?)"
+    return ""
+
+
 # What ``--resume`` may change: how long the run goes on and how it is watched, run and recorded.
 # Everything else (data, batch, seed, dtype, optimizer and schedule, model...) shapes the
 # trajectory: a resumed run keeps it, so that it ends where the uninterrupted run does.
@@ -185,11 +227,21 @@ def resume_changes(saved: dict[str, Any], cfg: Config, checkpoint: str,
                 continue
             if not _may_change(key) and not (same is not None and same(key, old_values[name], new)):
                 raise ValueError(
-                    f"--resume: {key} is {old_values[name]!r} in {checkpoint} but {new!r} in the config; a resumed "
-                    f"run keeps what shapes its training (it may change only {', '.join(RESUME_MAY_CHANGE)})"
+                    f"--resume: {key} is {spelled(old_values[name])} in {checkpoint} but {spelled(new)} in the config; "
+                    f"a resumed run keeps what shapes its training (it may change only {', '.join(RESUME_MAY_CHANGE)})"
                 )
             changes[key] = (old_values[name], new)
     return changes
+
+
+def spelled(value: Any) -> str:
+    """A config value as the TOML file spells it, for messages: ``true``/``false``, ``unset`` for a key
+    left out (None), a quoted string, a number as it is (not Python's True, False and None)."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 def _all_keys(model_cls: type = ModelConfig) -> list[str]:
@@ -209,6 +261,7 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
     """Return ``value`` as a plain ``int``/``float``/``str`` or raise a ValueError: ints widen to
     float where a float is wanted, and numpy's numbers (from a Python-API sweep) become Python's,
     which config.toml and a checkpoint can hold (a numpy scalar in a checkpoint fails ``--resume``)."""
+    optional = _unoptional(annotation) is not annotation
     annotation = _unoptional(annotation)
     if annotation is bool:
         ok = isinstance(value, (bool, np.bool_))
@@ -221,7 +274,10 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
     else:
         ok = isinstance(value, annotation)
     if not ok:
-        raise ValueError(f"config: {where} must be {_type_name(annotation)}, got {type(value).__name__} {value!r}")
+        unset = (f" (--set {where}=none leaves it unset)" if optional and annotation is not str
+                 and annotation is not bool else "")
+        raise ValueError(f"config: {where} must be {_type_name(annotation)}, got {type(value).__name__} {value!r}"
+                         f"{unset}")
     if annotation is float and isinstance(value, numbers.Integral):
         try:
             return float(value)
@@ -246,16 +302,17 @@ def _build(section: str, cls: type, values: dict[str, Any], arch: str | None = N
     kwargs = {}
     for key, value in values.items():
         if key not in names:
-            # The right key in the wrong table, or a key that is the start of a known one.
-            elsewhere = [k for k in known if k.endswith(f".{key}") and k != f"{section}.{key}"] or [
-                k for k in known if k.split(".")[1].startswith(key) and len(key) >= 4
-            ]
+            # The right key in the wrong table; a name another trainer uses; a key that is the start of a
+            # known one; a key of the other architecture; else the closest spelling.
+            moved = [k for k in known if k.endswith(f".{key}") and k != f"{section}.{key}"]
+            start = [k for k in known if k.split(".")[1].startswith(key) and len(key) >= 4]
             other = [a for a, (c, _) in ARCHITECTURES.items() if section == "model" and c is not cls
                      and key in {f.name for f in dataclasses.fields(c)}]
             hint = (
-                f" (did you mean {elsewhere[0]!r}?)"
-                if elsewhere
-                else _suggest_in(section, key, names)
+                (f" (did you mean {moved[0]!r}?)" if moved else "")
+                or _foreign_name(key, known)
+                or (f" (did you mean {start[0]!r}?)" if start else "")
+                or _suggest_in(section, key, names)
                 or (f" (a key of model.architecture = {other[0]!r})" if other else "")
                 or _suggest(f"{section}.{key}", known)
             )
@@ -307,14 +364,32 @@ def _is_str_key(section: str, name: str) -> bool:
     return False
 
 
+def _unsettable(section: str, name: str) -> bool:
+    """Whether ``section.name`` may be left unset (``X | None``, X not text): ``--set section.name=none``
+    takes it out, as deleting its line from the TOML file would."""
+    classes = [cls for cls, _ in ARCHITECTURES.values()] if section == "model" else [SECTIONS.get(section)]
+    for cls in filter(None, classes):
+        hint = typing.get_type_hints(cls).get(name)
+        if hint is not None and _unoptional(hint) is not hint and _unoptional(hint) is not str:
+            return True
+    return False
+
+
+UNSET = ("none", "null")  # --set train.max_time=none: the key left out (TOML has no null)
+
+
 def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
-    """Build and check a :class:`Config` from parsed TOML plus ``section.key=value`` overrides."""
+    """Build and check a :class:`Config` from parsed TOML plus ``section.key=value`` overrides;
+    ``section.key=none`` (or ``null``) takes out a key that may be unset, such as ``train.max_time``."""
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for item in overrides:
         section, name, value = parse_override(item)
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raise ValueError(f"config: {section} must be a table ([{section}])")
+        if isinstance(value, str) and value.strip().lower() in UNSET and _unsettable(section, name):
+            raw[section].pop(name, None)
+            continue
         raw[section][name] = value
     sections = {}
     for section, values in raw.items():
@@ -391,10 +466,13 @@ def _check_values(cfg: Config) -> None:
     def positive(where: str, value: float | None, allow_zero: bool = False) -> None:
         if value is None:
             return
+        # 0 and inf are what one tries for "no limit": the way to say it, where there is one
+        tried = value == 0 or (isinstance(value, float) and math.isinf(value))
+        unset = f" (--set {where}=none leaves it unset)" if tried and _unsettable(*where.split(".")) else ""
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"config: {where} must be a finite number, got {value}")
+            raise ValueError(f"config: {where} must be a finite number, got {value}{unset}")
         if value < 0 or (value == 0 and not allow_zero):
-            raise ValueError(f"config: {where} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+            raise ValueError(f"config: {where} must be {'>= 0' if allow_zero else '> 0'}, got {value}{unset}")
 
     if t.max_steps is None and t.max_time is None:
         raise ValueError("config: set train.max_steps or train.max_time (or both)")
@@ -472,3 +550,9 @@ def _check_values(cfg: Config) -> None:
                          f"got {project!r}")
     if not cfg.data.train:
         raise ValueError("config: missing required key data.train")
+    # An empty path is not "left out": taken for it, --set data.val=$UNSET_VARIABLE trained with no
+    # evaluation, said nothing, and --resume then refused the file as a change of the run's data.
+    for key, value, what, unset in (("data.val", cfg.data.val, "a token file", "no evaluation"),
+                                    ("data.tokenizer", cfg.data.tokenizer, "a tokenizer folder", "no tokenizer")):
+        if value is not None and not value.strip():
+            raise ValueError(f"config: {key} must name {what} (leave the key out for {unset}), got {value!r}")

@@ -108,9 +108,10 @@ def configure_determinism(enabled: bool, device: torch.device, *, max_time: floa
     ``enabled``; returns one line saying what holds, for the run's log. ``max_time``,
     ``max_steps`` and ``schedule`` (the run's) say whether the learning-rate schedule may follow
     the clock (:func:`clock_schedule_note`), which no kernel setting makes reproducible."""
-    threads = torch.get_num_threads()
+    n = torch.get_num_threads()
+    threads = f"{n} CPU thread{'' if n == 1 else 's'}"
     if not enabled:
-        cpu = f"; the CPU kernels are deterministic at {threads} threads anyway" if device.type == "cpu" else ""
+        cpu = f"; the CPU kernels are deterministic at {threads} anyway" if device.type == "cpu" else ""
         return f"deterministic: off (train.deterministic = false){cpu}"
     clock = clock_schedule_note(max_time, max_steps, schedule)
     if device.type == "cuda":
@@ -131,7 +132,7 @@ def configure_determinism(enabled: bool, device: torch.device, *, max_time: floa
         return line if clock is None else f"{line}; but {clock}"
     if device.type == "cpu":
         if clock is not None:
-            return (f"deterministic: the steps yes at {threads} CPU threads (another thread count may change the "
+            return (f"deterministic: the steps yes at {threads} (another thread count may change the "
                     f"last bits), but {clock}")
-        return f"deterministic: yes at {threads} CPU threads (another thread count may change the last bits)"
+        return f"deterministic: yes at {threads} (another thread count may change the last bits)"
     return f"deterministic: not guaranteed on {device.type}"

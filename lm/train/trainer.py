@@ -45,7 +45,7 @@ from lm.optim import (
     wsd_lr_schedule,
 )
 from lm.tokenizer import check_tokenizer_checksum
-from lm.train.config import Config, resume_changes
+from lm.train.config import Config, resume_changes, spelled
 from lm.train.data_identity import data_fingerprint, same_data_file
 from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
@@ -360,6 +360,7 @@ class Trainer:
         self._poll_every = POLL_STEPS  # steps between agreements, from the agreed step time
         self._next_poll = 0  # the step of the next agreement: the run's first (it measures a step's time)
         self.clock: Callable[[], float] = time.perf_counter  # seconds; what max_time is measured with
+        self._said_behind_clock = False  # the line that the learning rates now follow the clock: once
         self._val_starts = []  # token windows' starts, or pair batches' indices (a rank may have none)
         if self.val_data is not None and self.pairs:
             self._val_starts = self.val_data.fixed_batches(cfg.eval.batch_tokens or t.batch_tokens, cfg.eval.batches)
@@ -486,7 +487,7 @@ class Trainer:
         saved_model = (state.get("config") or {}).get("model")
         if saved_model is not None and saved_model != self.cfg.model.to_dict():
             diff = next(
-                f"model.{k} is {saved_model.get(k)!r} in the checkpoint but {v!r} in the config"
+                f"model.{k} is {spelled(saved_model.get(k))} in the checkpoint but {spelled(v)} in the config"
                 for k, v in self.cfg.model.to_dict().items()
                 if saved_model.get(k) != v
             )
@@ -645,7 +646,8 @@ class Trainer:
         if self._config_changes:  # config.toml now says what the run uses; what it used before is kept here
             self.metrics.write({"step": self.step, "split": "config",
                                 "changed": {k: {"was": a, "now": b} for k, (a, b) in self._config_changes.items()}})
-            self._log("resumed with " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self._config_changes.items()),
+            self._log("resumed with " + ", ".join(f"{k} {spelled(a)} -> {spelled(b)}"
+                                                 for k, (a, b) in self._config_changes.items()),
                       always=True)
 
     # -- schedule --------------------------------------------------------------------------
@@ -1063,6 +1065,9 @@ class Trainer:
         self._log(self._determinism)
         if self._precision:
             self._log(self._precision)
+        if self.val_data is None and self.cfg.eval.interval:  # eval.interval alone evaluates nothing: said
+            self._log(f"no evaluation: eval.interval is {self.cfg.eval.interval} but data.val is not set "
+                      "(no val records, no checkpoints/best.pt)")
 
     def _stop_for_signal(self, window: _LogWindow, saved: bool, path: Path | None) -> int:
         """SIGINT/SIGTERM: save (unless this step is saved already, at ``path``), say where the run
@@ -1095,12 +1100,17 @@ class Trainer:
         if not saved:
             self._check_finite(window)
             path = self.save_checkpoint()
-        # the checkpoint (and best.pt) on disk before the line says so and before the export: weights
-        # exported beside a checkpoint that failed would be newer than any checkpoint of the run
+        # the checkpoint (and best.pt) on disk before the export: weights exported beside a checkpoint
+        # that failed would be newer than any checkpoint of the run
         self._writer.wait()
-        self._log(f"done: step {self.step}, checkpoint {path}", always=True)
-        if self.dist.is_main and cfg.checkpoint.export_safetensors and (trained or not self._exported()):
-            self._export()
+        done = f"done: step {self.step}, checkpoint {path}"
+        if cfg.checkpoint.export_safetensors:  # what lm sample/eval --checkpoint RUN load: named (audit train8)
+            if self.dist.is_main and (trained or not self._exported()):
+                self._export()
+            done += f"; weights {self.run_dir / 'model.safetensors'}"
+        if cfg.checkpoint.keep_best and math.isfinite(self.best_val_loss) and self.ckpts.best_path.is_file():
+            done += f"; best val loss {self.best_val_loss:.4f} in {self.ckpts.best_path}"
+        self._log(done, always=True)
 
     def _export(self) -> None:
         """``model.safetensors`` of this step; a write that fails (the disk full) is one line naming it
@@ -1149,6 +1159,12 @@ class Trainer:
         total = f"/{t.max_steps}" if t.max_steps is not None else ""
         speed = "compile step" if tok_s is None else f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}%"
         self._log(f"step {self.step}{total} | loss {loss:.4f} | lr {lr:.2e} | {speed} | ETA {eta}")
+        if (not self._said_behind_clock and t.max_time is not None and t.max_steps is not None
+                and self.schedule_position() > self.step):  # the startup line said when; this says it happened
+            self._said_behind_clock = True
+            self._log(f"step {self.step}: the steps fell behind train.max_steps {t.max_steps} in train.max_time "
+                      f"{t.max_time:g} s; the learning rates follow the clock from here, so a rerun or --resume may "
+                      "not be bitwise the same", always=True)
         if self.metrics is not None:
             self.metrics.write(
                 {
