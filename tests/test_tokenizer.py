@@ -749,3 +749,37 @@ def test_a_folder_written_by_earlier_versions_still_loads(small_tokenizer, tmp_p
     loaded = load_tokenizer_dir(folder)
     assert loaded.vocab == tok.vocab and loaded.checksum() == tok.checksum()
     assert loaded.encode(SAMPLE + "<sep> <|début|>") == tok.encode(SAMPLE + "<sep> <|début|>")
+
+
+def test_a_folder_without_tokenizer_config_takes_the_tokens_bpe_cannot_make_as_special(tmp_path):
+    """A folder of Tokenizer.save's files (the README's snippet) or of GPT-2's own loaded with no special
+    tokens: `lm tokenize` split each <|endoftext|> into 11 ordinary tokens and exited 0, and eot_id gave
+    an id that encode never made (audit tokenizer9). The tokens of vocab.json that are neither a byte nor
+    a merge's result are now the special ones, in id order; a tokenizer_config.json still decides."""
+    text = "a story.<|endoftext|>Another one<|pad|>, <|endoftext|>"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a story about a cat. " * 40 + EOT + "the end.\n")
+    tok = Tokenizer(*train_bpe(corpus, 300, [EOT, "<|pad|>"], num_workers=1), [EOT, "<|pad|>"])
+    (tmp_path / "saved").mkdir()
+    tok.save(tmp_path / "saved" / "vocab.json", tmp_path / "saved" / "merges.txt")  # no tokenizer_config.json
+    loaded = load_tokenizer_dir(tmp_path / "saved")
+    assert loaded.special_tokens == [EOT, "<|pad|>"] and loaded.encode(text) == tok.encode(text)
+    assert loaded.encode(EOT) == [loaded.eot_id] and loaded.checksum() == tok.checksum()
+    plain = Tokenizer(*train_bpe(corpus, 280, [], num_workers=1), [])  # no special tokens: none found
+    (tmp_path / "plain").mkdir()
+    plain.save(tmp_path / "plain" / "vocab.json", tmp_path / "plain" / "merges.txt")
+    assert load_tokenizer_dir(tmp_path / "plain").special_tokens == []
+    save_tokenizer_dir(plain, tmp_path / "listed")  # a config that lists none: none, whatever the vocab holds
+    listed = tmp_path / "listed"
+    vocab = json.loads((listed / "vocab.json").read_text())
+    (listed / "vocab.json").write_text(json.dumps({**vocab, "<|x|>": len(vocab)}))
+    assert load_tokenizer_dir(listed).special_tokens == []
+    # GPT-2's own files: <|endoftext|> (id 50256) is special, as in tiktoken
+    gpt2_dir = tmp_path / "gpt2"
+    gpt2_dir.mkdir()
+    (gpt2_dir / "vocab.json").write_bytes(data_file("gpt2_vocab.json").read_bytes())
+    (gpt2_dir / "merges.txt").write_bytes(data_file("gpt2_merges.txt").read_bytes())
+    gpt2_tok = load_tokenizer_dir(gpt2_dir)
+    assert gpt2_tok.special_tokens == [EOT] and gpt2_tok.eot_id == 50256
+    reference = tiktoken_gpt2()
+    assert gpt2_tok.encode(text) == reference.encode(text, allowed_special="all")

@@ -62,6 +62,18 @@ def test_train_writes_files_and_summary(trained, corpus):
     assert tok.decode(tok.encode(STORY)) == STORY
 
 
+def test_the_summary_of_a_training_that_learned_no_merge_names_no_longest_token(tmp_path):
+    """With no merge learned, "longest_token" was byte 0x00, which was neither learned nor in the
+    input (audit tokenizer9): null now."""
+    (tmp_path / "one.txt").write_text("a")
+    for size, specials in (("256", []), ("257", ["--special-token", EOT])):
+        out = tmp_path / f"tok{size}"
+        assert main(["tokenizer", "train", "--input", str(tmp_path / "one.txt"), "--vocab-size", size, *specials,
+                     "--out", str(out), "--quiet"]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["num_merges"] == 0 and summary["longest_token"] is None, summary
+
+
 @pytest.mark.parametrize(("workers", "warm_bytes"), [(1, 3000), (2, 3000), (2, 1 << 30)])
 def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers, warm_bytes):
     tok = load_tokenizer_dir(trained)
@@ -323,6 +335,53 @@ def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd)
     assert "Exception ignored" not in capfd.readouterr().err
     with WorkerPool(2, abs) as pool:  # and the pool works as before
         assert list(pool.map([-1, -2, 3])) == [1, 2, 3]
+
+
+_PARENT = os.getpid()
+
+
+def _die_on_2(x: int) -> int:
+    """``x``, but the worker given 2 dies as the out-of-memory killer ends one; 5 ends it with status 3."""
+    if x == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if x == 5:
+        os._exit(3)
+    time.sleep(0.05)
+    return x
+
+
+def test_a_worker_that_dies_is_one_line_saying_how(corpus, trained, tmp_path, capsys, monkeypatch):
+    """A worker killed (the OOM killer's SIGKILL) was a traceback, "RuntimeError: a tokenizer worker
+    process died", or, with a task still unread in its pipe, "[Errno 104] Connection reset by peer"
+    (audit tokenizer9). Now a WorkerDied (an OSError: one line from the CLI) that says how it ended."""
+    from lm.tokenizer.workers import WorkerDied, WorkerPool
+
+    for tasks, how in (([0, 1, 2, 3, 4, 6, 7], r"killed by SIGKILL \(the kernel's out-of-memory killer sends it: "
+                                               r"fewer workers take less memory\)"),
+                       ([0, 1, 5, 3], "exited with status 3")):
+        for _ in range(3):  # the death lands in a receive, or in a send of the next task
+            with WorkerPool(2, _die_on_2) as pool, pytest.raises(
+                    WorkerDied, match=rf"^a worker process \(pid \d+\) {how} before it finished its work$"):
+                list(pool.map(tasks))
+    import lm.data.tokenize as tokenize_module
+
+    encode = tokenize_module._encode_chunk
+
+    def dies_in_a_worker(task):
+        if os.getpid() != _PARENT and task[1] > 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return encode(task)
+
+    monkeypatch.setattr(tokenize_module, "_encode_chunk", dies_in_a_worker)
+    monkeypatch.setattr(tokenize_module.tokenize_file, "__kwdefaults__",
+                        {**tokenize_module.tokenize_file.__kwdefaults__, "chunk_bytes": 50_000})
+    out = tmp_path / "x.bin"
+    assert main(["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out", str(out),
+                 "--num-workers", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"lm tokenize: error: a worker process \(pid \d+\) killed by SIGKILL \(.*\) before it "
+                        r"finished its work\n", err), err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written left
 
 
 def _children(pid: int) -> list[int]:

@@ -99,24 +99,7 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
     merges_path = check_readable_file(merges_path, "merges_path")
     vocab_file, merges_file = str(vocab_path), str(merges_path)
     raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
-    merges: list[tuple[bytes, bytes]] = []
-    merge_lines: list[int] = []  # the line of each merge, for errors
-    try:
-        with open(merges_path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                line = line.rstrip("\r\n")
-                if (lineno == 1 and line.startswith("#version")) or not line:
-                    continue
-                parts = line.split(" ")
-                if len(parts) != 2:
-                    raise ValueError(f"merges_path: line {lineno} of {merges_file!r} is not 'left right': {line!r}")
-                try:
-                    merges.append((unicode_str_to_bytes(parts[0]), unicode_str_to_bytes(parts[1])))
-                except ValueError as e:
-                    raise ValueError(f"merges_path: line {lineno} of {merges_file!r}: {e}") from None
-                merge_lines.append(lineno)
-    except UnicodeDecodeError:
-        raise ValueError(f"merges_path: {_not_utf8(merges_path)}") from None
+    merges, merge_lines = _read_merges(merges_path)
     specials = set(special_tokens)
     needed = _bpe_tokens(merges)
     vocab: dict[int, bytes] = {}
@@ -138,6 +121,49 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
                      merge=lambda rank: f"merges_path: line {merge_lines[rank]} of {merges_file!r}: merge",
                      in_vocab=repr(vocab_file))
     return vocab, merges
+
+
+def _read_merges(merges_path: Path) -> tuple[list[tuple[bytes, bytes]], list[int]]:
+    """The merges of ``merges.txt``, and the line of each (for errors)."""
+    merges: list[tuple[bytes, bytes]] = []
+    merge_lines: list[int] = []
+    try:
+        with open(merges_path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.rstrip("\r\n")
+                if (lineno == 1 and line.startswith("#version")) or not line:
+                    continue
+                parts = line.split(" ")
+                if len(parts) != 2:
+                    raise ValueError(f"merges_path: line {lineno} of {str(merges_path)!r} is not 'left right': "
+                                     f"{line!r}")
+                try:
+                    merges.append((unicode_str_to_bytes(parts[0]), unicode_str_to_bytes(parts[1])))
+                except ValueError as e:
+                    raise ValueError(f"merges_path: line {lineno} of {str(merges_path)!r}: {e}") from None
+                merge_lines.append(lineno)
+    except UnicodeDecodeError:
+        raise ValueError(f"merges_path: {_not_utf8(merges_path)}") from None
+    return merges, merge_lines
+
+
+def unreachable_tokens(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> list[str]:
+    """The keys of ``vocab.json`` that BPE cannot make (neither one byte nor a merge's result), in id
+    order: the special tokens of a folder that does not list them, as ``<|endoftext|>`` in GPT-2's
+    own files, or the files ``Tokenizer.save`` writes."""
+    vocab_path = check_readable_file(vocab_path, "vocab_path")
+    merges_path = check_readable_file(merges_path, "merges_path")
+    raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
+    needed = _bpe_tokens(_read_merges(merges_path)[0])
+    found = []
+    for key, i in raw.items():
+        try:
+            if unicode_str_to_bytes(key) in needed:
+                continue
+        except ValueError:
+            pass  # no byte-mapped string: only a special token's own text
+        found.append((i if isinstance(i, int) else 0, key))  # (a bad id is read_gpt2_files' error)
+    return [key for _, key in sorted(found)]
 
 
 def _not_utf8(path: Path) -> str:
@@ -275,7 +301,9 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
                        argument: str | None = None) -> Tokenizer:
     """Load ``DIR/vocab.json`` + ``DIR/merges.txt`` as written by ``lm tokenizer train``.
 
-    Special tokens default to those listed in ``DIR/tokenizer_config.json``. Errors are ValueErrors
+    Special tokens default to those listed in ``DIR/tokenizer_config.json``; without that file, to the
+    tokens of ``vocab.json`` that BPE cannot make (:func:`unreachable_tokens`: ``<|endoftext|>`` in
+    GPT-2's own files and in those :meth:`Tokenizer.save` writes). Errors are ValueErrors
     that start with the parameter at fault (``tokenizer:``, ``vocab_path:``, ``merges_path:``), or,
     with ``argument`` (``"--tokenizer"``), with that instead, which stands for all of them.
     """
@@ -291,9 +319,17 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
 def _load_tokenizer_dir(d: Path, special_tokens: Sequence[str] | None) -> Tokenizer:
     if not d.is_dir():  # a path to nothing is "not found", as data.train's and --checkpoint's are
         raise ValueError(f"tokenizer: {'not a directory' if os.path.lexists(d) else 'not found'}: {str(d)!r}")
+    for name in ("vocab.json", "merges.txt"):
+        if not (d / name).exists():  # not "vocab_path: file not found", a name the caller never gave
+            inner = d / "tokenizer"  # a run folder, say, whose tokenizer is in its tokenizer/
+            hint = f"; pass {str(inner)!r}, which has one" if (inner / name).is_file() else ""
+            raise ValueError(f"tokenizer: no {name} in {str(d)!r}{hint}")
     if special_tokens is None:
         cfg = d / "tokenizer_config.json"
-        special_tokens = []
+        # Without a list, the tokens BPE cannot make are the special ones: read as ordinary text, a
+        # folder of Tokenizer.save's files (or GPT-2's own) split each <|endoftext|> into 11 tokens
+        # and still gave its id as eot_id (audit tokenizer9).
+        special_tokens = [] if cfg.exists() else unreachable_tokens(d / "vocab.json", d / "merges.txt")
         if cfg.exists():
             config = read_json_object(cfg, "tokenizer:")
             if "special_tokens" not in config:
@@ -301,11 +337,6 @@ def _load_tokenizer_dir(d: Path, special_tokens: Sequence[str] | None) -> Tokeni
             special_tokens = config["special_tokens"]
             if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
                 raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
-    for name in ("vocab.json", "merges.txt"):
-        if not (d / name).exists():  # not "vocab_path: file not found", a name the caller never gave
-            inner = d / "tokenizer"  # a run folder, say, whose tokenizer is in its tokenizer/
-            hint = f"; pass {str(inner)!r}, which has one" if (inner / name).is_file() else ""
-            raise ValueError(f"tokenizer: no {name} in {str(d)!r}{hint}")
     return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)
 
 

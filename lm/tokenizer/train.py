@@ -354,8 +354,8 @@ def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
         bytes_per_token = (b - a) / max(1, len(tokenizer.encode(text)))
     heldout_eval = time.perf_counter() - t0
     # what training learned: a special token (the user's own "<|endoftext|>") is not one of them
-    specials = set(tokenizer.special_ids.values())
-    longest = max((t for i, t in tokenizer.vocab.items() if i not in specials), key=len)
+    # (the 256 single bytes are no lesson: with no merge learned there is none, not byte 0x00)
+    longest = max((a + b for a, b in tokenizer.merges), key=len, default=None)
     return {
         "vocab_size": len(tokenizer.vocab),
         "num_merges": len(tokenizer.merges),
@@ -373,7 +373,8 @@ def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
         },
         "pretokenize_mb_per_s": round(stats.input_bytes / 1e6 / max(stats.seconds["pretokenize"], 1e-9), 2),
         "peak_rss_mb": round(peak_rss_mb(), 1),
-        "longest_token": {"bytes": len(longest), "text": longest.decode("utf-8", errors="replace")},
+        "longest_token": None if longest is None else {"bytes": len(longest),
+                                                       "text": longest.decode("utf-8", errors="replace")},
         "bytes_per_token_heldout": None if bytes_per_token is None else round(bytes_per_token, 4),
         "invalid_utf8_bytes": stats.invalid_utf8_bytes,
     }

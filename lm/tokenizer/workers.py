@@ -74,6 +74,11 @@ def _serve(conn: Connection, func: Callable, initializer: Callable | None, inita
             conn.send((index, False, e))
 
 
+class WorkerDied(OSError):
+    """A worker process ended while it had work (killed, most often by the out-of-memory killer): an
+    OSError, as the machine's other failures are, so that a command says it in one line."""
+
+
 class WorkerPool:
     """``n`` forked workers that run ``func`` on tasks; ``map`` yields the results in task order.
 
@@ -118,7 +123,10 @@ class WorkerPool:
                 if item is None:
                     exhausted = True
                     return
-                conn.send(item)
+                try:
+                    conn.send(item)
+                except OSError:  # BrokenPipeError: the worker is gone
+                    raise self._died(conn) from None
                 busy[conn] += 1
 
         for conn in busy:
@@ -127,8 +135,8 @@ class WorkerPool:
             for conn in wait([c for c, k in busy.items() if k]):
                 try:
                     index, ok, result = conn.recv()
-                except EOFError:
-                    raise RuntimeError("a tokenizer worker process died") from None
+                except (EOFError, OSError):  # closed, or reset while a task was still unread in its pipe
+                    raise self._died(conn) from None
                 if not ok:
                     raise result
                 busy[conn] -= 1
@@ -140,6 +148,22 @@ class WorkerPool:
                 while next_out in done:
                     yield done.pop(next_out)
                     next_out += 1
+
+    def _died(self, conn: Connection) -> WorkerDied:
+        """The error for the worker at the other end of ``conn``, saying how it ended."""
+        process = next(p for p, c in self._workers if c is conn)
+        process.join(5)  # its end is known once it is reaped
+        code = process.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+            if -code == signal.SIGKILL:
+                how += " (the kernel's out-of-memory killer sends it: fewer workers take less memory)"
+        else:
+            how = "ended" if code is None else f"exited with status {code}"
+        return WorkerDied(f"a worker process (pid {process.pid}) {how} before it finished its work")
 
     def close(self) -> None:
         """End every worker now (they hold no lock of ours, so killing them is safe)."""
