@@ -23,6 +23,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     files: dict = {}
     drops_left = 0
     requests: list = []
+    no_head = False  # answer HEAD with 405, as some mirrors do
+    ignore_range = False  # answer a range request with the whole file (200), as python -m http.server does
 
     def log_message(self, *args):
         pass
@@ -41,10 +43,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if sum(1 for r in Handler.requests if r[1] == self.path) > 20:  # a client that asks without end: stopped
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         data = Handler.files[name]
         start = 0
         rng = self.headers.get("Range")
-        if rng and body_too:
+        if rng and body_too and not Handler.ignore_range:
             start = int(rng.removeprefix("bytes=").split("-")[0])
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
@@ -66,6 +73,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_HEAD(self):
+        if Handler.no_head:
+            Handler.requests.append((self.command, self.path, None))
+            self.send_response(405)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self._answer(False)
 
     def do_GET(self):
@@ -75,6 +88,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server(monkeypatch):
     Handler.requests, Handler.drops_left, Handler.files = [], 0, {}
+    Handler.no_head = Handler.ignore_range = False
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{httpd.server_address[1]}{PREFIX}".rstrip("/")
@@ -144,6 +158,38 @@ def test_a_served_file_with_another_checksum_is_refused(server, tmp_path, monkey
     err = capsys.readouterr().err.strip()
     assert "val.de.gz: SHA-256" in err and "does not match the expected" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "val.de.gz").exists() and not (tmp_path / "val.de.gz.part").exists()
+
+
+@pytest.mark.parametrize("no_head", [False, True])
+def test_a_served_file_of_another_size_is_refused_at_once_not_fetched_without_end(server, tmp_path, monkeypatch,
+                                                                                  capsys, no_head):
+    """A mirror's val.en.gz 10 bytes longer than the pinned size was fetched again and again without end
+    (551,266 GETs in 3 minutes), and a shorter one served whole to a range request "failed after 5 retries:
+    no data received; run again to resume" for ever (audit export9). The size the HEAD gives is compared
+    first; without one (a mirror that refuses HEAD), the bytes that came: one request, one line."""
+    monkeypatch.setattr(dl, "_retry_wait", lambda attempt: 0.0)
+    files = fake_files(monkeypatch)
+    Handler.no_head = no_head
+    size = len(files["val.en.gz"])
+    for name, data, message in (
+            ("longer", files["val.en.gz"] + b"corrupted\n",
+             f"has {size + 10:,} bytes, not the {size:,} of val.en.gz: another file" if not no_head else
+             f"sent {size + 10:,} bytes, not the {size:,} of val.en.gz: another file"),
+            ("shorter", files["val.en.gz"][:-50],
+             f"has {size - 50:,} bytes, not the {size:,} of val.en.gz: another file" if not no_head else
+             f"sent {size - 50:,} bytes, the whole file, not the {size:,} of val.en.gz: another file")):
+        Handler.files, Handler.requests, Handler.ignore_range = {**files, "val.en.gz": data}, [], True
+        out = tmp_path / name
+        assert main(["data", "download", "multi30k", "--out", str(out), "--quiet"]) == 2, name
+        err = capsys.readouterr().err
+        assert err.endswith(f"{message} (the URL is from LM_MULTI30K_URL)\n") and len(err.splitlines()) == 1, err
+        gets = [r for r in Handler.requests if r[0] == "GET" and r[1].endswith("/content/" + PREFIX.split(
+            "/multi30k/", 1)[1] + "val.en.gz")]
+        assert len(gets) == (1 if no_head else 0), gets
+        assert not (out / "val.en.gz").exists() and not (out / "val.en.gz.part").exists()
+    Handler.files, Handler.ignore_range = files, False  # a mirror without HEAD serves the right files: fine
+    assert main(["data", "download", "multi30k", "--out", str(tmp_path / "good"), "--quiet"]) == 0
+    assert {p.name: p.read_bytes() for p in (tmp_path / "good").iterdir()} == files
 
 
 def test_split_is_for_tinystories_only(tmp_path, capsys):

@@ -50,8 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="evaluate the first N tokens only (with --target: the first N sentence pairs)")
     p.add_argument("--stride", type=int, default=None, metavar="N",
-                   help="slide the window by N tokens and score only the new ones, so each token sees at least "
-                        "context_length - N tokens of context (default: the context length, windows do not overlap)")
+                   help="slide the window by N tokens and score only the new ones, so each token after the first "
+                        "window sees at least context_length - N tokens of context (default: the context length, "
+                        "windows do not overlap)")
     add_compute(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_quiet(p)

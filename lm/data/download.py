@@ -87,6 +87,8 @@ def probe(url: str, timeout: float = 30.0) -> RemoteFile:
             code, headers = e.code, e.headers
             if code in _RETRY_STATUS:
                 raise
+            if code in (405, 501):  # a server that does not do HEAD may still serve the file: GET tells
+                return RemoteFile(url, size, sha)
             if code not in (301, 302, 303, 307, 308):
                 raise DownloadError(f"{url} answered HTTP {code} {e.reason}".rstrip()) from None
         size = size or _int(headers.get("X-Linked-Size"))
@@ -217,6 +219,10 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
                           f"kept the {dest.stat().st_size:,} bytes there as they are", stacklevel=3)
             return dest
         raise DownloadError(f"{failed}: {reason}" + ("" if local else " (offline?)")) from None
+    if expected_size is not None and remote.size is not None and remote.size != expected_size:
+        # another file (a proxy's or a portal's page, a mirror's other version): refused before any byte comes
+        raise DownloadError(f"{remote.url} has {remote.size:,} bytes, not the {expected_size:,} of {dest.name}: "
+                            "another file")
     size = expected_size or remote.size
     sha = (expected_sha256 or remote.sha256 or "").lower() or None
     if dest.exists():
@@ -249,6 +255,7 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
             try:
                 with urllib.request.urlopen(urllib.request.Request(remote.url, headers=headers), timeout=timeout) as r:
                     mode = "ab" if have and r.status == 206 else "wb"  # 200: the server ignored the range
+                    whole = _int(r.headers.get("Content-Length")) if mode == "wb" else None  # the file's own size
                     if mode == "wb":
                         bar.n = 0
                     try:  # once the server answers with the file
@@ -262,7 +269,14 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
                             bar.update(len(block))
                 if size is None:
                     break
-                if part.stat().st_size == have:  # the server closed without sending anything
+                got = part.stat().st_size
+                if got > size or (whole is not None and got == whole != size):
+                    # the whole of another file: asked again, it comes again (a longer one had been fetched
+                    # without end, a shorter one "failed after 5 retries: no data received; run again")
+                    part.unlink()
+                    raise DownloadError(f"{remote.url} sent {got:,} bytes{'' if got > size else ', the whole file'}, "
+                                        f"not the {size:,} of {dest.name}: another file")
+                if got == have:  # the server closed without sending anything
                     raise ConnectionError("no data received")
             except urllib.error.HTTPError as e:
                 if e.code not in _RETRY_STATUS:  # a 404 or 403 is the answer: asking again would not change it
