@@ -171,10 +171,9 @@ _FOREIGN_NAMES: dict[str, str] = {
     **dict.fromkeys(("gradient_accumulation_steps", "grad_accum", "gradient_accumulation_iters"),
                     "train.grad_accum_steps"),
     **dict.fromkeys(("micro_batch_size", "per_device_train_batch_size"), "train.batch_size"),
-    **dict.fromkeys(("min_learning_rate",), "optim.min_lr"),
-    **dict.fromkeys(("adam_beta1",), "optim.beta1"), **dict.fromkeys(("adam_beta2",), "optim.beta2"),
+    "min_learning_rate": "optim.min_lr", "adam_beta1": "optim.beta1", "adam_beta2": "optim.beta2",
     **dict.fromkeys(("max_grad_norm", "gradient_clip_val", "clip_grad"), "optim.grad_clip"),
-    **dict.fromkeys(("wandb_project",), "wandb.project"), **dict.fromkeys(("wandb_run_name",), "wandb.name"),
+    "wandb_project": "wandb.project", "wandb_run_name": "wandb.name",
     **dict.fromkeys(("threads", "num_threads"), "--threads"),
     **dict.fromkeys(("resume", "init_from", "resume_from_checkpoint"), "--resume"),
 }
@@ -261,7 +260,6 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
     """Return ``value`` as a plain ``int``/``float``/``str`` or raise a ValueError: ints widen to
     float where a float is wanted, and numpy's numbers (from a Python-API sweep) become Python's,
     which config.toml and a checkpoint can hold (a numpy scalar in a checkpoint fails ``--resume``)."""
-    optional = _unoptional(annotation) is not annotation
     annotation = _unoptional(annotation)
     if annotation is bool:
         ok = isinstance(value, (bool, np.bool_))
@@ -274,8 +272,7 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
     else:
         ok = isinstance(value, annotation)
     if not ok:
-        unset = (f" (--set {where}=none leaves it unset)" if optional and annotation is not str
-                 and annotation is not bool else "")
+        unset = f" (--set {where}=none leaves it unset)" if _unsettable(*where.split(".")) else ""
         raise ValueError(f"config: {where} must be {_type_name(annotation)}, got {type(value).__name__} {value!r}"
                          f"{unset}")
     if annotation is float and isinstance(value, numbers.Integral):
@@ -355,10 +352,16 @@ def parse_override(item: str) -> tuple[str, str, Any]:
 _DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?")
 
 
+def _classes(section: str) -> list[type]:
+    """The dataclasses that may hold the keys of ``section`` (every architecture's, for [model])."""
+    if section == "model":
+        return [cls for cls, _ in ARCHITECTURES.values()]
+    return [SECTIONS[section]] if section in SECTIONS else []
+
+
 def _is_str_key(section: str, name: str) -> bool:
     """Whether ``section.name`` holds text (in any model architecture's config, for [model])."""
-    classes = [cls for cls, _ in ARCHITECTURES.values()] if section == "model" else [SECTIONS.get(section)]
-    for cls in filter(None, classes):
+    for cls in _classes(section):
         if _unoptional(typing.get_type_hints(cls).get(name)) is str:
             return True
     return False
@@ -367,8 +370,7 @@ def _is_str_key(section: str, name: str) -> bool:
 def _unsettable(section: str, name: str) -> bool:
     """Whether ``section.name`` may be left unset (``X | None``, X not text): ``--set section.name=none``
     takes it out, as deleting its line from the TOML file would."""
-    classes = [cls for cls, _ in ARCHITECTURES.values()] if section == "model" else [SECTIONS.get(section)]
-    for cls in filter(None, classes):
+    for cls in _classes(section):
         hint = typing.get_type_hints(cls).get(name)
         if hint is not None and _unoptional(hint) is not hint and _unoptional(hint) is not str:
             return True
