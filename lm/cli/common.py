@@ -263,8 +263,8 @@ def model_fits(batch: str, remedy: str) -> Iterator[None]:
 
 
 def check_fits(batch: str, need: int, what: str, device, remedy: str) -> None:
-    """Refuse, in the words of :func:`model_fits`, a batch that needs at least ``need`` bytes,
-    counted before anything is allocated (``what``: for what, "its cache needs"), when that is more
+    """Refuse, in the words of :func:`model_fits`, a batch that needs ``need`` bytes, counted before
+    anything is allocated (``what``: for what and how exactly, "its cache needs at least"), when that is more
     than ``device`` has free, or more than a tensor can hold where the free memory is unknown:
     torch's own errors for a size past int64 were tracebacks ("Storage size calculation
     overflowed", "Overflow when unpacking long long")."""
@@ -274,7 +274,7 @@ def check_fits(batch: str, need: int, what: str, device, remedy: str) -> None:
     if need <= (2**63 - 1 if have is None else have):
         return
     free = "more than a tensor can hold" if have is None else f"{device} has {gib(have)} free"
-    raise ValueError(f"{batch} does not fit in memory ({what} at least {gib(need)}, {free}); {remedy}")
+    raise ValueError(f"{batch} does not fit in memory ({what} {gib(need)}, {free}); {remedy}")
 
 
 def gib(n: int) -> str:

@@ -257,7 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     batch = f"--max-batch: a batch of {args.max_batch} {plural(args.max_batch, 'row')}"
     # the slots' cache, every context position of every row, is made at once: refused with the numbers
     check_fits(batch, (TranslationEngine if seq2seq else Engine).cache_class.bytes_for(model, args.max_batch),
-               "their key/value cache needs", model.device, "lower --max-batch")
+               "their key/value cache needs at least", model.device, "lower --max-batch")
     with model_fits(batch, "lower --max-batch"):  # what the count leaves out: the probe's activations, a wider step
         if seq2seq:
             engine = TranslationEngine(model, banned_ids=line_break_ids(tok), **common)  # one line, as lm translate

@@ -71,7 +71,7 @@ def check_decoding_memory(model, batches: list[list[int]], beam: int, batch_size
 
     need = max((decoding_bytes(model, b, beam) for b in batches if b), default=0)
     check_fits(f"--beam/--batch-size: a batch of up to {batch_size} {plural(batch_size, 'sentence')} at beam {beam}",
-               need, "its key/value cache, memory and logits need", model.device, "lower --beam or --batch-size")
+               need, "decoding needs about", model.device, "lower --beam or --batch-size")
 
 
 def check_alpha(alpha: float) -> None:

@@ -87,7 +87,9 @@ class KVCache:
     def select(self, rows: Int[Tensor, " rows"]) -> None:
         """Keep (and reorder, repeat) the batch rows ``rows``, with their padding: a finished row
         leaving the batch, or beam search's reshuffle of hypotheses."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        # one after the other, each old tensor freed as its copy is made: the peak is 1.5 caches, not 2
+        self.k = self.k[:, rows]
+        self.v = self.v[:, rows]
         self.pad_lengths = self.pad_lengths[rows]
         self._key_valid = self._key_valid[rows]
         self._padded = bool((self.pad_lengths > 0).any())
