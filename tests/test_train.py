@@ -201,6 +201,37 @@ def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, 
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
 
 
+def test_parameters_are_counted_without_building_every_layer(tmp_path, monkeypatch):
+    """`--set model.num_layers=1000000` hung for minutes, then was killed or a MemoryError traceback:
+    the memory check built every layer on the meta device to count them (clifuzz9 #2). The count
+    is still the built model's, for language models and encoder–decoders of either layout."""
+    import lm.model
+    from lm.model import ModelConfig, build_model
+    from lm.model.seq2seq import Seq2SeqConfig
+    from lm.train import memory
+
+    for m in (ModelConfig(vocab_size=97, context_length=16, d_model=24, num_layers=3, num_heads=2),
+              ModelConfig(vocab_size=97, context_length=16, d_model=24, num_layers=1, num_heads=2, ffn="gelu",
+                          positions="learned", tie_embeddings=True, d_ff=40),
+              Seq2SeqConfig(vocab_size=97, context_length=16, d_model=24, encoder_layers=3, decoder_layers=2,
+                            num_heads=2),
+              Seq2SeqConfig(vocab_size=97, context_length=16, d_model=24, encoder_layers=1, decoder_layers=4,
+                            num_heads=2, tie_embeddings=False, positions="learned", norm_placement="pre")):
+        assert memory.parameter_count(m) == sum(p.numel() for p in build_model(m).parameters()), m
+    built = []  # the layers of every model built to count: at most two, whatever the config says
+
+    def recording(config, *args, **kwargs):
+        built.append(max(getattr(config, k, 0) for k in ("num_layers", "encoder_layers", "decoder_layers")))
+        return build_model(config, *args, **kwargs)
+
+    monkeypatch.setattr(lm.model, "build_model", recording)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**9)
+    for key in ("model.num_layers=1000000", "model.num_layers=2147483647"):
+        with pytest.raises(ValueError, match=r"^model: [\d,]+ parameters need [\d.,]+ GB .* make the model smaller"):
+            memory.check_step_memory(config_from_dict(_raw_config(tmp_path), [key]), torch.device("cpu"))
+    assert built and max(built) <= 2, built
+
+
 def test_set_keeps_text_for_text_keys_and_reads_bare_decimals(tmp_path):
     """`--set train.out_dir=123` and `--set wandb.name=2024-01-01` were refused (TOML made them a number
     and a date), and `--set optim.max_lr=.5` was refused as a string."""
