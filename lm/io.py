@@ -232,11 +232,20 @@ def check_no_symlink_loop(path: str | os.PathLike, argument: str) -> None:
                 raise ValueError(f"{argument}: {str(path)!r} lies below {str(p)!r}, a symlink loop") from None
 
 
+def check_not_empty(path: str | os.PathLike, argument: str) -> None:
+    """Refuse an empty path, naming ``argument``: ``Path('')`` is ``Path('.')``, so a script's unset
+    variable (``--checkpoint "$CKPT"``) read whatever the working folder held, or was refused naming
+    ``'.'``, which the user never typed (clifuzz9 #3). Unix tools take ``''`` for no file, too."""
+    if os.fspath(path) == "":
+        raise ValueError(f"{argument}: must not be empty")
+
+
 def check_readable_file(path: str | os.PathLike, argument: str, *, stream: bool = False) -> Path:
     """Return ``path`` as a Path, or raise ValueError naming the argument when it is not a readable file.
 
     With ``stream``, for a caller that reads the file once from its start, anything readable that is
     not a directory passes too: a named pipe, ``/dev/stdin``, a shell's ``<(cmd)`` (``/dev/fd/N``)."""
+    check_not_empty(path, argument)
     p = Path(path)
     if not p.exists():
         check_no_symlink_loop(p, argument)
@@ -391,7 +400,8 @@ def _inside(inner: Path, outer: Path) -> bool:
 
 def check_not_input(out: str | os.PathLike, inputs: Inputs, argument: str = "--out", *, folder: bool = False) -> None:
     """Refuse an output that is one of the inputs, or (a folder) holds an input or the working directory,
-    or a symlink loop (:func:`check_no_symlink_loop`)."""
+    or a symlink loop (:func:`check_no_symlink_loop`), or an empty path (:func:`check_not_empty`)."""
+    check_not_empty(out, argument)
     out = Path(out)
     check_no_symlink_loop(out, argument)
     for arg, inp in inputs:

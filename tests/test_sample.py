@@ -359,6 +359,44 @@ def test_an_empty_tokenizer_is_refused_not_taken_for_the_runs(run, tmp_path, cap
     assert sorted(os.listdir(tmp_path)) == ["v.txt"]
 
 
+def test_an_empty_path_is_refused_not_taken_for_the_working_folder(run, tmp_path, capsys, monkeypatch):
+    """`--checkpoint ''` (a script's unset variable) is Path('.'): from inside a run folder, sample,
+    eval, translate and serve used that run, exit 0; `lm tokenize --tokenizer ''` tokenized with the
+    working folder's tokenizer and `lm plot ''` plotted it; elsewhere the errors named '.', which was
+    never typed (clifuzz9 #3). Every such path is now one line saying it must not be empty."""
+    import shutil
+
+    d, _, _ = run
+    here = tmp_path / "here"
+    shutil.copytree(d, here)  # a run folder, its tokenizer/ and metrics.jsonl: what '' would have found
+    shutil.copytree(Path(d) / "tokenizer", here / "tok")
+    (here / "v.txt").write_text(TEXT)
+    monkeypatch.chdir(here)
+    before = sorted(os.listdir(here))
+    cases = [
+        (["sample", "--checkpoint", "", "--prompt", "x"], "--checkpoint"),
+        (["eval", "--checkpoint", "", "--data", "v.txt"], "--checkpoint"),
+        (["translate", "--checkpoint", "", "abc"], "--checkpoint"),
+        (["serve", "--checkpoint", "", "--port", "0"], "--checkpoint"),
+        (["tokenize", "--tokenizer", "", "--input", "v.txt", "--out", "o.bin"], "--tokenizer"),
+        (["tokenize", "--tokenizer", "tok", "--input", "", "--out", "o.bin"], "--input"),
+        (["tokenize", "--tokenizer", "tok", "--input", "v.txt", "--out", ""], "--out"),
+        (["tokenizer", "train", "--input", "v.txt", "--vocab-size", "300", "--out", ""], "--out"),
+        (["eval", "--checkpoint", ".", "--data", ""], "--data"),
+        (["sample", "--checkpoint", ".", "--prompt-file", ""], "--prompt-file"),
+        (["plot", ""], "RUN_DIR"),
+        (["train", "--config", ""], "--config"),
+    ]
+    for argv, option in cases:
+        assert main(argv) == 2, argv
+        command = " ".join(argv[: 2 if argv[0] in ("tokenizer", "export") else 1])
+        assert capsys.readouterr() == ("", f"lm {command}: error: {option}: must not be empty\n"), argv
+    assert main(["translate", "--checkpoint", ".", "--input", ""]) == 2  # not "no sentences given"
+    assert capsys.readouterr().err == ("lm translate: error: --input: must not be empty; pass a file, or - for "
+                                       "standard input\n")
+    assert sorted(os.listdir(here)) == before
+
+
 def test_an_empty_prompt_without_end_of_text_names_the_option_given(tmp_path, capsys, monkeypatch):
     """decode8: an empty --prompt-file (or standard input) with a tokenizer that has no <|endoftext|>
     was refused as `--prompt: empty`, an option the user had not given."""

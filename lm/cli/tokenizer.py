@@ -17,6 +17,7 @@ from lm.cli.common import add_command, add_out, add_quiet, as_flags
 from lm.io import (
     atomic_write,
     check_no_symlink_loop,
+    check_not_empty,
     check_output_dir,
     check_output_file,
     check_readable_file,
@@ -150,6 +151,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         raise ValueError(f"--holdout-bytes: must be >= 0, got {args.holdout_bytes}")
     with as_flags(special_tokens="--special-token"):
         check_special_tokens_savable(args.special_token)  # "@" could not be saved: refuse it before the work
+    check_not_empty(args.out, "--out")
     out = Path(args.out)
     inputs = [("--input", p) for p in paths]
     output = dict(command="lm tokenizer train", overwrite=args.overwrite, inputs=inputs, files=TOKENIZER_FILES)
@@ -295,6 +297,8 @@ def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, Path]], wha
     from lm.data.pairs import index_path, is_pair_file
     from lm.data.token_file import is_token_file, sidecar_path
 
+    check_not_empty(args.tokenizer, "--tokenizer")  # not the working folder (an input)
+    check_not_empty(args.out, "--out")
     out = Path(args.out)
     tok = Path(args.tokenizer)
     check_no_symlink_loop(out, "--out")  # before resolving it below: a traceback on Python 3.11

@@ -117,6 +117,8 @@ def run_plot(args: argparse.Namespace) -> int:
     from lm.train.plot import is_marked_plot, plot_runs
 
     for d in args.run_dirs:
+        if d == "":  # Path('') is the working folder: a script's unset variable plotted it
+            raise ValueError("RUN_DIR: must not be empty")
         if not Path(d).exists():
             raise ValueError(f"RUN_DIR: folder not found: {d!r}")
         if not Path(d).is_dir():

@@ -121,6 +121,8 @@ def read_lines(args: argparse.Namespace) -> list[str]:
                 raise ValueError(f"TEXT: sentence {k} holds a line break, and a line is one sentence (one "
                                  "translation a line); pass each line as its own TEXT, or the lines in --input FILE")
         return list(args.text)
+    if args.input == "":  # not "no sentences given": it was given, empty (a script's unset variable)
+        raise ValueError("--input: must not be empty; pass a file, or - for standard input")
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
     if args.input == "-":

@@ -243,8 +243,9 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     must be text, as ``lm tokenizer train`` wants its input (:func:`check_data`); ``FILE.gz`` is
     decompressed to a temporary file first.
     """
-    from lm.io import check_output_dir, check_readable_file, claim_dir
+    from lm.io import check_not_empty, check_output_dir, check_readable_file, claim_dir
 
+    check_not_empty(settings.out_dir, "--out")
     out = Path(settings.out_dir)
     if settings.data is not None and not str(settings.data):  # had been taken for "not given": the synthetic corpus
         raise ValueError("--data: must not be empty; omit --data for TinyStories in data/ or the synthetic stories")

@@ -52,7 +52,9 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
     early, so the export is older), else its newest checkpoint; or a run's ``checkpoints/`` folder:
     its newest ``step_N.pt``, as ``lm train --resume`` takes it."""
     from lm.checkpoint import CheckpointManager
+    from lm.io import check_not_empty
 
+    check_not_empty(path, argument)  # not the working folder
     p = Path(path)
     if p.is_dir():
         if p.name == "checkpoints" and not (p / "checkpoints").is_dir():  # RUN/checkpoints itself

@@ -307,6 +307,8 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
     that start with the parameter at fault (``tokenizer:``, ``vocab_path:``, ``merges_path:``), or,
     with ``argument`` (``"--tokenizer"``), with that instead, which stands for all of them.
     """
+    if os.fspath(directory) == "":  # Path('') is the working folder (lm.io.check_not_empty)
+        raise ValueError(f"{argument or 'tokenizer'}: must not be empty")
     if argument is None:
         return _load_tokenizer_dir(Path(directory), special_tokens)
     try:
