@@ -410,6 +410,38 @@ def test_prompt_file_stdin_threads_and_dtype(work, tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_closed_or_write_only_standard_streams(work, tmp_path):
+    """clifuzz9 #4 and #7. `--prompt-file -` / `--input -` with standard input closed (`<&-`) was a
+    20-line traceback (Python's sys.stdin is None), and opened for writing only (`0>file`) an error
+    naming no option. With standard error closed (`2>&-`) every command exited 1 after a clean run
+    and printed its status lines into stdout, the data."""
+    def closing(fd):
+        return lambda: os.close(fd)
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    sample = [sys.executable, "-m", "lm", "sample", "--checkpoint", str(work / "run"), "--max-new-tokens", "3",
+              "--seed", "1"]
+    r = subprocess.run([*sample, "--prompt-file", "-"], preexec_fn=closing(0), capture_output=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    one_line_error(r, "lm sample: error: --prompt-file: - reads standard input, which is closed")
+    with open(tmp_path / "w", "wb") as write_only:
+        r = subprocess.run([*sample, "--prompt-file", "-"], stdin=write_only, capture_output=True, env=env,
+                           cwd=tmp_path, timeout=120)
+    one_line_error(r, "lm sample: error: --prompt-file: - reads standard input, which cannot be read: Bad file "
+                      "descriptor")
+    with_stderr = subprocess.run([*sample, "--prompt", "Tom"], capture_output=True, env=env, cwd=tmp_path,
+                                 timeout=120)
+    assert with_stderr.returncode == 0 and with_stderr.stderr.startswith(b"["), err_of(with_stderr)
+    for closed in (closing(2), None):
+        kw = dict(preexec_fn=closed, stdout=subprocess.PIPE) if closed else dict(stdout=subprocess.PIPE,
+                                                                                stderr=subprocess.DEVNULL)
+        r = subprocess.run([*sample, "--prompt", "Tom"], env=env, cwd=tmp_path, timeout=120, **kw)
+        assert (r.returncode, r.stdout) == (0, with_stderr.stdout)  # the sample alone
+        r = subprocess.run([*sample, "--prompt", "Tom", "--max-new-tokens", "0"], env=env, cwd=tmp_path,
+                           timeout=120, **kw)
+        assert (r.returncode, r.stdout) == (2, b"")  # the usage error's status; its line went nowhere
+
+
 def test_an_empty_resume_is_refused_not_taken_for_not_given(work, tmp_path):
     """`--resume ''` (a script's `--resume "$CKPT"` with the variable unset) was taken for no
     --resume: a fresh run from step 0 in an empty train.out_dir, exit 0, and for a run folder

@@ -9,6 +9,7 @@ status 2; a library warning is printed as one ``lm CMD: warning: ...`` line; Ctr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -76,14 +77,37 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = previous
 
 
+def _writable(stream) -> bool:
+    """Whether ``stream`` can be written. Closed (``2>&-``), Python makes it None, so every status
+    line went to stdout, into the data, and the final flush was an exit 1 after a clean run
+    (clifuzz9 #7); a launcher that leaves a file of its own open for reading there (pyenv's shim
+    does) made each write an EBADF. A stream without a descriptor (captured) is taken as it is."""
+    if stream is None:
+        return False
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return True
+    try:
+        import fcntl
+
+        return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+    except ImportError:  # not Unix
+        return True
+    except OSError:  # a descriptor that is not open
+        return False
+
+
 def entry() -> None:
     """The ``lm`` executable: :func:`main`, then exit. After Ctrl-C or SIGTERM (status 130, 143) the
     process ends at once, without the interpreter's teardown of torch and its threads, which can take a second:
     every output was already cleaned up while the interrupt unwound. Once :func:`main` has
     returned, Ctrl-C is ignored: there is nothing left to interrupt."""
-    import os
     import signal
 
+    for name in ("stdout", "stderr"):
+        if not _writable(getattr(sys, name)):  # closed: what the user asked to discard is discarded
+            setattr(sys, name, open(os.devnull, "w"))
     # Once the work is over, a Ctrl-C would land in the interpreter's teardown, which restores the
     # default handler and would die by the signal (status -2) after a clean run: it is ignored from
     # the moment main returns (the finally), and one that lands before that is caught here too.

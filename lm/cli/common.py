@@ -287,6 +287,18 @@ def gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n.bit_length() < 1000 else f"about 2**{n.bit_length() - 1} bytes"
 
 
+def read_stdin(argument: str) -> bytes:
+    """All of standard input, for ``argument`` given as ``-``; one line naming ``argument`` when it
+    cannot be read. Closed (``<&-``), Python's ``sys.stdin`` is None, and reading it was a traceback;
+    opened for writing only (``0>file``), the error named no option (clifuzz9 #4)."""
+    if sys.stdin is None:
+        raise ValueError(f"{argument}: - reads standard input, which is closed")
+    try:
+        return sys.stdin.buffer.read()
+    except OSError as e:
+        raise ValueError(f"{argument}: - reads standard input, which cannot be read: {e.strerror or e}") from None
+
+
 def plural(n: int, word: str, words: str | None = None) -> str:
     """``word`` for a count of one, else ``words`` (default ``word + "s"``): "1 byte", "2 bytes"."""
     return word if n == 1 else words or word + "s"

@@ -14,6 +14,7 @@ from lm.cli.common import (
     as_flags,
     check_utf8,
     quiet_on_closed_pipe,
+    read_stdin,
 )
 
 EXAMPLES = """
@@ -69,7 +70,7 @@ def read_prompt(args: argparse.Namespace) -> str:
         check_utf8("--prompt", args.prompt, remedy="pass the text as UTF-8 or use --prompt-file")
         return args.prompt
     if args.prompt_file == "-":
-        data = sys.stdin.buffer.read()
+        data = read_stdin("--prompt-file")
     else:
         path = check_readable_file(args.prompt_file, "--prompt-file", stream=True)
         try:

@@ -19,6 +19,7 @@ from lm.cli.common import (
     model_fits,
     plural,
     quiet_on_closed_pipe,
+    read_stdin,
     require_architecture,
 )
 
@@ -126,7 +127,7 @@ def read_lines(args: argparse.Namespace) -> list[str]:
     if not args.input:
         raise ValueError("--input: no sentences given (pass TEXT... or --input FILE)")
     if args.input == "-":
-        data = sys.stdin.buffer.read()
+        data = read_stdin("--input")
     else:  # read once, whole: a pipe or <(cmd) works too
         path = check_readable_file(args.input, "--input", stream=True)
         if is_pair_file(path) or is_token_file(path):  # before its bytes are taken for text
