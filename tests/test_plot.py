@@ -167,6 +167,37 @@ def test_a_line_that_is_not_utf8_is_skipped_like_any_damaged_line(tmp_path, caps
     assert [r["step"] for r in loss_records(run)["train"]] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_run_folder_whose_name_is_not_utf8_is_plotted_with_the_byte_escaped(tmp_path, capsys, legend):
+    """`lm plot $'r\\xff'` was a 90-line traceback from matplotlib, which cannot draw the lone
+    surrogate Python holds for the byte (clifuzz9 #5); every other command takes such a name."""
+    import os
+    import subprocess
+    import sys
+
+    from lm.train.plot import plot_runs
+
+    run = _run(Path(str(tmp_path) + "/r\udcff"))
+    plot_runs([run], tmp_path / "p.png")
+    assert legend == ["r\\xff train", "r\\xff val"]
+    r = subprocess.run([sys.executable, "-m", "lm", "plot", os.fsencode(run), "--quiet"], capture_output=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=120)
+    assert (r.returncode, r.stderr) == (0, b"")  # its path printed as given, the byte itself
+    assert r.stdout == os.fsencode(run / "loss.png") + b"\n" and (run / "loss.png").is_file()
+
+
+def test_a_step_past_a_float_is_skipped_like_any_damaged_line(tmp_path, capsys, legend):
+    """A hand-edited step of 10**400 (an integer JSON number past a float's range) was an
+    OverflowError traceback (clifuzz9)."""
+    run = _run(tmp_path / "run")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 1' + "0" * 400 + ', "split": "train", "loss": 3.3, "time": 6.0}\n')
+    assert _cli(["plot", str(run), "--out", str(tmp_path / "p.png")], capsys)[0] == 0
+
+    from lm.train.plot import loss_records
+
+    assert [r["step"] for r in loss_records(run)["train"]] == [1, 2, 3, 4, 5]
+
+
 def test_out_below_a_file_is_refused_naming_out(tmp_path, capsys):
     """It was "[Errno 17] File exists: 'afile'", naming no argument."""
     run = _run(tmp_path / "run")

@@ -6,7 +6,7 @@ import math
 import os
 from pathlib import Path
 
-from lm.io import check_not_input
+from lm.io import check_not_input, text_name
 from lm.train.metrics import read_metrics
 
 # The PNG text chunk that marks a plot of plot_runs, so that `lm plot --overwrite` replaces its own
@@ -15,7 +15,14 @@ PLOT_MARK = ("Software", "lm plot")
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number a plot can place: an integer past a float's range (a step of 10**400 in a
+    hand-edited metrics.jsonl) was an OverflowError traceback."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def loss_records(run_dir: str | os.PathLike) -> dict[str, list[dict]]:
@@ -77,7 +84,8 @@ def run_labels(run_dirs: list[str | os.PathLike]) -> list[str]:
     paths = [Path(d).resolve() for d in run_dirs]
     depth = [1] * len(paths)
     while True:
-        labels = [str(Path(*p.parts[-n:])) for p, n in zip(paths, depth)]
+        # a name that is not UTF-8 written \xff: its lone surrogate was a traceback in matplotlib's text
+        labels = [text_name(Path(*p.parts[-n:])) for p, n in zip(paths, depth)]
         clashing = [i for i, p in enumerate(paths)  # with another folder: the same one given twice keeps its name
                     if depth[i] < len(p.parts) and any(q != p and name == labels[i] for q, name in zip(paths, labels))]
         if not clashing:
