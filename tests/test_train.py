@@ -243,6 +243,22 @@ def test_set_keeps_text_for_text_keys_and_reads_bare_decimals(tmp_path):
         config_from_dict(_raw_config(tmp_path), ["train.max_steps=12x"])
 
 
+def test_set_strips_the_spaces_toml_allows_around_the_value(tmp_path):
+    """`--set "train.out_dir = runs/b"` made a folder named " runs", and `data.tokenizer = tok` was
+    "not found: ' tok'", while numbers in the same spelling worked (clifuzz9 #6). An unclosed quote
+    had become part of the path (a folder '"runs'); it is refused."""
+    cfg = config_from_dict(_raw_config(tmp_path), ["train.out_dir = runs/b", "wandb.name = 2024-01-01 ",
+                                                   "train.device = cpu", "optim.max_lr = .5 ", "model.d_model = 32"])
+    assert (cfg.train.out_dir, cfg.wandb.name, cfg.train.device) == ("runs/b", "2024-01-01", "cpu")
+    assert (cfg.optim.max_lr, cfg.model.d_model) == (0.5, 32)
+    assert config_from_dict(_raw_config(tmp_path), ['wandb.name=" spaced "']).wandb.name == " spaced "  # quoted: kept
+    for item in ('train.out_dir="runs/b', "train.out_dir = 'runs/b"):
+        with pytest.raises(ValueError) as e:
+            config_from_dict(_raw_config(tmp_path), [item])
+        assert str(e.value) == (f"--set {item!r}: the value opens a quoted string that is not valid TOML; close the "
+                                "quote, or leave the quotes out")
+
+
 def test_numpy_numbers_in_a_config_become_plain_values(tmp_path):
     """A Python-API config with numpy.float64 (a float subclass) kept it: config.toml held
     "np.float64(0.001)" and the checkpoint a numpy scalar that the safe loader refuses on --resume."""

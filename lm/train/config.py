@@ -338,14 +338,20 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     if key.count(".") != 1:
         raise ValueError(f"--set {item!r}: the key must be section.key, e.g. optim.max_lr")
     section, name = key.split(".")
+    # TOML's spaces around "=" are the user's, not the value's: "train.out_dir = runs/b" had made a
+    # folder named " runs" (clifuzz9 #6); a value with spaces of its own is quoted, as in TOML
+    text = raw.strip()
     try:
         value = toml_loads(f"v = {raw}")["v"]
     except ValueError:  # tomllib.TOMLDecodeError
-        value = raw  # bare strings such as paths: --set train.out_dir=runs/x
-        if _DECIMAL.fullmatch(raw.strip()):  # ".5", "5.": numbers to a user, though not to TOML
-            value = float(raw)
+        if text[:1] in ("'", '"'):  # an unclosed quote had become part of a path: a folder '"runs'
+            raise ValueError(f"--set {item!r}: the value opens a quoted string that is not valid TOML; close "
+                             "the quote, or leave the quotes out") from None
+        value = text  # bare strings such as paths: --set train.out_dir=runs/x
+        if _DECIMAL.fullmatch(text):  # ".5", "5.": numbers to a user, though not to TOML
+            value = float(text)
     if not isinstance(value, str) and _is_str_key(section, name):
-        value = raw  # --set train.out_dir=123, --set wandb.name=2024-01-01: the text as typed
+        value = text  # --set train.out_dir=123, --set wandb.name=2024-01-01: the text as typed
     return section, name, value
 
 
