@@ -471,7 +471,12 @@ def test_bad_demo_paths_are_one_line_naming_the_option(tmp_path, monkeypatch, ca
     cases = [(["--data", "", "--out", "d"], "--data: must not be empty; omit --data for TinyStories in data/ or the "
                                              "synthetic stories"),
              (["--out", long], f"--out: {long!r} cannot be written: File name too long"),
-             (["--out", "loop1"], "--out: 'loop1' is a symlink loop")]
+             (["--out", "loop1"], "--out: 'loop1' is a symlink loop"),
+             (["--out", ""], "--out: must not be empty"),  # not "'.' contains the current directory"
+             # inf and 1e400 were refused naming train.max_time and --set, which lm demo has not (clifuzz9 #8)
+             (["--out", "d", "--train-seconds", "inf"], "--train-seconds: must be a finite number > 0, got inf"),
+             (["--out", "d", "--train-seconds", "1e400"], "--train-seconds: must be a finite number > 0, got inf"),
+             (["--out", "d", "--train-seconds", "0"], "--train-seconds: must be a finite number > 0, got 0.0")]
     if os.path.isdir("/proc/self"):
         cases.append((["--out", "/proc/x"], "--out: '/proc/x' cannot be written: No such file or directory"))
     for extra, message in cases:

@@ -251,8 +251,8 @@ def run_demo(settings: DemoSettings) -> DemoReport:
         raise ValueError("--data: must not be empty; omit --data for TinyStories in data/ or the synthetic stories")
     if settings.data:
         check_readable_file(settings.data, "--data")
-    if not settings.train_seconds > 0:
-        raise ValueError(f"--train-seconds: must be > 0, got {settings.train_seconds}")
+    if not 0 < settings.train_seconds < math.inf:  # inf had reached the trainer, named as train.max_time
+        raise ValueError(f"--train-seconds: must be a finite number > 0, got {settings.train_seconds}")
     if isinstance(settings.corpus_bytes, bool) or not isinstance(settings.corpus_bytes, int) \
             or settings.corpus_bytes < MIN_CORPUS_BYTES:
         raise ValueError(f"--corpus-bytes: must be at least {MIN_CORPUS_BYTES:,} (5% of the corpus is split off for "
