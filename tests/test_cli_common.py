@@ -53,6 +53,50 @@ def test_a_deprecated_spelling_beside_the_new_one_is_refused(argv, capsys, tmp_p
     assert not any(tmp_path.iterdir())
 
 
+def _subparsers(parser, prefix=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub
+                yield from _subparsers(sub, (*prefix, name))
+
+
+@pytest.mark.parametrize("argv, option, first, second", [
+    (["tokenize", "--tokenizer", "t", "--input", "a.txt", "--input", "b.txt", "--out", "o.bin"], "--input", "a.txt",
+     "b.txt"),
+    (["eval", "--checkpoint", "A", "--checkpoint", "B", "--data", "v.bin"], "--checkpoint", "A", "B"),
+    (["eval", "--checkpoint", "A", "--data", "v.bin", "--data", "w.bin"], "--data", "v.bin", "w.bin"),
+    (["translate", "--checkpoint", "A", "--input", "a", "--input", "b"], "--input", "a", "b"),
+    (["sample", "--checkpoint", "A", "--prompt-file", "p", "--prompt-file", "q"], "--prompt-file", "p", "q"),
+    (["train", "--config", "a.toml", "--config", "b.toml"], "--config", "a.toml", "b.toml"),
+])
+def test_an_option_that_names_one_file_given_twice_is_refused(argv, option, first, second, capsys, tmp_path,
+                                                              monkeypatch):
+    """`lm tokenize --input a --input b` tokenized b alone, and `lm eval --data A --data B` scored B,
+    without a word (clifuzz9): the last one given had won. `lm tokenizer train` reads every --input."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"lm {argv[0]}: error: {option}: given twice ({first!r} and {second!r}); it "
+                                       "takes one, so pass it once\n")
+    assert not any(tmp_path.iterdir())
+    args = build_parser().parse_args(["tokenizer", "train", "--input", "a", "--input", "b", "--vocab-size", "300",
+                                      "--out", "t"])
+    assert args.input == ["a", "b"] and not hasattr(args, "_once")
+    # every such option of every command, but those that take several (tokenizer train --input)
+    from lm.cli.common import ONCE_OPTIONS, Once
+
+    checked = 0
+    for command, sub in _subparsers(build_parser()):
+        for action in sub._actions:
+            if action.option_strings and action.option_strings[0] in ONCE_OPTIONS and action.nargs is None:
+                assert isinstance(action, Once) or action.dest == "out" and action.default is not None \
+                    or type(action).__name__ == "Spelled", (command, action.option_strings)
+                checked += isinstance(action, Once)
+    assert checked >= 15
+
+
 def test_the_deprecated_spelling_alone_still_works_with_its_line(capsys):
     args = build_parser().parse_args(["data", "download", "multi30k", "--out-dir", "dA"])
     assert args.out == "dA" and not hasattr(args, "_spellings")

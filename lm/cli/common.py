@@ -55,10 +55,18 @@ class CommandParser(argparse.ArgumentParser):
     their results: a closed pipe after an export is no failed export.
     """
 
+    def _add_action(self, action: argparse.Action) -> argparse.Action:
+        # every path option, in a group or not (a group adds its options through here), stored once
+        if type(action) is argparse._StoreAction and action.option_strings[:1] and \
+                action.option_strings[0] in ONCE_OPTIONS:
+            action.__class__ = Once  # a plain store, with the check: no attribute of its own
+        return super()._add_action(action)
+
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
+        vars(namespace).pop(ONCE, None)
         self._check_spellings(namespace)
         return namespace, extras
 
@@ -91,6 +99,22 @@ def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, descri
 
 
 SPELLINGS = "_spellings"  # the namespace's list of (option, value, new spelling or None), see Deprecated
+ONCE = "_once"  # the namespace's values of the Once options given so far
+# the options that name one file or folder: given twice, the last had won without a word
+ONCE_OPTIONS = ("--input", "--target", "--data", "--checkpoint", "--tokenizer", "--prompt-file", "--config", "--out")
+
+
+class Once(argparse.Action):
+    """An option that names one file or folder, refused when given twice: ``lm tokenize --input a
+    --input b`` had tokenized ``b`` alone, silently (``lm tokenizer train`` reads every ``--input``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = vars(namespace).setdefault(ONCE, {})
+        if self.dest in seen:
+            parser.exit(2, f"{parser.prog}: error: {option_string}: given twice ({seen[self.dest]!r} and {values!r}); "
+                           "it takes one, so pass it once\n")
+        seen[self.dest] = values
+        setattr(namespace, self.dest, values)
 
 
 class Deprecated(argparse.Action):
