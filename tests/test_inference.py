@@ -1,5 +1,7 @@
 """The inference layer: loading a run once, streaming text, the end-of-text id."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -85,9 +87,18 @@ def test_load_model_and_tokenizer_once(tmp_path):
 
 
 @pytest.mark.parametrize("where, message", [("nowhere", "--checkpoint: file not found"),
-                                            ("empty", "holds no model.safetensors")])
-def test_load_errors_name_the_argument(tmp_path, where, message):
+                                            ("empty", "holds no model.safetensors"),
+                                            # it had said "file not found" of /dev/null and pipes (clifuzz9)
+                                            ("fifo", "^--checkpoint: not a regular file: '.*fifo'$"),
+                                            ("", "^--checkpoint: must not be empty$")])
+def test_load_errors_name_the_argument(tmp_path, where, message, monkeypatch):
     (tmp_path / "empty").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    monkeypatch.chdir(tmp_path)
+    if where == "":
+        with pytest.raises(ValueError, match=message):
+            load_model_and_tokenizer("")
+        return
     with pytest.raises(ValueError, match=message):
         load_model_and_tokenizer(tmp_path / where)
     with pytest.raises(ValueError, match="^model: file not found"):

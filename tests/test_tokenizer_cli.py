@@ -44,6 +44,30 @@ def trained(corpus, tmp_path_factory):
     return out
 
 
+def test_num_workers_is_bounded_and_said_to_do_nothing_with_target(trained, corpus, tmp_path, capsys):
+    """Any --num-workers was taken (10**21), and 1,000 forked one process per 2 MB of the input on a
+    2-CPU machine; with --target it was ignored without a word (clifuzz9)."""
+    from lm.cli.tokenizer import max_workers
+
+    cpus = os.cpu_count()
+    too_many = max_workers() + 1
+    for argv in (["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out", str(tmp_path / "a.bin")],
+                 ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / "t")]):
+        for n, message in ((too_many, f"must be at most {max_workers()} (4 per CPU, {cpus} CPUs here, and at least "
+                                      f"64), got {too_many}"), (0, "must be >= 1, got 0")):
+            assert main([*argv, "--num-workers", str(n), "--quiet"]) == 2
+            assert capsys.readouterr().err == f"lm {' '.join(argv[:2 if argv[0] == 'tokenizer' else 1])}: error: " \
+                                              f"--num-workers: {message}\n"
+    assert max_workers() == max(64, 4 * cpus)
+    (tmp_path / "s.txt").write_text("Tom had a ball.\n")
+    assert main(["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--target",
+                 str(tmp_path / "s.txt"), "--out", str(tmp_path / "p.bin"), "--num-workers", "2"]) == 0
+    warning = capsys.readouterr().err.splitlines()[0]
+    assert warning == ("lm tokenize: warning: --num-workers has no effect with --target (pairs are encoded in one "
+                       "process)")
+    assert sorted(os.listdir(tmp_path)) == ["p.bin", "p.bin.idx", "p.bin.json", "s.txt"]
+
+
 def test_train_writes_files_and_summary(trained, corpus):
     for name in ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "summary.json"]:
         assert (trained / name).is_file(), name

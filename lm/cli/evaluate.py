@@ -180,9 +180,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             bpb = "n/a (no tokenizer to count the scored bytes: pass --tokenizer DIR)"
         else:
             bpb = f"{result['bits_per_byte']:.4f}" + (" (from the file's bytes per token)" if estimate else "")
-        nbytes = "" if result["bytes"] is None else f", {result['bytes']:,} bytes"
+        nbytes = "" if result["bytes"] is None else f", {result['bytes']:,} {plural(result['bytes'], 'byte')}"
         print(f"loss {result['loss']:.4f}  perplexity {result['perplexity']:.3f}  bits/byte {bpb}  "
-              f"({result['tokens']:,} tokens{nbytes})  {checkpoint_line(result)}")
+              f"({result['tokens']:,} {plural(result['tokens'], 'token')}{nbytes})  {checkpoint_line(result)}")
     return 0
 
 

@@ -143,6 +143,7 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     from lm.tokenizer.files import check_special_tokens_savable
     from lm.tokenizer.train import TrainStats, holdout_split, train_bpe, training_summary
 
+    check_num_workers(args.num_workers)
     paths = [check_readable_file(p, "--input") for p in args.input]
     for p in paths:
         if p.stat().st_size == 0:
@@ -204,6 +205,23 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     return 0
 
 
+def max_workers() -> int:
+    """The most processes ``--num-workers`` accepts: 4 per CPU, and at least 64. Each takes a share
+    of the input and its own memory; any count had been taken (10**21), and 1,000 forked one
+    process per 2 MB of the input on a 2-CPU machine."""
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
+def check_num_workers(n: int | None) -> None:
+    if n is None:
+        return
+    if n < 1:
+        raise ValueError(f"--num-workers: must be >= 1, got {n}")
+    if n > max_workers():
+        raise ValueError(f"--num-workers: must be at most {max_workers()} (4 per CPU, {os.cpu_count()} CPUs here, "
+                         f"and at least 64), got {n}")
+
+
 def cmd_tokenize(args: argparse.Namespace) -> int:
     return terminate_as_interrupt("tokenize", lambda: _cmd_tokenize(args))
 
@@ -213,9 +231,11 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     from lm.data.pairs import index_path, is_pair_file
     from lm.tokenizer import load_tokenizer_dir
 
-    if args.num_workers is not None and args.num_workers < 1:
-        raise ValueError(f"--num-workers: must be >= 1, got {args.num_workers}")
+    check_num_workers(args.num_workers)
     if args.target is not None:
+        if args.num_workers is not None and not args.quiet:  # had been ignored without a word
+            print("lm tokenize: warning: --num-workers has no effect with --target (pairs are encoded in one "
+                  "process)", file=sys.stderr)
         return _tokenize_pairs(args)
     src = check_readable_file(args.input, "--input")
     if is_gzip(src):  # by its content, as every command that reads text tells gzip

@@ -81,6 +81,8 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
                 raise ValueError(f"{argument}: {str(p)!r} is a symlink loop") from None
             except OSError:
                 raise ValueError(f"{argument}: {str(p)!r} is a symlink to a file that is not there") from None
+        if p.exists():  # /dev/null, a pipe: there, but no checkpoint file (it had said "file not found")
+            raise ValueError(f"{argument}: not a regular file: {str(p)!r}")
         raise ValueError(f"{argument}: file not found: {str(p)!r}")
     return p
 
