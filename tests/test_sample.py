@@ -397,6 +397,19 @@ def test_an_empty_path_is_refused_not_taken_for_the_working_folder(run, tmp_path
     assert sorted(os.listdir(here)) == before
 
 
+def test_a_token_file_is_refused_as_a_prompt_file(run, tmp_path, capsys):
+    """`lm sample --prompt-file train.bin` sampled after a prompt of NULs and control characters, where
+    `lm translate --input` and `lm demo --data` refuse a token file (clifuzz9)."""
+    d, _, _ = run
+    (tmp_path / "v.txt").write_text(TEXT)
+    assert main(["tokenize", "--tokenizer", str(Path(d) / "tokenizer"), "--input", str(tmp_path / "v.txt"), "--out",
+                 str(tmp_path / "v.bin"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["sample", "--checkpoint", str(d), "--prompt-file", str(tmp_path / "v.bin")]) == 2
+    assert capsys.readouterr() == ("", f"lm sample: error: --prompt-file: {str(tmp_path / 'v.bin')!r} is a token file "
+                                       "(`lm tokenize`); give the prompt as text\n")
+
+
 def test_an_empty_prompt_without_end_of_text_names_the_option_given(tmp_path, capsys, monkeypatch):
     """decode8: an empty --prompt-file (or standard input) with a tokenizer that has no <|endoftext|>
     was refused as `--prompt: empty`, an option the user had not given."""

@@ -311,6 +311,18 @@ def gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB" if n.bit_length() < 1000 else f"about 2**{n.bit_length() - 1} bytes"
 
 
+def check_not_token_file(path: Path, argument: str, remedy: str) -> None:
+    """Refuse a file of ``lm tokenize`` (a token or pair file, told by its sidecar) where text is
+    read, before its bytes are taken for text: a prompt of NULs and control characters."""
+    from lm.data.pairs import is_pair_file
+    from lm.data.token_file import is_token_file
+
+    if is_pair_file(path) or is_token_file(path):
+        what = "a translation pair file (`lm tokenize --target`)" if is_pair_file(path) else \
+            "a token file (`lm tokenize`)"
+        raise ValueError(f"{argument}: {str(path)!r} is {what}; {remedy}")
+
+
 def read_stdin(argument: str) -> bytes:
     """All of standard input, for ``argument`` given as ``-``; one line naming ``argument`` when it
     cannot be read. Closed (``<&-``), Python's ``sys.stdin`` is None, and reading it was a traceback;

@@ -12,6 +12,7 @@ from lm.cli.common import (
     add_compute,
     add_quiet,
     as_flags,
+    check_not_token_file,
     check_utf8,
     quiet_on_closed_pipe,
     read_stdin,
@@ -73,6 +74,7 @@ def read_prompt(args: argparse.Namespace) -> str:
         data = read_stdin("--prompt-file")
     else:
         path = check_readable_file(args.prompt_file, "--prompt-file", stream=True)
+        check_not_token_file(path, "--prompt-file", "give the prompt as text")  # not a prompt of NULs
         try:
             data = path.read_bytes()
         except OSError as e:  # /dev/stdin when it is a socket, say: "[Errno 6] ..." would name nothing

@@ -15,6 +15,7 @@ from lm.cli.common import (
     add_quiet,
     as_flags,
     check_fits,
+    check_not_token_file,
     check_utf8,
     model_fits,
     plural,
@@ -109,8 +110,6 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_lines(args: argparse.Namespace) -> list[str]:
-    from lm.data.pairs import is_pair_file
-    from lm.data.token_file import is_token_file
     from lm.io import check_readable_file, decode_utf8
 
     if args.text and args.input:
@@ -130,11 +129,7 @@ def read_lines(args: argparse.Namespace) -> list[str]:
         data = read_stdin("--input")
     else:  # read once, whole: a pipe or <(cmd) works too
         path = check_readable_file(args.input, "--input", stream=True)
-        if is_pair_file(path) or is_token_file(path):  # before its bytes are taken for text
-            what = "a translation pair file (`lm tokenize --target`)" if is_pair_file(path) else \
-                "a token file (`lm tokenize`)"
-            raise ValueError(f"--input: {str(path)!r} is {what}; give the sentences to translate as text, one a "
-                             "line (plain or gzip)")
+        check_not_token_file(path, "--input", "give the sentences to translate as text, one a line (plain or gzip)")
         data = path.read_bytes()
     name = "standard input" if args.input == "-" else repr(args.input)
     if data[:2] == b"\x1f\x8b":  # gzip, as the Multi30k files come and `lm eval --data/--target` read them
