@@ -440,6 +440,11 @@ def test_closed_or_write_only_standard_streams(work, tmp_path):
         r = subprocess.run([*sample, "--prompt", "Tom", "--max-new-tokens", "0"], env=env, cwd=tmp_path,
                            timeout=120, **kw)
         assert (r.returncode, r.stdout) == (2, b"")  # the usage error's status; its line went nowhere
+    if os.path.exists("/dev/full"):  # a full disk: "error: [Errno 28] No space left on device" named nothing
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([*sample, "--prompt", "Tom"], stdout=full, stderr=subprocess.PIPE, env=env,
+                               cwd=tmp_path, timeout=120)
+        one_line_error(r, "lm sample: error: standard output cannot be written: No space left on device")
 
 
 def test_an_empty_resume_is_refused_not_taken_for_not_given(work, tmp_path):

@@ -77,6 +77,37 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = previous
 
 
+class StdoutError(OSError):
+    def __str__(self) -> str:
+        return f"standard output cannot be written: {self.strerror}"
+
+
+class _Stdout:
+    """Standard output whose write errors name it: ``lm sample > /dev/full`` said "error: [Errno 28]
+    No space left on device", naming no argument (clifuzz9). A closed pipe's BrokenPipeError is
+    left as it is: :func:`lm.cli.common.quiet_on_closed_pipe` ends such a run quietly."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def _named(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from None
+
+    def write(self, text: str) -> int:
+        return self._named(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._named(self._stream.flush)
+
+
 def _writable(stream) -> bool:
     """Whether ``stream`` can be written. Closed (``2>&-``), Python makes it None, so every status
     line went to stdout, into the data, and the final flush was an exit 1 after a clean run
@@ -108,6 +139,7 @@ def entry() -> None:
     for name in ("stdout", "stderr"):
         if not _writable(getattr(sys, name)):  # closed: what the user asked to discard is discarded
             setattr(sys, name, open(os.devnull, "w"))
+    sys.stdout = _Stdout(sys.stdout)
     # Once the work is over, a Ctrl-C would land in the interpreter's teardown, which restores the
     # default handler and would die by the signal (status -2) after a clean run: it is ignored from
     # the moment main returns (the finally), and one that lands before that is caught here too.
