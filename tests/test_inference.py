@@ -105,6 +105,29 @@ def test_load_errors_name_the_argument(tmp_path, where, message, monkeypatch):
         load_model_and_tokenizer(tmp_path / "nowhere", argument="model")
 
 
+def test_a_run_folder_whose_name_is_not_utf8_loads_its_export(tmp_path):
+    """The safetensors library refuses a path that is not UTF-8 ("Path ... is not valid UTF-8"): a
+    run folder named with a Latin-1 byte could not be sampled from its export, and beside a
+    checkpoint the export's step read as unknown, so the older checkpoint was loaded (clifuzz9)."""
+    from lm.checkpoint import write_checkpoint
+    from lm.checkpoint.export import exported_step
+    from lm.generate.load import resolve_checkpoint
+
+    run = tmp_path / "r\udcff"
+    run.mkdir()
+    _, model, _ = make_run_dir(run, ("Lily had a red ball. " + EOT) * 40, 300, context_length=16, d_model=32,
+                               num_layers=1, num_heads=2, d_ff=64)
+    save_model(run, model)
+    loaded = load_model_and_tokenizer(run)
+    assert loaded.path == run / "model.safetensors"
+    for name, p in model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[name], p), name
+    assert exported_step(run / "model.safetensors") is None  # readable: no step recorded by save_model
+    (run / "checkpoints").mkdir()
+    write_checkpoint({"model": model.state_dict(), "iteration": 3}, run / "checkpoints" / "step_00000003.pt")
+    assert resolve_checkpoint(run) == run / "model.safetensors"  # the export, recorded or not, is not older
+
+
 def _project(tmp_path):
     """proj/run: a run's model.safetensors and a checkpoint, trained without data.tokenizer (no
     run/tokenizer/), in proj/, which has a tokenizer/ of its own (another model's)."""

@@ -48,8 +48,10 @@ def exported_step(path: str | os.PathLike) -> int | None:
     when it records none; a ValueError when the file cannot be read (missing, or not safetensors)."""
     from safetensors import safe_open
 
+    from lm.checkpoint.io import safetensors_name
+
     try:
-        with safe_open(str(path), "pt") as f:
+        with safetensors_name(path) as name, safe_open(name, "pt") as f:
             step = (f.metadata() or {}).get("step")
     except Exception as e:  # noqa: BLE001 - a corrupt header is safetensors' own error type
         raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from None

@@ -16,11 +16,13 @@ group with weight decay, one without) or into none.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import pickle
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -295,6 +297,26 @@ def _check_safetensors_checksums(name: str, state_dict: dict[str, torch.Tensor],
             raise ValueError(f"{name} is damaged: the checksum of {what} does not match (a damaged file?)")
 
 
+@contextlib.contextmanager
+def safetensors_name(path: str | os.PathLike) -> Iterator[str]:
+    """A name of ``path`` that the safetensors library opens: the path itself, or, when it is not
+    UTF-8 (a Latin-1 folder name, held as lone surrogates), the file opened here and named through
+    ``/proc/self/fd`` where there is one. The library refused such a path ("Path ... is not valid
+    UTF-8"), so a run folder of that name could not be sampled from its export (clifuzz9)."""
+    name = os.fspath(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        if os.path.isdir("/proc/self/fd"):
+            fd = os.open(name, os.O_RDONLY)
+            try:
+                yield f"/proc/self/fd/{fd}"
+            finally:
+                os.close(fd)
+            return
+    yield name
+
+
 def sniff_format(path: str | os.PathLike) -> str | None:
     """``"pt"`` for a zip (``torch.save``) file, ``"safetensors"`` for a safetensors header (an 8-byte
     little-endian length, then ``{``), None when the content says neither (or cannot be read)."""
@@ -347,9 +369,10 @@ def load_model(
         # A truncated or corrupt file raises safetensors' own error (an Exception, not a ValueError).
         unreadable = (OSError, ValueError, RuntimeError, getattr(safetensors, "SafetensorError", ValueError))
         try:
-            with safe_open(str(path), "pt") as f:
-                meta = f.metadata() or {}
-            state_dict = load_file(str(path))
+            with safetensors_name(path) as name:
+                with safe_open(name, "pt") as f:
+                    meta = f.metadata() or {}
+                state_dict = load_file(name)
         except unreadable as e:
             raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
         _check_safetensors_checksums(repr(str(path)), state_dict, meta)
