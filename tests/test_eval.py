@@ -496,7 +496,7 @@ def test_cli_eval_of_a_language_model_refuses_beam_and_alpha(run, tmp_path, caps
         assert len(err.splitlines()) == 1, err
         if "must be" in message:  # refused before anything is read: with --target, or no checkpoint
             for argv in ([*base, *extra, "--target", str(tmp_path / "t.txt")],
-                         [*base, *extra, "--checkpoint", nowhere]):
+                         [nowhere if a == str(d) else a for a in [*base, *extra]]):
                 assert main(argv) == 2
                 assert capsys.readouterr().err.strip() == f"lm eval: error: {message}"
     assert main(base) == 0  # without them: a result

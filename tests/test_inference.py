@@ -119,7 +119,7 @@ def test_a_run_folder_whose_name_is_not_utf8_loads_its_export(tmp_path):
                                num_layers=1, num_heads=2, d_ff=64)
     save_model(run, model)
     loaded = load_model_and_tokenizer(run)
-    assert loaded.path == run / "model.safetensors"
+    assert loaded.path == run / "model.safetensors" and loaded.source == str(tmp_path / "r\\xff" / "model.safetensors")
     for name, p in model.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], p), name
     assert exported_step(run / "model.safetensors") is None  # readable: no step recorded by save_model

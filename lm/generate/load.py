@@ -39,8 +39,11 @@ class Loaded:
     @property
     def source(self) -> str:
         """The file loaded and, for a training checkpoint, its step: ``PATH, step N`` (for messages)."""
+        from lm.io import text_name
+
         step = self.info.get("iteration")
-        return f"{self.path}" if step is None else f"{self.path}, step {step}"
+        name = text_name(self.path)  # a byte that is not UTF-8 as \xff, not Python's \udcff
+        return name if step is None else f"{name}, step {step}"
 
     def __iter__(self):  # model, tokenizer, info = load_model_and_tokenizer(...)
         return iter((self.model, self.tokenizer, self.info))

@@ -136,11 +136,10 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     body = _check_model(body, model_name)
     _known_fields(body, COMPLETION_FIELDS)
     _integer(body, "priority", 0)  # vLLM's scheduling priority: one queue here, so no effect, but an integer
-    if not isinstance(body.get("cache_salt", ""), (str, type(None))):
-        raise APIError(400, f"cache_salt: must be a string, got {body['cache_salt']!r}", "cache_salt")
     _boolean(body, "add_special_tokens", True, null=False)
-    if not isinstance(body.get("user", ""), (str, type(None))):
-        raise APIError(400, f"user: must be a string, got {body['user']!r}", "user")
+    for name in ("cache_salt", "user"):  # taken and unused (vLLM's prefix-cache salt; OpenAI's end-user id)
+        if not isinstance(body.get(name, ""), (str, type(None))):
+            raise APIError(400, f"{name}: must be a string, got {body[name]!r}", name)
     for name, unused in UNSUPPORTED.items():
         value = body.get(name, unused)
         if value is not None and not (value == unused and isinstance(value, bool) == isinstance(unused, bool)):
