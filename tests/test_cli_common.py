@@ -69,6 +69,7 @@ def _subparsers(parser, prefix=()):
     (["translate", "--checkpoint", "A", "--input", "a", "--input", "b"], "--input", "a", "b"),
     (["sample", "--checkpoint", "A", "--prompt-file", "p", "--prompt-file", "q"], "--prompt-file", "p", "q"),
     (["train", "--config", "a.toml", "--config", "b.toml"], "--config", "a.toml", "b.toml"),
+    (["demo", "--out", "dA", "--out", "dB"], "--out", "dA", "dB"),  # an --out with an old spelling (Spelled)
 ])
 def test_an_option_that_names_one_file_given_twice_is_refused(argv, option, first, second, capsys, tmp_path,
                                                               monkeypatch):

@@ -419,6 +419,7 @@ def test_closed_or_write_only_standard_streams(work, tmp_path):
         return lambda: os.close(fd)
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONUNBUFFERED", None)  # buffered, as for most users: a failed write is retried at the last flush
     sample = [sys.executable, "-m", "lm", "sample", "--checkpoint", str(work / "run"), "--max-new-tokens", "3",
               "--seed", "1"]
     r = subprocess.run([*sample, "--prompt-file", "-"], preexec_fn=closing(0), capture_output=True, env=env,
@@ -445,6 +446,14 @@ def test_closed_or_write_only_standard_streams(work, tmp_path):
             r = subprocess.run([*sample, "--prompt", "Tom"], stdout=full, stderr=subprocess.PIPE, env=env,
                                cwd=tmp_path, timeout=120)
         one_line_error(r, "lm sample: error: standard output cannot be written: No space left on device")
+    # closed or read-only, standard output is that error too: the sample had been dropped with exit 0
+    r = subprocess.run([*sample, "--prompt", "Tom"], preexec_fn=closing(1), stderr=subprocess.PIPE, env=env,
+                       cwd=tmp_path, timeout=120)
+    one_line_error(r, "lm sample: error: standard output cannot be written: Bad file descriptor")
+    with open(tmp_path / "w", "rb") as read_only:
+        r = subprocess.run([*sample, "--prompt", "Tom"], stdout=read_only, stderr=subprocess.PIPE, env=env,
+                           cwd=tmp_path, timeout=120)
+    one_line_error(r, "lm sample: error: standard output cannot be written: Bad file descriptor")
 
 
 def test_an_empty_resume_is_refused_not_taken_for_not_given(work, tmp_path):

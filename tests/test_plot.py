@@ -179,8 +179,10 @@ def test_a_run_folder_whose_name_is_not_utf8_is_plotted_with_the_byte_escaped(tm
     run = _run(Path(str(tmp_path) + "/r\udcff"))
     plot_runs([run], tmp_path / "p.png")
     assert legend == ["r\\xff train", "r\\xff val"]
+    # under a strict UTF-8 locale's stdout too (this machine's C.UTF-8 writes such names as they are)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONIOENCODING": "utf-8:strict"}
     r = subprocess.run([sys.executable, "-m", "lm", "plot", os.fsencode(run), "--quiet"], capture_output=True,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=120)
+                       env=env, timeout=120)
     assert (r.returncode, r.stderr) == (0, b"")  # its path printed as given, the byte itself
     assert r.stdout == os.fsencode(run / "loss.png") + b"\n" and (run / "loss.png").is_file()
 

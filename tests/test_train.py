@@ -255,8 +255,8 @@ def test_set_strips_the_spaces_toml_allows_around_the_value(tmp_path):
     for item in ('train.out_dir="runs/b', "train.out_dir = 'runs/b"):
         with pytest.raises(ValueError) as e:
             config_from_dict(_raw_config(tmp_path), [item])
-        assert str(e.value) == (f"--set {item!r}: the value opens a quoted string that is not valid TOML; close the "
-                                "quote, or leave the quotes out")
+        assert str(e.value) == (f"--set {item!r}: the value starts with a quote but is not a valid TOML string (a "
+                                "quote left open, or a backslash TOML does not allow); fix it, or leave the quotes out")
 
 
 def test_numpy_numbers_in_a_config_become_plain_values(tmp_path):

@@ -9,6 +9,7 @@ status 2; a library warning is printed as one ``lm CMD: warning: ...`` line; Ctr
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import warnings
@@ -85,20 +86,29 @@ class StdoutError(OSError):
 class _Stdout:
     """Standard output whose write errors name it: ``lm sample > /dev/full`` said "error: [Errno 28]
     No space left on device", naming no argument (clifuzz9). A closed pipe's BrokenPipeError is
-    left as it is: :func:`lm.cli.common.quiet_on_closed_pipe` ends such a run quietly."""
+    left as it is: :func:`lm.cli.common.quiet_on_closed_pipe` ends such a run quietly. After the
+    error, descriptor 1 is /dev/null, so the lines still buffered are not an error (and a
+    traceback) again at the last flush. ``broken`` (stdout closed, or open for reading only): every
+    write is that error, where the output had been dropped with exit 0."""
 
-    def __init__(self, stream):
-        self._stream = stream
+    def __init__(self, stream, broken: bool = False):
+        self._stream, self._broken = stream, broken
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
 
     def _named(self, call, *args):
         try:
+            if self._broken:
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
             return call(*args)
         except BrokenPipeError:
             raise
         except OSError as e:
+            from lm.io import silence_stdout
+
+            self._broken = False  # what follows goes to /dev/null, which takes it
+            silence_stdout()
             raise StdoutError(e.errno, e.strerror) from None
 
     def write(self, text: str) -> int:
@@ -109,10 +119,9 @@ class _Stdout:
 
 
 def _writable(stream) -> bool:
-    """Whether ``stream`` can be written. Closed (``2>&-``), Python makes it None, so every status
-    line went to stdout, into the data, and the final flush was an exit 1 after a clean run
-    (clifuzz9 #7); a launcher that leaves a file of its own open for reading there (pyenv's shim
-    does) made each write an EBADF. A stream without a descriptor (captured) is taken as it is."""
+    """Whether ``stream`` can be written: not None (Python's stream for a descriptor closed at
+    start), and its descriptor open for writing (pyenv's shim leaves a file of its own open for
+    reading on a closed one). A stream without a descriptor (captured) is taken as it is."""
     if stream is None:
         return False
     try:
@@ -129,6 +138,34 @@ def _writable(stream) -> bool:
         return False
 
 
+def _devnull_at(fd: int) -> None:
+    """Point descriptor ``fd`` at /dev/null: a closed one would be taken by the next file opened, and
+    what a library writes to it would land in that file."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+
+
+def _standard_streams() -> None:
+    """Closed (``2>&-``) or read-only standard error: every status line had gone to stdout, into the
+    data, and the final flush was an exit 1 after a clean run (clifuzz9 #7); what the user asked to
+    discard is now discarded. Standard output is wrapped (:class:`_Stdout`); one that cannot be
+    written makes the first write an error naming it. Names that are not UTF-8 (held as lone
+    surrogates) are written as their bytes, as under the C locale: a strict UTF-8 locale made
+    ``lm plot``'s result line an encoding error after the plot was written."""
+    if not _writable(sys.stderr):
+        _devnull_at(2)
+        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)
+    broken = not _writable(sys.stdout)
+    if broken:
+        _devnull_at(1)
+        sys.stdout = open(1, "w", closefd=False)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
+    sys.stdout = _Stdout(sys.stdout, broken)
+
+
 def entry() -> None:
     """The ``lm`` executable: :func:`main`, then exit. After Ctrl-C or SIGTERM (status 130, 143) the
     process ends at once, without the interpreter's teardown of torch and its threads, which can take a second:
@@ -136,10 +173,7 @@ def entry() -> None:
     returned, Ctrl-C is ignored: there is nothing left to interrupt."""
     import signal
 
-    for name in ("stdout", "stderr"):
-        if not _writable(getattr(sys, name)):  # closed: what the user asked to discard is discarded
-            setattr(sys, name, open(os.devnull, "w"))
-    sys.stdout = _Stdout(sys.stdout)
+    _standard_streams()
     # Once the work is over, a Ctrl-C would land in the interpreter's teardown, which restores the
     # default handler and would die by the signal (status -2) after a clean run: it is ignored from
     # the moment main returns (the finally), and one that lands before that is caught here too.

@@ -56,7 +56,7 @@ class CommandParser(argparse.ArgumentParser):
     """
 
     def _add_action(self, action: argparse.Action) -> argparse.Action:
-        # every path option, in a group or not (a group adds its options through here), stored once
+        # every path option, a mutually exclusive group's too (it adds its options through here), stored once
         if type(action) is argparse._StoreAction and action.option_strings[:1] and \
                 action.option_strings[0] in ONCE_OPTIONS:
             action.__class__ = Once  # a plain store, with the check: no attribute of its own
@@ -134,13 +134,13 @@ class Deprecated(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-class Spelled(argparse.Action):
-    """The new spelling of an option that has a :class:`Deprecated` one: stored as given, and
-    recorded, so that both given together can be refused."""
+class Spelled(Once):
+    """The new spelling of an option that has a :class:`Deprecated` one: stored once (:class:`Once`),
+    and recorded, so that both given together can be refused."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         vars(namespace).setdefault(SPELLINGS, []).append((option_string, values, None))
-        setattr(namespace, self.dest, values)
+        super().__call__(parser, namespace, values, option_string)
 
 
 def add_out(p: argparse.ArgumentParser, what: str, *, required: bool = True, default: str | None = None,

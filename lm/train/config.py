@@ -345,8 +345,9 @@ def parse_override(item: str) -> tuple[str, str, Any]:
         value = toml_loads(f"v = {raw}")["v"]
     except ValueError:  # tomllib.TOMLDecodeError
         if text[:1] in ("'", '"'):  # an unclosed quote had become part of a path: a folder '"runs'
-            raise ValueError(f"--set {item!r}: the value opens a quoted string that is not valid TOML; close "
-                             "the quote, or leave the quotes out") from None
+            raise ValueError(f"--set {item!r}: the value starts with a quote but is not a valid TOML string (a "
+                             "quote left open, or a backslash TOML does not allow); fix it, or leave the quotes "
+                             "out") from None
         value = text  # bare strings such as paths: --set train.out_dir=runs/x
         if _DECIMAL.fullmatch(text):  # ".5", "5.": numbers to a user, though not to TOML
             value = float(text)
