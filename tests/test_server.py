@@ -763,7 +763,8 @@ def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
                                                                          "--max-batch=4], got 8"),
                           (["--api-key", " "], "--api-key: must not be empty"),
                           (["--checkpoint", str(run / "missing")], "--checkpoint: file not found")):
-        argv = ["serve", "--checkpoint", str(run), "--port", "0", *args]  # 8000 may be in use here
+        checkpoint = [] if "--checkpoint" in args else ["--checkpoint", str(run)]  # given once: twice is refused
+        argv = ["serve", *checkpoint, "--port", "0", *args]  # 8000 may be in use here
         p = subprocess.run([sys.executable, "-m", "lm", *argv], capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("lm serve: error:"), p.stderr
         assert message in p.stderr and "Traceback" not in p.stderr
