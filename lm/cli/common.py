@@ -317,10 +317,10 @@ def check_not_token_file(path: Path, argument: str, remedy: str) -> None:
     from lm.data.pairs import is_pair_file
     from lm.data.token_file import is_token_file
 
-    if is_pair_file(path) or is_token_file(path):
-        what = "a translation pair file (`lm tokenize --target`)" if is_pair_file(path) else \
-            "a token file (`lm tokenize`)"
-        raise ValueError(f"{argument}: {str(path)!r} is {what}; {remedy}")
+    if is_pair_file(path):
+        raise ValueError(f"{argument}: {str(path)!r} is a translation pair file (`lm tokenize --target`); {remedy}")
+    if is_token_file(path):
+        raise ValueError(f"{argument}: {str(path)!r} is a token file (`lm tokenize`); {remedy}")
 
 
 def read_stdin(argument: str) -> bytes:

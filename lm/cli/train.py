@@ -113,12 +113,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from lm.io import check_output_file
+    from lm.io import check_not_empty, check_output_file
     from lm.train.plot import is_marked_plot, plot_runs
 
     for d in args.run_dirs:
-        if d == "":  # Path('') is the working folder: a script's unset variable plotted it
-            raise ValueError("RUN_DIR: must not be empty")
+        check_not_empty(d, "RUN_DIR")  # Path('') is the working folder: a script's unset variable plotted it
         if not Path(d).exists():
             raise ValueError(f"RUN_DIR: folder not found: {d!r}")
         if not Path(d).is_dir():

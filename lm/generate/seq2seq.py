@@ -182,10 +182,10 @@ def decoding_bytes(model, src_lengths: Sequence[int], beam_size: int = 1, max_ex
     src_len = max(src_lengths) + 1  # with its <eos>
     size = model.output_weight.element_size()  # the cache's, and the activations' (at most: autocast's are 2)
     cache = 2 * cfg.decoder_layers * cfg.num_heads * max_len * cfg.head_dim * size
-    cross = 2 * cfg.decoder_layers * cfg.d_model * src_len * size
-    memory = cfg.d_model * src_len * size
+    memory = cfg.d_model * src_len * size  # as large as one layer's cross-attention keys (or values)
+    cross = 2 * cfg.decoder_layers * memory
     logits = (3 if beam_size > 1 else 4) * cfg.vocab_size * 4
-    per_row = 3 * cache // 2 + cross + cross // (2 * cfg.decoder_layers) + memory + logits
+    per_row = 3 * cache // 2 + cross + memory + memory + logits  # the copy of one layer's keys, and the memory
     return math.ceil(rows * per_row * DECODING_SLACK)
 
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from lm.io import atomic_write, check_readable_file, read_json_object
+from lm.io import atomic_write, check_not_empty, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import UNICODE_TO_BYTE, bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
 from lm.tokenizer.tokenizer import MAX_ID, Tokenizer, check_byte_level
@@ -307,8 +307,7 @@ def load_tokenizer_dir(directory: str | os.PathLike, special_tokens: Sequence[st
     that start with the parameter at fault (``tokenizer:``, ``vocab_path:``, ``merges_path:``), or,
     with ``argument`` (``"--tokenizer"``), with that instead, which stands for all of them.
     """
-    if os.fspath(directory) == "":  # Path('') is the working folder (lm.io.check_not_empty)
-        raise ValueError(f"{argument or 'tokenizer'}: must not be empty")
+    check_not_empty(directory, argument or "tokenizer")  # Path('') is the working folder
     if argument is None:
         return _load_tokenizer_dir(Path(directory), special_tokens)
     try:
