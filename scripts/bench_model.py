@@ -125,7 +125,9 @@ def bench_generation(args) -> tuple[list[tuple[str, float]], bool, list[tuple[st
 
     def hf_generate(batch):
         with torch.no_grad():
-            out = hf.generate(batch, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            # every id is a token: with no attention_mask, generate would take the id 0 (pad_token_id) for padding
+            out = hf.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False)
         return out[:, batch.shape[1]:].tolist()
 
     def timed(runners: dict, tokens: int) -> tuple[list[tuple[str, float]], dict]:

@@ -71,6 +71,17 @@ def test_json_overwrite_replaces_the_file_at_the_first_row(tmp_path, monkeypatch
                    f"gpu_check.py: --json: {str(tmp_path)!r} is a folder; name a file in it"]
 
 
+def test_parts_runs_the_named_parts_only_and_refuses_an_unknown_one(tmp_path):
+    """A second call on a warm machine (a few minutes of device time left) reruns one part, not all."""
+    r = _wrapper("--parts", "parity,decodng", cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("gpu_check.py: --parts: 'decodng' is not a part; name some of parity, decoding, "
+                        "transformers, training, tests, translation, ddp\n")
+    r = _wrapper("--parts", "translation", "--json", "rows.json", cwd=tmp_path)
+    rows = json.loads((tmp_path / "rows.json").read_text())  # its one part, not run: 0.01 s is too short for it
+    assert r.returncode == 0 and [(row["part"], row["ok"]) for row in rows] == [("translation engine", None)], r.stdout
+
+
 def test_a_failed_json_write_is_one_line_and_the_run_goes_on(tmp_path, capsys):
     """A write that failed (the folder gone) raised from inside `guarded`'s handler: a traceback."""
     gpu_check = _gpu_check()
@@ -93,8 +104,8 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())
     parts = " ".join(row["part"] for row in rows)
-    for name in ("float32 logits", "bfloat16", "torch.compile", "decoding", "serving engine, bfloat16",
-                 "translation engine", "training", "DDP"):
+    for name in ("float32 logits", "bfloat16", "torch.compile", "decoding", "16 compiled streams",
+                 "serving engine, bfloat16", "one stream vs transformers", "translation engine", "training", "DDP"):
         assert name in parts
     assert all(row["ok"] is not False for row in rows)
     training = next(row for row in rows if row["part"].startswith("training"))
