@@ -338,16 +338,31 @@ def lm(*args, env=None, timeout: float | None = None) -> None:
         raise RuntimeError(f"lm {' '.join(map(str, args[:2]))} exited {r.returncode}: {last}")
 
 
+def split_corpus(corpus: Path, work: Path) -> tuple[Path, Path]:
+    """The corpus's last twentieth (whole documents, cut at an end-of-text marker where it has them,
+    else at a line) held out as validation text: ``work/train.txt``, ``work/val.txt``. (The
+    validation loss was the training data's: 0.33 after 30 epochs of the sample in 10 s on an H200.)"""
+    text = corpus.read_text(encoding="utf-8")
+    pieces = text.split(SPECIAL) if text.count(SPECIAL) >= 20 else text.splitlines(keepends=True)
+    joiner = SPECIAL if text.count(SPECIAL) >= 20 else ""
+    cut = len(pieces) - max(1, len(pieces) // 20)
+    (work / "train.txt").write_text(joiner.join(pieces[:cut]), encoding="utf-8")
+    (work / "val.txt").write_text(joiner.join(pieces[cut:]), encoding="utf-8")
+    return work / "train.txt", work / "val.txt"
+
+
 def prepare_data(work: Path, cpu: bool, timeout: float) -> Path:
     corpus = find_corpus(work, 2_000_000 if cpu else 20_000_000)
-    lm("tokenizer", "train", "--input", corpus, "--vocab-size", "1024", "--special-token", SPECIAL,
+    train, val = split_corpus(corpus, work)
+    lm("tokenizer", "train", "--input", train, "--vocab-size", "1024", "--special-token", SPECIAL,
        "--out", work / "tok", timeout=timeout)
-    lm("tokenize", "--tokenizer", work / "tok", "--input", corpus, "--out", work / "train.bin", timeout=timeout)
+    for text, out in ((train, "train.bin"), (val, "val.bin")):
+        lm("tokenize", "--tokenizer", work / "tok", "--input", text, "--out", work / out, timeout=timeout)
     return corpus
 
 
 def train_overrides(work: Path, out: str, device: torch.device, seconds: float, cpu: bool) -> list[str]:
-    sets = [f"data.train={work / 'train.bin'}", f"data.val={work / 'train.bin'}", f"data.tokenizer={work / 'tok'}",
+    sets = [f"data.train={work / 'train.bin'}", f"data.val={work / 'val.bin'}", f"data.tokenizer={work / 'tok'}",
             f"train.out_dir={work / out}", f"train.max_time={seconds}", "optim.cosine_cycle_iters=20000",
             "checkpoint.interval=100000", "eval.batches=10", "log.interval=10", f"train.device={device}",
             "train.dtype=auto", "train.deterministic=false", "wandb.mode=disabled"]
@@ -389,7 +404,7 @@ def part_training(report: Report, device: torch.device, work: Path, seconds: flo
     report.add(f"training: tinystories-17m config{' (shrunk)' if cpu else ''}, {seconds:.0f} s",
                status == 0 and bool(val),
                f"{last['step']} steps, {1000 * last['time'] / last['step']:.1f} ms/step, {last['tok_per_s']:,.0f} "
-               f"tokens/s, MFU {100 * last['mfu']:.1f}%, {memory}, val loss {val[-1]['loss']:.3f} (train "
+               f"tokens/s, MFU {100 * last['mfu']:.1f}%, {memory}, val loss {val[-1]['loss']:.3f} (held-out 5%; train "
                f"{last['loss']:.3f}); {compile_s}{wall:.0f} s in all{per_step}")
 
 
