@@ -13,8 +13,10 @@ part, so a run cut short keeps what it measured. Parts, each run even if one bef
 1. **parity**: the same weights on the device and on the CPU in float32 (logits), bfloat16
    autocast against float32 (loss), ``torch.compile`` against eager (logits);
 2. **decoding**: the compiled fixed-shape step (a CUDA graph on CUDA) against the eager loop,
-   tokens identical; new tokens/s for one stream and for 16 (the median of 3 timed calls each);
-   the serving engine's step sizes
+   tokens identical; new tokens/s for one stream and for 16 (eager and compiled alternating, the
+   median of 5 rounds) and their ratio (issue 12's target on CUDA: >= 8x); where a call's time goes
+   (the compiled step alone at 1 and 16 rows, the greedy pick, a prompt's prefill); the serving
+   engine's step sizes
    (which ones give a row the same bits as sixteen rows, in every slot, on this device), the
    engine ``lm serve`` runs by default there (bfloat16 autocast on CUDA): a seeded request alone
    and beside fifteen others, and, on CUDA, its compiled steps (CUDA graphs) against eager
@@ -24,8 +26,8 @@ part, so a run cut short keeps what it measured. Parts, each run even if one bef
    tokens/s and their ratio (issue 12's target on CUDA: >= 1.5x);
 4. **training**: ``configs/tinystories-17m.toml`` for ``--seconds`` on the data it can find
    (``$LM_TEST_DATA/tinystories_sample.txt``, else the demo's synthetic stories), bfloat16 where
-   the device has it, compiled: tokens/s, MFU, peak memory, validation loss, and on CUDA the
-   host–device syncs per step (``torch.cuda.set_sync_debug_mode``);
+   the device has it, compiled: tokens/s, MFU, peak memory, the loss on a held-out twentieth of the
+   text, and on CUDA the host–device syncs per step (``torch.cuda.set_sync_debug_mode``);
 5. **tests**: the model, generation and serving-engine tests (the model's device tests run on
    CUDA when it is there); skipped with ``--device cpu``, where the test suite runs them anyway.
    They need pytest, and hypothesis (tests/test_generate.py) and uvicorn (tests/test_serve.py):
@@ -187,6 +189,42 @@ def interleaved(device: torch.device, runs: dict, rounds: int = 5) -> dict[str, 
     return {name: runs[name][1] / statistics.median(t) for name, t in times.items()}
 
 
+def step_breakdown(model, device: torch.device, prompts: list[list[int]], new_tokens: int) -> str:
+    """A compiled ``generate`` call of 1 and of 16 rows, taken apart: the compiled step alone (the one
+    ``generate`` made, rows at mid-context), a prompt's eager prefill, and the greedy pick with its
+    read to the host, each the median of 50 timed calls."""
+    from lm.generate.engine import decode_step_for
+    from lm.generate.sampling import next_token_and_finite
+
+    def timed(fn, calls: int = 50) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(calls):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(times)
+
+    need = len(prompts[0]) + new_tokens
+    max_len = min(model.config.context_length, 64 * -(-need // 64))  # as generate's compiled path rounds it
+    parts = []
+    with torch.inference_mode(), model.trusted_ids():
+        for rows in (1, 16):
+            step = decode_step_for(model, rows, max_len)
+            ids, lengths = [1] * rows, [need // 2] * rows
+            ms = timed(lambda step=step, ids=ids, lengths=lengths: step(ids, lengths))
+            logits = step(ids, lengths)
+            pick = timed(lambda logits=logits: torch.stack(
+                [t.to(torch.long) for t in next_token_and_finite(logits, temperature=0)]).tolist())
+            parts.append(f"{rows} row{'s' if rows > 1 else ''}: step {ms:.3f} ms, greedy pick and read {pick:.3f} ms")
+        prompt = torch.tensor([prompts[0]], device=device)
+        prefill = timed(lambda: model(prompt, kv_cache=model.new_cache(1, max_len=prompt.shape[1]), last_only=True), 10)
+    return "; ".join(parts) + f"; one {len(prompts[0])}-token prompt's eager prefill {prefill:.3f} ms"
+
+
 def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens: int) -> None:
     torch.manual_seed(0)
     model = TransformerLM(**shape).to(device).eval()
@@ -209,6 +247,7 @@ def part_decoding(report: Report, device: torch.device, shape: dict, new_tokens:
     # issue 12's target, on CUDA (a CPU's cores bound it lower: see the README's decoding table)
     report.add("decoding: 16 compiled streams >= 8x one compiled stream", ratio >= 8 if device.type == "cuda" else None,
                f"{ratio:.1f}x" + ("" if device.type == "cuda" else " (the target is for CUDA; not judged here)"))
+    report.add("decoding: where a call's time goes", True, step_breakdown(model, device, prompts, new_tokens))
     from lm.serve.engine import Engine, SamplingParams
 
     engine = Engine(model, max_batch=16)  # eager: its start-up probe, on this device
