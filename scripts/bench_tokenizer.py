@@ -16,6 +16,10 @@ Rows:
   tokenize   `lm tokenize` (tokenize_file, one process per core, text file -> token file) vs
              tiktoken's encode_batch on as many threads, given the file in the chunks `lm tokenize`
              cuts it into (the target is for this row), and vs tiktoken on one thread (reported).
+  lines      Tokenizer.encode called once per sentence, the 29,000 German sentences of Multi30k
+             (DATA/multi30k/train.de.gz: what `lm tokenize --target` does with a tokenizer that has
+             no special token to join them with, and a server with its prompts), cold and warm, vs
+             tiktoken's encode per sentence. Ids must be identical.
   longword   Tokenizer.encode of one pre-token of 100,000 random ACGT letters (a line of DNA;
              BPE cost grows with a pre-token's length, not with the text's) vs tiktoken, GPT-2
              vocab, fresh cache each time. Ids must be identical.
@@ -39,7 +43,7 @@ import time
 from pathlib import Path
 
 EOT = "<|endoftext|>"
-TASKS = ["train", "encode", "tokenize", "longword"]
+TASKS = ["train", "encode", "tokenize", "lines", "longword"]
 CHUNK_BYTES = 1 << 21  # tokenize_file's default chunk size
 
 
@@ -123,11 +127,14 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, tasks: lis
         for name in ("gpt2_vocab.json", "gpt2_merges.txt"):
             if not (data / name).is_file():
                 ap.error(f"--data: {args.data!r} holds no {name} (the GPT-2 vocabulary the encode rows use); "
-                         f"name the shared data folder or pass --skip encode tokenize longword")
+                         f"name the shared data folder or pass --skip encode tokenize lines longword")
         try:
             text.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
             ap.error(f"--text: {str(text)!r} is not UTF-8 (byte {e.start:,}); the encode rows compare ids of its text")
+    if "lines" in tasks and not (data / "multi30k" / "train.de.gz").is_file():
+        ap.error(f"--data: {args.data!r} holds no multi30k/train.de.gz (the sentences of the lines row); "
+                 "name the shared data folder or pass --skip lines")
     if "train" in tasks:
         if args.vocab_size < 257:
             ap.error(f"--vocab-size: must be >= 257 (256 bytes and {EOT}), got {args.vocab_size}")
@@ -218,7 +225,7 @@ def main() -> int:
                          f"{(lm_bpt / hf_bpt - 1) * 100:+.2f}%", "within 1%"))
             print(f"train: lm {lm_t} tokenizers {hf_t}", file=sys.stderr)
 
-        if "encode" not in args.skip or "tokenize" not in args.skip or "longword" not in args.skip:
+        if any(t not in args.skip for t in ("encode", "tokenize", "lines", "longword")):
             enc = tiktoken_gpt2(data)
             gpt2 = Tokenizer.from_files(data / "gpt2_vocab.json", data / "gpt2_merges.txt", [EOT])
             text = raw.decode("utf-8")
@@ -279,6 +286,33 @@ def main() -> int:
                 t_ref = mb / statistics.median(ts)
                 rows.append((f"{ours} vs {ref_name}", f"{v:.1f}", f"{t_ref:.1f}", f"{v / t_ref:.2f}x", target))
             print(f"tokenize: lm {ours_t} tiktoken {cpus} threads {many} tiktoken 1 thread {one}", file=sys.stderr)
+
+        if "lines" not in args.skip:
+            import gzip
+
+            with gzip.open(data / "multi30k" / "train.de.gz", "rt", encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            def each(tok):
+                return [tok.encode(line) for line in lines]
+
+            cold, warm, tik = [], [], []
+            for _ in range(args.reps):
+                fresh = Tokenizer(gpt2.vocab, gpt2.merges, [EOT])  # empty cache
+                dt, ours = timed(each, fresh)
+                cold.append(dt)
+                dt, ours_warm = timed(each, fresh)
+                warm.append(dt)
+                dt, ref = timed(lambda: [enc.encode(line, allowed_special="all") for line in lines])
+                tik.append(dt)
+                assert ours == ref and ours_warm == ref, "ids differ from tiktoken"
+                del fresh, ours, ours_warm, ref
+                gc.collect()
+            t_ref = len(lines) / statistics.median(tik)
+            for name, ts in (("cold cache", cold), ("warm cache", warm)):
+                v = len(lines) / statistics.median(ts)
+                rows.append((f"encode {len(lines):,} sentences one call each, German (Multi30k), GPT-2 vocab, {name} "
+                             "(sentences/s)", f"{v:,.0f}", f"{t_ref:,.0f}", f"{v / t_ref:.2f}x", ">= 0.5x"))
+            print(f"lines: cold {cold} warm {warm} tiktoken {tik}", file=sys.stderr)
 
         if "longword" not in args.skip:
             import random

@@ -65,7 +65,7 @@ def test_tokenizer_refuses_bad_counts_before_any_task(monkeypatch, capsys, small
     size = small_text.stat().st_size
     argv = [a.format(size=size) for a in argv]
     _refused(monkeypatch, capsys, "bench_tokenizer.py", ["--data", small_text.parent, "--text", small_text,
-             "--skip", "encode", "tokenize", "longword", "--vocab-size", "300", "--reps", "1", *argv],
+             "--skip", "encode", "tokenize", "lines", "longword", "--vocab-size", "300", "--reps", "1", *argv],
              why.format(size=size))
 
 
@@ -74,17 +74,17 @@ def test_tokenizer_refuses_a_holdout_with_no_line_end(monkeypatch, capsys, tmp_p
     text = tmp_path / "tail.txt"
     text.write_bytes(small_text.read_bytes() + b"x" * 3000)
     _refused(monkeypatch, capsys, "bench_tokenizer.py",
-             ["--data", tmp_path, "--text", text, "--skip", "encode", "tokenize", "longword", "--vocab-size", "300",
-              "--reps", "1", "--holdout-bytes", "2000"],
+             ["--data", tmp_path, "--text", text, "--skip", "encode", "tokenize", "lines", "longword",
+              "--vocab-size", "300", "--reps", "1", "--holdout-bytes", "2000"],
              f"--holdout-bytes: no line end or {EOT} in the last 2,000 bytes of {str(text)!r}")
 
 
 def test_tokenizer_refuses_to_skip_every_task(monkeypatch, capsys, small_text):
     """clifuzz7: an empty table and exit 0, which reads as a run that found nothing wrong."""
     _refused(monkeypatch, capsys, "bench_tokenizer.py", ["--data", small_text.parent, "--text", small_text,
-             "--skip", "train", "encode", "tokenize", "longword"],
-             "--skip: train encode tokenize longword leaves no task to run (the tasks: train encode tokenize "
-             "longword)")
+             "--skip", "train", "encode", "tokenize", "lines", "longword"],
+             "--skip: train encode tokenize lines longword leaves no task to run (the tasks: train encode tokenize "
+             "lines longword)")
 
 
 def test_tokenizer_refuses_missing_or_unreadable_inputs(monkeypatch, capsys, tmp_path, small_text):
@@ -101,6 +101,8 @@ def test_tokenizer_refuses_missing_or_unreadable_inputs(monkeypatch, capsys, tmp
     latin1.write_bytes("caf\xe9\n".encode("latin-1"))
     _refused(monkeypatch, capsys, "bench_tokenizer.py", ["--data", tmp_path, "--text", latin1, *skip_train],
              f"--text: {str(latin1)!r} is not UTF-8 (byte 3)")
+    _refused(monkeypatch, capsys, "bench_tokenizer.py", ["--data", tmp_path, "--text", small_text, *skip_train],
+             f"--data: {str(tmp_path)!r} holds no multi30k/train.de.gz (the sentences of the lines row)")
     monkeypatch.delenv("LM_TEST_DATA", raising=False)
     _refused(monkeypatch, capsys, "bench_tokenizer.py", skip_train,
              "--data: not given and LM_TEST_DATA is not set")

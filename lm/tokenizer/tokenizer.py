@@ -44,6 +44,10 @@ _CACHE_LIMIT = 1 << 20
 # Plain text goes to the vectorised path in blocks of about this many bytes: larger blocks batch
 # more new words, smaller ones keep its arrays in the CPU cache (about 1 MiB was fastest).
 _FAST_BLOCK = 1 << 20
+# Texts shorter than this many characters go through the regex path and its cache: the vectorised
+# path's set-up costs more than it saves there (a 60-character line: 4 us against 115 us, warm; the
+# paths cross between 4,096 and 16,384 characters, warm or cold: docs/benchmarks.md).
+_SHORT_TEXT = 2048
 # encode_iterable emits ids once this much text has been buffered.
 _STREAM_BUFFER_CHARS = 1 << 16
 # the largest id a character can stand for (see Tokenizer._encode_chars)
@@ -152,6 +156,7 @@ class Tokenizer:
         special_tokens: Sequence[str] | None = None,
     ):
         self.vocab: dict[int, bytes] = dict(vocab)
+        self._vocab_size: int | None = None
         self.merges: list[tuple[bytes, bytes]] = _check_merges(merges)
         self.special_tokens: list[str] = check_special_tokens(special_tokens)
         self.token_to_id: dict[bytes, int] = {}
@@ -215,7 +220,11 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return max(self.vocab) + 1
+        """The largest id plus one (counted once: ``max`` over the vocab was 0.1 ms of every
+        ``encode_to_numpy`` call into ``uint16``; the vocab is fixed when the tokenizer is made)."""
+        if self._vocab_size is None:
+            self._vocab_size = max(self.vocab) + 1
+        return self._vocab_size
 
     @property
     def eot_id(self) -> int | None:
@@ -358,7 +367,8 @@ class Tokenizer:
         return "".join(parts)
 
     def _encode_array(self, text: str) -> np.ndarray:
-        """The ids of ``text`` as native ``uint32``: plain stretches through the vectorised
+        """The ids of ``text`` as native ``uint32``: a short text (under ``_SHORT_TEXT``
+        characters) through the regex path; in a longer one plain stretches through the vectorised
         path, the rest (and any stretch where a hash collided) through the regex path.
 
         Lone surrogates, which UTF-8 cannot encode, become U+FFFD first, as in tiktoken: the
@@ -377,6 +387,8 @@ class Tokenizer:
         alone. A block's words new to the cache go through the merges in one batch, and its arrays
         stay in cache.
         """
+        if len(text) < _SHORT_TEXT:  # a copy: the regex path's ids are a read-only view of bytes
+            return self._encode_regex(text).copy()
         if self._cut_stretches:
             stretches = list(plain_stretches(text, max_plain=_FAST_BLOCK, fast=True))
         else:
