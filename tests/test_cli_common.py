@@ -61,6 +61,20 @@ def _subparsers(parser, prefix=()):
                 yield from _subparsers(sub, (*prefix, name))
 
 
+def test_resume_given_twice_is_refused_with_or_without_its_path(capsys, tmp_path, monkeypatch):
+    """`--resume` alone resumes from the run's latest checkpoint, `--resume PATH` from PATH: given twice,
+    the last had won without a word."""
+    monkeypatch.chdir(tmp_path)
+    for argv, shown in ((["--resume", "--resume", "r"], "with no value and 'r'"),
+                        (["--resume", "r", "--resume"], "'r' and with no value")):
+        with pytest.raises(SystemExit) as stop:
+            main(["train", "--config", "a.toml", *argv])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == (f"lm train: error: --resume: given twice ({shown}); it takes one, so "
+                                           "pass it once\n")
+    assert build_parser().parse_args(["train", "--config", "a.toml", "--resume"]).resume is True
+
+
 @pytest.mark.parametrize("argv, option, first, second", [
     (["tokenize", "--tokenizer", "t", "--input", "a.txt", "--input", "b.txt", "--out", "o.bin"], "--input", "a.txt",
      "b.txt"),
@@ -70,6 +84,7 @@ def _subparsers(parser, prefix=()):
     (["sample", "--checkpoint", "A", "--prompt-file", "p", "--prompt-file", "q"], "--prompt-file", "p", "q"),
     (["train", "--config", "a.toml", "--config", "b.toml"], "--config", "a.toml", "b.toml"),
     (["demo", "--out", "dA", "--out", "dB"], "--out", "dA", "dB"),  # an --out with an old spelling (Spelled)
+    (["train", "--config", "a.toml", "--resume", "r1", "--resume", "r2"], "--resume", "r1", "r2"),
 ])
 def test_an_option_that_names_one_file_given_twice_is_refused(argv, option, first, second, capsys, tmp_path,
                                                               monkeypatch):

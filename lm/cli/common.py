@@ -101,7 +101,8 @@ def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, descri
 SPELLINGS = "_spellings"  # the namespace's list of (option, value, new spelling or None), see Deprecated
 ONCE = "_once"  # the namespace's values of the Once options given so far
 # the options that name one file or folder: given twice, the last had won without a word
-ONCE_OPTIONS = ("--input", "--target", "--data", "--checkpoint", "--tokenizer", "--prompt-file", "--config", "--out")
+ONCE_OPTIONS = ("--input", "--target", "--data", "--checkpoint", "--tokenizer", "--prompt-file", "--config", "--out",
+                "--resume")
 
 
 class Once(argparse.Action):
@@ -111,7 +112,9 @@ class Once(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         seen = vars(namespace).setdefault(ONCE, {})
         if self.dest in seen:
-            parser.exit(2, f"{parser.prog}: error: {option_string}: given twice ({seen[self.dest]!r} and {values!r}); "
+            shown = [repr(v) if v is not self.const or self.const is None else "with no value"
+                     for v in (seen[self.dest], values)]  # (--resume alone: the latest checkpoint)
+            parser.exit(2, f"{parser.prog}: error: {option_string}: given twice ({shown[0]} and {shown[1]}); "
                            "it takes one, so pass it once\n")
         seen[self.dest] = values
         setattr(namespace, self.dest, values)
