@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 
 import torch
+
+from lm.io import check_count, per_cpu_cap
 
 # whole names only (``$`` would let "cpu\n" through); an index without a leading zero (compared with
 # the device count as written: torch keeps an index in 8 bits, so "cuda:256" would be cuda:0)
@@ -84,18 +85,14 @@ def max_threads() -> int:
     happens depends on memory and the process limits. Threads beyond the cores only slow torch
     down, so the cap is far below any such point and far above any useful count.
     """
-    return max(1024, 4 * (os.cpu_count() or 1))
+    return per_cpu_cap(1024)
 
 
 def set_threads(threads: int | None, argument: str = "--threads") -> None:
     """Use ``threads`` CPU threads for torch's intra-op work (None: torch's default)."""
     if threads is None:
         return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"{argument}: must be a whole number >= 1, got {threads!r}")
-    if threads > max_threads():
-        raise ValueError(f"{argument}: must be at most {max_threads()} (4 per CPU, {os.cpu_count()} CPUs here, "
-                         f"and at least 1024), got {threads}")
+    check_count(threads, argument, floor=1024)
     torch.set_num_threads(threads)
 
 

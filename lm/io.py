@@ -862,3 +862,19 @@ def claim_dir(
 def spoken_list(items: list[str]) -> str:
     """``'a'``, ``'a' and 'b'``, ``'a', 'b' and 'c'``: a list in a message."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def per_cpu_cap(floor: int) -> int:
+    """The most threads or processes a count option accepts: 4 per CPU, and at least ``floor``."""
+    return max(floor, 4 * (os.cpu_count() or 1))
+
+
+def check_count(value, argument: str, floor: int) -> None:
+    """``value`` a whole number in [1, :func:`per_cpu_cap` (``floor``)], else a ValueError naming
+    ``argument`` (``--threads``, ``--num-workers``: a count that no machine needs, which would start
+    that many threads or processes)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{argument}: must be a whole number >= 1, got {value!r}")
+    if value > per_cpu_cap(floor):
+        raise ValueError(f"{argument}: must be at most {per_cpu_cap(floor)} (4 per CPU, {os.cpu_count()} CPUs here, "
+                         f"and at least {floor}), got {value}")

@@ -54,7 +54,7 @@ def test_num_workers_is_bounded_and_said_to_do_nothing_with_target(trained, corp
     for argv in (["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out", str(tmp_path / "a.bin")],
                  ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", str(tmp_path / "t")]):
         for n, message in ((too_many, f"must be at most {max_workers()} (4 per CPU, {cpus} CPUs here, and at least "
-                                      f"64), got {too_many}"), (0, "must be >= 1, got 0")):
+                                      f"64), got {too_many}"), (0, "must be a whole number >= 1, got 0")):
             assert main([*argv, "--num-workers", str(n), "--quiet"]) == 2
             assert capsys.readouterr().err == f"lm {' '.join(argv[:2 if argv[0] == 'tokenizer' else 1])}: error: " \
                                               f"--num-workers: {message}\n"

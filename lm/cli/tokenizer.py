@@ -16,6 +16,7 @@ from pathlib import Path
 from lm.cli.common import add_command, add_out, add_quiet, as_flags
 from lm.io import (
     atomic_write,
+    check_count,
     check_no_symlink_loop,
     check_not_empty,
     check_output_dir,
@@ -24,6 +25,7 @@ from lm.io import (
     check_text_input,
     decompressed_copies,
     is_gzip,
+    per_cpu_cap,
     replace_dir,
     text_name,
     writing_out,
@@ -209,17 +211,12 @@ def max_workers() -> int:
     """The most processes ``--num-workers`` accepts: 4 per CPU, and at least 64. Each takes a share
     of the input and its own memory; any count had been taken (10**21), and 1,000 forked one
     process per 2 MB of the input on a 2-CPU machine."""
-    return max(64, 4 * (os.cpu_count() or 1))
+    return per_cpu_cap(64)
 
 
 def check_num_workers(n: int | None) -> None:
-    if n is None:
-        return
-    if n < 1:
-        raise ValueError(f"--num-workers: must be >= 1, got {n}")
-    if n > max_workers():
-        raise ValueError(f"--num-workers: must be at most {max_workers()} (4 per CPU, {os.cpu_count()} CPUs here, "
-                         f"and at least 64), got {n}")
+    if n is not None:
+        check_count(n, "--num-workers", floor=64)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
