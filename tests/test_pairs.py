@@ -769,3 +769,33 @@ def test_inputs_whose_names_are_not_utf8_make_a_whole_pair_file(corpus, tok_dir,
     meta = read_pair_file(out).meta
     assert (meta["num_pairs"], meta["source"], meta["target"]) == (5, f"{tmp_path}/\\xff.en", f"{tmp_path}/\\xff.de")
     assert sorted(q.name for q in out.parent.iterdir()) == ["p.bin", "p.bin.idx", "p.bin.json"]
+
+
+def test_tokenize_pairs_gives_the_same_file_over_any_number_of_workers(tok_dir, tmp_path, monkeypatch):
+    """`lm tokenize --target` encoded every pair in one process (its --num-workers was ignored, with
+    a warning); the chunks now go to worker processes and come back in order. A sentence holding a
+    special token's text (encoded apart from the joined ones) is among them; each pair's ids are
+    its sentences' ids alone, and the sidecar counts the same bytes."""
+    tok = load_tokenizer_dir(tok_dir)
+    src_lines, tgt_lines = parallel_text(600, seed=3)
+    src_lines[40] = f"A dog {SPECIALS[2]} runs."
+    src, tgt = write_lines(tmp_path / "s.en", src_lines), write_lines(tmp_path / "s.de", tgt_lines)
+    import lm.tokenizer.workers as workers_module
+
+    pools = []
+    real_pool = workers_module.WorkerPool
+    monkeypatch.setattr(workers_module, "WorkerPool", lambda n, *a: pools.append(n) or real_pool(n, *a))
+    files, metas = {}, {}
+    for workers in (1, 2, 3):
+        out = tmp_path / f"w{workers}.bin"
+        with pytest.warns(UserWarning, match="1 pairs hold the text of a special token"):
+            metas[workers] = tokenize_pairs(tok, src, tgt, out, chunk_pairs=37, num_workers=workers)
+        files[workers] = [Path(f"{out}{suffix}").read_bytes() for suffix in ("", ".idx")]
+    assert pools == [2, 3]  # one process for 1 (no pool), a pool of 2 and of 3 processes
+    assert files[1] == files[2] == files[3] and metas[1] == metas[2] == metas[3]
+    f = read_pair_file(tmp_path / "w2.bin")
+    assert len(f) == 600 and metas[2]["source_bytes"] == len("".join(x + "\n" for x in src_lines).encode())
+    for k in (0, 1, 36, 37, 40, 599):  # chunk edges, the special token's sentence, the last
+        assert f.src(k).tolist() == tok.encode(src_lines[k]) and f.tgt(k).tolist() == tok.encode(tgt_lines[k])
+    with pytest.raises(ValueError, match=r"num_workers must be None or a whole number >= 1, got num_workers=0"):
+        tokenize_pairs(tok, src, tgt, tmp_path / "w0.bin", num_workers=0)

@@ -44,9 +44,9 @@ def trained(corpus, tmp_path_factory):
     return out
 
 
-def test_num_workers_is_bounded_and_said_to_do_nothing_with_target(trained, corpus, tmp_path, capsys):
+def test_num_workers_is_bounded_and_used_with_target_too(trained, corpus, tmp_path, capsys):
     """Any --num-workers was taken (10**21), and 1,000 forked one process per 2 MB of the input on a
-    2-CPU machine; with --target it was ignored without a word (clifuzz9)."""
+    2-CPU machine; with --target it was ignored without a word (clifuzz9), then with a warning."""
     from lm.cli.tokenizer import max_workers
 
     cpus = os.cpu_count()
@@ -59,13 +59,14 @@ def test_num_workers_is_bounded_and_said_to_do_nothing_with_target(trained, corp
             assert capsys.readouterr().err == f"lm {' '.join(argv[:2 if argv[0] == 'tokenizer' else 1])}: error: " \
                                               f"--num-workers: {message}\n"
     assert max_workers() == max(64, 4 * cpus)
-    (tmp_path / "s.txt").write_text("Tom had a ball.\n")
-    assert main(["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--target",
-                 str(tmp_path / "s.txt"), "--out", str(tmp_path / "p.bin"), "--num-workers", "2"]) == 0
-    warning = capsys.readouterr().err.splitlines()[0]
-    assert warning == ("lm tokenize: warning: --num-workers has no effect with --target (pairs are encoded in one "
-                       "process)")
-    assert sorted(os.listdir(tmp_path)) == ["p.bin", "p.bin.idx", "p.bin.json", "s.txt"]
+    # with --target the pairs go to the workers too (they had been encoded in one process, with a warning)
+    (tmp_path / "s.txt").write_text("".join(f"Tom had {i} balls.\n" for i in range(3000)))
+    for n in (1, 2):
+        assert main(["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--target",
+                     str(tmp_path / "s.txt"), "--out", str(tmp_path / f"p{n}.bin"), "--num-workers", str(n)]) == 0
+        assert "warning" not in capsys.readouterr().err
+    assert (tmp_path / "p1.bin").read_bytes() == (tmp_path / "p2.bin").read_bytes()
+    assert (tmp_path / "p1.bin.idx").read_bytes() == (tmp_path / "p2.bin.idx").read_bytes()
 
 
 def test_train_writes_files_and_summary(trained, corpus):

@@ -230,9 +230,6 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
     check_num_workers(args.num_workers)
     if args.target is not None:
-        if args.num_workers is not None and not args.quiet:  # had been ignored without a word
-            print("lm tokenize: warning: --num-workers has no effect with --target (pairs are encoded in one "
-                  "process)", file=sys.stderr)
         return _tokenize_pairs(args)
     src = check_readable_file(args.input, "--input")
     if is_gzip(src):  # by its content, as every command that reads text tells gzip
@@ -259,7 +256,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _tokenize_pairs(args: argparse.Namespace) -> int:
-    """``lm tokenize --target``: a parallel corpus to a pair file (serially; such corpora are small)."""
+    """``lm tokenize --target``: a parallel corpus to a pair file, over ``--num-workers`` processes."""
     from lm.data.pairs import tokenize_pairs
     from lm.tokenizer import load_tokenizer_dir
 
@@ -271,7 +268,7 @@ def _tokenize_pairs(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with _out_errors(Path(args.out)):
         try:
-            meta = tokenize_pairs(tok, src, tgt, args.out, progress=not args.quiet)
+            meta = tokenize_pairs(tok, src, tgt, args.out, progress=not args.quiet, num_workers=args.num_workers)
         except ValueError as e:  # name the argument: the message starts with the file it is about
             msg = str(e)
             arg = ("--input" if msg.startswith(repr(str(src)))

@@ -388,6 +388,26 @@ def _encode_lines(tokenizer, lines: list[str], dtype: np.dtype, specials: list[s
     return out  # type: ignore[return-value]
 
 
+_pair_worker: tuple | None = None  # (tokenizer, dtype, special tokens) where _encode_pair_chunk runs
+
+
+def _init_pair_worker(tokenizer, dtype: str, specials: list[str]) -> None:
+    global _pair_worker
+    _pair_worker = (tokenizer, np.dtype(dtype), specials)
+
+
+def _encode_pair_chunk(chunk: tuple[list[str], list[str]]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """A chunk's sources and targets encoded (:func:`_encode_lines`), each side as its ids end to
+    end and each sentence's count of them (one array each: cheap to send back from a worker)."""
+    assert _pair_worker is not None
+    tokenizer, dtype, specials = _pair_worker
+    out = []
+    for side in chunk:
+        ids = _encode_lines(tokenizer, side, dtype, specials)
+        out.append((np.concatenate(ids) if ids else np.zeros(0, dtype), np.array([len(a) for a in ids], np.int64)))
+    return tuple(out)
+
+
 def tokenize_pairs(
     tokenizer,
     src_path: str | os.PathLike,
@@ -396,18 +416,26 @@ def tokenize_pairs(
     *,
     progress: bool = False,
     chunk_pairs: int = 1024,
+    num_workers: int | None = None,
 ) -> dict[str, Any]:
     """Encode a parallel corpus (see :func:`read_parallel`) into the pair file ``out_path``; return its sidecar.
 
     Each sentence is encoded on its own (the ids ``tokenizer.encode`` gives it alone). A sentence
     whose text holds a special token of the tokenizer (``<eos>`` written out, say) encodes it as
     that token; such pairs are counted and reported in one warning. The sentences go to the
-    tokenizer ``chunk_pairs`` pairs at a time. ``out_path`` (its offsets and sidecar too) may not be
-    one of the inputs.
+    tokenizer ``chunk_pairs`` pairs at a time, over ``num_workers`` processes (default: the CPU
+    count; one when the corpus is a single chunk); the file is the same for any number.
+    ``out_path`` (its offsets and sidecar too) may not be one of the inputs.
     """
     from tqdm import tqdm
 
+    from lm.tokenizer.workers import WorkerPool
+
     check_size("chunk_pairs", chunk_pairs)
+    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                    or num_workers < 1):
+        raise ValueError(f"num_workers must be None or a whole number >= 1, got num_workers={num_workers!r}")
+    workers = num_workers if num_workers is not None else (os.cpu_count() or 1)
     inputs = [("src_path", src_path), ("tgt_path", tgt_path)]
     for out in (out_path, index_path(out_path), sidecar_path(out_path)):  # never over the text it reads
         check_not_input(out, inputs, "out_path")
@@ -423,18 +451,30 @@ def tokenize_pairs(
         raise ValueError(f"{str(src_path)!r} and {str(tgt_path)!r} hold no lines")
     lines = itertools.chain([first], lines)
 
+    def chunks() -> Iterator[tuple[list[str], list[str]]]:
+        """The pairs, ``chunk_pairs`` at a time, as sources and targets; counted as they are read."""
+        while chunk := list(itertools.islice(lines, chunk_pairs)):
+            src = [s for s, _ in chunk]
+            tgt = [t for _, t in chunk]
+            counts["src"] += sum(map(len, (s.encode("utf-8") for s in src))) + len(src)
+            counts["tgt"] += sum(map(len, (t.encode("utf-8") for t in tgt))) + len(tgt)
+            if specials:
+                counts["special"] += sum(any(sp in s or sp in t for sp in specials) for s, t in chunk)
+            yield src, tgt
+
     def encoded() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        with tqdm(unit=" pairs", desc="tokenize", disable=None if progress else True, file=sys.stderr) as bar:
-            while chunk := list(itertools.islice(lines, chunk_pairs)):
-                src = [s for s, _ in chunk]
-                tgt = [t for _, t in chunk]
-                counts["src"] += sum(map(len, (s.encode("utf-8") for s in src))) + len(src)
-                counts["tgt"] += sum(map(len, (t.encode("utf-8") for t in tgt))) + len(tgt)
-                if specials:
-                    counts["special"] += sum(any(sp in s or sp in t for sp in specials) for s, t in chunk)
-                yield from zip(_encode_lines(tokenizer, src, dtype, specials),
-                               _encode_lines(tokenizer, tgt, dtype, specials))
-                bar.update(len(chunk))
+        tasks = chunks()
+        head = list(itertools.islice(tasks, 2))  # one chunk only: no processes to start
+        parallel = workers > 1 and len(head) > 1
+        setup = (tokenizer, dtype.str, specials)
+        _init_pair_worker(*setup)
+        with tqdm(unit=" pairs", desc="tokenize", disable=None if progress else True, file=sys.stderr) as bar, \
+                (WorkerPool(workers, _encode_pair_chunk, _init_pair_worker, setup) if parallel
+                 else contextlib.nullcontext()) as pool:
+            todo = itertools.chain(head, tasks)
+            for (src, src_n), (tgt, tgt_n) in pool.map(todo) if parallel else map(_encode_pair_chunk, todo):
+                yield from zip(np.split(src, np.cumsum(src_n)[:-1]), np.split(tgt, np.cumsum(tgt_n)[:-1]))
+                bar.update(len(src_n))
 
     def extra() -> dict[str, Any]:
         # always recorded, {} too: the trainer checks the model's <pad>, <bos> and <eos> against them
