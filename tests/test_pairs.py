@@ -799,3 +799,28 @@ def test_tokenize_pairs_gives_the_same_file_over_any_number_of_workers(tok_dir, 
         assert f.src(k).tolist() == tok.encode(src_lines[k]) and f.tgt(k).tolist() == tok.encode(tgt_lines[k])
     with pytest.raises(ValueError, match=r"num_workers must be None or a whole number >= 1, got num_workers=0"):
         tokenize_pairs(tok, src, tgt, tmp_path / "w0.bin", num_workers=0)
+
+
+def test_tokenize_pairs_in_one_process_keeps_its_tokenizer_while_another_call_runs(tok_dir, tmp_path):
+    """As tokenize_file (review18b): with the setup in the module, a second call in the same
+    process replaced the first's tokenizer for its later chunks. The second runs inside the first."""
+    from lm.tokenizer import Tokenizer
+
+    tok = load_tokenizer_dir(tok_dir)
+    other = Tokenizer({i: bytes([i]) for i in range(256)}, [], SPECIALS)  # bytes: other ids
+    src_lines, tgt_lines = parallel_text(300, seed=4)
+    src, tgt = write_lines(tmp_path / "s.en", src_lines), write_lines(tmp_path / "s.de", tgt_lines)
+    encode, nested = tok.encode_to_numpy, []
+
+    def encode_and_meanwhile(text, dtype=np.uint32):
+        if not nested:
+            nested.append(tokenize_pairs(other, src, tgt, tmp_path / "other.bin", chunk_pairs=37, num_workers=1))
+        return encode(text, dtype)
+
+    tok.encode_to_numpy = encode_and_meanwhile
+    tokenize_pairs(tok, src, tgt, tmp_path / "p.bin", chunk_pairs=37, num_workers=1)
+    mine, theirs = read_pair_file(tmp_path / "p.bin"), read_pair_file(tmp_path / "other.bin")
+    assert nested and len(mine) == len(theirs) == 300
+    for k in (0, 36, 37, 299):
+        assert mine.src(k).tolist() == tok.encode(src_lines[k]) and mine.tgt(k).tolist() == tok.encode(tgt_lines[k])
+        assert theirs.src(k).tolist() == other.encode(src_lines[k])

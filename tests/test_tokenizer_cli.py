@@ -113,6 +113,26 @@ def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers, warm_by
     assert meta["tokenizer_sha256"] == tok.checksum() and meta["vocab_size"] == tok.vocab_size
 
 
+def test_tokenize_file_in_one_process_keeps_its_tokenizer_while_another_call_runs(trained, corpus, tmp_path):
+    """The tokenizer was set in the module and read at every chunk, so a second call in the same
+    process (another thread) replaced it, and the first call's later chunks came out in the second
+    tokenizer's ids (review18b). Shown without threads: the second call runs inside the first's."""
+    tok = load_tokenizer_dir(trained)
+    other = Tokenizer({i: bytes([i]) for i in range(256)}, [], [EOT])  # bytes: other ids
+    encode, text = tok.encode_to_numpy, corpus.read_text(encoding="utf-8")
+    nested = []
+
+    def encode_and_meanwhile(piece, dtype=np.uint32):
+        if not nested:
+            nested.append(tokenize_file(other, corpus, tmp_path / "other.bin", num_workers=1, chunk_bytes=10_000))
+        return encode(piece, dtype)
+
+    tok.encode_to_numpy = encode_and_meanwhile
+    tokenize_file(tok, corpus, tmp_path / "t.bin", num_workers=1, chunk_bytes=10_000)
+    assert nested and read_token_file(tmp_path / "t.bin")[0].tolist() == tok.encode(text)
+    assert read_token_file(tmp_path / "other.bin")[0].tolist() == other.encode(text)
+
+
 @pytest.mark.parametrize("specials", [["<|a|>", "<|a|><|b|>", "<|b|>"], ["ab", "bc"], ["<|endoftext|>", "endoftext"]])
 def test_tokenize_file_equals_encode_for_any_chunk_size_with_overlapping_special_tokens(tmp_path, specials):
     """The file was cut at the first occurrence of a special token after the chunk target, even one

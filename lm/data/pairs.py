@@ -30,6 +30,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import itertools
@@ -388,19 +389,25 @@ def _encode_lines(tokenizer, lines: list[str], dtype: np.dtype, specials: list[s
     return out  # type: ignore[return-value]
 
 
-_pair_worker: tuple | None = None  # (tokenizer, dtype, special tokens) where _encode_pair_chunk runs
+_pair_worker: tuple | None = None  # (tokenizer, dtype, special tokens), in a worker process only
 
 
 def _init_pair_worker(tokenizer, dtype: str, specials: list[str]) -> None:
     global _pair_worker
-    _pair_worker = (tokenizer, np.dtype(dtype), specials)
+    _pair_worker = (tokenizer, dtype, specials)
 
 
 def _encode_pair_chunk(chunk: tuple[list[str], list[str]]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """:func:`_encode_pair_chunk_with` in a worker, with its setup (:func:`_init_pair_worker`)."""
+    assert _pair_worker is not None
+    return _encode_pair_chunk_with(*_pair_worker, chunk)
+
+
+def _encode_pair_chunk_with(tokenizer, dtype: str, specials: list[str], chunk: tuple[list[str], list[str]]
+                            ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """A chunk's sources and targets encoded (:func:`_encode_lines`), each side as its ids end to
     end and each sentence's count of them (one array each: cheap to send back from a worker)."""
-    assert _pair_worker is not None
-    tokenizer, dtype, specials = _pair_worker
+    dtype = np.dtype(dtype)
     out = []
     for side in chunk:
         ids = _encode_lines(tokenizer, side, dtype, specials)
@@ -464,15 +471,17 @@ def tokenize_pairs(
 
     def encoded() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         tasks = chunks()
-        head = list(itertools.islice(tasks, 2))  # one chunk only: no processes to start
+        head = list(itertools.islice(tasks, workers))  # fewer chunks than workers: as many processes as chunks
         parallel = workers > 1 and len(head) > 1
+        # In this process the setup is passed, not set in the module (where a second call, from
+        # another thread, would have replaced it: each call's pairs encoded by the other's tokenizer).
         setup = (tokenizer, dtype.str, specials)
-        _init_pair_worker(*setup)
         with tqdm(unit=" pairs", desc="tokenize", disable=None if progress else True, file=sys.stderr) as bar, \
-                (WorkerPool(workers, _encode_pair_chunk, _init_pair_worker, setup) if parallel
+                (WorkerPool(len(head), _encode_pair_chunk, _init_pair_worker, setup) if parallel
                  else contextlib.nullcontext()) as pool:
             todo = itertools.chain(head, tasks)
-            for (src, src_n), (tgt, tgt_n) in pool.map(todo) if parallel else map(_encode_pair_chunk, todo):
+            here = functools.partial(_encode_pair_chunk_with, *setup)
+            for (src, src_n), (tgt, tgt_n) in pool.map(todo) if parallel else map(here, todo):
                 yield from zip(np.split(src, np.cumsum(src_n)[:-1]), np.split(tgt, np.cumsum(tgt_n)[:-1]))
                 bar.update(len(src_n))
 

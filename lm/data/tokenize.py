@@ -10,6 +10,8 @@ writes token files; the tokenizer knows nothing of them.)
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import os
 import sys
@@ -27,7 +29,7 @@ from lm.tokenizer import Tokenizer
 from lm.tokenizer.pretokenize import LONG_CHUNK_BYTES, chunk_boundaries, warn_long_chunk
 from lm.tokenizer.workers import parallel_map
 
-_worker_tokenizer: Tokenizer | None = None
+_worker_tokenizer: Tokenizer | None = None  # set in a worker process only (see tokenize_file)
 
 
 def _init_worker(tokenizer: Tokenizer) -> None:
@@ -35,11 +37,16 @@ def _init_worker(tokenizer: Tokenizer) -> None:
     _worker_tokenizer = tokenizer
 
 
-def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, int]:
+def _encode_chunk_with(tokenizer: Tokenizer, args: tuple[str, int, int, str]) -> tuple[bytes, int, int]:
     path, start, end, dtype = args
     text, invalid = read_text_range(path, start, end)
+    return tokenizer.encode_to_numpy(text, dtype).tobytes(), end - start, invalid
+
+
+def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, int]:
+    """:func:`_encode_chunk_with` in a worker, with its tokenizer (:func:`_init_worker`)."""
     assert _worker_tokenizer is not None
-    return _worker_tokenizer.encode_to_numpy(text, dtype).tobytes(), end - start, invalid
+    return _encode_chunk_with(_worker_tokenizer, args)
 
 
 def tokenize_file(
@@ -81,13 +88,15 @@ def tokenize_file(
     warn_long_chunk(path, bounds, chunk_bytes, "encoded", limit=LONG_CHUNK_BYTES)
     tasks = [(str(path), a, b, dtype.str) for a, b in bounds]
     invalid = 0
-    _init_worker(tokenizer)
+    # In this process the tokenizer is passed, not set in the module (where a second call, from
+    # another thread, would have replaced it: each call's chunks encoded by the other's tokenizer).
+    here = functools.partial(_encode_chunk_with, tokenizer)
     parallel = workers > 1 and len(tasks) > 1
-    first = [_encode_chunk(tasks[0])] if parallel else []  # the head, before the fork (see above)
+    first = [here(tasks[0])] if parallel else []  # the head, before the fork (see above)
     with tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=None if progress else True,
               file=sys.stderr) as bar, \
-            parallel_map(_encode_chunk, tasks[len(first):], workers if parallel else 1,
-                         initializer=_init_worker, initargs=(tokenizer,)) as rest:
+            (parallel_map(_encode_chunk, tasks[1:], workers, initializer=_init_worker, initargs=(tokenizer,))
+             if parallel else contextlib.nullcontext(map(here, tasks))) as rest:
         results = itertools.chain(first, rest)
         # computed while the workers run (it takes a moment for a large vocab)
         checksum = tokenizer.checksum()
