@@ -797,8 +797,17 @@ def test_tokenize_pairs_gives_the_same_file_over_any_number_of_workers(tok_dir, 
     assert len(f) == 600 and metas[2]["source_bytes"] == len("".join(x + "\n" for x in src_lines).encode())
     for k in (0, 1, 36, 37, 40, 599):  # chunk edges, the special token's sentence, the last
         assert f.src(k).tolist() == tok.encode(src_lines[k]) and f.tgt(k).tolist() == tok.encode(tgt_lines[k])
-    with pytest.raises(ValueError, match=r"num_workers must be None or a whole number >= 1, got num_workers=0"):
-        tokenize_pairs(tok, src, tgt, tmp_path / "w0.bin", num_workers=0)
+    from lm.data import tokenize_file
+    from lm.tokenizer import train_bpe
+
+    for bad in (0, -5, 2.0, True):  # as tokenize_file and train_bpe refuse them
+        with pytest.raises(ValueError, match=rf"num_workers must be a positive integer, got num_workers={bad!r}"):
+            tokenize_pairs(tok, src, tgt, tmp_path / "w0.bin", num_workers=bad)
+        with pytest.raises(ValueError, match=rf"num_workers must be a positive integer, got num_workers={bad!r}"):
+            tokenize_file(tok, src, tmp_path / "w0.bin", num_workers=bad)
+        with pytest.raises(ValueError, match=rf"num_workers must be a positive integer, got num_workers={bad!r}"):
+            train_bpe(src, 300, [], num_workers=bad)
+    assert not (tmp_path / "w0.bin").exists()
 
 
 def test_tokenize_pairs_in_one_process_keeps_its_tokenizer_while_another_call_runs(tok_dir, tmp_path):

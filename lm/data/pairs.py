@@ -439,9 +439,8 @@ def tokenize_pairs(
     from lm.tokenizer.workers import WorkerPool
 
     check_size("chunk_pairs", chunk_pairs)
-    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
-                                    or num_workers < 1):
-        raise ValueError(f"num_workers must be None or a whole number >= 1, got num_workers={num_workers!r}")
+    if num_workers is not None:
+        check_size("num_workers", num_workers)
     workers = num_workers if num_workers is not None else (os.cpu_count() or 1)
     inputs = [("src_path", src_path), ("tgt_path", tgt_path)]
     for out in (out_path, index_path(out_path), sidecar_path(out_path)):  # never over the text it reads

@@ -70,6 +70,8 @@ def tokenize_file(
     check_not_input(out_path, [("input_path", path)], "out_path")
     check_not_input(sidecar_path(out_path), [("input_path", path)], "out_path")
     check_size("chunk_bytes", chunk_bytes)  # 0 had never advanced past the first cut: a hang
+    if num_workers is not None:  # (0 or -5 had been taken for 1)
+        check_size("num_workers", num_workers)
     if not is_count(warm_bytes):
         raise ValueError(f"warm_bytes must be a non-negative integer (0: no warm-up), got warm_bytes={warm_bytes!r}")
     size = path.stat().st_size

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from lm.checks import check_size
 from lm.io import check_readable_file, read_text_range
 from lm.tokenizer.pretokenize import (
     LONG_CHUNK_BYTES,
@@ -295,8 +296,8 @@ def train_bpe(
         raise ValueError(
             f"vocab_size: {vocab_size} is below 256 bytes + {len(special_tokens)} special token(s) = {minimum}"
         )
-    if num_workers is not None and (isinstance(num_workers, bool) or num_workers < 1):
-        raise ValueError(f"num_workers: expected a positive integer, got {num_workers!r}")
+    if num_workers is not None:
+        check_size("num_workers", num_workers)
     ranges = list(byte_ranges) if byte_ranges is not None else _input_ranges(input_path)
     stats = stats if stats is not None else TrainStats()
 
