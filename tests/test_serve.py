@@ -216,22 +216,29 @@ def test_a_seeded_request_in_the_last_slot_gets_the_bits_it_gets_alone(max_batch
         assert _seeded_run(model, max_batch - 1, join_at, engine=Engine(model, max_batch=max_batch)) == alone
 
 
-def test_a_max_batch_whose_step_is_not_slot_invariant_gets_a_wider_step(monkeypatch):
-    """Rows that differ by slot in the 6-row step only (as this CPU's BLAS does, but on any machine):
-    the largest step takes the next width, 8 rows, the 6-row step is dropped, and a seeded request
-    in the last slot behind five others gets the bits it gets alone."""
-    made = []
+def _by_slot(made: list[int], only: int | None = None) -> type:
+    """A DecodeStep that records the rows of each step made in ``made`` and adds 1e-3 times its slot
+    to each row's logits (so that a row's bits depend on its slot), at ``only`` rows or (None) at all."""
 
-    class SixBySlot(engine_module.DecodeStep):
+    class BySlot(engine_module.DecodeStep):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self.rows)
 
         def __call__(self, ids, lengths, full_span=False):
             out = super().__call__(ids, lengths, full_span=full_span)
-            return out + torch.arange(out.shape[0], dtype=out.dtype)[:, None] * 1e-3 if self.rows == 6 else out
+            skewed = only is None or self.rows == only
+            return out + torch.arange(out.shape[0], dtype=out.dtype)[:, None] * 1e-3 if skewed else out
 
-    monkeypatch.setattr(engine_module, "DecodeStep", SixBySlot)
+    return BySlot
+
+
+def test_a_max_batch_whose_step_is_not_slot_invariant_gets_a_wider_step(monkeypatch):
+    """Rows that differ by slot in the 6-row step only (as this CPU's BLAS does, but on any machine):
+    the largest step takes the next width, 8 rows, the 6-row step is dropped, and a seeded request
+    in the last slot behind five others gets the bits it gets alone."""
+    made = []
+    monkeypatch.setattr(engine_module, "DecodeStep", _by_slot(made, only=6))
     model = tiny_model()
     engine = Engine(model, max_batch=6)
     assert made == [1, 2, 4, 6, 1, 2, 4, 6, 8]  # width 6, then 8
@@ -247,17 +254,7 @@ def test_when_no_width_is_slot_invariant_the_max_batch_step_serves_alone(monkeyp
     tries the wider ones, then serves with the max_batch step alone and says so (slot_invariant
     False); with one width to try it makes its steps once (compiled: one compilation, not two)."""
     made = []
-
-    class BySlot(engine_module.DecodeStep):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self.rows)
-
-        def __call__(self, ids, lengths, full_span=False):
-            out = super().__call__(ids, lengths, full_span=full_span)
-            return out + torch.arange(out.shape[0], dtype=out.dtype)[:, None] * 1e-3
-
-    monkeypatch.setattr(engine_module, "DecodeStep", BySlot)
+    monkeypatch.setattr(engine_module, "DecodeStep", _by_slot(made))
     engine = Engine(tiny_model(), max_batch=6)
     assert not engine.slot_invariant and engine.step_sizes == [6] and engine.cache.rows == 6
     assert made == [1, 2, 4, 6, 1, 2, 4, 6, 8, 1, 2, 4, 6]  # widths 6, then 8, then 6 again to serve

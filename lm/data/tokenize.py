@@ -77,7 +77,7 @@ def tokenize_file(
     size = path.stat().st_size
     if size == 0:
         raise ValueError(f"input: file is empty: {str(path)!r}")
-    workers = max(1, num_workers if num_workers is not None else (os.cpu_count() or 1))
+    workers = num_workers if num_workers is not None else (os.cpu_count() or 1)  # (checked above)
     dtype = token_dtype(tokenizer.vocab_size)
     # With several workers the parent first encodes a short head of the file (``warm_bytes``)
     # before it forks: the workers then start with the cache warm for the commonest words
