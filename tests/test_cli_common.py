@@ -84,6 +84,8 @@ def test_resume_given_twice_is_refused_with_or_without_its_path(capsys, tmp_path
     (["sample", "--checkpoint", "A", "--prompt-file", "p", "--prompt-file", "q"], "--prompt-file", "p", "q"),
     (["train", "--config", "a.toml", "--config", "b.toml"], "--config", "a.toml", "b.toml"),
     (["demo", "--out", "dA", "--out", "dB"], "--out", "dA", "dB"),  # an --out with an old spelling (Spelled)
+    (["demo", "--out-dir", "dA", "--out-dir", "dB"], "--out-dir", "dA", "dB"),  # the old spelling (Deprecated)
+    (["data", "download", "multi30k", "--out-dir", "dA", "--out-dir", "dB"], "--out-dir", "dA", "dB"),
     (["train", "--config", "a.toml", "--resume", "r1", "--resume", "r2"], "--resume", "r1", "r2"),
 ])
 def test_an_option_that_names_one_file_given_twice_is_refused(argv, option, first, second, capsys, tmp_path,
@@ -94,7 +96,8 @@ def test_an_option_that_names_one_file_given_twice_is_refused(argv, option, firs
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2
-    assert capsys.readouterr().err == (f"lm {argv[0]}: error: {option}: given twice ({first!r} and {second!r}); it "
+    prog = " ".join(["lm", *argv[:2 if argv[0] == "data" else 1]])  # lm data download
+    assert capsys.readouterr().err == (f"{prog}: error: {option}: given twice ({first!r} and {second!r}); it "
                                        "takes one, so pass it once\n")
     assert not any(tmp_path.iterdir())
     args = build_parser().parse_args(["tokenizer", "train", "--input", "a", "--input", "b", "--vocab-size", "300",

@@ -133,6 +133,12 @@ class Deprecated(argparse.Action):
             setattr(namespace, self.dest, None)
             return
         old = option_string or self.metavar or self.dest
+        if option_string is not None:  # ``--out-dir a --out-dir b``: refused as --out given twice is
+            seen = vars(namespace).setdefault(ONCE, {})
+            if option_string in seen:
+                parser.exit(2, f"{parser.prog}: error: {option_string}: given twice ({seen[option_string]!r} and "
+                               f"{values!r}); it takes one, so pass it once\n")
+            seen[option_string] = values
         vars(namespace).setdefault(SPELLINGS, []).append((old, values, self.new))
         setattr(namespace, self.dest, values)
 
