@@ -752,6 +752,9 @@ def test_a_folder_written_by_earlier_versions_still_loads(small_tokenizer, tmp_p
 
 
 def test_a_folder_without_tokenizer_config_takes_the_tokens_bpe_cannot_make_as_special(tmp_path):
+    from lm.io import read_json_object
+    from lm.tokenizer.files import _read_merges as read_merges
+
     """A folder of Tokenizer.save's files (the README's snippet) or of GPT-2's own loaded with no special
     tokens: `lm tokenize` split each <|endoftext|> into 11 ordinary tokens and exited 0, and eot_id gave
     an id that encode never made (audit tokenizer9). The tokens of vocab.json that are neither a byte nor
@@ -762,7 +765,14 @@ def test_a_folder_without_tokenizer_config_takes_the_tokens_bpe_cannot_make_as_s
     tok = Tokenizer(*train_bpe(corpus, 300, [EOT, "<|pad|>"], num_workers=1), [EOT, "<|pad|>"])
     (tmp_path / "saved").mkdir()
     tok.save(tmp_path / "saved" / "vocab.json", tmp_path / "saved" / "merges.txt")  # no tokenizer_config.json
-    loaded = load_tokenizer_dir(tmp_path / "saved")
+    import lm.tokenizer.files as files
+
+    reads = []
+    with pytest.MonkeyPatch.context() as m:  # each file read once, not once for the specials and again
+        m.setattr(files, "read_json_object", lambda path, *a: reads.append(path) or read_json_object(path, *a))
+        m.setattr(files, "_read_merges", lambda path: reads.append(path) or read_merges(path))
+        loaded = load_tokenizer_dir(tmp_path / "saved")
+    assert sorted(p.name for p in reads) == ["merges.txt", "vocab.json"]
     assert loaded.special_tokens == [EOT, "<|pad|>"] and loaded.encode(text) == tok.encode(text)
     assert loaded.encode(EOT) == [loaded.eot_id] and loaded.checksum() == tok.checksum()
     plain = Tokenizer(*train_bpe(corpus, 280, [], num_workers=1), [])  # no special tokens: none found

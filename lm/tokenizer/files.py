@@ -95,15 +95,47 @@ def read_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
     """``(vocab, merges)`` from a GPT-2 style ``vocab.json`` + ``merges.txt`` (also GPT-2's
     ``encoder.json`` + ``vocab.bpe``); one-line errors naming the file and the line."""
     special_tokens = check_special_tokens(special_tokens)
-    vocab_path = check_readable_file(vocab_path, "vocab_path")
-    merges_path = check_readable_file(merges_path, "merges_path")
-    vocab_file, merges_file = str(vocab_path), str(merges_path)
-    raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
-    merges, merge_lines = _read_merges(merges_path)
+    return _parse_gpt2_files(_GPT2Files.read(vocab_path, merges_path), special_tokens)
+
+
+class _GPT2Files:
+    """The raw contents of a ``vocab.json`` + ``merges.txt`` pair, read once: a tokenizer folder
+    without a list of special tokens needs them twice (:func:`unreachable_tokens`, then the vocab)."""
+
+    def __init__(self, vocab_path: Path, merges_path: Path, raw: dict, merges: list[tuple[bytes, bytes]],
+                 merge_lines: list[int]):
+        self.vocab_path, self.merges_path, self.raw = vocab_path, merges_path, raw
+        self.merges, self.merge_lines = merges, merge_lines
+        self.needed = _bpe_tokens(merges)
+
+    @classmethod
+    def read(cls, vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> _GPT2Files:
+        vocab_path = check_readable_file(vocab_path, "vocab_path")
+        merges_path = check_readable_file(merges_path, "merges_path")
+        raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
+        return cls(vocab_path, merges_path, raw, *_read_merges(merges_path))
+
+    def unreachable(self) -> list[str]:
+        """:func:`unreachable_tokens` of these files."""
+        found = []
+        for key, i in self.raw.items():
+            try:
+                if unicode_str_to_bytes(key) in self.needed:
+                    continue
+            except ValueError:
+                pass  # no byte-mapped string: only a special token's own text
+            found.append((i if isinstance(i, int) else 0, key))  # (a bad id is read_gpt2_files' error)
+        return [key for _, key in sorted(found)]
+
+
+def _parse_gpt2_files(files: _GPT2Files, special_tokens: list[str]) -> tuple[dict[int, bytes],
+                                                                               list[tuple[bytes, bytes]]]:
+    """:func:`read_gpt2_files` of files already read, with checked ``special_tokens``."""
+    vocab_file, merges_file = str(files.vocab_path), str(files.merges_path)
+    merges, merge_lines, needed = files.merges, files.merge_lines, files.needed
     specials = set(special_tokens)
-    needed = _bpe_tokens(merges)
     vocab: dict[int, bytes] = {}
-    for s, i in raw.items():
+    for s, i in files.raw.items():
         if isinstance(i, bool) or not isinstance(i, int):  # JSON true is no id, though Python's True == 1
             raise ValueError(f"vocab_path: {vocab_file!r}: id of token {s!r} is {json.dumps(i)}, not an integer")
         if not 0 <= i <= MAX_ID:
@@ -151,19 +183,7 @@ def unreachable_tokens(vocab_path: str | os.PathLike, merges_path: str | os.Path
     """The keys of ``vocab.json`` that BPE cannot make (neither one byte nor a merge's result), in id
     order: the special tokens of a folder that does not list them, as ``<|endoftext|>`` in GPT-2's
     own files, or the files ``Tokenizer.save`` writes."""
-    vocab_path = check_readable_file(vocab_path, "vocab_path")
-    merges_path = check_readable_file(merges_path, "merges_path")
-    raw = read_json_object(vocab_path, "vocab_path:", "a JSON object {token: id}")
-    needed = _bpe_tokens(_read_merges(merges_path)[0])
-    found = []
-    for key, i in raw.items():
-        try:
-            if unicode_str_to_bytes(key) in needed:
-                continue
-        except ValueError:
-            pass  # no byte-mapped string: only a special token's own text
-        found.append((i if isinstance(i, int) else 0, key))  # (a bad id is read_gpt2_files' error)
-    return [key for _, key in sorted(found)]
+    return _GPT2Files.read(vocab_path, merges_path).unreachable()
 
 
 def _not_utf8(path: Path) -> str:
@@ -325,20 +345,22 @@ def _load_tokenizer_dir(d: Path, special_tokens: Sequence[str] | None) -> Tokeni
             inner = d / "tokenizer"  # a run folder, say, whose tokenizer is in its tokenizer/
             hint = f"; pass {str(inner)!r}, which has one" if (inner / name).is_file() else ""
             raise ValueError(f"tokenizer: no {name} in {str(d)!r}{hint}")
+    cfg = d / "tokenizer_config.json"
+    if special_tokens is None and cfg.exists():
+        config = read_json_object(cfg, "tokenizer:")
+        if "special_tokens" not in config:
+            raise ValueError(f"tokenizer: {str(cfg)!r} has no 'special_tokens'")
+        special_tokens = config["special_tokens"]
+        if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
+            raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
+    files = _GPT2Files.read(d / "vocab.json", d / "merges.txt")  # once (GPT-2's: 0.15 s a read)
     if special_tokens is None:
-        cfg = d / "tokenizer_config.json"
         # Without a list, the tokens BPE cannot make are the special ones: read as ordinary text, a
         # folder of Tokenizer.save's files (or GPT-2's own) split each <|endoftext|> into 11 tokens
         # and still gave its id as eot_id (audit tokenizer9).
-        special_tokens = [] if cfg.exists() else unreachable_tokens(d / "vocab.json", d / "merges.txt")
-        if cfg.exists():
-            config = read_json_object(cfg, "tokenizer:")
-            if "special_tokens" not in config:
-                raise ValueError(f"tokenizer: {str(cfg)!r} has no 'special_tokens'")
-            special_tokens = config["special_tokens"]
-            if not isinstance(special_tokens, list) or not all(isinstance(t, str) for t in special_tokens):
-                raise ValueError(f"tokenizer: {str(cfg)!r}: 'special_tokens' must be a list of strings")
-    return Tokenizer.from_files(d / "vocab.json", d / "merges.txt", special_tokens)
+        special_tokens = files.unreachable()
+    special_tokens = check_special_tokens(special_tokens)
+    return Tokenizer(*_parse_gpt2_files(files, special_tokens), special_tokens)
 
 
 def check_special_tokens_savable(special_tokens: Sequence[str]) -> None:
