@@ -111,3 +111,24 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     training = next(row for row in rows if row["part"].startswith("training"))
     assert "tokens/s" in training["detail"] and "MFU" in training["detail"] and "val loss" in training["detail"]
     assert "all parts passed" in r.stdout
+
+
+def test_split_corpus_holds_out_the_last_twentieth_of_documents_and_refuses_one_document(tmp_path):
+    """The validation text held out of a corpus without one: a corpus of one line had trained on
+    nothing (its one line was the validation text), and an end-of-text marker at a cut was lost."""
+    split_corpus = _gpu_check().split_corpus
+    eot = "<|endoftext|>"
+    docs = [f"story {i} about a cat.\n" for i in range(40)]
+    (tmp_path / "marked.txt").write_text("".join(d + eot + "\n" for d in docs))
+    train, val = split_corpus(tmp_path / "marked.txt", tmp_path)
+    assert train.read_text().count(eot) == 38 and val.read_text().count(eot) == 2
+    assert train.read_text().endswith(eot)
+    assert val.read_text().startswith("\nstory 38") and val.read_text().endswith(eot)
+    assert "story 37" in train.read_text() and "story 37" not in val.read_text()
+    (tmp_path / "lines.txt").write_text("first line\n\n  \nsecond line\nthird line\n")  # blank lines are no documents
+    train, val = split_corpus(tmp_path / "lines.txt", tmp_path)
+    assert (train.read_text(), val.read_text()) == ("first line\nsecond line\n", "third line\n")
+    for text in ("", "one line only\n", "one line\n\n\n"):
+        (tmp_path / "short.txt").write_text(text)
+        with pytest.raises(ValueError, match=r"^corpus: .*short\.txt' holds [01] document\(s\) .*need at least 2"):
+            split_corpus(tmp_path / "short.txt", tmp_path)
