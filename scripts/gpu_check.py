@@ -28,13 +28,16 @@ part, so a run cut short keeps what it measured. Parts, each run even if one bef
    (``$LM_TEST_DATA/tinystories_sample.txt``, else the demo's synthetic stories), bfloat16 where
    the device has it, compiled: tokens/s, MFU, peak memory, the loss on a held-out twentieth of the
    text, and on CUDA the host–device syncs per step (``torch.cuda.set_sync_debug_mode``);
-5. **tests**: the model, generation and serving-engine tests (the model's device tests run on
+5. **determinism**: ``train.deterministic`` (the default) on the device, eager, the training
+   part's config and data: two runs of 24 steps give the same losses, weights and AdamW moments
+   bit for bit, and a third resumed from the first one's step-8 checkpoint ends with the same;
+6. **tests**: the model, generation and serving-engine tests (the model's device tests run on
    CUDA when it is there); skipped with ``--device cpu``, where the test suite runs them anyway.
    They need pytest, and hypothesis (tests/test_generate.py) and uvicorn (tests/test_serve.py):
    a file whose package is missing is left out and named, not allowed to stop the others;
-6. **translation** (engine): the encoder–decoder's batched decode steps (compiled on CUDA, with
+7. **translation** (engine): the encoder–decoder's batched decode steps (compiled on CUDA, with
    each row's source in a static cross-attention cache) against ``greedy_decode``, tokens equal;
-7. **ddp**: ``torchrun`` with every visible GPU (nccl), or 2 CPU processes (gloo).
+8. **ddp**: ``torchrun`` with every visible GPU (nccl), or 2 CPU processes (gloo).
 
 The machine has no internet: nothing here downloads. ``--device cpu`` shrinks the model and the
 times so that ``tests/test_gpu_check.py`` runs it in the test suite, and the script cannot rot
@@ -66,7 +69,8 @@ from lm.model import TransformerLM  # noqa: E402
 from lm.nn import cross_entropy  # noqa: E402
 
 SPECIAL = "<|endoftext|>"
-PARTS = ("parity", "decoding", "transformers", "training", "tests", "translation", "ddp")  # --parts, in run order
+# --parts, in run order
+PARTS = ("parity", "decoding", "transformers", "training", "determinism", "tests", "translation", "ddp")
 
 
 class Report:
@@ -467,6 +471,54 @@ def part_training(report: Report, device: torch.device, work: Path, seconds: flo
                f"train {last['loss']:.3f}); {compile_s}{wall:.0f} s in all{per_step}")
 
 
+def part_determinism(report: Report, device: torch.device, work: Path, cpu: bool) -> None:
+    """``train.deterministic`` (the default) on this device: two runs of the same config take the
+    same steps bit for bit, and a third resumed from the first one's middle checkpoint ends with
+    its weights (issue 10; on CUDA: torch's deterministic algorithms and CUBLAS_WORKSPACE_CONFIG).
+    Eager, so that the three runs cost seconds, not three compilations."""
+    from lm.checkpoint.io import read_checkpoint
+    from lm.train import Trainer, load_config, read_metrics
+
+    steps, every = 24, 8
+    sets = [f"train.max_steps={steps}", "train.max_time=none", f"optim.cosine_cycle_iters={steps}",
+            "train.deterministic=true", "train.compile=false", f"checkpoint.interval={every}",
+            "checkpoint.keep_last=0", f"eval.interval={every}", "log.interval=1"]
+
+    def run(name: str, resume=False) -> tuple[dict[int, float], dict]:
+        cfg = load_config(REPO / "configs" / "tinystories-17m.toml",
+                          [*train_overrides(work, name, device, 60.0, cpu), *sets])
+        status = Trainer(cfg, resume=resume, print_fn=lambda *a: None, quiet=True).run()
+        if status != 0:
+            raise RuntimeError(f"run {name} exited {status}")
+        losses = {r["step"]: r["loss"] for r in read_metrics(work / name) if r["split"] == "train"}
+        return losses, read_checkpoint(work / name / "checkpoints" / f"step_{steps:08d}.pt")
+
+    t0 = time.perf_counter()
+    first, a = run("det_a")
+    second, b = run("det_b")
+    middle = work / "det_a" / "checkpoints" / f"step_{steps // 2 // every * every:08d}.pt"
+    resumed, c = run("det_c", resume=middle)
+
+    def differ(x: dict, y: dict) -> list[str]:
+        names = [k for k in x["model"] if not torch.equal(x["model"][k], y["model"][k])]
+        pairs = zip(x["optimizer"]["state"].values(), y["optimizer"]["state"].values())
+        moments = [i for i, (mx, my) in enumerate(pairs)
+                   if not all(torch.equal(mx[m], my[m]) for m in ("exp_avg", "exp_avg_sq"))]
+        return names + [f"AdamW moments of parameter {i}" for i in moments]
+
+    same_losses = first == second and len(first) == steps
+    after = {s: v for s, v in first.items() if s in resumed}
+    same_resumed = bool(resumed) and after == resumed
+    ab, ac = differ(a, b), differ(a, c)
+    dtype = "bfloat16 autocast" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    report.add(f"deterministic training: 2 runs of {steps} steps and one resumed at step {int(middle.stem[5:])}",
+               same_losses and same_resumed and not ab and not ac,
+               f"{dtype}, eager; losses equal: {same_losses} (last {first.get(steps, float('nan')):.6f} vs "
+               f"{second.get(steps, float('nan')):.6f}), resumed run's losses equal: {same_resumed}; weights and "
+               f"AdamW moments at step {steps}: " + ("equal in all three" if not ab and not ac else
+                                                    f"differ: {(ab + ac)[:3]}") + f"; {time.perf_counter() - t0:.0f} s")
+
+
 def part_ddp(report: Report, device: torch.device, work: Path, seconds: float, cpu: bool) -> None:
     procs = torch.cuda.device_count() if device.type == "cuda" else 2
     sets = train_overrides(work, "ddp", "cuda" if device.type == "cuda" else "cpu", seconds, cpu)
@@ -571,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             guarded(report, "one stream vs transformers generate", lambda: part_transformers(report, device, cpu),
                     needs=overhead)
         data = False
-        if "training" in parts or "ddp" in parts:
+        if {"training", "determinism", "ddp"} & set(parts):
             try:
                 prepare_data(work, cpu, report)
             except Exception as e:
@@ -582,12 +634,16 @@ def main(argv: list[str] | None = None) -> int:
         # (on an H200: the tests 138 s, the translation engine about 20, DDP's start-up about 15)
         ddp_share = (ddp_seconds + overhead) if data and "ddp" in parts else 0.0
         translation_share = overhead if "translation" in parts else 0.0
+        determinism_share = overhead if data and "determinism" in parts else 0.0  # three eager runs of 24 steps
         tests_share = (150.0 if not cpu else 0.0) if "tests" in parts else 0.0
         if data and "training" in parts:  # training gets what is left after the later parts' shares, up to --seconds
-            train_seconds = min(seconds, max(report.left() - tests_share - translation_share - ddp_share - overhead,
-                                             10.0))
+            train_seconds = min(seconds, max(report.left() - determinism_share - tests_share - translation_share
+                                             - ddp_share - overhead, 10.0))
             guarded(report, "training", lambda: part_training(report, device, work, train_seconds, cpu),
                     needs=train_seconds + overhead)
+        if data and "determinism" in parts:
+            guarded(report, "deterministic training", lambda: part_determinism(report, device, work, cpu),
+                    needs=determinism_share)
         if "tests" in parts:
             guarded(report, "tests", lambda: part_tests(report, device, reserve=translation_share + ddp_share),
                     needs=overhead)

@@ -76,7 +76,7 @@ def test_parts_runs_the_named_parts_only_and_refuses_an_unknown_one(tmp_path):
     r = _wrapper("--parts", "parity,decodng", cwd=tmp_path)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == ("gpu_check.py: --parts: 'decodng' is not a part; name some of parity, decoding, "
-                        "transformers, training, tests, translation, ddp\n")
+                        "transformers, training, determinism, tests, translation, ddp\n")
     r = _wrapper("--parts", "translation", "--json", "rows.json", cwd=tmp_path)
     rows = json.loads((tmp_path / "rows.json").read_text())  # its one part, not run: 0.01 s is too short for it
     assert r.returncode == 0 and [(row["part"], row["ok"]) for row in rows] == [("translation engine", None)], r.stdout
@@ -105,7 +105,8 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     rows = json.loads(out.read_text())
     parts = " ".join(row["part"] for row in rows)
     for name in ("float32 logits", "bfloat16", "torch.compile", "decoding", "16 compiled streams", "time goes",
-                 "serving engine, bfloat16", "one stream vs transformers", "translation engine", "training", "DDP"):
+                 "serving engine, bfloat16", "one stream vs transformers", "translation engine", "training", "DDP",
+                 "deterministic training"):
         assert name in parts
     assert all(row["ok"] is not False for row in rows)
     training = next(row for row in rows if row["part"].startswith("training"))
