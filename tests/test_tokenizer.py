@@ -22,6 +22,13 @@ from lm.tokenizer.pretokenize import GPT2_REGEX
 
 EOT = "<|endoftext|>"
 
+
+def _corpus(folder) -> str:
+    """A small corpus file in ``folder``, for a tokenizer of a few hundred tokens."""
+    path = folder / "corpus.txt"
+    path.write_text(("the little cat sat on the mat. the end.\n" * 30 + EOT) * 3 + "and the dog ran.\n")
+    return str(path)
+
 SAMPLE = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine.\n"
     "One day, she saw a big, red ball. \"Can I play with it?\" she asked her mom. Her mom said, \"Yes!\"\n"
@@ -793,3 +800,40 @@ def test_a_folder_without_tokenizer_config_takes_the_tokens_bpe_cannot_make_as_s
     assert gpt2_tok.special_tokens == [EOT] and gpt2_tok.eot_id == 50256
     reference = tiktoken_gpt2()
     assert gpt2_tok.encode(text) == reference.encode(text, allowed_special="all")
+
+
+def test_save_refuses_one_file_for_both_the_vocab_and_the_merges(tmp_path):
+    """`Tokenizer.save(p, p)` wrote the merges over the vocab and returned: the tokenizer was lost and
+    the file could not be loaded (apifuzz19). Also through another spelling or a hard link."""
+    import os
+
+    tok = Tokenizer(*train_bpe(_corpus(tmp_path), 270, [EOT], num_workers=1), [EOT])
+    (tmp_path / "kept").write_text("a file that was there")
+    os.link(tmp_path / "kept", tmp_path / "link")
+    for vocab, merges in (("same", "same"), ("same", "./x/../same"), ("kept", "link")):
+        with pytest.raises(ValueError, match=r"^merges_path: .* is the same file as vocab_path .*; the vocab and "
+                                             "the merges need a file each$"):
+            tok.save(tmp_path / vocab, tmp_path / merges)
+    assert not (tmp_path / "same").exists() and (tmp_path / "kept").read_text() == "a file that was there"
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [EOT]).checksum() == tok.checksum()
+
+
+def test_a_folder_whose_merges_do_not_make_its_learned_tokens_is_refused_not_read_as_specials(tmp_path):
+    """Without tokenizer_config.json the tokens no merge makes are the special ones; with a merges.txt
+    cut short, that made ordinary learned tokens ('Ġthe', 'nd') special tokens, matched anywhere in a text
+    (apifuzz19). A token that two reachable tokens spell is a learned one whose merge is missing."""
+    tok = Tokenizer(*train_bpe(_corpus(tmp_path), 300, [EOT, "<pad>"], num_workers=1), [EOT, "<pad>"])
+    save_tokenizer_dir(tok, tmp_path / "cut")
+    (tmp_path / "cut" / "tokenizer_config.json").unlink()
+    assert load_tokenizer_dir(tmp_path / "cut").special_tokens == [EOT, "<pad>"]  # whole: still read as before
+    lines = (tmp_path / "cut" / "merges.txt").read_text().splitlines()
+    (tmp_path / "cut" / "merges.txt").write_text("\n".join(lines[:5]) + "\n")
+    with pytest.raises(ValueError, match=r"^tokenizer: \d+ token\(s\) of .*vocab\.json' are made by no merge of "
+                                         r".*merges\.txt', though two of its tokens spell them \('.+' = '.+' \+ "
+                                         r"'.+'\): is merges\.txt cut short, or of another vocab\?"):
+        load_tokenizer_dir(tmp_path / "cut")
+    save_tokenizer_dir(tok, tmp_path / "listed")  # with the config, the files decide nothing of the kind
+    lines = (tmp_path / "listed" / "merges.txt").read_text().splitlines()
+    (tmp_path / "listed" / "merges.txt").write_text("\n".join(lines[:5]) + "\n")
+    assert load_tokenizer_dir(tmp_path / "listed").special_tokens == [EOT, "<pad>"]

@@ -199,6 +199,11 @@ def _not_utf8(path: Path) -> str:
 
 def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> None:
     """GPT-2 style files, each written atomically: ``{token_string: id}`` JSON and one merge per line."""
+    check_not_empty(vocab_path, "vocab_path")
+    check_not_empty(merges_path, "merges_path")
+    if _same_file(vocab_path, merges_path):  # the merges had replaced the vocab, and the call returned
+        raise ValueError(f"merges_path: {str(merges_path)!r} is the same file as vocab_path {str(vocab_path)!r}; "
+                         "the vocab and the merges need a file each")
     vocab = vocab_strings(tokenizer)  # may refuse a special token: before anything is written
     with atomic_write(vocab_path) as f:
         json.dump(vocab, f, ensure_ascii=False, indent=0)
@@ -207,6 +212,16 @@ def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges
         f.write("#version: 0.2\n")
         for a, b in merge_strings(tokenizer):
             f.write(f"{a} {b}\n")
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same path once links are followed, or (both there) one file."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there yet
+        return False
 
 
 def hf_json(tokenizer: Tokenizer) -> dict:
@@ -359,8 +374,33 @@ def _load_tokenizer_dir(d: Path, special_tokens: Sequence[str] | None) -> Tokeni
         # folder of Tokenizer.save's files (or GPT-2's own) split each <|endoftext|> into 11 tokens
         # and still gave its id as eot_id (audit tokenizer9).
         special_tokens = files.unreachable()
+        _check_unlisted_specials(files, special_tokens)
     special_tokens = check_special_tokens(special_tokens)
     return Tokenizer(*_parse_gpt2_files(files, special_tokens), special_tokens)
+
+
+def _check_unlisted_specials(files: _GPT2Files, found: list[str]) -> None:
+    """Refuse, among the tokens BPE cannot make, one that two tokens it can make spell (``Ġw`` =
+    ``Ġ`` + ``w``): a learned token whose merge is missing, as in a merges.txt cut short or of another
+    vocab, not a special token. Taken as one, it had matched as a special token anywhere in a text
+    (apifuzz19). ``<|endoftext|>`` and the like are no two tokens of a BPE vocab."""
+    def halves(key: str) -> tuple[bytes, bytes] | None:
+        try:
+            tok = unicode_str_to_bytes(key)
+        except ValueError:
+            return None  # a special token's own text
+        return next(((tok[:i], tok[i:]) for i in range(1, len(tok))
+                     if tok[:i] in files.needed and tok[i:] in files.needed), None)
+
+    learned = [(key, pair) for key in found if (pair := halves(key)) is not None]
+    if learned:
+        key, (a, b) = learned[0]
+        raise ValueError(
+            f"tokenizer: {len(learned)} token(s) of {str(files.vocab_path)!r} are made by no merge of "
+            f"{str(files.merges_path)!r}, though two of its tokens spell them ({key!r} = "
+            f"{bytes_to_unicode_str(a)!r} + {bytes_to_unicode_str(b)!r}): is merges.txt cut short, or of "
+            "another vocab? (Without a tokenizer_config.json, the tokens no merge makes are taken as the "
+            "special ones; list them there under 'special_tokens' if these are.)")
 
 
 def check_special_tokens_savable(special_tokens: Sequence[str]) -> None:
