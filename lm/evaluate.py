@@ -20,25 +20,41 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import numbers
 import sys
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from lm.checks import check_positive, check_size, is_count
+from lm.data.batch import _check_tokens
+
 __all__ = ["bits_per_byte", "bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens", "perplexity",
            "token_byte_lengths"]
 
 
+def _check_loss(loss: float) -> None:
+    """A mean cross-entropy: a number >= 0 (inf an overflowed one, NaN a diverged one: both passed
+    on as they are); a negative one is no cross-entropy (``perplexity(-1.0)`` had been 0.37)."""
+    if not (isinstance(loss, numbers.Real) and not isinstance(loss, bool) and not loss < 0):
+        raise ValueError(f"loss must be a number >= 0 (a mean cross-entropy), got loss={loss!r}")
+
+
 def perplexity(loss: float) -> float:
     """``exp(loss)`` of a mean loss in nats per token (capped where ``exp`` would overflow)."""
+    _check_loss(loss)
     return math.exp(min(loss, 700.0))
 
 
 def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
     """A mean loss in nats per token as bits per byte of the text (None without a byte count), the
     measure that does not depend on the tokenizer."""
-    return loss / math.log(2) / bytes_per_token if bytes_per_token else None
+    _check_loss(loss)
+    if bytes_per_token is None or bytes_per_token == 0:  # no byte count (a file of no text: none either)
+        return None
+    check_positive("bytes_per_token", bytes_per_token)
+    return loss / math.log(2) / bytes_per_token
 
 
 def token_byte_lengths(tokenizer) -> np.ndarray:
@@ -73,14 +89,16 @@ def evaluate_tokens(
     from 0) whose loss is not: a loss of NaN is no measurement."""
     if bytes_per_token is not None and token_bytes is not None:
         raise ValueError("bytes_per_token: give it or token_bytes, not both")
-    lengths = None if token_bytes is None else np.asarray(token_bytes, dtype=np.int64)
-    if batch_size < 1:
-        raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
+    _check_tokens(tokens, "tokens")  # a float id had been truncated, a 2-D array scored as a batch of rows
+    if bytes_per_token is not None:
+        check_positive("bytes_per_token", bytes_per_token)
+    lengths = None if token_bytes is None else _byte_lengths(token_bytes)
+    check_size("batch_size", batch_size)
+    if max_tokens is not None:
+        check_size("max_tokens", max_tokens)
     ctx = model.config.context_length
     stride = ctx if stride is None else stride
-    if not 1 <= stride <= ctx:
+    if not is_count(stride, 1) or stride > ctx:
         raise ValueError(f"stride: must be between 1 and the context length {ctx}, got {stride}")
     n = len(tokens) if max_tokens is None else min(len(tokens), max_tokens + 1)
     if n < 2:
@@ -130,6 +148,18 @@ def evaluate_tokens(
         "tokens": count,
         "bytes": None if lengths is None else nbytes,
     }
+
+
+def _byte_lengths(token_bytes) -> np.ndarray:
+    """Each id's byte length, checked: integers >= 0 (2.5 had counted as 2, -1 given a negative bpb)."""
+    lengths = np.asarray(token_bytes)
+    if lengths.ndim != 1 or not (np.issubdtype(lengths.dtype, np.integer) or lengths.size == 0):
+        raise ValueError(f"token_bytes must be a 1-D array of integers (each id's byte length), got "
+                         f"{lengths.ndim} dimension(s) of dtype {lengths.dtype}")
+    if lengths.size and lengths.min() < 0:
+        raise ValueError(f"token_bytes: byte lengths must be >= 0, got {int(lengths.min())} for id "
+                         f"{int(lengths.argmin())}")
+    return lengths.astype(np.int64, copy=False)
 
 
 def _not_finite(where: str) -> ValueError:
@@ -183,12 +213,29 @@ def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 # -- translation ----------------------------------------------------------------------------------
 
 def collate_pairs(sources, targets, *, pad_id: int, bos_id: int, eos_id: int, device="cpu"):
-    """A :class:`lm.data.pairs.PairBatch` from lists of source and target ids (``<eos>``/``<bos>`` added)."""
+    """A :class:`lm.data.pairs.PairBatch` from lists of source and target ids (``<eos>``/``<bos>`` added):
+    as many sources as targets, ids integers (a float had been truncated), ``pad_id``, ``bos_id`` and
+    ``eos_id`` distinct ids (``>= 0``)."""
     from lm.data.pairs import PairBatch
+    from lm.generate.engine import _token_ids
 
-    src = [list(s) + [eos_id] for s in sources]
-    t_in = [[bos_id] + list(t) for t in targets]
-    t_out = [list(t) + [eos_id] for t in targets]
+    specials = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
+    for name, value in specials.items():
+        if not is_count(value):
+            raise ValueError(f"{name} must be an integer >= 0, got {name}={value!r}")
+    if len(set(specials.values())) < 3:
+        raise ValueError(f"pad_id, bos_id and eos_id must be distinct, got {specials}")
+    sources, targets = list(sources), list(targets)
+    if len(sources) != len(targets):
+        raise ValueError(f"sources and targets: {len(sources)} sources but {len(targets)} targets; a pair is one "
+                         "of each")
+    if not sources:
+        raise ValueError("sources: no pairs to collate")
+    sources = [_ids(s, "sources", i, _token_ids) for i, s in enumerate(sources)]
+    targets = [_ids(t, "targets", i, _token_ids) for i, t in enumerate(targets)]
+    src = [s + [eos_id] for s in sources]
+    t_in = [[bos_id] + t for t in targets]
+    t_out = [t + [eos_id] for t in targets]
 
     def pad(rows):
         width = max(len(r) for r in rows)
@@ -200,6 +247,17 @@ def collate_pairs(sources, targets, *, pad_id: int, bos_id: int, eos_id: int, de
 
     (s, s_mask), (ti, t_mask), (to, _) = pad(src), pad(t_in), pad(t_out)
     return PairBatch(src=s, src_mask=s_mask, tgt_in=ti, tgt_out=to, tgt_mask=t_mask).to(device)
+
+
+def _ids(row, name: str, i: int, token_ids) -> list[int]:
+    """Row ``i`` of ``name`` as a list of ids, refused (naming it) unless they are integers >= 0."""
+    try:
+        ids = token_ids(row)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{name}[{i}]: {str(e).removeprefix('prompt_ids: ')}") from None
+    if any(t < 0 for t in ids):
+        raise ValueError(f"{name}[{i}]: token ids must be >= 0, got {min(ids)}")
+    return ids
 
 
 @torch.no_grad()
@@ -227,8 +285,20 @@ def evaluate_pairs(model: torch.nn.Module, batches) -> dict[str, float | int]:
 
 
 def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float | str]:
-    """Corpus BLEU and chrF of detokenized text with sacrebleu's defaults, and their signatures."""
+    """Corpus BLEU and chrF of detokenized text with sacrebleu's defaults, and their signatures:
+    one reference per hypothesis, both lists of strings (more of one than of the other had given
+    a BLEU of 100 for the pairs they had in common)."""
     import sacrebleu
+
+    for name, texts in (("hypotheses", hypotheses), ("references", references)):
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"{name} must be a list of strings (one sentence each), got "
+                             f"{type(texts).__name__ if isinstance(texts, str) else 'a list holding non-strings'}")
+    if len(hypotheses) != len(references):
+        raise ValueError(f"hypotheses and references: {len(hypotheses)} hypotheses but {len(references)} "
+                         "references; each hypothesis needs its reference")
+    if not hypotheses:
+        raise ValueError("hypotheses: no sentences to score")
 
     bleu = sacrebleu.metrics.BLEU()
     chrf = sacrebleu.metrics.CHRF()

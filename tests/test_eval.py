@@ -567,3 +567,55 @@ def test_cli_eval_warns_of_one_byte_in_the_singular(run, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == (f"lm eval: warning: --data: 1 byte of {str(tmp_path / 'v.txt')!r} is not valid UTF-8; it was "
                    "replaced by U+FFFD, which bits/byte counts as its 3 bytes"), err
+
+
+def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
+    """A float id had been truncated (0.99 scored as id 0), a 2-D array scored as a batch of rows, byte
+    lengths of 2.5 counted as 2 and -1 given a negative bits per byte, perplexity(-1.0) was 0.37, and
+    BLEU of more hypotheses than references was 100 (apifuzz19)."""
+    from lm.evaluate import bits_per_byte, bleu_chrf, collate_pairs, perplexity
+
+    torch.manual_seed(0)
+    from lm.model import TransformerLM
+
+    model = TransformerLM(100, 16, 16, 1, 2, 32).eval()
+    ids = np.arange(50)
+    cases = [
+        (lambda: evaluate_tokens(model, ids + 0.99), r"^tokens: token ids must be integers, got dtype float64$"),
+        (lambda: evaluate_tokens(model, ids.reshape(5, 10)), r"^tokens must be a 1-D array of token ids, got 2 "),
+        (lambda: evaluate_tokens(model, ids, token_bytes=np.full(100, 2.5)), r"^token_bytes must be a 1-D array of "
+                                                                              r"integers .* dtype float64$"),
+        (lambda: evaluate_tokens(model, ids, token_bytes=-np.ones(100, dtype=int)), r"^token_bytes: byte lengths "
+                                                                                     r"must be >= 0, got -1 for id 0$"),
+        (lambda: evaluate_tokens(model, ids, bytes_per_token=float("nan")), r"^bytes_per_token must be a positive "),
+        (lambda: evaluate_tokens(model, ids, batch_size=2.0), r"^batch_size must be a positive integer, got "),
+        (lambda: evaluate_tokens(model, ids, stride=2.0), r"^stride: must be between 1 and the context length"),
+        (lambda: perplexity(-1.0), r"^loss must be a number >= 0 \(a mean cross-entropy\), got loss=-1\.0$"),
+        (lambda: bits_per_byte(2.0, -1.0), r"^bytes_per_token must be a positive finite number, got "),
+        (lambda: bleu_chrf(["the cat sat", "a dog"], ["the cat sat"]), r"^hypotheses and references: 2 hypotheses "
+                                                                         r"but 1 references; each hypothesis needs"),
+        (lambda: bleu_chrf("the cat", "the cat"), r"^hypotheses must be a list of strings \(one sentence each\), "
+                                                  r"got str$"),
+        (lambda: bleu_chrf([], []), r"^hypotheses: no sentences to score$"),
+        (lambda: collate_pairs([[5, 6], [3]], [[7]], pad_id=0, bos_id=1, eos_id=2), r"^sources and targets: 2 "
+                                                                                      r"sources but 1 targets"),
+        (lambda: collate_pairs([[5.7]], [[7]], pad_id=0, bos_id=1, eos_id=2), r"^sources\[0\]: token ids must be "
+                                                                              r"integers, got 5\.7$"),
+        (lambda: collate_pairs([[5]], [[-7]], pad_id=0, bos_id=1, eos_id=2), r"^targets\[0\]: token ids must be "
+                                                                             r">= 0, got -7$"),
+        (lambda: collate_pairs([[5]], [[7]], pad_id=0.5, bos_id=1, eos_id=2), r"^pad_id must be an integer >= 0, "),
+        (lambda: collate_pairs([[5]], [[7]], pad_id=0, bos_id=0, eos_id=2), r"^pad_id, bos_id and eos_id must be "
+                                                                            r"distinct"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    # what was right stays right: lists, tensors and numpy's integer types; NaN passed on as it is
+    want = evaluate_tokens(model, ids)
+    assert evaluate_tokens(model, list(ids))["loss"] == evaluate_tokens(model, torch.arange(50))["loss"] == want["loss"]
+    got = evaluate_tokens(model, ids.astype(np.uint16), token_bytes=np.ones(100, dtype=np.uint8))
+    assert got["loss"] == want["loss"] and got["bytes_per_token"] == 1.0
+    assert math.isnan(perplexity(float("nan"))) and bits_per_byte(1.0, None) is None
+    assert bleu_chrf(["the cat sat on the mat"], ["the cat sat on the mat"])["bleu"] == pytest.approx(100)
+    batch = collate_pairs([[5, 6], np.array([3])], [torch.tensor([7]), [8, 9]], pad_id=0, bos_id=1, eos_id=2)
+    assert batch.src.tolist() == [[5, 6, 2], [3, 2, 0]] and batch.tgt_in.tolist() == [[1, 7, 0], [1, 8, 9]]

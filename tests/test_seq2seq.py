@@ -293,6 +293,37 @@ def test_ids_are_checked_like_the_decoder_only_model():
         greedy_decode(model, [[5, 53]])
 
 
+def test_decoders_refuse_sources_and_banned_ids_that_are_not_integers():
+    """greedy_decode, beam_search and translate took a source through int(): 5.7 ran as 5, "5" and True as
+    5 and 1, and banned_ids=[3.9] banned 3 (apifuzz19); generate() refuses the same ids. A flat list (one
+    source, not a batch) was "'int' object is not iterable"."""
+    import numpy as np
+
+    from lm.generate import beam_search, greedy_decode, translate
+
+    model = build_model(_config()).eval()
+    for call, message in [
+        (lambda: greedy_decode(model, [[5.7, 6, 7]]), r"^source 0: token ids must be integers, got 5\.7$"),
+        (lambda: greedy_decode(model, [[5, 6], ["5", 6]]), r"^source 1: token ids must be integers, got '5'$"),
+        (lambda: greedy_decode(model, [[5, True]]), r"^source 0: token ids must be integers, got True$"),
+        (lambda: greedy_decode(model, torch.tensor([[5.5, 6.0]])), r"^source 0: token ids must be integers, got a "
+                                                                   r"tensor of torch\.float32$"),
+        (lambda: beam_search(model, [[5.9, 6]], beam_size=2), r"^source 0: token ids must be integers, got 5\.9$"),
+        (lambda: translate(model, [[5.9, 6]]), r"^source 0: token ids must be integers, got 5\.9$"),
+        (lambda: greedy_decode(model, [[5, 6]], banned_ids=[3.9]), r"^banned_ids: ids must be integers, got 3\.9$"),
+        (lambda: greedy_decode(model, [5, 6, 7]), r"^src_ids must be a batch of sources \(a list of lists of ids\), "
+                                                  r"got a list holding 5 \(one source\? pass \[ids\]\)$"),
+        (lambda: greedy_decode(model, torch.tensor([5, 6])), r"^src_ids must be a batch of sources \(2-D\), got "
+                                                             r"shape \(2,\)$"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            call()
+    want = greedy_decode(model, [[5, 6, 7]], max_extra=3, banned_ids=[3])
+    for src in (torch.tensor([[5, 6, 7]]), np.array([[5, 6, 7]]), [np.array([5, 6, 7])], [[np.int64(5), 6, 7]]):
+        assert greedy_decode(model, src, max_extra=3, banned_ids=[np.int64(3)]) == want
+    assert greedy_decode(model, [[5, 6, 7]], max_extra=3, banned_ids=[torch.tensor(3)]) == want
+
+
 def test_decode_without_memory_or_a_cache_holding_it_raises():
     """decode(tgt, None) ran every cross-attention as non-causal self-attention over the target
     (position 0 saw target token 2); with a fresh cache it failed deep in einops. Once a cache

@@ -28,16 +28,16 @@ class LMBatch:
         return self.targets.numel()
 
 
-def _check_tokens(dataset) -> None:
+def _check_tokens(dataset, name: str = "dataset") -> None:
     """A 1-D array of integer ids (NumPy's or torch's): a float array had been truncated into "ids"."""
     ndim = dataset.ndim if hasattr(dataset, "ndim") else np.ndim(dataset)
     if ndim != 1:
-        raise ValueError(f"dataset must be a 1-D array of token ids, got {ndim} dimensions")
+        raise ValueError(f"{name} must be a 1-D array of token ids, got {ndim} dimensions")
     dtype = dataset.dtype if hasattr(dataset, "dtype") else np.asarray(dataset).dtype
     integer = (not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
                if isinstance(dtype, torch.dtype) else np.issubdtype(dtype, np.integer))
     if not integer:
-        raise ValueError(f"dataset: token ids must be integers, got dtype {dtype}")
+        raise ValueError(f"{name}: token ids must be integers, got dtype {dtype}")
 
 
 def random_starts(

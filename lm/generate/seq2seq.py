@@ -18,8 +18,10 @@ A target may be ``len(source) + 50`` tokens long at most (and never past the con
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -82,7 +84,7 @@ def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     if isinstance(max_extra, bool) or not isinstance(max_extra, int) or max_extra < 0:
         raise ValueError(f"max_extra must be a non-negative integer, got max_extra={max_extra!r}")
     cfg = model.config
-    src = [list(map(int, s)) for s in src_ids]
+    src = [_source_ids(s, i) for i, s in enumerate(_sources(src_ids))]
     if not src:
         raise ValueError("src_ids: got an empty batch of sources")
     for i, s in enumerate(src):
@@ -93,6 +95,31 @@ def _check(model, src_ids, max_extra: int) -> list[list[int]]:
         if bad:
             raise ValueError(f"source {i}: id {bad[0]} is outside [0, vocab_size={cfg.vocab_size})")
     return src
+
+
+def _sources(src_ids) -> list:
+    """The sources of a batch: a 2-D tensor or array is one a row; a flat list of ids (one source, not a
+    batch of them) is refused by name, not with "'int' object is not iterable"."""
+    if isinstance(src_ids, (Tensor, np.ndarray)):
+        if src_ids.ndim != 2:
+            raise ValueError(f"src_ids must be a batch of sources (2-D), got shape {tuple(src_ids.shape)}")
+        return list(src_ids)
+    sources = list(src_ids)
+    for s in sources:
+        if isinstance(s, (str, bytes)) or not isinstance(s, (Sequence, Tensor, np.ndarray)):
+            raise ValueError(f"src_ids must be a batch of sources (a list of lists of ids), got a list holding "
+                             f"{s!r}" + (" (one source? pass [ids])" if isinstance(s, numbers.Integral) else ""))
+    return sources
+
+
+def _source_ids(source, i: int) -> list[int]:
+    """Source ``i`` as ints: integers only (5.7 had been taken as 5, "5" and True as 5 and 1)."""
+    from lm.generate.engine import _token_ids
+
+    try:
+        return _token_ids(source)
+    except ValueError as e:
+        raise ValueError(f"source {i}: {str(e).removeprefix('prompt_ids: ')}") from None
 
 
 def line_break_ids(tokenizer) -> list[int]:
@@ -108,13 +135,21 @@ def line_break_ids(tokenizer) -> list[int]:
 def banned_index(model, banned_ids: Sequence[int] | None) -> Tensor:
     """``<pad>``, ``<bos>`` and ``banned_ids``, checked, as one index on the model's device."""
     cfg = model.config
-    banned = [int(i) for i in banned_ids or ()]
+    banned = [_banned_id(i) for i in (() if banned_ids is None else banned_ids)]
     for i in banned:
         if not 0 <= i < cfg.vocab_size:
             raise ValueError(f"banned_ids: id {i} is outside [0, vocab_size={cfg.vocab_size})")
         if i == cfg.eos_id:
             raise ValueError(f"banned_ids: holds <eos> ({i}), which ends every target")
     return torch.tensor(sorted({cfg.pad_id, cfg.bos_id, *banned}), dtype=torch.long, device=model.device)
+
+
+def _banned_id(i) -> int:
+    """One banned id, an integer (3.9 had banned 3)."""
+    if isinstance(i, bool) or not isinstance(i, (numbers.Integral, Tensor)) or \
+            isinstance(i, Tensor) and (i.numel() != 1 or i.dtype.is_floating_point or i.dtype == torch.bool):
+        raise ValueError(f"banned_ids: ids must be integers, got {i!r}")
+    return int(i)
 
 
 def _never_banned(logits: Tensor, banned: Tensor, vocab_size: int | None = None) -> Tensor:
