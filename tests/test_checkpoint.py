@@ -361,3 +361,33 @@ def test_background_writer_holds_one_host_copy_at_a_time(tmp_path, monkeypatch):
     writer.wait()
     assert counts == [1, 1]
     assert manager.best_path.is_file() and manager.step_path(10).is_file()
+
+
+@pytest.mark.parametrize("iteration", [2.5, -1, True, "5", float("nan"), None])
+def test_save_checkpoint_refuses_an_iteration_that_is_not_a_count(tmp_path, iteration):
+    """int(iteration) had recorded 2.5 as 2, True as 1 and '5' as 5, kept -1, and answered NaN and
+    None with int()'s own errors, naming no argument (apifuzz19 #12)."""
+    model, opt = _trained()
+    with pytest.raises(ValueError) as e:
+        save_checkpoint(model, opt, iteration, tmp_path / "c.pt")
+    assert str(e.value) == f"iteration must be a non-negative integer, got iteration={iteration!r}"
+    assert list(tmp_path.iterdir()) == []
+    for it in (0, np.int64(7)):
+        save_checkpoint(model, opt, it, tmp_path / "c.pt")
+        got = load_checkpoint(tmp_path / "c.pt", _model(), AdamW(_model().parameters(), lr=1e-2))
+        assert got == it and type(got) is int
+
+
+@pytest.mark.parametrize("keep_last", [-1, 1.5, "3", True, None])
+def test_manager_refuses_a_keep_last_that_is_not_a_count(tmp_path, keep_last):
+    """-1 kept every checkpoint (checkpoint.keep_last documents 0 for that, and refuses -1); 1.5 and
+    '3' failed at the first save, after the checkpoint was written (apifuzz19 #23)."""
+    with pytest.raises(ValueError) as e:
+        CheckpointManager(tmp_path, keep_last=keep_last)
+    assert str(e.value) == f"keep_last must be a non-negative integer (0 keeps all), got keep_last={keep_last!r}"
+    everything = CheckpointManager(tmp_path, keep_last=0)
+    for step in (1, 2, 3):
+        everything.save({"iteration": step, "model": {}}, step)
+    assert everything.steps() == [1, 2, 3]
+    CheckpointManager(tmp_path, keep_last=np.int64(1)).save({"iteration": 4, "model": {}}, 4)
+    assert everything.steps() == [4]

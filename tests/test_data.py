@@ -349,3 +349,96 @@ def test_get_batch_refuses_ids_that_are_not_integers(dataset, dtype):
     for ids in (np.arange(10, dtype=np.uint16), torch.arange(10, dtype=torch.int32), list(range(10))):
         x, y = get_batch(ids, 2, 3, "cpu")
         assert x.dtype == torch.int64 and torch.equal(y, x + 1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"vocab_size": 2**40},
+     "vocab_size must be at most 2**32 (ids are stored as uint32), got vocab_size=1099511627776"),
+    ({"vocab_size": 99.5}, "vocab_size must be a positive integer, got vocab_size=99.5"),
+    ({"vocab_size": 100.0}, "vocab_size must be a positive integer, got vocab_size=100.0"),
+    ({"vocab_size": True}, "vocab_size must be a positive integer, got vocab_size=True"),
+    ({"source_bytes": 2.9}, "source_bytes must be a non-negative integer or None, got source_bytes=2.9"),
+    ({"source_bytes": "12"}, "source_bytes must be a non-negative integer or None, got source_bytes='12'"),
+    ({"source_bytes": -5}, "source_bytes must be a non-negative integer or None, got source_bytes=-5"),
+    ({"tokenizer_sha256": 5}, "tokenizer_sha256 must be a str or None, got tokenizer_sha256=5"),
+])
+def test_write_token_file_checks_its_arguments_and_writes_nothing(tmp_path, kwargs, message):
+    """vocab_size, source_bytes and tokenizer_sha256 had been cast with int() and str(): a vocab of
+    2**40 wrapped id 2**32 + 7 to 7, 99.5 was recorded as 99 over a file holding id 99, source_bytes
+    2.9 as 2, and -5 written into a file the reader then refused (apifuzz19 #9)."""
+    args = {"vocab_size": 100, **kwargs}
+    with pytest.raises(ValueError) as e:
+        write_token_file(tmp_path / "a.bin", np.arange(6), **args)
+    assert str(e.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_token_file_keeps_valid_arguments_and_none_is_not_known(tmp_path):
+    meta = write_token_file(tmp_path / "a.bin", np.arange(6), vocab_size=np.int64(100), source_bytes=np.int32(12),
+                            tokenizer_sha256=None)
+    assert (meta["vocab_size"], meta["source_bytes"], meta["tokenizer_sha256"]) == (100, 12, "")  # not 'None'
+    assert type(meta["vocab_size"]) is int and read_token_file(tmp_path / "a.bin")[1] == meta
+    assert write_token_file(tmp_path / "b.bin", np.arange(6), vocab_size=100, source_bytes=None)["source_bytes"] == 0
+    meta = write_token_file(tmp_path / "c.bin", np.array([2**32 - 1, 3]), vocab_size=2**32)  # the widest that fits
+    assert meta["dtype"] == "uint32" and read_token_file(tmp_path / "c.bin")[0].tolist() == [2**32 - 1, 3]
+
+
+def test_write_token_file_refuses_the_sidecar_of_a_token_file(tmp_path):
+    """Writing to ``ok.bin.json`` put raw ids over ok.bin's sidecar, and ok.bin no longer read (apifuzz19 #9)."""
+    write_token_file(tmp_path / "ok.bin", np.arange(50), vocab_size=100)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError) as e:
+        write_token_file(tmp_path / "ok.bin.json", np.arange(6), vocab_size=100)
+    side = str(tmp_path / "ok.bin.json")
+    assert str(e.value) == f"path: {side!r} is the sidecar of the token file {str(tmp_path / 'ok.bin')!r}; " \
+                           "choose another output"
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert read_token_file(tmp_path / "ok.bin")[1]["num_tokens"] == 50
+    (tmp_path / "notes.json").write_text("{}")  # a .json that is no sidecar may be written over, as before
+    assert write_token_file(tmp_path / "notes.json", np.arange(6), vocab_size=100)["num_tokens"] == 6
+
+
+def test_dataset_batch_refuses_starts_that_are_not_windows(tmp_path):
+    """A float start was truncated (1.5 read from 1), one past the end was "a short read: was the file
+    changed during training?", and -1 an OSError "Invalid argument" (apifuzz19 #11)."""
+    write_token_file(tmp_path / "t.bin", np.arange(100) % 50, vocab_size=100)
+    ds = TokenDataset(tmp_path / "t.bin", 8)
+    for starts, message in (
+        (np.array([1.5]), "starts must be integers, got dtype float64"),
+        (np.array([95]), "starts must be in [0, 91] for windows of context_length=8 in 100 ids, got start 95"),
+        (np.array([3, 92]), "starts must be in [0, 91] for windows of context_length=8 in 100 ids, got start 92"),
+        (np.array([-1]), "starts must be in [0, 91] for windows of context_length=8 in 100 ids, got start -1"),
+        (np.array([[1]]), "starts must be a 1-D array of positions, got shape (1, 1)"),
+    ):
+        with pytest.raises(ValueError) as e:
+            ds.batch(starts, "cpu")
+        assert str(e.value) == message
+    x, y = ds.batch(np.array([0, 91], dtype=np.uint32), "cpu")  # the ends of the range, any integer dtype
+    assert x[1].tolist() == [41, 42, 43, 44, 45, 46, 47, 48] and y[1, -1].item() == 49
+    assert ds.batch([5], "cpu")[0].tolist() == [list(range(5, 13))]
+
+
+def test_dataset_fixed_batches_and_load_state_dict_refuse_bad_arguments(tmp_path):
+    """fixed_batches(-1, ...) returned [] and 1.5 raised range()'s TypeError; load_state_dict({'x': 1})
+    a KeyError 'generator' (apifuzz19 #11)."""
+    write_token_file(tmp_path / "t.bin", np.arange(100) % 50, vocab_size=100)
+    ds = TokenDataset(tmp_path / "t.bin", 8)
+    for count in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError) as e:
+            ds.fixed_batches(count, 2, 0)
+        assert str(e.value) == f"num_batches must be a non-negative integer, got num_batches={count!r}"
+    assert ds.fixed_batches(0, 2, 0) == [] and len(ds.fixed_batches(np.int64(3), 2, 0)) == 3
+    state = ds.state_dict()
+    for bad, message in (
+        ({"x": 1}, "state must be a TokenDataset.state_dict() (a dict with 'generator'), got a dict with keys ['x']"),
+        (None, "state must be a TokenDataset.state_dict() (a dict with 'generator'), got None"),
+        ({"generator": {"bit_generator": "MT19937"}},
+         "state: 'generator' is not a PCG64 generator state (state must be for a PCG64 RNG)"),
+        ({"generator": {"bit_generator": "PCG64", "state": {"state": 1}}},
+         "state: 'generator' is not a PCG64 generator state (no key 'inc')"),
+    ):
+        with pytest.raises(ValueError) as e:
+            ds.load_state_dict(bad)
+        assert str(e.value) == message
+    assert ds.state_dict() == state  # unchanged by the refused states
+    ds.load_state_dict(state)

@@ -833,3 +833,90 @@ def test_tokenize_pairs_in_one_process_keeps_its_tokenizer_while_another_call_ru
     for k in (0, 36, 37, 299):
         assert mine.src(k).tolist() == tok.encode(src_lines[k]) and mine.tgt(k).tolist() == tok.encode(tgt_lines[k])
         assert theirs.src(k).tolist() == other.encode(src_lines[k])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"vocab_size": 2**40},
+     "vocab_size must be at most 2**32 (ids are stored as uint32), got vocab_size=1099511627776"),
+    ({"vocab_size": 99.5}, "vocab_size must be a positive integer, got vocab_size=99.5"),
+    ({"source_bytes": 2.9}, "source_bytes must be a non-negative integer or None, got source_bytes=2.9"),
+    ({"target_bytes": "12"}, "target_bytes must be a non-negative integer or None, got target_bytes='12'"),
+    ({"target_bytes": -1}, "target_bytes must be a non-negative integer or None, got target_bytes=-1"),
+    ({"tokenizer_sha256": 5}, "tokenizer_sha256 must be a str or None, got tokenizer_sha256=5"),
+    ({"special_tokens": {"<pad>": 0.7}},
+     "special_tokens must map each special token (a str) to an id in [0, 100), got special_tokens={'<pad>': 0.7}"),
+    ({"special_tokens": {"<pad>": 100}},
+     "special_tokens must map each special token (a str) to an id in [0, 100), got special_tokens={'<pad>': 100}"),
+    ({"special_tokens": {b"<pad>": 0}},
+     "special_tokens must map each special token (a str) to an id in [0, 100), got special_tokens={b'<pad>': 0}"),
+])
+def test_write_pair_file_checks_its_arguments_and_writes_nothing(tmp_path, kwargs, message):
+    """The sidecar's fields had been cast with int() and str(): {'<pad>': 0.7} recorded as 0, a
+    negative target_bytes written into a file read_pair_file refused (apifuzz19 #9)."""
+    args = {"vocab_size": 100, **kwargs}
+    with pytest.raises(ValueError) as e:
+        write_pair_file(tmp_path / "p.bin", [(np.array([5, 6]), np.array([7]))], **args)
+    assert str(e.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_pair_file_keeps_valid_arguments_and_refuses_a_sidecar_as_output(tmp_path):
+    meta = write_pair_file(tmp_path / "p.bin", [(np.array([5, 6]), np.array([7]))], vocab_size=np.int64(100),
+                           source_bytes=np.int64(3), target_bytes=None, tokenizer_sha256=None,
+                           special_tokens={"<pad>": np.int64(0), "<eos>": 2})
+    assert (meta["vocab_size"], meta["source_bytes"], meta["target_bytes"]) == (100, 3, 0)
+    assert meta["tokenizer_sha256"] == "" and meta["special_tokens"] == {"<pad>": 0, "<eos>": 2}
+    assert read_pair_file(tmp_path / "p.bin").meta == meta
+    write_token_file(tmp_path / "t.bin", np.arange(10), vocab_size=100)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for out, what in (("t.bin.json", "token file"), ("p.bin.json", "pair file")):
+        with pytest.raises(ValueError) as e:
+            write_pair_file(tmp_path / out, [(np.array([5]), np.array([7]))], vocab_size=100)
+        assert str(e.value) == (f"path: {str(tmp_path / out)!r} is the sidecar of the {what} "
+                                f"{str(tmp_path / out[:-5])!r}; choose another output")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_pair_dataset_checks_its_arguments_as_token_dataset_does(pair_path):
+    """max_len=5.9, seed=2.9 or '7', rank=0.5 and world_size=1.9 had been cast with int(); pad_id ==
+    bos_id was taken, and seed=-3 failed at the first batch inside numpy (apifuzz19 #10)."""
+    for kwargs, message in (
+        ({"max_len": 5.9}, f"{str(pair_path)!r}: max_len must be an integer >= 2 (a token and <eos>), got max_len=5.9"),
+        ({"max_len": float("nan")}, f"{str(pair_path)!r}: max_len must be an integer >= 2 (a token and <eos>), "
+                                    "got max_len=nan"),
+        ({"max_len": 1}, f"{str(pair_path)!r}: max_len must be an integer >= 2 (a token and <eos>), got max_len=1"),
+        ({"seed": 2.9}, "seed: must be a whole number in [0, 2**64-1], got 2.9"),
+        ({"seed": "7"}, "seed: must be a whole number in [0, 2**64-1], got '7'"),
+        ({"seed": -3}, "seed: must be a whole number in [0, 2**64-1], got -3"),
+        ({"world_size": 1.9}, "world_size must be a positive integer, got world_size=1.9"),
+        ({"world_size": 0}, "world_size must be a positive integer, got world_size=0"),
+        ({"rank": 0.5, "world_size": 2}, "rank must be an integer in [0, world_size=2), got rank=0.5"),
+        ({"rank": 2, "world_size": 2}, "rank must be an integer in [0, world_size=2), got rank=2"),
+        ({"rank": True, "world_size": 2}, "rank must be an integer in [0, world_size=2), got rank=True"),
+        ({"pad_id": 0.0}, "pad_id must be an integer, got pad_id=0.0"),
+        ({"eos_id": "2"}, "eos_id must be an integer, got eos_id='2'"),
+        ({"bos_id": PAD}, "pad_id, bos_id and eos_id must be distinct, got pad_id=0, bos_id=0, eos_id=2"),
+        ({"eos_id": BOS}, "pad_id, bos_id and eos_id must be distinct, got pad_id=0, bos_id=1, eos_id=1"),
+    ):
+        with pytest.raises(ValueError) as e:
+            dataset(pair_path, **kwargs)
+        assert str(e.value) == message
+    ds = dataset(pair_path, max_len=np.int64(30), seed=np.uint64(3), rank=np.int64(1), world_size=np.int64(2),
+                 pad_id=np.int32(0), bos_id=1, eos_id=2)
+    assert (ds.max_len, ds.seed, ds.rank, ds.world_size, ds.pad_id) == (30, 3, 1, 2, 0)
+    assert all(type(v) is int for v in (ds.max_len, ds.seed, ds.rank, ds.world_size, ds.pad_id))
+    one = dataset(pair_path).fixed_batches(300)
+    assert [ix.tolist() for ix in ds.fixed_batches(300)] == [ix.tolist() for ix in one[1::2]]
+
+
+def test_tokenize_pairs_refuses_the_sidecar_of_a_token_file_as_output(tok_dir, tmp_path):
+    """``--out ok.bin.json`` wrote ids over the sidecar of ok.bin (apifuzz19 #9): refused before encoding."""
+    src = write_lines(tmp_path / "two.en", ["A dog runs.", "A cat sits."])
+    tgt = write_lines(tmp_path / "two.de", ["Ein Hund.", "Eine Katze."])
+    write_token_file(tmp_path / "ok.bin", np.arange(10), vocab_size=100)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError) as e:
+        tokenize_pairs(load_tokenizer_dir(tok_dir), src, tgt, tmp_path / "ok.bin.json")
+    assert str(e.value) == (f"out_path: {str(tmp_path / 'ok.bin.json')!r} is the sidecar of the token file "
+                            f"{str(tmp_path / 'ok.bin')!r}; choose another output")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

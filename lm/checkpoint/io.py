@@ -29,6 +29,7 @@ from typing import IO, Any
 import torch
 from torch import nn
 
+from lm.checks import is_count
 from lm.io import atomic_write
 
 FORMAT = "lm-checkpoint"
@@ -219,7 +220,12 @@ def check_state_dict_fits(
 def save_checkpoint(
     model: nn.Module, optimizer: torch.optim.Optimizer, iteration: int, out: PathOrFile
 ) -> None:
-    """Save the model's and optimizer's state and the iteration to a path (atomically) or a binary file."""
+    """Save the model's and optimizer's state and the iteration to a path (atomically) or a binary file.
+
+    ``iteration`` is a non-negative integer (NumPy's too), which :func:`load_checkpoint` returns.
+    """
+    if not is_count(iteration):  # int() had recorded 2.5 as 2, True as 1 and '5' as 5
+        raise ValueError(f"iteration must be a non-negative integer, got iteration={iteration!r}")
     write_checkpoint(
         {
             "iteration": int(iteration),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lm.checkpoint.io import CheckpointWriteError, write_checkpoint
+from lm.checks import is_count
 
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 # The temporary file of an atomic write of a checkpoint (lm.io.atomic_write: ".NAME.RANDOM.tmp"),
@@ -24,9 +25,15 @@ _PARTIAL_TOKENIZER_FILE = re.compile(r"^\.(vocab\.json|merges\.txt|tokenizer_con
 
 
 class CheckpointManager:
-    """``RUN_DIR/checkpoints/step_00001000.pt`` (the newest ``keep_last`` kept) and ``best.pt``."""
+    """``RUN_DIR/checkpoints/step_00001000.pt`` (the newest ``keep_last`` kept) and ``best.pt``.
+
+    ``keep_last`` is a non-negative integer, as ``checkpoint.keep_last``: 0 keeps all.
+    """
 
     def __init__(self, run_dir: str | os.PathLike, keep_last: int = 3):
+        # as checkpoint.keep_last: -1 had kept all (undocumented), and 1.5 or '3' failed at the first save
+        if not is_count(keep_last):
+            raise ValueError(f"keep_last must be a non-negative integer (0 keeps all), got keep_last={keep_last!r}")
         self.dir = Path(run_dir) / "checkpoints"
         self.keep_last = keep_last
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.checks import check_seed, check_size
+from lm.checks import check_seed, check_size, is_count
 from lm.data.batch import windows_to_xy
 from lm.data.token_file import bytes_per_token, max_token_id, read_token_file
 
@@ -90,6 +90,8 @@ class TokenDataset:
 
     def fixed_batches(self, num_batches: int, batch_size: int, seed: int) -> list[np.ndarray]:
         """This rank's starts for ``num_batches`` batches that are the same at every call (evaluation)."""
+        if not is_count(num_batches):  # -1 had given [] and 1.5 a TypeError from range()
+            raise ValueError(f"num_batches must be a non-negative integer, got num_batches={num_batches!r}")
         gen = np.random.Generator(np.random.PCG64(check_seed(seed, "seed")))
         out = []
         for _ in range(num_batches):
@@ -102,7 +104,12 @@ class TokenDataset:
         return windows_to_xy(self.windows(starts), device)
 
     def windows(self, starts: np.ndarray) -> np.ndarray:
-        """The ``context_length + 1`` ids from each start, shape ``(len(starts), context_length + 1)``."""
+        """The ``context_length + 1`` ids from each start, shape ``(len(starts), context_length + 1)``.
+
+        Every start is an integer in ``[0, len(self) - context_length - 1]`` (the last start whose
+        window and target fit), as in :func:`lm.data.batch.batch_at`; else a one-line ValueError.
+        """
+        starts = self._check_starts(starts)
         width = self.context_length + 1
         itemsize = self.tokens.dtype.itemsize
         out = np.empty((len(starts), width), dtype=self.tokens.dtype)
@@ -116,9 +123,34 @@ class TokenDataset:
                 raise OSError(f"short read from {str(self.path)!r}: was the file changed during training?")
         return out
 
+    def _check_starts(self, starts: Any) -> np.ndarray:
+        """``starts`` as a 1-D integer array of starts whose windows fit: a float start had been
+        truncated (1.5 read from 1), and one past the end reported as a file changed during training."""
+        starts = np.asarray(starts)
+        if starts.ndim != 1:
+            raise ValueError(f"starts must be a 1-D array of positions, got shape {starts.shape}")
+        if starts.size == 0:
+            return starts.astype(np.int64)
+        if not np.issubdtype(starts.dtype, np.integer):
+            raise ValueError(f"starts must be integers, got dtype {starts.dtype}")
+        high = len(self.tokens) - self.context_length - 1  # the last start whose window and target fit
+        if starts.min() < 0 or starts.max() > high:
+            bad = starts.min() if starts.min() < 0 else starts.max()
+            raise ValueError(f"starts must be in [0, {high}] for windows of context_length={self.context_length} "
+                             f"in {len(self.tokens)} ids, got start {bad}")
+        return starts
+
     def state_dict(self) -> dict[str, Any]:
         """The sampler's position: the numpy bit-generator state (plain ints, safe to checkpoint)."""
         return {"generator": self.generator.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.bit_generator.state = state["generator"]
+        """Resume from :meth:`state_dict`; anything else is a one-line ValueError, the generator unchanged."""
+        if not isinstance(state, dict) or "generator" not in state:
+            got = f"a dict with keys {sorted(map(str, state))}" if isinstance(state, dict) else repr(state)
+            raise ValueError(f"state must be a TokenDataset.state_dict() (a dict with 'generator'), got {got}")
+        try:
+            self.generator.bit_generator.state = state["generator"]
+        except (TypeError, ValueError, KeyError, OverflowError) as e:
+            text = f"no key {e}" if isinstance(e, KeyError) else str(e).strip().splitlines()[0]
+            raise ValueError(f"state: 'generator' is not a PCG64 generator state ({text})") from None

@@ -39,7 +39,7 @@ import os
 import sys
 import warnings
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
@@ -47,13 +47,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lm.checks import check_size
+from lm.checks import check_seed, check_size, is_count
 from lm.data.token_file import (
     TOKEN_DTYPES,
+    check_count_arg,
     check_ids,
     check_ids_file,
     check_ids_sidecar,
+    check_not_sidecar,
     check_optional_fields,
+    check_text_arg,
+    check_vocab_size,
     load_sidecar,
     max_token_id,
     sidecar_path,
@@ -182,9 +186,9 @@ def write_pair_file(
     pairs: Iterable[tuple[np.ndarray, np.ndarray]],
     *,
     vocab_size: int,
-    tokenizer_sha256: str = "",
-    source_bytes: int = 0,
-    target_bytes: int = 0,
+    tokenizer_sha256: str | None = "",
+    source_bytes: int | None = 0,
+    target_bytes: int | None = 0,
     source: str = "",
     target: str = "",
     special_tokens: dict[str, int] | None = None,
@@ -196,22 +200,33 @@ def write_pair_file(
     renames, so a failed or interrupted run leaves the old files (or none) or the new ones, never
     a mixture. ``source`` and ``target`` are stored as :func:`lm.io.text_name` gives them (a file
     name that is not UTF-8 had failed the sidecar after the ids were in place).
-    Every id must lie in ``[0, vocab_size)``.
+    Every id must lie in ``[0, vocab_size)``, and every id of ``special_tokens`` (each special
+    token's text to its id) too; the other fields follow :func:`lm.data.write_token_file`'s rules.
 
     >>> meta = write_pair_file("/tmp/p.bin", [(np.array([5, 6]), np.array([7]))], vocab_size=10)
     >>> meta["num_pairs"], meta["num_tokens"], meta["dtype"]
     (1, 3, 'uint16')
     """
-    extra = dict(source_bytes=int(source_bytes), target_bytes=int(target_bytes),
-                 tokenizer_sha256=str(tokenizer_sha256), source=str(source), target=str(target))
+    check_vocab_size(vocab_size)
+    extra = dict(source_bytes=check_count_arg("source_bytes", source_bytes),
+                 target_bytes=check_count_arg("target_bytes", target_bytes),
+                 tokenizer_sha256=check_text_arg("tokenizer_sha256", tokenizer_sha256),
+                 source=str(source), target=str(target))
     if special_tokens is not None:  # {} too: a tokenizer without special tokens
-        extra["special_tokens"] = {str(k): int(v) for k, v in special_tokens.items()}
+        # the rule read_pair_meta applies: {'<pad>': 0.7} had been recorded as 0
+        if not isinstance(special_tokens, Mapping) or not all(
+                isinstance(t, str) and is_count(i) and i < vocab_size for t, i in special_tokens.items()):
+            raise ValueError(f"special_tokens must map each special token (a str) to an id in [0, {vocab_size}), "
+                             f"got special_tokens={special_tokens!r}")
+        extra["special_tokens"] = {t: int(i) for t, i in special_tokens.items()}
     return _write_pair_file(path, pairs, vocab_size, lambda: extra)
 
 
 def _write_pair_file(path, pairs, vocab_size: int, extra: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """:func:`write_pair_file`, with the sidecar's other fields from ``extra()`` once the pairs are written."""
     path = Path(path)
+    check_vocab_size(vocab_size)
+    check_not_sidecar(path)
     dtype = token_dtype(vocab_size)
     offsets = [0]
     # all three written before any is renamed; a Ctrl-C once the ids are written waits for the renames
@@ -445,6 +460,7 @@ def tokenize_pairs(
     inputs = [("src_path", src_path), ("tgt_path", tgt_path)]
     for out in (out_path, index_path(out_path), sidecar_path(out_path)):  # never over the text it reads
         check_not_input(out, inputs, "out_path")
+    check_not_sidecar(out_path, "out_path")  # (before a long encoding)
     vocab_size = tokenizer.vocab_size
     dtype = token_dtype(vocab_size)
     special_ids = tokenizer.special_ids
@@ -573,15 +589,24 @@ class PairDataset:
         self.path = Path(path)
         self.name = name or str(self.path)
         where = f"{name} ({str(self.path)!r})" if name else repr(str(self.path))  # for errors
+        # checked, not cast with int(): max_len=5.9 had become 5, and pad_id == bos_id had been taken
+        if not is_count(max_len, 2):
+            raise ValueError(f"{where}: max_len must be an integer >= 2 (a token and <eos>), got max_len={max_len!r}")
+        check_size("world_size", world_size)
+        if not is_count(rank) or rank >= world_size:
+            raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
+        for what, i in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise ValueError(f"{what} must be an integer, got {what}={i!r}")
+        if len({int(pad_id), int(bos_id), int(eos_id)}) < 3:  # as Seq2SeqConfig requires
+            raise ValueError(f"pad_id, bos_id and eos_id must be distinct, got pad_id={pad_id}, "
+                             f"bos_id={bos_id}, eos_id={eos_id}")
+        self.seed = check_seed(seed, "seed")
         self.file = read_pair_file(self.path)
         self.meta = self.file.meta
-        if max_len < 2:
-            raise ValueError(f"{where}: max_len must be at least 2 (a token and <eos>), got {max_len}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.max_len = int(max_len)
         self.pad_id, self.bos_id, self.eos_id = int(pad_id), int(bos_id), int(eos_id)
-        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
+        self.rank, self.world_size = int(rank), int(world_size)
         if vocab_size is not None:
             if self.meta["vocab_size"] > vocab_size:
                 raise ValueError(

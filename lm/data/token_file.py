@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from lm.checks import is_count
+from lm.checks import check_size, is_count
 from lm.io import InterruptGuard, atomic_files, read_json_object, text_name
 
 FORMAT = "lm-tokens"
 VERSION = 1
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+VOCAB_SIZE_MAX = 1 << 32  # the largest vocabulary whose ids all fit the widest dtype, uint32
 _SCAN_CHUNK = 1 << 22  # ids per read when scanning a file: 8-16 MB, whatever the file size
 
 
@@ -42,6 +43,49 @@ def token_dtype(vocab_size: int) -> np.dtype:
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
     return TOKEN_DTYPES["uint16"] if vocab_size <= 1 << 16 else TOKEN_DTYPES["uint32"]
+
+
+def check_vocab_size(vocab_size: Any) -> None:
+    """A writer's ``vocab_size``: a positive integer whose ids fit ``uint32`` (a larger one had
+    wrapped its ids: 2**32 + 7 stored as 7), not a float that the sidecar would record truncated."""
+    check_size("vocab_size", vocab_size)
+    if vocab_size > VOCAB_SIZE_MAX:
+        raise ValueError(f"vocab_size must be at most 2**32 (ids are stored as uint32), got vocab_size={vocab_size!r}")
+
+
+def check_count_arg(name: str, value: Any) -> int:
+    """A writer's byte count (``source_bytes``...) as an int: a non-negative integer, as its reader
+    requires (:func:`check_optional_fields`), or None for 0, "not known"."""
+    if value is None:
+        return 0
+    if not is_count(value):
+        raise ValueError(f"{name} must be a non-negative integer or None, got {name}={value!r}")
+    return int(value)
+
+
+def check_text_arg(name: str, value: Any) -> str:
+    """A writer's ``tokenizer_sha256``: a str, or None for "" (not the text 'None')."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a str or None, got {name}={value!r}")
+    return value
+
+
+def check_not_sidecar(path: str | os.PathLike, argument: str = "path") -> None:
+    """Refuse an output ``path`` that is the sidecar of an existing token or pair file
+    (``X.bin.json`` beside ``X.bin``): writing ids there had destroyed that file's sidecar."""
+    path = Path(path)
+    if not path.name.endswith(".json") or not path.is_file():
+        return
+    ids = path.with_name(path.name[: -len(".json")])
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if ids.is_file() and isinstance(meta, dict) and meta.get("format") in (FORMAT, "lm-pairs"):
+        what = "token file" if meta["format"] == FORMAT else "pair file"
+        raise ValueError(f"{argument}: {str(path)!r} is the sidecar of the {what} {str(ids)!r}; choose another output")
 
 
 def check_ids(chunk: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -99,8 +143,8 @@ def write_token_file(
     ids_array: np.ndarray | Sequence[int] | Iterable[np.ndarray],
     *,
     vocab_size: int,
-    source_bytes: int = 0,
-    tokenizer_sha256: str = "",
+    source_bytes: int | None = 0,
+    tokenizer_sha256: str | None = "",
     source: str = "",
 ) -> dict[str, Any]:
     """Write ids to ``path`` and the sidecar to ``path + '.json'``, both renamed into place only once
@@ -111,13 +155,20 @@ def write_token_file(
     written one after another, so that a corpus larger than memory can be streamed; single ids
     in such a stream (``Tokenizer.encode_iterable``) are written in blocks. A list is one array
     when its first item is an int, and a list of chunks otherwise. The file is the same whichever
-    form the ids come in. Every id must lie in ``[0, vocab_size)``.
+    form the ids come in. Every id must lie in ``[0, vocab_size)``; ``vocab_size`` is at most
+    2**32 (ids are stored as ``uint32`` at most). ``source_bytes=None`` records 0 and
+    ``tokenizer_sha256=None`` records "" (neither known). ``path`` may not be the sidecar of
+    another token or pair file.
 
     >>> meta = write_token_file("/tmp/x.bin", np.array([1, 2, 3]), vocab_size=10)
     >>> meta["num_tokens"], meta["dtype"]
     (3, 'uint16')
     """
     path = Path(path)
+    check_vocab_size(vocab_size)
+    source_bytes = check_count_arg("source_bytes", source_bytes)
+    tokenizer_sha256 = check_text_arg("tokenizer_sha256", tokenizer_sha256)
+    check_not_sidecar(path)
     dtype = token_dtype(vocab_size)
     chunks = _chunks(ids_array)
     num_tokens = 0
@@ -139,8 +190,8 @@ def write_token_file(
             "dtype": dtype.name,
             "vocab_size": int(vocab_size),
             "num_tokens": int(num_tokens),
-            "source_bytes": int(source_bytes),
-            "tokenizer_sha256": str(tokenizer_sha256),
+            "source_bytes": source_bytes,
+            "tokenizer_sha256": tokenizer_sha256,
             "source": text_name(source),
         }
         f = open_file(sidecar_path(path), "w")
