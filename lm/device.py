@@ -15,6 +15,17 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,8}))?")
 DTYPES = ("auto", "float32", "bfloat16")
 
 
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): faster than float32 there,
+    slower elsewhere (docs/benchmarks.md). The CPU scripts' ``--dtype auto``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = f.read().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def _mps_available() -> bool:
     return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 

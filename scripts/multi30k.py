@@ -39,16 +39,6 @@ CONTEXT = 128  # the model's context length, in tokens; every Multi30k pair fits
 MARGIN = 3.0  # seconds of the budget kept for the final validation and checkpoint
 
 
-def cpu_has_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (faster than float32 there, slower elsewhere;
-    docs/benchmarks.md)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def error(message: str) -> int:
     """One line on stderr, and the status of a bad argument (2), as `lm` commands give."""
     print(f"multi30k.py: error: {message}", file=sys.stderr)
@@ -94,6 +84,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.dtype == "auto":
+        from lm.device import cpu_has_bfloat16
+
         args.dtype = "bfloat16" if cpu_has_bfloat16() else "float32"
     src_dir = Path(args.data) / "multi30k"
     if not (src_dir / "train.en.gz").is_file():

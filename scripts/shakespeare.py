@@ -14,10 +14,10 @@ Every option is checked before anything runs, each error naming the option and i
 
 The defaults are the best of a sweep (its table and nanoGPT's CPU recipe for comparison are in
 docs/benchmarks.md): vocab 1,024, d_model 128, 3 layers of 4 heads, context 128, batch 16,
-bfloat16 autocast, the hand-written einsum attention (torch's fused kernel has a slow backward
-under bfloat16 on CPU), peak learning rate 7e-3 decayed to 0, and weight decay 1.0 on every
-matrix including the embeddings (the run reads the text about six times: it is limited by
-overfitting as much as by compute).
+bfloat16 autocast where the CPU has bfloat16 instructions, the hand-written einsum attention
+(torch's fused kernel has a slow backward under bfloat16 on CPU), peak learning rate 7e-3
+decayed to 0, and weight decay 1.0 on every matrix including the embeddings (the run reads the
+text about six times: it is limited by overfitting as much as by compute).
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def main() -> int:
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--no-decay-embeddings", dest="decay_embeddings", action="store_false",
                     help="leave the embedding table out of weight decay")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="autocast dtype")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="autocast dtype; auto: bfloat16 where the CPU has bfloat16 instructions (AVX512-BF16, AMX), "
+                         "else float32 (bfloat16 is slower than float32 there)")
     ap.add_argument("--eval-stride", type=int, default=None,
                     help="sliding-window evaluation stride (default: half the context)")
     ap.add_argument("--tie-embeddings", action="store_true")
@@ -71,6 +73,10 @@ def main() -> int:
     ap.add_argument("--eval-margin", type=float, default=4.0, help="seconds kept for the final evaluation")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.dtype == "auto":
+        from lm.device import cpu_has_bfloat16
+
+        args.dtype = "bfloat16" if cpu_has_bfloat16() else "float32"
     if not args.data:
         return error("--data: give the folder holding tinyshakespeare.txt (or set LM_TEST_DATA)")
     if not (Path(args.data) / "tinyshakespeare.txt").is_file():

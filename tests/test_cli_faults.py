@@ -301,9 +301,12 @@ def test_eval_refuses_what_it_cannot_tell_apart(work, tmp_path):
     ids = np.fromfile(work / "corpus.bin", dtype=np.uint16)
     ids.tofile(tmp_path / "nosidecar.bin")
     (tmp_path / "text.bin").write_text(STORY)  # text named like a token file, no sidecar
-    for data in ("nosidecar.bin", "text.bin"):
+    # each refused for what it is: the text had been "not UTF-8 text" (docs19)
+    for data, why in (("nosidecar.bin", "and is not UTF-8 text;"), ("text.bin", "and is named .bin (a token "
+                                                                              "file's name);")):
         r = lm("eval", "--checkpoint", work / "run", "--data", tmp_path / data, cwd=tmp_path)
         one_line_error(r, "--data: ", "has no sidecar")
+        assert why in err_of(r), err_of(r)
 
 
 def test_a_tokenizer_that_is_not_the_models_is_refused(work, tmp_path):

@@ -81,9 +81,11 @@ def data_kind(path: Path) -> str:
     if is_gzip(path):
         raise ValueError(f"--data: {str(path)!r} is gzip-compressed; decompress it first (only a translation "
                          "model's --data and --target may be gzip)")
-    if path.suffix == ".bin" or not text_like:
-        raise ValueError(f"--data: {str(path)!r} has no sidecar {side.name!r} and is not UTF-8 text; pass a token "
-                         "file written by `lm tokenize` (with its sidecar) or a text file")
+    if path.suffix == ".bin" or not text_like:  # said as it is: a .bin of UTF-8 had been "not UTF-8 text"
+        what = "is named .bin (a token file's name)" if text_like else "is not UTF-8 text"
+        raise ValueError(f"--data: {str(path)!r} has no sidecar {side.name!r} and {what}; pass a token "
+                         "file written by `lm tokenize` (with its sidecar) or a text file"
+                         + (" under another name" if text_like else ""))
     return "text"
 
 
