@@ -175,25 +175,26 @@ def test_adamw_defaults_and_argument_checks():
         AdamW(params, **ok)  # the edges of each range are allowed
     nan = float("nan")  # fails `< 0` as every comparison, so it was accepted and made every parameter NaN
     bad = [
-        (dict(lr=-1e-3), "lr must be >= 0, got -0.001"),
-        (dict(lr=nan), "lr must be >= 0, got nan"),
-        (dict(betas=(1.0, 0.9)), r"betas must each be in \[0, 1\), got \(1.0, 0.9\)"),
-        (dict(betas=(0.9, 1.0)), r"betas must each be in \[0, 1\), got \(0.9, 1.0\)"),
-        (dict(betas=(-0.1, 0.9)), r"betas must each be in \[0, 1\), got \(-0.1, 0.9\)"),
-        (dict(betas=(0.9, -0.1)), r"betas must each be in \[0, 1\), got \(0.9, -0.1\)"),
-        (dict(betas=(nan, 0.999)), r"betas must each be in \[0, 1\), got \(nan, 0.999\)"),
-        (dict(betas=(0.9, nan)), r"betas must each be in \[0, 1\), got \(0.9, nan\)"),
-        (dict(eps=-1e-8), "eps must be >= 0, got -1e-08"),
-        (dict(eps=nan), "eps must be >= 0, got nan"),
-        (dict(weight_decay=-0.1), "weight_decay must be >= 0, got -0.1"),
-        (dict(weight_decay=nan), "weight_decay must be >= 0, got nan"),
+        (dict(lr=-1e-3), "lr must be a finite number >= 0, got lr=-0.001"),
+        (dict(lr=nan), "lr must be a finite number >= 0, got lr=nan"),
+        (dict(betas=(1.0, 0.9)), r"betas must be two numbers in \[0, 1\), got betas=\(1.0, 0.9\)"),
+        (dict(betas=(0.9, 1.0)), r"betas must be two numbers in \[0, 1\), got betas=\(0.9, 1.0\)"),
+        (dict(betas=(-0.1, 0.9)), r"betas must be two numbers in \[0, 1\), got betas=\(-0.1, 0.9\)"),
+        (dict(betas=(0.9, -0.1)), r"betas must be two numbers in \[0, 1\), got betas=\(0.9, -0.1\)"),
+        (dict(betas=(nan, 0.999)), r"betas must be two numbers in \[0, 1\), got betas=\(nan, 0.999\)"),
+        (dict(betas=(0.9, nan)), r"betas must be two numbers in \[0, 1\), got betas=\(0.9, nan\)"),
+        (dict(eps=-1e-8), "eps must be a finite number >= 0, got eps=-1e-08"),
+        (dict(eps=nan), "eps must be a finite number >= 0, got eps=nan"),
+        (dict(weight_decay=-0.1), "weight_decay must be a finite number >= 0, got weight_decay=-0.1"),
+        (dict(weight_decay=nan), "weight_decay must be a finite number >= 0, got weight_decay=nan"),
     ]
     for kwargs, match in bad:
         with pytest.raises(ValueError, match=f"^{match}$"):
             AdamW(params, **kwargs)
         with pytest.raises(ValueError):  # torch refuses the same
             torch.optim.AdamW(params, **kwargs)
-    AdamW(params, lr=float("inf"))  # as torch, which accepts it too
+    with pytest.raises(ValueError, match=r"^lr must be a finite number >= 0, got lr=inf$"):
+        AdamW(params, lr=float("inf"))  # torch accepts it: the first step makes every weight inf or NaN
 
 
 @pytest.mark.parametrize("fused", [None, False])  # the default (fused on CPU), and the foreach kernels
@@ -294,6 +295,20 @@ def test_inverse_sqrt_schedule_refuses_a_zero_warmup_or_width():
         inverse_sqrt_lr_schedule(float("nan"), 512, 4000)
     with pytest.raises(ValueError, match=r"^inverse_sqrt_scale: peak must be a finite number >= 0, got -0.001$"):
         inverse_sqrt_scale(-1e-3, 512, 4000)
+
+
+@pytest.mark.parametrize("d_model, warmup_iters", [(0, 10), (512, 0), (0.5, 10)])
+def test_inverse_sqrt_scale_refuses_a_zero_width_or_warmup_as_the_schedule_does(d_model, warmup_iters):
+    """inverse_sqrt_scale(1e-3, 0, 10) returned a scale of 0 (a run that never learns), where the
+    schedule itself refuses d_model 0."""
+    from lm.optim import inverse_sqrt_lr_schedule, inverse_sqrt_scale
+
+    for function, call in (("inverse_sqrt_scale", lambda: inverse_sqrt_scale(1e-3, d_model, warmup_iters)),
+                           ("inverse_sqrt_lr_schedule", lambda: inverse_sqrt_lr_schedule(10, d_model, warmup_iters))):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == f"{function}: d_model and warmup_iters must be > 0, got {d_model!r} and {warmup_iters!r}"
+    assert inverse_sqrt_scale(1e-3, 512, 4000) == pytest.approx(1e-3 * math.sqrt(512 * 4000))
 
 
 def test_cosine_schedule_matches_cs336_reference_values():
@@ -518,3 +533,46 @@ def test_adamw_on_cuda_is_torchs_fused_step_and_resumes_from_a_cpu_state():
             o.step()
     for (name, a), b in zip(ours.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_clip_and_adamw_refuse_hyperparameters_that_train_wrongly():
+    """clip_grad_norm_ with a negative limit reversed every gradient and with NaN made them NaN; AdamW
+    checked only its defaults, so a group with lr=-1 climbed the gradient and param_groups(model, nan)
+    gave NaN weights after one step; lr=inf and lr=True were taken (apifuzz19 #7, #8)."""
+    import numpy as np
+
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.tensor([3.0, 4.0])
+    for limit in (-1.0, 0.0, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match=r"^max_l2_norm must be a positive finite number, got max_l2_norm="):
+            clip_grad_norm_([p], limit)
+    with pytest.raises(ValueError, match=r"^eps must be a finite number >= 0, got eps=-10$"):
+        clip_grad_norm_([p], 1.0, eps=-10)
+    assert p.grad.tolist() == [3.0, 4.0]  # nothing scaled by a refused call
+    model = TransformerLM(100, 16, 16, 1, 2, 32)
+    q = torch.nn.Parameter(torch.ones(3))
+    cases = [
+        (lambda: param_groups(model, float("nan")),
+         r"^weight_decay must be a finite number >= 0, got weight_decay=nan$"),
+        (lambda: AdamW([{"params": [p], "lr": -1.0}]), r"^param_groups\[0\]: lr must be a finite number >= 0, got "
+                                                       r"lr=-1\.0$"),
+        (lambda: AdamW([{"params": [p]}, {"params": [q], "weight_decay": float("nan")}]),
+         r"^param_groups\[1\]: weight_decay must be a finite number >= 0, got weight_decay=nan$"),
+        (lambda: AdamW([{"params": [p]}, {"params": [q], "betas": (0.9, 1.0)}]),
+         r"^param_groups\[1\]: betas must be two numbers in \[0, 1\), got betas=\(0\.9, 1\.0\)$"),
+        (lambda: AdamW([p], lr=float("inf")), r"^lr must be a finite number >= 0, got lr=inf$"),
+        (lambda: AdamW([p], lr=True), r"^lr must be a finite number >= 0, got lr=True$"),
+        (lambda: AdamW([p], lr="1e-3"), r"^lr must be a finite number >= 0, got lr='1e-3'$"),
+        (lambda: AdamW([p], betas=(0.9,)), r"^betas must be two numbers in \[0, 1\), got betas=\(0\.9,\)$"),
+        (lambda: AdamW([p], betas=0.9), r"^betas must be two numbers in \[0, 1\), got betas=0\.9$"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    opt = AdamW([p], lr=np.float32(1e-3), betas=[0.9, 0.95])  # numpy's numbers and a list of betas: as before
+    opt.add_param_group({"params": [q], "lr": 0.1})
+    with pytest.raises(ValueError, match=r"^param_groups\[2\]: eps must be a finite number >= 0, got eps=-1$"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))], "eps": -1})
+    assert len(opt.param_groups) == 2 and opt.param_groups[1]["lr"] == 0.1
+    assert [g["betas"] for g in opt.param_groups] == [(0.9, 0.95)] * 2
+    assert clip_grad_norm_([p], 1.0) == pytest.approx(5.0) and p.grad.tolist() == pytest.approx([0.6, 0.8])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,17 +44,21 @@ class AdamW(torch.optim.Optimizer):
         *,
         fused: bool | None = None,
     ):
-        # `not x >= 0`, as torch.optim.AdamW: NaN fails every comparison, and would make every parameter NaN.
-        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-            if not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas must each be in [0, 1), got {tuple(betas)}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        _check_hyperparameters(defaults, "")
+        super().__init__(params, {**defaults, "betas": tuple(betas)})
         # id(param) -> (its step tensor, the count it holds): valid while that tensor is the state's
         # (a load_state_dict or a copy brings new step tensors, whose counts are read once)
         self._counts: dict[int, tuple[torch.Tensor, float]] = {}
         self.fused = fused
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, with the group's own hyper-parameters checked as the defaults are: a group with
+        ``lr=-1`` had climbed the gradient, and one with a NaN weight decay made every weight NaN."""
+        if isinstance(param_group, dict):  # (torch's own check says what else is wrong)
+            _check_hyperparameters({**self.defaults, **param_group}, f"param_groups[{len(self.param_groups)}]: ")
+        super().add_param_group(param_group)
+        self.param_groups[-1]["betas"] = tuple(self.param_groups[-1]["betas"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -119,6 +124,27 @@ class AdamW(torch.optim.Optimizer):
             torch._foreach_addcdiv_(params, m, denom, value=-lr / bias1)
 
 
+def _number(value: Any) -> bool:
+    """A real number, finite (an infinite rate is no step): not a bool, not a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_hyperparameters(group: dict[str, Any], where: str) -> None:
+    """``lr``, ``eps``, ``weight_decay``: finite numbers >= 0 (`not x >= 0`, as torch.optim.AdamW: NaN
+    fails every comparison, and would make every parameter NaN); ``betas``: two numbers in [0, 1)."""
+    for name in ("lr", "eps", "weight_decay"):
+        value = group[name]
+        if not (_number(value) and value >= 0):
+            raise ValueError(f"{where}{name} must be a finite number >= 0, got {name}={value!r}")
+    betas = group["betas"]
+    try:
+        pair = tuple(betas)
+    except TypeError:
+        pair = ()
+    if len(pair) != 2 or not all(_number(b) and 0.0 <= b < 1.0 for b in pair):
+        raise ValueError(f"{where}betas must be two numbers in [0, 1), got betas={betas!r}")
+
+
 def _moments(state: dict, p: torch.Tensor) -> None:
     # The step count lives in a tensor on the CPU, as in torch.optim (state_dicts interchange, and
     # reading it never waits for the device).
@@ -138,6 +164,8 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     ``decay_embeddings=True`` decays the embedding tables too, as nanoGPT does: on a small
     corpus read for many epochs that is a useful regulariser.
     """
+    if not (_number(weight_decay) and weight_decay >= 0):  # NaN had made every weight NaN at the first step
+        raise ValueError(f"weight_decay must be a finite number >= 0, got weight_decay={weight_decay!r}")
     no_decay_ids = set()
     for module in model.modules():
         is_embedding = isinstance(module, nn.Embedding) or "embedding" in type(module).__name__.lower()

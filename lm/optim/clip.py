@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 
 import torch
+
+from lm.checks import check_positive
 
 
 @torch.no_grad()
@@ -19,7 +23,8 @@ def clip_grad_norm_(
 
     ``parameters`` is an iterable of tensors or a single tensor. The norm is taken over every
     gradient together, as if they were one vector; parameters without a gradient are skipped.
-    Returns the norm before clipping. Every gradient is multiplied by the float32
+    Returns the norm before clipping (``max_l2_norm`` a finite number > 0, ``eps`` one >= 0).
+    Every gradient is multiplied by the float32
     ``min(1, max_l2_norm / (norm + eps))``, as ``torch.nn.utils.clip_grad_norm_`` does (a
     bfloat16 gradient by the unrounded scale, in float32, and rounded once).
 
@@ -27,6 +32,11 @@ def clip_grad_norm_(
     ``torch._foreach_mul_``): with ``return_tensor=True`` the norm comes back as a 0-d tensor and
     the host never waits for the device; the float (the default) reads it back.
     """
+    # a negative limit had reversed every gradient, NaN made them NaN (the config's 0 is "no clipping":
+    # the trainer then does not call this)
+    check_positive("max_l2_norm", max_l2_norm)
+    if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 <= eps < math.inf):
+        raise ValueError(f"eps must be a finite number >= 0, got eps={eps!r}")
     if isinstance(parameters, torch.Tensor):  # one tensor, not its rows
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]

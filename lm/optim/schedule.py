@@ -23,6 +23,13 @@ def _check_rates(function: str, max_learning_rate: float, min_learning_rate: flo
                          f"max_learning_rate ({max_learning_rate!r})")
 
 
+def _check_width_and_warmup(function: str, d_model: int, warmup_iters: float) -> None:
+    """The inverse square root schedule's ``d_model`` and ``warmup_iters`` (numbers, checked by
+    :func:`_check`) are > 0: ``0 ** -1.5`` divides by zero, and a scale for either 0 is 0."""
+    if d_model < 1 or warmup_iters <= 0:
+        raise ValueError(f"{function}: d_model and warmup_iters must be > 0, got {d_model!r} and {warmup_iters!r}")
+
+
 def cosine_lr_schedule(
     it: float,
     max_learning_rate: float,
@@ -37,6 +44,8 @@ def cosine_lr_schedule(
     - ``it > cosine_cycle_iters``: ``min``.
 
     ``it`` may be fractional, which lets a time-limited run follow the schedule by elapsed time.
+    A warm-up longer than the cycle (a run of a few steps under the default 100 of warm-up, as a
+    demo's) climbs until the cycle ends, then gives ``min``: there is no cosine left to follow.
 
     >>> cosine_lr_schedule(5, 1.0, 0.1, 10, 100), cosine_lr_schedule(100, 1.0, 0.1, 10, 100)
     (0.5, 0.1)
@@ -103,9 +112,7 @@ def inverse_sqrt_lr_schedule(it: float, d_model: int, warmup_iters: float, scale
     (0.000699, 0.0)
     """
     _check("inverse_sqrt_lr_schedule", it=it, d_model=d_model, warmup_iters=warmup_iters, scale=scale)
-    if d_model < 1 or warmup_iters <= 0:
-        raise ValueError(f"inverse_sqrt_lr_schedule: d_model and warmup_iters must be > 0, "
-                         f"got {d_model!r} and {warmup_iters!r}")
+    _check_width_and_warmup("inverse_sqrt_lr_schedule", d_model, warmup_iters)
     if it <= 0:
         return 0.0
     return scale * d_model**-0.5 * min(it**-0.5, it * warmup_iters**-1.5)
@@ -114,4 +121,5 @@ def inverse_sqrt_lr_schedule(it: float, d_model: int, warmup_iters: float, scale
 def inverse_sqrt_scale(peak: float, d_model: int, warmup_iters: float) -> float:
     """The ``scale`` that makes :func:`inverse_sqrt_lr_schedule` peak at ``peak`` (at ``warmup_iters``)."""
     _check("inverse_sqrt_scale", peak=peak, d_model=d_model, warmup_iters=warmup_iters)
+    _check_width_and_warmup("inverse_sqrt_scale", d_model, warmup_iters)
     return peak * math.sqrt(d_model * warmup_iters)
