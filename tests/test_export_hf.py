@@ -1,15 +1,17 @@
 """`lm export hf`: transformers loads the folder as Llama with equal logits and equal token ids."""
 
 import itertools
+import re
 
+import numpy as np
 import pytest
 import torch
 from helpers.run_dir import make_run_dir, save_model
 
 from lm.checkpoint import export_safetensors
 from lm.cli import main
-from lm.export import export_hf, to_transformers
-from lm.model import Seq2SeqConfig, TransformerLM, build_model
+from lm.export import export_hf, llama_config, to_llama_state_dict, to_transformers
+from lm.model import ModelConfig, Seq2SeqConfig, TransformerLM, build_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -136,6 +138,43 @@ def test_variants_without_llama_equivalent_are_refused(tmp_path):
     with pytest.raises(ValueError, match="norm='layernorm' has no Llama equivalent"):
         export_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_llama_config_refuses_what_llama_cannot_hold_and_eos_ids_that_are_not_token_ids():
+    """llama_config is public, but only export_hf and to_transformers checked the model: a LayerNorm
+    model with sinusoidal positions got a LlamaForCausalLM config, and eos_token_id 2.5 was written."""
+    with pytest.raises(ValueError, match=r"^model: norm='layernorm' has no Llama equivalent"):
+        llama_config(ModelConfig(100, 16, 16, 1, 2, norm="layernorm", positions="sinusoidal"))
+    with pytest.raises(ValueError, match=r"^model: architecture='encoder_decoder' is a translation model"):
+        llama_config(_seq2seq().config)
+    for eos in (2.5, -1, 100, True, "2"):
+        with pytest.raises(ValueError, match=r"^eos_token_id must be None or a token id in \[0, vocab_size=100\), "
+                                             rf"got eos_token_id={re.escape(repr(eos))}$"):
+            llama_config(ModelConfig(100, 16, 16, 1, 2), eos_token_id=eos)
+    config = llama_config(ModelConfig(100, 16, 16, 1, 2), eos_token_id=np.int64(7))
+    assert config["eos_token_id"] == config["bos_token_id"] == 7 and type(config["eos_token_id"]) is int
+
+
+def test_to_llama_state_dict_checks_num_layers_and_num_heads_against_the_weights():
+    """A smaller num_layers had dropped layers silently; num_heads 0 raised ZeroDivisionError and 3 a
+    reshape error from inside torch."""
+    sd = TransformerLM(100, 16, 16, 2, 2, 32).state_dict()
+    assert len(to_llama_state_dict(sd, 2, 2)) == 21
+    for layers in (1, 3):
+        with pytest.raises(ValueError, match=rf"^num_layers must be the state dict's number of layers, 2, "
+                                             rf"got num_layers={layers}$"):
+            to_llama_state_dict(sd, layers, 2)
+    for name, args in (("num_layers", (0, 2)), ("num_layers", (2.0, 2)), ("num_heads", (2, 0)),
+                       ("num_heads", (2, True))):
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive integer, got {name}="):
+            to_llama_state_dict(sd, *args)
+    for heads in (3, 16):  # 16 rows: 3 does not divide them, 16 leaves heads of one row (no RoPE pair)
+        with pytest.raises(ValueError, match=r"^num_heads must split the 16 q rows into heads of an even size "
+                                             rf"\(RoPE rotates pairs\), got num_heads={heads}$"):
+            to_llama_state_dict(sd, 2, heads)
+    gap = {k.replace("layers.1.", "layers.2."): v for k, v in sd.items()}
+    with pytest.raises(ValueError, match=r"^sd: its layers must be numbered from 0 without a gap, got layers \[0, 2\]"):
+        to_llama_state_dict(gap, 2, 2)
 
 
 def test_cli_names_the_checkpoint_of_a_variant_without_llama_equivalent(tmp_path, capsys):

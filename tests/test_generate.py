@@ -6,6 +6,7 @@ import copy
 import gc
 import itertools
 import math
+import re
 import weakref
 
 import pytest
@@ -719,6 +720,33 @@ def test_top_k_keeps_exactly_k_when_nothing_ties():
     kept = torch.isfinite(top_k_filter(logits, 6))
     assert (kept.sum(-1) == 6).all()
     assert torch.equal(kept, torch.zeros_like(kept).scatter(-1, logits.topk(6).indices, True))
+
+
+@pytest.mark.parametrize("top_p", [float("nan"), -1, 0.0, 1.5, True, None, "0.5"])
+def test_top_p_filter_checks_top_p_as_sample_next_token_does(top_p):
+    """top_p_filter and top_k_filter are public, but only sample_next_token checked their arguments:
+    top_p NaN, 0 or -1 kept the likeliest token alone (greedy, silently) and 1.5 kept them all."""
+    probs = torch.softmax(torch.randn(2, 10), -1)
+    with pytest.raises(ValueError, match=rf"^top_p must be in \(0, 1\], got top_p={re.escape(repr(top_p))}$"):
+        top_p_filter(probs, top_p)
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 2.0, None, True, "3"])
+def test_top_k_filter_checks_top_k_as_sample_next_token_does(top_k):
+    """top_k 0 and -1 had failed inside torch (a size mismatch, "selected index k out of range"),
+    2.0 with topk's TypeError and None with a comparison's."""
+    with pytest.raises(ValueError, match=rf"^top_k must be a positive integer, got top_k={re.escape(repr(top_k))}$"):
+        top_k_filter(torch.randn(2, 10), top_k)
+
+
+def test_the_filters_take_numpy_numbers_and_keep_their_results():
+    import numpy as np
+
+    logits = torch.randn(3, 10)
+    assert torch.equal(top_k_filter(logits, np.int64(3)), top_k_filter(logits, 3))
+    probs = logits.softmax(-1)
+    assert torch.equal(top_p_filter(probs, np.float32(0.5)), top_p_filter(probs, 0.5))
+    assert torch.equal(top_p_filter(probs, 1), probs / probs.sum(-1, keepdim=True))
 
 
 @settings(max_examples=60, deadline=None)

@@ -532,6 +532,50 @@ def test_requests_that_can_never_run_are_refused_naming_the_field(bad, message):
         engine.submit(Request(**fields))
 
 
+@pytest.mark.parametrize("eos", [97, -1, [1, 2], True, 2.0, "5"])
+def test_eos_id_is_checked_as_generate_checks_it(eos):
+    """Engine stored any eos_id: 97 (past the vocabulary), -1 and [1, 2] could never match a token,
+    so a request never stopped at the end of text."""
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"^eos_id must be None or one token id in \[0, vocab_size=97\), got eos_id="):
+        Engine(model, max_batch=2, eos_id=eos)
+    with pytest.raises(ValueError, match=r"^eos_id must be None or one token id in \[0, vocab_size=97\), got eos_id="):
+        generate(model, [1, 2], 1, eos_id=eos)
+
+
+def test_prompts_as_arrays_tensors_and_numpy_ids_are_taken_as_generate_takes_them():
+    """An array or tensor prompt failed with "truth value ... ambiguous", a numpy id was "outside [0, 97)"
+    though inside, a float id was said to be out of range, and a dict for params an AttributeError."""
+    import numpy as np
+
+    model = tiny_model()
+    engine = Engine(model, max_batch=4, eos_id=np.int64(5))
+    assert engine.eos_id == 5 and type(engine.eos_id) is int
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    want = generate(model, [1, 2, 3], 3, temperature=0.0, eos_id=5)
+    for prompt in (np.array([1, 2, 3]), torch.tensor([1, 2, 3]), [np.int64(1), np.int32(2), 3]):
+        rec = Recorder()
+        req = Request(prompt, params, on_token=lambda i, t, rec=rec: rec.tokens[i].append(t))
+        assert req.prompt_ids == [1, 2, 3] and all(type(t) is int for t in req.prompt_ids)
+        engine.submit(req)
+        run_until_idle(engine)
+        assert rec.tokens[0] == want
+    for prompt, message in (([1.0, 2.0], "prompt_ids: token ids must be integers, got 1.0"),
+                            ([1, True], "prompt_ids: token ids must be integers, got True"),
+                            (torch.tensor([1.0, 2.0]), "prompt_ids: token ids must be integers, got a tensor of "
+                                                       "torch.float32"),
+                            (np.array([[1, 2]]), "prompt_ids: a prompt must be 1-D, got an array of shape (1, 2)"),
+                            (None, "prompt_ids must be a list of token ids, a 1-D tensor or array, got None"),
+                            ("1 2", "prompt_ids must be a list of token ids, a 1-D tensor or array, got '1 2'")):
+        with pytest.raises(ValueError) as e:
+            Request(prompt, params)
+        assert str(e.value) == message
+    with pytest.raises(ValueError, match=r"^params must be a SamplingParams, got params=\{'max_tokens': 4\}$"):
+        Request([1, 2], {"max_tokens": 4})
+    with pytest.raises(ValueError, match=r"^prompt: token id 97 is outside \[0, 97\)$"):
+        engine.submit(Request(np.array([1, 97]), params))
+
+
 def test_the_engine_thread_serves_and_stops():
     model = tiny_model()
     engine = Engine(model, max_batch=4)

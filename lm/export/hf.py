@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from lm.checkpoint.io import unwrap
+from lm.checks import check_size, is_count
 from lm.io import atomic_write, replace_dir
 from lm.tokenizer import EOT, Tokenizer
 
@@ -29,7 +31,24 @@ def interleaved_to_half(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def to_llama_state_dict(sd: dict[str, torch.Tensor], num_layers: int, num_heads: int) -> dict[str, torch.Tensor]:
-    """Our state-dict keys (the CS336 names) to ``LlamaForCausalLM``'s, q/k rows permuted."""
+    """Our state-dict keys (the CS336 names) to ``LlamaForCausalLM``'s, q/k rows permuted.
+
+    ``num_layers`` must be the number of ``layers.{i}`` in ``sd`` (a smaller one had dropped the
+    others), and ``num_heads`` split the q rows into heads of an even size (RoPE's pairs). A
+    ``num_heads`` that does so but is not the model's permutes the rows wrongly, with no error:
+    take both from the model's config."""
+    check_size("num_layers", num_layers)
+    check_size("num_heads", num_heads)
+    held = sorted({int(m[1]) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))})
+    if held != list(range(len(held))):
+        raise ValueError(f"sd: its layers must be numbered from 0 without a gap, got layers {held}")
+    if num_layers != len(held):
+        raise ValueError(f"num_layers must be the state dict's number of layers, {len(held)}, "
+                         f"got num_layers={num_layers!r}")
+    rows = sd["layers.0.attn.q_proj.weight"].shape[0]
+    if rows % num_heads or rows // num_heads % 2:
+        raise ValueError(f"num_heads must split the {rows} q rows into heads of an even size (RoPE rotates "
+                         f"pairs), got num_heads={num_heads!r}")
     out = {
         "model.embed_tokens.weight": sd["token_embeddings.weight"],
         "model.norm.weight": sd["ln_final.weight"],
@@ -67,7 +86,15 @@ def check_llama_compatible(cfg) -> None:
 
 
 def llama_config(cfg, eos_token_id: int | None = None) -> dict:
-    """The ``config.json`` of ``LlamaForCausalLM`` for a :class:`lm.model.ModelConfig`."""
+    """The ``config.json`` of ``LlamaForCausalLM`` for a :class:`lm.model.ModelConfig`.
+
+    A model Llama cannot hold is refused as :func:`check_llama_compatible` refuses it, and
+    ``eos_token_id`` (also the ``bos_token_id``) is None or a token id of the model's vocabulary."""
+    check_llama_compatible(cfg)
+    if eos_token_id is not None and not (is_count(eos_token_id) and eos_token_id < cfg.vocab_size):
+        raise ValueError(f"eos_token_id must be None or a token id in [0, vocab_size={cfg.vocab_size}), "
+                         f"got eos_token_id={eos_token_id!r}")
+    eos_token_id = None if eos_token_id is None else int(eos_token_id)  # a numpy integer is no JSON
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -39,6 +39,7 @@ import torch
 from lm.generate.sampling import (
     NonFiniteLogitsError,
     as_integer,
+    check_eos_id,
     check_generator,
     check_sampling_args,
     check_vocab_limit,
@@ -165,10 +166,7 @@ def generate(
         )
     window_shift = operator.index(window_shift)
     check_vocab_limit(vocab_size, cfg.vocab_size)
-    if eos_id is not None and (as_integer(eos_id) is None or not 0 <= eos_id < cfg.vocab_size):
-        list_of_ids = isinstance(eos_id, (list, tuple, set)) or isinstance(eos_id, torch.Tensor) and eos_id.dim()
-        raise ValueError(f"eos_id must be None or one token id in [0, vocab_size={cfg.vocab_size}), got "
-                         f"eos_id={eos_id!r}" + (" (one id, not a list of them)" if list_of_ids else ""))
+    check_eos_id(eos_id, cfg.vocab_size)
     eos_id = None if eos_id is None else operator.index(eos_id)
     prompts, single = _as_prompt_list(prompt_ids)
     if not prompts:

@@ -24,10 +24,18 @@ def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> 
     a numpy integer). A None or a string had raised a TypeError from the comparison, naming nothing."""
     if not _real(temperature) or not 0 <= temperature < float("inf"):  # also rejects NaN; inf samples uniformly
         raise ValueError(f"temperature must be a finite number >= 0, got temperature={temperature!r}")
+    _check_top_p(top_p)
+    _check_top_k(top_k, none_ok=True)
+
+
+def _check_top_p(top_p: float) -> None:
     if not _real(top_p) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
-    if top_k is not None and (as_integer(top_k) is None or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got top_k={top_k!r}")
+
+
+def _check_top_k(top_k: int | None, *, none_ok: bool) -> None:
+    if (top_k is not None or not none_ok) and (as_integer(top_k) is None or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer{' or None' if none_ok else ''}, got top_k={top_k!r}")
 
 
 def check_generator(generator) -> None:
@@ -79,9 +87,34 @@ def check_vocab_limit(vocab_size: int | None, model_vocab_size: int) -> None:
         raise ValueError(f"vocab_size must be in [1, {model_vocab_size}] (the model's), got vocab_size={vocab_size!r}")
 
 
+def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
+    """``eos_id`` is None or one token id (an int or a numpy integer, not a bool) in [0, ``vocab_size``)."""
+    if eos_id is not None and (as_integer(eos_id) is None or not 0 <= eos_id < vocab_size):
+        list_of_ids = isinstance(eos_id, (list, tuple, set)) or isinstance(eos_id, torch.Tensor) and eos_id.dim()
+        raise ValueError(f"eos_id must be None or one token id in [0, vocab_size={vocab_size}), got "
+                         f"eos_id={eos_id!r}" + (" (one id, not a list of them)" if list_of_ids else ""))
+
+
 def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tensor, "... vocab"]:
     """Zero every probability outside the smallest set of most likely tokens whose total
-    mass is ≥ ``top_p``, and renormalise."""
+    mass is ≥ ``top_p``, and renormalise. ``top_p`` is checked as :func:`sample_next_token` checks it
+    (a NaN, 0 or negative one had kept the likeliest token alone: greedy, silently)."""
+    _check_top_p(top_p)
+    return _top_p_filter(probs, float(top_p))
+
+
+def top_k_filter(logits: Float[Tensor, "... vocab"], top_k: int) -> Float[Tensor, "... vocab"]:
+    """Keep the ``top_k`` largest logits and any tied with the k-th (``-inf`` elsewhere).
+
+    Ties are kept as Hugging Face's ``TopKLogitsWarper`` and vLLM keep them: which of tied tokens
+    ``topk`` returns is arbitrary, and bfloat16 logits tie often. ``top_k`` is a positive integer
+    (numpy's too), checked as :func:`sample_next_token` checks it."""
+    _check_top_k(top_k, none_ok=False)
+    return _top_k_filter(logits, operator.index(top_k))
+
+
+# The filters unchecked: sample_next_token checks its arguments once, before it calls them.
+def _top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tensor, "... vocab"]:
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     keep_sorted = mass_before < top_p
@@ -91,11 +124,7 @@ def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tenso
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def top_k_filter(logits: Float[Tensor, "... vocab"], top_k: int) -> Float[Tensor, "... vocab"]:
-    """Keep the ``top_k`` largest logits and any tied with the k-th (``-inf`` elsewhere).
-
-    Ties are kept as Hugging Face's ``TopKLogitsWarper`` and vLLM keep them: which of tied tokens
-    ``topk`` returns is arbitrary, and bfloat16 logits tie often."""
+def _top_k_filter(logits: Float[Tensor, "... vocab"], top_k: int) -> Float[Tensor, "... vocab"]:
     if top_k >= logits.shape[-1]:
         return logits
     kth = logits.topk(top_k, dim=-1).values[..., -1:]
@@ -123,10 +152,10 @@ def sample_next_token(
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
     if top_k is not None:
-        logits = top_k_filter(logits, top_k)
+        logits = _top_k_filter(logits, top_k)
     probs = softmax(logits, dim=-1)
     if top_p < 1.0:
-        probs = top_p_filter(probs, top_p)
+        probs = _top_p_filter(probs, top_p)
     flat = probs.reshape(-1, probs.shape[-1])
     if generator is not None and generator.device != flat.device:
         # A CPU generator with a GPU model: draw on the CPU, so a seed gives the same tokens anywhere.

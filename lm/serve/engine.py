@@ -37,21 +37,24 @@ The engine knows ids only; text (decoding, stop strings) is the server's.
 from __future__ import annotations
 
 import hashlib
+import operator
 import secrets
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from lm.device import autocast
+from lm.generate.engine import _token_ids
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import (
     GENERATOR_SEED_BITS,
     NonFiniteLogitsError,
+    check_eos_id,
     check_sampling_args,
     check_vocab_limit,
     next_token_and_finite,
@@ -144,7 +147,9 @@ OnFinish = Callable[[int, str], None]
 @dataclass
 class Request:
     """A prompt (ids) to complete ``n`` times. ``on_token(index, id)`` and ``on_finish(index,
-    reason)`` are called from the engine's thread; they must return quickly. With
+    reason)`` are called from the engine's thread; they must return quickly. The prompt may be a
+    list of ids, a 1-D tensor or numpy array; it is kept as a list of ints (floats and bools refused,
+    as :func:`lm.generate.generate` refuses them). With
     ``params.logprobs`` the engine appends each token's :data:`TokenLogprobs` to ``logprobs[index]``
     before it calls ``on_token``; with ``params.prompt_logprobs`` it sets ``prompt_logprobs`` (None
     for the first token, which nothing predicts) before the first ``on_token`` or ``on_finish``.
@@ -164,6 +169,14 @@ class Request:
     _ended: dict[int, str] = field(default_factory=dict, init=False, repr=False)  # choice -> why it ends early
     _cancelled: bool = field(default=False, init=False, repr=False)  # every choice
     _engine: Engine | None = field(default=None, init=False, repr=False, compare=False)  # set by submit
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got params={self.params!r}")
+        prompt = self.prompt_ids
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Iterable):
+            raise ValueError(f"prompt_ids must be a list of token ids, a 1-D tensor or array, got {prompt!r}")
+        self.prompt_ids = _token_ids(prompt)  # generate()'s rules: ints, numpy's and 1-D tensors' too
 
     def cancel(self, index: int | None = None) -> None:
         """Stop choice ``index`` (all choices when None) at the next step, as ``"cancelled"``; safe
@@ -253,8 +266,10 @@ class Engine:
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        check_eos_id(eos_id, model.config.vocab_size)
         self.model = model.eval()
-        self.max_batch, self.max_queue, self.eos_id = max_batch, max_queue, eos_id
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.eos_id = None if eos_id is None else operator.index(eos_id)
         cfg = model.config
         check_vocab_limit(vocab_size, cfg.vocab_size)
         self.vocab_size = vocab_size or cfg.vocab_size  # sample ids below it: the tokenizer's size
@@ -367,7 +382,7 @@ class Engine:
         if not p:
             raise ValueError("prompt: empty; give at least one token")
         vocab = self.model.config.vocab_size
-        bad = next((t for t in p if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
+        bad = next((t for t in p if not 0 <= t < vocab), None)  # ints: Request made them so
         if bad is not None:
             raise ValueError(f"prompt: token id {bad!r} is outside [0, {vocab})")
         if isinstance(request.n, bool) or not isinstance(request.n, int) or not 1 <= request.n <= self.max_batch:
