@@ -642,3 +642,19 @@ def test_generation_and_evaluation_check_ids_on_the_host_not_per_forward():
         generate(model, [1, 64], 2)
     with pytest.raises(ValueError, match="ids must be in"):
         model(torch.tensor([[1, 64]]))
+
+
+def test_model_config_takes_numpy_integers_as_ints():
+    """`ModelConfig(vocab_size=np.int64(100), ...)` was refused as "vocab_size must be a positive integer,
+    got np.int64(100)" (apifuzz19 #20); kept as ints, the config is written as TOML and JSON as before."""
+    import numpy as np
+
+    from lm.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=np.int64(100), context_length=np.int32(16), d_model=np.int16(16), num_layers=1,
+                      num_heads=np.uint8(2), d_ff=np.int64(32))
+    assert cfg == ModelConfig(vocab_size=100, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32)
+    assert all(type(getattr(cfg, k)) is int for k in ("vocab_size", "context_length", "d_model", "num_heads", "d_ff"))
+    for bad in (100.0, True, "100"):
+        with pytest.raises(ValueError, match=f"^vocab_size must be a positive integer, got {bad!r}$"):
+            ModelConfig(vocab_size=bad, context_length=16, d_model=16, num_layers=1, num_heads=2)

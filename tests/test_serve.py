@@ -683,3 +683,20 @@ def test_a_scored_prompt_whose_logits_are_not_finite_fails_its_request_alone():
     engine.submit(again := bad.request([5, 13, 7], SamplingParams(max_tokens=4, prompt_logprobs=1)))
     run_until_idle(engine)
     assert failed[-1] == (again, "the model's logits are not finite (NaN or inf)") and not engine.busy
+
+
+def test_sampling_params_take_numpy_integers_as_ints():
+    """`SamplingParams(max_tokens=np.int64(3))` was refused as "must be a whole number >= 0, got
+    np.int64(3)", a message that contradicts itself, while top_k took the same value (apifuzz19 #20)."""
+    import numpy as np
+
+    params = SamplingParams(max_tokens=np.int64(3), seed=np.uint32(7), logprobs=np.int8(2), prompt_logprobs=np.int16(1),
+                            top_k=np.int64(5))
+    assert (params.max_tokens, params.seed, params.logprobs, params.prompt_logprobs, params.top_k) == (3, 7, 2, 1, 5)
+    assert all(type(v) is int for v in (params.max_tokens, params.seed, params.logprobs, params.top_k))
+    assert params == SamplingParams(max_tokens=3, seed=7, logprobs=2, prompt_logprobs=1, top_k=5)
+    for bad, message in ((dict(max_tokens=1.0), "max_tokens must be a whole number >= 0, got 1.0"),
+                         (dict(seed=1.5), "seed must be an integer, got 1.5"),
+                         (dict(logprobs=np.bool_(True)), r"logprobs must be None or a whole number in \[0, 20\]")):
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(**bad)

@@ -387,3 +387,15 @@ def test_missing_and_empty_input(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(ValueError, match="input_path: input is empty"):
         train_bpe(tmp_path / "empty.txt", 300, [])
+
+
+def test_train_bpe_takes_a_numpy_integer_vocab_size(tmp_path):
+    """`train_bpe(path, np.int64(280), ...)` was "vocab_size: expected an integer, got np.int64(280)"
+    (apifuzz19 #20); a float is still refused."""
+    import numpy as np
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat. " * 40)
+    assert train_bpe(corpus, np.int64(270), [], num_workers=1) == train_bpe(corpus, 270, [], num_workers=1)
+    with pytest.raises(ValueError, match=r"^vocab_size: expected an integer, got 270\.0$"):
+        train_bpe(corpus, 270.0, [], num_workers=1)

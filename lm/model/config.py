@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from lm.checks import is_count
 from lm.nn.attention import ATTN_IMPLS, MODEL_ATTN_IMPL
 from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES
 from lm.nn.choices import check_choice
@@ -32,8 +33,10 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
     finite ``rope_theta`` and ``norm_eps``, and a bool ``tie_embeddings``."""
     for name in sizes:
         value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not is_count(value, 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        value = int(value)  # numpy's integers too ("must be a positive integer, got np.int64(100)" had been
+        setattr(cfg, name, value)  # said of one), kept as ints: the config is written as TOML and JSON
         if value > MAX_SIZE:  # torch's sizes are int64, and no real model comes near: refused, not a C++ error
             raise ValueError(f"{name} must be at most 2**31 - 1, got {value:,}")
     for name, allowed in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS), ("positions", POSITION_TYPES),
@@ -49,8 +52,9 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
         raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={cfg.d_model}")
     if cfg.d_ff is None:
         cfg.d_ff = ffn_hidden_dim(cfg.d_model, cfg.ffn)
-    if not isinstance(cfg.d_ff, int) or isinstance(cfg.d_ff, bool) or not 1 <= cfg.d_ff <= MAX_SIZE:
+    if not is_count(cfg.d_ff, 1) or cfg.d_ff > MAX_SIZE:
         raise ValueError(f"d_ff must be a positive integer of at most 2**31 - 1, got {cfg.d_ff!r}")
+    cfg.d_ff = int(cfg.d_ff)
     theta = cfg.rope_theta  # NaN would pass a `<= 0` test and reach RotaryEmbedding, or be saved unused
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not (math.isfinite(theta) and theta > 0):
         raise ValueError(f"rope_theta must be a positive finite number, got {theta!r}")

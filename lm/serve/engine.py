@@ -37,6 +37,7 @@ The engine knows ids only; text (decoding, stop strings) is the server's.
 from __future__ import annotations
 
 import hashlib
+import numbers
 import operator
 import secrets
 import threading
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from lm.checks import is_count
 from lm.device import autocast
 from lm.generate.engine import _token_ids
 from lm.generate.kv_cache import KVCache
@@ -108,16 +110,23 @@ class SamplingParams:
     def __post_init__(self) -> None:
         check_sampling_args(self.temperature, self.top_p, self.top_k)
         # 0: nothing generated, the prompt only scored (OpenAI's and vLLM's echo with max_tokens 0)
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+        # whole numbers, numpy's too (kept as ints): np.int64(3) had been "must be a whole number, got np.int64(3)"
+        if not is_count(self.max_tokens):
             raise ValueError(f"max_tokens must be a whole number >= 0, got {self.max_tokens!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "max_tokens", int(self.max_tokens))  # (frozen: set once, here)
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+                raise ValueError(f"seed must be an integer, got {self.seed!r}")
+            object.__setattr__(self, "seed", int(self.seed))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
-            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+            if k is not None and not (is_count(k) and k <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be None or a whole number in [0, {MAX_LOGPROBS}], got {k!r}")
+            object.__setattr__(self, name, None if k is None else int(k))
+        if self.top_k is not None:
+            object.__setattr__(self, "top_k", int(self.top_k))
 
     def choice_generators(self, n: int) -> list[torch.Generator]:
         """A generator for each of ``n`` choices, from ``seed`` (a fresh random one without): choice

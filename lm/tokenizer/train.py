@@ -15,6 +15,7 @@ Two phases:
 from __future__ import annotations
 
 import heapq
+import numbers
 import os
 import resource
 import sys
@@ -289,8 +290,9 @@ def train_bpe(
     range must start and end at a point no pre-token crosses.
     """
     special_tokens = check_special_tokens(special_tokens)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):  # numpy's too
         raise ValueError(f"vocab_size: expected an integer, got {vocab_size!r}")
+    vocab_size = int(vocab_size)
     minimum = 256 + len(special_tokens)
     if vocab_size < minimum:
         raise ValueError(
