@@ -837,3 +837,16 @@ def test_a_folder_whose_merges_do_not_make_its_learned_tokens_is_refused_not_rea
     lines = (tmp_path / "listed" / "merges.txt").read_text().splitlines()
     (tmp_path / "listed" / "merges.txt").write_text("\n".join(lines[:5]) + "\n")
     assert load_tokenizer_dir(tmp_path / "listed").special_tokens == [EOT, "<pad>"]
+
+
+def test_vocab_ids_may_be_numpy_integers_but_not_bools():
+    """`Tokenizer({np.int64(0): ...})` was "ids must be integers ..., got np.int64(0)", and a bool key was
+    taken as id 1 (apifuzz19 #20)."""
+    from lm.tokenizer.train import build_vocab
+
+    vocab = build_vocab([EOT], [])
+    tok = Tokenizer({np.int64(i): b for i, b in vocab.items()}, [], [EOT])
+    assert tok.checksum() == Tokenizer(vocab, [], [EOT]).checksum() and all(type(i) is int for i in tok.vocab)
+    for bad in ({True: b"ab", **{i + 1: b for i, b in vocab.items()}}, {**vocab, 300.0: b"ab"}):
+        with pytest.raises(ValueError, match=r"^vocab: ids must be integers in \[0, 1114111\], got (True|300\.0)$"):
+            Tokenizer(bad, [])

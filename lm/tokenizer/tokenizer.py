@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import numbers
 import os
 import re
 import sys
@@ -155,13 +156,18 @@ class Tokenizer:
         merges: Sequence[tuple[bytes, bytes]],
         special_tokens: Sequence[str] | None = None,
     ):
-        self.vocab: dict[int, bytes] = dict(vocab)
+        self.vocab: dict[int, bytes] = {}
         self.merges: list[tuple[bytes, bytes]] = _check_merges(merges)
         self.special_tokens: list[str] = check_special_tokens(special_tokens)
         self.token_to_id: dict[bytes, int] = {}
-        for i, tok in self.vocab.items():
-            if not isinstance(i, int) or not 0 <= i <= MAX_ID:
+        for i, tok in dict(vocab).items():
+            # numpy's integers too, kept as ints (np.int64(0) had been "must be integers"); not a bool
+            # (True had been id 1)
+            if type(i) is not int and (isinstance(i, bool) or not isinstance(i, numbers.Integral)) \
+                    or not 0 <= i <= MAX_ID:
                 raise ValueError(f"vocab: ids must be integers in [0, {MAX_ID}], got {i!r}")
+            i = int(i)
+            self.vocab[i] = tok
             if not isinstance(tok, bytes):
                 raise ValueError(f"vocab: each token must be bytes, got {_describe(tok)} for id {i}")
             self.token_to_id.setdefault(tok, i)
