@@ -7,6 +7,8 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
+
 # torch.manual_seed takes [-2**63, 2**64 - 1] (a negative seed is the same as 2**64 + seed) and numpy's
 # PCG64, which draws the training windows, refuses negative seeds: a seed is a whole number in [0, 2**64 - 1].
 SEED_MAX = 2**64 - 1
@@ -30,6 +32,13 @@ def check_positive(name: str, value: object) -> None:
     ``value`` is a real number in (0, inf)."""
     if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf):
         raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
+
+
+def check_flag(name: str, value: object, *, none_ok: bool = False) -> None:
+    """Raise ``ValueError("{name} must be True or False, got {name}={value!r}")`` unless ``value`` is
+    a bool (numpy's too; or None with ``none_ok``): a string is truthy, so ``compile="no"`` compiled."""
+    if not (isinstance(value, (bool, np.bool_)) or none_ok and value is None):
+        raise ValueError(f"{name} must be True or False{' or None' if none_ok else ''}, got {name}={value!r}")
 
 
 def check_seed(seed: Any, argument: str) -> int:

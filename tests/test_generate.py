@@ -809,3 +809,34 @@ def test_bfloat16_model_generates():
     out = generate(model, [[1, 2, 3], [4]], 25, temperature=0)
     assert [len(o) for o in out] == [25, 25]
     assert out[1] == generate(model, [4], 25, temperature=0)
+
+
+def test_switches_must_be_bools_not_truthy_strings(tmp_path):
+    """A string is truthy: generate(compile="no") compiled, greedy_decode(use_cache="no") used the cache,
+    AdamW(fused="no") fused, Engine(compile="no") compiled every step, TokenDataset(check_ids="no")
+    checked (apifuzz19 #22). numpy's bools are bools."""
+    import numpy as np
+
+    from lm.data import TokenDataset, write_token_file
+    from lm.generate import DecodeStep, greedy_decode
+    from lm.model import EncoderDecoder, Seq2SeqConfig
+    from lm.optim import AdamW
+    from lm.serve import Engine
+
+    model = TransformerLM(100, 16, 16, 1, 2, 32).eval()
+    seq2seq = EncoderDecoder(Seq2SeqConfig(vocab_size=50, context_length=16, d_model=16, encoder_layers=1,
+                                           decoder_layers=1, num_heads=2, dropout=0.0)).eval()
+    write_token_file(tmp_path / "t.bin", np.arange(100) % 50, vocab_size=100)
+    for name, call in [
+        ("compile", lambda: generate(model, [1, 2], 2, compile="no")),
+        ("compile", lambda: DecodeStep(model, 2, compile=1)),
+        ("compile", lambda: Engine(model, max_batch=2, compile="no")),
+        ("use_cache", lambda: greedy_decode(seq2seq, [[5, 6]], use_cache="no")),
+        ("fused", lambda: AdamW(model.parameters(), fused="no")),
+        ("check_ids", lambda: TokenDataset(tmp_path / "t.bin", 8, check_ids="no")),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name} must be True or False( or None)?, got {name}="):
+            call()
+    assert generate(model, [1, 2], 3, temperature=0.0, compile=np.bool_(False)) == generate(model, [1, 2], 3,
+                                                                                           temperature=0.0)
+    AdamW(model.parameters(), fused=None)

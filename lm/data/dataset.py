@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.checks import check_seed, check_size, is_count
+from lm.checks import check_flag, check_seed, check_size, is_count
 from lm.data.batch import windows_to_xy
 from lm.data.token_file import bytes_per_token, max_token_id, read_token_file
 
@@ -36,6 +36,7 @@ class TokenDataset:
     ):
         check_size("context_length", context_length)
         check_size("world_size", world_size)
+        check_flag("check_ids", check_ids)  # a string is truthy: check_ids="no" had checked
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
         self.path = Path(path)

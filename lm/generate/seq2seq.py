@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lm.checks import check_flag
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, check_vocab_limit, next_token_and_finite
 from lm.nn.choices import check_choice
@@ -249,6 +250,7 @@ def greedy_decode(
     them); an exception it raises stops the decoding and propagates.
     """
     check_sampling_args(temperature, top_p, top_k)
+    check_flag("use_cache", use_cache)  # a string is truthy: use_cache="no" had used it
     cfg = model.config
     check_vocab_limit(vocab_size, cfg.vocab_size)
     src = _check(model, src_ids, max_extra)

@@ -45,6 +45,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lm.checks import check_flag
 from lm.device import autocast
 from lm.generate.kv_cache import KVCache
 from lm.nn.functional import batch_invariant
@@ -319,6 +320,7 @@ class DecodeStep:
         architecture = getattr(model.config, "architecture", "decoder_lm")
         if architecture not in ("decoder_lm", "encoder_decoder"):
             raise ValueError(f"DecodeStep needs a decoder_lm or encoder_decoder model, got {architecture!r}")
+        check_flag("compile", compile)
         if share is not None and not (compile and share.compiled and share.model is model and share.dtype == dtype):
             raise ValueError("share: needs a compiled DecodeStep of the same model and dtype, and compile=True")
         seq2seq = architecture == "encoder_decoder"

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lm.checks import check_flag
+
 _FUSED_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW kernel
 
 
@@ -44,6 +46,7 @@ class AdamW(torch.optim.Optimizer):
         *,
         fused: bool | None = None,
     ):
+        check_flag("fused", fused, none_ok=True)  # a string is truthy: fused="no" had fused
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         _check_hyperparameters(defaults, "")
         super().__init__(params, {**defaults, "betas": tuple(betas)})

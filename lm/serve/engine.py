@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lm.checks import is_count
+from lm.checks import check_flag, is_count
 from lm.device import autocast
 from lm.generate.engine import _token_ids
 from lm.generate.kv_cache import KVCache
@@ -276,6 +276,7 @@ class Engine:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         check_eos_id(eos_id, model.config.vocab_size)
+        check_flag("compile", compile)  # a string is truthy: compile="no" had compiled every step
         self.model = model.eval()
         self.max_batch, self.max_queue = max_batch, max_queue
         self.eos_id = None if eos_id is None else operator.index(eos_id)
