@@ -41,6 +41,13 @@ def check_flag(name: str, value: object, *, none_ok: bool = False) -> None:
         raise ValueError(f"{name} must be True or False{' or None' if none_ok else ''}, got {name}={value!r}")
 
 
+def check_dropout(value: object, name: str = "dropout") -> None:
+    """Raise ``ValueError("{name} must be a number in [0, 1), got {value!r}")`` unless it is one (a
+    dropout of 1 drops everything; NaN fails every comparison)."""
+    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < 1):
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
 def check_seed(seed: Any, argument: str) -> int:
     """``seed`` as an int if it is a whole number in [0, 2**64 - 1], else a ValueError naming ``argument``."""
     if not (is_count(seed) and seed <= SEED_MAX):

@@ -915,3 +915,25 @@ def test_the_layers_default_to_the_hand_written_attention_and_the_models_to_sdpa
     assert calls == []
     TransformerLM(50, 8, 16, 2, 2, 32)(torch.randint(0, 50, (2, 5)))
     assert len(calls) == 2  # one a layer
+
+
+def test_blocks_check_dropout_and_ffn_hidden_dim_checks_its_sizes():
+    """TransformerBlock(dropout=1.5) was built and failed only in training mode (an eval-mode model
+    carried it silently); ffn_hidden_dim(16, "swiglu", 0) divided by zero and (16.5) gave a width of 44.0
+    (apifuzz19 #17, #18). The messages are ModelConfig's."""
+    from lm.nn import TransformerBlock
+    from lm.nn.block import DecoderBlock
+    from lm.nn.ffn import ffn_hidden_dim
+
+    for bad in (1.0, 1.5, -0.1, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match=r"^dropout must be a number in \[0, 1\), got "):
+            TransformerBlock(16, 2, 32, 16, dropout=bad)
+        with pytest.raises(ValueError, match=r"^dropout must be a number in \[0, 1\), got "):
+            DecoderBlock(16, 2, 32, dropout=bad)
+    assert TransformerBlock(16, 2, 32, 16, dropout=0.1).dropout == 0.1
+    for args, message in (((16, "swiglu", 0), "multiple_of must be a positive integer, got multiple_of=0"),
+                          ((16.5,), "d_model must be a positive integer, got d_model=16.5"),
+                          ((0, "gelu"), "d_model must be a positive integer, got d_model=0")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            ffn_hidden_dim(*args)
+    assert (ffn_hidden_dim(256), ffn_hidden_dim(256, "gelu"), ffn_hidden_dim(100, "swiglu", 8)) == (704, 1024, 272)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lm.checks import is_count
+from lm.checks import check_dropout, is_count
 from lm.nn.attention import ATTN_IMPLS, MODEL_ATTN_IMPL
 from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES
 from lm.nn.choices import check_choice
@@ -141,8 +141,7 @@ class ModelConfig(ConfigIO):
 
     def __post_init__(self) -> None:
         check_architecture(self, ("vocab_size", "context_length", "d_model", "num_layers", "num_heads"))
-        if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        check_dropout(self.dropout)
 
     @property
     def head_dim(self) -> int:

@@ -6,6 +6,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lm.checks import check_dropout
 from lm.nn.attention import DEFAULT_ATTN_IMPL, CrossKVCache, LayerKVCache, MultiHeadAttention
 from lm.nn.choices import check_choice
 from lm.nn.ffn import make_ffn
@@ -69,6 +70,7 @@ class TransformerBlock(torch.nn.Module):
                                        causal=causal)
         self.ln2 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
+        check_dropout(dropout)  # as ModelConfig: 1.5 or NaN had been kept, and failed only when training
         self.dropout = dropout
 
     def forward(
@@ -126,6 +128,7 @@ class DecoderBlock(torch.nn.Module):
                                              attn_impl=attn_impl, causal=False)
         self.ln3 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
+        check_dropout(dropout)  # as ModelConfig: 1.5 or NaN had been kept, and failed only when training
         self.dropout = dropout
 
     def forward(

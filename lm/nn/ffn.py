@@ -8,7 +8,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lm.checks import check_size
+from lm.checks import check_size, is_count
 from lm.nn.choices import check_choice
 from lm.nn.functional import gelu, relu, silu
 from lm.nn.linear import Linear
@@ -24,6 +24,9 @@ def ffn_hidden_dim(d_model: int, ffn: str = "swiglu", multiple_of: int = 64) -> 
     (704, 1024)
     """
     check_choice("ffn", ffn, FFN_TYPES)
+    for name, value in (("d_model", d_model), ("multiple_of", multiple_of)):
+        if not is_count(value, 1):  # 1.5 had given 43.5, 0 a ZeroDivisionError, -64 a width of 0
+            raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
     if ffn != "swiglu":
         return 4 * d_model
     return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
