@@ -53,3 +53,10 @@ def check_seed(seed: Any, argument: str) -> int:
     if not (is_count(seed) and seed <= SEED_MAX):
         raise ValueError(f"{argument}: must be a whole number in [0, 2**64-1], got {seed!r}")
     return int(seed)
+
+
+def check_callback(name: str, value: object) -> None:
+    """Raise ``ValueError("{name} must be a callable or None, got {name}={value!r}")`` unless ``value``
+    is None or callable: ``on_token=5`` had failed only when the first token was chosen."""
+    if value is not None and not callable(value):
+        raise ValueError(f"{name} must be a callable or None, got {name}={value!r}")

@@ -87,6 +87,24 @@ def resolve_dtype(name: str, device: torch.device, argument: str = "--dtype") ->
     return None
 
 
+AUTOCAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_dtype(name: str, dtype: object, allowed: tuple[torch.dtype, ...] | None = None) -> None:
+    """Raise a one-line ValueError naming ``name`` and the value unless ``dtype`` is None or a
+    floating ``torch.dtype`` (one of ``allowed`` when given): a name such as ``"bfloat16"`` had
+    failed inside torch, and ``torch.int64`` as an autocast dtype only warned."""
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point and \
+            (allowed is None or dtype in allowed):
+        return
+    kind = ("a torch floating dtype such as torch.bfloat16" if allowed is None
+            else "one of " + ", ".join(map(str, allowed)))
+    named = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    hint = (f" (pass torch.{dtype}, not its name)" if isinstance(named, torch.dtype) and named.is_floating_point
+            and (allowed is None or named in allowed) else "")
+    raise ValueError(f"{name} must be {kind} or None, got {name}={dtype!r}{hint}")
+
+
 def max_threads() -> int:
     """The most CPU threads :func:`set_threads` accepts: 4 per CPU, and at least 1024.
 

@@ -1,5 +1,6 @@
 import io
 import random
+import re
 
 import numpy as np
 import pytest
@@ -172,6 +173,23 @@ def test_export_safetensors(tmp_path):
     assert loaded.keys() == model.state_dict().keys()
     for k, v in model.state_dict().items():
         assert torch.equal(loaded[k], v)
+
+
+
+def test_export_safetensors_metadata_must_map_strings_to_strings(tmp_path):
+    """metadata='x' raised "dictionary update sequence element", and a number as a value safetensors'
+    TypeError (apifuzz19 #21): one line naming metadata, before anything is written."""
+    model = nn.Linear(2, 3)
+    for bad, shown in (("x", "metadata='x'"), (["a", "b"], "metadata=['a', 'b']"), (5, "metadata=5")):
+        with pytest.raises(ValueError, match=rf"^metadata must be None or a dict of str to str, got "
+                                             rf"{re.escape(shown)}$"):
+            export_safetensors(model, tmp_path / "m.safetensors", bad)
+    for bad, shown in (({"step": 40}, "metadata['step']=40"), ({1: "a"}, "metadata[1]='a'")):
+        with pytest.raises(ValueError, match=rf"^metadata must be a dict of str to str, got {re.escape(shown)}$"):
+            export_safetensors(model, tmp_path / "m.safetensors", bad)
+    assert not (tmp_path / "m.safetensors").exists()
+    for good in (None, {}, {"step": "40"}):
+        assert export_safetensors(model, tmp_path / "m.safetensors", good).exists()
 
 
 def test_a_flipped_bit_in_the_tensor_data_is_refused(tmp_path):

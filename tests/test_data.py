@@ -442,3 +442,30 @@ def test_dataset_fixed_batches_and_load_state_dict_refuse_bad_arguments(tmp_path
         assert str(e.value) == message
     assert ds.state_dict() == state  # unchanged by the refused states
     ds.load_state_dict(state)
+
+
+def test_get_batch_and_the_dataset_take_a_numpy_generator_only(tmp_path):
+    """get_batch(..., generator=torch.Generator()) failed with "'torch._C.Generator' object has no
+    attribute 'integers'" (apifuzz19 #21): the parameter is a NumPy Generator, which the error now says."""
+    data = np.arange(100)
+    write_token_file(tmp_path / "t.bin", data % 50, vocab_size=64)
+    ds = TokenDataset(tmp_path / "t.bin", 8)
+    for bad in (torch.Generator(), 0, np.random.RandomState(0)):
+        with pytest.raises(ValueError, match=r"^generator must be a NumPy Generator \(np.random.default_rng\(seed\)\) "
+                                             r"or None, got generator="):
+            get_batch(data, 2, 8, "cpu", generator=bad)
+        with pytest.raises(ValueError, match=r"^generator must be a NumPy Generator"):
+            ds.global_starts(2, bad)
+    x, y = get_batch(data, 2, 8, "cpu", generator=np.random.default_rng(0))
+    x2, _ = get_batch(data, 2, 8, "cpu", generator=np.random.default_rng(0))
+    assert x.shape == (2, 8) and torch.equal(x, x2) and torch.equal(y[:, :-1], x[:, 1:])
+
+
+@pytest.mark.parametrize("vocab_size", ["100", -1, 0, 64.0, True])
+def test_dataset_vocab_size_must_be_a_positive_integer(tmp_path, vocab_size):
+    """vocab_size='100' raised "'>' not supported", and -1 or 0 said the file's vocabulary was larger
+    than "the model's vocab_size -1" (apifuzz19 #21)."""
+    write_token_file(tmp_path / "t.bin", np.arange(100) % 50, vocab_size=64)
+    with pytest.raises(ValueError, match=rf"^vocab_size must be a positive integer, got vocab_size={vocab_size!r}$"):
+        TokenDataset(tmp_path / "t.bin", 8, vocab_size=vocab_size)
+    assert TokenDataset(tmp_path / "t.bin", 8, vocab_size=np.int64(64)).context_length == 8

@@ -840,3 +840,71 @@ def test_switches_must_be_bools_not_truthy_strings(tmp_path):
     assert generate(model, [1, 2], 3, temperature=0.0, compile=np.bool_(False)) == generate(model, [1, 2], 3,
                                                                                            temperature=0.0)
     AdamW(model.parameters(), fused=None)
+
+
+def test_a_callback_that_cannot_be_called_is_refused_before_any_token():
+    """generate(on_token=5) failed with "'int' object is not callable" only once the first token was
+    chosen, after the prefill (apifuzz19 #21); greedy_decode's on_token and beam_search's on_sentence
+    the same. Each is now checked up front, naming the argument."""
+    from lm.generate import beam_search, greedy_decode
+    from lm.model import EncoderDecoder, Seq2SeqConfig
+
+    model = TransformerLM(**SMALL)
+    seq2seq = EncoderDecoder(Seq2SeqConfig(vocab_size=50, context_length=16, d_model=16, encoder_layers=1,
+                                           decoder_layers=1, num_heads=2, dropout=0.0)).eval()
+    for name, call in [("on_token", lambda bad: generate(model, [1, 2], 2, on_token=bad)),
+                       ("on_token", lambda bad: greedy_decode(seq2seq, [[5, 6]], on_token=bad)),
+                       ("on_sentence", lambda bad: beam_search(seq2seq, [[5, 6]], beam_size=2, on_sentence=bad))]:
+        for bad in (5, "print"):
+            with pytest.raises(ValueError, match=rf"^{name} must be a callable or None, got {name}={bad!r}$"):
+                call(bad)
+    seen = []
+    assert generate(model, [1, 2], 3, temperature=0.0, on_token=lambda row, tok: seen.append(tok)) == seen
+
+
+def test_static_and_padded_caches_and_the_decode_step_check_their_rows_and_sizes():
+    """DecodeStep(model, 0) was taken, DecodeStep(model, 2)([1], [0, 0]) failed in a reshape, and rows or
+    sizes of -1 or 2.0 in StaticKVCache, KVCache and DecodeStep failed inside torch.zeros (apifuzz19 #21)."""
+    from lm.generate import DecodeStep
+    from lm.generate.static import StaticKVCache
+
+    model = TransformerLM(**SMALL).eval()
+    for rows in (0, -1, 2.0, True, "2"):
+        with pytest.raises(ValueError, match=rf"^rows must be a positive integer, got rows={re.escape(repr(rows))}$"):
+            DecodeStep(model, rows)
+        with pytest.raises(ValueError, match=rf"^rows must be a positive integer, got rows={re.escape(repr(rows))}$"):
+            StaticKVCache(2, rows, 4, 16, 8)
+        with pytest.raises(ValueError, match=r"^batch_size must be a positive integer, got batch_size="):
+            KVCache(2, rows, 4, 16, 8)
+    for i, name in enumerate(("num_layers", "batch_size", "num_heads", "max_len", "head_dim")):
+        sizes = [2, 1, 4, 16, 8]
+        sizes[i] = -1
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive integer, got {name}=-1$"):
+            KVCache(*sizes)
+        sizes[i] = 2.0
+        with pytest.raises(ValueError, match=rf"^{'rows' if name == 'batch_size' else name} must be a positive"):
+            StaticKVCache(*sizes)
+    with pytest.raises(ValueError, match=r"^rows: the cache holds 3 rows, got rows=2$"):
+        DecodeStep(model, 2, cache=StaticKVCache.for_model(model, 3))
+    step = DecodeStep(model, 2)
+    for ids in ([1], [1, 2, 3], torch.tensor([1])):
+        with pytest.raises(ValueError, match=r"^ids: need 2 token ids \(one per row\), got [13]$"):
+            step(ids, [0, 0])
+    with pytest.raises(ValueError, match=r"^lengths: need 2 values"):
+        step([1, 2], [0])
+    assert step(torch.tensor([1, 2]), [0, 0]).shape == (2, SMALL["vocab_size"])
+    assert step([1, 2], [1, 1]).shape == (2, SMALL["vocab_size"])
+
+
+def test_decode_step_takes_an_autocast_dtype_only():
+    """DecodeStep's dtype runs the step under autocast: a name or torch.int64 had only warned (or failed
+    at the first call), as Engine's (apifuzz19 #21)."""
+    from lm.generate import DecodeStep
+
+    model = TransformerLM(**SMALL).eval()
+    with pytest.raises(ValueError, match=r"^dtype must be one of torch.float32, torch.bfloat16, torch.float16 or "
+                                         r"None, got dtype='bfloat16' \(pass torch.bfloat16, not its name\)$"):
+        DecodeStep(model, 2, dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"got dtype=torch.int64$"):
+        DecodeStep(model, 2, dtype=torch.int64)
+    assert DecodeStep(model, 2, dtype=torch.bfloat16)([1, 2], [0, 0]).shape == (2, SMALL["vocab_size"])

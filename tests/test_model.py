@@ -658,3 +658,28 @@ def test_model_config_takes_numpy_integers_as_ints():
     for bad in (100.0, True, "100"):
         with pytest.raises(ValueError, match=f"^vocab_size must be a positive integer, got {bad!r}$"):
             ModelConfig(vocab_size=bad, context_length=16, d_model=16, num_layers=1, num_heads=2)
+
+
+def test_the_models_refuse_a_dtype_that_is_not_a_torch_floating_dtype():
+    """TransformerLM(..., dtype='float16') and build_model(cfg, dtype='bfloat16') failed inside torch
+    ("Only Tensors of floating point ... can require gradients", apifuzz19 #21): the message names the
+    argument and, for a name, says to pass the torch.dtype."""
+    from lm.model import EncoderDecoder, Seq2SeqConfig, build_model
+
+    lm_cfg = ModelConfig(vocab_size=50, context_length=8, d_model=16, num_layers=1, num_heads=2)
+    mt_cfg = Seq2SeqConfig(vocab_size=50, context_length=8, d_model=16, encoder_layers=1, decoder_layers=1,
+                           num_heads=2)
+    makers = [lambda dtype: TransformerLM(50, 8, 16, 1, 2, None, dtype=dtype),
+              lambda dtype: TransformerLM.from_config(lm_cfg, dtype=dtype),
+              lambda dtype: EncoderDecoder(mt_cfg, dtype=dtype),
+              lambda dtype: build_model(lm_cfg, dtype=dtype),
+              lambda dtype: build_model(mt_cfg, dtype=dtype)]
+    for make in makers:
+        for bad, hint in (("float16", " (pass torch.float16, not its name)"),
+                          ("bfloat16", " (pass torch.bfloat16, not its name)"), (torch.int64, ""), ("fp16", "")):
+            with pytest.raises(ValueError) as e:
+                make(bad)
+            assert str(e.value) == ("dtype must be a torch floating dtype such as torch.bfloat16 or None, "
+                                    f"got dtype={bad!r}{hint}")
+        assert make(torch.bfloat16).output_weight.dtype == torch.bfloat16
+        assert make(None).output_weight.dtype == torch.float32

@@ -937,3 +937,34 @@ def test_blocks_check_dropout_and_ffn_hidden_dim_checks_its_sizes():
         with pytest.raises(ValueError, match=f"^{message}$"):
             ffn_hidden_dim(*args)
     assert (ffn_hidden_dim(256), ffn_hidden_dim(256, "gelu"), ffn_hidden_dim(100, "swiglu", 8)) == (704, 1024, 272)
+
+
+def test_a_dtype_that_is_not_a_torch_floating_dtype_is_refused_by_name():
+    """Linear(4, 3, dtype='float32') and dtype=torch.int64 failed inside torch ("Only Tensors of floating
+    point ... can require gradients", apifuzz19 #21); every layer that takes a dtype now says what it needs,
+    and for a name, to pass the torch.dtype."""
+    from lm.nn import DecoderBlock
+    from lm.nn.attention import MultiHeadAttention
+
+    layers = {
+        "Linear": lambda dtype: Linear(4, 3, dtype=dtype),
+        "Embedding": lambda dtype: Embedding(10, 4, dtype=dtype),
+        "RMSNorm": lambda dtype: RMSNorm(4, dtype=dtype),
+        "LayerNorm": lambda dtype: LayerNorm(4, dtype=dtype),
+        "SwiGLU": lambda dtype: SwiGLU(4, 8, dtype=dtype),
+        "MLP": lambda dtype: MLP(4, 8, dtype=dtype),
+        "MultiHeadAttention": lambda dtype: MultiHeadAttention(8, 2, dtype=dtype),
+        "MultiHeadSelfAttention": lambda dtype: MultiHeadSelfAttention(8, 2, dtype=dtype),
+        "TransformerBlock": lambda dtype: TransformerBlock(8, 2, 16, 16, 10000.0, dtype=dtype),
+        "DecoderBlock": lambda dtype: DecoderBlock(8, 2, 16, dtype=dtype),
+    }
+    for name, make in layers.items():
+        for bad, hint in (("float32", " (pass torch.float32, not its name)"), ("bfloat16", " (pass torch.bfloat16, "
+                          "not its name)"), (torch.int64, ""), (torch.bool, ""), ("int64", ""), (32, "")):
+            with pytest.raises(ValueError) as e:
+                make(bad)
+            assert str(e.value) == (f"dtype must be a torch floating dtype such as torch.bfloat16 or None, "
+                                    f"got dtype={bad!r}{hint}"), name
+        for good in (None, torch.float64, torch.bfloat16):
+            layer = make(good)
+            assert all(p.dtype == (good or torch.float32) for p in layer.parameters()), name

@@ -700,3 +700,17 @@ def test_sampling_params_take_numpy_integers_as_ints():
                          (dict(logprobs=np.bool_(True)), r"logprobs must be None or a whole number in \[0, 20\]")):
         with pytest.raises(ValueError, match=message):
             SamplingParams(**bad)
+
+
+def test_engine_takes_an_autocast_dtype_only():
+    """Engine(dtype='bfloat16') failed inside torch, and Engine(dtype=torch.int64) only warned that
+    autocast was disabled (apifuzz19 #21): the dtype is autocast's, float32, bfloat16 or float16, or None."""
+    model = tiny_model().train()
+    for bad, hint in (("bfloat16", " (pass torch.bfloat16, not its name)"), (torch.int64, ""), (torch.float64, ""),
+                      ("float64", ""), (16, "")):
+        with pytest.raises(ValueError) as e:
+            Engine(model, max_batch=2, dtype=bad)
+        assert str(e.value) == ("dtype must be one of torch.float32, torch.bfloat16, torch.float16 or None, "
+                                f"got dtype={bad!r}{hint}")
+        assert model.training  # refused before the engine took the model
+    assert Engine(model, max_batch=2, dtype=torch.bfloat16).dtype == torch.bfloat16

@@ -850,3 +850,19 @@ def test_vocab_ids_may_be_numpy_integers_but_not_bools():
     for bad in ({True: b"ab", **{i + 1: b for i, b in vocab.items()}}, {**vocab, 300.0: b"ab"}):
         with pytest.raises(ValueError, match=r"^vocab: ids must be integers in \[0, 1114111\], got (True|300\.0)$"):
             Tokenizer(bad, [])
+
+
+def test_save_tokenizer_dir_names_a_file_in_the_way(tmp_path):
+    """save_tokenizer_dir(tok, existing_file) raised a raw FileExistsError, and a file as a parent a
+    NotADirectoryError (apifuzz19 #21): a one-line ValueError naming the path, with nothing written."""
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [])
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ValueError, match=rf"^directory: {re.escape(repr(str(tmp_path / 'file')))} is not a directory$"):
+        save_tokenizer_dir(tok, tmp_path / "file")
+    with pytest.raises(ValueError, match=rf"^directory: {re.escape(repr(str(tmp_path / 'file')))} is not a directory "
+                                         rf"\(saving to {re.escape(repr(str(tmp_path / 'file' / 'tok')))}\)$"):
+        save_tokenizer_dir(tok, tmp_path / "file" / "tok")
+    assert (tmp_path / "file").read_text() == "not a folder"
+    assert save_tokenizer_dir(tok, tmp_path / "new" / "tok") == tmp_path / "new" / "tok"
+    assert load_tokenizer_dir(tmp_path / "new" / "tok").vocab == tok.vocab
+    assert save_tokenizer_dir(tok, tmp_path / "new" / "tok") == tmp_path / "new" / "tok"  # an existing folder

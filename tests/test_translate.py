@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -265,6 +266,37 @@ def test_translate_accepts_beam_search_options_at_beam_1():
         translate(model, SOURCES, beam_size=1, alpha=float("nan"))
     with pytest.raises(ValueError, match="stopping must be one of"):
         translate(model, SOURCES, beam_size=1, stopping="soon")
+
+
+
+def test_translate_names_an_option_that_the_chosen_decoder_does_not_take():
+    """translate(beam_size=2, temperature=1.0) raised "beam_search() got an unexpected keyword argument
+    'temperature'" (apifuzz19 #21): sampling is greedy decoding's, so the conflict is now said, naming the
+    option; beam_search(alpha='0.6') raised math.isfinite's "must be real number, not str", and a callback
+    that cannot be called failed only once called."""
+    model = _model()
+    for name, value in (("temperature", 1.0), ("top_p", 0.9), ("top_k", 5), ("use_cache", False),
+                        ("on_token", print), ("temperature", 0.0)):
+        with pytest.raises(ValueError, match=rf"^{name} applies to beam_size=1 only \(greedy or sampled decoding\), "
+                                             rf"got {name}={re.escape(repr(value))} with beam_size=2$"):
+            translate(model, SOURCES, beam_size=2, **{name: value})
+    with pytest.raises(ValueError, match=r"^generator applies to beam_size=1 only"):
+        translate(model, SOURCES, beam_size=3, generator=torch.Generator())
+    with pytest.raises(ValueError, match=r"^on_sentence applies to beam_size > 1 only \(beam search\), "
+                                         r"got on_sentence=<built-in function print> with beam_size=1$"):
+        translate(model, SOURCES, on_sentence=print)
+    greedy = greedy_decode(model, SOURCES, max_extra=12)
+    assert translate(model, SOURCES, beam_size=1, temperature=0.0, top_k=5, max_extra=12) == greedy
+    decided = {}
+    beams = translate(model, SOURCES, beam_size=2, max_extra=12, on_sentence=decided.__setitem__)
+    assert beams == beam_search(model, SOURCES, beam_size=2, max_extra=12) == [decided[i] for i in range(3)]
+    for alpha in ("0.6", None, True):
+        with pytest.raises(ValueError, match=rf"^alpha must be a finite number >= 0, got {re.escape(repr(alpha))}$"):
+            beam_search(model, SOURCES, alpha=alpha)
+        with pytest.raises(ValueError, match=r"^alpha must be a finite number >= 0"):
+            translate(model, SOURCES, beam_size=1, alpha=alpha)
+    with pytest.raises(ValueError, match=r"^on_sentence must be a callable or None, got on_sentence=5$"):
+        beam_search(model, SOURCES, on_sentence=5)
 
 
 # -- the command line ------------------------------------------------------------------------------

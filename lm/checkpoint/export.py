@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -27,6 +28,12 @@ def export_safetensors(
     """
     from safetensors.torch import save
 
+    if metadata is not None:
+        if not isinstance(metadata, Mapping):  # 'x' had failed in dict(): "dictionary update sequence element"
+            raise ValueError(f"metadata must be None or a dict of str to str, got metadata={metadata!r}")
+        bad = next(((k, v) for k, v in metadata.items() if not (isinstance(k, str) and isinstance(v, str))), None)
+        if bad is not None:  # before the tensors are copied, not in safetensors' save
+            raise ValueError(f"metadata must be a dict of str to str, got metadata[{bad[0]!r}]={bad[1]!r}")
     meta = dict(metadata or {})
     if isinstance(model, nn.Module):
         inner = unwrap(model)

@@ -40,12 +40,21 @@ def _check_tokens(dataset, name: str = "dataset") -> None:
         raise ValueError(f"{name}: token ids must be integers, got dtype {dtype}")
 
 
+def check_numpy_generator(generator: object) -> None:
+    """``generator`` is None or a ``numpy.random.Generator`` (``np.random.default_rng(seed)``): a
+    ``torch.Generator`` had failed with "no attribute 'integers'"."""
+    if generator is not None and not isinstance(generator, np.random.Generator):
+        raise ValueError(f"generator must be a NumPy Generator (np.random.default_rng(seed)) or None, "
+                         f"got generator={generator!r}")
+
+
 def random_starts(
     num_tokens: int, batch_size: int, context_length: int, generator: np.random.Generator | None = None
 ) -> np.ndarray:
     """``batch_size`` uniform start positions such that ``context_length + 1`` ids fit after each."""
     check_size("batch_size", batch_size)
     check_size("context_length", context_length)
+    check_numpy_generator(generator)
     if num_tokens <= context_length:
         raise ValueError(f"the token array has {num_tokens} ids; it needs more than context_length={context_length}")
     high = num_tokens - context_length  # exclusive: the last start still has its target

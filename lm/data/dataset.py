@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from lm.checks import check_flag, check_seed, check_size, is_count
-from lm.data.batch import windows_to_xy
+from lm.data.batch import check_numpy_generator, windows_to_xy
 from lm.data.token_file import bytes_per_token, max_token_id, read_token_file
 
 
@@ -36,6 +36,8 @@ class TokenDataset:
     ):
         check_size("context_length", context_length)
         check_size("world_size", world_size)
+        if vocab_size is not None:
+            check_size("vocab_size", vocab_size)  # '100' had failed with "'>' not supported", 0 as a smaller vocabulary
         check_flag("check_ids", check_ids)  # a string is truthy: check_ids="no" had checked
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
@@ -79,6 +81,7 @@ class TokenDataset:
     def global_starts(self, batch_size: int, generator: np.random.Generator | None = None) -> np.ndarray:
         """Start positions of one global batch (every rank's rows) from ``generator``."""
         check_size("batch_size", batch_size)
+        check_numpy_generator(generator)
         gen = self.generator if generator is None else generator
         high = len(self.tokens) - self.context_length
         return gen.integers(0, high, size=batch_size * self.world_size)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from lm.checks import check_flag
+from lm.checks import check_callback, check_flag
 from lm.generate.sampling import (
     NonFiniteLogitsError,
     as_integer,
@@ -152,6 +152,7 @@ def generate(
     check_sampling_args(temperature, top_p, top_k)
     check_flag("compile", compile)  # a string is truthy: compile="no" had compiled
     check_generator(generator)
+    check_callback("on_token", on_token)  # not only when the first token is chosen
     temperature, top_p, top_k = float(temperature), float(top_p), None if top_k is None else operator.index(top_k)
     if as_integer(max_new_tokens) is None or max_new_tokens < 0:
         raise ValueError(

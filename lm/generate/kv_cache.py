@@ -13,6 +13,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lm.checks import check_size
+
 
 class KVCache:
     """Keys and values of ``num_layers`` layers, each ``(batch, heads, max_len, head_dim)``."""
@@ -30,6 +32,8 @@ class KVCache:
         dtype=torch.float32,
     ):
         shape = (num_layers, batch_size, num_heads, max_len, head_dim)
+        for name, size in zip(("num_layers", "batch_size", "num_heads", "max_len", "head_dim"), shape):
+            check_size(name, size)  # -1 or 2.0 had failed inside torch.zeros
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len

@@ -25,9 +25,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lm.checks import check_flag
+from lm.checks import check_callback, check_flag
 from lm.generate.kv_cache import KVCache
-from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, check_vocab_limit, next_token_and_finite
+from lm.generate.sampling import (
+    NonFiniteLogitsError,
+    _real,
+    check_sampling_args,
+    check_vocab_limit,
+    next_token_and_finite,
+)
 from lm.nn.choices import check_choice
 
 
@@ -175,7 +181,7 @@ def check_alpha(alpha: float) -> None:
     """The length penalty's exponent is a finite number in [0, :data:`MAX_ALPHA`]: ``((5 + L) / 6) **
     alpha`` overflows a float for larger ones on long targets (alpha 300 at 63 tokens), which was a
     traceback mid-search."""
-    if not math.isfinite(alpha) or alpha < 0:
+    if not _real(alpha) or not math.isfinite(alpha) or alpha < 0:  # '0.6' had been math.isfinite's TypeError
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     if alpha > MAX_ALPHA:
         raise ValueError(f"alpha must be at most {MAX_ALPHA:g}, got {alpha!r} (GNMT used 0.6 to 1.0; the length "
@@ -251,6 +257,7 @@ def greedy_decode(
     """
     check_sampling_args(temperature, top_p, top_k)
     check_flag("use_cache", use_cache)  # a string is truthy: use_cache="no" had used it
+    check_callback("on_token", on_token)
     cfg = model.config
     check_vocab_limit(vocab_size, cfg.vocab_size)
     src = _check(model, src_ids, max_extra)
@@ -343,6 +350,7 @@ def beam_search(
     """
     _check_beam_size(beam_size)
     _check_beam_options(alpha, stopping)
+    check_callback("on_sentence", on_sentence)
     check_vocab_limit(vocab_size, model.config.vocab_size)
     src = _check(model, src_ids, max_extra)
     banned = banned_index(model, banned_ids)
@@ -439,13 +447,26 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
     return [r if r is not None else (finished[i][0][1] if finished[i] else []) for i, r in enumerate(results)]
 
 
+# greedy_decode's options that beam search has not (it samples nothing), and beam search's that it has not
+_GREEDY_ONLY = ("temperature", "top_p", "top_k", "generator", "use_cache", "on_token")
+_BEAM_ONLY = ("on_sentence",)
+
+
 def translate(model, src_ids: Sequence[Sequence[int]], *, beam_size: int = 1, alpha: float = 0.6,
               stopping: str = "heuristic", **kwargs) -> list[list[int]]:
     """Beam search for ``beam_size`` > 1, else greedy (or sampled, with ``temperature``) decoding.
 
     ``alpha`` and ``stopping`` are beam search's; with ``beam_size=1`` they are checked and have no
-    effect (a beam of one is greedy whatever they are), so a sweep over beam sizes can keep them."""
+    effect (a beam of one is greedy whatever they are), so a sweep over beam sizes can keep them.
+    The other keyword arguments go to :func:`beam_search` or :func:`greedy_decode`; one that only
+    the other takes (``temperature``, ``top_p``, ``top_k``, ``generator``, ``use_cache`` and
+    ``on_token`` are greedy decoding's, ``on_sentence`` beam search's) is a ValueError naming it."""
     _check_beam_size(beam_size)
+    other, needs = (_GREEDY_ONLY, "beam_size=1 only (greedy or sampled decoding)") if beam_size > 1 else \
+        (_BEAM_ONLY, "beam_size > 1 only (beam search)")
+    name = next((k for k in other if k in kwargs), None)
+    if name is not None:
+        raise ValueError(f"{name} applies to {needs}, got {name}={kwargs[name]!r} with beam_size={beam_size}")
     if beam_size > 1:
         return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, stopping=stopping, **kwargs)
     _check_beam_options(alpha, stopping)

@@ -45,8 +45,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lm.checks import check_flag
-from lm.device import autocast
+from lm.checks import check_flag, check_size
+from lm.device import AUTOCAST_DTYPES, autocast, check_dtype
 from lm.generate.kv_cache import KVCache
 from lm.nn.functional import batch_invariant
 
@@ -73,6 +73,9 @@ class StaticKVCache:
 
     def __init__(self, num_layers: int, rows: int, num_heads: int, max_len: int, head_dim: int, *,
                  device=None, dtype=torch.float32):
+        for name, size in (("num_layers", num_layers), ("rows", rows), ("num_heads", num_heads), ("max_len", max_len),
+                           ("head_dim", head_dim)):
+            check_size(name, size)  # -1 or 2.0 had failed inside torch.zeros
         shape = self.tensor_shape(rows, num_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
@@ -320,7 +323,11 @@ class DecodeStep:
         architecture = getattr(model.config, "architecture", "decoder_lm")
         if architecture not in ("decoder_lm", "encoder_decoder"):
             raise ValueError(f"DecodeStep needs a decoder_lm or encoder_decoder model, got {architecture!r}")
+        check_size("rows", rows)  # 0 had been taken, and failed at the first call
         check_flag("compile", compile)
+        check_dtype("dtype", dtype, AUTOCAST_DTYPES)
+        if cache is not None and cache.rows != rows:
+            raise ValueError(f"rows: the cache holds {cache.rows} rows, got rows={rows!r}")
         if share is not None and not (compile and share.compiled and share.model is model and share.dtype == dtype):
             raise ValueError("share: needs a compiled DecodeStep of the same model and dtype, and compile=True")
         seq2seq = architecture == "encoder_decoder"
@@ -379,6 +386,9 @@ class DecodeStep:
         step attends over the span that holds the longest row (:attr:`bucketed`), or with
         ``full_span`` (and without :attr:`bucketed`) over the whole cache.
         """
+        n = ids.numel() if isinstance(ids, Tensor) else len(ids)  # a size, not a read from the device
+        if n != self.rows:  # before the cache is touched (set_lengths checks lengths the same way)
+            raise ValueError(f"ids: need {self.rows} token ids (one per row), got {n}")
         self.cache.set_lengths(list(lengths), bucketed=self.bucketed and not full_span)
         if self.compiled:
             for t in self.cache.spans():  # one compiled graph for every span, not one each

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lm.device import check_dtype
 from lm.model.config import ModelConfig
 from lm.model.seq2seq import EncoderDecoder, Seq2SeqConfig
 from lm.model.transformer import TransformerLM, sinusoidal_table
@@ -31,6 +32,7 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig | Seq2SeqConfig:
 
 def build_model(config: ModelConfig | Seq2SeqConfig, device=None, dtype=None):
     """The model of ``config``, by its architecture."""
+    check_dtype("dtype", dtype)
     return ARCHITECTURES[config.architecture][1].from_config(config, device=device, dtype=dtype)
 
 

@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lm.device import check_dtype
 from lm.model.config import ConfigIO, check_architecture
 from lm.model.transformer import check_index_dtype, check_range, sinusoidal_table
 from lm.nn import (
@@ -128,6 +129,7 @@ class EncoderDecoder(torch.nn.Module):
 
     def __init__(self, config: Seq2SeqConfig, device=None, dtype=None):
         super().__init__()
+        check_dtype("dtype", dtype)
         self.config = cfg = config
         # As TransformerLM's: encode and decode check their ids against the vocabulary (two reads
         # from the device each) unless the trainer turned it off or the caller is in trusted_ids().

@@ -9,6 +9,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lm.device import check_dtype
 from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
 from lm.nn.block import make_norm
@@ -74,6 +75,7 @@ class TransformerLM(torch.nn.Module):
     ):
         super().__init__()
         cfg = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **variant)
+        check_dtype("dtype", dtype)
         self.config = cfg
         # Every forward checks that the ids are in the vocabulary (and given token_positions in the
         # context; loss, its targets too), which reads two numbers back from the device; callers

@@ -18,6 +18,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.checks import check_size
+from lm.device import check_dtype
 from lm.nn.choices import check_choice
 from lm.nn.functional import scaled_dot_product_attention
 from lm.nn.linear import Linear
@@ -77,6 +78,7 @@ class MultiHeadAttention(torch.nn.Module):
         if d_model % num_heads != 0:
             raise ValueError(f"d_model must be divisible by num_heads, got d_model={d_model}, num_heads={num_heads}")
         check_choice("attn_impl", attn_impl, ATTN_IMPLS)
+        check_dtype("dtype", dtype)
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
         if rope is not None and rope.d_k != self.head_dim:
             raise ValueError(f"rope.d_k must equal the head dimension {self.head_dim}, got {rope.d_k}")

@@ -7,6 +7,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.checks import check_dropout
+from lm.device import check_dtype
 from lm.nn.attention import DEFAULT_ATTN_IMPL, CrossKVCache, LayerKVCache, MultiHeadAttention
 from lm.nn.choices import check_choice
 from lm.nn.ffn import make_ffn
@@ -58,6 +59,7 @@ class TransformerBlock(torch.nn.Module):
     ):
         super().__init__()
         check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
+        check_dtype("dtype", dtype)
         # num_heads < 1 (or not dividing d_model) is left to MultiHeadAttention's ValueError: here it
         # would divide by zero.
         if rope is None and theta is not None and num_heads >= 1 and d_model % num_heads == 0:
@@ -119,6 +121,7 @@ class DecoderBlock(torch.nn.Module):
     ):
         super().__init__()
         check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
+        check_dtype("dtype", dtype)
         self.pre_norm = norm_placement == "pre"
         self.ln1 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.self_attn = MultiHeadAttention(d_model, num_heads, rope, device=device, dtype=dtype,

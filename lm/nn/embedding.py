@@ -15,6 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.checks import check_size
+from lm.device import check_dtype
 from lm.nn.functional import check_integer_dtype, index_rows
 
 
@@ -26,6 +27,7 @@ class Embedding(torch.nn.Module):
         super().__init__()
         check_size("num_embeddings", num_embeddings)
         check_size("embedding_dim", embedding_dim)
+        check_dtype("dtype", dtype)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = torch.nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
         self.reset_parameters()

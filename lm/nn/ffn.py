@@ -9,6 +9,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lm.checks import check_size, is_count
+from lm.device import check_dtype
 from lm.nn.choices import check_choice
 from lm.nn.functional import gelu, relu, silu
 from lm.nn.linear import Linear
@@ -39,6 +40,7 @@ class SwiGLU(torch.nn.Module):
         super().__init__()
         check_size("d_model", d_model)
         check_size("d_ff", d_ff)
+        check_dtype("dtype", dtype)
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
         self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
         self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
@@ -56,6 +58,7 @@ class MLP(torch.nn.Module):
         super().__init__()
         check_size("d_model", d_model)
         check_size("d_ff", d_ff)
+        check_dtype("dtype", dtype)
         check_choice("activation", activation, self._ACTIVATIONS)
         self.activation = activation
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)

@@ -9,6 +9,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lm.checks import check_size
+from lm.device import check_dtype
 from lm.nn.functional import linear
 
 
@@ -19,6 +20,7 @@ class Linear(torch.nn.Module):
         super().__init__()
         check_size("in_features", in_features)
         check_size("out_features", out_features)
+        check_dtype("dtype", dtype)
         self.in_features, self.out_features = in_features, out_features
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.reset_parameters()

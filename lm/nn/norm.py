@@ -8,6 +8,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lm.checks import check_positive, check_size
+from lm.device import check_dtype
 
 
 class RMSNorm(torch.nn.Module):
@@ -17,6 +18,7 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         check_size("d_model", d_model)
         check_positive("eps", eps)
+        check_dtype("dtype", dtype)
         self.d_model, self.eps = d_model, eps
         self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
@@ -37,6 +39,7 @@ class LayerNorm(torch.nn.Module):
         super().__init__()
         check_size("d_model", d_model)
         check_positive("eps", eps)
+        check_dtype("dtype", dtype)
         self.d_model, self.eps = d_model, eps
         self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
         self.bias = torch.nn.Parameter(torch.zeros(d_model, device=device, dtype=dtype))

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from lm.checks import check_flag, is_count
-from lm.device import autocast
+from lm.device import AUTOCAST_DTYPES, autocast, check_dtype
 from lm.generate.engine import _token_ids
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import (
@@ -277,6 +277,7 @@ class Engine:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         check_eos_id(eos_id, model.config.vocab_size)
         check_flag("compile", compile)  # a string is truthy: compile="no" had compiled every step
+        check_dtype("dtype", dtype, AUTOCAST_DTYPES)  # torch.int64 had only warned that autocast was off
         self.model = model.eval()
         self.max_batch, self.max_queue = max_batch, max_queue
         self.eos_id = None if eos_id is None else operator.index(eos_id)

@@ -321,6 +321,10 @@ def save_tokenizer_dir(tokenizer: Tokenizer, directory: str | os.PathLike, *, hf
     """Write ``DIR/vocab.json``, ``DIR/merges.txt`` and ``DIR/tokenizer_config.json`` (the special
     tokens), plus ``DIR/tokenizer.json`` for Hugging Face when ``hf``; :func:`load_tokenizer_dir` reads it."""
     d = Path(directory)
+    blocked = next((p for p in (d, *d.parents) if os.path.lexists(p) and not p.is_dir()), None)
+    if blocked is not None:  # mkdir's FileExistsError (or NotADirectoryError, for a parent) had come raw
+        raise ValueError(f"directory: {str(blocked)!r} is not a directory"
+                         + ("" if blocked == d else f" (saving to {str(d)!r})"))
     hf_doc = hf_json(tokenizer) if hf else None  # may refuse a special token: before anything is written
     d.mkdir(parents=True, exist_ok=True)
     tokenizer.save(d / "vocab.json", d / "merges.txt")
