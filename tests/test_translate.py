@@ -590,7 +590,8 @@ print(decoding_bytes(model, [len(s) for s in src], beam, max_extra=8), status("V
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
-@pytest.mark.parametrize("vocab, layers, beam, n", [(1000, 2, 2000, 5), (8000, 1, 200, 8), (1000, 2, 1, 6000)])
+# (beam 300, not 200, for the wide vocabulary: at 200 the peak measured 200-221 MB, one CI run under 200 MB)
+@pytest.mark.parametrize("vocab, layers, beam, n", [(1000, 2, 2000, 5), (8000, 1, 300, 8), (1000, 2, 1, 6000)])
 def test_decoding_bytes_is_not_below_the_memory_decoding_takes(vocab, layers, beam, n):
     """The count was of the first step only, about half the real peak (clifuzz9 #1): a beam whose
     count lay between half the free memory and all of it passed the check and was killed by the OS
