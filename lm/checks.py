@@ -27,10 +27,22 @@ def check_size(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
 
 
+def as_real(value: object) -> float | None:
+    """``value`` as a float if it is a real number (numpy's too) or a one-element real tensor (torch's
+    optimizers take a tensor ``lr``); None for anything else, a bool included (``True`` is no rate)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "is_floating_point", False) and value.numel() == 1:  # a torch tensor: read once
+        return float(value.item())
+    return None
+
+
 def check_positive(name: str, value: object) -> None:
     """Raise ``ValueError("{name} must be a positive finite number, got {name}={value!r}")`` unless
-    ``value`` is a real number in (0, inf)."""
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf):
+    ``value`` is a real number in (0, inf) (:func:`as_real`: a one-element tensor too)."""
+    real = as_real(value)
+    if real is None or not 0 < real < math.inf:
         raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
 
 

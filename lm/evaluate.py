@@ -20,14 +20,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import numbers
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from lm.checks import check_positive, check_size, is_count
+from lm.checks import as_real, check_positive, check_size, is_count
 from lm.data.batch import _check_tokens
 
 __all__ = ["bits_per_byte", "bleu_chrf", "collate_pairs", "evaluate_pairs", "evaluate_tokens", "perplexity",
@@ -37,14 +37,15 @@ __all__ = ["bits_per_byte", "bleu_chrf", "collate_pairs", "evaluate_pairs", "eva
 def _check_loss(loss: float) -> None:
     """A mean cross-entropy: a number >= 0 (inf an overflowed one, NaN a diverged one: both passed
     on as they are); a negative one is no cross-entropy (``perplexity(-1.0)`` had been 0.37)."""
-    if not (isinstance(loss, numbers.Real) and not isinstance(loss, bool) and not loss < 0):
+    real = as_real(loss)
+    if real is None or real < 0:
         raise ValueError(f"loss must be a number >= 0 (a mean cross-entropy), got loss={loss!r}")
 
 
 def perplexity(loss: float) -> float:
     """``exp(loss)`` of a mean loss in nats per token (capped where ``exp`` would overflow)."""
     _check_loss(loss)
-    return math.exp(min(loss, 700.0))
+    return math.exp(min(as_real(loss), 700.0))
 
 
 def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
@@ -54,7 +55,7 @@ def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
     if bytes_per_token is None or bytes_per_token == 0:  # no byte count (a file of no text: none either)
         return None
     check_positive("bytes_per_token", bytes_per_token)
-    return loss / math.log(2) / bytes_per_token
+    return as_real(loss) / math.log(2) / as_real(bytes_per_token)
 
 
 def token_byte_lengths(tokenizer) -> np.ndarray:
@@ -90,7 +91,7 @@ def evaluate_tokens(
     if bytes_per_token is not None and token_bytes is not None:
         raise ValueError("bytes_per_token: give it or token_bytes, not both")
     _check_tokens(tokens, "tokens")  # a float id had been truncated, a 2-D array scored as a batch of rows
-    if bytes_per_token is not None:
+    if bytes_per_token is not None and bytes_per_token != 0:  # 0: no byte count, as bits_per_byte takes it
         check_positive("bytes_per_token", bytes_per_token)
     lengths = None if token_bytes is None else _byte_lengths(token_bytes)
     check_size("batch_size", batch_size)
@@ -291,9 +292,11 @@ def bleu_chrf(hypotheses: list[str], references: list[str]) -> dict[str, float |
     import sacrebleu
 
     for name, texts in (("hypotheses", hypotheses), ("references", references)):
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise ValueError(f"{name} must be a list of strings (one sentence each), got "
-                             f"{type(texts).__name__ if isinstance(texts, str) else 'a list holding non-strings'}")
+        if not isinstance(texts, Sequence) or isinstance(texts, str):
+            raise ValueError(f"{name} must be a list of strings (one sentence each), got {type(texts).__name__}")
+        if not all(isinstance(t, str) for t in texts):
+            bad = next(t for t in texts if not isinstance(t, str))
+            raise ValueError(f"{name} must be a list of strings (one sentence each), got one holding {bad!r}")
     if len(hypotheses) != len(references):
         raise ValueError(f"hypotheses and references: {len(hypotheses)} hypotheses but {len(references)} "
                          "references; each hypothesis needs its reference")

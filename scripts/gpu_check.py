@@ -471,33 +471,34 @@ def part_training(report: Report, device: torch.device, work: Path, seconds: flo
                f"train {last['loss']:.3f}); {compile_s}{wall:.0f} s in all{per_step}")
 
 
-def part_determinism(report: Report, device: torch.device, work: Path, cpu: bool) -> None:
+def part_determinism(report: Report, device: torch.device, work: Path, cpu: bool, left: float) -> None:
     """``train.deterministic`` (the default) on this device: two runs of the same config take the
     same steps bit for bit, and a third resumed from the first one's middle checkpoint ends with
     its weights (issue 10; on CUDA: torch's deterministic algorithms and CUBLAS_WORKSPACE_CONFIG).
-    Eager, so that the three runs cost seconds, not three compilations."""
+    Each run is ``lm train`` in a process of its own, as a user starts one: cuBLAS reads its
+    workspace setting when a process first uses it, and deterministic mode, once on, stays on for
+    the rest of a process (the later parts of this one measure what ``lm serve`` runs). Eager, so
+    that the three runs cost seconds, not three compilations."""
     from lm.checkpoint.io import read_checkpoint
-    from lm.train import Trainer, load_config, read_metrics
+    from lm.train import read_metrics
 
     steps, every = 24, 8
     sets = [f"train.max_steps={steps}", "train.max_time=none", f"optim.cosine_cycle_iters={steps}",
             "train.deterministic=true", "train.compile=false", f"checkpoint.interval={every}",
             "checkpoint.keep_last=0", f"eval.interval={every}", "log.interval=1"]
+    config = REPO / "configs" / "tinystories-17m.toml"
+    t0 = time.perf_counter()
 
-    def run(name: str, resume=False) -> tuple[dict[int, float], dict]:
-        cfg = load_config(REPO / "configs" / "tinystories-17m.toml",
-                          [*train_overrides(work, name, device, 60.0, cpu), *sets])
-        status = Trainer(cfg, resume=resume, print_fn=lambda *a: None, quiet=True).run()
-        if status != 0:
-            raise RuntimeError(f"run {name} exited {status}")
+    def run(name: str, *resume: str) -> tuple[dict[int, float], dict]:
+        overrides = [x for item in [*train_overrides(work, name, device, 60.0, cpu), *sets] for x in ("--set", item)]
+        lm("train", "--config", config, *overrides, *resume, timeout=max(left - (time.perf_counter() - t0), 1))
         losses = {r["step"]: r["loss"] for r in read_metrics(work / name) if r["split"] == "train"}
         return losses, read_checkpoint(work / name / "checkpoints" / f"step_{steps:08d}.pt")
 
-    t0 = time.perf_counter()
     first, a = run("det_a")
     second, b = run("det_b")
     middle = work / "det_a" / "checkpoints" / f"step_{steps // 2 // every * every:08d}.pt"
-    resumed, c = run("det_c", resume=middle)
+    resumed, c = run("det_c", "--resume", str(middle))
 
     def differ(x: dict, y: dict) -> list[str]:
         names = [k for k in x["model"] if not torch.equal(x["model"][k], y["model"][k])]
@@ -513,8 +514,8 @@ def part_determinism(report: Report, device: torch.device, work: Path, cpu: bool
     dtype = "bfloat16 autocast" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     report.add(f"deterministic training: 2 runs of {steps} steps and one resumed at step {int(middle.stem[5:])}",
                same_losses and same_resumed and not ab and not ac,
-               f"{dtype}, eager; losses equal: {same_losses} (last {first.get(steps, float('nan')):.6f} vs "
-               f"{second.get(steps, float('nan')):.6f}), resumed run's losses equal: {same_resumed}; weights and "
+               f"{dtype}, eager, a process each; losses equal: {same_losses} (last {first.get(steps, float('nan')):.6f}"
+               f" vs {second.get(steps, float('nan')):.6f}), resumed run's losses equal: {same_resumed}; weights and "
                f"AdamW moments at step {steps}: " + ("equal in all three" if not ab and not ac else
                                                     f"differ: {(ab + ac)[:3]}") + f"; {time.perf_counter() - t0:.0f} s")
 
@@ -642,8 +643,9 @@ def main(argv: list[str] | None = None) -> int:
             guarded(report, "training", lambda: part_training(report, device, work, train_seconds, cpu),
                     needs=train_seconds + overhead)
         if data and "determinism" in parts:
-            guarded(report, "deterministic training", lambda: part_determinism(report, device, work, cpu),
-                    needs=determinism_share)
+            guarded(report, "deterministic training",
+                    lambda: part_determinism(report, device, work, cpu, report.left() - tests_share
+                                             - translation_share - ddp_share), needs=determinism_share)
         if "tests" in parts:
             guarded(report, "tests", lambda: part_tests(report, device, reserve=translation_share + ddp_share),
                     needs=overhead)

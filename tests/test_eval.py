@@ -619,3 +619,22 @@ def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
     assert bleu_chrf(["the cat sat on the mat"], ["the cat sat on the mat"])["bleu"] == pytest.approx(100)
     batch = collate_pairs([[5, 6], np.array([3])], [torch.tensor([7]), [8, 9]], pad_id=0, bos_id=1, eos_id=2)
     assert batch.src.tolist() == [[5, 6, 2], [3, 2, 0]] and batch.tgt_in.tolist() == [[1, 7, 0], [1, 8, 9]]
+
+
+def test_the_new_checks_keep_what_was_right_before():
+    """review19: a tensor loss (perplexity, bits_per_byte) and bytes_per_token=0 (no byte count, as
+    bits_per_byte takes it) had worked; an empty token list was "needs at least 2 tokens", not "must be
+    integers, got dtype float64"; bleu_chrf(None, ...) was a TypeError from inside."""
+    from lm.evaluate import bits_per_byte, bleu_chrf, perplexity
+    from lm.model import TransformerLM
+
+    assert perplexity(torch.tensor(1.0)) == pytest.approx(math.e)
+    assert bits_per_byte(torch.tensor(1.0), 4.0) == pytest.approx(1 / math.log(2) / 4)
+    model = TransformerLM(100, 16, 16, 1, 2, 32).eval()
+    assert evaluate_tokens(model, np.arange(50), bytes_per_token=0)["bits_per_byte"] is None
+    with pytest.raises(ValueError, match=r"^data: needs at least 2 tokens to predict one, got 0$"):
+        evaluate_tokens(model, [])
+    for hypotheses, message in ((None, "got NoneType"), (["a", 5], "got one holding 5")):
+        with pytest.raises(ValueError, match=rf"^hypotheses must be a list of strings \(one sentence each\), "
+                                             rf"{message}$"):
+            bleu_chrf(hypotheses, ["a", "b"])

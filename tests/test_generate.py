@@ -908,3 +908,16 @@ def test_decode_step_takes_an_autocast_dtype_only():
     with pytest.raises(ValueError, match=r"got dtype=torch.int64$"):
         DecodeStep(model, 2, dtype=torch.int64)
     assert DecodeStep(model, 2, dtype=torch.bfloat16)([1, 2], [0, 0]).shape == (2, SMALL["vocab_size"])
+
+
+def test_top_p_filter_takes_a_top_p_for_each_row():
+    """review19: a per-row tensor top_p had worked, and the checks added for apifuzz19 refused it in a
+    message of two lines; each value must be in (0, 1]."""
+    probs = torch.softmax(torch.randn(2, 10, generator=torch.Generator().manual_seed(0)), -1)
+    kept = top_p_filter(probs, torch.tensor([[0.9], [0.5]]))
+    assert torch.equal(kept[0], top_p_filter(probs[:1], 0.9)[0])
+    assert torch.equal(kept[1], top_p_filter(probs[1:], 0.5)[0])
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got a tensor of top_p values of dtype "
+                                         r"torch\.float32 with some outside it: \[0\.5, 1\.5\]$"):
+        top_p_filter(probs, torch.tensor([[0.5], [1.5]]))
+    assert torch.equal(top_p_filter(probs, torch.tensor(0.9)), top_p_filter(probs, 0.9))

@@ -576,3 +576,18 @@ def test_clip_and_adamw_refuse_hyperparameters_that_train_wrongly():
     assert len(opt.param_groups) == 2 and opt.param_groups[1]["lr"] == 0.1
     assert [g["betas"] for g in opt.param_groups] == [(0.9, 0.95)] * 2
     assert clip_grad_norm_([p], 1.0) == pytest.approx(5.0) and p.grad.tolist() == pytest.approx([0.6, 0.8])
+
+
+def test_one_element_tensors_are_numbers_to_the_checks():
+    """torch's AdamW takes a tensor lr, and ours did, as clip_grad_norm_ a tensor limit; the checks
+    added for apifuzz19 refused them as "must be a finite number >= 0, got lr=tensor(0.0100)" (review19)."""
+    p = torch.nn.Parameter(torch.ones(3))
+    q = torch.nn.Parameter(torch.ones(3))
+    p.grad, q.grad = torch.full((3,), 10.0), torch.full((3,), 10.0)
+    AdamW([p], lr=torch.tensor(1e-2), betas=(torch.tensor(0.9), 0.999)).step()
+    AdamW([q], lr=1e-2).step()
+    assert torch.equal(p, q)
+    assert clip_grad_norm_([p], torch.tensor(1.0)) == pytest.approx(3 ** 0.5 * 10)
+    assert p.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+    with pytest.raises(ValueError, match=r"^lr must be a finite number >= 0, got lr=tensor\(-1\.\)$"):
+        AdamW([p], lr=torch.tensor(-1.0))

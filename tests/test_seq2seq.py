@@ -408,3 +408,18 @@ def test_the_readmes_encoder_decoder_snippet_runs_as_written():
     assert names["memory"].shape == (*batch.src.shape, model.config.d_model)
     assert names["hidden"].shape == (*batch.tgt_in.shape, model.config.d_model)
     assert names["loss"].ndim == 0 and 0 < float(names["loss"]) < 2 * math.log(8000)  # dropout on: train mode
+
+
+def test_decoders_take_iterables_of_ids_and_numpy_counts():
+    """review19: a source given as any iterable of ids (a map, an iterator) had worked before the
+    sources were checked, and beam_size/max_extra refused numpy's integers that generate() takes."""
+    import numpy as np
+
+    from lm.generate import beam_search, greedy_decode, translate
+
+    model = build_model(_config()).eval()
+    want = greedy_decode(model, [[5, 6, 7]], max_extra=2)
+    assert greedy_decode(model, [iter([5, 6, 7])], max_extra=np.int64(2)) == want
+    assert beam_search(model, [map(int, "567")], beam_size=np.int64(2), max_extra=2) == \
+        beam_search(model, [[5, 6, 7]], beam_size=2, max_extra=2)
+    assert translate(model, [(5, 6, 7)], beam_size=np.int32(1), max_extra=2) == want

@@ -714,3 +714,16 @@ def test_engine_takes_an_autocast_dtype_only():
                                 f"got dtype={bad!r}{hint}")
         assert model.training  # refused before the engine took the model
     assert Engine(model, max_batch=2, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_request_callbacks_and_engine_sizes_are_checked_when_given():
+    """review19: `Request(..., on_token=5)` was taken and failed every request of the engine's next step;
+    Engine(max_batch=np.int64(2)) and numpy step sizes were refused while SamplingParams took numpy ints."""
+    import numpy as np
+
+    for name in ("on_token", "on_finish"):
+        with pytest.raises(ValueError, match=rf"^{name} must be a callable or None, got {name}=5$"):
+            Request([1, 2], SamplingParams(max_tokens=2), **{name: 5})
+    engine = Engine(tiny_model(), max_batch=np.int64(4), max_queue=np.int64(8), step_sizes=[np.int64(4)])
+    assert (engine.max_batch, engine.max_queue, engine.step_sizes) == (4, 8, [4])
+    assert type(engine.max_batch) is int

@@ -33,6 +33,8 @@ def _check_tokens(dataset, name: str = "dataset") -> None:
     ndim = dataset.ndim if hasattr(dataset, "ndim") else np.ndim(dataset)
     if ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of token ids, got {ndim} dimensions")
+    if len(dataset) == 0:  # no ids, of no type (an empty list is a float64 array): the caller's "too short"
+        return
     dtype = dataset.dtype if hasattr(dataset, "dtype") else np.asarray(dataset).dtype
     integer = (not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
                if isinstance(dtype, torch.dtype) else np.issubdtype(dtype, np.integer))

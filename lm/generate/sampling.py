@@ -10,6 +10,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lm.checks import as_real
 from lm.nn import softmax
 
 # Below this temperature sampling is greedy, as in vLLM: dividing the logits by a temperature far
@@ -44,7 +45,7 @@ def check_generator(generator) -> None:
         raise ValueError(f"generator must be a torch.Generator or None, got generator={generator!r}")
 
 
-def _real(x) -> bool:
+def _real(x) -> bool:  # (a tensor is no sampling argument: generate() and the server take numbers)
     """A real number (a Python or numpy int or float), not a bool (``True`` is not a temperature)."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -99,6 +100,16 @@ def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tenso
     """Zero every probability outside the smallest set of most likely tokens whose total
     mass is ≥ ``top_p``, and renormalise. ``top_p`` is checked as :func:`sample_next_token` checks it
     (a NaN, 0 or negative one had kept the likeliest token alone: greedy, silently)."""
+    if isinstance(top_p, Tensor) and top_p.numel() > 1:  # one per row: every one in (0, 1]
+        if top_p.dtype.is_floating_point and bool(((top_p > 0) & (top_p <= 1)).all()):
+            return _top_p_filter(probs, top_p)
+        raise ValueError(f"top_p must be in (0, 1], got a tensor of top_p values of dtype {top_p.dtype} with "
+                         f"some outside it: {top_p.flatten()[:8].tolist()}")
+    if isinstance(top_p, Tensor):  # one for all rows, as a tensor
+        real = as_real(top_p)
+        if real is None or not 0 < real <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
+        return _top_p_filter(probs, real)
     _check_top_p(top_p)
     return _top_p_filter(probs, float(top_p))
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from lm.checks import check_callback, check_flag
+from lm.checks import check_callback, check_flag, is_count
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import (
     NonFiniteLogitsError,
@@ -88,8 +88,9 @@ def check_source_length(where: str, length: int, context_length: int) -> None:
 
 def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     """The sources as lists of ints, each checked on the host (so the model need not check them)."""
-    if isinstance(max_extra, bool) or not isinstance(max_extra, int) or max_extra < 0:
+    if not is_count(max_extra):  # numpy's integers too
         raise ValueError(f"max_extra must be a non-negative integer, got max_extra={max_extra!r}")
+    max_extra = int(max_extra)
     cfg = model.config
     src = [_source_ids(s, i) for i, s in enumerate(_sources(src_ids))]
     if not src:
@@ -112,8 +113,8 @@ def _sources(src_ids) -> list:
             raise ValueError(f"src_ids must be a batch of sources (2-D), got shape {tuple(src_ids.shape)}")
         return list(src_ids)
     sources = list(src_ids)
-    for s in sources:
-        if isinstance(s, (str, bytes)) or not isinstance(s, (Sequence, Tensor, np.ndarray)):
+    for s in sources:  # any iterable of ids is a source (a map, a generator), but not an id or a text
+        if isinstance(s, (str, bytes)) or not isinstance(s, (Iterable, Tensor, np.ndarray)):
             raise ValueError(f"src_ids must be a batch of sources (a list of lists of ids), got a list holding "
                              f"{s!r}" + (" (one source? pass [ids])" if isinstance(s, numbers.Integral) else ""))
     return sources
@@ -169,9 +170,11 @@ def _never_banned(logits: Tensor, banned: Tensor, vocab_size: int | None = None)
     return logits
 
 
-def _check_beam_size(beam_size: int) -> None:
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+def _check_beam_size(beam_size: int) -> int:
+    """``beam_size`` as an int: a positive integer, numpy's too."""
+    if not is_count(beam_size, 1):
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
+    return int(beam_size)
 
 
 MAX_ALPHA = 10.0  # GNMT tuned alpha in [0.6, 1.0]; up to 10 the length penalty is finite at any context length
@@ -348,7 +351,7 @@ def beam_search(
     as soon as sentence ``i`` is decided. ``vocab_size`` (the tokenizer's size) limits the target
     to ids below it; ``banned_ids`` are never chosen (:func:`line_break_ids`).
     """
-    _check_beam_size(beam_size)
+    beam_size = _check_beam_size(beam_size)
     _check_beam_options(alpha, stopping)
     check_callback("on_sentence", on_sentence)
     check_vocab_limit(vocab_size, model.config.vocab_size)
@@ -461,7 +464,7 @@ def translate(model, src_ids: Sequence[Sequence[int]], *, beam_size: int = 1, al
     The other keyword arguments go to :func:`beam_search` or :func:`greedy_decode`; one that only
     the other takes (``temperature``, ``top_p``, ``top_k``, ``generator``, ``use_cache`` and
     ``on_token`` are greedy decoding's, ``on_sentence`` beam search's) is a ValueError naming it."""
-    _check_beam_size(beam_size)
+    beam_size = _check_beam_size(beam_size)
     other, needs = (_GREEDY_ONLY, "beam_size=1 only (greedy or sampled decoding)") if beam_size > 1 else \
         (_BEAM_ONLY, "beam_size > 1 only (beam search)")
     name = next((k for k in other if k in kwargs), None)

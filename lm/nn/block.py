@@ -58,6 +58,7 @@ class TransformerBlock(torch.nn.Module):
         causal: bool = True,
     ):
         super().__init__()
+        check_dropout(dropout)  # as ModelConfig, before any weight: 1.5 or NaN had been kept until training
         check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
         check_dtype("dtype", dtype)
         # num_heads < 1 (or not dividing d_model) is left to MultiHeadAttention's ValueError: here it
@@ -72,7 +73,6 @@ class TransformerBlock(torch.nn.Module):
                                        causal=causal)
         self.ln2 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
-        check_dropout(dropout)  # as ModelConfig: 1.5 or NaN had been kept, and failed only when training
         self.dropout = dropout
 
     def forward(
@@ -120,6 +120,7 @@ class DecoderBlock(torch.nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
+        check_dropout(dropout)  # as ModelConfig, before any weight: 1.5 or NaN had been kept until training
         check_choice("norm_placement", norm_placement, NORM_PLACEMENTS)
         check_dtype("dtype", dtype)
         self.pre_norm = norm_placement == "pre"
@@ -131,7 +132,6 @@ class DecoderBlock(torch.nn.Module):
                                              attn_impl=attn_impl, causal=False)
         self.ln3 = make_norm(norm, d_model, norm_eps, device=device, dtype=dtype)
         self.ffn = make_ffn(ffn, d_model, d_ff, device=device, dtype=dtype)
-        check_dropout(dropout)  # as ModelConfig: 1.5 or NaN had been kept, and failed only when training
         self.dropout = dropout
 
     def forward(

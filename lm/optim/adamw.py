@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from lm.checks import check_flag
+from lm.checks import as_real, check_flag
 
 _FUSED_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW kernel
 
@@ -128,8 +127,10 @@ class AdamW(torch.optim.Optimizer):
 
 
 def _number(value: Any) -> bool:
-    """A real number, finite (an infinite rate is no step): not a bool, not a string."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    """A real number, finite (an infinite rate is no step), or a one-element tensor of one (as torch's
+    AdamW takes a tensor ``lr``): not a bool, not a string."""
+    real = as_real(value)
+    return real is not None and math.isfinite(real)
 
 
 def _check_hyperparameters(group: dict[str, Any], where: str) -> None:
@@ -137,14 +138,14 @@ def _check_hyperparameters(group: dict[str, Any], where: str) -> None:
     fails every comparison, and would make every parameter NaN); ``betas``: two numbers in [0, 1)."""
     for name in ("lr", "eps", "weight_decay"):
         value = group[name]
-        if not (_number(value) and value >= 0):
+        if not (_number(value) and as_real(value) >= 0):
             raise ValueError(f"{where}{name} must be a finite number >= 0, got {name}={value!r}")
     betas = group["betas"]
     try:
         pair = tuple(betas)
     except TypeError:
         pair = ()
-    if len(pair) != 2 or not all(_number(b) and 0.0 <= b < 1.0 for b in pair):
+    if len(pair) != 2 or not all(_number(b) and 0.0 <= as_real(b) < 1.0 for b in pair):
         raise ValueError(f"{where}betas must be two numbers in [0, 1), got betas={betas!r}")
 
 
@@ -167,7 +168,7 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     ``decay_embeddings=True`` decays the embedding tables too, as nanoGPT does: on a small
     corpus read for many epochs that is a useful regulariser.
     """
-    if not (_number(weight_decay) and weight_decay >= 0):  # NaN had made every weight NaN at the first step
+    if not (_number(weight_decay) and as_real(weight_decay) >= 0):  # NaN had made every weight NaN at the first step
         raise ValueError(f"weight_decay must be a finite number >= 0, got weight_decay={weight_decay!r}")
     no_decay_ids = set()
     for module in model.modules():

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lm.checks import check_flag, is_count
+from lm.checks import check_callback, check_flag, is_count
 from lm.device import AUTOCAST_DTYPES, autocast, check_dtype
 from lm.generate.engine import _token_ids
 from lm.generate.kv_cache import KVCache
@@ -186,6 +186,8 @@ class Request:
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Iterable):
             raise ValueError(f"prompt_ids must be a list of token ids, a 1-D tensor or array, got {prompt!r}")
         self.prompt_ids = _token_ids(prompt)  # generate()'s rules: ints, numpy's and 1-D tensors' too
+        check_callback("on_token", self.on_token)  # 5 had failed every request of the engine's step
+        check_callback("on_finish", self.on_finish)
 
     def cancel(self, index: int | None = None) -> None:
         """Stop choice ``index`` (all choices when None) at the next step, as ``"cancelled"``; safe
@@ -273,8 +275,9 @@ class Engine:
             raise ValueError(f"{type(self).__name__} serves {self.architecture} models, got architecture "
                              f"{model.config.architecture!r}")
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_count(value, 1):  # numpy's integers too
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        max_batch, max_queue = int(max_batch), int(max_queue)
         check_eos_id(eos_id, model.config.vocab_size)
         check_flag("compile", compile)  # a string is truthy: compile="no" had compiled every step
         check_dtype("dtype", dtype, AUTOCAST_DTYPES)  # torch.int64 had only warned that autocast was off
@@ -311,10 +314,10 @@ class Engine:
         when ``compile``, here: the smallest size, then the others at once), then the probe that
         keeps the invariant ones."""
         sizes = default_step_sizes(self.max_batch) if step_sizes is None else step_sizes
-        bad = next((b for b in sizes if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_batch),
-                   None)
+        bad = next((b for b in sizes if not is_count(b, 1) or b > self.max_batch), None)
         if bad is not None:
             raise ValueError(f"step_sizes: each must be a whole number in [1, max_batch={self.max_batch}], got {bad!r}")
+        sizes = [int(b) for b in sizes]
         # The largest step holds every slot. If its rows are not interchangeable (a BLAS kernel
         # that computes some rows apart: on this CPU 5-7 and 9-11 rows), a wider one (idle rows
         # beyond the slots) that is takes its place, so that a row's bits never depend on its slot.
