@@ -968,3 +968,18 @@ def test_a_dtype_that_is_not_a_torch_floating_dtype_is_refused_by_name():
         for good in (None, torch.float64, torch.bfloat16):
             layer = make(good)
             assert all(p.dtype == (good or torch.float32) for p in layer.parameters()), name
+
+
+def test_norms_and_rope_refuse_integer_activations():
+    """RMSNorm(4)(an int64 tensor) computed in float32 and rounded the result back to integers: all zeros;
+    RoPE truncated its rotation the same way (apifuzz19 #25). Activations are floating-point."""
+    from lm.nn import LayerNorm, RMSNorm, RotaryEmbedding
+
+    ints = torch.ones(1, 2, 4, dtype=torch.long)
+    for name, call in (("RMSNorm", lambda x: RMSNorm(4)(x)), ("LayerNorm", lambda x: LayerNorm(4)(x)),
+                       ("RoPE", lambda x: RotaryEmbedding(10000.0, 4, 8)(x, torch.arange(2)))):
+        with pytest.raises(ValueError, match=r"^x must be a floating-point tensor \(activations\), got dtype "
+                                             r"torch\.int64$"):
+            call(ints)
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            assert call(ints.to(dtype)).dtype == dtype, (name, dtype)

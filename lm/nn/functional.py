@@ -236,6 +236,13 @@ def check_integer_dtype(name: str, t: Tensor) -> None:
         raise IntegerDtypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
 
 
+def check_float_dtype(name: str, t: Tensor) -> None:
+    """Raise a ValueError unless ``t`` holds floating-point numbers: a norm or a rotation of an
+    integer tensor computes in float32 and rounds its result back to integers (RMSNorm gave zeros)."""
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor (activations), got dtype {t.dtype}")
+
+
 def index_rows(table: Float[Tensor, "n d"], ids: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape d"]:
     """``table[ids]`` by ``index_select``, which checks the range of the ids in its kernel (on a CPU
     it raises; on a GPU it asserts) where ``table[-1]`` would read the last row: no read back to the

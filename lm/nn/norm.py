@@ -9,6 +9,7 @@ from torch import Tensor
 
 from lm.checks import check_positive, check_size
 from lm.device import check_dtype
+from lm.nn.functional import check_float_dtype
 
 
 class RMSNorm(torch.nn.Module):
@@ -23,6 +24,7 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        check_float_dtype("x", x)  # an integer x came back as zeros (apifuzz19)
         in_dtype = x.dtype
         x = x.to(torch.promote_types(in_dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
@@ -45,6 +47,7 @@ class LayerNorm(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(d_model, device=device, dtype=dtype))
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        check_float_dtype("x", x)
         in_dtype = x.dtype
         x = x.to(torch.promote_types(in_dtype, torch.float32))
         mean = x.mean(dim=-1, keepdim=True)

@@ -11,7 +11,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.checks import check_positive, check_size
-from lm.nn.functional import check_integer_dtype, index_rows
+from lm.nn.functional import check_float_dtype, check_integer_dtype, index_rows
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -53,6 +53,7 @@ class RotaryEmbedding(torch.nn.Module):
         A position outside ``[0, max_seq_len)`` raises ``index_select``'s "index out of range" (on a
         CPU; on a GPU the kernel asserts) instead of ``cos[-1]`` reading the last position's angles:
         checked in the gather, with no read back to the host."""
+        check_float_dtype("x", x)  # an integer x came back rotated and truncated (apifuzz19)
         check_integer_dtype("token_positions", token_positions)
         cos, sin = index_rows(self.cos, token_positions), index_rows(self.sin, token_positions)
         compute = torch.promote_types(torch.promote_types(x.dtype, torch.float32), cos.dtype)
