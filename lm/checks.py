@@ -46,6 +46,14 @@ def check_positive(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive finite number, got {name}={value!r}")
 
 
+def check_non_negative(name: str, value: object, where: str = "") -> None:
+    """Raise ``ValueError("{where}{name} must be a finite number >= 0, got {name}={value!r}")`` unless
+    ``value`` is one (:func:`as_real`: a one-element tensor too); NaN and inf are not."""
+    real = as_real(value)
+    if real is None or not 0 <= real < math.inf:
+        raise ValueError(f"{where}{name} must be a finite number >= 0, got {name}={value!r}")
+
+
 def check_flag(name: str, value: object, *, none_ok: bool = False) -> None:
     """Raise ``ValueError("{name} must be True or False, got {name}={value!r}")`` unless ``value`` is
     a bool (numpy's too; or None with ``none_ok``): a string is truthy, so ``compile="no"`` compiled."""
@@ -65,6 +73,12 @@ def check_seed(seed: Any, argument: str) -> int:
     if not (is_count(seed) and seed <= SEED_MAX):
         raise ValueError(f"{argument}: must be a whole number in [0, 2**64-1], got {seed!r}")
     return int(seed)
+
+
+def check_rank(rank: object, world_size: int) -> None:
+    """Raise ``ValueError("rank must be an integer in [0, world_size=N), got rank=...")`` unless it is one."""
+    if not is_count(rank) or rank >= world_size:
+        raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
 
 
 def check_callback(name: str, value: object) -> None:

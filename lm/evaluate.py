@@ -218,7 +218,6 @@ def collate_pairs(sources, targets, *, pad_id: int, bos_id: int, eos_id: int, de
     as many sources as targets, ids integers (a float had been truncated), ``pad_id``, ``bos_id`` and
     ``eos_id`` distinct ids (``>= 0``)."""
     from lm.data.pairs import PairBatch
-    from lm.generate.engine import _token_ids
 
     specials = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
     for name, value in specials.items():
@@ -232,8 +231,8 @@ def collate_pairs(sources, targets, *, pad_id: int, bos_id: int, eos_id: int, de
                          "of each")
     if not sources:
         raise ValueError("sources: no pairs to collate")
-    sources = [_ids(s, "sources", i, _token_ids) for i, s in enumerate(sources)]
-    targets = [_ids(t, "targets", i, _token_ids) for i, t in enumerate(targets)]
+    sources = [_ids(s, f"sources[{i}]") for i, s in enumerate(sources)]
+    targets = [_ids(t, f"targets[{i}]") for i, t in enumerate(targets)]
     src = [s + [eos_id] for s in sources]
     t_in = [[bos_id] + t for t in targets]
     t_out = [t + [eos_id] for t in targets]
@@ -250,14 +249,17 @@ def collate_pairs(sources, targets, *, pad_id: int, bos_id: int, eos_id: int, de
     return PairBatch(src=s, src_mask=s_mask, tgt_in=ti, tgt_out=to, tgt_mask=t_mask).to(device)
 
 
-def _ids(row, name: str, i: int, token_ids) -> list[int]:
-    """Row ``i`` of ``name`` as a list of ids, refused (naming it) unless they are integers >= 0."""
+def _ids(row, where: str) -> list[int]:
+    """A row of ids as ints (:func:`lm.generate.engine._token_ids`), refused, naming ``where``, unless
+    they are integers >= 0."""
+    from lm.generate.engine import _token_ids
+
     try:
-        ids = token_ids(row)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{name}[{i}]: {str(e).removeprefix('prompt_ids: ')}") from None
+        ids = _token_ids(row, where)
+    except TypeError as e:  # not a row of ids at all (an int)
+        raise ValueError(f"{where}: {e}") from None
     if any(t < 0 for t in ids):
-        raise ValueError(f"{name}[{i}]: token ids must be >= 0, got {min(ids)}")
+        raise ValueError(f"{where}: token ids must be >= 0, got {min(ids)}")
     return ids
 
 

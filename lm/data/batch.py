@@ -74,14 +74,28 @@ def batch_at(
     starts = np.asarray(starts)
     if starts.ndim != 1 or len(starts) == 0:
         raise ValueError(f"starts must be a non-empty 1-D array of positions, got shape {starts.shape}")
-    high = len(dataset) - context_length - 1  # the last start whose window and target fit
-    if starts.min() < 0 or starts.max() > high:
-        bad = starts.min() if starts.min() < 0 else starts.max()
-        raise ValueError(f"starts must be in [0, {high}] for windows of context_length={context_length} "
-                         f"in {len(dataset)} ids, got start {bad}")
+    starts = check_starts(starts, len(dataset), context_length)
     # One contiguous slice per row reads just the pages a window covers from a memmap.
     rows = np.stack([np.asarray(dataset[s : s + context_length + 1]) for s in starts])
     return windows_to_xy(rows, device)
+
+
+def check_starts(starts, num_tokens: int, context_length: int) -> np.ndarray:
+    """``starts`` as a 1-D integer array whose windows of ``context_length + 1`` ids fit in
+    ``num_tokens``: a float start had been truncated (1.5 read from 1), and one past the end read short."""
+    starts = np.asarray(starts)
+    if starts.ndim != 1:
+        raise ValueError(f"starts must be a 1-D array of positions, got shape {starts.shape}")
+    if starts.size == 0:
+        return starts.astype(np.int64)
+    if not np.issubdtype(starts.dtype, np.integer):
+        raise ValueError(f"starts must be integers, got dtype {starts.dtype}")
+    high = num_tokens - context_length - 1  # the last start whose window and target fit
+    lo, hi = starts.min(), starts.max()
+    if lo < 0 or hi > high:
+        raise ValueError(f"starts must be in [0, {high}] for windows of context_length={context_length} "
+                         f"in {num_tokens} ids, got start {lo if lo < 0 else hi}")
+    return starts
 
 
 def windows_to_xy(

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lm.checks import check_flag, check_seed, check_size, is_count
-from lm.data.batch import check_numpy_generator, windows_to_xy
+from lm.checks import check_flag, check_rank, check_seed, check_size, is_count
+from lm.data.batch import check_numpy_generator, check_starts, windows_to_xy
 from lm.data.token_file import bytes_per_token, max_token_id, read_token_file
 
 
@@ -39,8 +39,7 @@ class TokenDataset:
         if vocab_size is not None:
             check_size("vocab_size", vocab_size)  # '100' had failed with "'>' not supported", 0 as a smaller vocabulary
         check_flag("check_ids", check_ids)  # a string is truthy: check_ids="no" had checked
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
+        check_rank(rank, world_size)
         self.path = Path(path)
         self.tokens, self.meta = read_token_file(path)
         self.context_length = context_length
@@ -113,7 +112,7 @@ class TokenDataset:
         Every start is an integer in ``[0, len(self) - context_length - 1]`` (the last start whose
         window and target fit), as in :func:`lm.data.batch.batch_at`; else a one-line ValueError.
         """
-        starts = self._check_starts(starts)
+        starts = check_starts(starts, len(self.tokens), self.context_length)
         width = self.context_length + 1
         itemsize = self.tokens.dtype.itemsize
         out = np.empty((len(starts), width), dtype=self.tokens.dtype)
@@ -126,23 +125,6 @@ class TokenDataset:
             if os.preadv(fd, [out[i]], int(s) * itemsize) != width * itemsize:
                 raise OSError(f"short read from {str(self.path)!r}: was the file changed during training?")
         return out
-
-    def _check_starts(self, starts: Any) -> np.ndarray:
-        """``starts`` as a 1-D integer array of starts whose windows fit: a float start had been
-        truncated (1.5 read from 1), and one past the end reported as a file changed during training."""
-        starts = np.asarray(starts)
-        if starts.ndim != 1:
-            raise ValueError(f"starts must be a 1-D array of positions, got shape {starts.shape}")
-        if starts.size == 0:
-            return starts.astype(np.int64)
-        if not np.issubdtype(starts.dtype, np.integer):
-            raise ValueError(f"starts must be integers, got dtype {starts.dtype}")
-        high = len(self.tokens) - self.context_length - 1  # the last start whose window and target fit
-        if starts.min() < 0 or starts.max() > high:
-            bad = starts.min() if starts.min() < 0 else starts.max()
-            raise ValueError(f"starts must be in [0, {high}] for windows of context_length={self.context_length} "
-                             f"in {len(self.tokens)} ids, got start {bad}")
-        return starts
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's position: the numpy bit-generator state (plain ints, safe to checkpoint)."""

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lm.checks import check_seed, check_size, is_count
+from lm.checks import check_rank, check_seed, check_size, is_count
 from lm.data.token_file import (
     TOKEN_DTYPES,
     check_count_arg,
@@ -208,6 +208,7 @@ def write_pair_file(
     (1, 3, 'uint16')
     """
     check_vocab_size(vocab_size)
+    check_not_sidecar(path)  # (tokenize_pairs checks its out_path before it encodes)
     extra = dict(source_bytes=check_count_arg("source_bytes", source_bytes),
                  target_bytes=check_count_arg("target_bytes", target_bytes),
                  tokenizer_sha256=check_text_arg("tokenizer_sha256", tokenizer_sha256),
@@ -225,8 +226,6 @@ def write_pair_file(
 def _write_pair_file(path, pairs, vocab_size: int, extra: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """:func:`write_pair_file`, with the sidecar's other fields from ``extra()`` once the pairs are written."""
     path = Path(path)
-    check_vocab_size(vocab_size)
-    check_not_sidecar(path)
     dtype = token_dtype(vocab_size)
     offsets = [0]
     # all three written before any is renamed; a Ctrl-C once the ids are written waits for the renames
@@ -593,8 +592,7 @@ class PairDataset:
         if not is_count(max_len, 2):
             raise ValueError(f"{where}: max_len must be an integer >= 2 (a token and <eos>), got max_len={max_len!r}")
         check_size("world_size", world_size)
-        if not is_count(rank) or rank >= world_size:
-            raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got rank={rank!r}")
+        check_rank(rank, world_size)
         for what, i in (("pad_id", pad_id), ("bos_id", bos_id), ("eos_id", eos_id)):
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
                 raise ValueError(f"{what} must be an integer, got {what}={i!r}")

@@ -65,26 +65,27 @@ def _as_prompt_list(prompt_ids) -> tuple[list[list[int]], bool]:
     return [_token_ids(prompt_ids)], True
 
 
-def _token_ids(prompt) -> list[int]:
+def _token_ids(prompt, where: str = "prompt_ids") -> list[int]:
     """One prompt's ids as ints. A float had been truncated to an id (1.7 became 1), as the embedding
-    cannot be indexed by one: like transformers' ``generate``, anything but integers is refused."""
+    cannot be indexed by one: like transformers' ``generate``, anything but integers is refused, in
+    a message that starts with ``where`` (the translation decoders' ``source 0``)."""
     if isinstance(prompt, torch.Tensor):
         if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-            raise ValueError(f"prompt_ids: token ids must be integers, got a tensor of {prompt.dtype}")
+            raise ValueError(f"{where}: token ids must be integers, got a tensor of {prompt.dtype}")
         if prompt.dim() != 1:
-            raise ValueError(f"prompt_ids: a prompt must be 1-D, got a tensor of shape {tuple(prompt.shape)}")
+            raise ValueError(f"{where}: a prompt must be 1-D, got a tensor of shape {tuple(prompt.shape)}")
         return prompt.tolist()
     if isinstance(prompt, np.ndarray) and prompt.ndim != 1:
-        raise ValueError(f"prompt_ids: a prompt must be 1-D, got an array of shape {prompt.shape}")
-    return [_token_id(t) for t in prompt]
+        raise ValueError(f"{where}: a prompt must be 1-D, got an array of shape {prompt.shape}")
+    return [_token_id(t, where) for t in prompt]
 
 
-def _token_id(t) -> int:
+def _token_id(t, where: str = "prompt_ids") -> int:
     """``t`` as an id: an int, a numpy integer or a one-element integer tensor, but not a bool."""
     if not (isinstance(t, bool) or isinstance(t, torch.Tensor) and t.dtype == torch.bool):
         with contextlib.suppress(TypeError):
             return operator.index(t)
-    raise ValueError(f"prompt_ids: token ids must be integers, got {t!r}")
+    raise ValueError(f"{where}: token ids must be integers, got {t!r}")
 
 
 def _in_eval_mode(fn):

@@ -88,11 +88,14 @@ def check_source_length(where: str, length: int, context_length: int) -> None:
 
 def _check(model, src_ids, max_extra: int) -> list[list[int]]:
     """The sources as lists of ints, each checked on the host (so the model need not check them)."""
+    from lm.generate.engine import _token_ids
+
     if not is_count(max_extra):  # numpy's integers too
         raise ValueError(f"max_extra must be a non-negative integer, got max_extra={max_extra!r}")
     max_extra = int(max_extra)
     cfg = model.config
-    src = [_source_ids(s, i) for i, s in enumerate(_sources(src_ids))]
+    # integers only (5.7 had been taken as 5, "5" and True as 5 and 1)
+    src = [_token_ids(s, f"source {i}") for i, s in enumerate(_sources(src_ids))]
     if not src:
         raise ValueError("src_ids: got an empty batch of sources")
     for i, s in enumerate(src):
@@ -118,16 +121,6 @@ def _sources(src_ids) -> list:
             raise ValueError(f"src_ids must be a batch of sources (a list of lists of ids), got a list holding "
                              f"{s!r}" + (" (one source? pass [ids])" if isinstance(s, numbers.Integral) else ""))
     return sources
-
-
-def _source_ids(source, i: int) -> list[int]:
-    """Source ``i`` as ints: integers only (5.7 had been taken as 5, "5" and True as 5 and 1)."""
-    from lm.generate.engine import _token_ids
-
-    try:
-        return _token_ids(source)
-    except ValueError as e:
-        raise ValueError(f"source {i}: {str(e).removeprefix('prompt_ids: ')}") from None
 
 
 def line_break_ids(tokenizer) -> list[int]:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm.checks import as_real, check_flag
+from lm.checks import as_real, check_flag, check_non_negative
 
 _FUSED_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW kernel
 
@@ -126,26 +126,17 @@ class AdamW(torch.optim.Optimizer):
             torch._foreach_addcdiv_(params, m, denom, value=-lr / bias1)
 
 
-def _number(value: Any) -> bool:
-    """A real number, finite (an infinite rate is no step), or a one-element tensor of one (as torch's
-    AdamW takes a tensor ``lr``): not a bool, not a string."""
-    real = as_real(value)
-    return real is not None and math.isfinite(real)
-
-
 def _check_hyperparameters(group: dict[str, Any], where: str) -> None:
     """``lr``, ``eps``, ``weight_decay``: finite numbers >= 0 (`not x >= 0`, as torch.optim.AdamW: NaN
     fails every comparison, and would make every parameter NaN); ``betas``: two numbers in [0, 1)."""
-    for name in ("lr", "eps", "weight_decay"):
-        value = group[name]
-        if not (_number(value) and as_real(value) >= 0):
-            raise ValueError(f"{where}{name} must be a finite number >= 0, got {name}={value!r}")
+    for name in ("lr", "eps", "weight_decay"):  # numbers, or one-element tensors (torch's AdamW takes a tensor lr)
+        check_non_negative(name, group[name], where)
     betas = group["betas"]
     try:
         pair = tuple(betas)
     except TypeError:
         pair = ()
-    if len(pair) != 2 or not all(_number(b) and 0.0 <= as_real(b) < 1.0 for b in pair):
+    if len(pair) != 2 or not all((b := as_real(beta)) is not None and 0.0 <= b < 1.0 for beta in pair):
         raise ValueError(f"{where}betas must be two numbers in [0, 1), got betas={betas!r}")
 
 
@@ -168,8 +159,7 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     ``decay_embeddings=True`` decays the embedding tables too, as nanoGPT does: on a small
     corpus read for many epochs that is a useful regulariser.
     """
-    if not (_number(weight_decay) and as_real(weight_decay) >= 0):  # NaN had made every weight NaN at the first step
-        raise ValueError(f"weight_decay must be a finite number >= 0, got weight_decay={weight_decay!r}")
+    check_non_negative("weight_decay", weight_decay)  # NaN had made every weight NaN at the first step
     no_decay_ids = set()
     for module in model.modules():
         is_embedding = isinstance(module, nn.Embedding) or "embedding" in type(module).__name__.lower()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Iterable
 
 import torch
 
-from lm.checks import check_positive
+from lm.checks import check_non_negative, check_positive
 
 
 @torch.no_grad()
@@ -35,8 +33,7 @@ def clip_grad_norm_(
     # a negative limit had reversed every gradient, NaN made them NaN (the config's 0 is "no clipping":
     # the trainer then does not call this)
     check_positive("max_l2_norm", max_l2_norm)
-    if not (isinstance(eps, numbers.Real) and not isinstance(eps, bool) and 0 <= eps < math.inf):
-        raise ValueError(f"eps must be a finite number >= 0, got eps={eps!r}")
+    check_non_negative("eps", eps)
     if isinstance(parameters, torch.Tensor):  # one tensor, not its rows
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from lm.io import atomic_write, check_not_empty, check_readable_file, read_json_object
+from lm.io import _same, atomic_write, check_not_empty, check_readable_file, read_json_object
 from lm.tokenizer.byte_unicode import UNICODE_TO_BYTE, bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
 from lm.tokenizer.tokenizer import MAX_ID, Tokenizer, check_byte_level
@@ -201,7 +201,7 @@ def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges
     """GPT-2 style files, each written atomically: ``{token_string: id}`` JSON and one merge per line."""
     check_not_empty(vocab_path, "vocab_path")
     check_not_empty(merges_path, "merges_path")
-    if _same_file(vocab_path, merges_path):  # the merges had replaced the vocab, and the call returned
+    if _same(Path(vocab_path), Path(merges_path)):  # the merges had replaced the vocab, and the call returned
         raise ValueError(f"merges_path: {str(merges_path)!r} is the same file as vocab_path {str(vocab_path)!r}; "
                          "the vocab and the merges need a file each")
     vocab = vocab_strings(tokenizer)  # may refuse a special token: before anything is written
@@ -212,16 +212,6 @@ def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges
         f.write("#version: 0.2\n")
         for a, b in merge_strings(tokenizer):
             f.write(f"{a} {b}\n")
-
-
-def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two paths name one file: the same path once links are followed, or (both there) one file."""
-    if Path(a).resolve() == Path(b).resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them is not there yet
-        return False
 
 
 def hf_json(tokenizer: Tokenizer) -> dict:
