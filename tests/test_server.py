@@ -402,6 +402,16 @@ def test_text_that_is_no_unicode_is_a_400(served):
         assert r.status_code == 400 and err["param"] == param and "lone surrogate" in err["message"], raw
     r = post("/v1/completions", rb'{"prompt": "\ud83d\ude00", "max_tokens": 1}')  # a pair: 😀
     assert r.status_code == 200
+    # A lone surrogate in a field's *name*: the error that quotes it had failed to encode (a plain-text
+    # 500 and a traceback); it is OpenAI's 400, the name escaped in the JSON.
+    for path, raw, name in (("/v1/completions", rb'{"prompt": "x", "\ud800": 1}', "\ud800"),
+                            ("/v1/completions", rb'{"prompt": "x", "max_tok\udfffens": 5}', "max_tok\udfffens"),
+                            ("/tokenize", rb'{"prompt": "x", "\ud800": 1}', "\ud800"),
+                            ("/detokenize", rb'{"tokens": [1], "\ud800": 1}', "\ud800")):
+        r = post(path, raw)
+        assert r.status_code == 400 and r.headers["content-type"] == "application/json", (path, raw)
+        err = r.json()["error"]
+        assert err["param"] == name and err["message"].startswith(f"Unrecognized request argument supplied: {name}")
 
 
 def test_integers_past_pythons_digit_limit_json_too_deep_and_more_prompts_than_the_queue(tmp_path_factory):
@@ -469,6 +479,87 @@ def test_health_and_metrics(served):
     assert samples[f'lm_decode_steps_total{{size="{smallest}"}}'] >= 2
     for gauge in ("lm_queue_depth", "lm_batch_size"):  # nothing in flight: both gauges are back at zero
         assert samples[gauge] == 0
+
+
+def test_metrics_print_a_float_in_full():
+    """The time-to-first-token sum had been printed with %g, six digits: past 1e6 s it stood still
+    while requests were added. Prometheus' parser reads back the exact sum."""
+    from lm.serve.app import ServerState, prometheus_text
+    from lm.serve.engine import Stats
+
+    stats = Stats()
+    stats.ttft_sum = 1234567.891
+    stats.time_to_first_token(4.0)
+    text = prometheus_text(ServerState(SimpleNamespace(stats=stats), None, "m"))
+    got = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    assert got["lm_time_to_first_token_seconds_sum"] == 1234567.891 + 4.0
+    assert got["lm_time_to_first_token_seconds_count"] == 1
+    from lm.serve.app import _sample
+
+    assert [_sample(v) for v in (float("inf"), float("-inf"), float("nan"), 0.1, 3)] == \
+        ["+Inf", "-Inf", "NaN", "0.1", "3"]
+
+
+def test_the_openai_client_retrieves_the_model_and_not_another(served):
+    """OpenAI's GET /v1/models/{model} (``models.retrieve``) had been a 404 "no such endpoint"."""
+    m = served.client.models.retrieve("tiny")
+    listed = served.client.models.list().data[0]
+    assert m.id == "tiny" and m.object == "model" and m.model_dump() == listed.model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        served.client.models.retrieve("other/model")
+    assert e.value.code == "model_not_found" and e.value.body["param"] == "model"
+    text = httpx.get(served.url + "/metrics").text
+    assert 'lm_http_requests_total{route="/v1/models/{model}",status="200"}' in text
+    assert 'lm_http_requests_total{route="/v1/models/{model}",status="404"}' in text
+
+
+def test_a_model_named_with_a_slash_is_retrieved(tmp_path_factory):
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(Engine(model, max_batch=1, eos_id=tok.eot_id), tok, "org/tiny-1"))
+    try:
+        r = httpx.get(server.url + "/v1/models/org/tiny-1")
+        assert r.status_code == 200 and r.json()["id"] == "org/tiny-1"
+        assert httpx.get(server.url + "/v1/models/org").status_code == 404
+    finally:
+        server.close()
+
+
+def test_a_request_whose_client_left_before_its_answer_is_counted_499_not_200(tmp_path_factory, monkeypatch):
+    """A non-streaming request whose client disconnected had its rows cancelled but was counted
+    status 200 in /metrics (and uvicorn's access log), though nothing reached the client."""
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    forward = model.forward
+
+    def slow(*args, **kwargs):  # so that the client surely leaves before the answer is made
+        time.sleep(0.02)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slow)
+    engine = Engine(model, max_batch=1, eos_id=tok.eot_id)
+    server = ServerThread(create_app(engine, tok, "tiny"))
+    try:
+        body = json.dumps({"prompt": "Lily", "max_tokens": 50, "ignore_eos": True}).encode()
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            deadline = time.time() + 10
+            while engine.stats.generated_tokens == 0:  # the request is decoding
+                assert time.time() < deadline
+                time.sleep(0.01)
+        wait_idle(engine)
+        deadline = time.time() + 10
+        while ("/v1/completions", 499) not in app_http(server):
+            assert time.time() < deadline, app_http(server)
+            time.sleep(0.01)
+        assert ("/v1/completions", 200) not in app_http(server)
+        assert engine.stats.requests["cancelled"] == 1 and engine.stats.generated_tokens < 50
+    finally:
+        server.close()
+
+
+def app_http(server) -> dict:
+    return server.server.config.app.state.server.http
 
 
 def test_an_api_key_through_the_openai_client(tmp_path_factory):

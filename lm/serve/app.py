@@ -1,12 +1,13 @@
 """The HTTP side of ``lm serve``: an ASGI app (Starlette) in front of one :class:`Engine`.
 
-Endpoints: ``GET /`` (the playground), ``GET /v1/models``, ``POST /v1/completions`` (OpenAI's
-schema, streaming as server-sent events), ``GET /health``, ``GET /metrics`` (Prometheus text), and
+Endpoints: ``GET /`` (the playground), ``GET /v1/models`` (and ``/v1/models/{model}``), ``POST
+/v1/completions`` (OpenAI's schema, streaming as server-sent events), ``GET /health``, ``GET
+/metrics`` (Prometheus text), and
 vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``, through which a client
 (lm-evaluation-harness's remote tokenizer) counts and cuts text in this model's own tokens.
 No endpoint reads a path from a request or writes a file. Errors have OpenAI's shape.
 
-Starlette rather than FastAPI: the app is eight routes whose validation must produce OpenAI's
+Starlette rather than FastAPI: the app is nine routes whose validation must produce OpenAI's
 error bodies naming the field, which hand-written checks do directly; FastAPI would add
 pydantic and its own 422 error shape to undo.
 """
@@ -17,6 +18,7 @@ import asyncio
 import functools
 import hmac
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -52,8 +54,11 @@ class ServerState:
         return await asyncio.get_running_loop().run_in_executor(self.encoder, functools.partial(fn, *args, **kwargs))
 
 
-def error_response(e: api.APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+def error_response(e: api.APIError) -> Response:
+    """``e`` in OpenAI's error shape. Non-ASCII text is escaped (``ensure_ascii``): a message that
+    quotes the request (a field named ``"\\ud800"``) may hold a lone surrogate, which UTF-8 cannot
+    encode, and the error had become a plain-text 500 with a traceback in the log."""
+    return Response(json.dumps(e.body()), status_code=e.status, headers=e.headers, media_type="application/json")
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -199,7 +204,13 @@ async def completions(request: Request) -> Response:
     state.inflight += 1
     if req.stream:
         return _EventStream(_sse(completion), on_close=lambda: _closed(state, completion))
-    watcher = asyncio.ensure_future(_watch_disconnect(request, completion.cancel))
+    left = asyncio.Event()  # the client disconnected: its rows are cancelled, and nobody reads the answer
+
+    def client_left() -> None:
+        left.set()
+        completion.cancel()
+
+    watcher = asyncio.ensure_future(_watch_disconnect(request, client_left))
     try:
         while completion.remaining:
             for index, text, _, _ in await completion.next_pieces():
@@ -207,6 +218,8 @@ async def completions(request: Request) -> Response:
     finally:
         watcher.cancel()
         _closed(state, completion)
+    if left.is_set():  # not a 200 in /metrics or the access log: the client got nothing (nginx's 499)
+        return Response(status_code=CLIENT_CLOSED)
     choices = [api.choice(i, "".join(c.parts), c.reason,
                           api.logprobs_body(state.tokenizer, c.records) if completion.logprobs else None)
                for i, c in enumerate(completion.choices)]
@@ -263,13 +276,27 @@ class _EventStream(StreamingResponse):
             self._on_close()
 
 
+def _model_card(request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    return {"id": state.model_name, "object": "model", "created": request.app.state.started, "owned_by": "lm",
+            "max_model_len": state.engine.context_length, "architecture": state.engine.architecture}
+
+
 async def models(request: Request) -> Response:
     """OpenAI's model list, one model; with vLLM's ``max_model_len`` and the engine's ``architecture``
     (``decoder_lm``, or ``encoder_decoder``: a translation model), which the playground reads."""
+    return JSONResponse({"object": "list", "data": [_model_card(request)]})
+
+
+async def model(request: Request) -> Response:
+    """OpenAI's "retrieve model" (``GET /v1/models/{model}``, the ``openai`` client's
+    ``models.retrieve``): the list's one entry, or OpenAI's 404 ``model_not_found`` for another id."""
     state: ServerState = request.app.state.server
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": request.app.state.started, "owned_by": "lm",
-        "max_model_len": state.engine.context_length, "architecture": state.engine.architecture}]})
+    name = request.path_params["model"]
+    if name != state.model_name:
+        raise api.APIError(404, f"model: {name!r} is not served here; this server has {state.model_name!r}", "model",
+                           code="model_not_found")
+    return JSONResponse(_model_card(request))
 
 
 async def tokenize(request: Request) -> Response:
@@ -324,8 +351,7 @@ def prometheus_text(state: ServerState) -> str:
     def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
         out.append(f"# HELP {name} {help}")
         out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
-                   for labels, value in samples)
+        out.extend(f"{name}{labels} {_sample(value)}" for labels, value in samples)
 
     metric("lm_http_requests_total", "counter", "HTTP requests by route and status.",
            [(f'{{route="{r}",status="{c}"}}', n) for (r, c), n in sorted(state.http.items())])
@@ -346,6 +372,15 @@ def prometheus_text(state: ServerState) -> str:
     metric("lm_time_to_first_token_seconds", "histogram", "From a request's arrival to its first token.",
            [*buckets, ("_sum", float(s.ttft_sum)), ("_count", cumulative)])
     return "\n".join(out) + "\n"
+
+
+def _sample(value: float) -> str:
+    """A sample's value as Prometheus' clients write it: a float in full (``repr``; ``%g`` kept six
+    digits, so a time-to-first-token sum past 1e6 s stood still while requests were added), and
+    ``+Inf``, ``-Inf``, ``NaN``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
+    return repr(value)
 
 
 async def playground(request: Request) -> Response:
@@ -374,6 +409,8 @@ class _Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         route = scope.get("path", "")
+        if route.startswith("/v1/models/"):  # a model's name may hold a slash (org/name)
+            route = "/v1/models/{model}"
         route = route if route in ROUTES else "other"
         status = {"code": 500}
         started = False
@@ -402,8 +439,10 @@ class _Guard:
             self.state.http[key] = self.state.http.get(key, 0) + 1
 
 
-ROUTES = ("/", "/v1/models", "/v1/completions", "/health", "/metrics", "/tokenize", "/detokenize", "/tokenizer_info")
+ROUTES = ("/", "/v1/models", "/v1/models/{model}", "/v1/completions", "/health", "/metrics", "/tokenize",
+          "/detokenize", "/tokenizer_info")
 OPEN_ROUTES = ("/", "/health", "/metrics")  # without the API key (the page asks for it)
+CLIENT_CLOSED = 499  # the status of an answer whose client left first (nginx's; nothing is sent)
 
 
 def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MAX_BODY_BYTES,
@@ -438,6 +477,7 @@ def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MA
         routes=[
             Route("/", playground, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
