@@ -921,3 +921,21 @@ def test_top_p_filter_takes_a_top_p_for_each_row():
                                          r"torch\.float32 with some outside it: \[0\.5, 1\.5\]$"):
         top_p_filter(probs, torch.tensor([[0.5], [1.5]]))
     assert torch.equal(top_p_filter(probs, torch.tensor(0.9)), top_p_filter(probs, 0.9))
+
+
+def test_top_p_filter_lines_a_top_p_of_each_row_up_with_the_rows():
+    """numerics20: a (rows,) top_p had been broadcast against the vocabulary, so with as many rows as
+    tokens row 0's 0.99 cut column 0..., and otherwise a bare torch error; it is (rows, 1)'s equal,
+    and another shape is refused naming top_p."""
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.4, 0.35, 0.25]])
+    per_row = torch.tensor([0.99, 0.5, 0.5])
+    alone = torch.stack([top_p_filter(probs[i:i + 1], float(t))[0] for i, t in enumerate(per_row)])
+    assert torch.equal(top_p_filter(probs, per_row), alone)
+    assert torch.equal(top_p_filter(probs, per_row[:, None]), alone)
+    assert torch.equal(alone[0], probs[0])  # 0.99 keeps every token of row 0
+    wide = torch.softmax(torch.randn(3, 10, generator=torch.Generator().manual_seed(0)), -1)
+    assert torch.equal(top_p_filter(wide, per_row), top_p_filter(wide, per_row[:, None]))
+    for bad in (torch.tensor([0.9, 0.5]), torch.full((1, 3), 0.5), torch.full((3, 10), 0.5)):
+        with pytest.raises(ValueError, match=r"^top_p: one per row needs shape \(3,\) or \(3, 1\) for probs of "
+                                             r"shape \(3, (3|10)\), got "):
+            top_p_filter(probs if bad.shape[-1] != 10 else wide, bad)

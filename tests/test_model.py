@@ -298,6 +298,29 @@ def test_an_empty_sequence_gives_empty_logits_on_both_attention_impls():
         assert small_model(attn_impl=impl)(torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0, 64)
 
 
+def test_a_float64_model_has_a_float64_position_table_as_ropes_tables():
+    """numerics20: model.double() widened the float32 table (off by up to 3e-8 from the float64
+    formula) where RoPE rebuilds its tables from the angles; now both are float64-exact, a bfloat16
+    model keeps a float32 table (as RoPE's), and a move back to float32 gives the float32 table again."""
+    from lm.model import Seq2SeqConfig, build_model
+
+    pos = torch.arange(512, dtype=torch.float64)[:, None] / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    reference = torch.stack([pos.sin(), pos.cos()], -1).flatten(-2)  # float64 to its rounding (angles up to 511)
+    exact = sinusoidal_table(512, 64, dtype=torch.float64)
+    assert exact.dtype == torch.float64 and (exact - reference).abs().max() < 1e-12
+    assert (exact.float().double() - reference).abs().max() > 1e-8  # what widening the float32 table gave
+    lm_model = TransformerLM(vocab_size=30, context_length=512, d_model=64, num_layers=1, num_heads=2, d_ff=64,
+                             positions="sinusoidal")
+    seq2seq = build_model(Seq2SeqConfig(vocab_size=30, context_length=512, d_model=64, encoder_layers=1,
+                                        decoder_layers=1, num_heads=2, dropout=0.0))
+    for model in (lm_model, seq2seq):
+        assert torch.equal(model.position_table, exact.float())
+        assert torch.equal(model.double().position_table, exact)  # rebuilt from the angles, not widened
+        assert torch.equal(model.float().position_table, exact.float())
+        assert model.to(torch.bfloat16).position_table.dtype == torch.float32
+        assert torch.equal(model.position_table, exact.float())
+
+
 def test_sinusoidal_table_refuses_an_odd_width():
     """An odd d_model gave d_model + 1 columns (the configs refuse it; the public function did not)."""
     assert sinusoidal_table(4, 8).shape == (4, 8)

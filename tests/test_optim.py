@@ -261,6 +261,8 @@ def test_schedule_edges():
     assert cosine_lr_schedule(100, 0.007, 0.0007, 10, 100) == 0.0007
     # wsd's default decays over the last 20%
     assert wsd_lr_schedule(80, 1.0, 0.0, 10, 100) == 1.0 and wsd_lr_schedule(90, 1.0, 0.0, 10, 100) == 0.5
+    # a warm-up longer than the cycle climbs until the warm-up ends (as nanoGPT's get_lr), then the floor
+    assert [cosine_lr_schedule(it, 1.0, 0.1, 100, 10) for it in (5, 50, 99, 100, 101)] == [0.05, 0.5, 0.99, 0.1, 0.1]
 
 
 @pytest.mark.parametrize("call, message", [
@@ -342,6 +344,28 @@ def test_clip_grad_norm_matches_torch(max_norm):
     if max_norm < norm:
         total = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in params if p.grad is not None]))
         assert float(total) == pytest.approx(max_norm, rel=1e-4)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float64, torch.float64), (torch.float32, torch.float64)],
+                         ids=["float64", "mixed"])
+def test_clip_grad_norm_of_float64_gradients_matches_torch(dtypes):
+    """A float64 model's gradients (numerics20): their norm had been asked for in float32, which
+    torch refuses ("should be convertible without narrowing"); torch clips them, so does this, in float64."""
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(7, 3, generator=gen, dtype=dtypes[0]) * 3, torch.randn(5, generator=gen, dtype=dtypes[1])]
+    ours = [torch.zeros_like(g, requires_grad=True) for g in grads]
+    ref = [torch.zeros_like(g, requires_grad=True) for g in grads]
+    for o, r, g in zip(ours, ref, grads):
+        o.grad, r.grad = g.clone(), g.clone()
+    norm = clip_grad_norm_(ours, 1.0, return_tensor=True)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+    exact = torch.cat([g.double().flatten() for g in grads]).norm()
+    assert norm.dtype == torch.float64 and float(norm) == pytest.approx(float(exact), rel=1e-15)
+    assert float(norm) == pytest.approx(float(ref_norm), rel=1e-7)
+    for o, r in zip(ours, ref):
+        assert o.grad.dtype == r.grad.dtype
+        torch.testing.assert_close(o.grad, r.grad, rtol=1e-6, atol=0)
+    assert float(torch.cat([o.grad.double().flatten() for o in ours]).norm()) == pytest.approx(1.0, rel=1e-6)
 
 
 def test_clip_grad_norm_takes_a_single_tensor_as_torch_does():

@@ -370,6 +370,24 @@ def test_an_evaluation_step_that_cannot_fit_says_an_evaluation_step(tmp_path, mo
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
 
 
+def test_a_warm_up_longer_than_the_cycle_is_refused_where_the_run_goes_past_it():
+    """numerics20: the rate climbed to nearly max_lr through the warm-up, past the cycle's end, then
+    fell to min_lr in one step. A run that ends within the warm-up (the demo's few steps under 100
+    of warm-up, its cycle its length) is taken."""
+    base = REPO / "configs" / "cpu-small.toml"
+    with pytest.raises(ValueError, match=r"^config: optim\.warmup_iters \(100\) is longer than optim\."
+                                         r"cosine_cycle_iters \(50\), and the run goes on past the warm-up"):
+        load_config(base, ["optim.warmup_iters=100", "optim.cosine_cycle_iters=50", "train.max_steps=500"])
+    with pytest.raises(ValueError, match="is longer than optim.cosine_cycle_iters"):
+        load_config(base, ["optim.warmup_iters=100", "optim.cosine_cycle_iters=50", "optim.schedule=wsd",
+                           "train.max_steps=500"])
+    load_config(base, ["optim.warmup_iters=100", "optim.cosine_cycle_iters=50", "train.max_steps=80"])
+    load_config(base, ["optim.warmup_iters=100", "train.max_steps=2"])  # the cycle is the run
+    load_config(base, ["optim.warmup_iters=50", "optim.cosine_cycle_iters=50", "train.max_steps=500"])
+    load_config(base, ["optim.warmup_iters=100", "optim.cosine_cycle_iters=50", "optim.schedule=inverse_sqrt",
+                       "train.max_steps=500"])
+
+
 def test_load_config_refuses_a_path_that_is_no_readable_file_naming_config(tmp_path):
     """clifuzz7: a folder was an IsADirectoryError traceback and a symlink loop an OSError one in
     the scripts that call load_config (bench_step.py, bench_train.py); lm train checked first."""

@@ -99,8 +99,17 @@ def check_eos_id(eos_id: int | None, vocab_size: int) -> None:
 def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tensor, "... vocab"]:
     """Zero every probability outside the smallest set of most likely tokens whose total
     mass is ≥ ``top_p``, and renormalise. ``top_p`` is checked as :func:`sample_next_token` checks it
-    (a NaN, 0 or negative one had kept the likeliest token alone: greedy, silently)."""
+    (a NaN, 0 or negative one had kept the likeliest token alone: greedy, silently).
+
+    ``top_p`` is a number, or a tensor of one per row: of ``probs``' shape without the vocabulary
+    (``(rows,)``) or with it as 1 (``(rows, 1)``)."""
     if isinstance(top_p, Tensor) and top_p.numel() > 1:  # one per row: every one in (0, 1]
+        rows = probs.shape[:-1]
+        if top_p.shape == rows:  # (rows,) had been lined up against the vocabulary, not the rows
+            top_p = top_p.unsqueeze(-1)
+        elif top_p.shape != (*rows, 1):
+            raise ValueError(f"top_p: one per row needs shape {tuple(rows)} or {(*rows, 1)} for probs of shape "
+                             f"{tuple(probs.shape)}, got {tuple(top_p.shape)}")
         if top_p.dtype.is_floating_point and bool(((top_p > 0) & (top_p <= 1)).all()):
             return _top_p_filter(probs, top_p)
         raise ValueError(f"top_p must be in (0, 1], got a tensor of top_p values of dtype {top_p.dtype} with "

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from lm.device import check_dtype
 from lm.model.config import ConfigIO, check_architecture
-from lm.model.transformer import check_index_dtype, check_range, sinusoidal_table
+from lm.model.transformer import _SinusoidalTable, check_index_dtype, check_range, sinusoidal_table
 from lm.nn import (
     DecoderBlock,
     Embedding,
@@ -117,7 +117,7 @@ class Seq2SeqConfig(ConfigIO):
         return self.d_model // self.num_heads
 
 
-class EncoderDecoder(torch.nn.Module):
+class EncoderDecoder(_SinusoidalTable, torch.nn.Module):
     """``encode(src, src_mask)`` → memory; ``decode(tgt, memory, memory_mask)`` → hidden states;
     ``logits(hidden)``; ``loss(batch)``. Masks are ``True`` at real tokens, ``False`` at padding.
 

@@ -16,15 +16,34 @@ from lm.nn.block import make_norm
 from lm.nn.functional import IntegerDtypeError, check_integer_dtype, index_rows, is_compiling
 
 
-def sinusoidal_table(num_positions: int, d_model: int) -> Float[Tensor, "pos d_model"]:
-    """Vaswani et al.: ``PE[p, 2i] = sin(p / 10000^(2i/d))``, ``PE[p, 2i+1] = cos(...)``."""
+def sinusoidal_table(num_positions: int, d_model: int, dtype: torch.dtype = torch.float32
+                     ) -> Float[Tensor, "pos d_model"]:
+    """Vaswani et al.: ``PE[p, 2i] = sin(p / 10000^(2i/d))``, ``PE[p, 2i+1] = cos(...)``, computed in
+    float64 and given in ``dtype``."""
     if d_model % 2 != 0:  # the sin/cos pairs would give d_model + 1 columns
         raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={d_model}")
     if num_positions < 0:
         raise ValueError(f"num_positions must be >= 0, got num_positions={num_positions}")
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).float()
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
+
+
+class _SinusoidalTable:
+    """A model's sinusoidal ``position_table`` (a buffer, when it has one) follows the model as
+    RoPE's tables do: ``model.double()`` rebuilds it in float64 from the angles (the float32 table
+    widened was off by up to 3e-8: numerics20), another dtype (``model.to(torch.bfloat16)``) keeps
+    it in float32; the sum with the embeddings is in their dtype either way."""
+
+    def _apply(self, fn, recurse=True):
+        table = getattr(self, "position_table", None)
+        before = None if table is None else table.dtype
+        super()._apply(fn, recurse)
+        table = getattr(self, "position_table", None)
+        if table is not None and (table.dtype != before or table.dtype not in (torch.float32, torch.float64)):
+            dtype = torch.float64 if table.dtype == torch.float64 else torch.float32
+            self.position_table = sinusoidal_table(*table.shape, dtype=dtype).to(table.device)
+        return self
 
 
 # The integer dtypes whose range can be read (min/max) and that index (index_select after .long()):
@@ -51,7 +70,7 @@ def check_range(values: Tensor, name: str, bound_name: str, bound: int, what: st
         raise ValueError(f"{name} must be in [0, {bound_name}={bound}), got {what} {bad}")
 
 
-class TransformerLM(torch.nn.Module):
+class TransformerLM(_SinusoidalTable, torch.nn.Module):
     """token_embeddings → (positions) → layers → ln_final → lm_head, returning unnormalised logits.
 
     The positional arguments are those of the CS336 interface; the keyword arguments select the

@@ -24,7 +24,8 @@ def clip_grad_norm_(
     Returns the norm before clipping (``max_l2_norm`` a finite number > 0, ``eps`` one >= 0).
     Every gradient is multiplied by the float32
     ``min(1, max_l2_norm / (norm + eps))``, as ``torch.nn.utils.clip_grad_norm_`` does (a
-    bfloat16 gradient by the unrounded scale, in float32, and rounded once).
+    bfloat16 gradient by the unrounded scale, in float32, and rounded once); where any gradient
+    is float64, the norm and the scale are float64.
 
     The work stays on the gradients' device (a ``torch._foreach_norm``, a norm of the norms, a
     ``torch._foreach_mul_``): with ``return_tensor=True`` the norm comes back as a 0-d tensor and
@@ -39,8 +40,11 @@ def clip_grad_norm_(
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.zeros(()) if return_tensor else 0.0
-    # in float32 whatever the gradient dtype
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+    # in float32 whatever the gradient dtype, or float64 when a gradient is float64 (a float64 model:
+    # asked for float32, its norm had raised "should be convertible without narrowing")
+    wide = any(g.dtype == torch.float64 for g in grads)
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64 if wide
+                                                                    else torch.float32)))
     scale = (max_l2_norm / (norm + eps)).clamp(max=1.0)
     # The float32 scale as it is (torch's too): rounded to a bfloat16 gradient's dtype it would
     # scale that gradient differently, and rounded to the first gradient's it would scale all the

@@ -45,7 +45,9 @@ def cosine_lr_schedule(
 
     ``it`` may be fractional, which lets a time-limited run follow the schedule by elapsed time.
     A warm-up longer than the cycle (a run of a few steps under the default 100 of warm-up, as a
-    demo's) climbs until the cycle ends, then gives ``min``: there is no cosine left to follow.
+    demo's, whose cycle is its length) climbs until the warm-up ends, past the cycle, then gives
+    ``min`` (nanoGPT's ``get_lr`` and CS336's schedule check the warm-up first too): there is no
+    cosine left to follow. ``lm train`` refuses a config whose run would go on past that drop.
 
     >>> cosine_lr_schedule(5, 1.0, 0.1, 10, 100), cosine_lr_schedule(100, 1.0, 0.1, 10, 100)
     (0.5, 0.1)

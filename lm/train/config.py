@@ -521,6 +521,12 @@ def _check_values(cfg: Config) -> None:
     positive("checkpoint.keep_last", cfg.checkpoint.keep_last, allow_zero=True)
     positive("log.interval", cfg.log.interval)
     positive("log.peak_tflops", cfg.log.peak_tflops)
+    if (o.schedule != "inverse_sqrt" and o.cosine_cycle_iters is not None and o.warmup_iters > o.cosine_cycle_iters
+            and (t.max_steps is None or t.max_steps > o.warmup_iters)):  # numerics20
+        raise ValueError(f"config: optim.warmup_iters ({o.warmup_iters}) is longer than optim.cosine_cycle_iters "
+                         f"({o.cosine_cycle_iters}), and the run goes on past the warm-up: the rate would climb to "
+                         f"nearly optim.max_lr until step {o.warmup_iters}, then drop to optim.min_lr at once; "
+                         f"make the warm-up shorter than the cycle")
     if t.max_steps is None and o.cosine_cycle_iters is None and o.schedule != "inverse_sqrt":
         raise ValueError("config: with train.max_time alone, set optim.cosine_cycle_iters (the schedule's length)")
     positive("train.batch_tokens", t.batch_tokens)
