@@ -99,7 +99,7 @@ def atomic_files() -> Iterator[Callable[..., IO]]:
             except BaseException:
                 os.close(fd)
                 raise
-            return staged[-1][0]
+            return _NamedWrites(staged[-1][0], path)
 
         try:
             yield open_file
@@ -119,6 +119,30 @@ def atomic_files() -> Iterator[Callable[..., IO]]:
                 with contextlib.suppress(FileNotFoundError):  # renamed already: the rename itself failed later
                     os.unlink(tmp)
             raise
+
+
+class _NamedWrites:
+    """A staged file whose write errors name ``path``, the file the caller asked for: a full disk had
+    been "[Errno 28] No space left on device" naming no file (faults20), as ``write`` gives no name.
+    Everything else is the file's own."""
+
+    def __init__(self, file: IO, path: Path):
+        self._file, self._path = file, path
+
+    def write(self, data):
+        with _naming(self._path):
+            return self._file.write(data)
+
+    def writelines(self, lines):
+        with _naming(self._path):
+            return self._file.writelines(lines)
+
+    def flush(self) -> None:
+        with _naming(self._path):
+            self._file.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)
 
 
 @contextlib.contextmanager

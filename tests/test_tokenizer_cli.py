@@ -862,3 +862,41 @@ def test_a_symlink_loop_as_an_output_or_input_is_one_line(corpus, trained, tmp_p
         assert main([*argv, "--quiet"]) == 2
         assert capsys.readouterr().err.strip() == message
     assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2"]
+
+
+def test_a_full_disk_while_tokenizing_names_out_and_keeps_the_earlier_output(trained, corpus, tmp_path, capsys,
+                                                                             monkeypatch):
+    """faults20: a full disk had been "lm tokenize: error: [Errno 28] No space left on device", naming no
+    argument and no file (a write gives none); the earlier output stays whole, and nothing is left beside it."""
+    import errno
+
+    import lm.io
+
+    out = tmp_path / "c.bin"
+    pairs = tmp_path / "p.bin"
+    (tmp_path / "s.txt").write_text("".join(f"Tom had {i} balls.\n" for i in range(300)))
+    plain = ["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--num-workers", "1", "--quiet"]
+    paired = ["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--target",
+              str(tmp_path / "s.txt"), "--num-workers", "1", "--quiet"]
+    assert main([*plain, "--out", str(out)]) == 0 and main([*paired, "--out", str(pairs)]) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    real = os.fdopen
+
+    class FullDisk:  # a file on a full disk: its writes fail as the OS fails them, naming no file
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    monkeypatch.setattr(lm.io.os, "fdopen", lambda *args, **kwargs: FullDisk(real(*args, **kwargs)))
+    for argv, path in ((plain, out), (paired, pairs)):
+        assert main([*argv, "--out", str(path), "--overwrite"]) == 2
+        assert capsys.readouterr().err == f"lm tokenize: error: --out: cannot write {str(path)!r}: " \
+                                          f"{os.strerror(errno.ENOSPC)}\n"
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert read_token_file(out)[0].size > 0
