@@ -866,3 +866,77 @@ def test_save_tokenizer_dir_names_a_file_in_the_way(tmp_path):
     assert save_tokenizer_dir(tok, tmp_path / "new" / "tok") == tmp_path / "new" / "tok"
     assert load_tokenizer_dir(tmp_path / "new" / "tok").vocab == tok.vocab
     assert save_tokenizer_dir(tok, tmp_path / "new" / "tok") == tmp_path / "new" / "tok"  # an existing folder
+
+
+class _DiskFullAt:
+    """``os.fdopen`` whose ``n``-th file (counted from 1) fails its writes as a full disk does (naming
+    no file): the first files of a save are written, the later one is not."""
+
+    def __init__(self, n: int):
+        import os
+
+        self.n, self.opened, self.real = n, 0, os.fdopen
+
+    def __call__(self, *args, **kwargs):
+        import errno
+        import os
+
+        file = self.real(*args, **kwargs)
+        self.opened += 1
+        if self.opened != self.n:
+            return file
+
+        class Full:
+            def write(self, data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            def __getattr__(self, name):
+                return getattr(file, name)
+
+        return Full()
+
+
+def test_a_save_that_fails_part_way_leaves_the_earlier_tokenizer_whole(tmp_path, monkeypatch):
+    """faults20: the vocab and the merges were renamed into place one by one, so a full disk at the
+    merges left the new vocab beside the old merges: it loaded without a word as a tokenizer of the
+    new size that encodes as the old one. Now every file of a save is staged, and renamed only when
+    all are written: the earlier files stay as they were, and a folder made for them goes again."""
+    import os
+
+    old = Tokenizer(*train_bpe_text("the cat sat on the mat " * 50, 270), ["<|endoftext|>"])
+    new = Tokenizer(*train_bpe_text("a dog ran to a big log " * 50, 290), ["<|endoftext|>"])
+    files = (tmp_path / "t" / "vocab.json", tmp_path / "t" / "merges.txt")
+    old.save(*files)
+    save_tokenizer_dir(old, tmp_path / "d", hf=True)
+
+    def contents():
+        return {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    before = contents()
+    for n in (1, 2):
+        monkeypatch.setattr(os, "fdopen", _DiskFullAt(n))
+        with pytest.raises(OSError, match="No space left on device") as e:
+            new.save(*files)
+        assert e.value.filename == str(files[n - 1])
+    for n in (1, 2, 3, 4):  # vocab, merges, tokenizer.json, tokenizer_config.json
+        for d in (tmp_path / "d", tmp_path / "fresh" / "d"):
+            monkeypatch.setattr(os, "fdopen", _DiskFullAt(n))
+            with pytest.raises(OSError, match="No space left on device"):
+                save_tokenizer_dir(new, d, hf=True)
+    monkeypatch.undo()
+    assert contents() == before and not (tmp_path / "fresh").exists()
+    loaded = Tokenizer.from_files(*files, ["<|endoftext|>"])
+    assert loaded.vocab == old.vocab and loaded.merges == old.merges
+    assert load_tokenizer_dir(tmp_path / "d").vocab == old.vocab
+    save_tokenizer_dir(new, tmp_path / "d")
+    assert load_tokenizer_dir(tmp_path / "d").merges == new.merges
+
+
+def train_bpe_text(text: str, vocab_size: int):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/c.txt"
+        with open(path, "w") as f:
+            f.write(text)
+        return train_bpe(path, vocab_size, ["<|endoftext|>"])

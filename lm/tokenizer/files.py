@@ -14,7 +14,15 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from lm.io import _same, atomic_write, check_not_empty, check_readable_file, read_json_object
+from lm.io import (
+    InterruptGuard,
+    _same,
+    atomic_files,
+    atomic_write,
+    check_not_empty,
+    check_readable_file,
+    read_json_object,
+)
 from lm.tokenizer.byte_unicode import UNICODE_TO_BYTE, bytes_to_unicode_str, unicode_str_to_bytes
 from lm.tokenizer.pretokenize import GPT2_PATTERN, GPT2_REGEX, check_special_tokens
 from lm.tokenizer.tokenizer import MAX_ID, Tokenizer, check_byte_level
@@ -198,20 +206,32 @@ def _not_utf8(path: Path) -> str:
 
 
 def write_gpt2_files(tokenizer: Tokenizer, vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> None:
-    """GPT-2 style files, each written atomically: ``{token_string: id}`` JSON and one merge per line."""
+    """GPT-2 style files: ``{token_string: id}`` JSON and one merge per line, written together (both
+    staged and synced before either replaces its path; a Ctrl-C once they are written waits for the
+    renames), so a failure leaves the earlier pair whole."""
     check_not_empty(vocab_path, "vocab_path")
     check_not_empty(merges_path, "merges_path")
     if _same(Path(vocab_path), Path(merges_path)):  # the merges had replaced the vocab, and the call returned
         raise ValueError(f"merges_path: {str(merges_path)!r} is the same file as vocab_path {str(vocab_path)!r}; "
                          "the vocab and the merges need a file each")
     vocab = vocab_strings(tokenizer)  # may refuse a special token: before anything is written
-    with atomic_write(vocab_path) as f:
-        json.dump(vocab, f, ensure_ascii=False, indent=0)
-        f.write("\n")
-    with atomic_write(merges_path) as f:
-        f.write("#version: 0.2\n")
-        for a, b in merge_strings(tokenizer):
-            f.write(f"{a} {b}\n")
+    with InterruptGuard() as guard, atomic_files() as open_file:
+        _write_gpt2(open_file, tokenizer, vocab, vocab_path, merges_path)
+        guard.hold()
+
+
+def _write_gpt2(open_file, tokenizer: Tokenizer, vocab: dict[str, int], vocab_path, merges_path) -> None:
+    """The vocab and the merges through ``open_file`` (:func:`lm.io.atomic_files`'): staged, renamed
+    with the other files of the block once all are written. Written one after the other, a full disk
+    at the merges had left a new vocab beside the old merges, which loaded without a word as a
+    tokenizer of the new size that encodes as the old one (faults20)."""
+    f = open_file(vocab_path)
+    json.dump(vocab, f, ensure_ascii=False, indent=0)
+    f.write("\n")
+    f = open_file(merges_path)
+    f.write("#version: 0.2\n")
+    for a, b in merge_strings(tokenizer):
+        f.write(f"{a} {b}\n")
 
 
 def hf_json(tokenizer: Tokenizer) -> dict:
@@ -309,20 +329,23 @@ def write_hf_json(tokenizer: Tokenizer, path: str | os.PathLike, document: dict 
 
 def save_tokenizer_dir(tokenizer: Tokenizer, directory: str | os.PathLike, *, hf: bool = False) -> Path:
     """Write ``DIR/vocab.json``, ``DIR/merges.txt`` and ``DIR/tokenizer_config.json`` (the special
-    tokens), plus ``DIR/tokenizer.json`` for Hugging Face when ``hf``; :func:`load_tokenizer_dir` reads it."""
+    tokens), plus ``DIR/tokenizer.json`` for Hugging Face when ``hf``, together, as
+    :func:`write_gpt2_files` writes its two; :func:`load_tokenizer_dir` reads it."""
     d = Path(directory)
     blocked = next((p for p in (d, *d.parents) if os.path.lexists(p) and not p.is_dir()), None)
     if blocked is not None:  # mkdir's FileExistsError (or NotADirectoryError, for a parent) had come raw
         raise ValueError(f"directory: {str(blocked)!r} is not a directory"
                          + ("" if blocked == d else f" (saving to {str(d)!r})"))
     hf_doc = hf_json(tokenizer) if hf else None  # may refuse a special token: before anything is written
-    d.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(d / "vocab.json", d / "merges.txt")
-    if hf_doc is not None:
-        with atomic_write(d / "tokenizer.json") as f:
-            json.dump(hf_doc, f, ensure_ascii=False)
-    with atomic_write(d / "tokenizer_config.json") as f:
-        json.dump({"special_tokens": tokenizer.special_tokens, "pre_tokenizer": "gpt2"}, f, indent=1)
+    vocab = vocab_strings(tokenizer)
+    # all the files staged and renamed together (a folder made for them goes again on a failure)
+    with InterruptGuard() as guard, atomic_files() as open_file:
+        _write_gpt2(open_file, tokenizer, vocab, d / "vocab.json", d / "merges.txt")
+        if hf_doc is not None:
+            json.dump(hf_doc, open_file(d / "tokenizer.json"), ensure_ascii=False)
+        json.dump({"special_tokens": tokenizer.special_tokens, "pre_tokenizer": "gpt2"},
+                  open_file(d / "tokenizer_config.json"), indent=1)
+        guard.hold()
     return d
 
 
