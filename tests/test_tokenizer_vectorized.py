@@ -327,6 +327,21 @@ def test_line_ends_with_a_carriage_return_or_spaces_are_safe_cuts(tok):
             assert Tokenizer(tok.vocab, tok.merges, tok.special_tokens).encode(t) == regex_path(tok, t)
 
 
+@pytest.mark.parametrize("special", ["<sep> ", " <sep> ", "a\t", "x\r", "é ", "z\x0c", "\n"])
+def test_a_special_token_across_a_safe_cut_stays_whole(tok, special):
+    """tokenizer20: a text past one block was cut at the start of a line end's whitespace run, which
+    may lie inside a special token that holds a space, tab or "\r" (only "\n" was looked for): past
+    1 MiB, "The cat sat on the mat <sep> \n" * 40000 kept 39,999 of its 40,000 separators, the other
+    encoded as ordinary text."""
+    fresh = Tokenizer(tok.vocab, tok.merges, [EOT, special])
+    line = f"The cat sat on the {special}\nmat {special}\r\n"
+    text = line * 300
+    with mock.patch.object(tokenizer_module, "_FAST_BLOCK", 64):
+        ids = fresh.encode(text)
+    assert ids == regex_path(fresh, text)
+    assert ids.count(fresh.special_ids[special]) == text.count(special) >= 600
+
+
 def test_encode_pieces_splits_the_ids_at_pre_token_starts(tok):
     text = "One line.\nTwo words\nthree"
     data = text.encode()

@@ -49,6 +49,7 @@ _FAST_BLOCK = 1 << 20
 # path's set-up costs more than it saves there (a 60-character line: 4 us against 115 us, warm; the
 # paths cross between 4,096 and 16,384 characters, warm or cold: docs/benchmarks.md).
 _SHORT_TEXT = 2048
+_LINE_END_SPACE = "\t\n\x0b\x0c\r "  # what a safe cut (pretokenize.plain_stretches) may fall before
 # encode_iterable emits ids once this much text has been buffered.
 _STREAM_BUFFER_CHARS = 1 << 16
 # the largest id a character can stand for (see Tokenizer._encode_chars)
@@ -194,8 +195,10 @@ class Tokenizer:
         self._fast = HashedEncoder(self._bpe_many, _CACHE_LIMIT)
         self._batch_bpe: BatchBPE | None = None  # made when first needed
         self._special_bytes_re = special_tokens_regex(self.special_tokens, as_bytes=True)
-        # plain_stretches may cut before a newline, which must not fall inside a special token
-        self._cut_stretches = not any("\n" in t for t in self.special_tokens)
+        # plain_stretches may cut at the start of a line end's whitespace run ("[\t\v\f\r ]*\n"), which
+        # must not fall inside a special token: not only one holding "\n" ("<sep> " before a line end had
+        # been cut in two past 1 MiB of text, and encoded as ordinary text: tokenizer20)
+        self._cut_stretches = not any(c in t for t in self.special_tokens for c in _LINE_END_SPACE)
 
     # ------------------------------------------------------------ files
 
