@@ -212,6 +212,43 @@ def test_encode_to_numpy_equals_encode(small_tokenizer):
     assert small_tokenizer.encode_to_numpy("").tolist() == []
     with pytest.raises(ValueError, match="dtype: must be uint16 or uint32, got float32"):
         small_tokenizer.encode_to_numpy(text, np.float32)
+    # tokenizer20: None had been named float64 (numpy's default), and "bogus" numpy's TypeError
+    for dtype in (None, "bogus"):
+        with pytest.raises(ValueError, match=rf"^dtype: must be uint16 or uint32, got {dtype!r}$"):
+            small_tokenizer.encode_to_numpy(text, dtype)
+
+
+def test_decode_refuses_what_is_no_sequence_naming_ids(small_tokenizer):
+    """tokenizer20: decode(5) and decode(None) had been TypeErrors ("'int' object is not iterable")."""
+    for ids, got in ((5, "the int 5"), (None, "None"), (2.5, "the float 2.5")):
+        with pytest.raises(ValueError, match=r"^ids: expected a sequence of token ids, got ") as e:
+            small_tokenizer.decode(ids)
+        assert str(e.value) == f"ids: expected a sequence of token ids, got {got}"
+
+
+def test_one_tokenizer_shared_by_threads_gives_each_text_its_own_ids(small_tokenizer, monkeypatch):
+    """tokenizer20: encode fills caches (the regex path's dict, the fast path's tables) that threads
+    sharing a tokenizer interleaved in: wrong ids silently (2 of 16 long texts), or a KeyError when
+    one thread cleared the cache another was reading. As tiktoken's and Hugging Face's, it is shared safely;
+    a copy or a pickle of it is a tokenizer of its own."""
+    import copy
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(tokenizer_module, "_CACHE_LIMIT", 50)  # the regex path's cache is cleared often
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+
+    def text(words: int) -> str:
+        return " ".join("".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(words))
+
+    texts = [text(5000) for _ in range(8)] + [text(30) for _ in range(400)]
+    fresh = Tokenizer(small_tokenizer.vocab, small_tokenizer.merges, [EOT])
+    expected = [Tokenizer(fresh.vocab, fresh.merges, [EOT]).encode(t) for t in texts]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(fresh.encode, texts)) == expected
+    for other in (copy.deepcopy(fresh), pickle.loads(pickle.dumps(fresh))):
+        assert other._lock is not fresh._lock and other.encode(texts[0]) == expected[0]
 
 
 def test_ids_in_the_surrogate_range_and_beyond_uint16(small_tokenizer):

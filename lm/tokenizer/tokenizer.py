@@ -18,6 +18,7 @@ import numbers
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -149,6 +150,9 @@ class Tokenizer:
         merges: the merged pairs in rank order (earlier merges apply first).
         special_tokens: strings that are always encoded as one token; those not yet in
             ``vocab`` are appended to it.
+
+    One tokenizer may be shared by threads (its caches are filled one ``encode`` at a time); a
+    copy or a pickle of it is a tokenizer of its own.
     """
 
     def __init__(
@@ -194,6 +198,9 @@ class Tokenizer:
         # the fast path for plain text (see lm.tokenizer.vectorized), with its own cache
         self._fast = HashedEncoder(self._bpe_many, _CACHE_LIMIT)
         self._batch_bpe: BatchBPE | None = None  # made when first needed
+        # Encoding fills both caches (and the fast path's tables): one call at a time, so that a tokenizer
+        # can be shared by threads (as tiktoken's and Hugging Face's are); most of the work holds the GIL anyway
+        self._lock = threading.Lock()
         self._special_bytes_re = special_tokens_regex(self.special_tokens, as_bytes=True)
         # plain_stretches may cut at the start of a line end's whitespace run ("[\t\v\f\r ]*\n"), which
         # must not fall inside a special token: not only one holding "\n" ("<sep> " before a line end had
@@ -380,10 +387,20 @@ class Tokenizer:
 
         Lone surrogates, which UTF-8 cannot encode, become U+FFFD first, as in tiktoken: the
         encoder meets them only where it encodes a pre-token, so the check costs nothing on other text."""
-        try:
-            return self._encode_valid(text)
-        except UnicodeEncodeError:
-            return self._encode_valid(_replace_surrogates(text))
+        with self._lock:  # the caches are not safe to share: threads had got each other's ids (tokenizer20)
+            try:
+                return self._encode_valid(text)
+            except UnicodeEncodeError:
+                return self._encode_valid(_replace_surrogates(text))
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock neither pickles nor copies: each copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _encode_valid(self, text: str) -> np.ndarray:
         """:meth:`_encode_array` of a text that UTF-8 can encode (else UnicodeEncodeError).
@@ -452,7 +469,12 @@ class Tokenizer:
         ``uint16`` needs every id below 65,536.
         """
         _check_text(text)
-        dt = np.dtype(dtype)
+        try:  # None is numpy's float64, and "bogus" a TypeError: neither names dtype
+            dt = None if dtype is None else np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is None:
+            raise ValueError(f"dtype: must be uint16 or uint32, got {dtype!r}")
         if dt.kind != "u" or dt.itemsize not in (2, 4):
             raise ValueError(f"dtype: must be uint16 or uint32, got {dt}")
         if dt.itemsize == 2 and self.vocab_size > 1 << 16:
@@ -573,7 +595,10 @@ class Tokenizer:
             if not isinstance(ids, list):
                 raise ValueError(f"ids: expected a 1-D sequence of token ids, got the scalar {ids!r}")
         elif not isinstance(ids, (list, tuple)):
-            ids = list(ids)  # an iterator is used up by one pass; the errors below need a second
+            try:
+                ids = list(ids)  # an iterator is used up by one pass; the errors below need a second
+            except TypeError:  # decode(5) had been "'int' object is not iterable"
+                raise ValueError(f"ids: expected a sequence of token ids, got {_describe(ids)}") from None
         vocab = self.vocab
         try:
             data = b"".join(map(vocab.__getitem__, ids))
