@@ -75,7 +75,11 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
 def atomic_files() -> Iterator[Callable[..., IO]]:
     """Several files that appear together (ids, offsets, sidecar): ``open(path, mode="w",
     encoding="utf-8")`` gives a temporary file beside ``path``; when the block ends without an
-    error, all of them are fsynced and only then renamed to their paths, in the order opened.
+    error, all of them are fsynced and only then renamed to their paths, the last opened first. A
+    writer opens last the file its output is known by (a sidecar): a kill between two renames (SIGKILL,
+    a power cut) then leaves an output that is known, which readers refuse for its sizes and
+    ``--overwrite`` replaces, not a first write's ids without a sidecar, which nothing would replace
+    (faults20).
 
     On any exception every temporary file is removed, and the folders made for them where still
     empty, and no ``path`` is touched: a failure while writing the last file (a name it cannot
@@ -108,7 +112,7 @@ def atomic_files() -> Iterator[Callable[..., IO]]:
                     f.flush()
                     os.fsync(f.fileno())
                     f.close()
-            for _, tmp, path in staged:
+            for _, tmp, path in reversed(staged):  # the last opened first: see the docstring
                 with _naming(path):
                     os.replace(tmp, path)
         except BaseException:
@@ -390,7 +394,8 @@ def decompressed_copies(paths: Iterable[Path], stack: contextlib.ExitStack, argu
             out.append(p)
             continue
         if tmp is None:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lm-text-")))
+            _warn_stale_copies(argument)
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"lm-text-{os.getpid()}-")))
         text = tmp / f"{i}-{p.stem}"
         try:
             with gzip.open(p, "rb") as src, open(text, "wb") as dst:
@@ -399,6 +404,39 @@ def decompressed_copies(paths: Iterable[Path], stack: contextlib.ExitStack, argu
             raise ValueError(f"{argument}: {str(p)!r} is not a valid gzip file: {e}") from None
         out.append(text)
     return out
+
+
+_TEXT_COPY = re.compile(r"lm-text-(\d+)-\w+")  # decompressed_copies' folder: its process id, then mkdtemp's
+
+
+def _warn_stale_copies(argument: str) -> None:
+    """Warn (one line naming ``argument``) of the decompressed copies that runs killed meanwhile
+    (SIGKILL, the OOM killer) left in the temporary folder, each as large as its corpus: named after a
+    process that no longer runs here. Not removed: a process of another PID namespace sharing the
+    folder (a container) may be reading one (faults20)."""
+    stale = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(tempfile.gettempdir()):
+            m = _TEXT_COPY.fullmatch(entry.name)
+            if m and entry.is_dir(follow_symlinks=False) and not _running(int(m.group(1))):
+                stale.append(Path(entry.path))
+    if stale:
+        size = sum(_disk_size(t) for t in stale)
+        warnings.warn(f"{argument}: {spoken_list([repr(str(t)) for t in sorted(stale)])} ({size:,} bytes) "
+                      f"{'hold the decompressed copies' if len(stale) > 1 else 'holds the decompressed copy'} of a "
+                      f"gzip input that {'runs' if len(stale) > 1 else 'a run'} killed while reading left behind; "
+                      f"rm -r {' '.join(shlex.quote(str(t)) for t in sorted(stale))}", stacklevel=3)
+
+
+def _running(pid: int) -> bool:
+    """A process ``pid`` runs here (or may: one of another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def check_text_input(path: Path, content: Path, argument: str = "--input") -> None:
@@ -654,8 +692,9 @@ def _set_aside(out: Path, command: str, files: tuple[str, ...]) -> list[Path]:
     ``.OUT.XXXXXXXX.old`` (``tempfile.mkdtemp``'s name) while they run; a run killed meanwhile
     (SIGKILL, a power cut) leaves it there. Listed is each such folder (not a link) whose marker
     names ``command`` and that holds only what ``command`` writes (:func:`_not_written`), complete
-    outputs first, then the newest first. One without a marker (an empty one: killed before the
-    move), another command's, or one holding anything else is not listed, and so never touched.
+    outputs first, then the newest first. One without a marker is not listed, and removed if it is
+    empty (killed before the move: it had been left for ever); another command's, or one holding
+    anything else, is not listed, and so never touched.
     A parent folder that cannot be read lists none.
     """
     name = re.compile(re.escape(f".{out.name}.") + _RANDOM + r"\.old")
@@ -669,7 +708,11 @@ def _set_aside(out: Path, command: str, files: tuple[str, ...]) -> list[Path]:
                 if not entry.is_dir(follow_symlinks=False):
                     continue
                 marker = read_marker(folder)
-                if marker is None or marker["command"] != command or _not_written(folder, files, marker):
+                if marker is None:  # empty: a run killed after making it and before moving its output in
+                    with contextlib.suppress(OSError):
+                        os.rmdir(folder)  # (only if empty: it holds nothing to lose; faults20)
+                    continue
+                if marker["command"] != command or _not_written(folder, files, marker):
                     continue
                 found.append((marker.get("complete") is True, entry.stat(follow_symlinks=False).st_mtime, folder))
     return [folder for *_, folder in sorted(found, key=lambda f: (f[0], f[1]), reverse=True)]
@@ -866,7 +909,14 @@ def claim_dir(
     with removing_made_dirs(out.parent):
         try:
             with writing_out(out, argument):
-                make_dir(out)
+                _claim(out, existed, argument)
+        except BaseException:  # another process's now: nothing of it is touched
+            if old is not None:  # back in place if it can be; else left set aside, where later runs name it
+                with contextlib.suppress(OSError):
+                    os.replace(old, out)
+            raise
+        try:
+            with writing_out(out, argument):
                 write_marker(out, command, complete=False)
             yield out
             write_marker(out, command, complete=True)
@@ -881,6 +931,22 @@ def claim_dir(
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     _remove_set_aside(set_aside)
+
+
+def _claim(out: Path, existed: bool, argument: str) -> None:
+    """Make ``out``, or claim the empty folder that was there (its marker created exclusively), for
+    this process alone. Between the checks and this another process may have done it (two ``lm demo
+    --out X`` at once): both had written into one folder, and the one that failed emptied it under
+    the other (faults20)."""
+    try:
+        if existed:
+            os.close(os.open(out / MARKER, os.O_CREAT | os.O_EXCL | os.O_WRONLY, file_mode()))
+        else:
+            make_dir(out.parent)
+            os.mkdir(out)
+    except FileExistsError:
+        raise ValueError(f"{argument}: {str(out)!r} was taken by another process after it was checked (another "
+                         "run writing the same output?); run again once that one is done") from None
 
 
 def spoken_list(items: list[str]) -> str:

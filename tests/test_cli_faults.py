@@ -590,3 +590,18 @@ def test_top_level_help_version_and_examples(tmp_path):
     for cmd in ([], ["tokenizer"], ["data"], ["export"]):
         r = lm(*cmd, "--help", cwd=tmp_path)
         assert r.returncode == 0 and "examples:" in r.stdout.decode(), cmd
+
+
+def test_export_into_the_runs_checkpoints_folder_is_refused_so_the_run_still_resumes(work, tmp_path):
+    """faults20: `lm export hf --out RUN/checkpoints/hf` was taken, and `lm train --resume` then refused
+    the run ("checkpoints/ holds 'hf', which is not a checkpoint of lm train"). An export beside the
+    checkpoints folder (RUN/hf) does not stop a resume, and is still taken."""
+    checkpoint = sorted((work / "run" / "checkpoints").glob("step_*.pt"))[-1]
+    before = snapshot(work / "run")
+    for out in ("run/checkpoints/hf", "run/checkpoints"):
+        r = lm("export", "hf", "--checkpoint", checkpoint, "--out", out, cwd=work)
+        one_line_error(r, f"--out: '{out}' is inside {str(checkpoint.parent)!r}, the checkpoints folder of the run "
+                          f"{str(checkpoint.parent.parent)!r}, which `lm train` keeps for its checkpoints alone")
+    assert snapshot(work / "run") == before
+    r = lm("export", "hf", "--checkpoint", checkpoint, "--out", tmp_path / "hf", cwd=work)
+    assert r.returncode == 0, err_of(r)

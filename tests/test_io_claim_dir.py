@@ -294,9 +294,10 @@ def test_overwrite_discards_a_killed_runs_set_aside_output_once_it_succeeds(tmp_
 
 def test_a_set_aside_folder_that_is_not_the_commands_is_never_touched(tmp_path):
     """Only a .out.XXXXXXXX.old holding an output of the same command, and nothing else, counts: one
-    without a marker (a run killed before it moved the output there, or a user's), another command's,
-    one the user added a file to, or one of another output (.out.b.XXXXXXXX.old) is neither reported
-    nor removed."""
+    without a marker (a user's), another command's, one the user added a file to, or one of another
+    output (.out.b.XXXXXXXX.old) is neither reported nor removed. An empty one without a marker (a run
+    killed after making it, before it moved the output there) holds nothing: it goes (faults20: it had
+    stayed for ever, one more with each such kill)."""
     from lm.io import check_output_dir
 
     out = tmp_path / "out"
@@ -316,9 +317,69 @@ def test_a_set_aside_folder_that_is_not_the_commands_is_never_touched(tmp_path):
         check_output_dir(out, command="lm test", files=FILES)
     with claim_dir(out, command="lm test", overwrite=True, files=FILES) as d:
         _write_partial(d)
-    assert not old.exists() and all(p.is_dir() for p in others.values())
+    empty = others.pop(".out.aaaaaaaa.old")
+    assert not old.exists() and not empty.exists() and all(p.is_dir() for p in others.values())
     assert sorted(os.listdir(tmp_path)) == sorted(["out", *others])
     assert (others[".out.cccccccc.old"] / "notes.txt").read_text() == "mine"
     # none of them is reported either
     shutil.rmtree(out)
     assert check_output_dir(out, command="lm test", files=FILES) is False
+
+
+@pytest.mark.parametrize("there", ["missing", "empty folder"])
+def test_a_folder_another_process_takes_after_the_checks_is_refused_and_left_alone(tmp_path, monkeypatch, there):
+    """faults20: claim_dir made the folder with exist_ok and wrote its marker over whatever was there, so
+    two `lm demo --out X` started together both wrote into X, and the one that failed emptied it under
+    the other. Now the folder (or, for an empty one, its marker) is created exclusively: the second
+    is refused in one line, and touches nothing of the first's."""
+    import lm.io
+
+    out = tmp_path / "out"
+    if there == "empty folder":
+        out.mkdir()
+    real = lm.io._set_aside
+
+    def the_other_process_claims_it(*args):  # runs between the checks and the claim
+        out.mkdir(exist_ok=True)
+        write_marker(out, "lm test", complete=False)
+        (out / "report.json").write_text("the other run's")
+        return real(*args)
+
+    monkeypatch.setattr(lm.io, "_set_aside", the_other_process_claims_it)
+    with pytest.raises(ValueError, match=rf"^--out: {re.escape(repr(str(out)))} was taken by another process after "
+                                         r"it was checked \(another run writing the same output\?\)"):
+        with claim_dir(out, command="lm test", files=FILES):
+            raise AssertionError("the block must not run")
+    assert (out / "report.json").read_text() == "the other run's" and read_marker(out)["complete"] is False
+
+
+def test_a_decompressed_copy_a_killed_run_left_is_named_with_its_size(tmp_path, monkeypatch):
+    """faults20: a `lm tokenizer train` killed (SIGKILL, the OOM killer) while reading a .gz input left its
+    decompressed copy in the temporary folder, as large as the corpus, and nothing named it. Each copy's
+    folder now carries its process id: one whose process is gone is named in a warning, with its size
+    and how to remove it (not removed: another PID namespace's process may be reading it)."""
+    import contextlib
+    import gzip
+    import tempfile
+    import warnings
+
+    from lm.io import decompressed_copies
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    dead = tmp_path / "tmp" / "lm-text-999999999-k1ll3d"  # above any pid_max: no such process
+    dead.mkdir()
+    (dead / "0-corpus.txt").write_bytes(b"x" * 5000)
+    alive = tmp_path / "tmp" / f"lm-text-{os.getppid()}-run"  # a process that runs
+    alive.mkdir()
+    source = tmp_path / "c.txt.gz"
+    source.write_bytes(gzip.compress(b"hello world\n"))
+    with contextlib.ExitStack() as stack, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        copy, = decompressed_copies([source], stack)
+        assert copy.read_bytes() == b"hello world\n" and copy.parent.name.startswith(f"lm-text-{os.getpid()}-")
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and messages[0].startswith(f"--input: {str(dead)!r} (")
+    assert "holds the decompressed copy of a gzip input that a run killed while reading left behind; rm -r " \
+           f"{dead}" in messages[0] and str(alive) not in messages[0]
+    assert dead.is_dir() and alive.is_dir() and not copy.exists()

@@ -900,3 +900,40 @@ def test_a_full_disk_while_tokenizing_names_out_and_keeps_the_earlier_output(tra
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
     assert read_token_file(out)[0].size > 0
+
+
+@pytest.mark.parametrize("target", [False, True], ids=["tokens", "pairs"])
+def test_a_first_write_cut_between_its_renames_is_replaced_with_overwrite(trained, tmp_path, capsys, monkeypatch,
+                                                                           target):
+    """faults20: the ids were renamed into place first, so a first `lm tokenize` killed between its
+    renames left ids without a sidecar, which every rerun refused ("not a token file written by `lm
+    tokenize`"), --overwrite too. The sidecar, by which an output is known, now goes first: what a cut
+    leaves is known, named without --overwrite, and replaced with it."""
+    import lm.io
+
+    (tmp_path / "s.txt").write_text("".join(f"Tom had {i} balls.\n" for i in range(300)))
+    out = tmp_path / "c.bin"
+    argv = ["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--out", str(out),
+            "--num-workers", "1", "--quiet"] + (["--target", str(tmp_path / "s.txt")] if target else [])
+    real, calls = os.replace, []
+
+    def cut_after_the_first(src, dst):  # the process dies after its first rename: the others never happen
+        if calls:
+            raise OSError(5, "Input/output error")
+        calls.append(dst)
+        return real(src, dst)
+
+    monkeypatch.setattr(lm.io.os, "replace", cut_after_the_first)
+    assert main(argv) == 2
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert [Path(p).name for p in calls] == ["c.bin.json"] and not out.exists()
+    assert main(argv) == 2
+    assert "exists; pass --overwrite to replace it" in capsys.readouterr().err
+    assert main([*argv, "--overwrite"]) == 0
+    if target:
+        from lm.data.pairs import read_pair_meta
+
+        assert read_pair_meta(out)["num_pairs"] == 300
+    else:
+        assert read_token_file(out)[0].size > 0

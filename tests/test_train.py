@@ -18,7 +18,7 @@ from lm.data import write_token_file
 from lm.model import TransformerLM
 from lm.nn import cross_entropy
 from lm.optim import AdamW, cosine_lr_schedule, param_groups
-from lm.tokenizer import Tokenizer
+from lm.tokenizer import Tokenizer, save_tokenizer_dir
 from lm.tomlio import dump_tables
 from lm.train import Trainer, TrainingDiverged, config_from_dict, load_config, read_metrics
 
@@ -1741,6 +1741,47 @@ def test_an_out_dir_that_cannot_be_made_or_written_names_train_out_dir(tmp_path,
     assert rc == 2 and err == (f"lm train: error: train.out_dir: cannot write in {str(ro)!r}: permission denied "
                                f"({str(ro / '.lock')!r})\n"), err
     assert not ro.exists()  # the folder it made is removed again
+
+
+@pytest.mark.parametrize("file", ["config.toml", "vocab.json"])
+def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_path, capsys, monkeypatch, file):
+    """faults20: a full disk at config.toml (or the tokenizer's copy) had been a bare "[Errno 28] No
+    space left on device: 'r/config.toml'"; the folder made for the run goes again."""
+    import errno
+
+    import lm.io
+
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    ids = np.arange(2000) % VOCAB
+    for name in ("train.bin", "val.bin"):
+        write_token_file(tmp_path / name, ids, vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    raw["data"]["tokenizer"] = str(save_tokenizer_dir(tok, tmp_path / "tok"))
+    raw["model"]["vocab_size"] = tok.vocab_size
+    good = _write_toml(tmp_path / "good.toml", raw)
+    real = os.fdopen
+    failing = tmp_path / "run" / ("config.toml" if file == "config.toml" else f"tokenizer/{file}")
+
+    class Full:  # its writes fail as a full disk fails them, naming no file
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    def full_disk(fd, *args, **kwargs):
+        f = real(fd, *args, **kwargs)
+        return Full(f) if os.readlink(f"/proc/self/fd/{fd}").startswith(str(failing.parent / f".{failing.name}.")) \
+            else f
+
+    monkeypatch.setattr(lm.io.os, "fdopen", full_disk)
+    rc, err = _cli(["train", "--config", str(good)], capsys)
+    assert rc == 2 and err == (f"lm train: error: train.out_dir: cannot write in {str(tmp_path / 'run')!r}: "
+                               f"no space left on device ({str(failing)!r})\n"), err
+    assert not (tmp_path / "run").exists()
 
 
 def _setpriv_drops_root_permissions(folder: Path) -> bool:

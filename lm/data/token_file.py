@@ -173,9 +173,9 @@ def write_token_file(
     chunks = _chunks(ids_array)
     num_tokens = 0
     # Both files are written before either is renamed (a failure at the sidecar leaves the earlier
-    # output whole), and a Ctrl-C once the ids are written waits for the renames. (A crash between
-    # the two renames leaves the old sidecar, whose num_tokens no longer matches the file size, so
-    # readers refuse the pair.)
+    # output whole), and a Ctrl-C once the ids are written waits for the renames. (The sidecar, opened
+    # last, is renamed first: a crash between the two renames leaves the new sidecar beside the old ids,
+    # or beside none, whose num_tokens readers find does not match, and which --overwrite replaces.)
     with InterruptGuard() as guard, atomic_files() as open_file:
         f = open_file(path, "wb")
         for chunk in chunks:

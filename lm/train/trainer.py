@@ -605,16 +605,19 @@ class Trainer:
         self._give_back_run_folder()  # the folder and the parents made for it, where empty
 
     def _prepare_run_dir(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_write(self.run_dir / "config.toml") as f:
-            f.write(self.cfg.to_toml())
+        # a full disk here had been a bare "[Errno 28] No space left on device: 'r/config.toml'" (faults20)
+        with _out_dir_error(self.run_dir, "cannot write in"):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.run_dir / "config.toml") as f:
+                f.write(self.cfg.to_toml())
         tok = self.cfg.data.tokenizer
         if tok:
             for name in RUN_TOKENIZER_FILES:
                 src, dst = Path(tok) / name, self.run_dir / "tokenizer" / name
                 if src.is_file() and not (dst.exists() and os.path.samefile(src, dst)):
-                    with atomic_write(dst, "wb") as f:
-                        f.write(src.read_bytes())
+                    data = src.read_bytes()
+                    with _out_dir_error(self.run_dir, "cannot write in"), atomic_write(dst, "wb") as f:
+                        f.write(data)
         if self._restarted:
             # the earlier history's metrics, exported weights and best checkpoint: kept, out of this
             # history's way (`--checkpoint RUN` would serve the old weights, and the end of this run
