@@ -201,6 +201,48 @@ def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, 
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
 
 
+def test_a_train_batch_too_large_says_what_a_lower_one_does_to_the_evaluation(tmp_path, monkeypatch):
+    """train20: lowering train.batch_size, as the message advises, changed (and shrank) the fixed
+    validation windows where eval.batch_size is unset: the message says so; not where it is set."""
+    from lm.train import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2 * 10**8)
+    raw = _raw_config(tmp_path, train={"batch_size": 100_000})
+    with pytest.raises(ValueError, match=r"lower train\.batch_size and raise train\.grad_accum_steps "
+                                         r"\(eval\.batch_size, unset, follows train\.batch_size: the evaluation "
+                                         r"then draws other, fewer windows, whose losses do not compare"):
+        memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+    raw["eval"]["batch_size"] = 4
+    with pytest.raises(ValueError, match=r"and raise train\.grad_accum_steps$"):
+        memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+
+
+def test_a_key_above_the_first_table_is_named_with_its_table():
+    """train20: `max_steps = 5` above [model] (a nanoGPT habit) was "unknown section [max_steps]"."""
+    for raw, message in (
+            ({"max_steps": 5}, "config: max_steps = 5 is outside any table (did you mean 'train.max_steps', "
+                               "under [train]?)"),
+            ({"lr": 5e-4}, "config: lr = 0.0005 is outside any table (did you mean 'optim.max_lr'?)"),
+            ({"compile": True}, "config: compile = true is outside any table (did you mean 'train.compile', "
+                                "under [train]?)"),
+            ({"optimizer": {}}, "config: unknown section [optimizer] (did you mean 'optim'?)")):
+        with pytest.raises(ValueError) as e:
+            config_from_dict(raw)
+        assert str(e.value) == message
+
+
+def test_a_path_key_set_to_none_says_how_to_go_without_it(tmp_path, capsys, monkeypatch):
+    """train20: `--set data.val=none` looked for a file called none, where the README says none unsets a
+    key that may be left out; a path keeps the word, and the error now says how to go without the key."""
+    monkeypatch.chdir(tmp_path)
+    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    for key in ("data.val", "data.tokenizer"):
+        rc, err = _cli(["train", "--config", str(good), "--set", f"{key}=none"], capsys)
+        assert rc == 2 and err.rstrip().endswith(f"; `none` is a file name in a path key: to go without {key}, "
+                                                 "take its line out of the config"), err
+        assert len(err.splitlines()) == 1
+
+
 def test_parameters_are_counted_without_building_every_layer(tmp_path, monkeypatch):
     """`--set model.num_layers=1000000` hung for minutes, then was killed or a MemoryError traceback:
     the memory check built every layer on the meta device to count them (clifuzz9 #2). The count
@@ -767,6 +809,26 @@ def test_a_signal_on_a_checkpointed_step_still_says_where_the_run_stopped(tmp_pa
     again._signal = signal.SIGTERM  # stopped at once: the checkpoint it resumed from is where it stopped
     assert again.run() == 128 + signal.SIGTERM
     assert resumed[-1] == f"stopped at step 6; checkpoint {saved}; continue with --resume"
+
+
+def test_a_signal_during_the_last_steps_evaluation_still_finishes_the_run(tmp_path, monkeypatch):
+    """train20: a SIGTERM that came during the final evaluation (the longest pause of a job a scheduler
+    stops at its limit) made the finished run a stopped one: exit 143, "continue with --resume", and no
+    model.safetensors, though every step was trained and evaluated. The budget is looked at first."""
+    raw = _raw_config(tmp_path, train={"max_steps": 6}, checkpoint={"interval": 0}, eval={"interval": 100})
+    lines = []
+    trainer = Trainer(config_from_dict(raw), print_fn=lines.append)
+    evaluate = trainer._run_eval
+
+    def signalled_while_evaluating():
+        evaluate()
+        if trainer.step == 6:
+            trainer._signal = signal.SIGTERM  # as the handler sets it
+
+    monkeypatch.setattr(trainer, "_run_eval", signalled_while_evaluating)
+    assert trainer.run() == 0
+    assert (tmp_path / "run" / "model.safetensors").is_file() and lines[-1].startswith("done")
+    assert (tmp_path / "run" / "checkpoints" / "step_00000006.pt").is_file()
 
 
 def test_the_steps_before_a_signal_are_logged(tmp_path):
@@ -1782,6 +1844,38 @@ def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_pa
     assert rc == 2 and err == (f"lm train: error: train.out_dir: cannot write in {str(tmp_path / 'run')!r}: "
                                f"no space left on device ({str(failing)!r})\n"), err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_config_changed_in_python_is_checked_and_its_numpy_numbers_made_pythons(tmp_path):
+    """train20: a sweep's `cfg.optim.max_lr = lr` over np.logspace put a numpy scalar in every
+    checkpoint, which --resume, lm sample and lm eval then all refused; a Config built in Python
+    with LogConfig(interval=0) was a ZeroDivisionError after the run folder was made, and
+    grad_accum_steps=0 a "diverged" run. The Trainer checks its config as a config file is checked."""
+    from lm.checkpoint.io import read_checkpoint
+    from lm.train import check_config
+    from lm.train.config import Config, DataConfig, LogConfig, TrainConfig
+
+    cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 4}, checkpoint={"interval": 2}))
+    cfg.optim.max_lr, cfg.train.batch_size, cfg.train.seed = np.logspace(-3, -2, 2)[1], np.int64(4), np.int64(3)
+    checked = check_config(cfg)
+    assert type(checked.optim.max_lr) is float and type(checked.train.batch_size) is int
+    assert checked.optim.max_lr == cfg.optim.max_lr and checked.train.seed == 3
+    assert Trainer(cfg, print_fn=lambda *a: None).run() == 0
+    for path in sorted((tmp_path / "run" / "checkpoints").glob("*.pt")):
+        assert read_checkpoint(path)["config"]["optim"]["max_lr"] == 0.01  # loads (weights_only)
+    model = cfg.model
+    data = DataConfig(train=str(tmp_path / "train.bin"), val=str(tmp_path / "val.bin"))
+    for kwargs, message in (
+            (dict(train=TrainConfig(out_dir=str(tmp_path / "r1"), max_steps=2), log=LogConfig(interval=0)),
+             "config: log.interval must be > 0, got 0"),
+            (dict(train=TrainConfig(out_dir=str(tmp_path / "r2"), max_steps=2, grad_accum_steps=0)),
+             "config: train.grad_accum_steps must be > 0, got 0")):
+        with pytest.raises(ValueError) as e:
+            Trainer(Config(model=model, data=data, **kwargs), print_fn=lambda *a: None)
+        assert str(e.value) == message
+        assert not Path(kwargs["train"].out_dir).exists()
+    with pytest.raises(ValueError, match=r"^cfg: expected an lm\.train\.Config, got dict$"):
+        check_config({})
 
 
 def _setpriv_drops_root_permissions(folder: Path) -> bool:

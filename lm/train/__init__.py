@@ -1,12 +1,12 @@
 """Training: a TOML-configured loop with evaluation, checkpoints, exact resume and DDP.
 
-load_config / Config      the run's configuration (dataclasses read from TOML)
+load_config / Config      the run's configuration (dataclasses read from TOML; check_config checks one made in Python)
 Trainer / train           the loop; ``Trainer(cfg).run()`` returns an exit status
 TrainingDiverged          raised when the loss or gradient norm stops being finite
 plot_runs                 train/validation loss curves of run directories, as a PNG
 """
 
-from lm.train.config import Config, config_from_dict, load_config
+from lm.train.config import Config, check_config, config_from_dict, load_config
 from lm.train.metrics import read_metrics
 from lm.train.plot import plot_runs
 from lm.train.trainer import Trainer, TrainingDiverged, train
@@ -15,6 +15,7 @@ __all__ = [
     "Config",
     "Trainer",
     "TrainingDiverged",
+    "check_config",
     "config_from_dict",
     "load_config",
     "plot_runs",

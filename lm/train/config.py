@@ -402,6 +402,12 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
         raw[section][name] = value
     sections = {}
     for section, values in raw.items():
+        if section not in SECTIONS and not isinstance(values, dict):  # `max_steps = 5` above the first table
+            known = _all_keys()
+            moved = [k for k in known if k.split(".", 1)[1] == section]
+            hint = (f" (did you mean {moved[0]!r}, under [{moved[0].split('.')[0]}]?)" if moved else
+                    _foreign_name(section, known) or _suggest(section, known))
+            raise ValueError(f"config: {section} = {spelled(values)} is outside any table{hint}")
         if section not in SECTIONS:
             raise ValueError(f"config: unknown section [{section}]{_suggest(section, list(SECTIONS))}")
         if not isinstance(values, dict):
@@ -425,6 +431,27 @@ def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
     cfg = Config(**sections)
     _check_values(cfg)
     return cfg
+
+
+def check_config(cfg: Config) -> Config:
+    """``cfg`` checked as a config file is, and returned as a new :class:`Config`: types, values,
+    numpy's numbers made Python's. What :class:`~lm.train.Trainer` runs, so that a config built or
+    changed in Python gets the checks of one read from TOML: a sweep's ``cfg.optim.max_lr = lr`` over
+    ``np.logspace`` had put a numpy scalar in every checkpoint, which then none could load, and
+    ``LogConfig(interval=0)`` had been a ZeroDivisionError once the run folder was made (train20)."""
+    if not isinstance(cfg, Config):
+        raise ValueError(f"cfg: expected an lm.train.Config, got {type(cfg).__name__}")
+    raw: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        if not dataclasses.is_dataclass(section):
+            raise ValueError(f"config: [{f.name}] must be a {SECTIONS[f.name].__name__}, got {type(section).__name__}")
+        raw[f.name] = {g.name: getattr(section, g.name) for g in dataclasses.fields(section)
+                       if g.init and getattr(section, g.name) is not None}  # None: unset, every such key's default
+    architecture = getattr(cfg.model, "architecture", "decoder_lm")
+    if architecture != "decoder_lm":
+        raw["model"]["architecture"] = architecture
+    return config_from_dict(raw)
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] = ()) -> Config:

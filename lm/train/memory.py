@@ -115,6 +115,9 @@ def _check_steps(cfg, device: torch.device, have: int) -> None:
         checks = [("train.batch_size", t.batch_size, True)]
         if cfg.data.val and cfg.eval.batch_size:
             checks.append(("eval.batch_size", cfg.eval.batch_size, False))
+    # a lower train batch lowers the evaluation's too where eval's is unset: other, fewer windows (train20)
+    eval_key = "eval.batch_tokens" if m.architecture == "encoder_decoder" else "eval.batch_size"
+    unset_eval = bool(cfg.data.val) and getattr(cfg.eval, eval_key.split(".")[1]) is None
     params = parameter_count(m)  # once for every check below
     weights = step_bytes(m, 1, train=True, tokens=1, params=params)["weights"]
     if weights > have:  # no batch size helps: the model is too large for the device
@@ -135,4 +138,6 @@ def _check_steps(cfg, device: torch.device, have: int) -> None:
                 f"needs at least {_gb(need['total'])} (weights and optimizer {_gb(need['weights'])}, activations "
                 f"{_gb(need['activations'])}) but {device} has {_gb(have)} free; lower {key}"
                 + (" and raise train.grad_accum_steps" if train else "")
+                + (f" ({eval_key}, unset, follows {key}: the evaluation then draws other, fewer windows, whose "
+                   "losses do not compare with this run's)" if train and unset_eval else "")
             )

@@ -45,7 +45,7 @@ from lm.optim import (
     wsd_lr_schedule,
 )
 from lm.tokenizer import check_tokenizer_checksum
-from lm.train.config import Config, resume_changes, spelled
+from lm.train.config import Config, check_config, resume_changes, spelled
 from lm.train.data_identity import data_fingerprint, same_data_file
 from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
@@ -164,6 +164,7 @@ class Trainer:
         quiet: bool = False,
     ):
         check_resume(resume)  # before anything starts
+        cfg = check_config(cfg)  # a Config built or changed in Python: the checks of one read from TOML
         self.cfg = cfg
         self.on_checkpoint = on_checkpoint
         self._print = print_fn
@@ -214,7 +215,10 @@ class Trainer:
         self._data_fingerprints = {key: data_fingerprint(data.path, data.meta) for key, data in
                                    (("data.train", self.train_data), ("data.val", self.val_data)) if data is not None}
         if cfg.data.tokenizer:
-            self._check_tokenizer(cfg.data.tokenizer)
+            try:
+                self._check_tokenizer(cfg.data.tokenizer)
+            except ValueError as e:
+                raise ValueError(f"{e}{_none_hint('data.tokenizer', cfg.data.tokenizer)}") from None
         if cfg.model.architecture == "encoder_decoder":
             for key, data in (("data.train", self.train_data), ("data.val", self.val_data)):
                 specials = data.meta.get("special_tokens") if data is not None else None
@@ -962,12 +966,14 @@ class Trainer:
         agreed_stop = False  # under DDP: a signal somewhere, as of the last poll
         lr, norm = self.learning_rate(), None  # the last step's, for a record of the steps before a stop
         while True:
+            # the budget first: a signal during the last step's evaluation had made a finished run a stopped one
+            # (exit 143, "continue with --resume", no model.safetensors; train20)
+            if self.budget_spent():
+                break
             if agreed_stop if self.dist.enabled else self._signal is not None:
                 if window.steps:  # the steps since the last record: logged, or a resume would never report them
                     self._log_window(window, lr, norm)
                 return self._stop_for_signal(window, saved=self.step == last_saved, path=saved_path)
-            if self.budget_spent():
-                break
             lr = self.learning_rate()
             loss, norm = self.train_step(lr)
             self.step += 1
@@ -1229,7 +1235,15 @@ def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> An
         message = str(e) if str(e).startswith(f"{key}:") else f"{key}: {e}"
         if not Path(path).is_absolute() and not Path(path).exists():
             message += f" (a config's paths are read from the working directory, {os.getcwd()!r})"
-        raise ValueError(message) from None
+        raise ValueError(message + _none_hint(key, path)) from None
+
+
+def _none_hint(key: str, path) -> str:
+    """For a path spelled ``none`` or ``null`` that is not there: that a path keeps the word (``--set
+    data.val=none`` had looked for a file so named, with nothing to say how to go without it: train20)."""
+    if str(path).strip().lower() not in ("none", "null") or Path(path).exists():
+        return ""
+    return f"; `none` is a file name in a path key: to go without {key}, take its line out of the config"
 
 
 def _saved_step(path: Path) -> int | None:
