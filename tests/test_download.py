@@ -113,6 +113,30 @@ def test_download_resumes_an_earlier_partial_file(server, tmp_path):
     assert ("GET", "/files/main/s.txt", "bytes=123456-") in Handler.requests
 
 
+@pytest.mark.parametrize("partial", [False, True], ids=["fresh", "resumed"])
+def test_a_second_download_of_the_file_another_process_writes_is_refused(server, tmp_path, partial):
+    """faults20: two downloads of one file wrote the same .part at once, each truncating and appending to
+    the other's bytes, and the loser ended with a raw "No such file or directory: '... .part'". The
+    .part is held (flock) by the process that writes it: another is refused in one line, and its
+    bytes are left alone."""
+    import fcntl
+    import os
+
+    part = tmp_path / "s.txt.part"
+    part.write_bytes(PAYLOAD[:1000] if partial else b"")
+    fd = os.open(part, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the other process holds it
+    try:
+        with pytest.raises(OSError, match=r"^s\.txt: another process is downloading it into .*s\.txt\.part' now; "
+                                          r"run again once it is done$"):
+            download(f"{server}/resolve/main/s.txt", tmp_path / "s.txt", progress=False)
+        assert part.read_bytes() == (PAYLOAD[:1000] if partial else b"") and not (tmp_path / "s.txt").exists()
+    finally:
+        os.close(fd)
+    download(f"{server}/resolve/main/s.txt", tmp_path / "s.txt", progress=False)  # once it is done
+    assert (tmp_path / "s.txt").read_bytes() == PAYLOAD and not part.exists()
+
+
 def test_checksum_mismatch_is_an_error_and_nothing_is_final(server, tmp_path):
     Handler.sha = "0" * 64
     with pytest.raises(OSError, match="SHA-256 .* does not match"):

@@ -239,12 +239,16 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
     attempt = 0
     bar = tqdm(total=size, unit="B", unit_scale=True, desc=dest.name,
                disable=None if progress else True, file=sys.stderr)
+    lock: list[int] = []  # the fd that holds the .part for this process, once it writes
     try:
         while True:
+            if not lock and part.exists():  # a .part to resume: held before it is read
+                lock.append(_hold(part, dest))
             have = part.stat().st_size if part.exists() else 0
             if size is not None and have > size:
                 part.unlink()
                 have = 0
+                os.close(lock.pop())  # the unlinked file's: the next .part is another file, held when made
             bar.n = have
             bar.refresh()
             if size is not None and have == size:
@@ -263,6 +267,10 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
                     except OSError as e:
                         raise ValueError(f"--out: cannot make the folder {str(dest.parent)!r}: "
                                          f"{e.strerror or e}") from None
+                    if not lock:
+                        lock.append(_hold(part, dest))
+                        if part.stat().st_size != have:  # another process made and wrote it meanwhile
+                            continue
                     with open(part, mode) as f:
                         while block := r.read(_BLOCK):
                             f.write(block)
@@ -284,20 +292,42 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
                 attempt = _retry_or_raise(attempt, retries, url, part, e)
             except (TimeoutError, urllib.error.URLError, ConnectionError, HTTPException) as e:
                 attempt = _retry_or_raise(attempt, retries, url, part, e)
+        got = part.stat().st_size
+        if size is not None and got != size:
+            raise DownloadError(f"{dest.name}: got {got} bytes, expected {size}")
+        if sha is not None:
+            digest = _sha256_of(part).hexdigest()
+            if digest != sha:
+                part.unlink()
+                raise DownloadError(f"{dest.name}: SHA-256 {digest} does not match the expected {sha}; removed, "
+                                    "run again")
+        with open(part, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(part, dest)
+        return dest
     finally:
         bar.close()
-    got = part.stat().st_size
-    if size is not None and got != size:
-        raise DownloadError(f"{dest.name}: got {got} bytes, expected {size}")
-    if sha is not None:
-        digest = _sha256_of(part).hexdigest()
-        if digest != sha:
-            part.unlink()
-            raise DownloadError(f"{dest.name}: SHA-256 {digest} does not match the expected {sha}; removed, run again")
-    with open(part, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(part, dest)
-    return dest
+        for fd in lock:
+            os.close(fd)
+
+
+def _hold(part: Path, dest: Path) -> int:
+    """An fd of ``part`` (made if missing) locked for this process: two downloads of one file had
+    written the same ``.part`` at once, each truncating and appending to the other's bytes, and the
+    loser failed with a raw "No such file or directory: ... .part" (faults20)."""
+    import fcntl
+
+    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DownloadError(f"{dest.name}: another process is downloading it into {str(part)!r} now; "
+                            "run again once it is done") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 _RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)  # answers that may differ on the next try
