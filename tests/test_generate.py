@@ -494,6 +494,45 @@ def test_compiled_generation_gives_the_eager_tokens(variant):
         assert alive() is None  # a weak-keyed table of steps (which hold the model) kept it forever
 
 
+def test_compiled_calls_at_once_each_get_their_own_cache():
+    """generate20: the compiled step kept with the model held one call's cache, and a call made while
+    another used it (from on_token, or another thread) cleared and refilled its rows under the other:
+    11 of 15 greedy calls in each of two threads returned other tokens than the model's. A call
+    that finds the kept step in use gets a cache of its own, with the same compiled code."""
+    import threading
+
+    model = TransformerLM(**SMALL).eval()
+    p1, p2 = [1, 2, 3, 4, 5, 6], [9, 8, 7, 6, 5, 4]
+    want1, want2 = generate(model, p1, 12, temperature=0), generate(model, p2, 12, temperature=0)
+    assert generate(model, p1, 12, temperature=0, compile=True) == want1
+    inner = []
+
+    def nested(row, token):
+        if not inner:
+            inner.append(generate(model, p2, 12, temperature=0, compile=True))
+
+    assert generate(model, p1, 12, temperature=0, compile=True, on_token=nested) == want1 and inner == [want2]
+    got = {}
+
+    def work(name, prompt):
+        got[name] = [generate(model, prompt, 12, temperature=0, compile=True) for _ in range(6)]
+
+    threads = [threading.Thread(target=work, args=(name, p)) for name, p in (("a", p1), ("b", p2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {"a": [want1] * 6, "b": [want2] * 6}
+    kept, = model.__dict__["_decode_steps"].values()
+    assert kept.in_use is False  # given back after every call, an error's too
+    def fails(row, token):
+        raise ValueError("the callback failed")
+
+    with pytest.raises(ValueError, match="the callback failed"):
+        generate(model, p1, 12, temperature=0, compile=True, on_token=fails)
+    assert kept.in_use is False
+
+
 def test_compiled_generation_prefills_the_prompts_of_one_length_together():
     """Sixteen prompts were sixteen eager forwards before the first compiled step (about 5 ms each on
     an H200, a quarter of a 16-stream call there): the rows of one length now share one forward,

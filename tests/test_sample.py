@@ -74,10 +74,12 @@ def test_greedy_is_repeatable_and_samples_are_separated(run, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--temperature", "-1"], "--temperature: must be a finite number >= 0"),  # the flags (they had said
-        (["--temperature", "inf"], "--temperature: must be a finite number >= 0"),  # temperature, top_p, top_k)
-        (["--top-p", "0"], "--top-p: must be in (0, 1]"),
-        (["--top-k", "0"], "--top-k: must be a positive integer"),
+        # the flags (they had said temperature, top_p, top_k), and the value as given: no "top_k=0", no "or
+        # None", which a command line does not have (generate20)
+        (["--temperature", "-1"], "--temperature: must be a finite number >= 0, got -1.0"),
+        (["--temperature", "inf"], "--temperature: must be a finite number >= 0, got inf"),
+        (["--top-p", "0"], "--top-p: must be in (0, 1], got 0.0"),
+        (["--top-k", "0"], "--top-k: must be a positive integer, got 0"),
         (["--num-samples", "0"], "--num-samples: must be >= 1, got 0"),
         # torch's `Overflow when unpacking long long`, naming nothing
         (["--seed", str(2**64)], f"--seed: must be a whole number in [0, 2**64-1], got {2**64}"),
@@ -88,7 +90,8 @@ def test_bad_arguments(run, capsys, extra, message):
     d, _, _ = run
     assert main(["sample", "--checkpoint", str(d), "--prompt", "x", *extra]) == 2
     err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
+    assert err == f"lm sample: error: {message}" if message.startswith("--t") else message in err
+    assert len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -243,6 +246,10 @@ def test_the_prompt_file_may_be_a_pipe_dev_stdin_or_a_process_substitution(run, 
     for path, message in ((tmp_path, "is a directory"), (tmp_path / "missing.txt", "file not found")):
         assert main([*common, "--prompt-file", str(path)]) == 2
         assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {message}: {str(path)!r}\n"
+    (tmp_path / "bad.txt").write_bytes(b"Lily\xff")  # the file named, as every other --prompt-file error names it
+    assert main([*common, "--prompt-file", str(tmp_path / "bad.txt")]) == 2
+    assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {str(tmp_path / 'bad.txt')!r} is not " \
+                                      "valid UTF-8 (byte 4)\n"
 
 
 def test_the_stats_line_names_the_weights_sampled(run, tmp_path, capsys):

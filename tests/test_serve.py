@@ -543,6 +543,31 @@ def test_eos_id_is_checked_as_generate_checks_it(eos):
         generate(model, [1, 2], 1, eos_id=eos)
 
 
+def test_an_eos_id_past_the_sampling_limit_is_refused_and_n_may_be_a_numpy_integer():
+    """generate20: an eos_id at or past vocab_size (the tokenizer's size, below which ids are drawn) could
+    never be drawn, so generation never stopped at it: taken without a word by generate and Engine.
+    And Request(n=np.int64(2)) was refused where every other count of the engine takes numpy's."""
+    import numpy as np
+
+    model = tiny_model()
+    for eos in (90, 95):
+        with pytest.raises(ValueError) as e:
+            Engine(model, max_batch=2, eos_id=eos, vocab_size=90)
+        assert str(e.value) == f"eos_id must be None or one token id in [0, vocab_size=90), got eos_id={eos}"
+        with pytest.raises(ValueError) as e:
+            generate(model, [1, 2], 3, eos_id=eos, vocab_size=90)
+        assert str(e.value) == f"eos_id must be None or one token id in [0, vocab_size=90), got eos_id={eos}"
+    Engine(model, max_batch=2, eos_id=89, vocab_size=90)
+    engine = Engine(model, max_batch=4)
+    rec = Recorder(2)
+    request = Request([1, 2], SamplingParams(max_tokens=3, seed=1), n=np.int64(2),
+                      on_token=lambda i, t: rec.tokens[i].append(t))
+    engine.submit(request)
+    while engine.step():
+        pass
+    assert request.n == 2 and type(request.n) is int and [len(rec.tokens[i]) for i in range(2)] == [3, 3]
+
+
 def test_prompts_as_arrays_tensors_and_numpy_ids_are_taken_as_generate_takes_them():
     """An array or tensor prompt failed with "truth value ... ambiguous", a numpy id was "outside [0, 97)"
     though inside, a float id was said to be out of range, and a dict for params an AttributeError."""

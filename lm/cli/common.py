@@ -215,8 +215,9 @@ def as_flags(**flags: str) -> Iterator[None]:
     def renamed(message: str) -> str | None:
         for name, flag in flags.items():
             m = re.match(rf"{re.escape(name)}(?::\s*|\s+(?=must\b))", message)
-            if m:
-                return f"{flag}: {message[m.end():]}"
+            if m:  # a command line has no None, and names the flag, not the parameter: "got 0", not "got top_k=0"
+                rest = message[m.end():].replace(" or None, got ", ", got ").replace(f"got {name}=", "got ")
+                return f"{flag}: {rest}"
         return None
 
     shown = warnings.showwarning

@@ -83,7 +83,8 @@ def read_prompt(args: argparse.Namespace) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"--prompt-file: not valid UTF-8 (byte {e.start})") from None
+        where = "standard input" if args.prompt_file == "-" else repr(args.prompt_file)
+        raise ValueError(f"--prompt-file: {where} is not valid UTF-8 (byte {e.start})") from None
 
 
 @quiet_on_closed_pipe

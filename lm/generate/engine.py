@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -170,7 +171,7 @@ def generate(
         )
     window_shift = operator.index(window_shift)
     check_vocab_limit(vocab_size, cfg.vocab_size)
-    check_eos_id(eos_id, cfg.vocab_size)
+    check_eos_id(eos_id, vocab_size or cfg.vocab_size)  # one at or past the sampling limit never comes (generate20)
     eos_id = None if eos_id is None else operator.index(eos_id)
     prompts, single = _as_prompt_list(prompt_ids)
     if not prompts:
@@ -187,8 +188,9 @@ def generate(
     if max_new_tokens == 0:
         return new_tokens[0] if single else new_tokens
     done = [False] * len(prompts)
-    with model.trusted_ids():  # the prompts were checked above; sampled ids are below vocab_size
+    with model.trusted_ids(), contextlib.ExitStack() as stack:  # prompts checked above; sampled ids below vocab
         rows = (_StaticRows if compile else _PaddedRows)(model, history, max_new_tokens)
+        stack.callback(rows.close)
         logits = rows.prefill(ctx)
         for step in range(max_new_tokens):
             if vocab_size is not None:
@@ -238,6 +240,9 @@ class _PaddedRows:
         ids = torch.tensor(next_ids, dtype=torch.long, device=self.model.device)[:, None]
         return self.model(ids, kv_cache=self.cache, last_only=True)[:, -1]
 
+    def close(self) -> None:
+        pass
+
 
 class _StaticRows:
     """``compile=True``: each row prefilled (with the rows of its length) into its row of a static
@@ -249,7 +254,22 @@ class _StaticRows:
         ctx = model.config.context_length
         need = max(len(h) for h in history) + max_new_tokens
         max_len = min(ctx, 64 * -(-need // 64))  # rounded up, so that nearby requests share one compiled step
-        self.decode = decode_step_for(model, len(history), max_len)
+        kept = decode_step_for(model, len(history), max_len)
+        with _IN_USE:
+            self._kept = None if kept.in_use else kept
+            if self._kept is not None:
+                kept.in_use = True
+        # The kept step's cache is one call's: a call while another uses it (another thread, or one made
+        # from on_token) had cleared and refilled its rows under the other, whose tokens then came from
+        # the wrong keys and values (generate20). It gets a cache of its own, and the same compiled code.
+        self.decode = kept if self._kept is not None else DecodeStep(
+            model, len(history), compile=True, cache=StaticKVCache.for_model(model, len(history), max_len), share=kept)
+
+    def close(self) -> None:
+        """The kept step is free for the next call."""
+        if self._kept is not None:
+            self._kept.in_use = False
+            self._kept = None
 
     @property
     def full(self) -> bool:
@@ -294,6 +314,9 @@ class _Steps(dict):
 
     def __reduce__(self):
         return _Steps, ()
+
+
+_IN_USE = threading.Lock()  # guards DecodeStep.in_use of the kept steps
 
 
 def decode_step_for(model, rows: int, max_len: int) -> DecodeStep:

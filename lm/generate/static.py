@@ -342,6 +342,7 @@ class DecodeStep:
         self.device = model.output_weight.device
         self.dtype = dtype
         self.compiled = compile
+        self.in_use = False  # generate(compile=True) holds a kept step for a call (lm.generate.engine)
         # Compiled: attend over the positions in use (a power-of-two span), not the whole cache. The
         # compiled kernels, one for every span, sum a row's keys in the same order at any span (the
         # unused ones add exact zeros); eager BLAS does not (measured: a 3-row step over 32

@@ -278,14 +278,14 @@ class Engine:
             if not is_count(value, 1):  # numpy's integers too
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         max_batch, max_queue = int(max_batch), int(max_queue)
-        check_eos_id(eos_id, model.config.vocab_size)
+        check_vocab_limit(vocab_size, model.config.vocab_size)
+        check_eos_id(eos_id, vocab_size or model.config.vocab_size)  # past the sampling limit it never comes
         check_flag("compile", compile)  # a string is truthy: compile="no" had compiled every step
         check_dtype("dtype", dtype, AUTOCAST_DTYPES)  # torch.int64 had only warned that autocast was off
         self.model = model.eval()
         self.max_batch, self.max_queue = max_batch, max_queue
         self.eos_id = None if eos_id is None else operator.index(eos_id)
         cfg = model.config
-        check_vocab_limit(vocab_size, cfg.vocab_size)
         self.vocab_size = vocab_size or cfg.vocab_size  # sample ids below it: the tokenizer's size
         self.context_length = cfg.context_length
         weight = model.output_weight
@@ -399,8 +399,9 @@ class Engine:
         bad = next((t for t in p if not 0 <= t < vocab), None)  # ints: Request made them so
         if bad is not None:
             raise ValueError(f"prompt: token id {bad!r} is outside [0, {vocab})")
-        if isinstance(request.n, bool) or not isinstance(request.n, int) or not 1 <= request.n <= self.max_batch:
+        if not is_count(request.n, 1) or request.n > self.max_batch:  # numpy's integers too (generate20)
             raise ValueError(f"n: must be a whole number in [1, {self.max_batch}], got {request.n!r}")
+        request.n = int(request.n)
         self._check_lengths(request)
 
     def _check_lengths(self, request: Request) -> None:
