@@ -236,6 +236,13 @@ def test_the_server_answers_with_the_translation_streaming_and_not():
                        "translate", "type": "invalid_request_error", "param": "prompt", "code": None}
         info = httpx.get(server.url + "/v1/models").json()["data"][0]
         assert info["id"] == "mt" and info["max_model_len"] == 32
+        # vLLM's /tokenize counts the prompt as the completion reads it (seq2seq20: its whitespace had
+        # been counted, and a line break taken), so a client's count is the usage it will be charged
+        r = httpx.post(server.url + "/tokenize", json={"prompt": " \t hello \n"})
+        assert r.status_code == 200 and r.json()["count"] == len("hello") == len(r.json()["tokens"])
+        for prompt in ("  \n", "one\ntwo"):
+            r = httpx.post(server.url + "/tokenize", json={"prompt": prompt})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     finally:
         server.close()
 

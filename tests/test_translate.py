@@ -449,6 +449,47 @@ def test_lm_translate_into_a_closed_pipe_stops_quietly(run, tmp_path):
     assert first.endswith(b"\n")
 
 
+def test_lm_translate_with_a_buffer_size_answers_each_group_before_reading_on(run, tmp_path):
+    """seq2seq20: `--input -` was read to its end before the first translation, so a co-process that
+    writes a sentence and waits for its translation (fairseq-interactive's use) waited for ever, and a
+    person typing got nothing until Ctrl-D. With --buffer-size N each N lines are translated as they
+    come (at a terminal, N is 1 unless given); the translations are those of the whole input."""
+    d, model, tok = run
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lm", "translate", "--checkpoint", str(d), "--input", "-",
+                             "--beam", "1", "--buffer-size", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    lines = ["ab cd", "", "ef gh ij"]
+    got = []
+    try:
+        for line in lines:  # one line in, its translation out, with stdin still open
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            got.append(proc.stdout.readline().decode().rstrip("\n"))
+    finally:
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0 and rest == b"", proc.stderr.read().decode()
+    assert got == _greedy_lines(model, tok, lines)
+    for argv, message in ((["--input", "-", "--buffer-size", "0"], "--buffer-size: must be >= 1, got 0"),
+                          (["x", "--buffer-size", "2"], "--buffer-size: applies to --input - (standard input)")):
+        r = subprocess.run([sys.executable, "-m", "lm", "translate", "--checkpoint", str(d), *argv],
+                           capture_output=True, env=env, input=b"", timeout=120)
+        assert r.returncode == 2 and r.stderr.decode().startswith(f"lm translate: error: {message}"), r.stderr
+
+
+def test_a_bad_line_of_a_buffered_input_is_named_after_the_lines_before_it(run, capsys, monkeypatch):
+    import io
+
+    d, model, tok = run
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ab cd\r\nef\n\xffgh\n")))
+    assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1", "--buffer-size", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.split("\n")[:-1] == _greedy_lines(model, tok, ["ab cd", "ef"])
+    assert captured.err == "lm translate: error: --input: standard input line 3: not valid UTF-8 (byte 0xff at " \
+                           "column 1)\n"
+
+
 # -- one translation a line, one encoding of a source, memory, progress ------------------------------
 
 def _lm(*argv) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import itertools
 import sys
 import zlib
+from collections.abc import Iterator
 
 from lm.cli.common import (
     add_checkpoint,
@@ -50,6 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size; 1 is greedy decoding")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A", help="length penalty exponent (GNMT)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences decoded together")
+    p.add_argument("--buffer-size", type=int, default=None, metavar="N",
+                   help="with --input -: translate every N lines as they come in, printing each group's "
+                        "translations before reading on (1: each line as it is read, as a co-process or a person "
+                        "typing needs). Default: 1 at a terminal; else standard input is read to its end first, "
+                        "and every line checked before the first is translated")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     add_compute(p)
     add_quiet(p)
@@ -165,38 +172,92 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: must be >= 1, got {args.batch_size}")
     set_threads(args.threads)
-    lines = read_lines(args)
+    buffered = buffer_size(args)
+    groups = stdin_groups(buffered) if buffered else iter([read_lines(args)])
+    first = next(groups, [])  # before the model loads: a bad input costs nothing
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     require_architecture(model, "encoder_decoder", args.checkpoint)
     cfg = model.config
     dtype = resolve_dtype(args.dtype, model.device)
-    sources = [tok.encode(line.strip()) for line in lines]
     given = "TEXT sentence" if args.text else "--input line"  # what the user gave the sentences as
     where = "TEXT: sentence" if args.text else "--input: line"
-    for i, s in enumerate(sources):
-        check_source_length(f"{where} {i + 1}", len(s), cfg.context_length)
     banned = line_break_ids(tok)  # one translation a line, whatever the model would emit
-    check_decoding_memory(model, [[len(s) for s in sources[i : i + args.batch_size] if s]
-                                  for i in range(0, len(sources), args.batch_size)], args.beam, args.batch_size)
     out = sys.stdout
-    with autocast(model.device, dtype), progress_bar(len(sources), args.quiet) as bar, \
+    done_lines = 0  # the lines of the groups before this one
+    with autocast(model.device, dtype), progress_bar(len(first), args.quiet or bool(buffered)) as bar, \
             decoding_fits(args.beam, args.batch_size):
-        for start in range(0, len(sources), args.batch_size):
-            chunk = sources[start : start + args.batch_size]
-            todo = [j for j, s in enumerate(chunk) if s]  # an empty line translates to an empty line
-            result = [[] for _ in chunk]
-            if todo:
-                with as_flags(alpha="--alpha"):
-                    try:
-                        done = translate(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
-                                         vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
-                                         banned_ids=banned)
-                    except NonFiniteLogitsError as e:  # its row in this batch, as the line the user gave
-                        raise e.naming([start + j + 1 for j in todo], given) from None
-                for j, ids in zip(todo, done):
-                    result[j] = ids
-            with tqdm.external_write_mode(file=out):  # the bar steps aside when both share a terminal
-                out.write("".join(tok.decode(ids).strip() + "\n" for ids in result))
-                out.flush()
-            bar.update(len(chunk))
+        for lines in itertools.chain([first], groups):
+            sources = [tok.encode(line.strip()) for line in lines]
+            for i, s in enumerate(sources):
+                check_source_length(f"{where} {done_lines + i + 1}", len(s), cfg.context_length)
+            check_decoding_memory(model, [[len(s) for s in sources[i : i + args.batch_size] if s]
+                                          for i in range(0, len(sources), args.batch_size)], args.beam, args.batch_size)
+            for start in range(0, len(sources), args.batch_size):
+                chunk = sources[start : start + args.batch_size]
+                todo = [j for j, s in enumerate(chunk) if s]  # an empty line translates to an empty line
+                result = [[] for _ in chunk]
+                if todo:
+                    with as_flags(alpha="--alpha"):
+                        try:
+                            done = translate(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
+                                             vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
+                                             banned_ids=banned)
+                        except NonFiniteLogitsError as e:  # its row in this batch, as the line the user gave
+                            raise e.naming([done_lines + start + j + 1 for j in todo], given) from None
+                    for j, ids in zip(todo, done):
+                        result[j] = ids
+                with tqdm.external_write_mode(file=out):  # the bar steps aside when both share a terminal
+                    out.write("".join(tok.decode(ids).strip() + "\n" for ids in result))
+                    out.flush()
+                bar.update(len(chunk))
+            done_lines += len(lines)
     return 0
+
+
+def buffer_size(args: argparse.Namespace) -> int | None:
+    """``--buffer-size``, or 1 where ``--input -`` is a terminal (each Enter had given nothing until
+    Ctrl-D: seq2seq20); None: read the input whole first."""
+    if args.buffer_size is not None:
+        if args.buffer_size < 1:
+            raise ValueError(f"--buffer-size: must be >= 1, got {args.buffer_size}")
+        if args.input != "-" or args.text:
+            raise ValueError("--buffer-size: applies to --input - (standard input), which is read as it comes")
+        return args.buffer_size
+    if args.input == "-" and not args.text and sys.stdin is not None and sys.stdin.isatty():
+        return 1
+    return None
+
+
+def stdin_groups(size: int) -> Iterator[list[str]]:
+    """Standard input's lines in groups of ``size``, each yielded once read (a line once its line
+    end has come), so that its translations are printed before the next group is waited for, as
+    fairseq-interactive's ``--buffer-size`` does. Lines split and checked as :func:`read_lines` does
+    (one bad line: the error names it, and the lines before it are translated)."""
+    if sys.stdin is None:
+        raise ValueError("--input: - reads standard input, which is closed")
+    stream = sys.stdin.buffer
+    with contextlib.suppress(OSError, AttributeError):
+        if stream.peek(2)[:2] == b"\x1f\x8b":
+            raise ValueError("--buffer-size: standard input is gzip, which is read whole; leave --buffer-size out "
+                             "(or pipe it through zcat)")
+    group, number = [], 0
+    while True:
+        try:
+            raw = stream.readline()
+        except OSError as e:
+            raise ValueError(f"--input: - reads standard input, which cannot be read: {e.strerror or e}") from None
+        if not raw:
+            break
+        number += 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--input: standard input line {number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
+                             f"column {e.start + 1})") from None
+        text = text[:-1] if text.endswith("\n") else text
+        group.append(text[:-1] if text.endswith("\r") else text)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group

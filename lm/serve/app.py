@@ -301,7 +301,8 @@ async def model(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    text = api.parse_tokenize(await read_json(request, state.max_body), model_name=state.model_name)
+    text = api.parse_tokenize(await read_json(request, state.max_body), model_name=state.model_name,
+                              translation=state.engine.architecture == "encoder_decoder")
     ids = await state.off_loop(state.tokenizer.encode, text)
     return JSONResponse({"count": len(ids), "max_model_len": state.engine.context_length, "tokens": ids,
                          "token_strs": None})

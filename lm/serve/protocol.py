@@ -160,16 +160,8 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
                             f"({max_queue}); send them in smaller requests", "prompt")
     prompts = []
     for p in texts_or_ids:
-        if isinstance(p, str) and translation:  # a sentence as `lm translate` reads a line: stripped
-            text = _unicode(p, "prompt").strip()
-            if not text:
-                raise APIError(400, "prompt: empty (surrounding whitespace is dropped, as `lm translate` drops "
-                                    "it): nothing to translate", "prompt")
-            if "\n" in text:  # lm translate --input: a sentence a line, one translation a line
-                raise APIError(400, "prompt: holds a line break, and a translation model translates one line "
-                                    "(a sentence, as `lm translate` reads it); send each line as a prompt of its "
-                                    "own (prompt may be a list)", "prompt")
-            ids = tokenizer.encode(text)
+        if isinstance(p, str) and translation:
+            ids = tokenizer.encode(_sentence(p))
         elif isinstance(p, str):
             ids = tokenizer.encode(_unicode(p, "prompt")) if p else ([eot_id] if eot_id is not None else [])
         elif all(isinstance(t, int) and not isinstance(t, bool) for t in p):
@@ -283,9 +275,23 @@ def _check_model(body: Any, model_name: str) -> dict:
     return body
 
 
-def parse_tokenize(body: Any, *, model_name: str) -> str:
-    """A ``POST /tokenize`` body (vLLM's): the ``prompt`` text. ``add_special_tokens`` may be given;
-    this tokenizer adds none either way."""
+def _sentence(prompt: str) -> str:
+    """A translation model's prompt read as ``lm translate`` reads a line: stripped, not empty, one line."""
+    text = _unicode(prompt, "prompt").strip()
+    if not text:
+        raise APIError(400, "prompt: empty (surrounding whitespace is dropped, as `lm translate` drops "
+                            "it): nothing to translate", "prompt")
+    if "\n" in text:  # lm translate --input: a sentence a line, one translation a line
+        raise APIError(400, "prompt: holds a line break, and a translation model translates one line "
+                            "(a sentence, as `lm translate` reads it); send each line as a prompt of its "
+                            "own (prompt may be a list)", "prompt")
+    return text
+
+
+def parse_tokenize(body: Any, *, model_name: str, translation: bool = False) -> str:
+    """A ``POST /tokenize`` body (vLLM's): the ``prompt`` text, for a ``translation`` model read as
+    ``/v1/completions`` reads it (stripped, one line: its whitespace had been counted, 10 tokens for
+    a prompt of 5: seq2seq20). ``add_special_tokens`` may be given; this tokenizer adds none either way."""
     body = _check_model(body, model_name)
     _known_fields(body, {"model", "prompt", "add_special_tokens"})
     prompt = body.get("prompt")
@@ -293,7 +299,7 @@ def parse_tokenize(body: Any, *, model_name: str) -> str:
         raise APIError(400, f"prompt: must be a string, got {type(prompt).__name__}", "prompt")
     _unicode(prompt, "prompt")
     _boolean(body, "add_special_tokens", True, null=False)  # this tokenizer adds none either way
-    return prompt
+    return _sentence(prompt) if translation else prompt
 
 
 def parse_detokenize(body: Any, tokenizer, *, model_name: str) -> list[int]:
