@@ -598,10 +598,13 @@ def test_export_into_the_runs_checkpoints_folder_is_refused_so_the_run_still_res
     checkpoints folder (RUN/hf) does not stop a resume, and is still taken."""
     checkpoint = sorted((work / "run" / "checkpoints").glob("step_*.pt"))[-1]
     before = snapshot(work / "run")
-    for out in ("run/checkpoints/hf", "run/checkpoints"):
-        r = lm("export", "hf", "--checkpoint", checkpoint, "--out", out, cwd=work)
-        one_line_error(r, f"--out: '{out}' is inside {str(checkpoint.parent)!r}, the checkpoints folder of the run "
-                          f"{str(checkpoint.parent.parent)!r}, which `lm train` keeps for its checkpoints alone")
+    folder = (work / "run" / "checkpoints").resolve()
+    # whichever checkpoint is exported: the run folder itself (its model.safetensors: review20), a step's
+    for source in (checkpoint, "run"):
+        for out in ("run/checkpoints/hf", "run/checkpoints", "run/checkpoints/a/b"):
+            r = lm("export", "hf", "--checkpoint", source, "--out", out, cwd=work)
+            one_line_error(r, f"--out: '{out}' is inside {str(folder)!r}, the checkpoints folder of the run "
+                              f"{str(folder.parent)!r}, which `lm train` keeps for its checkpoints alone")
     assert snapshot(work / "run") == before
     r = lm("export", "hf", "--checkpoint", checkpoint, "--out", tmp_path / "hf", cwd=work)
     assert r.returncode == 0, err_of(r)

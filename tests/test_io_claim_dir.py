@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -337,15 +338,29 @@ def test_a_folder_another_process_takes_after_the_checks_is_refused_and_left_alo
     out = tmp_path / "out"
     if there == "empty folder":
         out.mkdir()
-    real = lm.io._set_aside
+    real_make_dir, real_set_aside, calls = lm.io.make_dir, lm.io._set_aside, []
 
-    def the_other_process_claims_it(*args):  # runs between the checks and the claim
+    def the_other_process_claims_it():
         out.mkdir(exist_ok=True)
         write_marker(out, "lm test", complete=False)
         (out / "report.json").write_text("the other run's")
-        return real(*args)
 
-    monkeypatch.setattr(lm.io, "_set_aside", the_other_process_claims_it)
+    if there == "missing":  # it makes the folder right before this process's mkdir (after the checks)
+        def make_dir(path):
+            made = real_make_dir(path)
+            if Path(path) == out.parent:
+                the_other_process_claims_it()
+            return made
+
+        monkeypatch.setattr(lm.io, "make_dir", make_dir)
+    else:  # it claims the empty folder between the checks and this process's claim
+        def set_aside(*args):
+            calls.append(args)
+            if len(calls) == 2:  # claim_dir's own call, after check_output_dir's
+                the_other_process_claims_it()
+            return real_set_aside(*args)
+
+        monkeypatch.setattr(lm.io, "_set_aside", set_aside)
     with pytest.raises(ValueError, match=rf"^--out: {re.escape(repr(str(out)))} was taken by another process after "
                                          r"it was checked \(another run writing the same output\?\)"):
         with claim_dir(out, command="lm test", files=FILES):

@@ -313,6 +313,16 @@ def test_a_float64_model_has_a_float64_position_table_as_ropes_tables():
                              positions="sinusoidal")
     seq2seq = build_model(Seq2SeqConfig(vocab_size=30, context_length=512, d_model=64, encoder_layers=1,
                                         decoder_layers=1, num_heads=2, dropout=0.0))
+    # built in float64 (the CS336 constructor's dtype): its tables so too, RoPE's as well
+    built = [TransformerLM(vocab_size=30, context_length=512, d_model=64, num_layers=1, num_heads=2, d_ff=64,
+                           positions=positions, dtype=torch.float64) for positions in ("sinusoidal", "rope")]
+    built.append(build_model(Seq2SeqConfig(vocab_size=30, context_length=512, d_model=64, encoder_layers=1,
+                                           decoder_layers=1, num_heads=2, dropout=0.0), dtype=torch.float64))
+    assert torch.equal(built[0].position_table, exact) and torch.equal(built[2].position_table, exact)
+    rope = built[1].layers[0].attn.rope
+    assert rope.cos.dtype == torch.float64
+    assert torch.equal(rope.cos, TransformerLM(vocab_size=30, context_length=512, d_model=64, num_layers=1, num_heads=2,
+                                               d_ff=64).double().layers[0].attn.rope.cos)
     for model in (lm_model, seq2seq):
         assert torch.equal(model.position_table, exact.float())
         assert torch.equal(model.double().position_table, exact)  # rebuilt from the angles, not widened

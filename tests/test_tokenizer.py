@@ -247,8 +247,12 @@ def test_one_tokenizer_shared_by_threads_gives_each_text_its_own_ids(small_token
     expected = [Tokenizer(fresh.vocab, fresh.merges, [EOT]).encode(t) for t in texts]
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(fresh.encode, texts)) == expected
-    for other in (copy.deepcopy(fresh), pickle.loads(pickle.dumps(fresh))):
+    for other in (copy.copy(fresh), copy.deepcopy(fresh), pickle.loads(pickle.dumps(fresh))):
         assert other._lock is not fresh._lock and other.encode(texts[0]) == expected[0]
+        assert other._cache is not fresh._cache and other._fast is not fresh._fast  # review20: copy.copy shared them
+    shallow = copy.copy(fresh)
+    with ThreadPoolExecutor(4) as pool:  # the original and its copy at once
+        assert list(pool.map(lambda k: (shallow if k % 2 else fresh).encode(texts[k]), range(len(texts)))) == expected
 
 
 def test_ids_in_the_surrogate_range_and_beyond_uint16(small_tokenizer):

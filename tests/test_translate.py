@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -461,6 +462,8 @@ def test_lm_translate_with_a_buffer_size_answers_each_group_before_reading_on(ru
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     lines = ["ab cd", "", "ef gh ij"]
     got = []
+    watchdog = threading.Timer(120, proc.kill)  # a translation that never comes fails the test, not hangs it
+    watchdog.start()
     try:
         for line in lines:  # one line in, its translation out, with stdin still open
             proc.stdin.write(line.encode() + b"\n")
@@ -469,6 +472,7 @@ def test_lm_translate_with_a_buffer_size_answers_each_group_before_reading_on(ru
     finally:
         proc.stdin.close()
         rest = proc.stdout.read()
+        watchdog.cancel()
         assert proc.wait(timeout=120) == 0 and rest == b"", proc.stderr.read().decode()
     assert got == _greedy_lines(model, tok, lines)
     for argv, message in ((["--input", "-", "--buffer-size", "0"], "--buffer-size: must be >= 1, got 0"),

@@ -64,18 +64,16 @@ def _old_positionals(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return args.checkpoint or old_checkpoint, args.out or old_out
 
 
-def _check_not_in_checkpoints(out: Path, checkpoint: Path) -> None:
-    """Refuse an ``out`` inside the ``checkpoints/`` folder of the run ``checkpoint`` is in: ``lm train``
-    keeps that folder for its checkpoints alone, and refused to resume the run once an export sat
-    there (faults20)."""
-    folder = checkpoint.parent
-    if folder.name != "checkpoints" or not (folder.parent / "config.toml").is_file():
-        return
-    where, folder_at = out.resolve(), folder.resolve()
-    if where == folder_at or folder_at in where.parents:
-        raise ValueError(f"--out: {str(out)!r} is inside {str(folder)!r}, the checkpoints folder of the run "
-                         f"{str(folder.parent)!r}, which `lm train` keeps for its checkpoints alone (it would not "
-                         "resume the run); choose another output")
+def _check_not_in_checkpoints(out: Path) -> None:
+    """Refuse an ``out`` inside the ``checkpoints/`` folder of an ``lm train`` run (one beside a
+    ``config.toml``), whichever checkpoint is exported: ``lm train`` keeps that folder for its
+    checkpoints alone, and refused to resume the run once an export sat there (faults20)."""
+    where = out.resolve()
+    for folder in (where, *where.parents):
+        if folder.name == "checkpoints" and (folder.parent / "config.toml").is_file():
+            raise ValueError(f"--out: {str(out)!r} is inside {str(folder)!r}, the checkpoints folder of the run "
+                             f"{str(folder.parent)!r}, which `lm train` keeps for its checkpoints alone (it would "
+                             "not resume the run); choose another output")
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
@@ -106,7 +104,7 @@ def _cmd_export_hf(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ValueError(f"--checkpoint: {str(path)!r}: {str(e).removeprefix('model: ')}") from None
     inputs = [("--checkpoint", path)] + ([("--tokenizer", args.tokenizer)] if args.tokenizer else [])
-    _check_not_in_checkpoints(Path(out), path)
+    _check_not_in_checkpoints(Path(out))
     try:
         with writing_out(out):  # the model is in memory: an OSError is one of writing --out
             written = export_hf(model, out, tok, overwrite=args.overwrite, inputs=inputs)

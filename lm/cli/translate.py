@@ -232,7 +232,7 @@ def stdin_groups(size: int) -> Iterator[list[str]]:
     """Standard input's lines in groups of ``size``, each yielded once read (a line once its line
     end has come), so that its translations are printed before the next group is waited for, as
     fairseq-interactive's ``--buffer-size`` does. Lines split and checked as :func:`read_lines` does
-    (one bad line: the error names it, and the lines before it are translated)."""
+    (one bad line: the error names it, and the groups before its own are translated)."""
     if sys.stdin is None:
         raise ValueError("--input: - reads standard input, which is closed")
     stream = sys.stdin.buffer

@@ -317,7 +317,7 @@ def _hold(part: Path, dest: Path) -> int:
     loser failed with a raw "No such file or directory: ... .part" (faults20)."""
     import fcntl
 
-    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask, as open(part, "wb") made it
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -165,6 +165,8 @@ class EncoderDecoder(_SinusoidalTable, torch.nn.Module):
             DecoderBlock(d, cfg.num_heads, cfg.d_ff, rope=rope, **common) for _ in range(cfg.decoder_layers)
         )
         self.decoder_norm = make_norm(cfg.norm, d, cfg.norm_eps, device=device, dtype=dtype)
+        if self.output_weight.dtype == torch.float64:  # built in float64: its tables too, as .double() makes them
+            self.to(torch.float64)
 
     @classmethod
     def from_config(cls, config: Seq2SeqConfig, device=None, dtype=None) -> EncoderDecoder:

@@ -31,9 +31,10 @@ def sinusoidal_table(num_positions: int, d_model: int, dtype: torch.dtype = torc
 
 class _SinusoidalTable:
     """A model's sinusoidal ``position_table`` (a buffer, when it has one) follows the model as
-    RoPE's tables do: ``model.double()`` rebuilds it in float64 from the angles (the float32 table
-    widened was off by up to 3e-8: numerics20), another dtype (``model.to(torch.bfloat16)``) keeps
-    it in float32; the sum with the embeddings is in their dtype either way."""
+    RoPE's tables do: ``model.double()`` (and a model built in float64) rebuilds it in float64 from
+    the angles (the float32 table widened was off by up to 3e-8: numerics20), another dtype
+    (``model.to(torch.bfloat16)``) keeps it in float32; the sum with the embeddings is in their
+    dtype either way."""
 
     def _apply(self, fn, recurse=True):
         table = getattr(self, "position_table", None)
@@ -141,6 +142,8 @@ class TransformerLM(_SinusoidalTable, torch.nn.Module):
             # The shared matrix keeps the Linear init (σ² = 2/(vocab+d)): the embedding's σ = 1
             # would make the initial logits ~sqrt(d_model) times too large.
             self.token_embeddings.weight = self.lm_head.weight
+        if self.output_weight.dtype == torch.float64:  # built in float64: its tables too, as .double() makes them
+            self.to(torch.float64)
 
     @property
     def output_weight(self) -> Tensor:

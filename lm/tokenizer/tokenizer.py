@@ -193,14 +193,7 @@ class Tokenizer:
         self._byte_ids = [self.token_to_id[bytes([i])] for i in range(256)]
         self._special_ids = {t: self.token_to_id[t.encode("utf-8")] for t in self.special_tokens}
         self._special_re = special_tokens_regex(self.special_tokens)
-        # cache: pre-token -> its ids as a string of chr(id) (see _encode_chars)
-        self._cache: dict[str, str] = {}
-        # the fast path for plain text (see lm.tokenizer.vectorized), with its own cache
-        self._fast = HashedEncoder(self._bpe_many, _CACHE_LIMIT)
-        self._batch_bpe: BatchBPE | None = None  # made when first needed
-        # Encoding fills both caches (and the fast path's tables): one call at a time, so that a tokenizer
-        # can be shared by threads (as tiktoken's and Hugging Face's are); most of the work holds the GIL anyway
-        self._lock = threading.Lock()
+        self._new_caches()
         self._special_bytes_re = special_tokens_regex(self.special_tokens, as_bytes=True)
         # plain_stretches may cut at the start of a line end's whitespace run ("[\t\v\f\r ]*\n"), which
         # must not fall inside a special token: not only one holding "\n" ("<sep> " before a line end had
@@ -393,13 +386,25 @@ class Tokenizer:
             except UnicodeEncodeError:
                 return self._encode_valid(_replace_surrogates(text))
 
+    # What encoding fills (and its lock) is left out of a copy or a pickle, which makes its own: a
+    # lock neither pickles nor copies, and a copy.copy that shared the caches under a lock of its own
+    # had given threads each other's ids again (review20). A pickle sent to a worker is smaller too.
+    _OWN = ("_lock", "_cache", "_fast", "_batch_bpe")
+
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        del state["_lock"]  # a lock neither pickles nor copies: each copy gets its own
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in self._OWN}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._new_caches()
+
+    def _new_caches(self) -> None:
+        """Empty caches of encoding, and the lock that guards them."""
+        self._cache: dict[str, str] = {}  # pre-token -> its ids as a string of chr(id) (see _encode_chars)
+        self._fast = HashedEncoder(self._bpe_many, _CACHE_LIMIT)  # the fast path (lm.tokenizer.vectorized)
+        self._batch_bpe: BatchBPE | None = None  # made when first needed
+        # Encoding fills both caches (and the fast path's tables): one call at a time, so that a tokenizer
+        # can be shared by threads (as tiktoken's and Hugging Face's are); most of the work holds the GIL anyway
         self._lock = threading.Lock()
 
     def _encode_valid(self, text: str) -> np.ndarray:
