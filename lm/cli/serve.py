@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over HTTP (OpenAI completions API, a playground)",
         description="Serve a trained language model: POST /v1/completions (OpenAI's schema, streaming with "
-        "stream: true; logprobs and echo), GET /v1/models, /health, /metrics (Prometheus), vLLM's /tokenize, "
-        "/detokenize and /tokenizer_info, and a playground page at /. Requests "
+        "stream: true; logprobs and echo), GET /v1/models (and /v1/models/{model}), /health, /metrics "
+        "(Prometheus), vLLM's /tokenize, /detokenize and /tokenizer_info, and a playground page at /. Requests "
         "that arrive while others decode join the running batch (continuous batching). A translation "
         "(encoder-decoder) checkpoint is served the same way: the prompt is the source, the completion its "
         "translation. SIGTERM or Ctrl-C finishes the requests in flight, answers new ones with 503, then exits "

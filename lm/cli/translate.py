@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Translate sentences, one per line, with a model trained on parallel text (architecture "
         "encoder_decoder). Prints one translation a line, in the input's order, as each batch is done (a "
         "translation never holds a line break: tokens holding one are never chosen); a progress bar on a "
-        "terminal's stderr. Beam search ranks hypotheses by log-probability over GNMT's length penalty.",
+        "terminal's stderr (none with --buffer-size). Beam search ranks hypotheses by log-probability over "
+        "GNMT's length penalty.",
         examples=EXAMPLES,
     )
     add_checkpoint(p)

@@ -389,7 +389,8 @@ UNSET = ("none", "null")  # --set train.max_time=none: the key left out (TOML ha
 
 def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
     """Build and check a :class:`Config` from parsed TOML plus ``section.key=value`` overrides;
-    ``section.key=none`` (or ``null``) takes out a key that may be unset, such as ``train.max_time``."""
+    ``section.key=none`` (or ``null``) takes out a key that may be unset, such as ``train.max_time``
+    (a text key keeps the word: ``model.norm=none`` is a choice, ``data.val=none`` a file name)."""
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for item in overrides:
         section, name, value = parse_override(item)
