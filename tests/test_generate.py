@@ -523,6 +523,9 @@ def test_compiled_calls_at_once_each_get_their_own_cache():
     for t in threads:
         t.join()
     assert got == {"a": [want1] * 6, "b": [want2] * 6}
+    from lm.nn import functional
+
+    assert functional._batch_invariant == (False, False)  # the threads' steps left the switch off (CI found it on)
     kept, = model.__dict__["_decode_steps"].values()
     assert kept.in_use is False  # given back after every call, an error's too
     def fails(row, token):

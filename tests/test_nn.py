@@ -899,6 +899,40 @@ def test_norms_rope_and_losses_compute_float64_inputs_in_float64():
     assert gradcheck(lambda a, b: linear_cross_entropy(a, b, t, chunk_size=4, label_smoothing=0.1), (h, w))
 
 
+def test_batch_invariant_blocks_of_two_threads_leave_the_switch_off():
+    """Each block restored what it found: thread A in, thread B in (finding it on), A out (off), B out
+    (restoring on) left the process batch-invariant for good, and every later model took the einsum
+    attention instead of sdpa (a fresh-clone CI run found it after two threads' compiled generate calls)."""
+    import threading
+
+    from lm.nn import functional
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with functional.batch_invariant(matmuls=True):
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with functional.batch_invariant(matmuls=False):
+            b_in.set()
+            a_out.wait(10)
+            seen["b alone"] = functional._batch_invariant  # A has left: B's own setting
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == {"b alone": (True, False)} and functional._batch_invariant == (False, False)
+    with functional.batch_invariant(), functional.batch_invariant(matmuls=False):  # nested, one thread
+        assert functional._batch_invariant == (True, True)
+    assert functional._batch_invariant == (False, False)
+
+
 def test_the_layers_default_to_the_hand_written_attention_and_the_models_to_sdpa(monkeypatch):
     """API.md: lm.nn is hand-written, no torch.nn.functional; the attention layers defaulted to torch's
     fused kernel all the same. Now they default to the einsum; the model configs choose sdpa."""

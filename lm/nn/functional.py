@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import threading
 
 import torch
 from einops import einsum, rearrange
@@ -40,14 +41,25 @@ def batch_invariant(matmuls: bool = True):
     The decode step (:class:`lm.generate.DecodeStep`) runs within it on a CPU, which lets a
     server decode a lone request in a small step and sixteen in a sixteen-row one with the
     same bits. The switch is process-wide, not per thread (torch.compile guards on it as a
-    global): meant for the one thread that decodes.
+    global): meant for the one thread that decodes. Blocks of several threads at once count, so
+    the switch is off again once the last one ends (each restoring what it found, two threads'
+    overlapping blocks had left it on for the rest of the process; the matmuls form is on while
+    any block asks for it).
     """
     global _batch_invariant
-    previous, _batch_invariant = _batch_invariant, (True, matmuls)
+    with _INVARIANT_LOCK:
+        _invariant_blocks[bool(matmuls)] += 1
+        _batch_invariant = (True, _invariant_blocks[True] > 0)
     try:
         yield
     finally:
-        _batch_invariant = previous
+        with _INVARIANT_LOCK:
+            _invariant_blocks[bool(matmuls)] -= 1
+            _batch_invariant = (sum(_invariant_blocks.values()) > 0, _invariant_blocks[True] > 0)
+
+
+_INVARIANT_LOCK = threading.Lock()
+_invariant_blocks = {False: 0, True: 0}  # the batch_invariant() blocks running, by their matmuls
 
 
 def linear(x: Float[Tensor, "... d_in"], weight: Float[Tensor, "d_out d_in"]) -> Float[Tensor, "... d_out"]:
