@@ -331,6 +331,44 @@ def test_a_float64_model_has_a_float64_position_table_as_ropes_tables():
         assert torch.equal(model.position_table, exact.float())
 
 
+def test_trusted_id_blocks_of_two_threads_leave_the_check_on():
+    """Each trusted_ids() block restored what it found: thread A in, thread B in (finding the check off),
+    A out (on), B out (off) left a model that never checked its ids again (on a GPU, an id past the
+    vocabulary then reads out of bounds instead of raising). The last block to end turns it back on."""
+    import threading
+
+    from lm.model import Seq2SeqConfig, build_model
+
+    for model in (TransformerLM(vocab_size=30, context_length=8, d_model=16, num_layers=1, num_heads=2, d_ff=32),
+                  build_model(Seq2SeqConfig(vocab_size=30, context_length=8, d_model=16, encoder_layers=1,
+                                            decoder_layers=1, num_heads=2, dropout=0.0))):
+        a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+        seen = []
+
+        def a(model=model, a_in=a_in, b_in=b_in, a_out=a_out):
+            with model.trusted_ids():
+                a_in.set()
+                b_in.wait(10)
+            a_out.set()
+
+        def b(model=model, a_in=a_in, b_in=b_in, a_out=a_out, seen=seen):
+            a_in.wait(10)
+            with model.trusted_ids():
+                b_in.set()
+                a_out.wait(10)
+                seen.append(model.validate_ids)  # B's block still runs: off
+        threads = [threading.Thread(target=f) for f in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert seen == [False] and model.validate_ids is True
+        model.validate_ids = False  # the trainer's setting for good: kept through a block
+        with model.trusted_ids(), model.trusted_ids():
+            pass
+        assert model.validate_ids is False
+
+
 def test_sinusoidal_table_refuses_an_odd_width():
     """An odd d_model gave d_model + 1 columns (the configs refuse it; the public function did not)."""
     assert sinusoidal_table(4, 8).shape == (4, 8)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from lm.device import check_dtype
 from lm.model.config import ConfigIO, check_architecture
-from lm.model.transformer import _SinusoidalTable, check_index_dtype, check_range, sinusoidal_table
+from lm.model.transformer import _SinusoidalTable, check_index_dtype, check_range, sinusoidal_table, trusting
 from lm.nn import (
     DecoderBlock,
     Embedding,
@@ -188,11 +188,8 @@ class EncoderDecoder(_SinusoidalTable, torch.nn.Module):
         ``[0, vocab_size)`` (on a GPU, two syncs a call), as :meth:`TransformerLM.trusted_ids`: for
         callers that checked the sources on the host and feed the decoder ``<bos>`` and the ids
         it chose (greedy decoding, beam search, the decode step)."""
-        before, self.validate_ids = self.validate_ids, False
-        try:
+        with trusting(self):
             yield self
-        finally:
-            self.validate_ids = before
 
     def new_cache(self, batch_size: int, max_len: int | None = None):
         """An empty :class:`lm.generate.Seq2SeqCache` for decoding with this model: ``batch_size`` rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -27,6 +28,29 @@ def sinusoidal_table(num_positions: int, d_model: int, dtype: torch.dtype = torc
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
+
+
+_TRUST_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def trusting(model) -> Iterator[None]:
+    """``model.validate_ids`` off within the block, back as it was once the last of the blocks that
+    overlap (two threads', or nested) ends. Each had restored what it found: thread A in, thread B
+    in (finding it off), A out (on again, under B), B out (off for good)."""
+    with _TRUST_LOCK:
+        held = model.__dict__.get("_trusting", 0)
+        if held == 0:
+            model.__dict__["_validate_before"] = model.validate_ids
+            model.validate_ids = False
+        model.__dict__["_trusting"] = held + 1
+    try:
+        yield
+    finally:
+        with _TRUST_LOCK:
+            model.__dict__["_trusting"] -= 1
+            if model.__dict__["_trusting"] == 0:
+                model.validate_ids = model.__dict__.pop("_validate_before")
 
 
 class _SinusoidalTable:
@@ -161,11 +185,8 @@ class TransformerLM(_SinusoidalTable, torch.nn.Module):
         reads two numbers back from the device (on a GPU, two syncs per forward). For callers that
         checked the ids where they had them on the host: generation (the prompt; the sampled ids
         are in range by construction), the serving engine, ``evaluate_tokens``."""
-        before, self.validate_ids = self.validate_ids, False
-        try:
+        with trusting(self):
             yield self
-        finally:
-            self.validate_ids = before
 
     def new_cache(self, batch_size: int, max_len: int | None = None, pad_lengths=None):
         """An empty :class:`lm.generate.KVCache` for decoding with this model: ``batch_size`` rows of up
