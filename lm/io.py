@@ -59,6 +59,33 @@ def dir_mode() -> int:
     return 0o777 & ~_umask()
 
 
+def lock_file(path: str | os.PathLike) -> int | None:
+    """An fd of ``path`` (made if missing, 0666 less the umask) holding an exclusive ``flock`` for
+    this process; None where there is no ``flock`` (not POSIX: nothing is locked). Raises
+    BlockingIOError when another process holds it. The kernel drops the lock when its process
+    dies. The file locked is the one at ``path`` on return: one that its holder removed or renamed
+    after this opened it is let go, and the new one tried (``lm train``'s run lock, a download's
+    ``.part``)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success fsync it and rename it to ``path``.

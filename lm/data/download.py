@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lm.io import check_no_symlink_loop, check_parents, removing_made_dirs
+from lm.io import check_no_symlink_loop, check_parents, lock_file, removing_made_dirs
 
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main"
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
@@ -239,16 +239,18 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
     attempt = 0
     bar = tqdm(total=size, unit="B", unit_scale=True, desc=dest.name,
                disable=None if progress else True, file=sys.stderr)
-    lock: list[int] = []  # the fd that holds the .part for this process, once it writes
+    lock: list[int] = []  # the fd that holds the .part for this process, once it writes (_hold)
     try:
         while True:
             if not lock and part.exists():  # a .part to resume: held before it is read
-                lock.append(_hold(part, dest))
+                lock = _hold(part, dest)
             have = part.stat().st_size if part.exists() else 0
             if size is not None and have > size:
                 part.unlink()
                 have = 0
-                os.close(lock.pop())  # the unlinked file's: the next .part is another file, held when made
+                for fd in lock:  # the unlinked file's: the next .part is another file, held when made
+                    os.close(fd)
+                lock = []
             bar.n = have
             bar.refresh()
             if size is not None and have == size:
@@ -268,7 +270,7 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
                         raise ValueError(f"--out: cannot make the folder {str(dest.parent)!r}: "
                                          f"{e.strerror or e}") from None
                     if not lock:
-                        lock.append(_hold(part, dest))
+                        lock = _hold(part, dest)
                         if part.stat().st_size != have:  # another process made and wrote it meanwhile
                             continue
                     with open(part, mode) as f:
@@ -311,23 +313,17 @@ def _download(url: str, dest: Path, part: Path, *, expected_size: int | None,
             os.close(fd)
 
 
-def _hold(part: Path, dest: Path) -> int:
-    """An fd of ``part`` (made if missing) locked for this process: two downloads of one file had
-    written the same ``.part`` at once, each truncating and appending to the other's bytes, and the
-    loser failed with a raw "No such file or directory: ... .part" (faults20)."""
-    import fcntl
-
-    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o666)  # less the umask, as open(part, "wb") made it
+def _hold(part: Path, dest: Path) -> list[int]:
+    """The fds that hold ``part`` (made if missing) locked for this process (:func:`lm.io.lock_file`;
+    none where nothing can be locked): two downloads of one file had written the same ``.part`` at
+    once, each truncating and appending to the other's bytes, and the loser failed with a raw "No
+    such file or directory: ... .part" (faults20)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = lock_file(part)
     except BlockingIOError:
-        os.close(fd)
         raise DownloadError(f"{dest.name}: another process is downloading it into {str(part)!r} now; "
                             "run again once it is done") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return [] if fd is None else [fd]
 
 
 _RETRY_STATUS = (408, 425, 429, 500, 502, 503, 504)  # answers that may differ on the next try

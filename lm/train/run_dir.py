@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lm.checkpoint.manager import PARTIAL_FILE, STEP_FILE
-from lm.io import file_mode
+from lm.io import lock_file
 from lm.tomlio import loads as toml_loads
 from lm.train.config import SECTIONS
 
@@ -190,29 +190,18 @@ class RunLock:
 
     def acquire(self, say: Callable[[str], None] = print) -> None:
         try:
-            import fcntl
-        except ImportError:  # not POSIX: no locking
+            fd = lock_file(self.path)
+        except BlockingIOError:
+            try:
+                holder = self.path.read_bytes()[:64].decode(errors="replace").strip() or "?"
+            except OSError:  # its holder removed it meanwhile
+                holder = "?"
+            raise ValueError(
+                f"train.out_dir: {str(self.path.parent)!r} is in use by another `lm train` (pid {holder}); "
+                "wait for it to finish or choose another train.out_dir"
+            ) from None
+        if fd is None:  # not POSIX: no locking
             return
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_mode())
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-                os.close(fd)
-                raise ValueError(
-                    f"train.out_dir: {str(self.path.parent)!r} is in use by another `lm train` (pid {holder}); "
-                    "wait for it to finish or choose another train.out_dir"
-                ) from None
-            # The holder we waited for may have deleted the file after we opened it: lock the file
-            # that is there now.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
         old = os.read(fd, 64).decode(errors="replace").strip()
         if old and old != str(os.getpid()):
             say(f"took over the lock of {str(self.path.parent)!r} from pid {old}, which is no longer running")
