@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers.counting import count_heap_ops
 from helpers.data import data_file, gpt2_published_pattern
+from helpers.faults import full_disk_fdopen
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -909,34 +910,6 @@ def test_save_tokenizer_dir_names_a_file_in_the_way(tmp_path):
     assert save_tokenizer_dir(tok, tmp_path / "new" / "tok") == tmp_path / "new" / "tok"  # an existing folder
 
 
-class _DiskFullAt:
-    """``os.fdopen`` whose ``n``-th file (counted from 1) fails its writes as a full disk does (naming
-    no file): the first files of a save are written, the later one is not."""
-
-    def __init__(self, n: int):
-        import os
-
-        self.n, self.opened, self.real = n, 0, os.fdopen
-
-    def __call__(self, *args, **kwargs):
-        import errno
-        import os
-
-        file = self.real(*args, **kwargs)
-        self.opened += 1
-        if self.opened != self.n:
-            return file
-
-        class Full:
-            def write(self, data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-            def __getattr__(self, name):
-                return getattr(file, name)
-
-        return Full()
-
-
 def test_a_save_that_fails_part_way_leaves_the_earlier_tokenizer_whole(tmp_path, monkeypatch):
     """faults20: the vocab and the merges were renamed into place one by one, so a full disk at the
     merges left the new vocab beside the old merges: it loaded without a word as a tokenizer of the
@@ -955,13 +928,13 @@ def test_a_save_that_fails_part_way_leaves_the_earlier_tokenizer_whole(tmp_path,
 
     before = contents()
     for n in (1, 2):
-        monkeypatch.setattr(os, "fdopen", _DiskFullAt(n))
+        monkeypatch.setattr(os, "fdopen", full_disk_fdopen(lambda fd, opened, n=n: opened == n))
         with pytest.raises(OSError, match="No space left on device") as e:
             new.save(*files)
         assert e.value.filename == str(files[n - 1])
     for n in (1, 2, 3, 4):  # vocab, merges, tokenizer.json, tokenizer_config.json
         for d in (tmp_path / "d", tmp_path / "fresh" / "d"):
-            monkeypatch.setattr(os, "fdopen", _DiskFullAt(n))
+            monkeypatch.setattr(os, "fdopen", full_disk_fdopen(lambda fd, opened, n=n: opened == n))
             with pytest.raises(OSError, match="No space left on device"):
                 save_tokenizer_dir(new, d, hf=True)
     monkeypatch.undo()

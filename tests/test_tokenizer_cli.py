@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.data import data_file
+from helpers.faults import full_disk_fdopen
 
 from lm.cli import main
 from lm.data import read_token_file, tokenize_file
@@ -880,19 +881,7 @@ def test_a_full_disk_while_tokenizing_names_out_and_keeps_the_earlier_output(tra
               str(tmp_path / "s.txt"), "--num-workers", "1", "--quiet"]
     assert main([*plain, "--out", str(out)]) == 0 and main([*paired, "--out", str(pairs)]) == 0
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-    real = os.fdopen
-
-    class FullDisk:  # a file on a full disk: its writes fail as the OS fails them, naming no file
-        def __init__(self, file):
-            self.file = file
-
-        def write(self, data):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        def __getattr__(self, name):
-            return getattr(self.file, name)
-
-    monkeypatch.setattr(lm.io.os, "fdopen", lambda *args, **kwargs: FullDisk(real(*args, **kwargs)))
+    monkeypatch.setattr(lm.io.os, "fdopen", full_disk_fdopen())  # every file written fails
     for argv, path in ((plain, out), (paired, pairs)):
         assert main([*argv, "--out", str(path), "--overwrite"]) == 2
         assert capsys.readouterr().err == f"lm tokenize: error: --out: cannot write {str(path)!r}: " \

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.faults import full_disk_fdopen
 
 from lm.checkpoint import load_model, read_checkpoint
 from lm.data import write_token_file
@@ -1809,7 +1810,6 @@ def test_an_out_dir_that_cannot_be_made_or_written_names_train_out_dir(tmp_path,
 def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_path, capsys, monkeypatch, file):
     """faults20: a full disk at config.toml (or the tokenizer's copy) had been a bare "[Errno 28] No
     space left on device: 'r/config.toml'"; the folder made for the run goes again."""
-    import errno
 
     import lm.io
 
@@ -1821,25 +1821,10 @@ def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_pa
     raw["data"]["tokenizer"] = str(save_tokenizer_dir(tok, tmp_path / "tok"))
     raw["model"]["vocab_size"] = tok.vocab_size
     good = _write_toml(tmp_path / "good.toml", raw)
-    real = os.fdopen
     failing = tmp_path / "run" / ("config.toml" if file == "config.toml" else f"tokenizer/{file}")
-
-    class Full:  # its writes fail as a full disk fails them, naming no file
-        def __init__(self, file):
-            self.file = file
-
-        def write(self, data):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        def __getattr__(self, name):
-            return getattr(self.file, name)
-
-    def full_disk(fd, *args, **kwargs):
-        f = real(fd, *args, **kwargs)
-        return Full(f) if os.readlink(f"/proc/self/fd/{fd}").startswith(str(failing.parent / f".{failing.name}.")) \
-            else f
-
-    monkeypatch.setattr(lm.io.os, "fdopen", full_disk)
+    staged = str(failing.parent / f".{failing.name}.")  # its temporary file's name starts so
+    monkeypatch.setattr(lm.io.os, "fdopen", full_disk_fdopen(
+        lambda fd, opened: os.readlink(f"/proc/self/fd/{fd}").startswith(staged)))
     rc, err = _cli(["train", "--config", str(good)], capsys)
     assert rc == 2 and err == (f"lm train: error: train.out_dir: cannot write in {str(tmp_path / 'run')!r}: "
                                f"no space left on device ({str(failing)!r})\n"), err

@@ -1,0 +1,34 @@
+"""A full disk in one process: ``os.fdopen`` whose files fail their writes as a full disk fails them."""
+
+import errno
+import os
+
+_FDOPEN = os.fdopen  # the real one, whatever a test has patched since
+
+
+class FullDisk:
+    """``file``, whose writes fail with ENOSPC naming no file, as the OS's do; the rest is the file's."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def full_disk_fdopen(fails=lambda fd, opened: True):
+    """An ``os.fdopen`` (for ``monkeypatch.setattr(lm.io.os, "fdopen", ...)``) whose file is a
+    :class:`FullDisk` where ``fails(fd, opened)`` (``opened``: the files opened so far, this one
+    included, counted from 1)."""
+    opened = 0
+
+    def fdopen(fd, *args, **kwargs):
+        nonlocal opened
+        file = _FDOPEN(fd, *args, **kwargs)
+        opened += 1
+        return FullDisk(file) if fails(fd, opened) else file
+
+    return fdopen
