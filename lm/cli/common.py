@@ -337,10 +337,24 @@ def read_stdin(argument: str) -> bytes:
     """All of standard input, for ``argument`` given as ``-``; one line naming ``argument`` when it
     cannot be read. Closed (``<&-``), Python's ``sys.stdin`` is None, and reading it was a traceback;
     opened for writing only (``0>file``), the error named no option (clifuzz9 #4)."""
+    stream = stdin_stream(argument)
+    with reading_stdin(argument):
+        return stream.read()
+
+
+def stdin_stream(argument: str):
+    """Standard input's binary stream, for ``argument`` given as ``-``; one line naming ``argument``
+    when it is closed (``<&-``: Python's ``sys.stdin`` is None)."""
     if sys.stdin is None:
         raise ValueError(f"{argument}: - reads standard input, which is closed")
+    return sys.stdin.buffer
+
+
+@contextlib.contextmanager
+def reading_stdin(argument: str):
+    """An OSError of reading standard input as one line naming ``argument``."""
     try:
-        return sys.stdin.buffer.read()
+        yield
     except OSError as e:
         raise ValueError(f"{argument}: - reads standard input, which cannot be read: {e.strerror or e}") from None
 

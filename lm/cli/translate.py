@@ -23,7 +23,9 @@ from lm.cli.common import (
     plural,
     quiet_on_closed_pipe,
     read_stdin,
+    reading_stdin,
     require_architecture,
+    stdin_stream,
 )
 
 EXAMPLES = """
@@ -234,19 +236,15 @@ def stdin_groups(size: int) -> Iterator[list[str]]:
     end has come), so that its translations are printed before the next group is waited for, as
     fairseq-interactive's ``--buffer-size`` does. Lines split and checked as :func:`read_lines` does
     (one bad line: the error names it, and the groups before its own are translated)."""
-    if sys.stdin is None:
-        raise ValueError("--input: - reads standard input, which is closed")
-    stream = sys.stdin.buffer
+    stream = stdin_stream("--input")
     with contextlib.suppress(OSError, AttributeError):
         if stream.peek(2)[:2] == b"\x1f\x8b":
             raise ValueError("--buffer-size: standard input is gzip, which is read whole; leave --buffer-size out "
                              "(or pipe it through zcat)")
     group, number = [], 0
     while True:
-        try:
+        with reading_stdin("--input"):
             raw = stream.readline()
-        except OSError as e:
-            raise ValueError(f"--input: - reads standard input, which cannot be read: {e.strerror or e}") from None
         if not raw:
             break
         number += 1
@@ -255,8 +253,7 @@ def stdin_groups(size: int) -> Iterator[list[str]]:
         except UnicodeDecodeError as e:
             raise ValueError(f"--input: standard input line {number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
                              f"column {e.start + 1})") from None
-        text = text[:-1] if text.endswith("\n") else text
-        group.append(text[:-1] if text.endswith("\r") else text)
+        group += split_lines(text)  # its one line, without its line end
         if len(group) == size:
             yield group
             group = []

@@ -291,11 +291,7 @@ async def models(request: Request) -> Response:
 async def model(request: Request) -> Response:
     """OpenAI's "retrieve model" (``GET /v1/models/{model}``, the ``openai`` client's
     ``models.retrieve``): the list's one entry, or OpenAI's 404 ``model_not_found`` for another id."""
-    state: ServerState = request.app.state.server
-    name = request.path_params["model"]
-    if name != state.model_name:
-        raise api.APIError(404, f"model: {name!r} is not served here; this server has {state.model_name!r}", "model",
-                           code="model_not_found")
+    api.check_model_name(request.path_params["model"], request.app.state.server.model_name)
     return JSONResponse(_model_card(request))
 
 

@@ -269,10 +269,17 @@ def _check_model(body: Any, model_name: str) -> dict:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     model = body.get("model")
-    if model is not None and model != model_name:
+    if model is not None:
+        check_model_name(model, model_name)
+    return body
+
+
+def check_model_name(model: Any, model_name: str) -> None:
+    """OpenAI's 404 ``model_not_found`` unless ``model`` (a request's, or ``GET /v1/models/{model}``'s)
+    is the one served."""
+    if model != model_name:
         raise APIError(404, f"model: {model!r} is not served here; this server has {model_name!r}", "model",
                        code="model_not_found")
-    return body
 
 
 def _sentence(prompt: str) -> str:
