@@ -754,6 +754,24 @@ def test_sdpa_query_that_attends_nothing_gets_zeros_as_in_torch(impl):
     torch.testing.assert_close(out, expected)
 
 
+def test_causal_mask_against_tril_and_its_bad_lengths():
+    """The mask is torch.tril shifted so the queries are the last q_len keys' positions; a
+    negative, fractional or boolean length is named (arange had raised about its bounds, or
+    given an empty mask of another shape than asked for)."""
+    for q_len, k_len in [(3, 3), (1, 4), (2, 5), (5, 3), (0, 2), (2, 0)]:
+        expected = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+        assert torch.equal(lm.nn.causal_mask(q_len, k_len), expected)
+    for args, message in [
+        ((-1, 3), "q_len must be a whole number >= 0, got q_len=-1"),
+        ((2.5, 3), "q_len must be a whole number >= 0, got q_len=2.5"),
+        ((True, 3), "q_len must be a whole number >= 0, got q_len=True"),
+        ((2, -1), "k_len must be a whole number >= 0, got k_len=-1"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            lm.nn.causal_mask(*args)
+        assert str(info.value) == message
+
+
 @pytest.mark.parametrize("impl", ["einsum", "sdpa"])
 def test_sdpa_refuses_a_non_boolean_mask(impl):
     """The contract is a boolean mask: torch's kernel would add a float one as a bias, einsum failed."""
@@ -1017,3 +1035,32 @@ def test_norms_and_rope_refuse_integer_activations():
             call(ints)
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             assert call(ints.to(dtype)).dtype == dtype, (name, dtype)
+
+
+def test_layers_name_an_input_of_the_wrong_width():
+    """A Linear, a norm or RoPE given an input of another width than it was built for raised einsum's
+    "subscript a has size 4 for operand 1 which does not broadcast with previously seen size 5" or a
+    broadcast error, naming neither the argument nor the layer's size (apifuzz19); RoPE's positions of
+    another length than x's seq raised a broadcast error. The right widths still give torch's results."""
+    from lm.nn import LayerNorm, Linear, MultiHeadSelfAttention, RMSNorm, RotaryEmbedding, SwiGLU
+
+    wrong = torch.randn(2, 3, 5)
+    for layer, what in ((Linear(4, 3), "in_features=4"), (SwiGLU(4, 8), "in_features=4"),
+                        (MultiHeadSelfAttention(4, 2), "in_features=4"), (RMSNorm(4), "d_model=4"),
+                        (LayerNorm(4), "d_model=4")):
+        with pytest.raises(ValueError) as info:
+            layer(wrong)
+        assert str(info.value) == f"x must have the last dimension {what}, got shape (2, 3, 5)", type(layer).__name__
+    linear = Linear(4, 3)
+    with pytest.raises(ValueError, match=r"^x must have the last dimension in_features=4, got shape \(\)$"):
+        linear(torch.tensor(1.0))
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(linear(x), x @ linear.weight.T)
+    torch.testing.assert_close(LayerNorm(4)(x), torch.nn.functional.layer_norm(x, (4,)))
+    rope = RotaryEmbedding(10000.0, 4, 8)
+    with pytest.raises(ValueError, match=r"^x must have the last dimension d_k=4, got shape \(2, 3, 6\)$"):
+        rope(torch.randn(2, 3, 6), torch.arange(3))
+    with pytest.raises(ValueError, match=r"^token_positions must hold one position for each of x's seq rows "
+                                         r"\(x: \(\.\.\., seq, d_k\)\), got shape \(4,\) for x of shape \(2, 3, 4\)$"):
+        rope(x, torch.arange(4))
+    assert torch.equal(rope(x, torch.arange(3)), rope(x, torch.arange(3).expand(2, 3)))

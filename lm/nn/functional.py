@@ -18,6 +18,7 @@ from einops import einsum, rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from lm.checks import is_count
 from lm.nn.choices import check_choice
 
 _batch_invariant: tuple[bool, bool] = (False, False)  # (attention, matmuls): set by batch_invariant()
@@ -128,7 +129,19 @@ def gelu(x: Float[Tensor, "*shape"]) -> Float[Tensor, "*shape"]:
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Bool[Tensor, "q k"]:
-    """``True`` where query ``i`` may attend key ``j``; queries are the *last* ``q_len`` of ``k_len``."""
+    """``True`` where query ``i`` may attend key ``j``; queries are the *last* ``q_len`` of ``k_len``.
+
+    Both lengths are whole numbers >= 0; with ``q_len > k_len`` the first ``q_len - k_len`` queries
+    come before the first key and their rows are all ``False``.
+    """
+    for name, value in (("q_len", q_len), ("k_len", k_len)):
+        if not is_count(value):
+            raise ValueError(f"{name} must be a whole number >= 0, got {name}={value!r}")
+    return _causal_mask(q_len, k_len, device)
+
+
+def _causal_mask(q_len: int, k_len: int, device: torch.device | None) -> Bool[Tensor, "q k"]:
+    """:func:`causal_mask` unchecked, for the attention code (whose lengths may be symbolic when traced)."""
     q_pos = torch.arange(k_len - q_len, k_len, device=device)
     k_pos = torch.arange(k_len, device=device)
     return k_pos[None, :] <= q_pos[:, None]
@@ -162,7 +175,7 @@ def scaled_dot_product_attention(
     # Scaling Q (q × d) is cheaper than scaling the scores (q × k).
     scores = einsum(Q * (1.0 / math.sqrt(Q.shape[-1])), K, "... q d, ... k d -> ... q k")
     if is_causal:
-        causal = causal_mask(Q.shape[-2], K.shape[-2], device=Q.device)
+        causal = _causal_mask(Q.shape[-2], K.shape[-2], Q.device)
         mask = causal if mask is None else mask & causal
     if mask is not None:
         scores = scores.masked_fill_(~mask, float("-inf"))  # in place: nothing else reads the raw scores
@@ -176,13 +189,13 @@ def _fused_sdpa(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None, is_causal:
     from torch.nn.functional import scaled_dot_product_attention as sdpa  # the one allowed exception
 
     if is_causal and mask is not None:
-        mask = mask & causal_mask(Q.shape[-2], K.shape[-2], device=Q.device)
+        mask = mask & _causal_mask(Q.shape[-2], K.shape[-2], Q.device)
         is_causal = False
     if is_causal and Q.shape[-2] == 1:
         is_causal = False  # one query at the end of the keys sees them all
     elif is_causal and Q.shape[-2] != K.shape[-2]:
         # torch aligns its causal mask to the top-left; ours is aligned to the end of the keys.
-        mask, is_causal = causal_mask(Q.shape[-2], K.shape[-2], device=Q.device), False
+        mask, is_causal = _causal_mask(Q.shape[-2], K.shape[-2], Q.device), False
     return sdpa(Q, K, V, attn_mask=mask, is_causal=is_causal)
 
 
@@ -253,6 +266,13 @@ def check_float_dtype(name: str, t: Tensor) -> None:
     integer tensor computes in float32 and rounds its result back to integers (RMSNorm gave zeros)."""
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor (activations), got dtype {t.dtype}")
+
+
+def last_dim_error(name: str, t: Tensor, what: str, size: int) -> ValueError:
+    """``"{name} must have the last dimension {what}={size}, got shape (…)"``: the layers raise it for
+    an input of the wrong width, where the einsum's or broadcast's own message named neither (called
+    only once the check ``t.shape[-1:] != (size,)``, cheap enough for every forward, has failed)."""
+    return ValueError(f"{name} must have the last dimension {what}={size}, got shape {tuple(t.shape)}")
 
 
 def index_rows(table: Float[Tensor, "n d"], ids: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape d"]:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from lm.checks import check_size
 from lm.device import check_dtype
-from lm.nn.functional import linear
+from lm.nn.functional import last_dim_error, linear
 
 
 class Linear(torch.nn.Module):
@@ -31,6 +31,8 @@ class Linear(torch.nn.Module):
         torch.nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        if x.shape[-1:] != self.weight.shape[1:]:  # einsum's message named subscripts, not the layer's width
+            raise last_dim_error("x", x, "in_features", self.weight.shape[1])
         return linear(x, self.weight)
 
     def extra_repr(self) -> str:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lm.checks import check_positive, check_size
 from lm.device import check_dtype
-from lm.nn.functional import check_float_dtype
+from lm.nn.functional import check_float_dtype, last_dim_error
 
 
 class RMSNorm(torch.nn.Module):
@@ -25,6 +25,8 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         check_float_dtype("x", x)  # an integer x came back as zeros (apifuzz19)
+        if x.shape[-1:] != self.weight.shape:
+            raise last_dim_error("x", x, "d_model", self.weight.shape[0])
         in_dtype = x.dtype
         x = x.to(torch.promote_types(in_dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
@@ -48,6 +50,8 @@ class LayerNorm(torch.nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         check_float_dtype("x", x)
+        if x.shape[-1:] != self.weight.shape:
+            raise last_dim_error("x", x, "d_model", self.weight.shape[0])
         in_dtype = x.dtype
         x = x.to(torch.promote_types(in_dtype, torch.float32))
         mean = x.mean(dim=-1, keepdim=True)

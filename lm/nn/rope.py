@@ -11,7 +11,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.checks import check_positive, check_size
-from lm.nn.functional import check_float_dtype, check_integer_dtype, index_rows
+from lm.nn.functional import check_float_dtype, check_integer_dtype, index_rows, last_dim_error
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -55,6 +55,11 @@ class RotaryEmbedding(torch.nn.Module):
         checked in the gather, with no read back to the host."""
         check_float_dtype("x", x)  # an integer x came back rotated and truncated (apifuzz19)
         check_integer_dtype("token_positions", token_positions)
+        if x.shape[-1:] != (self.d_k,):
+            raise last_dim_error("x", x, "d_k", self.d_k)
+        if x.dim() < 2 or token_positions.shape[-1:] != x.shape[-2:-1]:
+            raise ValueError(f"token_positions must hold one position for each of x's seq rows (x: (..., seq, d_k)), "
+                             f"got shape {tuple(token_positions.shape)} for x of shape {tuple(x.shape)}")
         cos, sin = index_rows(self.cos, token_positions), index_rows(self.sin, token_positions)
         compute = torch.promote_types(torch.promote_types(x.dtype, torch.float32), cos.dtype)
         pairs = rearrange(x.to(compute), "... seq (half two) -> ... seq half two", two=2)
@@ -64,4 +69,3 @@ class RotaryEmbedding(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"theta={self.theta}, d_k={self.d_k}, max_seq_len={self.max_seq_len}"
-

@@ -288,6 +288,12 @@ def train_bpe(
     of ``(path, start, end)``, trains on those byte ranges of the files instead of the whole of
     ``input_path`` (``lm tokenizer train`` holds out the end of the last file this way); each
     range must start and end at a point no pre-token crosses.
+
+    Any non-empty, distinct special tokens are taken: the vocab is right in memory whatever they
+    are. A few ("@", a single byte; "Ġthe", GPT-2's spelling of a token training may learn) could
+    not be kept apart from an ordinary token in ``vocab.json`` or ``tokenizer.json``;
+    :func:`lm.tokenizer.files.check_special_tokens_savable` refuses those before training, as
+    ``lm tokenizer train`` does, so that saving does not fail after the work.
     """
     special_tokens = check_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):  # numpy's too
