@@ -36,7 +36,8 @@ def first_sentence(doc: str | None) -> str:
 def signature(obj) -> str:
     if getattr(obj, "_is_protocol", False) or inspect.isclass(obj) and issubclass(obj, BaseException):
         return ""  # a typing.Protocol (an interface) or an exception: nothing to construct by hand
-    target = obj.__init__ if inspect.isclass(obj) else obj
+    # a class's __init__, or the class itself where it has none of its own (a NamedTuple's is __new__)
+    target = obj.__init__ if inspect.isclass(obj) and obj.__init__ is not object.__init__ else obj
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):

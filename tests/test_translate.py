@@ -158,6 +158,50 @@ def test_a_large_beam_finds_the_brute_force_best(seed, alpha_matters):
         assert all(bests.values()), bests  # a best that is not the empty target, which greedy misses
 
 
+@pytest.mark.parametrize("seed", [0, 7])
+def test_nbest_with_a_large_beam_is_the_brute_force_n_best(seed):
+    """beam_search_nbest with a beam as large as the search space and exact stopping returns the
+    N best of every target up to the length limit (ranked by log P / lp, GNMT's lp written out in
+    the test), scores and log-probabilities included; its first is beam_search's answer, on_sentence
+    hears the same lists, and the lists of a batch of sources are those of each source alone."""
+    from lm.generate import Hypothesis, beam_search_nbest
+
+    model = _model(vocab=6, seed=seed, sharpen=1.0)
+    cfg = model.config
+    src, extra = [3, 4], 2
+    limit = len(src) + extra
+    words = [3, 4, 5]
+    candidates = [list(w) + [cfg.eos_id] for n in range(limit) for w in itertools.product(words, repeat=n)]
+    candidates += [list(w) for w in itertools.product(words, repeat=limit)]
+    log_probs = [_log_prob(model, src, seq) for seq in candidates]
+    beam = len(words) ** limit
+    for alpha in (0.0, 0.6, 2.0):
+        scored = sorted(((lp / _gnmt_lp(len(seq), alpha), lp, seq) for lp, seq in zip(log_probs, candidates)),
+                        key=lambda t: -t[0])
+        heard = {}
+        got = beam_search_nbest(model, [src], nbest=5, beam_size=beam, alpha=alpha, max_extra=extra,
+                                stopping="exact", on_sentence=heard.setdefault)[0]
+        assert heard == {0: got}
+        assert len(got) == 5 and all(isinstance(h, Hypothesis) for h in got)
+        assert [h.tokens for h in got] == [[t for t in seq if t != cfg.eos_id] for _, _, seq in scored[:5]], alpha
+        for h, (score, lp, _) in zip(got, scored):
+            assert h.score == pytest.approx(score, abs=1e-4) and h.logprob == pytest.approx(lp, abs=1e-4)
+        assert scored[4][0] > scored[5][0] + 1e-4  # the fifth is not tied with the sixth: the five are defined
+        assert got[0].tokens == beam_search(model, [src], beam_size=beam, alpha=alpha, max_extra=extra,
+                                            stopping="exact")[0]
+    # a batch: each source's list is its list alone; nbest defaults to the beam, and is at most it
+    model = _model()
+    alone = [beam_search_nbest(model, [s], beam_size=3, max_extra=6)[0] for s in SOURCES]
+    together = beam_search_nbest(model, SOURCES, beam_size=3, max_extra=6)
+    assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in alone]
+    assert all(len(hyps) == 3 and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+               for hyps in together)
+    for bad in (0, 4, 2.0, True):
+        with pytest.raises(ValueError, match=r"^nbest must be a whole number in \[1, beam_size=3\] \(beam search "
+                                             rf"keeps beam_size finished hypotheses\), got nbest={bad!r}$"):
+            beam_search_nbest(model, SOURCES, nbest=bad, beam_size=3)
+
+
 def test_heuristic_stopping_decides_no_later_than_exact(monkeypatch):
     """The default stop (a live hypothesis ending at the next token could not beat the k-th
     finished one) takes at most as many decoder steps as the exact bound, on every sentence."""
@@ -1049,3 +1093,36 @@ def test_lm_eval_and_lm_translate_tell_gzip_by_content_alike(run, tmp_path, caps
         assert _lm("translate", "--checkpoint", d, "--input", tmp_path / name, "--beam", "1", "--quiet") == 0
         lines = (src if name.startswith("s") else tgt).decode().split("\n")[:-1]
         assert capsys.readouterr().out.split("\n")[:-1] == _greedy_lines(model, tok, lines)
+
+
+def test_lm_translate_nbest_prints_beam_search_nbest(run, tmp_path, capsys):
+    """`--nbest N` prints each sentence's N best translations, best first, as 'LINE<TAB>SCORE<TAB>TEXT'
+    (LINE from 1; a blank line gets none): beam_search_nbest's hypotheses with the banned line-break
+    tokens and the tokenizer's vocabulary that `lm translate` decodes with; --nbest 1 prints the plain
+    lines; an N outside [1, --beam] is one line naming --nbest, before the model loads."""
+    from lm.generate import beam_search_nbest
+    from lm.generate.seq2seq import line_break_ids
+
+    d, model, tok = run
+    (tmp_path / "in.txt").write_text("ab\n\ncd ef\n")
+    assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "in.txt"), "--beam", "4",
+                 "--nbest", "3", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    expected = []
+    for number, line in ((1, "ab"), (3, "cd ef")):
+        hyps = beam_search_nbest(model, [tok.encode(line)], nbest=3, beam_size=4, vocab_size=tok.vocab_size,
+                                 banned_ids=line_break_ids(tok))[0]
+        assert len(hyps) == 3
+        expected += [f"{number}\t{h.score:.4f}\t{tok.decode(h.tokens).strip()}" for h in hyps]
+    assert out.split("\n")[:-1] == expected
+    scores = [float(row.split("\t")[1]) for row in expected]
+    assert scores[:3] == sorted(scores[:3], reverse=True) and len(set(expected)) == 6
+    assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "in.txt"), "--beam", "4",
+                 "--nbest", "1", "--quiet"]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == [expected[0].split("\t")[2], "", expected[3].split("\t")[2]]
+    for beam, nbest in (("4", "5"), ("1", "2"), ("4", "0")):
+        assert main(["translate", "--checkpoint", str(tmp_path / "nothing"), "--input", str(tmp_path / "in.txt"),
+                     "--beam", beam, "--nbest", nbest]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"lm translate: error: --nbest: must be in [1, --beam={beam}] (beam search keeps --beam "
+                       f"finished translations), got {nbest}\n"), err

@@ -9,6 +9,7 @@ import itertools
 import sys
 import zlib
 from collections.abc import Iterator
+from functools import partial
 
 from lm.cli.common import (
     add_checkpoint,
@@ -32,6 +33,7 @@ EXAMPLES = """
   lm translate --checkpoint runs/multi30k-en-de "A man is riding a bicycle." "Two dogs play in the snow."
   lm translate --checkpoint runs/multi30k-en-de --input test.en --beam 4 > test.hyp.de
   zcat test.en.gz | lm translate --checkpoint runs/multi30k-en-de --input - --beam 1   # greedy
+  lm translate --checkpoint runs/multi30k-en-de --beam 5 --nbest 3 "A man is riding a bicycle."
 """
 
 
@@ -41,8 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "translate",
         help="translate sentences with an encoder-decoder checkpoint",
         description="Translate sentences, one per line, with a model trained on parallel text (architecture "
-        "encoder_decoder). Prints one translation a line, in the input's order, as each batch is done (a "
-        "translation never holds a line break: tokens holding one are never chosen); a progress bar on a "
+        "encoder_decoder). Prints one translation a line (--nbest N: N a sentence, with its number and score), in the "
+        "input's order, as each batch is done (a translation never holds a line break: tokens holding one are never "
+        "chosen); a progress bar on a "
         "terminal's stderr (none with --buffer-size). Beam search ranks hypotheses by log-probability over "
         "GNMT's length penalty.",
         examples=EXAMPLES,
@@ -54,6 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "at \\n (a \\r before it is dropped), as `lm eval --target` and sacrebleu read them")
     p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size; 1 is greedy decoding")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A", help="length penalty exponent (GNMT)")
+    p.add_argument("--nbest", type=int, default=1, metavar="N",
+                   help="print the N best translations of each sentence (N <= --beam), best first, each a line "
+                        "'LINE<TAB>SCORE<TAB>TRANSLATION': LINE the sentence's number (from 1), SCORE its log P / "
+                        "lp; a sentence with no translation (an empty line) gets no lines. 1: one translation a "
+                        "line, without the two fields")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences decoded together")
     p.add_argument("--buffer-size", type=int, default=None, metavar="N",
                    help="with --input -: translate every N lines as they come in, printing each group's "
@@ -165,12 +173,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     from lm.cli.common import load_model_and_tokenizer
     from lm.device import autocast, resolve_dtype, set_threads
-    from lm.generate import translate
+    from lm.generate import beam_search_nbest, translate
     from lm.generate.sampling import NonFiniteLogitsError
     from lm.generate.seq2seq import check_source_length, line_break_ids
 
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
+    if not 1 <= args.nbest <= args.beam:
+        raise ValueError(f"--nbest: must be in [1, --beam={args.beam}] (beam search keeps --beam finished "
+                         f"translations), got {args.nbest}")
     check_alpha(args.alpha)  # before any work and any output, as --beam (translate() checks it per batch)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: must be >= 1, got {args.batch_size}")
@@ -202,15 +213,21 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 if todo:
                     with as_flags(alpha="--alpha"):
                         try:
-                            done = translate(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
-                                             vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
-                                             banned_ids=banned)
+                            decode = translate if args.nbest == 1 else partial(beam_search_nbest, nbest=args.nbest)
+                            done = decode(model, [chunk[j] for j in todo], beam_size=args.beam, alpha=args.alpha,
+                                          vocab_size=tok.vocab_size,  # a model's vocabulary may be larger
+                                          banned_ids=banned)
                         except NonFiniteLogitsError as e:  # its row in this batch, as the line the user gave
                             raise e.naming([done_lines + start + j + 1 for j in todo], given) from None
                     for j, ids in zip(todo, done):
                         result[j] = ids
+                if args.nbest == 1:
+                    text = "".join(tok.decode(ids).strip() + "\n" for ids in result)
+                else:  # "LINE\tSCORE\tTRANSLATION" for each hypothesis, best first
+                    text = "".join(f"{done_lines + start + j + 1}\t{h.score:.4f}\t{tok.decode(h.tokens).strip()}\n"
+                                   for j, hyps in enumerate(result) for h in hyps)
                 with tqdm.external_write_mode(file=out):  # the bar steps aside when both share a terminal
-                    out.write("".join(tok.decode(ids).strip() + "\n" for ids in result))
+                    out.write(text)
                     out.flush()
                 bar.update(len(chunk))
             done_lines += len(lines)

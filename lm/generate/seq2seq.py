@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -315,6 +316,17 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+class Hypothesis(NamedTuple):
+    """A finished hypothesis of :func:`beam_search_nbest`: its ``tokens`` (without ``<bos>`` and
+    ``<eos>``), ``score`` = ``logprob / lp(length)`` by which beam search ranks it, and ``logprob``,
+    the sum of its tokens' log-probabilities (its ``<eos>``'s included; a hypothesis cut at the length
+    limit has none). ``length`` in ``lp`` counts the tokens with the ``<eos>``."""
+
+    tokens: list[int]
+    score: float
+    logprob: float
+
+
 @torch.inference_mode()
 def beam_search(
     model,
@@ -344,7 +356,45 @@ def beam_search(
     as soon as sentence ``i`` is decided. ``vocab_size`` (the tokenizer's size) limits the target
     to ids below it; ``banned_ids`` are never chosen (:func:`line_break_ids`).
     """
+    check_callback("on_sentence", on_sentence)
+    best = None if on_sentence is None else lambda i, hyps: on_sentence(i, _best(hyps))
+    nbest = beam_search_nbest(model, src_ids, nbest=1, beam_size=beam_size, alpha=alpha, max_extra=max_extra,
+                              on_sentence=best, stopping=stopping, vocab_size=vocab_size, banned_ids=banned_ids)
+    return [_best(hyps) for hyps in nbest]
+
+
+def _best(hyps: list[Hypothesis]) -> list[int]:
+    return hyps[0].tokens if hyps else []  # no hypothesis at all (every token banned): an empty target
+
+
+@torch.inference_mode()
+def beam_search_nbest(
+    model,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    nbest: int | None = None,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_extra: int = 50,
+    on_sentence: Callable[[int, list[Hypothesis]], None] | None = None,
+    stopping: str = "heuristic",
+    vocab_size: int | None = None,
+    banned_ids: Sequence[int] | None = None,
+) -> list[list[Hypothesis]]:
+    """The ``nbest`` best finished hypotheses of each source (default: ``beam_size`` of them), best
+    first, as :class:`Hypothesis` tuples: the search of :func:`beam_search` (the first of each list
+    is its answer), which keeps the ``beam_size`` best finished hypotheses of a sentence until it is
+    decided, as fairseq's ``--nbest`` does. ``nbest`` is at most ``beam_size``; a sentence may have
+    fewer (every candidate ruled out before that many finished). With ``stopping="exact"`` and a beam
+    as large as the search space they are the ``nbest`` best targets of all. ``on_sentence(i, hyps)``
+    is called as soon as sentence ``i`` is decided; the other arguments are :func:`beam_search`'s.
+    """
     beam_size = _check_beam_size(beam_size)
+    if nbest is None:
+        nbest = beam_size
+    if not is_count(nbest, 1) or nbest > beam_size:
+        raise ValueError(f"nbest must be a whole number in [1, beam_size={beam_size}] (beam search keeps beam_size "
+                         f"finished hypotheses), got nbest={nbest!r}")
     _check_beam_options(alpha, stopping)
     check_callback("on_sentence", on_sentence)
     check_vocab_limit(vocab_size, model.config.vocab_size)
@@ -354,14 +404,14 @@ def beam_search(
     model.eval()
     try:
         with model.trusted_ids():  # the sources were checked above; the decoder reads <bos> and its own ids
-            return _beam_search(model, src, beam_size, alpha, max_extra, on_sentence, stopping == "exact",
+            return _beam_search(model, src, beam_size, int(nbest), alpha, max_extra, on_sentence, stopping == "exact",
                                 vocab_size, banned)
     finally:
         model.train(was_training)
 
 
-def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
-                 vocab_size: int | None, banned: Tensor) -> list[list[int]]:
+def _beam_search(model, src, k, nbest: int, alpha, max_extra, on_sentence, exact: bool,
+                 vocab_size: int | None, banned: Tensor) -> list[list[Hypothesis]]:
     cfg = model.config
     dev = model.device
     ids, mask = source_batch(src, cfg.eos_id, cfg.pad_id, dev)
@@ -376,8 +426,8 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
     scores = torch.full((n, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0
     tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
-    results: list[list[int] | None] = [None] * n
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    results: list[list[Hypothesis] | None] = [None] * n
     step_ids = torch.full((n * k, 1), cfg.bos_id, dtype=torch.long, device=dev)
     alive = list(range(n))  # the sentence of each block of k rows; a decided sentence leaves the batch
     for step in range(max(limits)):
@@ -407,20 +457,20 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
                 beam, tok = divmod(idx, vocab)
                 if tok == cfg.eos_id or length >= limits[i]:
                     seq = tokens[j][beam] + ([] if tok == cfg.eos_id else [tok])
-                    finished[i].append((score / length_penalty(length, alpha), seq))
+                    finished[i].append(Hypothesis(seq, score / length_penalty(length, alpha), score))
                 else:
                     picked.append((beam, tok, score))
                 if len(picked) == k:
                     break
-            finished[i].sort(key=lambda f: -f[0])
+            finished[i].sort(key=lambda f: -f.score)
             del finished[i][k:]
             best_live = picked[0][2] if picked else float("-inf")
             # the best a live hypothesis can still reach: exactly, its log-probability only falls and
             # lp is largest at the longest allowed length; heuristically, it ends at the next token
             reach = limits[i] if exact else length + 1
             bound = best_live / length_penalty(reach, alpha) if best_live < 0 else best_live
-            if not picked or length >= limits[i] or (len(finished[i]) == k and finished[i][-1][0] >= bound):
-                results[i] = finished[i][0][1] if finished[i] else []
+            if not picked or length >= limits[i] or (len(finished[i]) == k and finished[i][-1].score >= bound):
+                results[i] = finished[i][:nbest]
                 if on_sentence is not None:
                     on_sentence(i, results[i])
                 continue
@@ -440,7 +490,7 @@ def _beam_search(model, src, k, alpha, max_extra, on_sentence, exact: bool,
         scores = torch.tensor(new_scores, device=dev).view(len(alive), k)
         tokens = [new_lists[j * k : (j + 1) * k] for j in range(len(alive))]
         step_ids = torch.tensor(new_tokens, dtype=torch.long, device=dev)[:, None]
-    return [r if r is not None else (finished[i][0][1] if finished[i] else []) for i, r in enumerate(results)]
+    return [r if r is not None else finished[i][:nbest] for i, r in enumerate(results)]
 
 
 # greedy_decode's options that beam search has not (it samples nothing), and beam search's that it has not
