@@ -370,6 +370,29 @@ def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str,
     return decode_utf8(data)
 
 
+def invalid_utf8_place(path: str | os.PathLike, start: int, end: int) -> tuple[int, int] | None:
+    """``(line, column)``, from 1, of the first byte in ``[start, end)`` of the file ``path`` that is
+    not valid UTF-8 (its column counted in bytes), None when there is none: where a reader that
+    replaced bad bytes by U+FFFD tells the user to look. Read again only when there was one."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    try:
+        data.decode("utf-8")
+        return None
+    except UnicodeDecodeError as e:
+        at = start + e.start
+    line, last_newline, offset = 1, -1, 0
+    with open(path, "rb") as f:
+        while offset < at:  # the line breaks before it, a block at a time
+            block = f.read(min(1 << 20, at - offset))
+            line += block.count(b"\n")
+            if (i := block.rfind(b"\n")) >= 0:
+                last_newline = offset + i
+            offset += len(block)
+    return line, at - last_newline
+
+
 def looks_like_text(path: str | os.PathLike, sample: int = 1 << 16) -> bool:
     """True when the first ``sample`` bytes are mostly (75%) valid UTF-8 and hold no NUL byte, or
     a stray one (at most one in a thousand bytes) in what is otherwise valid UTF-8 (99%).

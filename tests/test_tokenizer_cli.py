@@ -792,7 +792,32 @@ def test_the_invalid_utf8_warning_of_lm_tokenize_names_input(trained, tmp_path, 
     assert main(["tokenize", "--tokenizer", str(trained), "--input", str(path), "--out", str(tmp_path / "b.bin"),
                  "--num-workers", "1", "--quiet"]) == 0
     assert capsys.readouterr().err.strip() == (f"lm tokenize: warning: --input: 20 bytes of {str(path)!r} are not "
-                                               "valid UTF-8; they were replaced by U+FFFD")
+                                               "valid UTF-8 (the first at line 1, column 16); they were replaced by "
+                                               "U+FFFD")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_invalid_utf8_warning_says_where_the_first_bad_byte_is(trained, tmp_path, workers):
+    """The warning said "1 bytes of 'in.txt' are not valid UTF-8" and nowhere in a large corpus to look
+    (data21), where `lm tokenize --target` and `lm translate` name the line and column: it now names
+    the first bad byte's (found by the chunk it is in, whichever worker encoded it), and counts in the
+    singular for one byte. The line and column are those a byte search of the file gives."""
+    body = b"Tom had a ball.\n" * 3000 + b"Lily saw \xffit.\n" + b"The end \xfe\xfe.\n"
+    path = tmp_path / "in.txt"
+    path.write_bytes(body)
+    at = body.index(b"\xff")
+    line, column = body.count(b"\n", 0, at) + 1, at - body.rfind(b"\n", 0, at)
+    assert (line, column) == (3001, 10)
+    tok = load_tokenizer_dir(trained)
+    with pytest.warns(UserWarning) as caught:
+        tokenize_file(tok, path, tmp_path / "a.bin", num_workers=workers, chunk_bytes=4096, warm_bytes=1024)
+    assert [str(w.message) for w in caught] == [f"input: 3 bytes of {str(path)!r} are not valid UTF-8 (the first at "
+                                                "line 3,001, column 10); they were replaced by U+FFFD"]
+    path.write_bytes(b"Tom had a ball.\n" * 3 + b"\x80")
+    with pytest.warns(UserWarning) as caught:
+        tokenize_file(tok, path, tmp_path / "b.bin", num_workers=workers)
+    assert [str(w.message) for w in caught] == [f"input: 1 byte of {str(path)!r} is not valid UTF-8 (the first at "
+                                                "line 4, column 1); it was replaced by U+FFFD"]
 
 
 def test_an_input_gone_before_the_summary_is_the_inputs_error(tmp_path, capsys, monkeypatch):

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from lm.checks import check_size, is_count
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
-from lm.io import check_not_input, check_readable_file, read_text_range
+from lm.io import check_not_input, check_readable_file, invalid_utf8_place, read_text_range
 from lm.tokenizer import Tokenizer
 from lm.tokenizer.pretokenize import LONG_CHUNK_BYTES, chunk_boundaries, warn_long_chunk
 from lm.tokenizer.workers import parallel_map
@@ -89,7 +89,7 @@ def tokenize_file(
     bounds += chunk_boundaries(path, tokenizer.special_tokens, chunk_bytes, start=bounds[0][1] if bounds else 0)
     warn_long_chunk(path, bounds, chunk_bytes, "encoded", limit=LONG_CHUNK_BYTES)
     tasks = [(str(path), a, b, dtype.str) for a, b in bounds]
-    invalid = 0
+    invalid, first_bad = 0, (0, 0)  # the bytes replaced by U+FFFD, and the chunk of the first
     # In this process the tokenizer is passed, not set in the module (where a second call, from
     # another thread, would have replaced it: each call's chunks encoded by the other's tokenizer).
     here = functools.partial(_encode_chunk_with, tokenizer)
@@ -104,8 +104,10 @@ def tokenize_file(
         checksum = tokenizer.checksum()
 
         def chunks() -> Iterator[np.ndarray]:
-            nonlocal invalid
-            for data, nbytes, bad in results:
+            nonlocal invalid, first_bad
+            for (start, end), (data, nbytes, bad) in zip(bounds, results):
+                if bad and not invalid:
+                    first_bad = (start, end)
                 invalid += bad
                 bar.update(nbytes)
                 yield np.frombuffer(data, dtype=dtype)
@@ -118,7 +120,9 @@ def tokenize_file(
             tokenizer_sha256=checksum,
             source=str(path),
         )
-    if invalid:
-        warnings.warn(f"input: {invalid:,} bytes of {str(path)!r} are not valid UTF-8; they were replaced by U+FFFD",
-                      stacklevel=2)
+    if invalid:  # where the first is, as `lm tokenize --target` and `lm translate` say it
+        line, column = invalid_utf8_place(path, *first_bad) or (0, 0)
+        what, were = ("byte of {} is", "it was") if invalid == 1 else ("bytes of {} are", "they were")
+        warnings.warn(f"input: {invalid:,} {what.format(repr(str(path)))} not valid UTF-8 (the first at line {line:,}, "
+                      f"column {column:,}); {were} replaced by U+FFFD", stacklevel=2)
     return meta

@@ -271,7 +271,7 @@ def run_demo(settings: DemoSettings) -> DemoReport:
 
 # what train_bpe and tokenize_file say of the demo's own copies (data/train.txt, data/val.txt),
 # twice and not naming the corpus: the demo says it once, naming --data (see _warn_invalid_utf8)
-_INVALID_UTF8 = r"input: [0-9,]+ bytes (of .* )?are not valid UTF-8"
+_INVALID_UTF8 = r"input: [0-9,]+ bytes? (of .* )?(are|is) not valid UTF-8"
 
 
 def _warn_invalid_utf8(parts: tuple[Path, ...], argument: str, name: str) -> None:

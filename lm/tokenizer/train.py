@@ -104,7 +104,8 @@ def count_pretokens(
             invalid += bad
             bar.update(nbytes)
     if invalid:
-        warnings.warn(f"input: {invalid:,} bytes are not valid UTF-8; they were replaced by U+FFFD", stacklevel=2)
+        are = "byte is not valid UTF-8; it was" if invalid == 1 else "bytes are not valid UTF-8; they were"
+        warnings.warn(f"input: {invalid:,} {are} replaced by U+FFFD", stacklevel=2)
     if stats is not None:
         stats.invalid_utf8_bytes = invalid
         stats.input_bytes = total
