@@ -9,6 +9,7 @@ import gzip
 import importlib.util
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -333,6 +334,25 @@ def test_decode_steps_refuses_bad_counts(monkeypatch, capsys, argv, why):
 def test_train_refuses_bad_config(monkeypatch, capsys, argv, why):
     """Each was a traceback."""
     _refused(monkeypatch, capsys, "bench_train.py", ["--config", REPO / "configs" / "cpu-small.toml", *argv], why)
+
+
+def test_train_runs_end_to_end_on_a_config_with_a_tokenizer(monkeypatch, capsys):
+    """The script's documented command crashed before timing anything (bench21): it dropped the
+    config's data.tokenizer by `--set data.tokenizer=''`, which the config check now refuses. A tiny
+    run of every row (bare step, lm train, lm train without eval) prints its table; the runs trained
+    on the random token files without the config's tokenizer."""
+    from lm.train import load_config
+
+    config = REPO / "configs" / "cpu-small.toml"
+    assert load_config(config).data.tokenizer  # the case: the config names a tokenizer folder
+    shape = ["model.vocab_size=64", "model.context_length=8", "model.d_model=16", "model.num_heads=2",
+             "model.d_ff=32", "model.num_layers=1", "train.batch_size=2", "train.compile=false",
+             "eval.interval=1", "eval.batches=1", "checkpoint.interval=1", "log.interval=1"]
+    _main(monkeypatch, "bench_train.py", "--config", config, "--steps", "2", "--repeats", "1",
+          *[a for item in shape for a in ("--set", item)])
+    out = capsys.readouterr().out
+    assert "repeat 1: bare" in out and "lm train without eval" in out
+    assert re.search(r"best of 1: bare [\d,]+ tok/s \| lm train [\d,]+ tok/s = [\d.]+%", out), out
 
 
 @pytest.mark.parametrize("grad_clip, clips", [(0.0, 0), (1.0, 2)])
