@@ -462,11 +462,13 @@ def part_training(report: Report, device: torch.device, work: Path, seconds: flo
     # the run's means over its training time (the trainer leaves compiling and evaluation out of it)
     tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum_steps * cfg.model.context_length
     mean_rate = last["step"] * tokens_per_step / last["time"]
-    mfu = last["mfu"] * mean_rate / last["tok_per_s"]
+    # MFU is null on a GPU of no known peak (lm.train.flops.GPU_PEAK_TFLOPS)
+    mfu = ("MFU ? (no known peak)" if last["mfu"] is None
+           else f"MFU {100 * last['mfu'] * mean_rate / last['tok_per_s']:.1f}%")
     report.add(f"training: tinystories-17m config{' (shrunk)' if cpu else ''}, {seconds:.0f} s",
                status == 0 and bool(val),
                f"{last['step']} steps in {last['time']:.1f} s of training: {1000 * last['time'] / last['step']:.1f} "
-               f"ms/step, {mean_rate:,.0f} tokens/s, MFU {100 * mfu:.1f}% (the last log window: "
+               f"ms/step, {mean_rate:,.0f} tokens/s, {mfu} (the last log window: "
                f"{last['tok_per_s']:,.0f} tokens/s), {memory}, val loss {val[-1]['loss']:.3f} (held-out text; "
                f"train {last['loss']:.3f}); {compile_s}{wall:.0f} s in all{per_step}")
 

@@ -1756,6 +1756,52 @@ def test_the_cpu_peak_for_mfu_follows_the_autocast_dtype(monkeypatch):
     assert torch.equal(torch.get_rng_state(), state)  # the run's generator untouched: a resume stays exact
 
 
+@pytest.mark.parametrize("name, bf16, fp32", [
+    ("NVIDIA H100 80GB HBM3", 989.4, 494.7), ("NVIDIA H100 PCIe", 756.0, 378.0), ("NVIDIA H100 NVL", 835.0, 417.5),
+    ("NVIDIA H200", 989.4, 494.7), ("NVIDIA H200 NVL", 835.0, 417.5), ("NVIDIA GH200 480GB", 989.4, 494.7),
+    ("NVIDIA A100-SXM4-80GB", 312.0, 156.0), ("NVIDIA A10", 125.0, 62.5), ("NVIDIA A10G", None, None),
+    ("NVIDIA L40S", 362.05, 183.0), ("NVIDIA L40", 181.05, 90.5), ("NVIDIA L4", 121.0, 60.0),
+    ("NVIDIA GeForce RTX 4090", 165.2, 82.6), ("NVIDIA B200", 2250.0, 1100.0),
+    ("Tesla V100-SXM2-16GB", None, 15.7), ("Tesla T4", None, 8.1), ("NVIDIA B300 SXM6 AC", None, None),
+])
+def test_the_gpu_peak_for_mfu_is_the_named_parts_for_the_dtype(monkeypatch, name, bf16, fp32):
+    """The table was matched by the first key found in the name, the less specific first: an L40S got
+    the L40's peak (MFU twice too high), an H100 PCIe the SXM part's; bfloat16 and float32 runs got
+    one figure (a float32 run runs on TF32, half of it), a V100 and a T4 their FP16 peaks, and any GPU
+    not listed a silent 100 TFLOP/s (bench21, evalplot21). The figures are NVIDIA's dense datasheet
+    peaks; a GPU not listed (or bfloat16 where it has no tensor core for it) has none, and the run says
+    so once and logs MFU null and "MFU ?"."""
+    import lm.train.flops as flops
+
+    monkeypatch.setattr(flops.torch.cuda, "get_device_name", lambda device=None: name)
+    cuda = torch.device("cuda", 0)
+    for dtype, want in ((torch.bfloat16, bf16), (None, fp32)):
+        got = flops.peak_flops(cuda, None, dtype)
+        assert (got if got is None else got / 1e12) == (want if want is None else pytest.approx(want, rel=1e-12))
+        line = flops.peak_line(cuda, got, dtype, given=False)
+        kind = "bfloat16" if dtype else "float32"
+        assert line == (f"MFU: no {kind} peak known for {name!r}; set log.peak_tflops to its dense peak to log MFU"
+                        if want is None else
+                        f"MFU against {name}'s dense {kind} peak of {want:,.1f} TFLOP/s (log.peak_tflops to change it)")
+        assert flops.peak_flops(cuda, 123.0, dtype) == 123e12 and flops.peak_line(cuda, 123e12, dtype, True) == ""
+
+
+def test_a_run_without_a_known_peak_logs_mfu_as_null(tmp_path, monkeypatch):
+    """Where peak_flops has no figure (a GPU it does not know), the console says "MFU ?" and the records
+    hold "mfu": null, where a nominal 100 TFLOP/s had given a plausible, wrong utilisation."""
+    import lm.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "peak_flops", lambda device, override, dtype: None)
+    monkeypatch.setattr(trainer_module, "peak_line", lambda *args: "MFU: no float32 peak known for 'X'; set ...")
+    cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 3}, log={"interval": 1}))
+    lines = []
+    assert Trainer(cfg, print_fn=lines.append).run() == 0
+    assert "MFU: no float32 peak known for 'X'; set ..." in lines
+    assert any(line.startswith("step 3/3 | loss") and "tok/s | MFU ? | ETA" in line for line in lines), lines
+    train = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert len(train) == 3 and all(r["mfu"] is None and r["tok_per_s"] > 0 for r in train)
+
+
 # -- config and run-folder errors (audit "train", items 2, 5, 6) -----------------------------------
 
 

@@ -49,7 +49,7 @@ from lm.train.config import Config, check_config, resume_changes, spelled
 from lm.train.data_identity import data_fingerprint, same_data_file
 from lm.train.determinism import configure_determinism, deterministic_ddp
 from lm.train.distributed import init_distributed, shutdown_distributed
-from lm.train.flops import peak_flops
+from lm.train.flops import peak_flops, peak_line
 from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, MetricsWriteError, format_duration
 from lm.train.run_dir import SET_ASIDE_BEST, RunLock, check_run_folder, holds_run, set_aside
@@ -355,7 +355,9 @@ class Trainer:
         self.pairs = m.architecture == "encoder_decoder"
         per_rank = t.batch_tokens if self.pairs else t.batch_size * m.context_length  # nominal for pairs
         self.tokens_per_step = per_rank * t.grad_accum_steps * self.dist.world_size
-        self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops, autocast_dtype(t.dtype, self.device))
+        dtype = autocast_dtype(t.dtype, self.device)
+        self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops, dtype)
+        self._peak_line = peak_line(self.device, self._peak_flops, dtype, cfg.log.peak_tflops is not None)
         self._flops_per_token = 3 * unwrap(self.model).flops_per_token()  # forward and backward
         self._signal: int | None = None
         self._signal_at = 0.0  # when it came (time.monotonic)
@@ -1024,7 +1026,8 @@ class Trainer:
         """The train line and record of the steps since the last: mean loss (checked finite), tokens/s, MFU."""
         mean = self._check_finite(window) / window.steps
         tok_s = window.tokens / window.seconds if window.seconds > 0 else None
-        mfu = None if tok_s is None else self._flops_per_token * tok_s / self.dist.world_size / self._peak_flops
+        mfu = None if tok_s is None or self._peak_flops is None else \
+            self._flops_per_token * tok_s / self.dist.world_size / self._peak_flops
         self._report_train(mean, lr, None if norm is None else float(norm), tok_s, mfu, window.step_seconds)
         window.reset()
 
@@ -1074,6 +1077,8 @@ class Trainer:
         self._log(self._determinism)
         if self._precision:
             self._log(self._precision)
+        if self._peak_line:
+            self._log(self._peak_line)
         if self.val_data is None and self.cfg.eval.interval:  # eval.interval alone evaluates nothing: said
             self._log(f"no evaluation: eval.interval is {self.cfg.eval.interval} but data.val is not set "
                       "(no val records, no checkpoints/best.pt)")
@@ -1166,7 +1171,8 @@ class Trainer:
             remaining.append(t.max_time - self.elapsed)
         eta = format_duration(max(0.0, min(remaining))) if remaining else "?"  # ? after a compile step alone
         total = f"/{t.max_steps}" if t.max_steps is not None else ""
-        speed = "compile step" if tok_s is None else f"{tok_s:,.0f} tok/s | MFU {100 * mfu:.1f}%"
+        speed = "compile step" if tok_s is None else f"{tok_s:,.0f} tok/s | MFU " + \
+            ("?" if mfu is None else f"{100 * mfu:.1f}%")  # ?: a GPU of no known peak (see peak_line)
         self._log(f"step {self.step}{total} | loss {loss:.4f} | lr {lr:.2e} | {speed} | ETA {eta}")
         if (not self._said_behind_clock and t.max_time is not None and t.max_steps is not None
                 and self.schedule_position() > self.step):  # the startup line said when; this says it happened
