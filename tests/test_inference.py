@@ -1,6 +1,7 @@
 """The inference layer: loading a run once, streaming text, the end-of-text id."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,3 +221,40 @@ def test_tokenizer_errors_have_one_prefix_the_argument(tmp_path):
         for argument in ("--tokenizer", "tok"):
             with pytest.raises(ValueError, match=f"^{re.escape(f'{argument}: {message}')}$"):
                 load_model_and_tokenizer(run, given, tokenizer_argument=argument)
+
+
+def test_a_checkpoint_deleted_between_its_pick_and_its_read_is_picked_again(tmp_path, monkeypatch):
+    """`lm sample/eval/export hf --checkpoint RUN` on a run that is training failed now and then with
+    "checkpoint not found" for the file it had picked itself: the trainer's keep_last deleted the
+    newest step_N.pt between the pick and the read (ckpt21). A run folder is resolved again; a file
+    given by name is not (it is gone: the error says so)."""
+    import lm.checkpoint
+    from lm.checkpoint import write_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _, model, _ = make_run_dir(run, ("Lily had a red ball. " + EOT) * 40, 300, context_length=16, d_model=32,
+                               num_layers=1, num_heads=2, d_ff=64)
+    (run / "checkpoints").mkdir()
+    state = {"iteration": 2, "model": model.state_dict(), "config": {"model": model.config.to_dict()}}
+    write_checkpoint(state, run / "checkpoints" / "step_00000002.pt")
+    real, opened = lm.checkpoint.load_model, []
+
+    def trainer_saves_first(file, **kwargs):  # step 3 written, step 2 deleted, just before the read
+        opened.append(Path(file).name)
+        if len(opened) == 1:
+            write_checkpoint({**state, "iteration": 3}, run / "checkpoints" / "step_00000003.pt")
+            (run / "checkpoints" / "step_00000002.pt").unlink()
+        return real(file, **kwargs)
+
+    monkeypatch.setattr(lm.checkpoint, "load_model", trainer_saves_first)
+    for path in (run, run / "checkpoints"):
+        opened.clear()
+        loaded = load_model_and_tokenizer(path)
+        assert loaded.path == run / "checkpoints" / "step_00000003.pt"
+        assert opened == ["step_00000002.pt", "step_00000003.pt"]
+        (run / "checkpoints" / "step_00000003.pt").rename(run / "checkpoints" / "step_00000002.pt")
+    opened.clear()
+    with pytest.raises(ValueError, match=r"^--checkpoint: checkpoint not found: .*step_00000002\.pt'$"):
+        load_model_and_tokenizer(run / "checkpoints" / "step_00000002.pt")
+    assert opened == ["step_00000002.pt"]

@@ -164,7 +164,7 @@ def add_out(p: argparse.ArgumentParser, what: str, *, required: bool = True, def
 
 
 def add_checkpoint(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """``--checkpoint PATH``: a checkpoint file or a run directory (see :func:`resolve_checkpoint`)."""
+    """``--checkpoint PATH``: a checkpoint file or a run directory (see :func:`lm.generate.load.resolve_checkpoint`)."""
     p.add_argument("--checkpoint", required=required, metavar="PATH", help="checkpoint file or run directory")
 
 
@@ -186,13 +186,6 @@ def add_compute(p: argparse.ArgumentParser, *, device: str | None = "auto", dtyp
 
 
 # -- models and tokenizers from a path ---------------------------------------------------------
-
-def resolve_checkpoint(path: str, argument: str = "--checkpoint") -> Path:
-    """A checkpoint file, or a run directory: :func:`lm.generate.load.resolve_checkpoint`."""
-    from lm.generate.load import resolve_checkpoint as resolve
-
-    return resolve(path, argument)
-
 
 def load_model_and_tokenizer(
     checkpoint: str, tokenizer: str | None = None, device: str = "cpu", need_tokenizer: bool = True

@@ -84,7 +84,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_hf(args: argparse.Namespace) -> int:
-    from lm.cli.common import load_model_and_tokenizer, resolve_checkpoint
+    from lm.cli.common import load_model_and_tokenizer
     from lm.export import export_hf
     from lm.generate.load import find_run_tokenizer
     from lm.io import writing_out
@@ -94,9 +94,11 @@ def _cmd_export_hf(args: argparse.Namespace) -> int:
         raise ValueError("--checkpoint: required (a checkpoint file or a run directory)")
     if out is None:
         raise ValueError("--out: required (the folder to write)")
-    path = resolve_checkpoint(checkpoint)
-    loaded = load_model_and_tokenizer(str(path), args.tokenizer, device="cpu", need_tokenizer=False)
+    # the folder, not the file resolve_checkpoint picks in it: a run that is training may delete that
+    # file before it is read, and the loader then picks again
+    loaded = load_model_and_tokenizer(checkpoint, args.tokenizer, device="cpu", need_tokenizer=False)
     model, tok, _ = loaded
+    path = loaded.path
     from lm.export.hf import check_llama_compatible
 
     try:  # architecture first, then norm, positions or FFN: named as the checkpoint's, not as the library's `model`

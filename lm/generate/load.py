@@ -124,6 +124,9 @@ def find_run_tokenizer(checkpoint: Path) -> Path | None:
     return None
 
 
+RESOLVE_ATTEMPTS = 5  # picks of a run folder's newest checkpoint, where each was deleted before it was read
+
+
 def load_model_and_tokenizer(
     path: str | Path,
     tokenizer: str | Path | None = None,
@@ -144,11 +147,17 @@ def load_model_and_tokenizer(
     if isinstance(tokenizer, str) and not tokenizer:  # '' (an unset variable) had meant "the run's", silently
         raise ValueError(f"{tokenizer_argument}: must not be empty; omit it to use the run's tokenizer/")
     dev = device if isinstance(device, torch.device) else resolve_device(device, "--device")
-    file = resolve_checkpoint(path, argument)
-    try:
-        model, info = load_model(file, device=dev)
-    except ValueError as e:  # the file's own fault: name the argument it came from
-        raise ValueError(f"{argument}: {e}") from None
+    for attempt in range(RESOLVE_ATTEMPTS):
+        file = resolve_checkpoint(path, argument)
+        try:
+            model, info = load_model(file, device=dev)
+            break
+        except ValueError as e:  # the file's own fault: name the argument it came from
+            # A run that is training deletes its older checkpoints (checkpoint.keep_last): the newest
+            # one, picked from the folder, can be gone by the time it is opened. Pick again.
+            if attempt + 1 < RESOLVE_ATTEMPTS and Path(path).is_dir() and not file.exists():
+                continue
+            raise ValueError(f"{argument}: {e}") from None
     model.eval()
     tok_dir = Path(tokenizer) if tokenizer else find_run_tokenizer(file)
     if tok_dir is None:
