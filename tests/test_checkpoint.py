@@ -409,3 +409,37 @@ def test_manager_refuses_a_keep_last_that_is_not_a_count(tmp_path, keep_last):
     assert everything.steps() == [1, 2, 3]
     CheckpointManager(tmp_path, keep_last=np.int64(1)).save({"iteration": 4, "model": {}}, 4)
     assert everything.steps() == [4]
+
+
+def test_a_checkpoint_without_its_iteration_or_model_is_one_line(tmp_path):
+    """write_checkpoint takes any dictionary; load_checkpoint of one without "iteration" raised a bare
+    KeyError after checking the model (ckpt21). It is named, and nothing is copied."""
+    model = _model()
+    fresh = _model()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    for state in ({"model": model.state_dict()}, {"model": model.state_dict(), "iteration": "3"}):
+        write_checkpoint(state, tmp_path / "c.pt")
+        with pytest.raises(ValueError) as e:
+            load_checkpoint(tmp_path / "c.pt", fresh, None)
+        assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} records no iteration; it is not a checkpoint of "
+                                "save_checkpoint or lm train")
+        assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+    write_checkpoint({"model": model.state_dict(), "iteration": 3}, tmp_path / "c.pt")
+    assert load_checkpoint(tmp_path / "c.pt", fresh, None) == 3
+
+
+def test_weights_without_their_config_say_what_to_pass(tmp_path):
+    """export_safetensors of a bare state dict writes no model config: loading it said "it was not
+    written by lm" of lm's own file (ckpt21)."""
+    from lm.checkpoint import load_model
+    from lm.model import TransformerLM
+
+    model = TransformerLM(50, 8, 16, 1, 2, 32, 10000.0)
+    export_safetensors(model.state_dict(), tmp_path / "w.safetensors")
+    with pytest.raises(ValueError) as e:
+        load_model(tmp_path / "w.safetensors")
+    assert str(e.value) == (f"{str(tmp_path / 'w.safetensors')!r} has no 'model_config' metadata: weights without "
+                            "their model's config (not lm train's export; export_safetensors of a bare state dict "
+                            "writes none), from which lm cannot build the model; pass the run folder, its "
+                            "model.safetensors or a checkpoint")
+

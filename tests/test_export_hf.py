@@ -97,6 +97,14 @@ def test_cli_export_with_tokenizer(run, tmp_path, capsys):
     assert main(["export", "hf", str(d), str(out)]) == 2
     err = capsys.readouterr().err
     assert "CHECKPOINT is deprecated" in err and "exists; pass --overwrite to replace it" in err
+    # the export given back to lm: said to be what it is, where "it was not written by lm" (ckpt21)
+    for command in (["sample", "--prompt", "Once", "--max-new-tokens", "2"],
+                    ["export", "hf", "--out", str(tmp_path / "x")]):
+        assert main([*command, "--checkpoint", str(out)]) == 2
+        assert capsys.readouterr().err.endswith(
+            f": error: --checkpoint: {str(out / 'model.safetensors')!r} has no 'model_config' metadata: it is a "
+            "Hugging Face model (its config.json is beside it: `lm export hf` writes such folders), which lm does not "
+            "load back; pass the lm run folder, its model.safetensors or a checkpoint\n")
 
 
 def test_exported_tokenizer_decodes_as_lm_on_transformers_4(run, tmp_path):

@@ -236,6 +236,16 @@ def save_checkpoint(
     )
 
 
+def _config_less(path: Path) -> str:
+    """What a safetensors file without lm's model config is, and what to pass instead."""
+    if (path.parent / "config.json").is_file():  # transformers' folder: lm export hf wrote it, or another tool
+        return ("it is a Hugging Face model (its config.json is beside it: `lm export hf` writes such folders), "
+                "which lm does not load back; pass the lm run folder, its model.safetensors or a checkpoint")
+    return ("weights without their model's config (not lm train's export; export_safetensors of a bare "
+            "state dict writes none), from which lm cannot build the model; pass the run folder, its "
+            "model.safetensors or a checkpoint")
+
+
 def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
     """Restore ``model`` and ``optimizer`` (if given) from ``src``; return the saved iteration.
 
@@ -248,6 +258,8 @@ def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Op
         src.seek(0)
     state = read_checkpoint(src)
     name = repr(str(src)) if isinstance(src, str | os.PathLike) else "checkpoint"
+    if not is_count(state.get("iteration")):  # (read_checkpoint checked its "model")
+        raise ValueError(f"{name} records no iteration; it is not a checkpoint of save_checkpoint or lm train")
     check_state_dict_fits(model, state["model"], name)
     if optimizer is not None:
         if state.get("optimizer") is None:
@@ -383,7 +395,7 @@ def load_model(
             raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
         _check_safetensors_checksums(repr(str(path)), state_dict, meta)
         if "model_config" not in meta:
-            raise ValueError(f"{str(path)!r} has no 'model_config' metadata; it was not written by lm")
+            raise ValueError(f"{str(path)!r} has no 'model_config' metadata: {_config_less(Path(path))}")
         try:
             model_cfg = json.loads(meta["model_config"])
         except ValueError as e:
