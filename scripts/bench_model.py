@@ -44,15 +44,9 @@ def train_step_fn(model, kind: str):
     "logits" (lm: ``cross_entropy(model(x), y)``) or "loss" (lm: ``model.loss(x, y)``, the fused
     lm_head + cross-entropy that never materialises the logits)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    loss_fn = model.loss if kind == "loss" else None
 
     def step(x, y):
-        if kind == "hf":
-            loss = F.cross_entropy(model(x).logits.float().flatten(0, 1), y.flatten())
-        elif kind == "logits":
-            loss = cross_entropy(model(x), y)
-        else:
-            loss = loss_fn(x, y)
+        loss = loss_of(model, kind, x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -61,10 +55,30 @@ def train_step_fn(model, kind: str):
     return step
 
 
+def loss_of(model, kind: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean next-token loss of a row of :func:`train_step_fn`'s ``kind``."""
+    if kind == "hf":
+        return F.cross_entropy(model(x).logits.float().flatten(0, 1), y.flatten())
+    if kind == "logits":
+        return cross_entropy(model(x), y)
+    return model.loss(x, y)
+
+
 HF_ROW = "transformers LlamaForCausalLM (sdpa), logits + F.cross_entropy"
+MAX_LOSS_DIFFERENCE = 1e-4  # relative: float32 rounding of one loss, not another model
 
 
-def bench_training(args) -> list[tuple[str, float]]:
+def loss_difference(contestants: dict, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The largest relative difference between a row's loss on the batch, before any step, and the
+    transformers row's: the rows train the same model on the same batch only if it is small."""
+    with torch.no_grad():
+        losses = {name: loss_of(m, kind, x, y).item() for name, (m, kind) in contestants.items()}
+    ref = losses[HF_ROW]
+    return max(abs(loss - ref) / abs(ref) for loss in losses.values())
+
+
+def bench_training(args) -> tuple[list[tuple[str, float]], float]:
+    """Tokens/s of each row, interleaved rounds, medians; and :func:`loss_difference` before the steps."""
     torch.manual_seed(0)
     base = TransformerLM(**SHAPE)
     contestants = {}
@@ -88,6 +102,7 @@ def bench_training(args) -> list[tuple[str, float]]:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, SHAPE["vocab_size"], (args.batch, SHAPE["context_length"] + 1), generator=g)
     x, y = x[:, :-1], x[:, 1:]
+    difference = loss_difference(contestants, x, y)
     tokens = x.numel()
     for name, step in steps.items():  # warm-up (and compilation)
         t0 = time.perf_counter()
@@ -102,7 +117,7 @@ def bench_training(args) -> list[tuple[str, float]]:
                 step(x, y)
             rates[name].append(tokens * args.steps / (time.perf_counter() - t0))
         print(f"  round {r + 1}/{args.rounds} done", flush=True)
-    return [(name, statistics.median(v)) for name, v in rates.items()]
+    return [(name, statistics.median(v)) for name, v in rates.items()], difference
 
 
 def bench_generation(args) -> tuple[list[tuple[str, float]], bool, list[tuple[str, float]], bool]:
@@ -162,11 +177,13 @@ def bench_generation(args) -> tuple[list[tuple[str, float]], bool, list[tuple[st
     return rows, identical, batch_rows, batch_identical
 
 
-def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference: str, valid: bool = True) -> None:
-    """``valid`` False (the sides' tokens differ): the ratio column says the ratios are not comparisons."""
+def print_table(title: str, rows: list[tuple[str, float]], unit: str, reference: str, valid: bool = True,
+                differ: str = "the tokens differ") -> None:
+    """``valid`` False (the sides' tokens, or losses, ``differ``): the ratio column says the ratios are
+    not comparisons."""
     ref = dict(rows)[reference]
     print(f"\n{title}\n")
-    print(f"| implementation | {unit} | vs transformers{'' if valid else ' (NOT VALID: the tokens differ)'} |")
+    print(f"| implementation | {unit} | vs transformers{'' if valid else f' (NOT VALID: {differ})'} |")
     print("|---|---:|---:|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / ref:.2f}× |")
@@ -230,14 +247,18 @@ def main() -> int:
     if problem:
         p.error(problem)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, cpu")
+    status = 0  # 1: a table's sides did not do the same work
     if not args.skip_train:
-        rows = bench_training(args)
+        rows, difference = bench_training(args)
+        same = difference <= MAX_LOSS_DIFFERENCE
         print_table(
             f"Training step (fwd+bwd+AdamW), batch {args.batch} × ctx {SHAPE['context_length']}, "
             f"vocab 10k, d 256, 4 layers, 8 heads, d_ff 688",
             [r for r in rows if "compile" not in r[0]],
             "tokens/s",
             HF_ROW,
+            same,
+            "the losses differ",
         )
         if args.compile:
             compiled_ref = HF_ROW + " + torch.compile"
@@ -246,7 +267,16 @@ def main() -> int:
                 [r for r in rows if "compile" in r[0]],
                 "tokens/s",
                 compiled_ref,
+                same,
+                "the losses differ",
             )
+        print(f"\nsame loss before the first step (every row against transformers'): {same} (relative difference "
+              f"{difference:.1e})")
+        if not same:
+            print(f"bench_model.py: the rows' losses differ from transformers' by {difference:.1e} (more than "
+                  f"{MAX_LOSS_DIFFERENCE:g}): the training ratios are not comparisons of the same work",
+                  file=sys.stderr)
+            status = 1
     if not args.skip_generate:
         rows, identical, batch_rows, batch_identical = bench_generation(args)
         print_table(
@@ -271,8 +301,8 @@ def main() -> int:
         if not (identical and batch_identical):
             print("bench_model.py: the generated tokens differ from transformers': the generation ratios are not "
                   "comparisons of the same work", file=sys.stderr)
-            return 1
-    return 0
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

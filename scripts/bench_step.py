@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from copy import deepcopy
 from pathlib import Path
 
 import torch
@@ -34,6 +35,8 @@ from lm.train import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.aten_ops import AtenOps  # noqa: E402
+
+MAX_UPDATE_DIFFERENCE = 1e-3  # of the largest update: a last bit of a parameter, not another formula
 
 
 def _sync(device: torch.device) -> None:
@@ -54,7 +57,35 @@ def optimizers(model: torch.nn.Module) -> dict[str, torch.optim.Optimizer]:
     }
 
 
+def update_difference(model: torch.nn.Module, steps: int = 3) -> float:
+    """The largest difference between the parameters that lm's AdamW and torch's of the same kind (the
+    pairs of :func:`optimizers`, which the ratio column compares) give copies of ``model`` after
+    ``steps`` steps from the same gradients, relative to the largest update: the rows time the same
+    work only if it is small. (On a CPU each pair agrees to the bit; fused against foreach kernels
+    differ by a last bit of a parameter.)"""
+    g = torch.Generator().manual_seed(0)
+    grads = [[torch.randn(p.shape, generator=g).to(p.device) * 1e-3 for p in model.parameters()] for _ in range(steps)]
+    after = {}
+    for name in optimizers(model):
+        copy = deepcopy(model)
+        opt = optimizers(copy)[name]
+        for step_grads in grads:
+            for p, grad in zip(copy.parameters(), step_grads):
+                p.grad = grad.clone()
+            opt.step()
+        after[name] = [q.detach().double() for q in copy.parameters()]
+    start = [p.detach().double() for p in model.parameters()]
+    scale = max((a - b).abs().max().item() for a, b in zip(next(iter(after.values())), start))
+    names = list(after)
+    return max((a - b).abs().max().item() / scale for lm_row, torch_row in zip(names[::2], names[1::2])
+               for a, b in zip(after[lm_row], after[torch_row]))
+
+
 def bench_optimizers(model: torch.nn.Module, device: torch.device, rounds: int) -> None:
+    difference = update_difference(model)
+    if not difference <= MAX_UPDATE_DIFFERENCE:
+        sys.exit(f"bench_step.py: lm's and torch's AdamW of the same kind differ by {difference:.2e} of the largest "
+                 f"update (more than {MAX_UPDATE_DIFFERENCE:g}): the rows would not time the same work")
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     opts = optimizers(model)
@@ -76,6 +107,8 @@ def bench_optimizers(model: torch.nn.Module, device: torch.device, rounds: int) 
     n = len(list(model.parameters()))
     print(f"\nAdamW.step over {n} parameter tensors ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
           f"parameters), {device}, median of {rounds} interleaved rounds\n")
+    print(f"(lm's and torch's of the same kind make the same updates: after three steps from the same gradients "
+          f"the parameters differ by at most {difference:.1e} of the largest update)\n")
     print("| optimizer | aten ops per step | ms per step | lm vs torch, same kind |")
     print("|---|---:|---:|---:|")
     names = list(opts)

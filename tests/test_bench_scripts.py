@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -217,6 +218,62 @@ def test_model_tokens_that_differ_mark_the_ratios_and_fail(monkeypatch, capsys, 
     monkeypatch.setattr(module, "bench_generation", _fake_generation(True, True))
     assert module.main() == 0
     assert "NOT VALID" not in capsys.readouterr().out
+
+
+TINY = dict(vocab_size=300, context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_model_training_rows_check_they_train_the_same_model(monkeypatch, capsys, same):
+    """The training rows printed ratios with no check that the sides compute the same loss (bench21):
+    a transformers model other than lm's (here: a zeroed gate projection) was timed as like for like.
+    Every row's loss on the batch, before any step, is compared with transformers'; a difference
+    marks the tables NOT VALID and the exit status 1."""
+    module = _script("bench_model.py")
+    monkeypatch.setattr(module, "SHAPE", TINY)
+    if not same:
+        real = module.llama_like
+
+        def another_model(model):
+            hf = real(model)
+            with torch.no_grad():
+                hf.model.layers[0].mlp.gate_proj.weight.zero_()
+            return hf
+
+        monkeypatch.setattr(module, "llama_like", another_model)
+    monkeypatch.setattr(sys, "argv", ["bench_model.py", "--skip-generate", "--batch", "2", "--rounds", "1",
+                                      "--warmup", "0"])
+    assert module.main() == (0 if same else 1)
+    out, err = capsys.readouterr()
+    header = next(line for line in out.splitlines() if line.startswith("| implementation |"))
+    assert ("NOT VALID: the losses differ" in header) is not same
+    assert f"same loss before the first step (every row against transformers'): {same}" in out
+    assert err.startswith("bench_model.py: the rows' losses differ") is not same
+
+
+def test_step_optimizer_rows_check_lm_and_torch_make_the_same_updates(monkeypatch):
+    """The AdamW rows were timed with no check that lm's and torch's optimizers of a kind make the same
+    update (bench21); they agree to the bit on a CPU, and a torch AdamW of another learning rate stops
+    the script before timing anything."""
+    from lm.model import TransformerLM
+
+    module = _script("bench_step.py")
+    torch.manual_seed(0)
+    model = TransformerLM(**{**TINY, "rope_theta": 10000.0})
+    assert module.update_difference(model) == 0.0
+    real = module.optimizers
+
+    def other_lr(model):
+        opts = real(model)
+        for group in opts["torch AdamW(foreach=True)"].param_groups:
+            group["lr"] *= 1.01
+        return opts
+
+    monkeypatch.setattr(module, "optimizers", other_lr)
+    assert module.update_difference(model) > module.MAX_UPDATE_DIFFERENCE
+    with pytest.raises(SystemExit) as e:
+        module.bench_optimizers(model, torch.device("cpu"), rounds=1)
+    assert str(e.value).startswith("bench_step.py: lm's and torch's AdamW of the same kind differ by ")
 
 
 # -- bench_seq2seq --------------------------------------------------------------------------------
