@@ -3,8 +3,9 @@
 A batch size that cannot fit should be refused in a second with the numbers, not found out by a
 MemoryError minutes later. The estimate counts what a step must hold at its peak: the weights,
 their gradients and AdamW's two moments (float32), the activations the backward pass keeps per
-token, and one chunk of the fused loss's logits. It leaves out allocator slack and temporary
-buffers, so it errs low: it refuses only steps that certainly do not fit.
+token (under bfloat16 autocast the matrix products keep their inputs in bfloat16: half the bytes),
+and one chunk of the fused loss's logits. It leaves out allocator slack and temporary buffers, so
+it errs low: it refuses only steps that certainly do not fit.
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ def parameter_count(m: ModelConfig) -> int:
 
 
 def step_bytes(m: ModelConfig, batch_size: int, *, train: bool = True, tokens: int | None = None,
-               params: int | None = None) -> dict[str, int]:
+               params: int | None = None, dtype: torch.dtype | None = None) -> dict[str, int]:
     """Bytes a step of ``batch_size`` sequences (or ``tokens`` tokens) needs: ``weights`` (and
     optimizer state), ``activations``, ``total``. For an encoder–decoder ``tokens`` is the batch's
     padded target tokens; the source is counted as long, and a decoder layer as two. ``params``:
-    :func:`parameter_count` of ``m``, when the caller has it (it builds small models: 0.1 s)."""
+    :func:`parameter_count` of ``m``, when the caller has it (it builds small models: 0.1 s).
+    ``dtype``: the autocast dtype (None: float32); under bfloat16 the tensors the matrix products
+    keep for the backward pass are counted at 2 bytes (at 4 they made the estimate up to 16% above
+    what a step allocates, bench21), the norms' inputs and the residual stream at 4."""
     d, f, h, ctx = m.d_model, m.d_ff or 4 * m.d_model, m.num_heads, m.context_length
     if m.architecture == "encoder_decoder":
         n_layers = m.encoder_layers + 2 * m.decoder_layers
@@ -51,9 +55,14 @@ def step_bytes(m: ModelConfig, batch_size: int, *, train: bool = True, tokens: i
     # kept per token and layer for the backward pass: the norms' inputs, q, k, v, the attention
     # output and its projection, the residual stream, and the feed-forward's hidden activations;
     # the einsum attention also keeps the seq x seq probabilities of every head
-    per_layer = 10 * d + 3 * f + (2 * h * ctx if m.attn_impl == "einsum" else 2 * h)
-    per_token = (n_layers * per_layer + 4 * d) if train else 2 * d + (h * ctx if m.attn_impl == "einsum" else 0)
-    activations = 4 * tokens * per_token + 2 * 8 * tokens  # float32, plus the int64 inputs and targets
+    scores = 2 * h * ctx if m.attn_impl == "einsum" else 2 * h
+    if dtype == torch.bfloat16 and train:  # norms' inputs and residual in float32, matmul inputs in bfloat16
+        per_layer_bytes = 4 * 3 * d + 2 * (7 * d + 3 * f) + 3 * scores  # the probabilities: float32 and bfloat16
+    else:
+        per_layer_bytes = 4 * (10 * d + 3 * f + scores)
+    per_token_bytes = (n_layers * per_layer_bytes + 4 * 4 * d) if train else \
+        4 * (2 * d + (h * ctx if m.attn_impl == "einsum" else 0))
+    activations = tokens * per_token_bytes + 2 * 8 * tokens  # plus the int64 inputs and targets
     activations += 4 * min(tokens, 256) * m.vocab_size * (2 if train else 1)  # a chunk of logits (and its grad)
     params = parameter_count(m) if params is None else params
     weights = 4 * params * (4 if train else 1)  # weights, gradients, exp_avg, exp_avg_sq
@@ -118,6 +127,9 @@ def _check_steps(cfg, device: torch.device, have: int) -> None:
     # a lower train batch lowers the evaluation's too where eval's is unset: other, fewer windows (train20)
     eval_key = "eval.batch_tokens" if m.architecture == "encoder_decoder" else "eval.batch_size"
     unset_eval = bool(cfg.data.val) and getattr(cfg.eval, eval_key.split(".")[1]) is None
+    from lm.device import resolve_dtype
+
+    dtype = resolve_dtype(t.dtype, device, "train.dtype")  # the autocast dtype, as the Trainer resolves it
     params = parameter_count(m)  # once for every check below
     weights = step_bytes(m, 1, train=True, tokens=1, params=params)["weights"]
     if weights > have:  # no batch size helps: the model is too large for the device
@@ -130,7 +142,8 @@ def _check_steps(cfg, device: torch.device, have: int) -> None:
         )
     for key, batch, train in checks:
         pairs = m.architecture == "encoder_decoder"
-        need = step_bytes(m, 1 if pairs else batch, train=train, tokens=batch if pairs else None, params=params)
+        need = step_bytes(m, 1 if pairs else batch, train=train, tokens=batch if pairs else None, params=params,
+                          dtype=dtype)
         size = f"{batch:,} tokens" if pairs else f"{batch:,} x {m.context_length} tokens"
         if need["total"] > have:
             raise ValueError(
