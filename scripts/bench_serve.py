@@ -124,10 +124,11 @@ def _latencies(results: list[dict]) -> tuple[tuple[float, float], tuple[float, f
     return (1e3 * pct(ttft, 50), 1e3 * pct(ttft, 99)), (1e3 * pct(gaps, 50), 1e3 * pct(gaps, 99))
 
 
-async def concurrency(url: str, clients: int, tokens: int, rounds: int) -> tuple[dict, dict[str, str]]:
+async def concurrency(url: str, clients: int, tokens: int, rounds: int) -> tuple[dict, dict[str, tuple[str, int]]]:
     """``rounds`` rounds, each the ``clients`` requests one after another, then all at once; every
     row of the table is the median over the rounds (the ratio: of each round's own ratio). The
-    texts must be the same in every pass of every round."""
+    texts must be the same in every pass of every round. Also each prompt's answer in the first
+    pass: its text and its number of tokens."""
     bodies = [{"prompt": PROMPTS[i % len(PROMPTS)] + f" {i}", "max_tokens": tokens, "temperature": 0.0}
               for i in range(clients)]
     passes: dict[str, list[list[dict]]] = {"sequential": [], "concurrent": []}
@@ -143,7 +144,7 @@ async def concurrency(url: str, clients: int, tokens: int, rounds: int) -> tuple
             seconds["concurrent"].append(time.perf_counter() - t0)
     first = [r["text"] for r in passes["sequential"][0]]
     same = all([r["text"] for r in results] == first for kind in passes for results in passes[kind])
-    answers = {b["prompt"]: text for b, text in zip(bodies, first)}
+    answers = {b["prompt"]: (r["text"], r["tokens"]) for b, r in zip(bodies, passes["sequential"][0])}
     rate = {kind: [sum(r["tokens"] for r in results) / t for results, t in zip(passes[kind], seconds[kind])]
             for kind in passes}
     lat = {kind: [_latencies(results) for results in passes[kind]] for kind in passes}
@@ -165,7 +166,10 @@ async def concurrency(url: str, clients: int, tokens: int, rounds: int) -> tuple
     }, answers
 
 
-async def faults(url: str, total: int, answers: dict[str, str], tokens: int, seed: int = 0) -> dict:
+async def faults(url: str, total: int, answers: dict[str, tuple[str, int]], tokens: int, seed: int = 0) -> dict:
+    """``total`` requests of the mix; a valid one is correct when its text is a prefix of its prompt's
+    answer (``answers``: text and tokens) and it has as many tokens as it asked for or the answer has
+    (an empty text had passed as a prefix of every answer)."""
     rng = random.Random(seed)
     prompts = list(answers)
     counts = {"valid": 0, "valid correct": 0, "malformed": 0, "malformed refused": 0, "cancelled": 0,
@@ -181,8 +185,10 @@ async def faults(url: str, total: int, answers: dict[str, str], tokens: int, see
                 short = rng.choice([min(8, tokens), min(16, tokens), tokens])  # prefixes of the answer
                 r = await client.post(url + "/v1/completions",
                                       json={"prompt": p, "max_tokens": short, "temperature": 0.0})
-                # greedy and batch invariant: a shorter answer is a prefix of the long one
-                ok = r.status_code == 200 and answers[p].startswith(r.json()["choices"][0]["text"])
+                # greedy and batch invariant: a shorter answer is a prefix of the long one, of its length
+                text, length = answers[p]
+                ok = (r.status_code == 200 and text.startswith(r.json()["choices"][0]["text"])
+                      and r.json().get("usage", {}).get("completion_tokens") == min(short, length))
                 counts["valid correct"] += ok
             elif kind == "malformed":
                 counts["malformed"] += 1

@@ -457,11 +457,14 @@ def _fake_server(request):
     if ("prompt" not in body or body.get("temperature", 0) < 0 or body.get("max_tokens", 1) > 1000
             or body.get("n", 1) < 1):
         return httpx.Response(400, json={"error": {"message": "bad field"}})
-    text = FULL[: body["max_tokens"]]
+    text = FULL[: body["max_tokens"]] if not EMPTY_ANSWERS else ""
     if body.get("stream"):
         events = [{"choices": [{"text": c, "finish_reason": None}]} for c in text]
         return httpx.Response(200, text="".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n")
-    return httpx.Response(200, json={"choices": [{"text": text}]})
+    return httpx.Response(200, json={"choices": [{"text": text}], "usage": {"completion_tokens": len(text)}})
+
+
+EMPTY_ANSWERS = False  # the fake server answers every valid completion with no text (and no tokens)
 
 
 @pytest.fixture
@@ -477,10 +480,20 @@ def fake_serve(monkeypatch):
 def test_serve_faults_with_few_tokens_ask_for_prefixes_of_the_answer(fake_serve):
     """With --tokens 4 the valid requests asked for 8 or 16 tokens, answers longer than the 4-token
     reference they were checked against: a false FAIL while the server did nothing wrong."""
-    counts = asyncio.run(fake_serve.faults("http://fake", 60, {"Once upon a time": FULL[:4]}, 4))
+    counts = asyncio.run(fake_serve.faults("http://fake", 60, {"Once upon a time": (FULL[:4], 4)}, 4))
     assert counts["valid"] > 10 and counts["valid correct"] == counts["valid"]
     assert counts["malformed"] > 5 and counts["malformed refused"] == counts["malformed"]
     assert counts["unexpected"] == 0
+
+
+def test_serve_faults_do_not_take_an_empty_answer_for_a_correct_one(fake_serve, monkeypatch):
+    """A valid answer was correct when the reference started with its text, which an empty text always
+    is: a server answering every request with nothing scored "every valid answer correct" (bench21).
+    Its number of tokens must be the one it asked for (or the reference's, if that is shorter)."""
+    monkeypatch.setattr(sys.modules[__name__], "EMPTY_ANSWERS", True)
+    counts = asyncio.run(fake_serve.faults("http://fake", 60, {"Once upon a time": (FULL[:20], 20)}, 20))
+    assert counts["valid"] > 10 and counts["valid correct"] == 0
+    assert counts["malformed refused"] == counts["malformed"] and counts["unexpected"] == 0
 
 
 def test_serve_sigterm_part_reports_streams_that_never_overlapped(fake_serve, monkeypatch):
