@@ -108,10 +108,10 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"model": {"vocab_size": 10**20}}, "vocab_size must be at most 2**31 - 1, got 100,000,000,000,000,000,000"),
         ({"train": {"out_dir": ""}}, "train.out_dir must name a folder, got ''"),
         # audit train8: an empty data.val trained with no evaluation, silently, and --resume then refused the file
-        ({"data": {"val": ""}}, "config: data.val must name a token file (leave the key out for no evaluation), "
-                                "got ''"),
-        ({"data": {"tokenizer": " "}}, "config: data.tokenizer must name a tokenizer folder (leave the key out for "
-                                       "no tokenizer), got ' '"),
+        ({"data": {"val": ""}}, "config: data.val must name a token file (leave the key out, or --set data.val=none, "
+                                "for no evaluation), got ''"),
+        ({"data": {"tokenizer": " "}}, "config: data.tokenizer must name a tokenizer folder (leave the key out, or "
+                                       "--set data.tokenizer=none, for no tokenizer), got ' '"),
         # audit train8: other trainers' names were matched by spelling alone (optim.lr -> 'optim.min_lr', the floor)
         ({"optim": {"lr": 1.0}}, "unknown key optim.lr (did you mean 'optim.max_lr'?)"),
         ({"train": {"learning_rate": 1.0}}, "unknown key train.learning_rate (did you mean 'optim.max_lr'?)"),
@@ -162,14 +162,16 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
 def test_set_none_unsets_a_key_that_may_be_left_out(tmp_path):
     """cpu-small.toml's train.max_time = 600 could not be taken out with --set: "", none, null, inf and 0
     were all refused, so `--set train.max_steps=N` stayed capped at ten minutes (audit train8). ``none``
-    (or ``null``) now leaves such a key out, as deleting its line would; text keys keep the word."""
+    (or ``null``) now leaves such a key out, as deleting its line would, a path or a name too; a text key
+    that may not be left out keeps the word."""
     raw = _raw_config(tmp_path, train={"max_steps": 5, "max_time": 600.0}, optim={"cosine_cycle_iters": 9},
                       eval={"batch_size": 4})
     cfg = config_from_dict(raw, ["train.max_time=none", "optim.cosine_cycle_iters=NULL", "eval.batch_size= none"])
     assert (cfg.train.max_time, cfg.optim.cosine_cycle_iters, cfg.eval.batch_size) == (None, None, None)
     assert config_from_dict(raw, ["train.dist_timeout=none"]).train.max_time == 600.0  # unset already: no change
-    assert config_from_dict(raw, ["wandb.name=none"]).wandb.name == "none"  # text: the word itself
-    assert config_from_dict(raw, ["data.val=none"]).data.val == "none"  # a path: a file called none
+    assert config_from_dict(raw, ["wandb.name=none"]).wandb.name is None  # the run directory's name
+    assert config_from_dict(raw, ["data.val=none"]).data.val is None  # no evaluation (a file called none: ./none)
+    assert config_from_dict(raw, ["model.norm=none"]).model.norm == "none"  # a choice: the word itself
     for item, message in (
             ("train.max_time=", "config: train.max_time must be a number, got str '' "
                                 "(--set train.max_time=none leaves it unset)"),
@@ -290,15 +292,26 @@ def test_a_key_above_the_first_table_is_named_with_its_table():
         assert str(e.value) == message
 
 
-def test_a_path_key_set_to_none_says_how_to_go_without_it(tmp_path, capsys, monkeypatch):
+def test_a_path_key_set_to_none_goes_without_it(tmp_path, capsys, monkeypatch):
     """train20: `--set data.val=none` looked for a file called none, where the README says none unsets a
-    key that may be left out; a path keeps the word, and the error now says how to go without the key."""
+    key that may be left out, and a config naming a tokenizer could not be run without it from the command
+    line (bench21: scripts/bench_train.py had tried `data.tokenizer=''`). An optional path key is unset by
+    none, as any optional key is; a file so named is ./none; a config file's "none" (TOML has no null) is a
+    file name, and its error says how to go without the key."""
     monkeypatch.chdir(tmp_path)
-    good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 2}))
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    raw["data"]["tokenizer"] = str(tmp_path / "some-tokenizer")
+    cfg = config_from_dict(raw, ["data.val=none", "data.tokenizer=null", "wandb.name=none"])
+    assert (cfg.data.val, cfg.data.tokenizer, cfg.wandb.name) == (None, None, None)
+    assert config_from_dict(raw, ["data.val=./none"]).data.val == "./none"
+    assert config_from_dict(raw, ["model.norm=none"]).model.norm == "none"  # a choice, not unset
     for key in ("data.val", "data.tokenizer"):
-        rc, err = _cli(["train", "--config", str(good), "--set", f"{key}=none"], capsys)
-        assert rc == 2 and err.rstrip().endswith(f"; `none` is a file name in a path key: to go without {key}, "
-                                                 "take its line out of the config"), err
+        section, name = key.split(".")
+        raw = _raw_config(tmp_path, train={"max_steps": 2})
+        raw[section][name] = "none"
+        rc, err = _cli(["train", "--config", str(_write_toml(tmp_path / "none.toml", raw))], capsys)
+        assert rc == 2 and err.rstrip().endswith(f'; a config file\'s "none" is a file name: to go without {key}, '
+                                                 f"take its line out or pass --set {key}=none"), err
         assert len(err.splitlines()) == 1
 
 

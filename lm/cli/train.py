@@ -45,8 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECTION.KEY=VALUE",
         dest="overrides",
         help="override one config value (TOML syntax; bare strings allowed; none unsets a key that may be "
-        "left out, e.g. train.max_time=none, but not a text key such as data.val, which keeps the word); "
-        "repeatable",
+        "left out, e.g. train.max_time=none or data.tokenizer=none; a file so named is ./none); repeatable",
     )
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH",
                    help="continue the latest checkpoint in train.out_dir, or the checkpoint PATH given (a file, "

@@ -375,11 +375,13 @@ def _is_str_key(section: str, name: str) -> bool:
 
 
 def _unsettable(section: str, name: str) -> bool:
-    """Whether ``section.name`` may be left unset (``X | None``, X not text): ``--set section.name=none``
-    takes it out, as deleting its line from the TOML file would."""
+    """Whether ``section.name`` may be left unset (``X | None``): ``--set section.name=none`` takes it
+    out, as deleting its line from the TOML file would; a path key too (``data.val=none``: no
+    evaluation; a file so named is ``./none``). A text key that may not be unset keeps the word
+    (``model.norm=none`` is a choice)."""
     for cls in _classes(section):
         hint = typing.get_type_hints(cls).get(name)
-        if hint is not None and _unoptional(hint) is not hint and _unoptional(hint) is not str:
+        if hint is not None and _unoptional(hint) is not hint:
             return True
     return False
 
@@ -389,8 +391,9 @@ UNSET = ("none", "null")  # --set train.max_time=none: the key left out (TOML ha
 
 def config_from_dict(raw: dict[str, Any], overrides: list[str] = ()) -> Config:
     """Build and check a :class:`Config` from parsed TOML plus ``section.key=value`` overrides;
-    ``section.key=none`` (or ``null``) takes out a key that may be unset, such as ``train.max_time``
-    (a text key keeps the word: ``model.norm=none`` is a choice, ``data.val=none`` a file name)."""
+    ``section.key=none`` (or ``null``) takes out a key that may be unset, such as ``train.max_time`` or
+    ``data.val`` (a file so named is ``./none``; a text key that may not be unset keeps the word:
+    ``model.norm=none`` is a choice)."""
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for item in overrides:
         section, name, value = parse_override(item)
@@ -598,4 +601,5 @@ def _check_values(cfg: Config) -> None:
     for key, value, what, unset in (("data.val", cfg.data.val, "a token file", "no evaluation"),
                                     ("data.tokenizer", cfg.data.tokenizer, "a tokenizer folder", "no tokenizer")):
         if value is not None and not value.strip():
-            raise ValueError(f"config: {key} must name {what} (leave the key out for {unset}), got {value!r}")
+            raise ValueError(f"config: {key} must name {what} (leave the key out, or --set {key}=none, for {unset}), "
+                             f"got {value!r}")

@@ -1245,11 +1245,12 @@ def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> An
 
 
 def _none_hint(key: str, path) -> str:
-    """For a path spelled ``none`` or ``null`` that is not there: that a path keeps the word (``--set
-    data.val=none`` had looked for a file so named, with nothing to say how to go without it: train20)."""
+    """For a path spelled ``none`` or ``null`` that is not there (``val = "none"`` in a config file,
+    where TOML has no null): how to go without the key (train20)."""
     if str(path).strip().lower() not in ("none", "null") or Path(path).exists():
         return ""
-    return f"; `none` is a file name in a path key: to go without {key}, take its line out of the config"
+    return (f"; a config file's \"none\" is a file name: to go without {key}, take its line out or pass "
+            f"--set {key}=none")
 
 
 def _saved_step(path: Path) -> int | None:
