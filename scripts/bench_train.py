@@ -39,7 +39,7 @@ from lm.device import configure_matmul_precision, resolve_device
 from lm.model import TransformerLM
 from lm.nn import cross_entropy
 from lm.optim import AdamW, clip_grad_norm_, param_groups
-from lm.train import Config, Trainer, check_config, load_config
+from lm.train import Trainer, load_config
 from lm.train.determinism import configure_determinism
 from lm.train.trainer import autocast_dtype
 
@@ -101,19 +101,10 @@ def compile_records(out_dir: Path) -> list[dict]:
         return [r for r in map(json.loads, filter(str.strip, f)) if r.get("split") == "compile"]
 
 
-def random_ids_config(config: Path, overrides: list[str]) -> Config:
-    """The config over the random token files of ``overrides``, without the config's tokenizer folder
-    (random ids have none; a --set cannot take a key out: an empty data.tokenizer is refused, and
-    ``none`` would be a file name), checked again as the Trainer checks it."""
-    cfg = load_config(config, overrides)
-    cfg.data.tokenizer = None
-    return check_config(cfg)
-
-
 def train_tokens_per_second(config: Path, overrides: list[str], out_dir: Path) -> float:
     """Tokens/s of a whole `lm train` run: setup and the compile the trainer reports apart excluded,
     everything else in ``run()`` included (data, logging, evaluation, checkpoints, export)."""
-    cfg = random_ids_config(config, [*overrides, f"train.out_dir={out_dir}"])
+    cfg = load_config(config, [*overrides, f"train.out_dir={out_dir}"])
     trainer = Trainer(cfg, print_fn=lambda line: None)
     start = time.perf_counter()
     trainer.run()
@@ -158,9 +149,10 @@ def main() -> None:
             *args.overrides,
             f"data.train={tmp / 'train.bin'}",
             f"data.val={tmp / 'val.bin'}",
+            "data.tokenizer=none",  # random ids: no tokenizer
             f"train.max_steps={args.steps}",
         ]
-        cfg = random_ids_config(Path(args.config), overrides)
+        cfg = load_config(args.config, overrides)
         print(
             f"{args.config}: {args.steps} steps x {cfg.train.batch_size * cfg.model.context_length} tokens, "
             f"eval every {cfg.eval.interval} ({cfg.eval.batches} batches), checkpoint every "
