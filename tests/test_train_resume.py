@@ -660,3 +660,41 @@ def test_the_temporary_files_of_a_killed_runs_writes_are_cleared_when_it_reopens
         path.write_text("half")
     assert _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=4"], capsys)[0] == 0
     assert not any(path.exists() for path in left)
+
+
+def test_a_data_file_rewritten_in_place_is_refused(tmp_path, capsys, monkeypatch):
+    """The path was compared, and the fingerprint the checkpoint records only for a path that differed:
+    a train.bin rewritten in place (another text tokenized to it), or `train.bin` naming another file
+    from another working folder, resumed on other data with no word (ddp21). Both are refused in one
+    line naming the key and what differs; the run is untouched; the file it trained on resumes."""
+    monkeypatch.chdir(tmp_path)
+    raw = _raw_config(tmp_path, train={"max_steps": 4, "out_dir": str(tmp_path / "run")})
+    raw["data"] = {"train": "train.bin", "val": "val.bin"}
+    good = _write_toml(tmp_path / "good.toml", raw)
+    assert _cli(["train", "--config", str(good), "--quiet"], capsys)[0] == 0
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000004.pt"
+    keep = tmp_path / "kept"
+    keep.mkdir()
+    for name in ("train.bin", "train.bin.json", "val.bin", "val.bin.json"):
+        shutil.copy(tmp_path / name, keep / name)
+    n = len(np.fromfile(tmp_path / "train.bin", dtype=np.uint16))
+    before = _snapshot(tmp_path / "run")
+    resume = ["train", "--config", str(good), "--resume", "--quiet", "--set", "train.max_steps=6"]
+    for ids, what in ((np.random.default_rng(1).integers(0, VOCAB, n), "the same size, other bytes"),
+                      (np.arange(n // 2) % VOCAB, f"num_tokens {n} then, {n // 2} now")):
+        for name in ("train.bin", "train.bin.json"):
+            (tmp_path / name).unlink()
+        write_token_file(tmp_path / "train.bin", ids, vocab_size=VOCAB, source_bytes=3 * n, tokenizer_sha256="abc")
+        rc, err = _cli(resume, capsys)
+        assert (rc, err) == (2, f"lm train: error: --resume: data.train 'train.bin' is not the file {str(ckpt)!r} "
+                                f"trained on ({what}); a resumed run keeps its data: give the file it trained on\n")
+    assert _snapshot(tmp_path / "run") == before
+    # from another folder whose train.bin is other data: refused too; the kept files resume
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    for name in ("train.bin", "train.bin.json", "val.bin", "val.bin.json"):
+        shutil.copy(tmp_path / name, other / name)
+    monkeypatch.chdir(other)
+    assert _cli(resume, capsys)[0] == 2
+    monkeypatch.chdir(keep)
+    assert _cli(resume, capsys) == (0, "")

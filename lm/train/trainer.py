@@ -500,6 +500,7 @@ class Trainer:
             raise ValueError(f"--resume: {str(path)!r} is another model: {diff}")
         self._config_changes = resume_changes(state.get("config") or {}, self.cfg, repr(str(path)),
                                               same=self._same_data(state))
+        self._check_same_data(state, path)
         check_state_dict_fits(self.model, state["model"], repr(str(path)))
         check_tokenizer_checksum(self.tokenizer_sha256, state.get("tokenizer_sha256", ""), argument="--resume",
                                  what=f"the tokenizer of data.train {self.cfg.data.train!r}",
@@ -546,6 +547,23 @@ class Trainer:
             return same_data_file(old, new, saved.get(key), self._data_fingerprints[key])
 
         return same
+
+    def _check_same_data(self, state: dict[str, Any], path: Path) -> None:
+        """data.train and data.val hold what the checkpoint recorded of them, whatever their path: a file
+        rewritten in place (another text tokenized to it, --overwrite), or a relative path that names
+        another file from another working folder, had resumed on other data with no word (ddp21); the
+        path was compared, the fingerprint only for a path that differed. Older checkpoints record none."""
+        saved = state.get("data_files") or {}
+        for key, fingerprint in self._data_fingerprints.items():
+            then = saved.get(key)
+            if not isinstance(then, dict) or then == fingerprint:
+                continue
+            what = next((f"{field} {spelled(then.get(field))} then, {spelled(fingerprint.get(field))} now"
+                         for field in ("num_tokens", "num_pairs", "size", "tokenizer_sha256", "vocab_size", "dtype")
+                         if then.get(field) != fingerprint.get(field)), "the same size, other bytes")
+            current = self.cfg.data.train if key == "data.train" else self.cfg.data.val
+            raise ValueError(f"--resume: {key} {current!r} is not the file {str(path)!r} trained on ({what}); a "
+                             "resumed run keeps its data: give the file it trained on")
 
     def _check_world_size(self, state: dict[str, Any], path: Path) -> None:
         """The processes of the checkpoint's run: another number would change the global batch (each
