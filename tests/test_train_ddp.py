@@ -521,3 +521,24 @@ def test_more_processes_than_gpus_is_said_as_such(monkeypatch, name):
     assert str(e.value) == (f"train.device: {name!r} is the local rank's GPU, cuda:1 for LOCAL_RANK 1, but this "
                             "machine has 1 (available: cpu, cuda:0); start at most 1 process per machine (torchrun "
                             "--nproc_per_node)")
+
+
+def test_a_peer_that_never_joins_is_one_line_after_train_dist_timeout(tmp_path):
+    """One process of a world of two whose peer never starts (or is frozen before the group forms) waited
+    train.dist_timeout, then printed torch's DistStoreError in a 40-line traceback (ddp21), where a peer lost
+    later is one line. Now: one line naming the wait, exit 1, no run folder made."""
+    import socket
+
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 2, "dist_timeout": 2.0}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "lm", "train", "--config", str(toml), "--quiet"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    err = "\n".join(line for line in r.stderr.splitlines() if not line.startswith(("[W", "W1")))  # torch's own log
+    assert r.returncode == 1, r.stderr
+    assert err.startswith("lm train: error: the processes of the run did not all join within 2s (train.dist_timeout; "
+                          "DistStoreError: ") and err.endswith("); no step was taken") and "\n" not in err, r.stderr
+    assert not (tmp_path / "run").exists()

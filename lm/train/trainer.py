@@ -48,7 +48,7 @@ from lm.tokenizer import check_tokenizer_checksum
 from lm.train.config import Config, check_config, resume_changes, spelled
 from lm.train.data_identity import data_fingerprint, same_data_file
 from lm.train.determinism import configure_determinism, deterministic_ddp
-from lm.train.distributed import init_distributed, shutdown_distributed
+from lm.train.distributed import Dist, init_distributed, shutdown_distributed
 from lm.train.flops import peak_flops, peak_line
 from lm.train.memory import check_step_memory
 from lm.train.metrics import MetricsLog, MetricsWriteError, format_duration
@@ -169,7 +169,7 @@ class Trainer:
         self.on_checkpoint = on_checkpoint
         self._print = print_fn
         self._quiet = quiet
-        self.dist, self.device = init_distributed(cfg.train.device, cfg.train.dist_timeout)
+        self.dist, self.device = self._join(cfg)
         self._determinism = configure_determinism(cfg.train.deterministic, self.device,  # before any CUDA work
                                                   max_time=cfg.train.max_time, max_steps=cfg.train.max_steps,
                                                   schedule=cfg.optim.schedule)
@@ -547,6 +547,23 @@ class Trainer:
             return same_data_file(old, new, saved.get(key), self._data_fingerprints[key])
 
         return same
+
+    @staticmethod
+    def _join(cfg: Config) -> tuple[Dist, torch.device]:
+        """:func:`init_distributed`; a process group the others did not all join within
+        ``train.dist_timeout`` (one frozen, or never started) is :class:`PeerStopped`'s one line,
+        where torch's DistStoreError had been a traceback of forty (ddp21)."""
+        try:
+            return init_distributed(cfg.train.device, cfg.train.dist_timeout)
+        except Exception as e:
+            dist_error = getattr(torch.distributed, "DistError", None)
+            if dist_error is None or not isinstance(e, dist_error):
+                raise
+            wait = cfg.train.dist_timeout
+            within = "torch's default wait" if wait is None else format_duration(wait)
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise PeerStopped(f"the processes of the run did not all join within {within} (train.dist_timeout; "
+                              f"{type(e).__name__}: {first}); no step was taken") from e
 
     def _check_same_data(self, state: dict[str, Any], path: Path) -> None:
         """data.train and data.val hold what the checkpoint recorded of them, whatever their path: a file
