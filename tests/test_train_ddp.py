@@ -31,10 +31,14 @@ class _RankOfTwo(Dist):
         super().__init__(rank=0, local_rank=0, world_size=2)
         self.trainer_of, self.fail_at, self.error = trainer_of, fail_at, error
 
-    def agree(self, flag, seconds, device):
+    other_signal: tuple[int, int] | None = None  # (step, signal): the other rank heard it then
+
+    def agree(self, signal, seconds, device):
         if self.fail_at is not None and self.trainer_of().step >= self.fail_at:
             raise self.error
-        return super().agree(flag, seconds, device)
+        if self.other_signal is not None and self.trainer_of().step >= self.other_signal[0]:
+            signal = max(signal, self.other_signal[1])  # what the all-reduce over both ranks would give
+        return super().agree(signal, seconds, device)
 
 
 @pytest.fixture
@@ -83,6 +87,21 @@ def test_another_rank_stopping_is_one_line_naming_the_last_checkpoint(tmp_path, 
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000005.pt"
     assert rc == 1 and err == ("lm train: error: another process of the run stopped (gloo: connection closed by "
                                f"peer); the last good checkpoint is {ckpt}; --resume continues from it\n"), err
+
+
+def test_a_signal_to_another_rank_ends_this_one_with_its_status(tmp_path, monkeypatch, rank_of_two):
+    """The ranks agreed only that a signal came, not which: after a SIGINT to rank 1, rank 0 saved and
+    exited 143 (SIGTERM's), and torchrun reported the ranks with two statuses (ddp21). The agreement
+    carries the signal's number: every rank stops at the same step and exits 128 + SIGINT."""
+    import signal
+
+    monkeypatch.setattr(_RankOfTwo, "other_signal", (6, int(signal.SIGINT)))
+    raw = _raw_config(tmp_path, train={"max_steps": 50}, log={"interval": 2}, checkpoint={"interval": 0})
+    trainer = Trainer(config_from_dict(raw), print_fn=lambda line: None)
+    assert trainer.run() == 128 + signal.SIGINT
+    assert trainer._signal is None  # this rank heard none
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [f"step_{trainer.step:08d}.pt"]
+    assert 6 <= trainer.step < 50
 
 
 def test_other_errors_keep_their_traceback(tmp_path, rank_of_two):

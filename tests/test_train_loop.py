@@ -35,10 +35,10 @@ class _CountingDist(Dist):
         super().__init__(rank=0, local_rank=0, world_size=2)
         self.polls, self.collectives = [], []
 
-    def agree(self, flag, seconds, device):
-        self.polls.append((self.trainer.step, flag))
+    def agree(self, signal, seconds, device):
+        self.polls.append((self.trainer.step, bool(signal)))
         self.collectives.append(("agree", self.trainer.step, device))
-        return flag, seconds
+        return signal, seconds
 
     def all_mean(self, value):
         self.collectives.append(("all_mean", self.trainer.step, value.device))
@@ -62,8 +62,11 @@ def _poll_trainer(tmp_path, **train):
 
 def test_ddp_agrees_on_signals_and_time_at_poll_steps_only(tmp_path):
     """One agreement (one all-reduce) per POLL_STEPS steps, at the log steps and at the first step
-    (which measures a step's time), not per step."""
+    (which measures a step's time), not per step. (Steps of 10 ms on the trainer's clock: on a loaded
+    machine real steps took long enough to poll more often.)"""
     trainer = _poll_trainer(tmp_path)
+    ticks = iter(range(1_000_000))
+    trainer.clock = lambda: next(ticks) * 0.01
     assert trainer.run() == 0
     assert [s for s, _ in trainer.dist.polls] == sorted({1, *range(POLL_STEPS, 41, POLL_STEPS), 25})
 
@@ -93,6 +96,8 @@ def test_ddp_polls_slow_steps_within_seconds_and_at_the_last_step(tmp_path, step
 def test_ddp_signal_stops_every_rank_at_the_next_poll(tmp_path):
     """A signal on some rank is acted on at the next poll step, where every rank learns of it."""
     trainer = _poll_trainer(tmp_path / "a")
+    ticks = iter(range(1_000_000))
+    trainer.clock = lambda: next(ticks) * 0.01  # steps of 10 ms: polls every POLL_STEPS
     train_step = trainer.train_step
 
     def signalled_at_step_3(lr):

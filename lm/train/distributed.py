@@ -65,16 +65,17 @@ class Dist:
         if self.enabled:
             dist.barrier()
 
-    def agree(self, flag: bool, seconds: float, device: torch.device) -> tuple[bool, float]:
-        """One all-reduce for the decisions every rank must take together: whether ``flag`` is
-        true on some rank (a signal arrived), and the largest of the ranks' ``seconds`` (the
-        slowest rank's clock since the last agreement). The values themselves with one process."""
+    def agree(self, signal: int, seconds: float, device: torch.device) -> tuple[int, float]:
+        """One all-reduce for the decisions every rank must take together: the signal that arrived
+        on some rank (its number, the largest if several did; 0: none), and the largest of the
+        ranks' ``seconds`` (the slowest rank's clock since the last agreement). The values
+        themselves with one process."""
         if not self.enabled:
-            return flag, seconds
-        t = torch.tensor([1.0 if flag else 0.0, seconds], dtype=torch.float64, device=device)
+            return signal, seconds
+        t = torch.tensor([float(signal), seconds], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         raised, slowest = t.tolist()
-        return raised > 0, slowest
+        return int(raised), slowest
 
 
 _TORCHRUN = "start the processes with torchrun (which sets WORLD_SIZE, RANK and LOCAL_RANK), or unset WORLD_SIZE"

@@ -360,6 +360,7 @@ class Trainer:
         self._peak_line = peak_line(self.device, self._peak_flops, dtype, cfg.log.peak_tflops is not None)
         self._flops_per_token = 3 * unwrap(self.model).flops_per_token()  # forward and backward
         self._signal: int | None = None
+        self._agreed_signal = 0  # the signal of the run's processes (under DDP: the largest any rank heard)
         self._signal_at = 0.0  # when it came (time.monotonic)
         self._unagreed_seconds = 0.0  # this rank's training seconds not yet agreed on (DDP, see _agree)
         self._unagreed_steps = 0
@@ -1085,14 +1086,15 @@ class Trainer:
         self._unagreed_steps += 1
         if self.dist.enabled and not poll:
             return False
-        signalled, seconds = self.dist.agree(self._signal is not None, self._unagreed_seconds, self.device)
+        signalled, seconds = self.dist.agree(int(self._signal or 0), self._unagreed_seconds, self.device)
+        self._agreed_signal = signalled  # a rank that heard none exits as the one that did (ddp21: 143 for 130)
         self.elapsed += seconds
         if seconds > 0:  # (a compiling step's time is not training time: it decides nothing)
             per_step = seconds / self._unagreed_steps
             self._poll_every = max(1, min(POLL_STEPS, int(POLL_SECONDS / per_step)))
         self._next_poll = (self.step // self._poll_every + 1) * self._poll_every  # the next multiple
         self._unagreed_seconds, self._unagreed_steps = 0.0, 0
-        return signalled
+        return signalled > 0
 
     def _report_compile(self, seconds: float) -> None:
         """The first step's time with compile on (and the evaluation graph's, compiled before it)."""
@@ -1127,7 +1129,7 @@ class Trainer:
             path = self.save_checkpoint()
         self._writer.wait()  # the line says it is on disk: a write that fails says so instead
         self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
-        return 128 + int(self._signal or signal.SIGTERM)
+        return 128 + int(self._signal or self._agreed_signal or signal.SIGTERM)
 
     def _finish(self, window: _LogWindow, evaluated: bool, saved: bool, trained: bool = True,
                 path: Path | None = None) -> None:
