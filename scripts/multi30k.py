@@ -103,30 +103,35 @@ def main() -> int:
         return error(str(e))
 
     out = Path(args.out)
-    try:
-        with claim_dir(out, command="scripts/multi30k.py", overwrite=args.overwrite, argument="--out",
-                       files=("data", "tokenizer", "run", "result.json", "test.hyp")):
-            trained = train(args, src_dir, out, t_start, test)
-    except ValueError as e:
-        return error(str(e))
-    if trained is None:
-        return 1
-    # From here on the trained run stays, whatever happens: testing it again needs no training.
     kept = f"the trained run is kept in {str(out / 'run')!r}"
-    try:
-        status = report(args, out, test, *trained)
-    except Exception as e:
-        from lm.cli.common import is_out_of_memory
+    trained = None
 
-        if is_out_of_memory(e):
-            return error(f"--beam: decoding the test set at beam {args.beam} does not fit in memory; {kept}")
-        if isinstance(e, ValueError):
-            return error(f"{e}; {kept}")
-        print(f"multi30k.py: {kept}", file=sys.stderr)
-        raise
-    finally:
-        write_marker(out, "scripts/multi30k.py")  # lists test.hyp and result.json too, once written
-    return status
+    def run() -> int:
+        nonlocal trained
+        try:  # a Ctrl-C or SIGTERM (training's too) removes --out, or puts back the one it replaced
+            with claim_dir(out, command="scripts/multi30k.py", overwrite=args.overwrite, argument="--out",
+                           files=("data", "tokenizer", "run", "result.json", "test.hyp")):
+                trained = train(args, src_dir, out, t_start, test)
+        except ValueError as e:
+            return error(str(e))
+        # From here on the trained run stays, whatever happens: testing it again needs no training.
+        try:
+            return report(args, out, test, *trained)
+        except Exception as e:
+            from lm.cli.common import is_out_of_memory
+
+            if is_out_of_memory(e):
+                return error(f"--beam: decoding the test set at beam {args.beam} does not fit in memory; {kept}")
+            if isinstance(e, ValueError):
+                return error(f"{e}; {kept}")
+            print(f"multi30k.py: {kept}", file=sys.stderr)
+            raise
+        finally:
+            write_marker(out, "scripts/multi30k.py")  # lists test.hyp and result.json too, once written
+
+    from lm.cli.common import interruptible_script
+
+    return interruptible_script("multi30k.py", run, kept=lambda: kept if trained is not None else "")
 
 
 # the option that sets each config key, to name it when the config refuses a value
@@ -226,11 +231,12 @@ def read_test(args, src_dir: Path) -> tuple[Path, Path, list[tuple[str, str]], s
 
 def train(args, src_dir: Path, out: Path, t_start: float, test):
     """The tokenizer, the pair files and the trained model in ``out``: ``(trainer, tokenizer,
-    tokenizer seconds, training seconds, wall seconds)``, or None when training failed."""
+    tokenizer seconds, training seconds, wall seconds)``; :class:`lm.train.TrainingInterrupted` when a
+    signal stopped the training."""
     from lm.data.pairs import tokenize_pairs
     from lm.generate.seq2seq import check_source_length
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
-    from lm.train import Trainer, config_from_dict
+    from lm.train import Trainer, TrainingInterrupted, config_from_dict
 
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -259,10 +265,17 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
                          "no time to train; raise --budget")
     cfg = config_from_dict(make_config(args, vocab_size=tok.vocab_size, ids=ids, out=out, tok_dir=tok_dir,
                                        train_seconds=train_seconds))
-    trainer = Trainer(cfg)
+    trainer = None
+
+    def say(line: str) -> None:  # once a signal stops it, "continue with --resume": not here, --out is removed
+        if trainer is None or trainer._signal is None:
+            print(line, flush=True)
+
+    trainer = Trainer(cfg, print_fn=say)
     check_test_decoding(args, trainer.model, lengths)
-    if trainer.run() != 0:
-        return None
+    status = trainer.run()
+    if status != 0:  # 128 + the signal: undone as a Ctrl-C is (interruptible_script says it)
+        raise TrainingInterrupted(status)
     t_train = time.perf_counter() - t_start - t_tok
     wall = time.perf_counter() - t_start  # the clock stops here: decoding is not counted
     return trainer, tok, t_tok, t_train, wall

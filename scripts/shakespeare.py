@@ -89,12 +89,18 @@ def main() -> int:
         check_args(args)  # before anything runs: a typo must not cost the budget
     except ValueError as e:
         return error(str(e))
-    try:
-        with claim_dir(out, command="scripts/shakespeare.py", overwrite=args.overwrite, argument="--out",
-                       files=("data", "tokenizer", "run", "result.json")):
-            return run(args, out, t_start)
-    except ValueError as e:
-        return error(str(e))
+
+    def claimed() -> int:  # a Ctrl-C or SIGTERM (training's too) removes --out, or puts back the one replaced
+        try:
+            with claim_dir(out, command="scripts/shakespeare.py", overwrite=args.overwrite, argument="--out",
+                           files=("data", "tokenizer", "run", "result.json")):
+                return run(args, out, t_start)
+        except ValueError as e:
+            return error(str(e))
+
+    from lm.cli.common import interruptible_script
+
+    return interruptible_script("shakespeare.py", claimed)
 
 
 # the option that sets each config key, to name it when the config refuses a value
@@ -165,7 +171,7 @@ def run(args, out: Path, t_start: float) -> int:
     from lm.evaluate import evaluate_tokens, token_byte_lengths
     from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
-    from lm.train import Trainer, config_from_dict
+    from lm.train import Trainer, TrainingInterrupted, config_from_dict
 
     (out / "data").mkdir(parents=True, exist_ok=True)
     raw = (Path(args.data) / "tinyshakespeare.txt").read_bytes()
@@ -188,9 +194,16 @@ def run(args, out: Path, t_start: float) -> int:
                          "evaluation: no time to train; raise --budget")
     cfg = config_from_dict(make_config(args, out, vocab_size=tok.vocab_size, tok_dir=tok_dir,
                                        train_seconds=train_seconds))
-    trainer = Trainer(cfg)
-    if trainer.run() != 0:
-        return 1
+    trainer = None
+
+    def say(line: str) -> None:  # once a signal stops it, "continue with --resume": not here, --out is removed
+        if trainer is None or trainer._signal is None:
+            print(line, flush=True)
+
+    trainer = Trainer(cfg, print_fn=say)
+    status = trainer.run()
+    if status != 0:  # 128 + the signal: undone as a Ctrl-C is (interruptible_script says it)
+        raise TrainingInterrupted(status)
     t_train = time.perf_counter() - t_start - t_tok
 
     val, _ = read_token_file(out / "data" / "val.bin")

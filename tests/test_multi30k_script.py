@@ -218,3 +218,33 @@ def test_a_failure_after_training_keeps_the_trained_run(data, tmp_path, monkeypa
     assert "warmup_iters = 200\n" in (out / "run" / "config.toml").read_text()
     marker = json.loads((out / ".lm-output.json").read_text())
     assert marker["complete"] and {"test.hyp", "result.json"} <= set(marker["files"])
+
+
+def test_a_signal_during_training_puts_back_and_after_it_keeps_the_run(data, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C while training kept the half-made output marked complete and deleted an --overwrite'n
+    earlier one; after training (decoding the test set) it was a KeyboardInterrupt traceback (demo21).
+    Now the first puts the earlier output back and the second keeps the trained run, as an error there
+    does, each with one line and exit 130."""
+    import lm.generate
+    import lm.train
+
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--beam", 1, *TINY) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(lm.train.Trainer, "run", lambda self: 130)  # the trainer saved and stopped for a Ctrl-C
+        assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--overwrite", *TINY) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "multi30k.py: interrupted"
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    fresh = tmp_path / "fresh"
+    with monkeypatch.context() as m:
+        m.setattr(lm.generate, "translate", interrupted)
+        assert _main(monkeypatch, "--data", data, "--out", fresh, "--budget", 5, "--beam", 1, *TINY) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == ("multi30k.py: interrupted; the trained run is kept in "
+                                                        f"{str(fresh / 'run')!r}")
+    assert list((fresh / "run" / "checkpoints").glob("step_*.pt")) and not (fresh / "result.json").exists()

@@ -93,3 +93,37 @@ def test_a_tiny_run_reports_its_stride_and_bits_per_byte(data, tmp_path, monkeyp
     # bits per byte = loss in nats per token · tokens / bytes / ln 2: a byte costs less than a token
     assert 0 < result["bits_per_byte"] < result["val_loss"] / 0.6931 + 1e-3
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == result
+
+
+@pytest.mark.parametrize("status, word", [(130, "interrupted"), (143, "terminated")])
+def test_a_run_stopped_by_a_signal_puts_the_earlier_output_back(data, tmp_path, monkeypatch, capsys, status, word):
+    """A Ctrl-C or SIGTERM while training returned 1 inside claim_dir: the half-made output was kept
+    marked complete (without result.json), an --overwrite'n earlier one deleted for it, and the line
+    said "continue with --resume", which the script has not (demo21). Now claim_dir puts the earlier
+    output back, and the script exits 128 + the signal with one line, as an `lm` command does."""
+    import lm.train
+
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, *TINY) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    monkeypatch.setattr(lm.train.Trainer, "run", lambda self: status)  # the trainer saved and stopped
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, "--overwrite", *TINY) == status
+    assert capsys.readouterr().err.splitlines()[-1] == f"shakespeare.py: {word}"
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no set-aside copy left
+
+
+def test_ctrl_c_during_the_final_evaluation_is_one_line_and_leaves_nothing(data, tmp_path, monkeypatch, capsys):
+    """After training, a Ctrl-C (here in the final evaluation) was a KeyboardInterrupt traceback, exit 1
+    (demo21): now one line, exit 130, and the unfinished output removed."""
+    import lm.evaluate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lm.evaluate, "evaluate_tokens", interrupted)
+    out = tmp_path / "out"
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, *TINY) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "shakespeare.py: interrupted"
+    assert not out.exists()

@@ -357,6 +357,25 @@ def plural(n: int, word: str, words: str | None = None) -> str:
     return word if n == 1 else words or word + "s"
 
 
+def interruptible_script(prog: str, run: Callable[[], int], kept: Callable[[], str] = lambda: "") -> int:
+    """A script's ``main``: ``run()``, with Ctrl-C and SIGTERM ending it as they end an ``lm`` command:
+    one line, ``PROG: interrupted`` (exit 130) or ``PROG: terminated`` (143), where a Ctrl-C had been a
+    traceback (demo21). A training run stopped by either (:class:`lm.train.TrainingInterrupted`, raised
+    inside the script's ``claim_dir``, which then removes the half-made output and puts back the one it
+    replaced) exits as its signal says. ``kept()``: what the script keeps all the same, for the line."""
+    import signal as signals
+
+    from lm.cli.tokenizer import terminate_as_interrupt
+
+    try:
+        return terminate_as_interrupt("", run, prog=prog)
+    except KeyboardInterrupt as e:  # Ctrl-C, or a training run stopped by SIGINT or SIGTERM
+        status = getattr(e, "status", 128 + signals.SIGINT)
+        word = "terminated" if status == 128 + signals.SIGTERM else "interrupted"
+        print(f"{prog}: {word}{'; ' + kept() if kept() else ''}", file=sys.stderr)
+        return status
+
+
 # -- a closed output pipe ----------------------------------------------------------------------
 
 CLOSED_PIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a tool that `| head` cut short

@@ -16,7 +16,7 @@ EXAMPLES = """
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from lm.demo.pipeline import DemoSettings
+    from lm.demo.pipeline import DEFAULT_VOCAB_SIZE, DemoSettings
 
     d = DemoSettings()
     p = add_command(
@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus-bytes", type=int, default=d.corpus_bytes, metavar="B",
                    help="bytes of the corpus to use (5%% of them for validation; at least 50,000)")
     p.add_argument("--vocab-size", type=int, default=d.vocab_size, metavar="N",
-                   help="the BPE tokenizer's size (a small corpus may give fewer tokens: a warning says so)")
+                   help=f"the BPE tokenizer's size (a small corpus may give fewer tokens: a warning says so; "
+                   f"default: up to {DEFAULT_VOCAB_SIZE:,}, as many as the corpus gives, without a warning)")
     p.add_argument("--seed", type=int, default=d.seed, help="for a repeatable run (data, model, batches)")
     add_compute(p, dtype=d.dtype)
     add_quiet(p)
@@ -48,7 +49,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from lm.device import resolve_device, set_threads
     from lm.tokenizer import EOT
 
-    if args.vocab_size < 256 + 1:  # it had been found only after the corpus was prepared, as `vocab_size`
+    # it had been found only after the corpus was prepared, as `vocab_size`; None: the default, "up to"
+    if args.vocab_size is not None and args.vocab_size < 256 + 1:
         raise ValueError(f"--vocab-size: must be at least 257 (256 bytes + the {EOT} token), got {args.vocab_size}")
     set_threads(args.threads)
     device = str(resolve_device(args.device))
@@ -57,8 +59,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             progress=not args.quiet, overwrite=args.overwrite, device=device,
                             dtype=args.dtype)
     from lm.cli.tokenizer import terminate_as_interrupt
-    from lm.demo.pipeline import TrainingInterrupted
-    from lm.train import TrainingDiverged
+    from lm.train import TrainingDiverged, TrainingInterrupted
 
     def run() -> int:
         try:

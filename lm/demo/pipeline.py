@@ -27,6 +27,7 @@ from lm.data.token_file import bytes_per_token
 from lm.tokenizer import EOT
 
 TINYSTORIES_CANDIDATES = ("data/TinyStoriesV2-GPT4-train.txt", "data/TinyStoriesV2-GPT4-valid.txt")
+DEFAULT_VOCAB_SIZE = 2048  # the most tokens the demo's tokenizer learns when no --vocab-size is given
 
 
 @dataclass
@@ -34,7 +35,9 @@ class DemoSettings:
     out_dir: str = "runs/demo"
     data: str | None = None  # a text file; default: TinyStories in data/, else synthetic stories
     corpus_bytes: int = 6_000_000  # synthetic corpus size, and the most read from a given file
-    vocab_size: int = 2048
+    # None: up to DEFAULT_VOCAB_SIZE, as many as the corpus gives, silently; a number: the size asked for,
+    # with a warning when the corpus gives fewer (the default synthetic corpus gives 1,970 of 2,048)
+    vocab_size: int | None = None
     train_seconds: float = 300.0  # wall-clock budget of model training
     max_steps: int = 3000
     context_length: int = 128
@@ -118,14 +121,6 @@ def versus_baseline(model: float, baseline: float) -> str:
     if model > baseline:
         return f"{model / baseline:.1f}x higher: worse than the baseline"
     return "the same"
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """The trainer stopped for a signal and the demo with it; ``status`` is 128 + the signal's number."""
-
-    def __init__(self, status: int):
-        super().__init__(f"training stopped with status {status}")
-        self.status = status
 
 
 def _say(msg: str, progress: bool) -> None:
@@ -295,7 +290,7 @@ def _run(settings: DemoSettings, out: Path, text: Path | None = None) -> DemoRep
     from lm.generate.sampling import generator_seed
     from lm.io import atomic_write
     from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
-    from lm.train import Trainer, config_from_dict
+    from lm.train import Trainer, TrainingInterrupted, config_from_dict
     from lm.train.plot import plot_runs
 
     work = out / "data"
@@ -318,11 +313,14 @@ def _run(settings: DemoSettings, out: Path, text: Path | None = None) -> DemoRep
     lap("corpus")
 
     # the corpus may give fewer tokens than --vocab-size (BPE runs out of pairs to merge)
-    _say(f"training a BPE tokenizer of up to {settings.vocab_size} tokens", settings.progress)
+    vocab_size = DEFAULT_VOCAB_SIZE if settings.vocab_size is None else settings.vocab_size
+    _say(f"training a BPE tokenizer of up to {vocab_size} tokens", settings.progress)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_INVALID_UTF8)  # said once above
-        vocab, merges = train_bpe(train_txt, settings.vocab_size, [EOT], progress=settings.progress)
-    if len(vocab) < settings.vocab_size:  # `lm tokenizer train` refuses it; a demo goes on, saying so
+        vocab, merges = train_bpe(train_txt, vocab_size, [EOT], progress=settings.progress)
+    # `lm tokenizer train` refuses it; a demo goes on, saying so when the size was asked for: the default
+    # is "up to", as the default synthetic corpus gives only 1,970 of 2,048 (a warning on every plain `lm demo`)
+    if settings.vocab_size is not None and len(vocab) < settings.vocab_size:
         warnings.warn(f"--vocab-size: the {train_txt.stat().st_size:,} training bytes of the corpus give at most "
                       f"{len(vocab):,} tokens (BPE ran out of pairs to merge), not {settings.vocab_size:,}; the "
                       f"demo goes on with {len(vocab):,}", stacklevel=2)

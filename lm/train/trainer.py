@@ -78,6 +78,17 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite."""
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """For a caller that stops with the run: the :class:`Trainer` stopped for a signal (it saved a
+    checkpoint and :meth:`Trainer.run` returned ``status``, 128 + the signal's number). A
+    KeyboardInterrupt, so that what undoes a Ctrl-C (``lm.io.claim_dir`` putting back an earlier
+    output) undoes it too; ``lm demo`` and the recipe scripts raise it."""
+
+    def __init__(self, status: int):
+        super().__init__(f"training stopped with status {status}")
+        self.status = status
+
+
 class RefusedOnRankZero(ValueError):
     """Under DDP, rank 0 refused the run (a folder in use, a run to resume or not, a data file):
     the other ranks stop with its words, which rank 0 says (``lm train`` prints them once)."""
