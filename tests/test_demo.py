@@ -445,14 +445,34 @@ def test_a_vocab_size_the_corpus_cannot_give_is_a_warning_and_not_claimed(tmp_pa
     assert main(["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "100000", "--train-seconds", "60",
                  "--device", "cpu"]) == 0
     captured = capsys.readouterr()
-    size = json.loads((tmp_path / "d" / "report.json").read_text())["sizes"]["vocab_size"]
+    sizes = json.loads((tmp_path / "d" / "report.json").read_text())["sizes"]
+    size = sizes["vocab_size"]
     assert 257 < size < 100_000
     warned = [x for x in captured.err.splitlines() if "warning" in x]
-    assert len(warned) == 1 and warned[0].startswith("lm demo: warning: --vocab-size: the "), captured.err
-    assert warned[0].endswith(f"give at most {size:,} tokens (BPE ran out of pairs to merge), not 100,000; "
-                              f"the demo goes on with {size:,}"), warned[0]
+    assert warned == [f"lm demo: warning: --vocab-size: the {sizes['train_bytes']:,} training bytes of the corpus "
+                      f"give at most {size:,} tokens (BPE ran out of pairs to merge), not 100,000; the demo goes on "
+                      f"with {size:,}"], captured.err
     assert "100000-token" not in captured.err
     assert "[demo] training a BPE tokenizer of up to 100000 tokens" in captured.err
+    assert f"tokenizer     {size} tokens" in captured.out
+
+
+def test_the_default_vocab_size_is_as_many_tokens_as_the_corpus_gives_without_a_warning(tmp_path, monkeypatch, capsys):
+    """A plain `lm demo` always warned "--vocab-size: the 5,700,751 training bytes of the corpus give at
+    most 1,970 tokens ..., not 2,048", of an option the user never gave: the default is "up to 2,048"."""
+    from lm.cli import main
+    from lm.demo import pipeline
+
+    monkeypatch.chdir(tmp_path)
+    small = dict(max_steps=2, d_model=32, num_layers=1, num_heads=2, context_length=32, num_samples=1,
+                 sample_tokens=4)
+    monkeypatch.setattr(pipeline, "DemoSettings", lambda **kw: DemoSettings(**{**kw, **small}))
+    assert main(["demo", "--out", "d", "--corpus-bytes", "50000", "--train-seconds", "60", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    size = json.loads((tmp_path / "d" / "report.json").read_text())["sizes"]["vocab_size"]
+    assert 257 < size < pipeline.DEFAULT_VOCAB_SIZE == 2048  # 50 kB give fewer: the size used is recorded
+    assert "warning" not in captured.err, captured.err
+    assert "[demo] training a BPE tokenizer of up to 2048 tokens" in captured.err
     assert f"tokenizer     {size} tokens" in captured.out
 
 

@@ -87,3 +87,93 @@ def test_command_line(tmp_path, capsys):
     assert "synthetic" in capsys.readouterr().out
     write_corpus(tmp_path / "t.txt", 5000, seed=7)
     assert out.read_text() == (tmp_path / "t.txt").read_text()
+
+
+def test_command_line_says_one_story_in_the_singular(tmp_path, capsys):
+    assert main(["--bytes", "100", "--out", str(tmp_path / "s.txt")]) == 0
+    assert capsys.readouterr().out.startswith("wrote 1 synthetic story, ")  # not "1 synthetic stories"
+
+
+PROG = "python -m lm.demo.stories"
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """The one line of a refused command (exit 2), with nothing on stdout and no traceback."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured
+    return captured.err.strip()
+
+
+def test_command_line_never_replaces_a_file_that_is_not_its_corpus(tmp_path, monkeypatch, capsys):
+    """`--out precious.txt` replaced the file, rc 0: there was no --overwrite. A file that is not a
+    corpus of this command is refused even with --overwrite."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precious.txt").write_text("precious\n")
+    for extra in ([], ["--overwrite"]):
+        assert _refused(["--bytes", "1000", "--out", "precious.txt", *extra], capsys) == (
+            f"{PROG}: error: --out: 'precious.txt' exists and is not a corpus this command wrote (text ending in "
+            "<|endoftext|>); refusing to replace it")
+    assert (tmp_path / "precious.txt").read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
+
+
+def test_command_line_replaces_its_own_corpus_only_with_overwrite(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--bytes", "2000", "--out", "s.txt", "--seed", "1"]) == 0
+    first = (tmp_path / "s.txt").read_bytes()
+    capsys.readouterr()
+    assert _refused(["--bytes", "3000", "--out", "s.txt"], capsys) == (
+        f"{PROG}: error: --out: 's.txt' exists; pass --overwrite to replace it")
+    assert (tmp_path / "s.txt").read_bytes() == first
+    assert main(["--bytes", "3000", "--out", "s.txt", "--seed", "2", "--overwrite"]) == 0
+    assert (tmp_path / "s.txt").read_bytes() != first and (tmp_path / "s.txt").stat().st_size >= 3000
+    assert main(["--bytes", "0", "--out", "empty.txt"]) == 0  # an empty corpus, which --overwrite replaces too
+    assert main(["--bytes", "100", "--out", "empty.txt", "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "s.txt"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--bytes", "-5"], "--bytes: must be a whole number >= 0, got -5"),  # had been num_bytes's traceback
+    (["--seed", "-1"], "--seed: must be a whole number in [0, 2**64-1], got -1"),  # as `lm demo --seed -1`
+    (["--seed", str(2**64)], f"--seed: must be a whole number in [0, 2**64-1], got {2**64}"),
+])
+def test_command_line_bad_numbers_are_one_line(tmp_path, monkeypatch, capsys, extra, message):
+    monkeypatch.chdir(tmp_path)
+    assert _refused(["--out", "s.txt", "--bytes", "100", *extra], capsys) == f"{PROG}: error: {message}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_command_line_bad_out_is_one_line(tmp_path, monkeypatch, capsys):
+    """`--out .` was a traceback (OSError: [Errno 16] Device or resource busy: '.')."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    cases = [(".", "--out: '.' is a folder; give a file name"), ("", "--out: must not be empty")]
+    if os.path.isdir("/proc/self"):
+        cases.append(("/proc/x", "--out: '/proc/x' cannot be written: No such file or directory"))
+    for out, message in cases:
+        assert _refused(["--bytes", "100", "--out", out], capsys) == f"{PROG}: error: {message}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_command_line_a_failed_write_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    def busy(src, dst):
+        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(dst))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "replace", busy)
+    assert _refused(["--bytes", "100", "--out", "s.txt"], capsys) == (
+        f"{PROG}: error: --out: 's.txt' cannot be written: Device or resource busy")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_command_line_help_gives_the_default_as_bytes_takes_it(capsys):
+    """--help said "(default 2e6)", which --bytes refuses ("invalid int value: '2e6'")."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default 2000000)" in text and "2e6" not in text and "--overwrite" in text

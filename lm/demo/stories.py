@@ -10,7 +10,7 @@ model can learn the text in minutes, and the templates many, so that it still ha
 >>> generate_story(random.Random(0)) == generate_story(random.Random(0))
 True
 
-Command line: ``python -m lm.demo.stories --bytes 2000000 --out stories.txt [--seed S]``.
+Command line: ``python -m lm.demo.stories --bytes 2000000 --out stories.txt [--seed S] [--overwrite]``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import argparse
 import os
 import random
 import re
+import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -764,18 +766,83 @@ def write_corpus(path: str | os.PathLike, num_bytes: int, seed: int = 0) -> dict
             "distinct_words": len(words)}
 
 
+PROG = "python -m lm.demo.stories"
+
+
+def is_corpus(path: str | os.PathLike) -> bool:
+    """Whether ``path`` looks like a corpus this command wrote, the only file ``--overwrite`` replaces:
+    text that ends with :data:`SEPARATOR` and starts with a story, not with it, or an empty file
+    (``--bytes 0``). The file holds no marker (it is the corpus itself), so this is the most that can
+    be told; a note or a data file of the user's (``precious.txt``) fails it and is never written over.
+    Only a regular file is opened: reading a named pipe would wait for a writer."""
+    if not os.path.isfile(path):
+        return False
+    tail = SEPARATOR.encode("utf-8")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - len(tail)))
+            end = f.read()
+    except OSError:
+        return False
+    if size == 0:  # --bytes 0 writes an empty file; an empty file holds nothing to lose either
+        return True
+    if size <= len(tail) or end != tail or head.startswith(tail.lstrip(b"\n")) or b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:  # cut inside a character at 64 KiB: fine; invalid before it: not a corpus
+        return len(head) == 1 << 16 and e.start >= len(head) - 3
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lm.demo.stories",
+    """The command line: one line ``python -m lm.demo.stories: error: ...`` and exit 2 for bad input, as
+    every ``lm`` command does (:mod:`lm.cli`): a negative ``--bytes`` and an unwritable ``--out`` had
+    been tracebacks, and an existing ``--out`` (any file) was replaced without a word."""
+    parser = argparse.ArgumentParser(prog=PROG,
                                      description="Write a corpus of synthetic children's stories (procedurally "
                                                  "generated, not human-written), separated by <|endoftext|>.")
-    parser.add_argument("--bytes", type=int, default=2_000_000, help="write at least this many bytes (default 2e6)")
-    parser.add_argument("--out", required=True, help="output text file")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--bytes", type=int, default=2_000_000, metavar="N",
+                        help="write at least this many bytes, a whole number (default 2000000)")
+    parser.add_argument("--out", required=True, metavar="FILE", help="output text file")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out that is a corpus of this command (never anything else)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed, in [0, 2**64-1] (default 0)")
     args = parser.parse_args(argv)
-    stats = write_corpus(args.out, args.bytes, seed=args.seed)
-    print(f"wrote {stats['stories']} synthetic stories, {stats['bytes']} bytes, "
+    previous = warnings.showwarning
+    warnings.showwarning = lambda message, *rest, **kw: print(f"{PROG}: warning: {message}", file=sys.stderr)
+    try:
+        stats = _write(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.showwarning = previous
+    n = stats["stories"]
+    print(f"wrote {n} synthetic {'story' if n == 1 else 'stories'}, {stats['bytes']} bytes, "
           f"{stats['distinct_words']} distinct words to {args.out}")
     return 0
+
+
+def _write(args: argparse.Namespace) -> dict:
+    """Check the arguments, all before anything is written, then write the corpus."""
+    from lm.checks import check_seed
+    from lm.io import check_not_empty, check_output_file, writing_out
+
+    if args.bytes < 0:  # write_corpus's own ValueError named num_bytes, a traceback
+        raise ValueError(f"--bytes: must be a whole number >= 0, got {args.bytes}")
+    seed = check_seed(args.seed, "--seed")  # as `lm demo --seed`: numpy, torch and the trainer take no other
+    check_not_empty(args.out, "--out")  # Path('') is the working folder
+    out = check_output_file(args.out, overwrite=args.overwrite, recognise=is_corpus,
+                            what="a corpus this command wrote (text ending in <|endoftext|>)")
+    with writing_out(out, "--out"):  # "[Errno 16] Device or resource busy: '.'" had been a traceback
+        return write_corpus(out, args.bytes, seed=seed)
 
 
 if __name__ == "__main__":
