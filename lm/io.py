@@ -704,7 +704,9 @@ def _check_output_dir(out: Path, *, command: str, argument: str, overwrite: bool
     """:func:`check_output_dir`, its OSErrors left to the caller."""
     check_not_input(out, inputs, argument, folder=True)
     check_parents(out, argument)
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.is_symlink():  # the new folder, renamed into place, would replace the link, not the folder it points to
+        raise ValueError(_symlink_message(out, argument))
+    if out.exists() and not out.is_dir():
         raise ValueError(f"{argument}: {str(out)!r} exists and is not a folder")
     files = tuple(files)
     replacing = out.exists() and any(out.iterdir())
@@ -733,6 +735,16 @@ def _check_output_dir(out: Path, *, command: str, argument: str, overwrite: bool
         raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
     warn_leftover_temps(out, argument)
     return replacing
+
+
+def _symlink_message(out: Path, argument: str) -> str:
+    """Why an output folder given as a symlink is refused, and the way out: "exists and is not a
+    folder" was wrong for a link to a folder, which ``test -d`` calls one (cli21 F3)."""
+    target = os.readlink(out)
+    if out.is_dir():
+        return (f"{argument}: {str(out)!r} is a symlink (to {target!r}); give the folder itself: the output would "
+                "replace the link, not the folder it points to")
+    return f"{argument}: {str(out)!r} is a symlink (to {target!r}), not a folder; refusing to replace it"
 
 
 def _not_written(folder: Path, files: tuple[str, ...], marker: dict | None) -> list[str]:

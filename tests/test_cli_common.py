@@ -186,3 +186,41 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(tmp_path, monkeypatch):
         assert stdout_reader_gone()
         assert quiet_on_closed_pipe(worker_pipe_broke)(argparse.Namespace()) == CLOSED_PIPE_STATUS
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("argv, prog", [(["--version"], "lm"), (["tokenize", "--help"], "lm tokenize"),
+                                        (["tokenizer", "train", "--help"], "lm tokenizer train")])
+def test_help_and_version_that_cannot_be_written_are_an_error(argv, prog, tmp_path):
+    """argparse drops a failed write of its help or version: `lm --version > /dev/full` and `lm
+    tokenizer train --help >&-` exited 0 with nothing written (cli21 F1), where a command's own
+    output that cannot be written is an error, exit 2. A closed pipe still ends quietly (141)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lm.cli.common import CLOSED_PIPE_STATUS
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PYTHONUNBUFFERED", None)  # buffered, as for most users: the write itself succeeds, the flush fails
+
+    def run(**streams) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lm", *argv], env=env, cwd=tmp_path, timeout=60, **streams)
+
+    written = run(capture_output=True)
+    assert written.returncode == 0 and written.stdout and written.stderr == b""
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = run(stdout=full, stderr=subprocess.PIPE)
+        assert (r.returncode, r.stderr.decode()) == (
+            2, f"{prog}: error: standard output cannot be written: No space left on device\n")
+    r = run(stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1))
+    assert (r.returncode, r.stderr.decode()) == (2, f"{prog}: error: standard output cannot be written: Bad file "
+                                                    "descriptor\n")
+    read, write = os.pipe()
+    os.close(read)  # a reader gone before anything was written (`| head -0`)
+    try:
+        r = run(stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (CLOSED_PIPE_STATUS, b"")

@@ -561,12 +561,21 @@ def test_cli_eval_target_with_a_language_model_or_a_token_file_says_what_is_wron
 
 
 def test_cli_eval_warns_of_one_byte_in_the_singular(run, tmp_path, capsys):
+    """And names where the first bad byte is, as `lm tokenize` does: the count alone said nothing of
+    where to look in a large file (cli21 F2)."""
     d, _, _ = run
-    (tmp_path / "v.txt").write_bytes(TEXT[:200].encode() + b"\xff" + TEXT[:200].encode())
+    head = "ok\nstill ok\n" + TEXT[:200].replace("\n", " ")
+    (tmp_path / "v.txt").write_bytes(head.encode() + b"\xff" + TEXT[:200].encode() + b"\xfe")
     assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--quiet"]) == 0
     err = capsys.readouterr().err.strip()
-    assert err == (f"lm eval: warning: --data: 1 byte of {str(tmp_path / 'v.txt')!r} is not valid UTF-8; it was "
-                   "replaced by U+FFFD, which bits/byte counts as its 3 bytes"), err
+    assert err == (f"lm eval: warning: --data: 2 bytes of {str(tmp_path / 'v.txt')!r} are not valid UTF-8 (the first "
+                   f"at line 3, column {len(head) - 11:,}); they were replaced by U+FFFD, which bits/byte counts as "
+                   "its 3 bytes"), err
+    (tmp_path / "v.txt").write_bytes(TEXT[:200].replace("\n", " ").encode() + b"\xff" + TEXT[:200].encode())
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "v.txt"), "--quiet"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lm eval: warning: --data: 1 byte of {str(tmp_path / 'v.txt')!r} is not valid UTF-8 (the first "
+                   "at line 1, column 201); it was replaced by U+FFFD, which bits/byte counts as its 3 bytes"), err
 
 
 def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():

@@ -175,6 +175,37 @@ def test_a_symlink_loop_is_refused_naming_it(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "loop1", "loop2"]
 
 
+def test_an_out_that_is_a_symlink_is_refused_saying_so(tmp_path, monkeypatch):
+    """A link to a folder was refused as "exists and is not a folder", though `test -d` is true (cli21
+    F3): the refusal stands (the new folder, renamed into place, would replace the link, not the
+    folder it points to), and the message now says why and what to give instead."""
+    from lm.io import check_output_dir
+
+    monkeypatch.chdir(tmp_path)
+    Path("realdir").mkdir()
+    Path("earlier").mkdir()
+    write_marker(Path("earlier"), "lm test", complete=False)  # an earlier output: --overwrite would replace it
+    Path("file.txt").write_text("x")
+    for link, target in (("linkdir", "realdir"), ("linktok", "earlier")):
+        os.symlink(target, link)
+        for overwrite in (False, True):
+            with pytest.raises(ValueError) as e:
+                check_output_dir(link, command="lm test", overwrite=overwrite)
+            assert str(e.value) == (f"--out: {link!r} is a symlink (to {target!r}); give the folder itself: the output "
+                                    "would replace the link, not the folder it points to")
+        with pytest.raises(ValueError) as e:
+            claim_dir(link, command="lm test").__enter__()
+        assert str(e.value).startswith(f"--out: {link!r} is a symlink (to {target!r}); give the folder itself")
+    assert check_output_dir("realdir", command="lm test") is False  # the folder itself is taken
+    for link, target in (("dangling", "nowhere"), ("filelink", "file.txt")):
+        os.symlink(target, link)
+        with pytest.raises(ValueError) as e:
+            check_output_dir(link, command="lm test")
+        assert str(e.value) == f"--out: {link!r} is a symlink (to {target!r}), not a folder; refusing to replace it"
+    assert sorted(os.listdir()) == ["dangling", "earlier", "file.txt", "filelink", "linkdir", "linktok", "realdir"]
+    assert os.listdir("realdir") == [] and os.listdir("earlier") == [MARKER]
+
+
 def test_atomic_files_renames_nothing_until_every_file_is_written(tmp_path):
     """The files of one output (ids, offsets, sidecar) appear together: a failure while writing the
     last leaves every earlier file as it was, and no temporary file (clifuzz7 #1)."""

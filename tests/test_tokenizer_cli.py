@@ -796,6 +796,19 @@ def test_the_invalid_utf8_warning_of_lm_tokenize_names_input(trained, tmp_path, 
                                                "U+FFFD")
 
 
+def test_the_invalid_utf8_warning_of_lm_tokenizer_train_names_the_file_and_the_place(tmp_path, capsys):
+    """`lm tokenizer train` said "--input: 3 bytes are not valid UTF-8", naming neither which of its
+    inputs held them nor where (cli21 F2): it now says it as `lm tokenize` does."""
+    good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+    good.write_text("the cat sat on the mat.\n" * 20, encoding="utf-8")
+    bad.write_bytes(b"hello \xff\xfe world\nline2 ok \xc3\n")
+    assert main(["tokenizer", "train", "--input", str(good), str(bad), "--vocab-size", "256", "--out",
+                 str(tmp_path / "tok"), "--quiet", "--holdout-bytes", "0", "--num-workers", "1"]) == 0
+    assert capsys.readouterr().err.strip() == (f"lm tokenizer train: warning: --input: 3 bytes of {str(bad)!r} are "
+                                               "not valid UTF-8 (the first at line 1, column 7); they were replaced "
+                                               "by U+FFFD")
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_invalid_utf8_warning_says_where_the_first_bad_byte_is(trained, tmp_path, workers):
     """The warning said "1 bytes of 'in.txt' are not valid UTF-8" and nowhere in a large corpus to look

@@ -354,9 +354,41 @@ def test_parallel_counting_equals_serial(tmp_path, monkeypatch):
 def test_invalid_utf8_is_replaced_with_a_warning(tmp_path):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"hello world \xff\xfe hello again " * 20)
-    with pytest.warns(UserWarning, match="40 bytes are not valid UTF-8"):  # 2 bad bytes x 20
+    with pytest.warns(UserWarning) as caught:  # 2 bad bytes x 20
         vocab, merges = train_bpe(path, 270, [])
+    assert [str(w.message) for w in caught] == [f"input: 40 bytes of {str(path)!r} are not valid UTF-8 (the first at "
+                                                "line 1, column 13); they were replaced by U+FFFD"]
     assert len(vocab) == 270
+
+
+def test_the_invalid_utf8_warning_names_the_first_file_and_place_whatever_order_the_chunks_come_in(
+        tmp_path, monkeypatch):
+    """It said "input: 3 bytes are not valid UTF-8", naming neither which of several files held
+    them nor where (cli21 F2). The chunks' results come in any order (workers, ``ordered=False``):
+    the place named is the first bad byte in the files' order, whichever chunk was counted first."""
+    import contextlib
+
+    good, bad, worse = tmp_path / "good.txt", tmp_path / "bad.txt", tmp_path / "worse.txt"
+    good.write_bytes(b"all fine here.\n" * 40)
+    bad.write_bytes(b"fine.\n" * 30 + b"Lily saw \xffit.\n" + b"fine again.\n" * 30 + b"end \xfe\xfe.\n")
+    worse.write_bytes(b"\x80" + b"fine.\n" * 30)
+
+    @contextlib.contextmanager
+    def reversed_map(func, tasks, workers, **kwargs):  # the last chunk's result first
+        yield reversed([func(t) for t in tasks])
+
+    monkeypatch.setattr(train_mod, "parallel_map", reversed_map)
+    ranges = [(str(p), 0, p.stat().st_size) for p in (good, bad, worse)]
+    stats = train_mod.TrainStats()
+    with pytest.warns(UserWarning) as caught:
+        count_pretokens(ranges, [], num_workers=2, chunk_bytes=64, stats=stats)
+    assert [str(w.message) for w in caught] == [f"input: 4 bytes of 2 files are not valid UTF-8 (the first in "
+                                                f"{str(bad)!r} at line 31, column 10); they were replaced by U+FFFD"]
+    assert stats.invalid_utf8_bytes == 4
+    with pytest.warns(UserWarning) as caught:
+        count_pretokens(ranges[::2], [], num_workers=2, chunk_bytes=64)
+    assert [str(w.message) for w in caught] == [f"input: 1 byte of {str(worse)!r} is not valid UTF-8 (the first at "
+                                                "line 1, column 1); it was replaced by U+FFFD"]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import sys
 import warnings
 
 from lm import __version__
-from lm.cli.common import HelpFormatter
+from lm.cli.common import HelpFormatter, WrittenHelpParser
 
 EXAMPLES = """examples:
   lm demo                                          # the whole pipeline in a few minutes, offline
@@ -28,7 +28,7 @@ EXAMPLES = """examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = WrittenHelpParser(
         prog="lm",
         description="Train byte-level BPE tokenizers and small Transformer language models.",
         epilog=EXAMPLES,

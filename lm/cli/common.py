@@ -45,7 +45,34 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action)
 
 
-class CommandParser(argparse.ArgumentParser):
+class WrittenHelpParser(argparse.ArgumentParser):
+    """A parser whose ``--help`` and ``--version`` text, on standard output, is written or is an error:
+    argparse drops a failed write (``except (AttributeError, OSError): pass``), so ``lm --version >
+    /dev/full`` and ``lm tokenize --help >&-`` exited 0 with nothing written (cli21 F1), where every
+    command's own output that cannot be written is ``lm CMD: error: standard output cannot be
+    written: ...``, exit 2. A closed pipe (``lm --help | head -1``) ends quietly with status 141, as
+    every command does (:func:`quiet_on_closed_pipe`). A message to standard error (a usage error)
+    is left to argparse: there is nowhere left to report its failure."""
+
+    def _print_message(self, message, file=None):
+        if not message or file is None or file is not sys.stdout:  # (None: no stdout at all, argparse's case)
+            return super()._print_message(message, file)
+        from lm.cli import StdoutError
+        from lm.io import silence_stdout
+
+        try:
+            file.write(message)
+            file.flush()  # a buffered stdout fails here, or at the interpreter's last flush, which is silent
+        except BrokenPipeError:
+            silence_stdout()
+            self.exit(CLOSED_PIPE_STATUS)
+        except OSError as e:  # lm.cli's StdoutError; a plain OSError where main runs without entry's streams
+            silence_stdout()
+            error = e if isinstance(e, StdoutError) else StdoutError(e.errno, e.strerror)
+            self.exit(2, f"{self.prog}: error: {error}\n")
+
+
+class CommandParser(WrittenHelpParser):
     """The parser of one subcommand (``lm export``, ``lm export hf``).
 
     An argument it does not know is its own error, under its own usage (``lm export hf: error:

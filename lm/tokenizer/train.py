@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lm.checks import check_size
-from lm.io import check_readable_file, read_text_range
+from lm.io import check_readable_file, invalid_utf8_place, read_text_range
 from lm.tokenizer.pretokenize import (
     LONG_CHUNK_BYTES,
     check_special_tokens,
@@ -61,8 +61,10 @@ class TrainStats:
 # ---------------------------------------------------------------- phase 1: counting pre-tokens
 
 
-def _count_chunk(args: tuple[str, int, int, tuple[str, ...]]) -> tuple[Counter, int, int]:
-    path, start, end, specials = args
+def _count_chunk(args: tuple[int, str, int, int, tuple[str, ...]]) -> tuple[Counter, int, int, int]:
+    """The pre-token counts of one chunk, its size, its invalid UTF-8 bytes, and its index in the
+    tasks (the results come in any order; the warning names the first chunk that held bad bytes)."""
+    index, path, start, end, specials = args
     text, invalid = read_text_range(path, start, end)
     special_re = special_tokens_regex(specials)
     segments = split_on_special(text, special_re)[::2]
@@ -70,7 +72,7 @@ def _count_chunk(args: tuple[str, int, int, tuple[str, ...]]) -> tuple[Counter, 
     for seg in segments:
         if seg:
             words += pretokenize(seg)
-    return Counter(words), end - start, invalid
+    return Counter(words), end - start, invalid, index
 
 
 def count_pretokens(
@@ -93,23 +95,42 @@ def count_pretokens(
     for path, start, end in ranges:
         bounds = chunk_boundaries(path, special_tokens, chunk_bytes, start, end)
         warn_long_chunk(path, bounds, chunk_bytes, "pre-tokenized", limit=LONG_CHUNK_BYTES)
-        tasks += [(str(path), a, b, tuple(special_tokens)) for a, b in bounds]
+        tasks += [(len(tasks) + i, str(path), a, b, tuple(special_tokens)) for i, (a, b) in enumerate(bounds)]
     counts: Counter = Counter()
-    invalid = 0
+    invalid: Counter = Counter()  # per file
+    first_bad = None  # the index of the first task (in file order, then offset) that held bad bytes
     with tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
               file=sys.stderr) as bar, \
             parallel_map(_count_chunk, tasks, workers, ordered=False, serial=total < MIN_PARALLEL_BYTES) as results:
-        for c, nbytes, bad in results:
+        for c, nbytes, bad, index in results:
             counts.update(c)
-            invalid += bad
+            if bad:
+                invalid[tasks[index][1]] += bad
+                first_bad = index if first_bad is None else min(first_bad, index)
             bar.update(nbytes)
     if invalid:
-        are = "byte is not valid UTF-8; it was" if invalid == 1 else "bytes are not valid UTF-8; they were"
-        warnings.warn(f"input: {invalid:,} {are} replaced by U+FFFD", stacklevel=2)
+        _warn_invalid_utf8(invalid, *tasks[first_bad][1:4])
     if stats is not None:
-        stats.invalid_utf8_bytes = invalid
+        stats.invalid_utf8_bytes = sum(invalid.values())
         stats.input_bytes = total
     return counts
+
+
+def _warn_invalid_utf8(invalid: Counter, path: str, start: int, end: int) -> None:
+    """Warn of the bytes (``invalid``: their count per file) that became U+FFFD, naming where the
+    first is: ``path``, in its chunk ``[start, end)``. It had said "--input: 3 bytes are not valid
+    UTF-8", naming neither the file, among several, nor the place (cli21 F2); ``lm tokenize`` says
+    the same of its one file."""
+    total = sum(invalid.values())
+    line, column = invalid_utf8_place(path, start, end) or (0, 0)
+    where = f"at line {line:,}, column {column:,}"
+    if len(invalid) == 1:
+        of, where = repr(path), f"the first {where}"
+    else:
+        of, where = f"{len(invalid)} files", f"the first in {path!r} {where}"
+    what, were = ("byte of {} is", "it was") if total == 1 else ("bytes of {} are", "they were")
+    warnings.warn(f"input: {total:,} {what.format(of)} not valid UTF-8 ({where}); {were} replaced by U+FFFD",
+                  stacklevel=3)
 
 
 # ---------------------------------------------------------------- phase 2: merging
