@@ -890,7 +890,9 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
     odd = run.parent / "run\udcff"
     (odd / "checkpoints").mkdir(parents=True)
     for argv, message in ((["--model-name", ""], "--model-name: must not be empty"),
-                          (["--checkpoint", "/"], "--model-name: '/' is in no named run folder"),
+                          # a folder of no name holding no model: the checkpoint's error first, as for /nonexist
+                          (["--checkpoint", "/"], "--checkpoint: run directory '/' holds no model.safetensors"),
+                          (["--checkpoint", "/nonexist"], "--checkpoint: file not found: '/nonexist'"),
                           (["--model-name", "m\udcff"], "--model-name: the value is not valid UTF-8 (at character 1); "
                                                         "pass --model-name in UTF-8"),
                           (["--api-key", "k\udcff"], "--api-key: the key (or $LM_API_KEY) is not valid UTF-8 (at "

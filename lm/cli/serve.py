@@ -105,6 +105,9 @@ def served_model_name(checkpoint: str, model_name: str | None = None) -> str:
     elif run.name == "checkpoints" and not (run / "checkpoints").is_dir():  # RUN/checkpoints: the run's name
         run = run.parent
     if not run.name:
+        from lm.generate.load import resolve_checkpoint
+
+        resolve_checkpoint(checkpoint)  # /nonexist: "--checkpoint: file not found", not a --model-name error (demo21)
         raise ValueError(f"--model-name: {checkpoint!r} is in no named run folder; pass --model-name NAME")
     check_utf8("--model-name", run.name, f"the run folder's name {run.name!r}")
     _check_printable("--model-name", run.name, f"the run folder's name {run.name!r}")
