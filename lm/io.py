@@ -370,6 +370,22 @@ def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str,
     return decode_utf8(data)
 
 
+def utf8_error_place(data: bytes) -> tuple[int, int, int] | None:
+    """``(line, column, byte)`` of the first byte of ``data`` that is not valid UTF-8, line and column
+    counted from 1 (the column in bytes), as editors' "go to line:column" and every reader here say it;
+    None when there is none.
+
+    >>> utf8_error_place(b"line one\nline two \xff end\n")
+    (2, 10, 255)
+    """
+    try:
+        data.decode("utf-8")
+        return None
+    except UnicodeDecodeError as e:
+        at = e.start
+    return data.count(b"\n", 0, at) + 1, at - data.rfind(b"\n", 0, at), data[at]
+
+
 def invalid_utf8_place(path: str | os.PathLike, start: int, end: int) -> tuple[int, int] | None:
     """``(line, column)``, from 1, of the first byte in ``[start, end)`` of the file ``path`` that is
     not valid UTF-8 (its column counted in bytes), None when there is none: where a reader that

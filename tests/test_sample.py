@@ -246,10 +246,13 @@ def test_the_prompt_file_may_be_a_pipe_dev_stdin_or_a_process_substitution(run, 
     for path, message in ((tmp_path, "is a directory"), (tmp_path / "missing.txt", "file not found")):
         assert main([*common, "--prompt-file", str(path)]) == 2
         assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {message}: {str(path)!r}\n"
-    (tmp_path / "bad.txt").write_bytes(b"Lily\xff")  # the file named, as every other --prompt-file error names it
-    assert main([*common, "--prompt-file", str(tmp_path / "bad.txt")]) == 2
-    assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {str(tmp_path / 'bad.txt')!r} is not " \
-                                      "valid UTF-8 (byte 4)\n"
+    # the file named, as every other --prompt-file error names it, and the place counted from 1, as lm translate
+    # --input counts it (it said "byte 18", from 0 and without a line: cli21)
+    for body, place in ((b"Lily\xff", "line 1: not valid UTF-8 (byte 0xff at column 5)"),
+                        (b"line one\nline two \xfe end\n", "line 2: not valid UTF-8 (byte 0xfe at column 10)")):
+        (tmp_path / "bad.txt").write_bytes(body)
+        assert main([*common, "--prompt-file", str(tmp_path / "bad.txt")]) == 2
+        assert capsys.readouterr().err == f"lm sample: error: --prompt-file: {str(tmp_path / 'bad.txt')!r} {place}\n"
 
 
 def test_the_stats_line_names_the_weights_sampled(run, tmp_path, capsys):

@@ -65,7 +65,7 @@ def read_prompt(args: argparse.Namespace) -> str:
     A file's one final line end goes (as llama.cpp's ``-f`` drops it): a text file, or ``echo "Once
     upon a time" |``, ends in one, and the model would start after a line break, often ending the
     story at once; a prompt meant to end in a line break ends in two, or goes through ``--prompt``."""
-    from lm.io import check_readable_file
+    from lm.io import check_readable_file, utf8_error_place
 
     if args.prompt is not None:
         check_utf8("--prompt", args.prompt, remedy="pass the text as UTF-8 or use --prompt-file")
@@ -80,11 +80,12 @@ def read_prompt(args: argparse.Namespace) -> str:
         except OSError as e:  # /dev/stdin when it is a socket, say: "[Errno 6] ..." would name nothing
             raise ValueError(f"--prompt-file: cannot read {str(path)!r}: {e.strerror or e}") from None
     data = data[:-2] if data.endswith(b"\r\n") else data[:-1] if data.endswith(b"\n") else data
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
+    place = utf8_error_place(data)
+    if place is not None:  # line and column from 1, as lm translate --input says it (it said "byte 18": cli21)
         where = "standard input" if args.prompt_file == "-" else repr(args.prompt_file)
-        raise ValueError(f"--prompt-file: {where} is not valid UTF-8 (byte {e.start})") from None
+        line, column, byte = place
+        raise ValueError(f"--prompt-file: {where} line {line}: not valid UTF-8 (byte 0x{byte:02x} at column {column})")
+    return data.decode("utf-8")
 
 
 @quiet_on_closed_pipe

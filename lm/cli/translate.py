@@ -128,7 +128,7 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_lines(args: argparse.Namespace) -> list[str]:
-    from lm.io import check_readable_file, decode_utf8
+    from lm.io import check_readable_file, decode_utf8, utf8_error_place
 
     if args.text and args.input:
         raise ValueError("--input: give sentences as TEXT or in --input FILE, not both")
@@ -157,12 +157,8 @@ def read_lines(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"--input: {name} is not a valid gzip file: {e}") from None
     text, bad = decode_utf8(data)
     if bad:  # where the first bad byte is, as lm eval --target and lm tokenize --target say it
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            at = e.start
-        line, column = data.count(b"\n", 0, at) + 1, at - data.rfind(b"\n", 0, at)
-        raise ValueError(f"--input: {name} line {line}: not valid UTF-8 (byte 0x{data[at]:02x} at column {column}; "
+        line, column, byte = utf8_error_place(data)
+        raise ValueError(f"--input: {name} line {line}: not valid UTF-8 (byte 0x{byte:02x} at column {column}; "
                          f"{bad:,} {plural(bad, 'byte', 'bytes')} in all)")
     return split_lines(text)
 
