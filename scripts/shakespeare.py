@@ -181,6 +181,10 @@ def run(args, out: Path, t_start: float) -> int:
 
     vocab, merges = train_bpe(out / "data" / "train.txt", args.vocab_size, [])
     tok = Tokenizer(vocab, merges, [])
+    if tok.vocab_size < args.vocab_size:  # BPE ran out of pairs: said, as lm demo says it (result.json records it)
+        print(f"shakespeare.py: warning: --vocab-size: the {cut:,} training bytes give at most {tok.vocab_size:,} "
+              f"tokens (BPE ran out of pairs to merge), not {args.vocab_size:,}; the run goes on with "
+              f"{tok.vocab_size:,}", file=sys.stderr)
     tok_dir = save_tokenizer_dir(tok, out / "tokenizer")
     for split in ("train", "val"):
         tokenize_file(tok, out / "data" / f"{split}.txt", out / "data" / f"{split}.bin", num_workers=1)

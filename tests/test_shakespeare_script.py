@@ -127,3 +127,19 @@ def test_ctrl_c_during_the_final_evaluation_is_one_line_and_leaves_nothing(data,
     assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, *TINY) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "shakespeare.py: interrupted"
     assert not out.exists()
+
+
+def test_a_vocab_size_the_text_cannot_give_is_a_warning(data, tmp_path, monkeypatch, capsys):
+    """The made-up text's few words give fewer tokens than --vocab-size 5000: the run went on with fewer,
+    saying nothing (demo21), where lm demo warns and lm tokenizer train refuses. It warns, and
+    result.json records the size obtained."""
+    out = tmp_path / "out"
+    argv = [a if a != "300" else "5000" for a in TINY]
+    assert _main(monkeypatch, "--data", data, "--out", out, "--budget", 5, *argv) == 0
+    result = json.loads((out / "result.json").read_text())
+    train_bytes = (out / "data" / "train.txt").stat().st_size
+    assert result["vocab_size"] < 5000
+    assert [line for line in capsys.readouterr().err.splitlines() if "warning" in line] == [
+        f"shakespeare.py: warning: --vocab-size: the {train_bytes:,} training bytes give at most "
+        f"{result['vocab_size']:,} tokens (BPE ran out of pairs to merge), not 5,000; the run goes on with "
+        f"{result['vocab_size']:,}"]
