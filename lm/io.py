@@ -375,7 +375,7 @@ def utf8_error_place(data: bytes) -> tuple[int, int, int] | None:
     counted from 1 (the column in bytes), as editors' "go to line:column" and every reader here say it;
     None when there is none.
 
-    >>> utf8_error_place(b"line one\nline two \xff end\n")
+    >>> utf8_error_place(b"line one\\nline two \\xff end\\n")
     (2, 10, 255)
     """
     try:
