@@ -445,6 +445,13 @@ def part_training(report: Report, device: torch.device, work: Path, seconds: flo
         warnings.simplefilter("always")
         status = Trainer(cfg, print_fn=lambda *a: None).run()
     wall = time.perf_counter() - t0
+    if status != 0:  # 128 + the signal the trainer stopped for: the check stops too, not a FAIL row and on (demo21)
+        from lm.train import TrainingInterrupted
+
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+        report.add("training", None, f"interrupted (status {status}) after {wall:.0f} s")
+        raise TrainingInterrupted(status)
     if device.type == "cuda":
         torch.cuda.set_sync_debug_mode(0)
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
@@ -574,6 +581,52 @@ def json_output(value: str, overwrite: bool) -> str | None:
     return str(path)
 
 
+def run_parts(report: Report, parts: list[str], device: torch.device, cpu: bool, small: dict, seconds: float,
+              overhead: float, ddp_seconds: float) -> None:
+    """The parts asked for, in order, each a row of ``report`` (see :func:`guarded`); a signal that
+    stops the training part stops them all (KeyboardInterrupt, for :func:`main`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if "parity" in parts:
+            guarded(report, "parity", lambda: part_parity(report, device, small))
+        if "decoding" in parts:
+            guarded(report, "decoding", lambda: part_decoding(report, device, small, 32 if cpu else 256))
+        if "transformers" in parts:
+            guarded(report, "one stream vs transformers generate", lambda: part_transformers(report, device, cpu),
+                    needs=overhead)
+        data = False
+        if {"training", "determinism", "ddp"} & set(parts):
+            try:
+                prepare_data(work, cpu, report)
+            except Exception as e:
+                report.add("data", False, f"{type(e).__name__}: {e}")
+            else:
+                data = True
+        # the later parts' shares of the budget, kept from the ones before them
+        # (on an H200: the tests 138 s, the translation engine about 20, DDP's start-up about 15)
+        ddp_share = (ddp_seconds + overhead) if data and "ddp" in parts else 0.0
+        translation_share = overhead if "translation" in parts else 0.0
+        determinism_share = overhead if data and "determinism" in parts else 0.0  # three eager runs of 24 steps
+        tests_share = (150.0 if not cpu else 0.0) if "tests" in parts else 0.0
+        if data and "training" in parts:  # training gets what is left after the later parts' shares, up to --seconds
+            train_seconds = min(seconds, max(report.left() - determinism_share - tests_share - translation_share
+                                             - ddp_share - overhead, 10.0))
+            guarded(report, "training", lambda: part_training(report, device, work, train_seconds, cpu),
+                    needs=train_seconds + overhead)
+        if data and "determinism" in parts:
+            guarded(report, "deterministic training",
+                    lambda: part_determinism(report, device, work, cpu, report.left() - tests_share
+                                             - translation_share - ddp_share), needs=determinism_share)
+        if "tests" in parts:
+            guarded(report, "tests", lambda: part_tests(report, device, reserve=translation_share + ddp_share),
+                    needs=overhead)
+        if "translation" in parts:
+            guarded(report, "translation engine", lambda: part_translation(report, device, cpu), needs=overhead)
+        if data and "ddp" in parts:
+            guarded(report, "DDP through torchrun", lambda: part_ddp(report, device, work, ddp_seconds, cpu),
+                    needs=ddp_seconds + overhead)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
@@ -616,46 +669,14 @@ def main(argv: list[str] | None = None) -> int:
     # seconds a part needs beyond its timed work (start-up, compiling), to decide whether to start it
     overhead = 10.0 if cpu else 45.0
     ddp_seconds = min(seconds, 30.0)
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        if "parity" in parts:
-            guarded(report, "parity", lambda: part_parity(report, device, small))
-        if "decoding" in parts:
-            guarded(report, "decoding", lambda: part_decoding(report, device, small, 32 if cpu else 256))
-        if "transformers" in parts:
-            guarded(report, "one stream vs transformers generate", lambda: part_transformers(report, device, cpu),
-                    needs=overhead)
-        data = False
-        if {"training", "determinism", "ddp"} & set(parts):
-            try:
-                prepare_data(work, cpu, report)
-            except Exception as e:
-                report.add("data", False, f"{type(e).__name__}: {e}")
-            else:
-                data = True
-        # the later parts' shares of the budget, kept from the ones before them
-        # (on an H200: the tests 138 s, the translation engine about 20, DDP's start-up about 15)
-        ddp_share = (ddp_seconds + overhead) if data and "ddp" in parts else 0.0
-        translation_share = overhead if "translation" in parts else 0.0
-        determinism_share = overhead if data and "determinism" in parts else 0.0  # three eager runs of 24 steps
-        tests_share = (150.0 if not cpu else 0.0) if "tests" in parts else 0.0
-        if data and "training" in parts:  # training gets what is left after the later parts' shares, up to --seconds
-            train_seconds = min(seconds, max(report.left() - determinism_share - tests_share - translation_share
-                                             - ddp_share - overhead, 10.0))
-            guarded(report, "training", lambda: part_training(report, device, work, train_seconds, cpu),
-                    needs=train_seconds + overhead)
-        if data and "determinism" in parts:
-            guarded(report, "deterministic training",
-                    lambda: part_determinism(report, device, work, cpu, report.left() - tests_share
-                                             - translation_share - ddp_share), needs=determinism_share)
-        if "tests" in parts:
-            guarded(report, "tests", lambda: part_tests(report, device, reserve=translation_share + ddp_share),
-                    needs=overhead)
-        if "translation" in parts:
-            guarded(report, "translation engine", lambda: part_translation(report, device, cpu), needs=overhead)
-        if data and "ddp" in parts:
-            guarded(report, "DDP through torchrun", lambda: part_ddp(report, device, work, ddp_seconds, cpu),
-                    needs=ddp_seconds + overhead)
+    try:
+        run_parts(report, parts, device, cpu, small, seconds, overhead, ddp_seconds)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (the training part's, or Python's own Ctrl-C): the table so far
+        status = getattr(e, "status", 130)
+        print("\n" + report.table())
+        print(f"\ngpu_check: {'terminated' if status == 143 else 'interrupted'} "
+              f"({budget - report.left():.0f} s of the {budget:.0f} s budget)", file=sys.stderr)
+        return status
     print("\n" + report.table())
     print(f"\ngpu_check: {'all parts passed' if report.ok else 'SOME PARTS FAILED'}"
           f" ({budget - report.left():.0f} s of the {budget:.0f} s budget)")

@@ -133,3 +133,32 @@ def test_split_corpus_holds_out_the_last_twentieth_of_documents_and_refuses_one_
         (tmp_path / "short.txt").write_text(text)
         with pytest.raises(ValueError, match=r"^corpus: .*short\.txt' holds [01] document\(s\) .*need at least 2"):
             split_corpus(tmp_path / "short.txt", tmp_path)
+
+
+@pytest.mark.parametrize("status, word", [(130, "interrupted"), (143, "terminated")])
+def test_a_signal_during_training_stops_the_check(tmp_path, monkeypatch, capsys, status, word):
+    """A Ctrl-C (or a machine's SIGTERM at its time limit) during the training part was a FAIL row that
+    read like a measured failure, and the later parts ran on (demo21). The row says it was interrupted,
+    the table so far is printed, the later parts do not run, and the check exits 128 + the signal."""
+    import lm.train
+
+    gpu_check = _gpu_check()
+
+    class Stopped:  # the trainer, stopped by the signal at once: run() returns 128 + the signal
+        def __init__(self, cfg, print_fn=None):
+            pass
+
+        def run(self):
+            return status
+
+    monkeypatch.setattr(lm.train, "Trainer", Stopped)
+    monkeypatch.setattr(gpu_check, "prepare_data", lambda work, cpu, report: None)
+    monkeypatch.setenv("GPU_CHECK_CWD", str(tmp_path))
+    assert gpu_check.main(["--device", "cpu", "--parts", "training,translation", "--seconds", "5", "--budget", "300",
+                           "--json", "rows.json"]) == status
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [(row["part"], row["ok"]) for row in rows] == [("training", None)]
+    assert rows[0]["detail"].startswith(f"interrupted (status {status}) after ")
+    out, err = capsys.readouterr()
+    assert "| training |" in out and "translation" not in out
+    assert err.strip().startswith(f"gpu_check: {word} (")
