@@ -224,3 +224,37 @@ def test_help_and_version_that_cannot_be_written_are_an_error(argv, prog, tmp_pa
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (CLOSED_PIPE_STATUS, b"")
+
+
+def test_interruptible_script_says_what_it_keeps_on_ctrl_c_and_sigterm(capsys):
+    """A recipe script's main: Ctrl-C and SIGTERM each one line and 128 + the signal, and what the
+    script keeps (multi30k.py: the trained run) said on both; SIGTERM had said only "terminated"
+    (review21). A training run stopped by a signal (TrainingInterrupted) exits with its status."""
+    import os
+    import signal
+
+    from lm.cli.common import interruptible_script
+    from lm.train import TrainingInterrupted
+
+    def killed(signum):
+        def run():
+            os.kill(os.getpid(), signum)
+            raise AssertionError("the signal did not stop the run")
+        return run
+
+    def stopped(status):
+        def run():
+            raise TrainingInterrupted(status)
+        return run
+
+    before = signal.getsignal(signal.SIGTERM)
+    for run, kept, status, line in (
+            (killed(signal.SIGINT), "", 130, "x.py: interrupted"),
+            (killed(signal.SIGTERM), "", 143, "x.py: terminated"),
+            (killed(signal.SIGINT), "the run is kept", 130, "x.py: interrupted; the run is kept"),
+            (killed(signal.SIGTERM), "the run is kept", 143, "x.py: terminated; the run is kept"),
+            (stopped(143), "", 143, "x.py: terminated"),
+            (stopped(130), "", 130, "x.py: interrupted")):
+        assert interruptible_script("x.py", run, kept=lambda kept=kept: kept) == status
+        assert capsys.readouterr().err == line + "\n"
+    assert signal.getsignal(signal.SIGTERM) is before  # the script's own handler is put back

@@ -561,3 +561,26 @@ def test_a_peer_that_never_joins_is_one_line_after_train_dist_timeout(tmp_path):
     assert err.startswith("lm train: error: the processes of the run did not all join within 2s (train.dist_timeout; "
                           "DistStoreError: ") and err.endswith("); no step was taken") and "\n" not in err, r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_port_in_use_is_named_not_taken_for_a_peer_that_did_not_join(tmp_path):
+    """The port of the rendezvous held by another process fails at once with torch's DistNetworkError,
+    which the join's one line had reported as "the processes of the run did not all join within 20s"
+    (review21): a frozen peer, where the port is at fault. It names MASTER_PORT, exit 2."""
+    import socket
+
+    toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path, train={"max_steps": 2, "dist_timeout": 20.0}))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "PYTHONPATH": str(REPO)}
+        r = subprocess.run([sys.executable, "-m", "lm", "train", "--config", str(toml), "--quiet"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    err = "\n".join(line for line in r.stderr.splitlines() if not line.startswith(("[W", "W1")))
+    assert r.returncode == 2, r.stderr
+    assert err.startswith(f"lm train: error: MASTER_PORT: the processes of the run cannot meet at 127.0.0.1:{port} "
+                          "(DistNetworkError: ") and err.endswith("give torchrun another --master-port (or "
+                                                                  "--rdzv-endpoint)") and "\n" not in err, r.stderr
+    assert not (tmp_path / "run").exists()

@@ -100,10 +100,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=cmd_tokenize)
 
 
-def terminate_as_interrupt(command: str, run: Callable[[], int], prog: str | None = None) -> int:
+def terminate_as_interrupt(command: str, run: Callable[[], int], prog: str | None = None,
+                           note: Callable[[], str] = lambda: "") -> int:
     """``run()`` with SIGTERM (``kill PID``, a job scheduler, a process manager) doing what Ctrl-C does:
     the worker processes killed, no temporary or partial output left. Then exit 143 (128 + SIGTERM)
-    with one line, ``lm COMMAND: terminated`` (``PROG: terminated`` for a script), as Ctrl-C exits 130.
+    with one line, ``lm COMMAND: terminated`` (``PROG: terminated`` for a script; then ``; NOTE``, what
+    ``note()`` says is kept, if anything), as Ctrl-C exits 130.
 
     The signal goes to whatever handles Ctrl-C at that moment, so where a Ctrl-C waits (the renames
     that make a token file and its sidecar complete, :class:`lm.io.InterruptGuard`), SIGTERM waits too.
@@ -126,7 +128,8 @@ def terminate_as_interrupt(command: str, run: Callable[[], int], prog: str | Non
     except KeyboardInterrupt:
         if not received:
             raise
-        print(f"{prog or 'lm ' + command}: terminated", file=sys.stderr)
+        kept = note()
+        print(f"{prog or 'lm ' + command}: terminated{'; ' + kept if kept else ''}", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)

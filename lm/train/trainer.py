@@ -571,9 +571,14 @@ class Trainer:
             dist_error = getattr(torch.distributed, "DistError", None)
             if dist_error is None or not isinstance(e, dist_error):
                 raise
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            if isinstance(e, getattr(torch.distributed, "DistNetworkError", ())):  # at once: no waiting was done
+                where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+                raise ValueError(f"MASTER_PORT: the processes of the run cannot meet at {where} ({type(e).__name__}: "
+                                 f"{first}); another run may hold the port: give torchrun another --master-port "
+                                 "(or --rdzv-endpoint)") from None
             wait = cfg.train.dist_timeout
             within = "torch's default wait" if wait is None else format_duration(wait)
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             raise PeerStopped(f"the processes of the run did not all join within {within} (train.dist_timeout; "
                               f"{type(e).__name__}: {first}); no step was taken") from e
 
