@@ -93,6 +93,9 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"train": {"max_lr": 1.0}}, "unknown key train.max_lr (did you mean 'optim.max_lr'?)"),
         ({"model": {"dmodel": 8}}, "unknown key model.dmodel (did you mean 'model.d_model'?)"),
         ({"modle": {"x": 1}}, "unknown section [modle] (did you mean 'model'?)"),
+        # cli21: compared in lower case (D_MODEL was "did you mean 'model.d_ff'?", MODEL offered nothing)
+        ({"model": {"D_MODEL": 8}}, "unknown key model.D_MODEL (did you mean 'model.d_model'?)"),
+        ({"MODEL": {"d_model": 8}}, "unknown section [MODEL] (did you mean 'model'?)"),
         ({"train": {"batch_size": "8"}}, "train.batch_size must be an integer, got str '8'"),
         ({"train": {"batch_size": True}}, "train.batch_size must be an integer, got bool True"),
         ({"train": {"compile": 1}}, "train.compile must be true or false, got int 1"),

@@ -140,16 +140,24 @@ SECTIONS: dict[str, type] = {
 _REQUIRED = {("data", "train")}
 
 
+def _closest(name: str, options: list[str]) -> str | None:
+    """The option closest to ``name``, compared in lower case: ``D_MODEL`` is ``d_model`` (difflib
+    alone had offered ``d_ff``, and nothing for ``MODEL``: cli21)."""
+    lowered = {option.lower(): option for option in options}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
+    return lowered[close[0]] if close else None
+
+
 def _suggest(name: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = _closest(name, options)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def _suggest_in(section: str, key: str, names: list[str]) -> str:
     """A key of ``section`` close to ``key``, compared without the shared ``section.`` (which made
     "model.label_smoothing" look like "model.vocab_size")."""
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
-    return f" (did you mean {f'{section}.{close[0]}'!r}?)" if close else ""
+    close = _closest(key, names)
+    return f" (did you mean {f'{section}.{close}'!r}?)" if close else ""
 
 
 # Names other trainers use (nanoGPT, litgpt, Hugging Face) for what is a key, or a flag, here. String
