@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import ast
 import math
-import weakref
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers.model_reference import attention_ref, rope_loop, swiglu_ref
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from helpers.tensor_bytes import LiveTensorBytes
 
 import lm.nn
 from lm.nn import (
@@ -543,33 +541,6 @@ def test_linear_cross_entropy_without_grad_and_large_logits():
     torch.testing.assert_close(out, F.cross_entropy((x @ w.T).double(), t).float())
 
 
-class _LiveTensorBytes(TorchDispatchMode):
-    """Counts the bytes of every tensor storage that an op inside the mode creates, until it is
-    freed, and keeps the peak: a CPU stand-in for ``torch.cuda.max_memory_allocated``."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.current = self.peak = 0
-
-    def _freed(self, key: int, nbytes: int) -> None:
-        if self.live.pop(key, None) is not None:
-            self.current -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                key, nbytes = storage.data_ptr(), storage.nbytes()
-                if nbytes and key not in self.live:  # in-place ops and views add nothing
-                    self.live[key] = nbytes
-                    self.current += nbytes
-                    self.peak = max(self.peak, self.current)
-                    weakref.finalize(storage, self._freed, key, nbytes)
-        return out
-
-
 def test_linear_cross_entropy_never_holds_the_logits():
     """The docstring's claim, measured: forward and backward of the fused loss peak well below the
     size of the (tokens x vocab) float32 logits, which the unfused loss does allocate."""
@@ -578,9 +549,9 @@ def test_linear_cross_entropy_never_holds_the_logits():
     w = torch.randn(vocab, d, requires_grad=True)
     t = torch.randint(0, vocab, (n,))
     logits_bytes = n * vocab * 4  # 16 MiB
-    with _LiveTensorBytes() as fused:
+    with LiveTensorBytes() as fused:
         linear_cross_entropy(x, w, t, chunk_size=chunk).backward()
-    with _LiveTensorBytes() as unfused:
+    with LiveTensorBytes() as unfused:
         F.cross_entropy(x @ w.T, t).backward()
     assert unfused.peak >= logits_bytes  # the meter does see the logits when they are made
     # measured 4.0 MiB: four 1 MiB chunks (two chunks of logits and probabilities overlap) and the gradients

@@ -208,36 +208,10 @@ def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, 
 
 
 def _step_peak_bytes(model, ids, dtype) -> int:
-    """The peak bytes of the tensors a training step (forward, loss, backward) makes, gradients
-    included, counted as torch makes and frees their storages."""
-    import weakref
+    """The peak bytes of the tensors a training step (forward, loss, backward) makes, gradients included."""
+    from helpers.tensor_bytes import LiveTensorBytes
 
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class Peak(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.live, self.now, self.peak = {}, 0, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    storage = t.untyped_storage()
-                    key, n = storage.data_ptr(), storage.nbytes()
-                    if key not in self.live and n:
-                        self.live[key] = n
-                        self.now += n
-                        self.peak = max(self.peak, self.now)
-                        weakref.finalize(storage, self._free, key)
-            return out
-
-        def _free(self, key):
-            self.now -= self.live.pop(key, 0)
-
-    mode = Peak()
-    with mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+    with LiveTensorBytes() as mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
         model.loss(ids, ids).backward()
     return mode.peak
 
