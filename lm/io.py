@@ -378,12 +378,19 @@ def utf8_error_place(data: bytes) -> tuple[int, int, int] | None:
     >>> utf8_error_place(b"line one\\nline two \\xff end\\n")
     (2, 10, 255)
     """
+    at = _first_invalid_utf8(data)
+    if at is None:
+        return None
+    return data.count(b"\n", 0, at) + 1, at - data.rfind(b"\n", 0, at), data[at]
+
+
+def _first_invalid_utf8(data: bytes) -> int | None:
+    """The offset of the first byte of ``data`` that is not valid UTF-8; None when there is none."""
     try:
         data.decode("utf-8")
         return None
     except UnicodeDecodeError as e:
-        at = e.start
-    return data.count(b"\n", 0, at) + 1, at - data.rfind(b"\n", 0, at), data[at]
+        return e.start
 
 
 def invalid_utf8_place(path: str | os.PathLike, start: int, end: int) -> tuple[int, int] | None:
@@ -392,12 +399,10 @@ def invalid_utf8_place(path: str | os.PathLike, start: int, end: int) -> tuple[i
     replaced bad bytes by U+FFFD tells the user to look. Read again only when there was one."""
     with open(path, "rb") as f:
         f.seek(start)
-        data = f.read(end - start)
-    try:
-        data.decode("utf-8")
+        first = _first_invalid_utf8(f.read(end - start))
+    if first is None:
         return None
-    except UnicodeDecodeError as e:
-        at = start + e.start
+    at = start + first
     line, last_newline, offset = 1, -1, 0
     with open(path, "rb") as f:
         while offset < at:  # the line breaks before it, a block at a time
@@ -407,6 +412,23 @@ def invalid_utf8_place(path: str | os.PathLike, start: int, end: int) -> tuple[i
                 last_newline = offset + i
             offset += len(block)
     return line, at - last_newline
+
+
+def replaced_utf8_message(argument: str, counts: dict[str, int], first: str, line: int, column: int,
+                          after: str = "") -> str:
+    """The warning of a reader that replaced bytes that are not valid UTF-8 by U+FFFD (``lm tokenize``,
+    ``lm tokenizer train``, ``lm eval``): how many, of which file (``counts``: their number per file),
+    and where the first is, in ``first`` at ``line`` and ``column`` (from 1); ``after`` ends the line.
+
+    >>> replaced_utf8_message("input", {"a.txt": 1}, "a.txt", 2, 7)
+    "input: 1 byte of 'a.txt' is not valid UTF-8 (the first at line 2, column 7); it was replaced by U+FFFD"
+    """
+    total = sum(counts.values())
+    at = f"at line {line:,}, column {column:,}"
+    of, where = (repr(first), f"the first {at}") if len(counts) == 1 else \
+        (f"{len(counts)} files", f"the first in {first!r} {at}")
+    noun, verb, were = ("byte", "is", "it was") if total == 1 else ("bytes", "are", "they were")
+    return f"{argument}: {total:,} {noun} of {of} {verb} not valid UTF-8 ({where}); {were} replaced by U+FFFD{after}"
 
 
 def looks_like_text(path: str | os.PathLike, sample: int = 1 << 16) -> bool:

@@ -101,7 +101,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from lm.data.token_file import bytes_per_token
     from lm.device import autocast, resolve_dtype, set_threads
     from lm.evaluate import evaluate_tokens, token_byte_lengths
-    from lm.io import check_readable_file, decode_utf8, invalid_utf8_place
+    from lm.io import check_readable_file, decode_utf8, replaced_utf8_message, utf8_error_place
     from lm.tokenizer import check_tokenizer_checksum
 
     for name in ("batch_size", "max_tokens", "stride", "beam"):
@@ -152,11 +152,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raw = data.read_bytes()
         text, bad = decode_utf8(raw)
         if bad:  # where the first is, as `lm tokenize` says it: the count alone left a large file to search
-            line, column = invalid_utf8_place(data, 0, len(raw)) or (0, 0)
-            warnings.warn(f"--data: {bad:,} {plural(bad, 'byte')} of {str(data)!r} {plural(bad, 'is', 'are')} not "
-                          f"valid UTF-8 (the first at line {line:,}, column {column:,}); "
-                          f"{plural(bad, 'it was', 'they were')} replaced by U+FFFD, which bits/byte counts as its "
-                          "3 bytes", stacklevel=1)
+            line, column, _ = utf8_error_place(raw)
+            warnings.warn(replaced_utf8_message("--data", {str(data): bad}, str(data), line, column,
+                                                ", which bits/byte counts as its 3 bytes"), stacklevel=1)
         del raw  # the text is kept, not its bytes too
         tokens = np.asarray(tok.encode(text), dtype=np.int64)
     if len(tokens) < 2:

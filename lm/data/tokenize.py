@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from lm.checks import check_size, is_count
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
-from lm.io import check_not_input, check_readable_file, invalid_utf8_place, read_text_range
+from lm.io import check_not_input, check_readable_file, invalid_utf8_place, read_text_range, replaced_utf8_message
 from lm.tokenizer import Tokenizer
 from lm.tokenizer.pretokenize import LONG_CHUNK_BYTES, chunk_boundaries, warn_long_chunk
 from lm.tokenizer.workers import parallel_map
@@ -122,7 +122,5 @@ def tokenize_file(
         )
     if invalid:  # where the first is, as `lm tokenize --target` and `lm translate` say it
         line, column = invalid_utf8_place(path, *first_bad) or (0, 0)
-        what, were = ("byte of {} is", "it was") if invalid == 1 else ("bytes of {} are", "they were")
-        warnings.warn(f"input: {invalid:,} {what.format(repr(str(path)))} not valid UTF-8 (the first at line {line:,}, "
-                      f"column {column:,}); {were} replaced by U+FFFD", stacklevel=2)
+        warnings.warn(replaced_utf8_message("input", {str(path): invalid}, str(path), line, column), stacklevel=2)
     return meta

@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lm.checks import check_size
-from lm.io import check_readable_file, invalid_utf8_place, read_text_range
+from lm.io import check_readable_file, invalid_utf8_place, read_text_range, replaced_utf8_message
 from lm.tokenizer.pretokenize import (
     LONG_CHUNK_BYTES,
     check_special_tokens,
@@ -121,16 +121,8 @@ def _warn_invalid_utf8(invalid: Counter, path: str, start: int, end: int) -> Non
     first is: ``path``, in its chunk ``[start, end)``. It had said "--input: 3 bytes are not valid
     UTF-8", naming neither the file, among several, nor the place (cli21 F2); ``lm tokenize`` says
     the same of its one file."""
-    total = sum(invalid.values())
     line, column = invalid_utf8_place(path, start, end) or (0, 0)
-    where = f"at line {line:,}, column {column:,}"
-    if len(invalid) == 1:
-        of, where = repr(path), f"the first {where}"
-    else:
-        of, where = f"{len(invalid)} files", f"the first in {path!r} {where}"
-    what, were = ("byte of {} is", "it was") if total == 1 else ("bytes of {} are", "they were")
-    warnings.warn(f"input: {total:,} {what.format(of)} not valid UTF-8 ({where}); {were} replaced by U+FFFD",
-                  stacklevel=3)
+    warnings.warn(replaced_utf8_message("input", invalid, path, line, column), stacklevel=3)
 
 
 # ---------------------------------------------------------------- phase 2: merging
