@@ -12,10 +12,9 @@ import argparse
 import errno
 import os
 import sys
-import warnings
 
 from lm import __version__
-from lm.cli.common import HelpFormatter, WrittenHelpParser
+from lm.cli.common import HelpFormatter, WrittenHelpParser, run_as_command
 
 EXAMPLES = """examples:
   lm demo                                          # the whole pipeline in a few minutes, offline
@@ -50,13 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warnings(command: str):
-    def show(message, category, filename, lineno, file=None, line=None):
-        print(f"lm {command}: warning: {message}", file=sys.stderr)
-
-    return show
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -64,18 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         x for x in (args.command, getattr(args, "tokenizer_command", None), getattr(args, "data_command", None),
                     getattr(args, "export_format", None)) if x
     )
-    previous = warnings.showwarning
-    warnings.showwarning = _one_line_warnings(command)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print(f"lm {command}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError) as e:
-        print(f"lm {command}: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        warnings.showwarning = previous
+    return run_as_command(f"lm {command}", lambda: args.func(args))
 
 
 class StdoutError(OSError):

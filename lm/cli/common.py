@@ -384,6 +384,24 @@ def plural(n: int, word: str, words: str | None = None) -> str:
     return word if n == 1 else words or word + "s"
 
 
+def run_as_command(prog: str, run: Callable[[], int | None]) -> int:
+    """``run()`` as a command line runs it (``lm``'s commands, ``python -m lm.demo.stories``): each
+    warning one line ``PROG: warning: ...``, a ValueError or an OSError one line ``PROG: error: ...``
+    and exit 2, a Ctrl-C ``PROG: interrupted`` and 130; else ``run()``'s status (None: 0)."""
+    previous = warnings.showwarning
+    warnings.showwarning = lambda message, *rest, **kwargs: print(f"{prog}: warning: {message}", file=sys.stderr)
+    try:
+        return int(run() or 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        warnings.showwarning = previous
+
+
 def interruptible_script(prog: str, run: Callable[[], int], kept: Callable[[], str] = lambda: "") -> int:
     """A script's ``main``: ``run()``, with Ctrl-C and SIGTERM ending it as they end an ``lm`` command:
     one line, ``PROG: interrupted`` (exit 130) or ``PROG: terminated`` (143), where a Ctrl-C had been a

@@ -19,8 +19,6 @@ import argparse
 import os
 import random
 import re
-import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -802,7 +800,9 @@ def main(argv: list[str] | None = None) -> int:
     """The command line: one line ``python -m lm.demo.stories: error: ...`` and exit 2 for bad input, as
     every ``lm`` command does (:mod:`lm.cli`): a negative ``--bytes`` and an unwritable ``--out`` had
     been tracebacks, and an existing ``--out`` (any file) was replaced without a word."""
-    parser = argparse.ArgumentParser(prog=PROG,
+    from lm.cli.common import WrittenHelpParser, run_as_command
+
+    parser = WrittenHelpParser(prog=PROG,
                                      description="Write a corpus of synthetic children's stories (procedurally "
                                                  "generated, not human-written), separated by <|endoftext|>.")
     parser.add_argument("--bytes", type=int, default=2_000_000, metavar="N",
@@ -812,22 +812,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="replace an existing --out that is a corpus of this command (never anything else)")
     parser.add_argument("--seed", type=int, default=0, help="random seed, in [0, 2**64-1] (default 0)")
     args = parser.parse_args(argv)
-    previous = warnings.showwarning
-    warnings.showwarning = lambda message, *rest, **kw: print(f"{PROG}: warning: {message}", file=sys.stderr)
-    try:
+
+    def write() -> None:
         stats = _write(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, OSError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        warnings.showwarning = previous
-    n = stats["stories"]
-    print(f"wrote {n} synthetic {'story' if n == 1 else 'stories'}, {stats['bytes']} bytes, "
-          f"{stats['distinct_words']} distinct words to {args.out}")
-    return 0
+        n = stats["stories"]
+        print(f"wrote {n} synthetic {'story' if n == 1 else 'stories'}, {stats['bytes']} bytes, "
+              f"{stats['distinct_words']} distinct words to {args.out}")
+
+    return run_as_command(PROG, write)
 
 
 def _write(args: argparse.Namespace) -> dict:
