@@ -119,11 +119,20 @@ def peer_stopped(error: BaseException) -> str | None:
         if waited:  # a peer alive but not answering (frozen, stopped, swapping): torch's default wait is 30 min
             return (f"another process of the run did not answer within {format_duration(int(waited[1]) / 1000)} "
                     f"(gloo: timed out waiting for a {waited[2]}; train.dist_timeout sets the wait)")
-    dist_error = getattr(torch.distributed, "DistError", None)  # torch >= 2.1 names them
-    if dist_error is not None and isinstance(error, dist_error):
-        first = text.splitlines()[0][:200] if text else ""
-        return f"another process of the run stopped or cannot be reached ({type(error).__name__}: {first})"
+    words = _dist_error_words(error)
+    if words is not None:
+        return f"another process of the run stopped or cannot be reached ({words})"
     return None
+
+
+def _dist_error_words(error: BaseException) -> str | None:
+    """``"DistStoreError: <its first line>"`` for one of torch.distributed's own errors (torch >= 2.1
+    names them), None for any other error."""
+    dist_error = getattr(torch.distributed, "DistError", None)
+    if dist_error is None or not isinstance(error, dist_error):
+        return None
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 # what a run keeps of data.tokenizer in RUN_DIR/tokenizer/ (what lm sample, serve and eval load)
@@ -568,19 +577,18 @@ class Trainer:
         try:
             return init_distributed(cfg.train.device, cfg.train.dist_timeout)
         except Exception as e:
-            dist_error = getattr(torch.distributed, "DistError", None)
-            if dist_error is None or not isinstance(e, dist_error):
+            words = _dist_error_words(e)
+            if words is None:
                 raise
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             if isinstance(e, getattr(torch.distributed, "DistNetworkError", ())):  # at once: no waiting was done
                 where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-                raise ValueError(f"MASTER_PORT: the processes of the run cannot meet at {where} ({type(e).__name__}: "
-                                 f"{first}); another run may hold the port: give torchrun another --master-port "
-                                 "(or --rdzv-endpoint)") from None
+                raise ValueError(f"MASTER_PORT: the processes of the run cannot meet at {where} ({words}); another "
+                                 "run may hold the port: give torchrun another --master-port (or --rdzv-endpoint)"
+                                 ) from None
             wait = cfg.train.dist_timeout
             within = "torch's default wait" if wait is None else format_duration(wait)
             raise PeerStopped(f"the processes of the run did not all join within {within} (train.dist_timeout; "
-                              f"{type(e).__name__}: {first}); no step was taken") from e
+                              f"{words}); no step was taken") from e
 
     def _check_same_data(self, state: dict[str, Any], path: Path) -> None:
         """data.train and data.val hold what the checkpoint recorded of them, whatever their path: a file
