@@ -25,6 +25,7 @@ trained run in ``OUT/run``. On a terminal a bar shows the decoding of the test s
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import math
@@ -265,13 +266,8 @@ def train(args, src_dir: Path, out: Path, t_start: float, test):
                          "no time to train; raise --budget")
     cfg = config_from_dict(make_config(args, vocab_size=tok.vocab_size, ids=ids, out=out, tok_dir=tok_dir,
                                        train_seconds=train_seconds))
-    trainer = None
-
-    def say(line: str) -> None:  # once a signal stops it, "continue with --resume": not here, --out is removed
-        if trainer is None or trainer._signal is None:
-            print(line, flush=True)
-
-    trainer = Trainer(cfg, print_fn=say)
+    # stopped by a signal, the run is thrown away (claim_dir puts back what --out held): no checkpoint
+    trainer = Trainer(cfg, print_fn=functools.partial(print, flush=True), checkpoint_on_signal=False)
     check_test_decoding(args, trainer.model, lengths)
     status = trainer.run()
     if status != 0:  # 128 + the signal: undone as a Ctrl-C is (interruptible_script says it)

@@ -23,6 +23,7 @@ text about six times: it is limited by overfitting as much as by compute).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -198,13 +199,8 @@ def run(args, out: Path, t_start: float) -> int:
                          "evaluation: no time to train; raise --budget")
     cfg = config_from_dict(make_config(args, out, vocab_size=tok.vocab_size, tok_dir=tok_dir,
                                        train_seconds=train_seconds))
-    trainer = None
-
-    def say(line: str) -> None:  # once a signal stops it, "continue with --resume": not here, --out is removed
-        if trainer is None or trainer._signal is None:
-            print(line, flush=True)
-
-    trainer = Trainer(cfg, print_fn=say)
+    # stopped by a signal, the run is thrown away (claim_dir puts back what --out held): no checkpoint
+    trainer = Trainer(cfg, print_fn=functools.partial(print, flush=True), checkpoint_on_signal=False)
     status = trainer.run()
     if status != 0:  # 128 + the signal: undone as a Ctrl-C is (interruptible_script says it)
         raise TrainingInterrupted(status)

@@ -90,6 +90,9 @@ def test_ctrl_c_during_demo_training_is_one_line_and_removes_the_folder(tmp_path
     err = capsys.readouterr().err.strip()
     assert rc == 130 and err.splitlines()[-1] == "lm demo: interrupted", (rc, err)
     assert "Traceback" not in err and "status 130" not in err
+    # the run is removed: the trainer stops without a checkpoint and offers no --resume
+    assert "SIGINT: stopping after this step (again to abort)" in err and "stopped at step 1" in err
+    assert "continue with --resume" not in err and "saving a checkpoint" not in err, err
     assert not (tmp_path / "d").exists()
     rc = main(["demo", "--out", "d", "--corpus-bytes", "50000", "--vocab-size", "300", "--train-seconds", "60",
                "--device", "cpu", "--quiet"])

@@ -860,6 +860,35 @@ def test_a_signal_on_a_checkpointed_step_still_says_where_the_run_stopped(tmp_pa
     assert resumed[-1] == f"stopped at step 6; checkpoint {saved}; continue with --resume"
 
 
+def test_a_run_thrown_away_on_a_signal_stops_without_a_checkpoint(tmp_path):
+    """checkpoint_on_signal=False (lm demo, scripts/shakespeare.py and multi30k.py, whose interrupted
+    run is removed): a real SIGTERM stops it after the step with no checkpoint written for the stop
+    and no "continue with --resume"; the interval's checkpoints stay; stop_signal names the signal.
+    The scripts had read the private trainer._signal to hide the lines."""
+    raw = _raw_config(tmp_path, train={"max_steps": 100}, checkpoint={"interval": 3}, log={"interval": 1})
+    lines = []
+    trainer = Trainer(config_from_dict(raw), print_fn=lines.append, checkpoint_on_signal=False)
+    step = trainer.train_step
+
+    def signal_at_5(lr):
+        out = step(lr)
+        if trainer.step == 4:  # this is step 5
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's own handler hears it
+        return out
+
+    trainer.train_step = signal_at_5
+    assert trainer.stop_signal is None
+    assert trainer.run() == 128 + signal.SIGTERM
+    assert trainer.stop_signal == signal.SIGTERM and trainer.step == 5
+    assert "SIGTERM: stopping after this step (again to abort)" in lines and lines[-1] == "stopped at step 5"
+    assert not any("resume" in line or "saving" in line for line in lines), lines
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("step_*.pt")) == ["step_00000003.pt"]
+    assert signal.getsignal(signal.SIGTERM) != trainer._on_signal  # the handler is given back
+    with pytest.raises(ValueError, match=r"^checkpoint_on_signal: must be True or False, got 0$"):
+        Trainer(config_from_dict(raw), checkpoint_on_signal=0)
+
+
 def test_a_signal_during_the_last_steps_evaluation_still_finishes_the_run(tmp_path, monkeypatch):
     """train20: a SIGTERM that came during the final evaluation (the longest pause of a job a scheduler
     stops at its limit) made the finished run a stopped one: exit 143, "continue with --resume", and no

@@ -360,14 +360,12 @@ def _run(settings: DemoSettings, out: Path, text: Path | None = None) -> DemoRep
     })
     _say(f"training the model for up to {settings.train_seconds:.0f}s", settings.progress)
 
-    def say(line: str) -> None:
-        # The trainer's lines are progress (none with --quiet); once a signal stops it, its "saving
-        # a checkpoint ... continue with --resume" does not apply: the demo's folder is removed.
-        if settings.progress and getattr(trainer, "_signal", None) is None:
+    def say(line: str) -> None:  # the trainer's lines are progress (none with --quiet)
+        if settings.progress:
             print(line, file=sys.stderr, flush=True)  # beside the demo's own progress; stdout gets the report
 
-    trainer = None
-    trainer = Trainer(cfg, quiet=not settings.progress, print_fn=say)
+    # stopped by a signal, the demo's folder is removed: no checkpoint, no "continue with --resume"
+    trainer = Trainer(cfg, quiet=not settings.progress, print_fn=say, checkpoint_on_signal=False)
     status = trainer.run()
     if status != 0:  # 128 + SIGINT or SIGTERM: the trainer saved and stopped; the demo is interrupted
         raise TrainingInterrupted(status)

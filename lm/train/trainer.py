@@ -172,6 +172,11 @@ class Trainer:
     Checkpoints are written by a background thread from a copy on the host (the next one waits
     for the previous one, the run's end for the last); ``on_checkpoint(step, path)`` is called
     once a checkpoint is on disk (tests use it to kill the process at a known point).
+
+    SIGINT or SIGTERM stops the run after the step, with a checkpoint that ``--resume`` continues
+    from; ``checkpoint_on_signal=False`` is for a caller that throws an interrupted run away (the
+    ``lm demo`` folder, a script's ``--out``): it stops without one, and its lines do not offer a
+    resume. :attr:`stop_signal` is the signal heard, if any.
     """
 
     def __init__(
@@ -182,8 +187,12 @@ class Trainer:
         on_checkpoint: Callable[[int, Path], None] | None = None,
         print_fn: Callable[[str], None] = print,
         quiet: bool = False,
+        checkpoint_on_signal: bool = True,
     ):
         check_resume(resume)  # before anything starts
+        if not isinstance(checkpoint_on_signal, bool):
+            raise ValueError(f"checkpoint_on_signal: must be True or False, got {checkpoint_on_signal!r}")
+        self.checkpoint_on_signal = checkpoint_on_signal
         cfg = check_config(cfg)  # a Config built or changed in Python: the checks of one read from TOML
         self.cfg = cfg
         self.on_checkpoint = on_checkpoint
@@ -984,6 +993,12 @@ class Trainer:
         latest = self.ckpts.latest()
         return f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
 
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal (SIGINT or SIGTERM) that stops or stopped this run, or None: heard by this
+        process (under DDP another rank's stops this one as well, and :meth:`run` returns 128 + it)."""
+        return self._signal
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         soon = time.monotonic() - self._signal_at < SAME_STOP_SECONDS
         if self._signal is not None and signum != self._signal and soon:
@@ -998,7 +1013,8 @@ class Trainer:
         self._signal, self._signal_at = signum, time.monotonic()
         when = "after this step" if not self.dist.enabled else \
             f"once every process has heard, within {plural_steps(self._poll_every)}"
-        self._log(f"{signal.Signals(signum).name}: saving a checkpoint {when} (again to abort)", always=True)
+        what = "saving a checkpoint" if self.checkpoint_on_signal else "stopping"
+        self._log(f"{signal.Signals(signum).name}: {what} {when} (again to abort)", always=True)
 
     def _log(self, line: str, always: bool = False) -> None:
         """A console line from rank 0; with ``quiet`` only the ``always`` ones (start, stop, end)."""
@@ -1147,7 +1163,11 @@ class Trainer:
     def _stop_for_signal(self, window: _LogWindow, saved: bool, path: Path | None) -> int:
         """SIGINT/SIGTERM: save (unless this step is saved already, at ``path``), say where the run
         stopped (also when it was saved: the user was told a checkpoint would be), and return 128 +
-        the signal."""
+        the signal. With ``checkpoint_on_signal=False``: no checkpoint, and no word of a resume."""
+        if not self.checkpoint_on_signal:
+            self._writer.wait()  # an interval's checkpoint being written: finished (its error is the run's)
+            self._log(f"stopped at step {self.step}", always=True)
+            return 128 + int(self._signal or self._agreed_signal or signal.SIGTERM)
         if not saved:
             self._check_finite(window)
             path = self.save_checkpoint()
