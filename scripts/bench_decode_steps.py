@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from lm.cli.common import WrittenHelpParser
 from lm.model import TransformerLM
 from lm.serve.engine import Engine, default_step_sizes
 from lm.train.memory import available_bytes
@@ -28,7 +29,7 @@ DEMO = dict(vocab_size=2048, context_length=256, d_model=192, num_layers=4, num_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)

@@ -25,6 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from lm.cli.common import WrittenHelpParser
 from lm.export import to_transformers
 from lm.generate import generate
 from lm.model import TransformerLM
@@ -216,7 +217,7 @@ def too_large(args) -> str | None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: p.exit(2, f"{p.prog}: error: {message}\n")  # one line, no usage
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds (median reported)")

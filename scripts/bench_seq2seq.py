@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lm.cli.common import WrittenHelpParser
 from lm.evaluate import collate_pairs
 from lm.generate import beam_search, greedy_decode
 from lm.model import Seq2SeqConfig, build_model
@@ -144,7 +145,7 @@ def serve(engine: TranslationEngine, sources: list[list[int]], at_once: bool) ->
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"))
     ap.add_argument("--rounds", type=int, default=5)

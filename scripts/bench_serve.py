@@ -49,6 +49,7 @@ from pathlib import Path
 
 import httpx
 
+from lm.cli.common import WrittenHelpParser
 from lm.serve.process import free_port, start_server
 
 PROMPTS = ["Once upon a time", "Lily and Tom", "The little dog", "One day, Ben", "Mia had a red",
@@ -273,7 +274,7 @@ async def sigterm(proc: subprocess.Popen, url: str, translation: bool, tokens: i
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--checkpoint", default=None, help="a run to serve (default: a demo-shaped random model)")
     ap.add_argument("--clients", type=int, default=16)

@@ -28,6 +28,7 @@ import torch
 
 from lm.checkpoint import CheckpointManager
 from lm.checkpoint.background import BackgroundWriter
+from lm.cli.common import WrittenHelpParser
 from lm.device import resolve_device
 from lm.model import TransformerLM
 from lm.optim import AdamW, param_groups
@@ -145,7 +146,7 @@ def bench_checkpoint(model: torch.nn.Module, rounds: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--config", default="configs/tinystories-17m.toml")
     ap.add_argument("--device", default="cpu")

@@ -166,7 +166,9 @@ def timed(fn, *args, **kwargs):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lm.cli.common import WrittenHelpParser
+
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.error = lambda message: ap.exit(2, f"{ap.prog}: error: {message}\n")  # one line, no usage
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"), help="folder with gutenberg.txt and gpt2_*")
     ap.add_argument("--text", default=None, help="text file (default: DATA/gutenberg.txt)")

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lm.cli.common import WrittenHelpParser
 from lm.data import write_token_file
 from lm.device import configure_matmul_precision, resolve_device
 from lm.model import TransformerLM
@@ -119,7 +120,7 @@ def train_tokens_per_second(config: Path, overrides: list[str], out_dir: Path) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message}\n")  # one line, no usage
     parser.add_argument("--config", default="configs/cpu-small.toml")
     parser.add_argument("--steps", type=int, default=100)

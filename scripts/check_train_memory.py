@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lm.cli.common import WrittenHelpParser
 from lm.data import write_token_file
 from lm.train import Trainer, config_from_dict
 
@@ -48,7 +49,7 @@ def error(message: str) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default=None, help="folder for the token file (default: a temp folder)")
     parser.add_argument("--gb", type=float, default=4.0, help="token file size in GB (2^30 bytes)")
     parser.add_argument("--steps", type=int, default=200)

@@ -64,6 +64,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from lm.cli.common import WrittenHelpParser  # noqa: E402
 from lm.generate import generate  # noqa: E402
 from lm.model import TransformerLM  # noqa: E402
 from lm.nn import cross_entropy  # noqa: E402
@@ -628,7 +629,7 @@ def run_parts(report: Report, parts: list[str], device: torch.device, cpu: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--seconds", type=float, default=None,
                     help="training time, at most (default 60 on cuda, 15 on cpu; less when the budget is short)")

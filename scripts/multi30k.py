@@ -48,7 +48,9 @@ def error(message: str) -> int:
 
 def main() -> int:
     t_start = time.perf_counter()
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lm.cli.common import WrittenHelpParser
+
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA") or "data",
                     help="folder holding multi30k/ (default: $LM_TEST_DATA, else data, where "
                     "`lm data download multi30k` puts it)")

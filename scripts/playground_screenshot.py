@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from lm.cli.common import WrittenHelpParser
 from lm.serve.process import free_port, start_server
 
 
@@ -28,7 +29,7 @@ def save_screenshot(page, out: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="a run folder or checkpoint to serve")
     ap.add_argument("--out", default="docs/playground.png")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --out")

@@ -40,7 +40,9 @@ def error(message: str) -> int:
 
 def main() -> int:
     t_start = time.perf_counter()
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lm.cli.common import WrittenHelpParser
+
+    ap = WrittenHelpParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=os.environ.get("LM_TEST_DATA"))
     ap.add_argument("--out", default="runs/shakespeare", help="the run's folder: data, tokenizer, run, result.json")
     ap.add_argument("--overwrite", action="store_true", help="replace an earlier output of this script in --out")

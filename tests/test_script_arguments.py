@@ -103,3 +103,25 @@ def test_multi30k_reference_refuses_bad_options_before_it_runs(tmp_path, argv, w
     r = _run("multi30k_reference.py", "--data", tmp_path, *argv, cwd=tmp_path)
     _refused(r, "multi30k_reference.py", why)
     assert json.loads((tmp_path / "other.json").read_text()) == {"mine": 1}
+
+
+SCRIPTS_WITH_HELP = ["shakespeare.py", "multi30k.py", "bench_tokenizer.py", "bench_model.py", "bench_train.py",
+                     "bench_step.py", "bench_step_bound.py", "bench_seq2seq.py", "bench_serve.py",
+                     "bench_decode_steps.py", "check_train_memory.py", "gpu_check.py", "playground_screenshot.py"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS_WITH_HELP)
+def test_a_scripts_help_that_cannot_be_written_is_an_error(tmp_path, script):
+    """`scripts/X.py --help > /dev/full` exited 0 with nothing written (argparse drops the failed
+    write), where `lm --help > /dev/full` is one error line and exit 2: the scripts' parsers are
+    lm's WrittenHelpParser now. A help that is written still exits 0."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--help"], cwd=tmp_path, env=env,
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.strip() == f"{script}: error: standard output cannot be written: No space left on device"
+    ok = _run(script, "--help", cwd=tmp_path)
+    assert ok.returncode == 0 and ok.stdout.startswith("usage: ") and not ok.stderr, ok.stderr

@@ -417,7 +417,8 @@ def interruptible_script(prog: str, run: Callable[[], int], kept: Callable[[], s
     except KeyboardInterrupt as e:  # Ctrl-C, or a training run stopped by SIGINT or SIGTERM
         status = getattr(e, "status", 128 + signals.SIGINT)
         word = "terminated" if status == 128 + signals.SIGTERM else "interrupted"
-        print(f"{prog}: {word}{'; ' + kept() if kept() else ''}", file=sys.stderr)
+        note = kept()  # once: it may look at the disk
+        print(f"{prog}: {word}{'; ' + note if note else ''}", file=sys.stderr)
         return status
 
 
