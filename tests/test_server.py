@@ -893,10 +893,10 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
                           # a folder of no name holding no model: the checkpoint's error first, as for /nonexist
                           (["--checkpoint", "/"], "--checkpoint: run directory '/' holds no model.safetensors"),
                           (["--checkpoint", "/nonexist"], "--checkpoint: file not found: '/nonexist'"),
-                          (["--model-name", "m\udcff"], "--model-name: the value is not valid UTF-8 (at character 1); "
+                          (["--model-name", "m\udcff"], "--model-name: the value is not valid UTF-8 (at character 2); "
                                                         "pass --model-name in UTF-8"),
                           (["--api-key", "k\udcff"], "--api-key: the key (or $LM_API_KEY) is not valid UTF-8 (at "
-                                                     "character 1); pass --api-key in UTF-8")):
+                                                     "character 2); pass --api-key in UTF-8")):
         checkpoint = [] if "--checkpoint" in argv else ["--checkpoint", "."]  # given once: twice is refused
         assert main(["serve", *checkpoint, "--port", "0", *argv]) == 2
         err = capsys.readouterr().err.strip()
@@ -906,7 +906,7 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
 
     with pytest.raises(ValueError) as e:  # (a .pt checkpoint loads from such a folder; safetensors refuses it)
         served_model_name(str(odd / "checkpoints" / "step_00000001.pt"))
-    assert str(e.value) == ("--model-name: the run folder's name 'run\\udcff' is not valid UTF-8 (at character 3); "
+    assert str(e.value) == ("--model-name: the run folder's name 'run\\udcff' is not valid UTF-8 (at character 4); "
                             "pass --model-name in UTF-8")
 
 
@@ -974,23 +974,23 @@ def test_api_keys_no_client_can_send_and_model_names_with_line_breaks_are_refuse
     advice = ("use printable ASCII characters without spaces (letters, digits, punctuation): HTTP clients send no "
               "others in a Bearer token")
     for argv, message in (
-            (["--api-key", "ключ"], f"--api-key: the key (or $LM_API_KEY) has a non-ASCII character at character 0; "
+            (["--api-key", "ключ"], f"--api-key: the key (or $LM_API_KEY) has a non-ASCII character at character 1; "
                                    f"{advice}"),
-            (["--api-key", "a\nb"], f"--api-key: the key (or $LM_API_KEY) has a control character at character 1; "
+            (["--api-key", "a\nb"], f"--api-key: the key (or $LM_API_KEY) has a control character at character 2; "
                                     f"{advice}"),
-            (["--api-key", "sk 1"], f"--api-key: the key (or $LM_API_KEY) has a space at character 2; {advice}"),
-            (["--api-key", "key\x7f"], f"--api-key: the key (or $LM_API_KEY) has a control character at character 3; "
+            (["--api-key", "sk 1"], f"--api-key: the key (or $LM_API_KEY) has a space at character 3; {advice}"),
+            (["--api-key", "key\x7f"], f"--api-key: the key (or $LM_API_KEY) has a control character at character 4; "
                                        f"{advice}"),
             (["--model-name", "a\nb"], "--model-name: the value holds U+000A, a control character or line break, at "
-                                       "character 1; pass --model-name without one"),
+                                       "character 2; pass --model-name without one"),
             (["--model-name", "a\u2028b"], "--model-name: the value holds U+2028, a control character or line break, "
-                                           "at character 1; pass --model-name without one")):
+                                           "at character 2; pass --model-name without one")):
         assert main(["serve", "--checkpoint", str(run), "--port", "0", *argv]) == 2
         assert capsys.readouterr() == ("", f"lm serve: error: {message}\n")
     monkeypatch.setenv("LM_API_KEY", "tab\tkey")
     assert main(["serve", "--checkpoint", str(run), "--port", "0"]) == 2
     assert capsys.readouterr().err == ("lm serve: error: --api-key: the key (or $LM_API_KEY) has a control character "
-                                       f"at character 3; {advice}\n")
+                                       f"at character 4; {advice}\n")
     assert loaded == []
     check_api_key("".join(map(chr, range(33, 127))))  # every visible ASCII character is a key's
 

@@ -1010,7 +1010,7 @@ def test_lm_translate_refuses_a_sentence_argument_that_is_not_utf8(run, tmp_path
     p = subprocess.run([sys.executable, "-m", "lm", "translate", "--checkpoint", str(d), "--quiet", b"A dog.",
                         b"Ein Hund \xff."], capture_output=True, env=env, timeout=120)
     assert (p.returncode, p.stdout, p.stderr.decode()) == (2, b"", "lm translate: error: TEXT: sentence 2 is not "
-                                                               "valid UTF-8 (at character 9); pass the text as UTF-8 "
+                                                               "valid UTF-8 (at character 10); pass the text as UTF-8 "
                                                                "or use --input\n")
 
 

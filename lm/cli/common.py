@@ -262,18 +262,18 @@ def as_flags(**flags: str) -> Iterator[None]:
 
 def check_utf8(option: str, value: str, what: str = "", remedy: str = "") -> None:
     """Refuse an argument that is not UTF-8, in one line: "OPTION: WHAT is not valid UTF-8 (at
-    character N); REMEDY" (default remedy: pass OPTION in UTF-8). Bytes the shell or the file
+    character N); REMEDY", N counted from 1 (default remedy: pass OPTION in UTF-8). Bytes the shell or the file
     system could not decode arrive in ``sys.argv`` as lone surrogates, which every later encode
     fails on: a prompt's tokens, a server's JSON responses and headers, an output file's name.
 
     >>> check_utf8("--prompt", "caf\\udce9", remedy="use --prompt-file")
     Traceback (most recent call last):
-    ValueError: --prompt: not valid UTF-8 (at character 3); use --prompt-file
+    ValueError: --prompt: not valid UTF-8 (at character 4); use --prompt-file
     """
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{option}: {what + ' is ' if what else ''}not valid UTF-8 (at character {e.start}); "
+        raise ValueError(f"{option}: {what + ' is ' if what else ''}not valid UTF-8 (at character {e.start + 1}); "
                          f"{remedy or f'pass {option} in UTF-8'}") from None
 
 

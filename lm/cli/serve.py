@@ -122,7 +122,7 @@ def _check_printable(option: str, value: str, what: str | None = None) -> None:
     bad = next((i for i, c in enumerate(value) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if bad is not None:
         raise ValueError(f"{option}: {what or 'the value'} holds U+{ord(value[bad]):04X}, a control character or "
-                         f"line break, at character {bad}; pass {option} without one")
+                         f"line break, at character {bad + 1}; pass {option} without one")
 
 
 def check_api_key(key: str) -> None:
@@ -137,7 +137,7 @@ def check_api_key(key: str) -> None:
     if bad is not None:
         c = key[bad]
         kind = "a space" if c == " " else "a control character" if c < " " or c == "\x7f" else "a non-ASCII character"
-        raise ValueError(f"--api-key: the key (or $LM_API_KEY) has {kind} at character {bad}; use printable ASCII "
+        raise ValueError(f"--api-key: the key (or $LM_API_KEY) has {kind} at character {bad + 1}; use printable ASCII "
                          "characters without spaces (letters, digits, punctuation): HTTP clients send no others in a "
                          "Bearer token")
 

@@ -87,7 +87,7 @@ def _unicode(text: str, name: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise APIError(400, f"{name}: not valid Unicode (a lone surrogate {text[e.start]!r} at character "
-                            f"{e.start})", name) from None
+                            f"{e.start + 1})", name) from None
     return text
 
 
