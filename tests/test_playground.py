@@ -147,9 +147,11 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
     try:
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 2})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.json()["error"]["message"] == "this server needs an API key: Authorization: Bearer <key>"
         assert r.headers["www-authenticate"] == "Bearer"
         bad = httpx.post(server.url + "/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer nope"})
-        assert bad.status_code == 401
+        assert bad.status_code == 401  # a wrong key is not told to give one (serve22)
+        assert bad.json()["error"]["message"] == "the API key given is not this server's (Authorization: Bearer <key>)"
         assert httpx.get(server.url + "/health").status_code == 200
         assert 'route="/v1/completions",status="401"' in httpx.get(server.url + "/metrics").text
         ok = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 2, "seed": 1},
@@ -158,14 +160,27 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_streams(tmp_path_factory)
         with _page(server.url + "/") as (page, errors):
             page.wait_for_function("document.getElementById('model').textContent === '(needs the API key)'")
             assert page.is_visible("#api_key")
+            page.fill("#max_tokens", "40")  # typed before the key: kept when the key is taken (serve22)
+            page.fill("#api_key", "wrong")
+            page.press("#api_key", "Enter")  # a refused key is said so, the box stays
+            page.wait_for_function("document.getElementById('model').textContent === '(the key given was refused)'")
+            assert page.is_visible("#api_key")
             page.fill("#api_key", "s3cret")
             page.press("#api_key", "Enter")
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
-            assert not page.is_visible("#api_key")
+            assert not page.is_visible("#api_key") and page.input_value("#max_tokens") == "40"  # not half of 64
             _fill(page, "Lily", max_tokens="6", seed="1")
             page.click("#generate")
             page.wait_for_function(FINISHED, timeout=30_000)
             text, error = page.text_content("#generated"), page.text_content("#error")
+            # the server's key changed (a restart with another): the 401 brings the key box back
+            page.evaluate("apiKey = 'an old key'")
+            page.click("#generate")
+            page.wait_for_function("!document.getElementById('generate').disabled")
+            assert page.is_visible("#api_key") and page.text_content("#stats") == ""
+            assert page.text_content("#model") == "(the key given was refused)"
+            assert page.text_content("#error") == ("the API key given is not this server's "
+                                                   "(Authorization: Bearer <key>)")
         assert not errors and error == ""
         same = httpx.post(server.url + "/v1/completions", json={"prompt": "Lily", "max_tokens": 6, "seed": 1,
                                                                 "temperature": 0.8, "top_p": 0.95},
@@ -204,6 +219,49 @@ def test_one_generation_at_a_time_and_stop_stops_the_one_shown(tmp_path_factory)
             page.wait_for_function(FINISHED, timeout=30_000)
         assert not errors and len(sent) == 2
     finally:
+        server.close()
+
+
+def test_a_request_waiting_for_a_slot_says_so_and_stop_says_it_stopped(tmp_path_factory):
+    """With every slot busy the page showed nothing until the first token, and Stop pressed while the
+    request waited cancelled it on the server but left no trace on the page (serve22): it says it is
+    waiting, and then that it stopped before the first token."""
+    import threading
+
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    server = ServerThread(create_app(_paced(Engine(model, max_batch=1, eos_id=None), 0.05), tok, "tiny"))
+    holding = threading.Event()
+
+    def hold_the_slot():
+        body = {"prompt": "Tom", "max_tokens": 60, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+            for _ in r.iter_lines():
+                holding.set()
+
+    holder = threading.Thread(target=hold_the_slot)
+    try:
+        with _page(server.url + "/") as (page, errors):
+            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            holder.start()
+            assert holding.wait(30)
+            _fill(page, "Lily had", max_tokens="5", seed="1")
+            page.click("#generate")
+            page.wait_for_function("document.getElementById('stats').textContent === 'waiting for the server…'")
+            deadline = time.monotonic() + 10
+            while "lm_queue_depth 1" not in httpx.get(server.url + "/metrics").text:  # queued behind the holder
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            page.click("#stop")
+            page.wait_for_function("!document.getElementById('generate').disabled")
+            stats, generated, error = (page.text_content(s) for s in ("#stats", "#generated", "#error"))
+            deadline = time.monotonic() + 10
+            while "lm_queue_depth 0" not in httpx.get(server.url + "/metrics").text:  # the request left the queue
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert not errors and (stats, generated, error) == ("stopped before the first token", "", "")
+    finally:
+        holder.join(60)
         server.close()
 
 
@@ -320,7 +378,10 @@ def test_while_streaming_the_stats_count_pieces_until_the_usage_gives_the_tokens
             page.wait_for_function("!document.getElementById('generate').disabled")
             stopped, stop_title = page.text_content("#stats"), page.get_attribute("#stats", "title")
         assert not errors
-        plain, probs = ([s for s in run if s] for run in runs)  # "": cleared as a run starts
+        # "": cleared as a run starts; then "waiting for the server…" until the first chunk
+        runs = [[s for s in run if s] for run in runs]
+        assert all(run[0] == "waiting for the server…" for run in runs), runs
+        plain, probs = (run[1:] for run in runs)
         during = [s for s in plain if not s.startswith("12 tokens · ")]  # before the usage chunk's count
         assert during and all(re.match(r"\d+ pieces? · [\d.–]+ pieces/s · first token", s) for s in during), plain
         assert "tokens" not in "".join(during) and "finished: length" in plain[-1]

@@ -423,9 +423,24 @@ def test_integers_past_pythons_digit_limit_json_too_deep_and_more_prompts_than_t
     server = ServerThread(create_app(Engine(model, max_batch=2, max_queue=3, eos_id=tok.eot_id), tok, "tiny",
                                      max_body=1 << 20))
     try:
+        # valid JSON: its error had said "not valid JSON ... use sys.set_int_max_str_digits()" (serve22)
         r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}",
                        headers={"Content-Type": "application/json"})
-        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        assert r.status_code == 400 and r.json()["error"] == {
+            "message": "max_tokens: an integer of 5,000 digits; this server reads integers of at most 4,300 digits",
+            "type": "invalid_request_error", "param": "max_tokens", "code": None}
+        r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": [1, -' + b"9" * 4301 + b"]}",
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] is None
+        assert r.json()["error"]["message"] == ("the request body holds an integer of 4,301 digits; this server "
+                                                "reads integers of at most 4,300 digits")
+        for bad, message in ((-1, "max_tokens: must be an integer >= 1, got -1"),  # had said ">= 0", then 0 refused
+                             (0, "max_tokens: must be an integer >= 1 (0 only with echo: the prompt alone), got 0"),
+                             (2.5, "max_tokens: must be an integer >= 1, got 2.5")):
+            r = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": bad})
+            assert r.status_code == 400 and r.json()["error"]["message"] == message
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": -1, "echo": True})
+        assert r.json()["error"]["message"] == "max_tokens: must be an integer >= 0, got -1"
         # nested past Python's recursion limit (json.loads raises RecursionError; a test run that raised the
         # limit, as hypothesis may, parses it and the body is no object): a 400 either way, not a 500
         r = httpx.post(server.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000,

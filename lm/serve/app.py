@@ -19,6 +19,8 @@ import functools
 import hmac
 import json
 import math
+import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -72,10 +74,38 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise api.APIError(413, f"the request body is over the limit of {limit:,} bytes")
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return json.loads(b"".join(chunks))
-    except (ValueError, RecursionError) as e:  # also an integer of over 4,300 digits; nesting too deep
+        return json.loads(raw, parse_int=_parse_int)
+    except _LongInteger as e:
+        raise _long_integer_error(raw, e.digits) from None
+    except (ValueError, RecursionError) as e:  # nesting too deep: a RecursionError
         raise api.APIError(400, f"the request body is not valid JSON: {e}") from None
+
+
+class _LongInteger(Exception):
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int:
+    """JSON's integers, as ``json`` reads them, but one past Python's limit on digits
+    (``sys.get_int_max_str_digits()``, 4,300) is :class:`_LongInteger`: the body is valid JSON, and
+    its error had read "not valid JSON ... use sys.set_int_max_str_digits()" (serve22)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise _LongInteger(len(text.lstrip("-"))) from None
+
+
+def _long_integer_error(raw: bytes, digits: int) -> api.APIError:
+    """A 400 for an integer of ``digits`` digits, naming its field when it is a top-level field's value."""
+    limit = sys.get_int_max_str_digits()
+    found = re.search(rb'"([A-Za-z_][A-Za-z0-9_]*)"\s*:\s*-?\d{%d}' % (limit + 1), raw)
+    name = found.group(1).decode() if found else None
+    where = f"{name}: an integer" if name else "the request body holds an integer"
+    return api.APIError(400, f"{where} of {digits:,} digits; this server reads integers of at most {limit:,} "
+                             "digits", name)
 
 
 class _Choice:
@@ -420,7 +450,9 @@ class _Guard:
 
         try:
             if not self._authorized(scope):
-                raise api.APIError(401, "this server needs an API key: Authorization: Bearer <key>",
+                given = b"authorization" in dict(scope.get("headers") or ())
+                raise api.APIError(401, "the API key given is not this server's (Authorization: Bearer <key>)"
+                                   if given else "this server needs an API key: Authorization: Bearer <key>",
                                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             await self.app(scope, receive, send_counted)
         except api.APIError as e:

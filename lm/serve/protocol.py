@@ -180,10 +180,12 @@ def parse_completion(body: Any, tokenizer, *, model_name: str, max_batch: int, c
     if echo and translation:
         raise APIError(400, "echo: a translation's prompt is in another language; not supported for a "
                             "translation model", "echo")
-    max_tokens = _integer(body, "max_tokens", context_length - 1 if translation else 16, 0)
-    if max_tokens == 0 and not echo:  # with echo, 0 scores the prompt (OpenAI's, vLLM's); else nothing to do
+    if type(body.get("max_tokens")) is int and body["max_tokens"] == 0 and not echo:
+        # with echo, 0 scores the prompt (OpenAI's, vLLM's); else there is nothing to do
         raise APIError(400, "max_tokens: must be an integer >= 1 (0 only with echo: the prompt alone), got 0",
                        "max_tokens")
+    # the bound that applies: -1 had been "must be >= 0", and 0 then refused as well (serve22)
+    max_tokens = _integer(body, "max_tokens", context_length - 1 if translation else 16, 0 if echo else 1)
     longest = max(len(p) for p in prompts)
     if translation:
         if longest + 1 > context_length:  # the source ends in <eos>
