@@ -536,3 +536,52 @@ def test_the_screenshot_script_refuses_a_directory_and_leaves_no_temporary_file(
     assert os.listdir(tmp_path) == ["shots"] and os.listdir(outdir) == []
     script.save_screenshot(Page(), tmp_path / "shot.png")
     assert sorted(os.listdir(tmp_path)) == ["shot.png", "shots"]
+
+
+CALL_FROM_PAGE = """async ([url, key]) => {  // what a web app on another origin does: fetch the API, with the key
+    try {
+        const r = await fetch(url + "/v1/completions", {method: "POST", headers: {"Content-Type": "application/json",
+            Authorization: "Bearer " + key}, body: JSON.stringify({prompt: "Lily", max_tokens: 3, seed: 1})});
+        return `${r.status} ${(await r.json()).usage.completion_tokens}`;
+    } catch (e) { return `refused: ${e.name}`; }
+}"""
+
+
+def test_a_page_from_an_allowed_origin_may_call_the_api_and_others_may_not(tmp_path_factory):
+    """CORS in a real browser: a page served from another origin (http://localhost:PORT, a plain HTTP
+    server on this machine) calls the API (a preflight, for the JSON body and the key) of a server
+    that allows that origin; a server that allows none, the default, is refused by the browser."""
+    import http.server
+    import threading
+
+    _need_chromium()
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+
+    class App(http.server.BaseHTTPRequestHandler):  # "another web app": one empty page
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<!doctype html><title>another app</title>")
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), App)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    origin = f"http://localhost:{other.server_address[1]}"
+    results = {}
+    try:
+        for allowed in ((), (origin,)):
+            server = ServerThread(create_app(Engine(model, max_batch=1, eos_id=None), tok, "tiny", api_key="k",
+                                             allowed_origins=allowed))
+            try:
+                with _page(origin + "/") as (page, errors):
+                    results[allowed] = page.evaluate(CALL_FROM_PAGE, [server.url, "k"])
+                    assert not errors
+            finally:
+                server.close()
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert results == {(): "refused: TypeError", (origin,): "200 3"}, results

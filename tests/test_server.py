@@ -908,6 +908,9 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
                           # a folder of no name holding no model: the checkpoint's error first, as for /nonexist
                           (["--checkpoint", "/"], "--checkpoint: run directory '/' holds no model.safetensors"),
                           (["--checkpoint", "/nonexist"], "--checkpoint: file not found: '/nonexist'"),
+                          (["--allowed-origins", "*", "localhost:3000"], "--allowed-origins: 'localhost:3000' is "
+                           "not an origin: give scheme://host[:port] (http://localhost:3000; no path, no trailing "
+                           "slash) or *"),
                           (["--model-name", "m\udcff"], "--model-name: the value is not valid UTF-8 (at character 2); "
                                                         "pass --model-name in UTF-8"),
                           (["--api-key", "k\udcff"], "--api-key: the key (or $LM_API_KEY) is not valid UTF-8 (at "
@@ -1263,3 +1266,53 @@ def test_a_stop_string_completed_by_the_final_flush_is_a_stop(served, monkeypatc
     assert [e["choices"][0]["finish_reason"] for e in events][-1] == "stop"
     r = httpx.post(served.url + "/v1/completions", json={**body, "stop": "x"}).json()  # no stop: the length
     assert r["choices"][0]["text"] == "$\ufffd" and r["choices"][0]["finish_reason"] == "length"
+
+
+def test_cors_only_for_the_origins_allowed(tmp_path_factory):
+    """--allowed-origins (vLLM's): a page from an allowed origin may call the API from a browser, its
+    preflight answered without the key; other origins get no CORS headers. By default none: a page
+    from elsewhere cannot drive a server on this machine (serve22 noted that none was possible)."""
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    body = {"prompt": "a", "max_tokens": 2}
+    plain = ServerThread(create_app(Engine(model, max_batch=1, eos_id=None), tok, "tiny"))
+    try:
+        r = httpx.options(plain.url + "/v1/completions", headers=preflight)
+        assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+        r = httpx.post(plain.url + "/v1/completions", json=body, headers={"Origin": "http://localhost:3000"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    finally:
+        plain.close()
+    server = ServerThread(create_app(Engine(model, max_batch=1, eos_id=None), tok, "tiny", api_key="k",
+                                     allowed_origins=["http://LocalHost:3000"]))
+    try:
+        r = httpx.options(server.url + "/v1/completions", headers=preflight)  # no key: a preflight carries none
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert "POST" in r.headers["access-control-allow-methods"]
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        r = httpx.post(server.url + "/v1/completions", json=body,
+                       headers={"Origin": "http://localhost:3000", "Authorization": "Bearer k"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        r = httpx.post(server.url + "/v1/completions", json=body, headers={"Origin": "http://localhost:3000"})
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+        other = {**preflight, "Origin": "http://evil.example"}
+        r = httpx.options(server.url + "/v1/completions", headers=other)
+        assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+        r = httpx.post(server.url + "/v1/completions", json=body,
+                       headers={"Origin": "http://evil.example", "Authorization": "Bearer k"})
+        assert "access-control-allow-origin" not in r.headers
+    finally:
+        server.close()
+    engine = Engine(model, max_batch=1, eos_id=None)
+    for bad in ("http://localhost:3000/", "localhost:3000", "http://a/b", ""):
+        with pytest.raises(ValueError, match=r"^allowed_origins: .* is not an origin: give scheme://host\[:port\]"):
+            create_app(engine, tok, "tiny", allowed_origins=[bad], start_engine=False)
+    with pytest.raises(ValueError, match="^allowed_origins: a list of origins, got the string '\\*'$"):
+        create_app(engine, tok, "tiny", allowed_origins="*", start_engine=False)
+    wild = ServerThread(create_app(Engine(model, max_batch=1, eos_id=None), tok, "tiny", allowed_origins=["*"]))
+    try:
+        r = httpx.get(wild.url + "/v1/models", headers={"Origin": "http://anywhere.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    finally:
+        wild.close()

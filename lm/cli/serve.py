@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="answer the API only with Authorization: Bearer KEY (the page, /health and /metrics "
                    "stay open; the page asks for it) (default: $LM_API_KEY, which other users cannot read "
                    "from the process list, as they can an argument)")
+    p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                   help="web origins whose pages may call the API from a browser (CORS), as "
+                   "http://localhost:3000, or * for any (default: none but the server's own page)")
     add_compute(p)
     add_quiet(p)
     p.set_defaults(func=cmd_serve)
@@ -246,6 +249,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bad = next((b for b in args.step_sizes or () if not 1 <= b <= args.max_batch), None)
     if bad is not None:
         raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
+    from lm.serve.app import check_origins
+
+    try:
+        origins = check_origins(args.allowed_origins)
+    except ValueError as e:
+        raise ValueError(f"--{str(e).replace('_', '-')}") from None
     check_listen_address(args.host, args.port)
     from lm.io import check_not_empty
 
@@ -283,7 +292,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"lm serve: warning: the {top}-row decode step gives a row other bits in other slots "
               "on this device, and no wider step does either: a seeded request may get other text beside "
               "others than alone", file=sys.stderr, flush=True)
-    app = create_app(engine, tok, name, max_body=args.max_body, api_key=api_key)
+    app = create_app(engine, tok, name, max_body=args.max_body, api_key=api_key, allowed_origins=origins)
     state = app.state.server
 
     def announce(where: str) -> None:  # once it listens, even with --quiet: where it is (--port 0: which port)

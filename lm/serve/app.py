@@ -21,6 +21,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -475,11 +476,16 @@ CLIENT_CLOSED = 499  # the status of an answer whose client left first (nginx's;
 
 
 def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MAX_BODY_BYTES,
-               start_engine: bool = True, api_key: str | None = None):
+               start_engine: bool = True, api_key: str | None = None, allowed_origins: Sequence[str] = ()):
     """The ASGI app serving ``engine`` (started and stopped with the app unless ``start_engine`` is
-    False); with ``api_key``, the API answers only requests that carry it (``Authorization: Bearer``)."""
+    False); with ``api_key``, the API answers only requests that carry it (``Authorization: Bearer``).
+
+    ``allowed_origins``: the web origins (``http://localhost:3000``, or ``*`` for any) whose pages may
+    call the API from a browser (CORS, as vLLM's ``--allowed-origins``); by default none but the
+    server's own, so that a page from elsewhere cannot drive a server on this machine."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         raise ValueError("api_key: must be a non-empty string")
+    allowed_origins = check_origins(allowed_origins)
     import contextlib
     import time
 
@@ -520,4 +526,26 @@ def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MA
     app.state.server = state
     app.state.started = int(time.time())
     app.add_middleware(_Guard, state=state, api_key=api_key)
+    if allowed_origins:  # outside the guard: a browser's preflight (OPTIONS) carries no key
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
     return app
+
+
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?")
+
+
+def check_origins(origins: Sequence[str]) -> tuple[str, ...]:
+    """``allowed_origins`` checked: each ``*`` or an origin as a browser sends it (``scheme://host[:port]``,
+    no path, no trailing slash, which would never match)."""
+    if isinstance(origins, str):
+        raise ValueError(f"allowed_origins: a list of origins, got the string {origins!r}")
+    out = []
+    for origin in origins:
+        if not isinstance(origin, str) or not (origin == "*" or _ORIGIN.fullmatch(origin)):
+            raise ValueError(f"allowed_origins: {origin!r} is not an origin: give scheme://host[:port] "
+                             "(http://localhost:3000; no path, no trailing slash) or *")
+        out.append(origin.lower() if origin != "*" else origin)
+    return tuple(out)
