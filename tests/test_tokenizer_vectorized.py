@@ -342,6 +342,49 @@ def test_a_special_token_across_a_safe_cut_stays_whole(tok, special):
     assert ids.count(fresh.special_ids[special]) == text.count(special) >= 600
 
 
+# with some that overlap ("<s>\n<s>", "<s>\n", "\n<s>"): a cut moved to one's start may lie inside another
+WHITESPACE_SPECIALS = [EOT, "<sep> ", " <sep> ", "\n\n", "<s>\n", " \n", "\r\n", "x\t", "\u00e9 \n", "<s>\n<s>",
+                       "\n<s>"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(["The cat sat.", " \n", "\n", "\r\n", "  ", "\t", "<sep> ", " <sep> ", "\n\n",
+                                 "<s>\n", "<s>", "x\t", "\u00e9 \n", "Caf\u00e9", "\U0001f642", "a", " b", EOT]),
+                min_size=1, max_size=120))
+def test_cuts_inside_special_tokens_that_hold_whitespace_are_joined_up(tok, parts):
+    """tokexp22: a special token holding whitespace had turned cutting off (tokenizer20's fix), so a long
+    text was one block, ~20 bytes of memory a character. Cuts are kept, and one inside a special token
+    joins its two stretches: the ids equal the regex path's, with small blocks and many cuts."""
+    fresh = Tokenizer(tok.vocab, tok.merges, WHITESPACE_SPECIALS)
+    text = "".join(parts)
+    with mock.patch.object(tokenizer_module, "_FAST_BLOCK", 8), mock.patch.object(tokenizer_module, "_SHORT_TEXT", 0):
+        assert fresh.encode(text) == regex_path(fresh, text)
+
+
+def test_a_long_text_with_whitespace_special_tokens_is_still_encoded_in_blocks(tok):
+    """The blocks stay about _FAST_BLOCK long (tokexp22: the whole text had been one block)."""
+    fresh = Tokenizer(tok.vocab, tok.merges, [EOT, " <sep> "])
+    text = "The cat sat on the mat <sep> \nA dog ran.\r\n" * 2000  # 90,000 characters
+    sizes = []
+    encode_pieces = fresh._fast.encode_pieces
+
+    def spy(data, cuts, specials):
+        sizes.append(len(data))
+        return encode_pieces(data, cuts, specials)
+
+    fresh._fast.encode_pieces = spy
+    slow = []
+    encode_regex = fresh._encode_regex
+    fresh._encode_regex = lambda t: slow.append(len(t)) or encode_regex(t)
+    with mock.patch.object(tokenizer_module, "_FAST_BLOCK", 4096):
+        ids = fresh.encode(text)
+    fresh._encode_regex = encode_regex
+    assert ids == regex_path(fresh, text) and ids.count(fresh.special_ids[" <sep> "]) == 2000
+    # every safe cut after 4,096 characters falls inside " <sep> " (its trailing space starts " \n"):
+    # moved to its start, not joined with the next block, and nothing falls back to the regex path
+    assert len(sizes) > 15 and max(sizes) < 4096 + 100 and slow == [], (sizes, slow)
+
+
 def test_encode_pieces_splits_the_ids_at_pre_token_starts(tok):
     text = "One line.\nTwo words\nthree"
     data = text.encode()

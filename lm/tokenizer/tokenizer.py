@@ -28,7 +28,6 @@ import regex
 from lm.tokenizer.pretokenize import (
     GPT2_REGEX,
     check_special_tokens,
-    is_plain,
     plain_stretches,
     pretokenize,
     special_tokens_regex,
@@ -104,6 +103,40 @@ def check_byte_level(
             if t not in tokens:
                 raise ValueError(f"{merge(rank)} ({a!r}, {b!r}) needs token {t!r}, which is not in {in_vocab}; "
                                  "vocab and merges do not belong together")
+
+
+def _keep_specials_whole(stretches: list[tuple[bool, int, int]], text: str, special_re: regex.Pattern,
+                         longest: int) -> list[tuple[bool, int, int]]:
+    """``stretches`` (:func:`plain_stretches` of ``text``, in order, end to end) with each cut that
+    falls inside an occurrence of a special token (``special_re``, the longest ``longest``
+    characters) moved left to that occurrence's start, and again while the new cut lies inside one
+    (they may overlap): a cut inside none lies inside no special token the whole text's split finds,
+    and both sides then split as the whole does (text is split at special tokens first). Where that
+    leaves a stretch empty, the two are joined (plain if both are). Only the text around each cut is
+    searched, not the whole text. The characters a cut moves across belong to a special token,
+    which neither path classifies.
+
+    >>> import regex
+    >>> _keep_specials_whole([(True, 0, 6), (True, 6, 12), (False, 12, 14)], "abcd<s> efgh??",
+    ...                      regex.compile("(<s> )"), 4)
+    [(True, 0, 4), (True, 4, 12), (False, 12, 14)]
+    """
+    out = [stretches[0]]
+    for plain, a, b in stretches[1:]:
+        was_plain, start, _ = out[-1]
+        cut = a
+        while cut > start:
+            window = special_re.finditer(text, max(start, cut - longest + 1), cut + longest - 1, overlapped=True)
+            inside = [m.start() for m in window if m.start() < cut < m.end()]
+            if not inside:
+                break
+            cut = min(inside)
+        if cut > start:
+            out[-1] = (was_plain, start, cut)
+            out.append((plain, cut, b))
+        else:  # the stretch before holds nothing but part of a special token
+            out[-1] = (was_plain and plain, start, b)
+    return out
 
 
 def _describe(value, limit: int = 60) -> str:
@@ -197,8 +230,10 @@ class Tokenizer:
         self._special_bytes_re = special_tokens_regex(self.special_tokens, as_bytes=True)
         # plain_stretches may cut at the start of a line end's whitespace run ("[\t\v\f\r ]*\n"), which
         # must not fall inside a special token: not only one holding "\n" ("<sep> " before a line end had
-        # been cut in two past 1 MiB of text, and encoded as ordinary text: tokenizer20)
-        self._cut_stretches = not any(c in t for t in self.special_tokens for c in _LINE_END_SPACE)
+        # been cut in two past 1 MiB of text, and encoded as ordinary text: tokenizer20). Such a cut is
+        # joined up again (_keep_specials_whole); turning cutting off had made a long text one block, of
+        # ~20 bytes a character (tokexp22)
+        self._specials_may_span_cuts = any(c in t for t in self.special_tokens for c in _LINE_END_SPACE)
 
     # ------------------------------------------------------------ files
 
@@ -418,10 +453,10 @@ class Tokenizer:
         """
         if len(text) < _SHORT_TEXT:  # a copy: the regex path's ids are a read-only view of bytes
             return self._encode_regex(text).copy()
-        if self._cut_stretches:
-            stretches = list(plain_stretches(text, max_plain=_FAST_BLOCK, fast=True))
-        else:
-            stretches = [(is_plain(text, fast=True), 0, len(text))]
+        stretches = list(plain_stretches(text, max_plain=_FAST_BLOCK, fast=True))
+        if self._specials_may_span_cuts and len(stretches) > 1:
+            stretches = _keep_specials_whole(stretches, text, self._special_re,
+                                             max(map(len, self.special_tokens)))
         parts: list[np.ndarray | None] = [None] * len(stretches)
         block: list[tuple[int, bytes]] = []  # (index in stretches, UTF-8)
         held = 0
