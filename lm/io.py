@@ -24,6 +24,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -121,7 +122,7 @@ def atomic_files() -> Iterator[Callable[..., IO]]:
             dirs.enter_context(removing_made_dirs(path.parent))
             path.parent.mkdir(parents=True, exist_ok=True)
             with _naming(path):
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=".tmp", dir=path.parent)
             staged.append([None, tmp, path])
             try:
                 with _naming(path):
@@ -587,12 +588,36 @@ def check_parents(out: str | os.PathLike, argument: str = "--out") -> None:
 
 
 _RANDOM = r"[a-z0-9_]{8}"  # the random part of tempfile.mkstemp's and mkdtemp's names
+_NAME_MAX = 255  # bytes in a file name (Linux, macOS)
+
+
+def temp_prefix(name: str) -> str:
+    """The start of the temporary (or set-aside) names beside an output called ``name``:
+    ``.NAME.``, then ``tempfile``'s 8 random characters and ``.tmp`` or ``.old``. A name within 14
+    bytes of the longest a file may have (255) is cut, with 8 hex digits of its hash after it (so
+    that two long names do not share temporaries): such a name had failed "File name too long",
+    though ``mkdir`` of it worked (tokexp22).
+
+    >>> temp_prefix("out.bin")
+    '.out.bin.'
+    >>> p = temp_prefix("é" * 127); p[:4], p[-10:], len(os.fsencode(p + "abcdefgh.tmp")) <= 255
+    ('.ééé', '~2e3eba0a.', True)
+    """
+    prefix = f".{name}."
+    if len(os.fsencode(prefix)) + 8 + 4 <= _NAME_MAX:
+        return prefix
+    tag = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:8] + "."
+    room = _NAME_MAX - 8 - 4 - len(tag) - 1
+    cut = name
+    while len(os.fsencode(cut)) > room:  # whole characters: a cut never splits one
+        cut = cut[:-1]
+    return f".{cut}{tag}"
 
 
 def _leftover_temps(out: Path) -> list[Path]:
     """The temporary files or folders that a killed writer of ``out`` left beside it: ``.OUT.XXXXXXXX.tmp``
     (:func:`atomic_write`, :func:`replace_dir`). A parent folder that cannot be read lists none."""
-    name = re.compile(re.escape(f".{out.name}.") + _RANDOM + r"\.tmp")
+    name = re.compile(re.escape(temp_prefix(out.name)) + _RANDOM + r"\.tmp")
     with contextlib.suppress(OSError):
         return sorted(out.parent / e.name for e in os.scandir(out.parent if str(out.parent) else ".")
                       if name.fullmatch(e.name))
@@ -697,7 +722,7 @@ def _written_by(name: str, files: Iterable[str]) -> bool:
     or the temporary name :func:`atomic_write` gives one of them (left by a killed run)."""
     names = (*files, MARKER)
     return name in names or any(
-        name.startswith(f".{f}.") and name.endswith(".tmp") for f in names
+        name.startswith(temp_prefix(f)) and name.endswith(".tmp") for f in names
     )
 
 
@@ -705,7 +730,7 @@ def _temp_of(path: str, known: set[str]) -> bool:
     """``path`` is the temporary name :func:`atomic_write` gives a file of ``known`` (a killed writer's)."""
     p = Path(path)
     return p.name.endswith(".tmp") and any(
-        p.name.startswith(f".{Path(k).name}.") and Path(k).parent == p.parent for k in known)
+        p.name.startswith(temp_prefix(Path(k).name)) and Path(k).parent == p.parent for k in known)
 
 
 def check_output_dir(
@@ -808,7 +833,7 @@ def _set_aside(out: Path, command: str, files: tuple[str, ...]) -> list[Path]:
     anything else, is not listed, and so never touched.
     A parent folder that cannot be read lists none.
     """
-    name = re.compile(re.escape(f".{out.name}.") + _RANDOM + r"\.old")
+    name = re.compile(re.escape(temp_prefix(out.name)) + _RANDOM + r"\.old")
     found = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(out.parent if str(out.parent) else "."):
@@ -893,7 +918,7 @@ def replace_dir(
     with removing_made_dirs(out.parent):
         with writing_out(out, argument):
             make_dir(out.parent)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+            tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), suffix=".tmp", dir=out.parent))
         try:
             if before is None:
                 os.chmod(tmp, dir_mode())
@@ -905,7 +930,7 @@ def replace_dir(
             write_marker(tmp, command)
             _fsync_dir(tmp)
             if replacing:
-                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+                old = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), suffix=".old", dir=out.parent))
                 os.replace(out, old)  # a folder onto an empty folder: allowed, atomic
                 try:
                     os.replace(tmp, out)
@@ -1009,7 +1034,7 @@ def claim_dir(
     old = None
     if replacing:
         with writing_out(out, argument):
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            old = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), suffix=".old", dir=out.parent))
             try:
                 os.replace(out, old)
             except BaseException:

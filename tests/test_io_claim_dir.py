@@ -429,3 +429,35 @@ def test_a_decompressed_copy_a_killed_run_left_is_named_with_its_size(tmp_path, 
     assert "holds the decompressed copy of a gzip input that a run killed while reading left behind; rm -r " \
            f"{dead}" in messages[0] and str(alive) not in messages[0]
     assert dead.is_dir() and alive.is_dir() and not copy.exists()
+
+
+def test_a_name_within_14_bytes_of_the_longest_is_written_and_its_leftovers_found(tmp_path):
+    """tokexp22: the temporary name beside an output (.NAME.XXXXXXXX.tmp) is 14 bytes longer than
+    NAME, so a legal name of 242-255 bytes failed "File name too long" (`lm export hf --out` into an
+    empty folder of that name the user made, `lm tokenize --out`). The temporary name is cut (with a
+    hash of the whole name), and a killed writer's leftovers of such a name are still found."""
+    from lm.io import _leftover_temps, atomic_write, check_output_dir, replace_dir, temp_prefix
+
+    for n in (241, 242, 250, 255):
+        name = "m" * n
+        with atomic_write(tmp_path / name) as f:
+            f.write("x")
+        assert (tmp_path / name).read_text() == "x"
+        (tmp_path / name).unlink()
+        made = tmp_path / ("d" * n)
+        made.mkdir()  # the user's empty folder of that name
+        with replace_dir(made, command="lm test", files=FILES) as d:
+            (d / "report.json").write_text("{}")
+        assert read_marker(made)["complete"] is True
+        with replace_dir(made, command="lm test", files=FILES, overwrite=True) as d:  # the .old swap
+            (d / "report.json").write_text('{"again": 1}')
+        assert sorted(os.listdir(tmp_path)) == [made.name]
+        shutil.rmtree(made)
+    long, other = "a" * 250, "a" * 249 + "b"
+    assert temp_prefix(long) != temp_prefix(other) and len(temp_prefix(long).encode()) + 12 <= 255
+    assert temp_prefix("short.bin") == ".short.bin."
+    left = tmp_path / (temp_prefix(long) + "abcd1234.tmp")  # what a killed writer of `long` leaves
+    left.write_text("partial")
+    assert _leftover_temps(tmp_path / long) == [left] and _leftover_temps(tmp_path / other) == []
+    with pytest.warns(UserWarning, match="is the temporary copy of a run killed while writing it"):
+        check_output_dir(tmp_path / long, command="lm test", files=FILES)
