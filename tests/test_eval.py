@@ -647,3 +647,23 @@ def test_the_new_checks_keep_what_was_right_before():
         with pytest.raises(ValueError, match=rf"^hypotheses must be a list of strings \(one sentence each\), "
                                              rf"{message}$"):
             bleu_chrf(hypotheses, ["a", "b"])
+
+
+def test_bleu_chrf_is_sacrebleus_corpus_scores_hypotheses_first():
+    """testq22: bleu_chrf with hypotheses and references swapped passed every test (each compared
+    BLEU 100 of identical texts, or lm with itself). Against sacrebleu, on pairs where the order matters."""
+    import sacrebleu
+
+    from lm.evaluate import bleu_chrf
+
+    hyps = ["the cat sat on the mat", "a dog", "Two men are playing football outside ."]
+    refs = ["the cat is sitting on the mat today", "a big dog barks", "two men play soccer outdoors ."]
+    r = bleu_chrf(hyps, refs)
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
+    chrf = sacrebleu.corpus_chrf(hyps, [refs])
+    assert r["bleu"] == bleu.score and r["chrf"] == chrf.score
+    # asymmetric: the brevity penalty and chrF's beta=2 recall weighting tell hypotheses from references
+    assert sacrebleu.corpus_bleu(refs, [hyps]).score != bleu.score
+    assert sacrebleu.corpus_chrf(refs, [hyps]).score != chrf.score
+    assert r["bleu_signature"] == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__
+    assert r["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")

@@ -36,6 +36,34 @@ def greedy_by_rerun(model, prompt, n):
     return ids[len(prompt) :]
 
 
+def sampled_by_rerun(model, prompt, n, generator, **sampling):
+    """Sampling the slow way: re-run the last ``context_length`` tokens every step and draw with
+    sample_next_token (checked against the filtered softmax below)."""
+    ids = list(prompt)
+    ctx = model.config.context_length
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids[-ctx:]]))[0, -1]
+            ids.append(int(sample_next_token(logits[None], generator=generator, **sampling)[0]))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.5), dict(temperature=2.0), dict(top_p=0.6),
+                                      dict(top_k=3), dict(temperature=0.8, top_p=0.9, top_k=5)])
+def test_sampled_generate_is_the_rerun_sampler(sampling):
+    """testq22: generate ignoring temperature, top_p and top_k (sampling at 1 from the whole
+    vocabulary) passed every generation test: sampling was only compared with itself. Past the
+    context (12 new tokens after 5, context 16) too."""
+    torch.manual_seed(0)
+    model = TransformerLM(**SMALL).eval()
+    with torch.no_grad():  # sharper than the init, so that the filters and the temperature matter
+        model.token_embeddings.weight.mul_(4.0)
+    for seed in range(3):
+        got = generate(model, [3, 1, 4, 1, 5], 12, generator=torch.Generator().manual_seed(seed), **sampling)
+        want = sampled_by_rerun(model, [3, 1, 4, 1, 5], 12, torch.Generator().manual_seed(seed), **sampling)
+        assert got == want, (seed, got, want)
+
+
 @pytest.mark.parametrize(
     "variant",
     [

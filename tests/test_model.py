@@ -182,8 +182,16 @@ def test_bad_config_raises(kwargs, match):
         ModelConfig(**{**SMALL, **kwargs})
 
 
-def test_odd_head_dim_fine_without_rope():
-    TransformerLM(64, 16, 36, 1, 4, 48, positions="none")
+@pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
+def test_odd_head_dim_without_rope_matches_the_formula(attn_impl):
+    """head dim 36 / 4 = 9 (odd): no RoPE pairs needed, and the model is still the formula (the test
+    had only built it: testq22)."""
+    torch.manual_seed(0)
+    model = TransformerLM(64, 16, 36, 1, 4, 48, positions="none", attn_impl=attn_impl).eval()
+    ids = torch.randint(0, 64, (3, 16))
+    expected = transformer_lm_ref({k: v.double() for k, v in model.state_dict().items()}, ids, 1, 4,
+                                  positions="none").float()
+    torch.testing.assert_close(model(ids), expected, atol=1e-5, rtol=1e-5)  # 9.5e-7 measured
 
 
 def test_bad_ids_raise():
@@ -754,3 +762,15 @@ def test_the_models_refuse_a_dtype_that_is_not_a_torch_floating_dtype():
                                     f"got dtype={bad!r}{hint}")
         assert make(torch.bfloat16).output_weight.dtype == torch.bfloat16
         assert make(None).output_weight.dtype == torch.float32
+
+
+def test_lm_flops_per_token_is_torchs_count():
+    """flops_per_token (the MFU's numerator) against torch's FlopCounterMode over a forward with
+    hand-written attention (so that the score matmuls are counted), not a formula re-typed (testq22)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = TransformerLM(100, 32, 64, 2, 4, 128, attn_impl="einsum").eval()
+    for s in (32, 7):
+        with FlopCounterMode(display=False) as fc, torch.no_grad():
+            model(torch.randint(0, 100, (1, s)))
+        assert fc.get_total_flops() == model.flops_per_token(seq_len=s) * s

@@ -423,3 +423,19 @@ def test_decoders_take_iterables_of_ids_and_numpy_counts():
     assert beam_search(model, [map(int, "567")], beam_size=np.int64(2), max_extra=2) == \
         beam_search(model, [[5, 6, 7]], beam_size=2, max_extra=2)
     assert translate(model, [(5, 6, 7)], beam_size=np.int32(1), max_extra=2) == want
+
+
+@pytest.mark.parametrize("ffn", ["relu", "swiglu"])
+def test_seq2seq_flops_per_token_is_torchs_count(ffn):
+    """The encoder–decoder's flops_per_token (a translation run's MFU) had no test (testq22): torch's
+    FlopCounterMode over a forward with hand-written attention, a source as long as the target."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = Seq2SeqConfig(vocab_size=100, context_length=32, d_model=64, encoder_layers=2, decoder_layers=3, num_heads=4,
+                        d_ff=128, dropout=0.0, ffn=ffn, attn_impl="einsum")
+    model = EncoderDecoder(cfg).eval()
+    for s in (32, 9):
+        src, tgt = torch.randint(3, 100, (1, s)), torch.randint(3, 100, (1, s))
+        with FlopCounterMode(display=False) as fc, torch.no_grad():
+            model(src, tgt)
+        assert fc.get_total_flops() == model.flops_per_token(seq_len=s) * s

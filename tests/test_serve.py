@@ -752,3 +752,23 @@ def test_request_callbacks_and_engine_sizes_are_checked_when_given():
     engine = Engine(tiny_model(), max_batch=np.int64(4), max_queue=np.int64(8), step_sizes=[np.int64(4)])
     assert (engine.max_batch, engine.max_queue, engine.step_sizes) == (4, 8, [4])
     assert type(engine.max_batch) is int
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.7, 1.0, None), (1.6, 1.0, None), (1.0, 0.6, None),
+                                                       (0.8, 0.9, 5)])
+def test_the_engine_samples_as_generate_does_with_the_choices_seed(temperature, top_p, top_k):
+    """Each choice of a seeded request is lm.generate.generate's sample (itself checked against a
+    re-run sampler) with a generator seeded choice_seed(seed, index). testq22: an engine that sampled
+    at temperature 1 whatever the client sent passed every serving test."""
+    model = tiny_model()
+    engine = Engine(model, max_batch=4)
+    prompt, seed = [11, 12, 13, 14], 5
+    tokens = [[], []]
+    params = SamplingParams(max_tokens=20, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    engine.submit(Request(prompt, params, 2, on_token=lambda i, t: tokens[i].append(t)))
+    while engine.step():
+        pass
+    for index in range(2):
+        g = torch.Generator().manual_seed(choice_seed(seed, index))
+        want = generate(model, prompt, 20, temperature=temperature, top_p=top_p, top_k=top_k, generator=g)
+        assert tokens[index] == want, (index, tokens[index], want)
