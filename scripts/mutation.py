@@ -92,7 +92,7 @@ TARGETS: dict[str, Target] = {
                   functions=["merge_counts"], note="the BPE merge loop"),
     "train_step": Target(["lm/train/trainer.py"],
                          ["tests/test_train.py", "-k",
-                          "accumulation or training_run_writes or bfloat16_autocast or diverging"],
+                          "accumulation or training_run_writes or bfloat16_autocast or diverging or torch_adamw_clip"],
                          functions=["Trainer.train_step"], note="the trainer's optimizer step"),
 }
 
