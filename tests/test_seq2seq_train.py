@@ -378,9 +378,9 @@ def test_pair_data_errors_name_the_config_key_and_the_working_directory(tmp_path
 
 def test_the_pair_trainer_is_torch_adamw_clip_label_smoothing_and_the_inverse_sqrt_schedule(tmp_path):
     """The translation trainer's steps against a loop written with torch: F.cross_entropy with label
-    smoothing over the real target tokens (padding ignored, where a batch has any), torch.optim.AdamW (decay on the matrices
-    only), clip_grad_norm_ and the paper's inverse-sqrt formula peaking at max_lr, fed the pair batches
-    the Trainer drew (the twin of test_train's; testq22)."""
+    smoothing over the real target tokens (padding ignored, where a batch has any), torch.optim.AdamW
+    (decay on the matrices only), clip_grad_norm_ and the paper's inverse-sqrt formula peaking at
+    max_lr, fed the pair batches the Trainer drew (the twin of test_train's; testq22)."""
     import copy
     import math
 

@@ -385,6 +385,16 @@ def test_config_overrides_and_resolved_toml_round_trip(tmp_path):
         load_config(path, ["optim.max_lr"])
 
 
+def test_set_takes_one_or_more_values_and_repeats():
+    """API.md writes `lm train --config FILE.toml [--set key=value ...]`: `--set a=1 b=2` had been
+    "unrecognized arguments: b=2" (api22); both that and a repeated --set are taken, in order."""
+    from lm.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--config", "c.toml", "--set", "optim.max_lr=1e-3", "train.seed=3",
+                                      "--resume", "--set", "eval.batches=2"])
+    assert args.overrides == ["optim.max_lr=1e-3", "train.seed=3", "eval.batches=2"] and args.resume is True
+
+
 def test_counts_without_a_use_beyond_a_bound_are_refused_naming_the_key(tmp_path):
     """clifuzz7: train.grad_accum_steps = 2**70 was an OverflowError traceback at the first step,
     after the run folder was made; eval.batches = 2**70 drew batches until memory ran out."""

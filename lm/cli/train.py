@@ -40,12 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, metavar="FILE.toml", help="the run's configuration")
     p.add_argument(
         "--set",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="SECTION.KEY=VALUE",
         dest="overrides",
-        help="override one config value (TOML syntax; bare strings allowed; none unsets a key that may be "
-        "left out, e.g. train.max_time=none or data.tokenizer=none; a file so named is ./none); repeatable",
+        help="override config values (TOML syntax; bare strings allowed; none unsets a key that may be "
+        "left out, e.g. train.max_time=none or data.tokenizer=none; a file so named is ./none); one or more "
+        "after --set (--set a.b=1 c.d=2), and repeatable",
     )
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH",
                    help="continue the latest checkpoint in train.out_dir, or the checkpoint PATH given (a file, "
