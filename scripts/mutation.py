@@ -64,12 +64,11 @@ class Target:
     prepare: list[tuple[str, str | None, str]] = field(default_factory=list)  # old None: append new
 
 
-# once_differentiable only forbids a second backward, which no test takes: dropping it changes nothing
-# else. torch.no_grad() on AdamW.step and clip_grad_norm_ is needed (in-place updates of leaves and
-# their gradients), so it is applied again to the class attribute and the module's name, i.e. around
-# mutmut's trampoline.
+# torch.no_grad() on AdamW.step and clip_grad_norm_ is needed (in-place updates of leaves and their
+# gradients), so it is applied again to the class attribute and the module's name, i.e. around
+# mutmut's trampoline. (The losses' backward passes were once_differentiable, taken off here too, until
+# they became differentiable again: api22.)
 UNDECORATE = {
-    "functional": [("lm/nn/functional.py", "    @torch.autograd.function.once_differentiable\n", "")],
     "optim": [("lm/optim/adamw.py", "    @torch.no_grad()\n    def step(", "    def step("),
               ("lm/optim/adamw.py", "\n\ndef param_groups(",
                "\n\nAdamW.step = torch.no_grad()(AdamW.step)  # for mutmut\n\n\ndef param_groups("),

@@ -63,8 +63,9 @@ class _EmbeddingLookup(torch.autograd.Function):
         return index_rows(weight, ids)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        # linear in ``grad`` and built of differentiable operations: under create_graph=True a second
+        # derivative through it is right (it had been once_differentiable, which refused one: api22)
         (flat,) = ctx.saved_tensors
         d = grad.shape[-1]
         grad = grad.reshape(-1, d)

@@ -12,6 +12,7 @@ import contextlib
 import math
 import numbers
 import threading
+from collections.abc import Callable
 
 import torch
 from einops import einsum, rearrange
@@ -349,9 +350,37 @@ def _dlogits(probs: Tensor, targets: Tensor, eps: float, valid: Tensor | None, s
     return grad
 
 
+def _loss_by_formula(logits: Tensor, targets: Tensor, eps: float, valid: Tensor | None) -> Tensor:
+    """The loss of :func:`cross_entropy` written with differentiable torch operations: what the
+    hand-written backward passes differentiate when a second derivative is asked for
+    (``create_graph=True``: a gradient penalty, a Hessian-vector product). ``targets`` hold no
+    ignored index (see ``valid``)."""
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    per = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if eps:
+        per = (1.0 - eps) * per - eps * logp.mean(dim=-1)
+    if valid is None:
+        return per.mean()
+    return torch.where(valid, per, 0.0).sum() / valid.sum().clamp_min(1)
+
+
+def _second_order(loss_of: Callable[[], Tensor], inputs: tuple[Tensor | None, ...], grad_loss: Tensor
+                  ) -> tuple[Tensor | None, ...]:
+    """The gradients of ``loss_of()`` (recomputed with differentiable operations) with respect to
+    ``inputs``, with their own graph: a backward pass run under ``create_graph=True`` returns these,
+    so that a second derivative through the loss is right. The hand-written pass had been marked
+    ``once_differentiable``, which gives a constant here without a word when the incoming gradient
+    needs none (a loss's): a gradient penalty through ``cross_entropy`` got a plausible wrong number (api22)."""
+    with torch.enable_grad():
+        wanted = [t for t in inputs if t is not None]
+        grads = iter(torch.autograd.grad(loss_of(), wanted, grad_loss, create_graph=True, allow_unused=True))
+        return tuple(None if t is None else next(grads) for t in inputs)
+
+
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, eps: float, ignore_index: int | None) -> Tensor:
+        given = logits
         in_dtype = logits.dtype
         targets = targets.long()
         logits = logits.to(torch.promote_types(in_dtype, torch.float32))
@@ -369,14 +398,18 @@ class _CrossEntropy(torch.autograd.Function):
             count = valid.sum().float()
             loss = torch.where(valid, per, 0.0).sum() / count  # where: a NaN row times 0 is NaN
         probs.div_(total)  # softmax, kept for the backward pass
-        ctx.save_for_backward(probs, targets, count, valid if valid is not None else count)
+        # the logits given: only read by a backward with create_graph=True (no copy: the caller's tensor)
+        ctx.save_for_backward(probs, targets, count, valid if valid is not None else count, given)
         ctx.in_dtype, ctx.eps, ctx.has_valid = in_dtype, eps, valid is not None
         return loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None, None]:
-        probs, targets, count, valid = ctx.saved_tensors
+        probs, targets, count, valid, given = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative will be taken through this
+            valid = valid if ctx.has_valid else None
+            (grad,) = _second_order(lambda: _loss_by_formula(given, targets, ctx.eps, valid), (given,), grad_loss)
+            return grad, None, None, None
         # nothing counted (every target ignored): a zero gradient, as torch, not 0 · (g / 0) = NaN
         grad = _dlogits(probs, targets, ctx.eps, valid if ctx.has_valid else None, grad_loss / count.clamp_min(1))
         return grad.to(ctx.in_dtype), None, None, None
@@ -477,14 +510,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     else:
                         grad_w.addmm_(dlogits.mT, xc.to(acc))
         count = torch.tensor(float(n), device=x.device) if valid is None else valid.sum().float()
-        ctx.save_for_backward(grad_x if want_x else None, grad_w if want_w else None, count)
-        ctx.x_shape, ctx.w_dtype = x.shape, weight.dtype
+        # x and weight as given (no copies): only read by a backward with create_graph=True
+        ctx.save_for_backward(grad_x if want_x else None, grad_w if want_w else None, count, x, weight, t,
+                              valid if valid is not None else count)
+        ctx.x_shape, ctx.w_dtype, ctx.eps, ctx.has_valid = x.shape, weight.dtype, eps, valid is not None
         return total / count
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor):
-        grad_x, grad_w, count = ctx.saved_tensors
+        grad_x, grad_w, count, x, weight, t, valid = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the logits made at once, with a graph
+            valid = valid if ctx.has_valid else None
+            wanted = (x if ctx.needs_input_grad[0] else None, weight if ctx.needs_input_grad[1] else None)
+
+            def loss_of() -> Tensor:
+                logits = einsum(x.reshape(-1, x.shape[-1]), weight, "n d, v d -> n v")
+                return _loss_by_formula(logits, t, ctx.eps, valid)
+
+            gx, gw = _second_order(loss_of, wanted, grad_loss)
+            return gx, gw, None, None, None, None
         scale = grad_loss / count.clamp_min(1)  # every target ignored: zero gradients, as torch
         gx = None if grad_x is None else (grad_x * scale).reshape(ctx.x_shape)
         gw = None if grad_w is None else (grad_w * scale).to(ctx.w_dtype)
