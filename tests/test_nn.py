@@ -1070,3 +1070,13 @@ def test_second_derivatives_through_the_losses_and_the_embedding_are_torchs():
     want = penalty_grad(F.cross_entropy(model(inputs).reshape(-1, 50), targets.reshape(-1)))
     torch.testing.assert_close(penalty_grad(cross_entropy(model(inputs), targets)), want, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(penalty_grad(model(batch=LMBatch(inputs, targets))), want, rtol=1e-10, atol=1e-12)
+
+
+def test_attention_with_rope_on_more_positions_than_its_tables_names_them():
+    """api22: MultiHeadSelfAttention with a RoPE of max_seq_len 4 on 6 tokens (default positions) had
+    raised a bare 'IndexError: index out of range in self'; the length is a shape, checked for free."""
+    rope = lm.nn.RotaryEmbedding(10000.0, 4, max_seq_len=4)
+    attn = lm.nn.MultiHeadSelfAttention(8, 2, rope=rope)
+    assert attn(torch.randn(1, 4, 8)).shape == (1, 4, 8)
+    with pytest.raises(ValueError, match=r"^x has 6 positions, more than the rope's max_seq_len=4$"):
+        attn(torch.randn(1, 6, 8))

@@ -263,6 +263,11 @@ def test_schedule_edges():
     assert wsd_lr_schedule(80, 1.0, 0.0, 10, 100) == 1.0 and wsd_lr_schedule(90, 1.0, 0.0, 10, 100) == 0.5
     # a warm-up longer than the cycle climbs until the warm-up ends (as nanoGPT's get_lr), then the floor
     assert [cosine_lr_schedule(it, 1.0, 0.1, 100, 10) for it in (5, 50, 99, 100, 101)] == [0.05, 0.5, 0.99, 0.1, 0.1]
+    # a float from integer rates at every point, as the signature says (the peak and floor had come back as ints)
+    for it in (0, 5, 10, 11, 20, 95, 100, 200):
+        assert type(cosine_lr_schedule(it, 1, 0, 10, 10)) is float
+        assert type(cosine_lr_schedule(it, 1, 0, 5, 100)) is float
+        assert type(wsd_lr_schedule(it, 1, 0, 10, 100)) is float
 
 
 @pytest.mark.parametrize("call, message", [

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="default: the run's tokenizer/")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="windows (or sentence pairs) a forward pass")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                   help="evaluate the first N tokens only (with --target: the first N sentence pairs)")
+                   help="evaluate the first N tokens only (with --target: the first N sentence pairs) (default: "
+                   "all of them)")
     p.add_argument("--stride", type=int, default=None, metavar="N",
                    help="slide the window by N tokens and score only the new ones, so each token after the first "
                         "window sees at least context_length - N tokens of context (default: the context length, "

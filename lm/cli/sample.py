@@ -47,9 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens to generate at most")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K likeliest tokens only")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample among the K likeliest tokens only (default: all tokens)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="for repeatable samples (0 to 2**64-1; folded into the 32 bits torch's CPU generator keeps)")
+                   help="for repeatable samples (0 to 2**64-1; folded into the 32 bits torch's CPU generator keeps) "
+                   "(default: a fresh random seed each run)")
     p.add_argument("--num-samples", type=int, default=1, metavar="N", help="samples of the prompt, one after another")
     p.add_argument("--compile", action="store_true",
                    help="decode with a compiled fixed-shape step (seconds to compile, then faster per token)")

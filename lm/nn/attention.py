@@ -129,6 +129,9 @@ class MultiHeadAttention(torch.nn.Module):
                 raise ValueError("token_positions is required with kv_cache and RoPE: the positions of the new "
                                  "tokens, after the cached ones")
             if token_positions is None:
+                if x.shape[-2] > self.rope.max_seq_len:  # a shape: checked for free (api22: a bare IndexError)
+                    raise ValueError(f"x has {x.shape[-2]} positions, more than the rope's max_seq_len="
+                                     f"{self.rope.max_seq_len}")
                 token_positions = torch.arange(x.shape[-2], device=x.device)
             positions = rearrange(token_positions, "... seq -> ... 1 seq")  # the same for every head
             q, k = self.rope(q, positions), self.rope(k, positions)

@@ -57,9 +57,9 @@ def cosine_lr_schedule(
     if it < warmup_iters:
         return max_learning_rate * it / warmup_iters
     if it > cosine_cycle_iters:
-        return min_learning_rate
+        return float(min_learning_rate)  # a float whatever numbers came in (an int had come back: api22)
     if cosine_cycle_iters == warmup_iters:
-        return max_learning_rate
+        return float(max_learning_rate)
     progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)
     return min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (
         max_learning_rate - min_learning_rate
@@ -94,9 +94,9 @@ def wsd_lr_schedule(
         return max_learning_rate * it / warmup_iters
     decay_start = max(warmup_iters, total_iters * (1 - decay_fraction))
     if it <= decay_start:
-        return max_learning_rate
+        return float(max_learning_rate)
     if it >= total_iters:
-        return min_learning_rate
+        return float(min_learning_rate)
     frac = (it - decay_start) / (total_iters - decay_start)
     return max_learning_rate + frac * (min_learning_rate - max_learning_rate)
 
