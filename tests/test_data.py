@@ -469,3 +469,35 @@ def test_dataset_vocab_size_must_be_a_positive_integer(tmp_path, vocab_size):
     with pytest.raises(ValueError, match=rf"^vocab_size must be a positive integer, got vocab_size={vocab_size!r}$"):
         TokenDataset(tmp_path / "t.bin", 8, vocab_size=vocab_size)
     assert TokenDataset(tmp_path / "t.bin", 8, vocab_size=np.int64(64)).context_length == 8
+
+
+def test_the_token_datasets_starts_are_uniform_up_to_the_last_window(tmp_path):
+    """As test_get_batch_starts_are_uniform, for what the trainer samples: every start 0..14 of a
+    20-id file with context 5 is drawn (the last one too), about equally often."""
+    write_token_file(tmp_path / "t.bin", np.arange(20), vocab_size=32)
+    ds = TokenDataset(tmp_path / "t.bin", 5, seed=1)
+    x = torch.cat([ds.sample(1000, "cpu")[0] for _ in range(20)])
+    counts = np.bincount(x[:, 0].numpy(), minlength=15)
+    assert len(counts) == 15 and counts.min() > 1100 and counts.max() < 1570  # ~1333 each
+    starts = np.concatenate(ds.fixed_batches(20, 1000, seed=2))
+    counts = np.bincount(starts, minlength=15)
+    assert len(counts) == 15 and counts.min() > 1100 and counts.max() < 1570
+
+
+def test_get_batch_without_a_generator_draws_every_start():
+    """get_batch with numpy's global random state (no generator): the same range as with one."""
+    np.random.seed(1)
+    x, _ = get_batch(np.arange(20), 20000, 5, "cpu")
+    counts = np.bincount(x[:, 0].numpy(), minlength=15)
+    assert len(counts) == 15 and counts.min() > 1100 and counts.max() < 1570
+
+
+def test_fixed_validation_batches_are_distinct_draws_and_the_same_at_every_call(tmp_path):
+    """eval.batches validation batches: that many different batches (the same batch N times would
+    measure the loss on 1/N of the windows), the same at every call and whatever was sampled."""
+    write_token_file(tmp_path / "t.bin", np.arange(5000) % 1000, vocab_size=1000)
+    ds = TokenDataset(tmp_path / "t.bin", 16, seed=0)
+    first = ds.fixed_batches(8, 4, seed=3)
+    assert len({tuple(b.tolist()) for b in first}) == 8
+    ds.sample(4, "cpu")
+    assert all(np.array_equal(a, b) for a, b in zip(first, ds.fixed_batches(8, 4, seed=3)))

@@ -667,3 +667,60 @@ def test_bleu_chrf_is_sacrebleus_corpus_scores_hypotheses_first():
     assert sacrebleu.corpus_chrf(refs, [hyps]).score != chrf.score
     assert r["bleu_signature"] == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" + sacrebleu.__version__
     assert r["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
+
+
+EOT = "<|endoftext|>"  # (mut22a: bits per byte on non-ASCII text and special tokens)
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode (openai/gpt-2 encoder.py), written out here, inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def test_token_byte_lengths_are_tiktokens_token_bytes():
+    """Each id's byte length is the length of tiktoken's bytes for it: partial UTF-8 tokens (bytes
+    0x80-0xff, pieces of CJK characters) count their own bytes, not those of a U+FFFD, and
+    <|endoftext|> counts its 13 bytes of text, as the docstring says."""
+    tiktoken = pytest.importorskip("tiktoken")
+    from helpers.data import data_file, gpt2_published_pattern
+
+    from lm.evaluate import token_byte_lengths
+    from lm.tokenizer import Tokenizer
+
+    vocab = json.loads(data_file("gpt2_vocab.json").read_text(encoding="utf-8"))
+    dec = _gpt2_byte_decoder()
+    ranks = {bytes(dec[c] for c in s): i for s, i in vocab.items() if s != EOT}
+    enc = tiktoken.Encoding("gpt2-local", pat_str=gpt2_published_pattern(), mergeable_ranks=ranks,
+                            special_tokens={EOT: 50256})
+    tok = Tokenizer.from_files(data_file("gpt2_vocab.json"), data_file("gpt2_merges.txt"), [EOT])
+    expected = np.array([len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)])
+    assert tok.vocab_size == enc.n_vocab
+    np.testing.assert_array_equal(token_byte_lengths(tok), expected)
+
+
+def test_evaluate_tokens_counts_the_utf8_bytes_of_non_ascii_text_and_special_tokens():
+    """Without reference data: a byte-level tokenizer (one id a byte) and <|endoftext|>; the scored
+    bytes are the text's UTF-8 bytes but the first token's (one byte here), by brute force."""
+    from lm.evaluate import token_byte_lengths
+    from lm.tokenizer import Tokenizer
+
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], [EOT])
+    text = "日本語の物語です。" + EOT + "Café – Straße"
+    ids = tok.encode(text)
+    assert len(ids) == len(text.encode("utf-8")) - len(EOT) + 1  # one id a byte, the special token one id
+    from lm.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(tok.vocab_size, 16, 32, 1, 2, 64).eval()
+    lengths = token_byte_lengths(tok)
+    assert lengths[tok.token_to_id[EOT.encode()]] == len(EOT) and (lengths[:256] == 1).all()
+    r = evaluate_tokens(model, np.array(ids), token_bytes=lengths)
+    assert r["bytes"] == len(text.encode("utf-8")) - 1

@@ -920,3 +920,51 @@ def test_tokenize_pairs_refuses_the_sidecar_of_a_token_file_as_output(tok_dir, t
     assert str(e.value) == (f"out_path: {str(tmp_path / 'ok.bin.json')!r} is the sidecar of the token file "
                             f"{str(tmp_path / 'ok.bin')!r}; choose another output")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.fixture
+def mixed_pairs(tmp_path):
+    rng = np.random.default_rng(0)
+    pairs = []
+    for _ in range(500):
+        k = int(rng.integers(1, 40))
+        m = int(np.clip(k + rng.integers(-6, 7), 1, 40))  # targets often longer than sources, or shorter
+        pairs.append((rng.integers(3, 100, size=k), rng.integers(3, 100, size=m)))
+    write_pair_file(tmp_path / "p.bin", pairs, vocab_size=100)
+    return tmp_path / "p.bin", pairs
+
+
+def _padded(pairs, i):
+    s, t = pairs[i]
+    return max(len(s) + 1, len(t) + 1)
+
+
+@pytest.mark.parametrize("budget", [41, 120, 200])
+def test_evaluation_plan_is_the_length_sorted_pairs_cut_greedily(mixed_pairs, budget):
+    """Against the class docstring, by brute force: every kept pair once, sorted by padded length
+    (max of source + <eos> and <bos> + target), then target length, ties in file order; each batch
+    takes as many pairs as keep rows * longest <= max_tokens (the next pair would not fit)."""
+    path, pairs = mixed_pairs
+    ds = PairDataset(path, max_len=41, pad_id=PAD, bos_id=BOS, eos_id=EOS, print_fn=None)
+    plan = ds.fixed_batches(budget)
+    order = sorted(range(len(pairs)), key=lambda i: (_padded(pairs, i), len(pairs[i][1]) + 1, i))
+    assert np.concatenate(plan).tolist() == order
+    for k, b in enumerate(plan):
+        longest = max(_padded(pairs, i) for i in b)
+        assert len(b) * longest <= budget
+        if k + 1 < len(plan):
+            nxt = plan[k + 1][0]
+            assert (len(b) + 1) * max(longest, _padded(pairs, nxt)) > budget  # it would not fit
+
+
+def test_each_training_epoch_shuffles_its_batches_and_the_ties_within_a_length(mixed_pairs):
+    """The class docstring: ties of equal length "stay shuffled" (so an epoch's batches are not the
+    same groups of pairs every epoch) and the batches are shuffled (not shortest first)."""
+    path, pairs = mixed_pairs
+    ds = PairDataset(path, max_len=41, pad_id=PAD, bos_id=BOS, eos_id=EOS, print_fn=None, seed=5)
+    epochs = [ds.epoch_batches(e, 120) for e in range(3)]
+    for batches in epochs:
+        longest = [max(_padded(pairs, i) for i in b) for b in batches]
+        assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
+    groups = [{frozenset(b.tolist()) for b in batches} for batches in epochs]
+    assert groups[0] != groups[1] and groups[1] != groups[2]

@@ -954,3 +954,13 @@ def train_bpe_text(text: str, vocab_size: int):
         with open(path, "w") as f:
             f.write(text)
         return train_bpe(path, vocab_size, ["<|endoftext|>"])
+
+
+def test_checksum_tells_apart_tokenizers_that_differ_only_in_their_special_tokens():
+    """Tokenizer.checksum identifies the tokenizer of a token file ("over the vocab, merges and
+    special tokens"): a vocab that holds <|endoftext|> encodes it as one id when it is a special
+    token, as 13 bytes when not, so the two must not share a checksum."""
+    vocab = {i: bytes([i]) for i in range(256)} | {256: EOT.encode()}
+    plain, special = Tokenizer(vocab, []), Tokenizer(vocab, [], [EOT])
+    assert plain.encode(EOT) != special.encode(EOT)  # brute force: they encode the text differently
+    assert plain.checksum() != special.checksum()

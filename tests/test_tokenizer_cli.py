@@ -964,3 +964,25 @@ def test_a_first_write_cut_between_its_renames_is_replaced_with_overwrite(traine
         assert read_pair_meta(out)["num_pairs"] == 300
     else:
         assert read_token_file(out)[0].size > 0
+
+
+def test_tokenizer_train_holds_out_at_most_a_tenth_and_reports_its_bytes_per_token(tmp_path, capsys):
+    """summary.json: the held-out tail is at most a tenth of the input (--holdout-bytes asks for more
+    here), and bytes_per_token_heldout is its UTF-8 bytes over the ids of Hugging Face tokenizers'
+    encoding of it with the saved tokenizer.json (non-ASCII text: bytes, not characters)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    lines = [f"Die Straße Nummer {i} führt über den Fluß nach Köln; 東京 {i % 7}.\n" for i in range(800)]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(lines), encoding="utf-8")
+    size = corpus.stat().st_size
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", str(out),
+                 "--special-token", EOT, "--holdout-bytes", str(size // 3), "--quiet"]) == 0
+    capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 < summary["heldout_bytes"] <= size // 10
+    assert summary["train_bytes"] + summary["heldout_bytes"] == size
+    tail = corpus.read_bytes()[summary["train_bytes"]:].decode("utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    n = len(hf.encode(tail, add_special_tokens=False).ids)
+    assert summary["bytes_per_token_heldout"] == round(len(tail.encode("utf-8")) / n, 4)
