@@ -159,3 +159,13 @@ def test_stop_text_sends_the_text_cut_before_the_first_stop_string_and_never_mor
             break
     sent += text.flush()
     assert sent == want and text.stopped == hit
+
+
+def test_two_stops_completed_together_cut_at_the_earlier_start_whatever_their_order():
+    """One token completes two stop strings: the text is cut where the earlier one starts, whichever
+    is listed first (mut22b: the hypothesis test seldom made this case)."""
+    for stops in (["b", "ab"], ["ab", "b"]):
+        text = StopText(STOP_TOK, stops)
+        sent = text.push(ord("a")) + text.push(ord("b"))
+        sent += text.flush()
+        assert sent == "" and text.stopped, (stops, sent)

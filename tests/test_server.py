@@ -1316,3 +1316,16 @@ def test_cors_only_for_the_origins_allowed(tmp_path_factory):
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
     finally:
         wild.close()
+
+
+def test_a_request_without_max_tokens_temperature_and_top_p_gets_openais_defaults(served):
+    """OpenAI's completions defaults: max_tokens 16, temperature 1, top_p 1 (mut22b: 15, or greedy by
+    default, passed every serving test)."""
+    base = {"model": "tiny", "prompt": "Lily had", "seed": 3, "ignore_eos": True}
+    r = httpx.post(served.url + "/v1/completions", json=base).json()
+    assert r["usage"]["completion_tokens"] == 16 and r["choices"][0]["finish_reason"] == "length"
+    explicit = httpx.post(served.url + "/v1/completions",
+                          json={**base, "max_tokens": 16, "temperature": 1.0, "top_p": 1.0}).json()
+    assert r["choices"][0]["text"] == explicit["choices"][0]["text"]
+    greedy = httpx.post(served.url + "/v1/completions", json={**base, "temperature": 0.0}).json()
+    assert greedy["choices"][0]["text"] != r["choices"][0]["text"]  # the default samples

@@ -2105,3 +2105,20 @@ def test_the_trainer_is_torch_adamw_clip_and_the_cosine_schedule_on_its_batches(
         opt.step()
     for (name, a), b in zip(trainer.model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_logged_mfu_is_three_forward_flops_per_token_times_tokens_per_second_over_the_peak(tmp_path, monkeypatch):
+    """The logged MFU is 3 x forward FLOPs (forward and backward: PaLM's appendix B, nanoGPT's
+    estimate_mfu) x tokens/s / peak (mut22b: 2x passed every MFU test)."""
+    import lm.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "peak_flops", lambda device, override, dtype: 1e9)
+    raw = _raw_config(tmp_path, train={"max_steps": 4}, eval={"interval": 0}, checkpoint={"interval": 0},
+                      log={"interval": 2})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+    assert trainer.run() == 0
+    records = [r for r in read_metrics(raw["train"]["out_dir"]) if r["split"] == "train"]
+    assert records
+    fwd = trainer.model.flops_per_token()
+    for r in records:
+        assert r["mfu"] == pytest.approx(3 * fwd * r["tok_per_s"] / 1e9, rel=1e-6)

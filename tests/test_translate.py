@@ -19,7 +19,7 @@ from helpers.pipes import fifo_holding
 from helpers.tokenizers import pair_tokenizer
 
 from lm.cli import main
-from lm.generate import beam_search, greedy_decode, translate
+from lm.generate import beam_search, beam_search_nbest, greedy_decode, translate
 from lm.generate.seq2seq import length_penalty
 from lm.model import Seq2SeqConfig, build_model
 
@@ -1160,3 +1160,96 @@ def test_lm_translate_nbest_prints_beam_search_nbest(run, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err == (f"lm translate: error: --nbest: must be in [1, --beam={beam}] (beam search keeps --beam "
                        f"finished translations), got {nbest}\n"), err
+
+
+def _lp_by_hand(n, alpha):
+    return ((5 + n) / 6) ** alpha
+
+
+def _reference_beam(model, src, k, alpha, max_extra, exact):
+    """Beam search written out from lm.generate.seq2seq's module doc for one sentence, no cache, the
+    whole model re-run for every hypothesis at every step: hypotheses ranked by log P / ((5 + |y|) / 6)
+    ** alpha (|y| with its <eos>); 2k candidates a step, <eos> ones set apart as finished, the k best
+    others live; decided once it has k finished and no live one can beat the k-th (exact: ending at
+    the length limit; heuristic: ending at the next token). Returns (the finished hypotheses best
+    first as (tokens, score, logprob), the decoder steps taken)."""
+    cfg = model.config
+    limit = min(len(src) + max_extra, cfg.context_length - 1)
+    s = torch.tensor([src + [cfg.eos_id]])
+    live, finished = [([], 0.0)], []
+    for length in range(1, limit + 1):
+        cands = []
+        for toks, score in live:
+            with torch.no_grad():
+                logits = model(s, torch.tensor([[cfg.bos_id, *toks]]))[0, -1].double()
+            logits[[cfg.pad_id, cfg.bos_id]] = float("-inf")
+            logp = torch.log_softmax(logits, -1).tolist()
+            cands += [(score + lp, toks, t) for t, lp in enumerate(logp) if lp > float("-inf")]
+        cands.sort(key=lambda c: -c[0])
+        picked = []
+        for score, toks, t in cands[:2 * k]:
+            if t == cfg.eos_id or length >= limit:
+                seq = toks + ([] if t == cfg.eos_id else [t])
+                finished.append((seq, score / _lp_by_hand(length, alpha), score))
+            else:
+                picked.append((toks + [t], score))
+            if len(picked) == k:
+                break
+        finished = sorted(finished, key=lambda f: -f[1])[:k]
+        if not picked or length >= limit:
+            return finished, length
+        best_live = picked[0][1]
+        reach = limit if exact else length + 1
+        if len(finished) == k and finished[-1][1] >= best_live / _lp_by_hand(reach, alpha):
+            return finished, length
+        live = picked
+    return finished, limit
+
+
+BEAM_SOURCES = [*SOURCES, [11, 6, 6, 19, 25]]
+
+
+@pytest.mark.parametrize("stopping", ["heuristic", "exact"])
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("seed, eos_bias", [(1, 1.5), (0, 3.0)])
+def test_beam_search_is_the_written_out_search_hypotheses_scores_and_steps(stopping, k, seed, eos_bias):
+    """mut22b: the exhaustive tests use a beam as large as the search space and models that seldom emit
+    <eos>, so 2k candidates cut to k, a stopping bound without the length penalty, or a sentence run to
+    the length limit passed them. Here unsharpened models with <eos> made likelier (a bias on its
+    logit) finish hypotheses early, and the stopping rules decide: tokens, scores and steps against
+    the written-out search."""
+    model = _model(seed=seed, sharpen=1.0)
+    bias = torch.zeros(model.config.vocab_size)
+    bias[model.config.eos_id] = eos_bias
+    logits = model.logits
+    model.logits = lambda h: logits(h) + bias  # beam search's and the reference's (forward) alike
+    steps = []
+    real = model.decode
+    model.decode = lambda *a, **kw: steps.append(a[0].shape[0]) or real(*a, **kw)
+    for alpha in (0.6, 1.5):
+        for src in BEAM_SOURCES:
+            steps.clear()
+            got = beam_search_nbest(model, [src], nbest=k, beam_size=k, alpha=alpha, max_extra=10,
+                                    stopping=stopping)[0]
+            n_steps = len(steps)
+            steps.clear()
+            best = beam_search(model, [src], beam_size=k, alpha=alpha, max_extra=10, stopping=stopping)[0]
+            best_steps = len(steps)
+            want, want_steps = _reference_beam(model, src, k, alpha, 10, stopping == "exact")
+            assert [h.tokens for h in got] == [w[0] for w in want], (alpha, src)
+            for h, w in zip(got, want):
+                assert h.score == pytest.approx(w[1], abs=1e-5) and h.logprob == pytest.approx(w[2], abs=1e-5)
+            assert best == want[0][0]
+            assert n_steps == want_steps and best_steps == want_steps, (alpha, src, n_steps, best_steps, want_steps)
+
+
+def test_vocab_size_at_an_id_the_model_chooses_rules_that_id_out():
+    """vocab_size limits the target to ids below it, at a limit equal to an id the model does choose
+    (mut22b: a limit one too high passed, the existing limit being one the model never reaches)."""
+    model = _model()
+    unlimited = greedy_decode(model, SOURCES, max_extra=12)
+    for limit in sorted({t for ts in unlimited for t in ts if t > 3})[:4]:   # ids greedy decoding picks
+        limited = greedy_decode(model, SOURCES, max_extra=12, vocab_size=limit)
+        assert limited == [_brute_greedy(model, s, max_extra=12, vocab_size=limit) for s in SOURCES], limit
+        beams = translate(model, SOURCES, beam_size=3, max_extra=12, vocab_size=limit)
+        assert all(t < limit for ts in beams + limited for t in ts), limit
