@@ -528,6 +528,20 @@ def test_the_openai_client_retrieves_the_model_and_not_another(served):
     assert 'lm_http_requests_total{route="/v1/models/{model}",status="404"}' in text
 
 
+def test_a_chat_completion_is_refused_saying_why_and_what_to_use(served):
+    """The official client's chat.completions.create had got a 404 "no such endpoint" (serve22): the
+    server's model is a base model with no chat template, and the 400 says so and names /v1/completions
+    (vLLM refuses chat for a model without a template with a 400 too)."""
+    with pytest.raises(openai.BadRequestError) as e:
+        served.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
+    assert e.value.body["message"] == ("this server's model is a base language model with no chat template, so it "
+                                       "serves no chat completions; send the text to continue as `prompt` to "
+                                       "/v1/completions")
+    assert e.value.body["type"] == "invalid_request_error"
+    counted = httpx.get(served.url + "/metrics").text
+    assert 'lm_http_requests_total{route="/v1/chat/completions",status="400"}' in counted
+
+
 def test_a_model_named_with_a_slash_is_retrieved(tmp_path_factory):
     _, model, tok = model_and_tokenizer(tmp_path_factory)
     server = ServerThread(create_app(Engine(model, max_batch=1, eos_id=tok.eot_id), tok, "org/tiny-1"))

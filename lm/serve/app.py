@@ -358,6 +358,14 @@ async def tokenizer_info(request: Request) -> Response:
                          "model_max_length": state.engine.context_length})
 
 
+async def chat_completions(request: Request) -> Response:
+    """``POST /v1/chat/completions``: refused, saying why and what to use (a 404 "no such endpoint"
+    left an OpenAI chat client guessing). lm trains base models: no chat template to turn messages
+    into a prompt, as vLLM refuses chat for a model without one (400)."""
+    raise api.APIError(400, "this server's model is a base language model with no chat template, so it serves no "
+                            "chat completions; send the text to continue as `prompt` to /v1/completions")
+
+
 async def health(request: Request) -> Response:
     state: ServerState = request.app.state.server
     if state.engine.error is not None:
@@ -469,8 +477,8 @@ class _Guard:
             self.state.http[key] = self.state.http.get(key, 0) + 1
 
 
-ROUTES = ("/", "/v1/models", "/v1/models/{model}", "/v1/completions", "/health", "/metrics", "/tokenize",
-          "/detokenize", "/tokenizer_info")
+ROUTES = ("/", "/v1/models", "/v1/models/{model}", "/v1/completions", "/v1/chat/completions", "/health", "/metrics",
+          "/tokenize", "/detokenize", "/tokenizer_info")
 OPEN_ROUTES = ("/", "/health", "/metrics")  # without the API key (the page asks for it)
 CLIENT_CLOSED = 499  # the status of an answer whose client left first (nginx's; nothing is sent)
 
@@ -514,6 +522,7 @@ def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MA
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
