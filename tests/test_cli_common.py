@@ -230,7 +230,6 @@ def test_interruptible_script_says_what_it_keeps_on_ctrl_c_and_sigterm(capsys):
     """A recipe script's main: Ctrl-C and SIGTERM each one line and 128 + the signal, and what the
     script keeps (multi30k.py: the trained run) said on both; SIGTERM had said only "terminated"
     (review21). A training run stopped by a signal (TrainingInterrupted) exits with its status."""
-    import os
     import signal
 
     from lm.cli.common import interruptible_script
@@ -238,7 +237,7 @@ def test_interruptible_script_says_what_it_keeps_on_ctrl_c_and_sigterm(capsys):
 
     def killed(signum):
         def run():
-            os.kill(os.getpid(), signum)
+            signal.raise_signal(signum)
             raise AssertionError("the signal did not stop the run")
         return run
 

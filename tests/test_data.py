@@ -69,13 +69,12 @@ def test_write_rejects_ids_outside_vocab_and_leaves_nothing(tmp_path):
 
 def _interrupting(chunks, at):
     """Yield ``chunks``, delivering a real SIGINT to this process after the chunk numbered ``at``."""
-    import os
     import signal
 
     for i, chunk in enumerate(chunks):
         yield chunk
         if i == at:
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
 
 
 def test_ctrl_c_while_writing_ids_leaves_nothing(tmp_path):
@@ -88,7 +87,6 @@ def test_ctrl_c_while_writing_ids_leaves_nothing(tmp_path):
 def test_ctrl_c_once_ids_are_written_waits_for_the_sidecar(tmp_path, monkeypatch):
     """The interrupt that lands between the ids' rename and the sidecar's waits, then is raised:
     the ids and the sidecar are both the new ones (before, the ids were new and the sidecar old)."""
-    import os
     import signal
 
     import lm.data.token_file as tf
@@ -98,7 +96,7 @@ def test_ctrl_c_once_ids_are_written_waits_for_the_sidecar(tmp_path, monkeypatch
     real = json.dump
 
     def interrupted_before_sidecar(*a, **k):
-        os.kill(os.getpid(), signal.SIGINT)  # the ids are written; the sidecar is not yet
+        signal.raise_signal(signal.SIGINT)  # the ids are written; the sidecar is not yet
         return real(*a, **k)
 
     monkeypatch.setattr(tf.json, "dump", interrupted_before_sidecar)

@@ -71,7 +71,6 @@ def test_overwrite_keeps_a_demo_folder_a_file_was_added_to_at_any_depth(tmp_path
 def test_ctrl_c_during_demo_training_is_one_line_and_removes_the_folder(tmp_path, monkeypatch, capsys):
     """SIGINT while the model trains: the trainer stops with status 130, which used to end in
     `RuntimeError: training stopped with status 130` (a traceback, exit 1)."""
-    import os
     import signal
 
     from lm.cli import main
@@ -81,7 +80,7 @@ def test_ctrl_c_during_demo_training_is_one_line_and_removes_the_folder(tmp_path
     step = Trainer.train_step
 
     def interrupted_step(self, lr):
-        os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler: stop after this step
+        signal.raise_signal(signal.SIGINT)  # the trainer's handler: stop after this step
         return step(self, lr)
 
     monkeypatch.setattr(Trainer, "train_step", interrupted_step)
@@ -292,7 +291,6 @@ def test_sigterm_during_the_demos_training_exits_143(tmp_path, monkeypatch, caps
 def test_an_interrupted_demo_keeps_the_empty_out_folder_the_user_made(tmp_path, monkeypatch, capsys, signum):
     """`mkdir d; lm demo --out d` stopped by Ctrl-C or SIGTERM removed d: no command removes a folder
     it did not make. d stays, emptied of what the demo wrote; with --overwrite an earlier demo is put back."""
-    import os
     import signal
     import time
 
@@ -305,7 +303,7 @@ def test_an_interrupted_demo_keeps_the_empty_out_folder_the_user_made(tmp_path, 
 
     def stopped(*args, **kwargs):  # once the corpus is written into d/data
         assert any((tmp_path / "d" / "data").iterdir())
-        os.kill(os.getpid(), getattr(signal, signum))
+        signal.raise_signal(getattr(signal, signum))
         time.sleep(5)  # the handler raises here
         raise AssertionError("the signal was not taken")
 

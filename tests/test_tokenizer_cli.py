@@ -358,7 +358,7 @@ _SIGINT_AT_FORK = []  # armed by the test below: os.register_at_fork hooks canno
 
 def _sigint_at_fork():
     if _SIGINT_AT_FORK:
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # to the process: a fork may come from the pool's own thread
 
 
 def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd):

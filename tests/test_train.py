@@ -883,7 +883,7 @@ def test_a_run_thrown_away_on_a_signal_stops_without_a_checkpoint(tmp_path):
     def signal_at_5(lr):
         out = step(lr)
         if trainer.step == 4:  # this is step 5
-            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's own handler hears it
+            signal.raise_signal(signal.SIGTERM)  # the trainer's own handler hears it
         return out
 
     trainer.train_step = signal_at_5

@@ -284,7 +284,7 @@ def test_more_ctrl_cs_during_a_slow_checkpoint_write_wait_for_it(tmp_path, monke
         while not trainer._writer.writing:
             time.sleep(0.01)
         for _ in range(3):
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # from another thread: to the process, as a real Ctrl-C
             time.sleep(0.2)
 
     presser = threading.Thread(target=press_ctrl_c_thrice)

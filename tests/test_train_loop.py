@@ -2,7 +2,6 @@
 evaluation and checkpoint steps; DDP agrees on signals and time at poll steps only; every matmul
 runs in bfloat16 under bfloat16 autocast; the traced forward has no graph breaks."""
 
-import os
 import signal
 
 import pytest
@@ -102,7 +101,7 @@ def test_ddp_signal_stops_every_rank_at_the_next_poll(tmp_path):
 
     def signalled_at_step_3(lr):
         if trainer.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)  # the run's own handler: stop at the next agreement
+            signal.raise_signal(signal.SIGTERM)  # the run's own handler: stop at the next agreement
         return train_step(lr)
 
     trainer.train_step = signalled_at_step_3

@@ -1,6 +1,5 @@
 """Commands terminated from inside: SIGTERM sent while a command runs, as `kill PID` would."""
 
-import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ def main_terminated_inside(monkeypatch, owner, name: str, argv: Sequence[str],
     def terminated(*args, **kwargs):
         if check is not None:
             check()
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
         time.sleep(5)  # the handler raises here
         return original(*args, **kwargs)
 
