@@ -551,27 +551,13 @@ def test_a_page_from_an_allowed_origin_may_call_the_api_and_others_may_not(tmp_p
     """CORS in a real browser: a page served from another origin (http://localhost:PORT, a plain HTTP
     server on this machine) calls the API (a preflight, for the JSON body and the key) of a server
     that allows that origin; a server that allows none, the default, is refused by the browser."""
-    import http.server
-    import threading
+    from helpers.serving import one_page_server
 
     _need_chromium()
     _, model, tok = model_and_tokenizer(tmp_path_factory)
-
-    class App(http.server.BaseHTTPRequestHandler):  # "another web app": one empty page
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.end_headers()
-            self.wfile.write(b"<!doctype html><title>another app</title>")
-
-        def log_message(self, *args):
-            pass
-
-    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), App)
-    threading.Thread(target=other.serve_forever, daemon=True).start()
-    origin = f"http://localhost:{other.server_address[1]}"
     results = {}
-    try:
+    with one_page_server(b"<!doctype html><title>another app</title>", "text/html") as port:  # another web app
+        origin = f"http://localhost:{port}"
         for allowed in ((), (origin,)):
             server = ServerThread(create_app(Engine(model, max_batch=1, eos_id=None), tok, "tiny", api_key="k",
                                              allowed_origins=allowed))
@@ -581,7 +567,4 @@ def test_a_page_from_an_allowed_origin_may_call_the_api_and_others_may_not(tmp_p
                     assert not errors
             finally:
                 server.close()
-    finally:
-        other.shutdown()
-        other.server_close()
     assert results == {(): "refused: TypeError", (origin,): "200 3"}, results

@@ -732,24 +732,11 @@ def test_start_server_fails_naming_the_port_where_another_process_answers(tmp_pa
     """``start_server`` had returned as soon as anything answered /health on the port: another
     server's URL, with its own process about to fail to bind. The listening socket must be its
     process's own (Linux: /proc), else it fails naming the port."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Healthy(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *args):
-            pass
+    from helpers.serving import one_page_server
 
     run, model, _ = model_and_tokenizer(tmp_path_factory)
     save_model(run, model)
-    other = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
-    port = other.server_address[1]
-    threading.Thread(target=other.serve_forever, daemon=True).start()
-    try:
+    with one_page_server(b"{}", "application/json") as port:  # another server, answering /health
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
         with pytest.raises(RuntimeError, match=f"did not start on port {port} .*another process answers") as e:
             proc, _ = start_server(["--checkpoint", str(run), "--device", "cpu", "--quiet"], port,
@@ -760,9 +747,6 @@ def test_start_server_fails_naming_the_port_where_another_process_answers(tmp_pa
 
         if sys.platform == "linux":  # the check: the port's listening socket among the process's files
             assert listens_on(os.getpid(), port) is True and listens_on(os.getpid(), free_port()) is False
-    finally:
-        other.shutdown()
-        other.server_close()
 
 
 def test_lm_serve_dtype_bfloat16_answers_as_the_engine_under_autocast(tmp_path_factory):

@@ -1,5 +1,7 @@
 """A tiny model served by uvicorn in a thread, for the server and playground tests."""
 
+import contextlib
+import http.server
 import threading
 import time
 
@@ -32,6 +34,31 @@ class ServerThread:
     def close(self):
         self.server.should_exit = True
         self.thread.join(30)
+
+
+@contextlib.contextmanager
+def one_page_server(body: bytes, content_type: str):
+    """A plain HTTP server on a free port of 127.0.0.1, in a thread, answering every GET with
+    ``body``: another process's server on a port, or another web app's origin. Yields the port."""
+
+    class OnePage(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OnePage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def model_and_tokenizer(tmp_path_factory, **kw):
