@@ -381,10 +381,10 @@ def test_the_pair_trainer_is_torch_adamw_clip_label_smoothing_and_the_inverse_sq
     smoothing over the real target tokens (padding ignored, where a batch has any), torch.optim.AdamW
     (decay on the matrices only), clip_grad_norm_ and the paper's inverse-sqrt formula peaking at
     max_lr, fed the pair batches the Trainer drew (the twin of test_train's; testq22)."""
-    import copy
     import math
 
     import torch.nn.functional as F
+    from helpers.torch_training import replay_with_torch
 
     _data(tmp_path)
     raw = _config(tmp_path, "run", max_steps=6)
@@ -394,30 +394,16 @@ def test_the_pair_trainer_is_torch_adamw_clip_label_smoothing_and_the_inverse_sq
     raw["eval"] = dict(interval=0)
     raw["checkpoint"] = dict(interval=0)
     trainer = Trainer(config_from_dict(raw), print_fn=lambda *a: None)
-    ref = copy.deepcopy(trainer.model)
-    batches, real = [], trainer._next_batch
+    d = trainer.model.config.d_model
 
-    def recording():
-        b = real()
-        batches.append(b)
-        return b
+    def inverse_sqrt(step):  # the paper's formula, scaled to peak at max_lr at step 3
+        return 3e-3 * math.sqrt(d * 3) * d**-0.5 * min(step**-0.5, step * 3**-1.5) if step else 0.0
 
-    trainer._next_batch = recording
-    assert trainer.run() == 0 and len(batches) == 6
-    decay = [p for n, p in ref.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    no_decay = [p for n, p in ref.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.2}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-3, betas=(0.85, 0.97), eps=1e-7)
-    d = ref.config.d_model
-    for step, b in enumerate(batches):
-        lr = 3e-3 * math.sqrt(d * 3) * d**-0.5 * min(step**-0.5, step * 3**-1.5) if step else 0.0
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.zero_grad()
-        logits = ref(b.src, b.tgt_in, b.src_mask, b.tgt_mask)
+    def smoothed_loss(model, b):
+        logits = model(b.src, b.tgt_in, b.src_mask, b.tgt_mask)
         targets = b.tgt_out.masked_fill(~b.tgt_mask, -100)
-        F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=0.1, ignore_index=-100).backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.3)
-        opt.step()
-    for (name, a), b in zip(trainer.model.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), label_smoothing=0.1, ignore_index=-100)
+
+    steps = replay_with_torch(trainer, smoothed_loss, inverse_sqrt, weight_decay=0.2, betas=(0.85, 0.97), eps=1e-7,
+                              grad_clip=0.3)
+    assert steps == 6
