@@ -909,6 +909,10 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
                           (["--allowed-origins", "*", "localhost:3000"], "--allowed-origins: 'localhost:3000' is "
                            "not an origin: give scheme://host[:port] (http://localhost:3000; no path, no trailing "
                            "slash) or *"),
+                          # the value quoted as given (the option's name had been made by replacing every "_")
+                          (["--allowed-origins", "http://my_host/"], "--allowed-origins: 'http://my_host/' is "
+                           "not an origin: give scheme://host[:port] (http://localhost:3000; no path, no trailing "
+                           "slash) or *"),
                           (["--model-name", "m\udcff"], "--model-name: the value is not valid UTF-8 (at character 2); "
                                                         "pass --model-name in UTF-8"),
                           (["--api-key", "k\udcff"], "--api-key: the key (or $LM_API_KEY) is not valid UTF-8 (at "

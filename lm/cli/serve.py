@@ -251,10 +251,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
     from lm.serve.app import check_origins
 
-    try:
-        origins = check_origins(args.allowed_origins)
-    except ValueError as e:
-        raise ValueError(f"--{str(e).replace('_', '-')}") from None
+    origins = check_origins(args.allowed_origins, "--allowed-origins")
     check_listen_address(args.host, args.port)
     from lm.io import check_not_empty
 

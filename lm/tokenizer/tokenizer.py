@@ -231,8 +231,8 @@ class Tokenizer:
         # plain_stretches may cut at the start of a line end's whitespace run ("[\t\v\f\r ]*\n"), which
         # must not fall inside a special token: not only one holding "\n" ("<sep> " before a line end had
         # been cut in two past 1 MiB of text, and encoded as ordinary text: tokenizer20). Such a cut is
-        # joined up again (_keep_specials_whole); turning cutting off had made a long text one block, of
-        # ~20 bytes a character (tokexp22)
+        # moved to the special token's start (_keep_specials_whole); turning cutting off had made a long
+        # text one block, of ~20 bytes a character (tokexp22)
         self._specials_may_span_cuts = any(c in t for t in self.special_tokens for c in _LINE_END_SPACE)
 
     # ------------------------------------------------------------ files
