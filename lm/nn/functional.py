@@ -406,12 +406,12 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor) -> tuple[Tensor, None, None, None]:
         probs, targets, count, valid, given = ctx.saved_tensors
+        valid = valid if ctx.has_valid else None
         if torch.is_grad_enabled():  # create_graph=True: a second derivative will be taken through this
-            valid = valid if ctx.has_valid else None
             (grad,) = _second_order(lambda: _loss_by_formula(given, targets, ctx.eps, valid), (given,), grad_loss)
             return grad, None, None, None
         # nothing counted (every target ignored): a zero gradient, as torch, not 0 · (g / 0) = NaN
-        grad = _dlogits(probs, targets, ctx.eps, valid if ctx.has_valid else None, grad_loss / count.clamp_min(1))
+        grad = _dlogits(probs, targets, ctx.eps, valid, grad_loss / count.clamp_min(1))
         return grad.to(ctx.in_dtype), None, None, None
 
 

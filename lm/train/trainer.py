@@ -1164,15 +1164,12 @@ class Trainer:
         """SIGINT/SIGTERM: save (unless this step is saved already, at ``path``), say where the run
         stopped (also when it was saved: the user was told a checkpoint would be), and return 128 +
         the signal. With ``checkpoint_on_signal=False``: no checkpoint, and no word of a resume."""
-        if not self.checkpoint_on_signal:
-            self._writer.wait()  # an interval's checkpoint being written: finished (its error is the run's)
-            self._log(f"stopped at step {self.step}", always=True)
-            return 128 + int(self._signal or self._agreed_signal or signal.SIGTERM)
-        if not saved:
+        if self.checkpoint_on_signal and not saved:
             self._check_finite(window)
             path = self.save_checkpoint()
         self._writer.wait()  # the line says it is on disk: a write that fails says so instead
-        self._log(f"stopped at step {self.step}; checkpoint {path}; continue with --resume", always=True)
+        then = f"; checkpoint {path}; continue with --resume" if self.checkpoint_on_signal else ""
+        self._log(f"stopped at step {self.step}{then}", always=True)
         return 128 + int(self._signal or self._agreed_signal or signal.SIGTERM)
 
     def _finish(self, window: _LogWindow, evaluated: bool, saved: bool, trained: bool = True,
