@@ -1,6 +1,7 @@
 """The fast BPE trainer against a brute-force one, and its pre-tokenization pieces."""
 
 from collections import Counter
+from unittest import mock
 
 import pytest
 import regex
@@ -9,6 +10,7 @@ from helpers.data import GPT2_ENCODER_PY_PATTERN, gpt2_published_pattern
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import lm.tokenizer.pretokenize as pretokenize_mod
 import lm.tokenizer.train as train_mod
 from lm.io import decode_utf8
 from lm.tokenizer import train_bpe
@@ -152,7 +154,12 @@ def test_sennrich_example():
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab ZZ\n\t\r.,'s1²éü€’“—\u00a0\u2028\u3000 😀")), max_size=200))
 def test_pretokenize_equals_regex(text):
-    assert pretokenize(text) == REFERENCE_REGEX.findall(text)
+    """Both ways a text that is not plain goes: whole through the Unicode pattern (a short one), and
+    cut into stretches for the ASCII pattern where it can (a long one; here the cut-off at 0)."""
+    expected = REFERENCE_REGEX.findall(text)
+    assert pretokenize(text) == expected
+    with mock.patch.object(pretokenize_mod, "_SHORT_UNICODE", 0):
+        assert pretokenize(text) == expected
 
 
 def test_pretokenize_non_ascii_equals_the_published_patterns():

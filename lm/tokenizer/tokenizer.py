@@ -500,6 +500,13 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Encode a string into token ids; a lone surrogate (not valid Unicode text) encodes as U+FFFD."""
         _check_text(text)
+        if len(text) < _SHORT_TEXT:  # the regex path's ids straight to ints: no array (one encode per sentence)
+            with self._lock:
+                try:
+                    chars = self._encode_chars(text)
+                except UnicodeEncodeError:
+                    chars = self._encode_chars(_replace_surrogates(text))
+            return list(map(ord, chars))
         return self._encode_array(text).tolist()
 
     def encode_to_numpy(self, text: str, dtype: npt.DTypeLike = np.uint32) -> np.ndarray:
