@@ -610,6 +610,12 @@ def test_an_api_key_through_the_openai_client(tmp_path_factory):
                                ("Bearerk3y", 401)):
             r = httpx.get(server.url + "/v1/models", headers={"Authorization": header})
             assert r.status_code == status, (header, r.text)
+            if status == 401:
+                assert r.json()["error"]["message"].startswith("the API key given is not this server's"), r.text
+        r = httpx.get(server.url + "/v1/models")  # no Authorization at all: told that a key is needed
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+        assert r.json()["error"] == {"message": "this server needs an API key: Authorization: Bearer <key>",
+                                     "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
         with pytest.raises(ValueError, match="api_key: must be a non-empty string"):
             create_app(Engine(model, max_batch=1), tok, "tiny", api_key="")
     finally:

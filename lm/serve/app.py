@@ -434,12 +434,17 @@ class _Guard:
         self.app, self.state = app, state
         self.api_key = None if api_key is None else api_key.encode()
 
-    def _authorized(self, scope) -> bool:
+    def _refusal(self, scope) -> str | None:
+        """Why a request is refused for its API key (a missing one, or a wrong one), or None."""
         if self.api_key is None or scope.get("path", "") in OPEN_ROUTES:
-            return True
-        given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            return None
+        given = dict(scope.get("headers") or ()).get(b"authorization")
+        if given is None:
+            return "this server needs an API key: Authorization: Bearer <key>"
         # the scheme is case-insensitive (RFC 9110, 11.1): "bearer KEY" from a hand-written client is the key too
-        return given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:], self.api_key)
+        if given[:7].lower() == b"bearer " and hmac.compare_digest(given[7:], self.api_key):
+            return None
+        return "the API key given is not this server's (Authorization: Bearer <key>)"
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -458,11 +463,9 @@ class _Guard:
             await send(message)
 
         try:
-            if not self._authorized(scope):
-                given = b"authorization" in dict(scope.get("headers") or ())
-                raise api.APIError(401, "the API key given is not this server's (Authorization: Bearer <key>)"
-                                   if given else "this server needs an API key: Authorization: Bearer <key>",
-                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                raise api.APIError(401, refusal, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             await self.app(scope, receive, send_counted)
         except api.APIError as e:
             if not started:
