@@ -1,6 +1,7 @@
 import io
 import random
 import re
+import zipfile
 
 import numpy as np
 import pytest
@@ -443,3 +444,71 @@ def test_weights_without_their_config_say_what_to_pass(tmp_path):
                             "writes none), from which lm cannot build the model; pass the run folder, its "
                             "model.safetensors or a checkpoint")
 
+
+def _state(step):
+    return {"iteration": step, "model": {"w": torch.full((2,), float(step))}}
+
+
+# C3: latest() must be the highest *step*, not the largest name
+def test_latest_is_the_highest_step_not_the_largest_name(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=0)
+    m.save(_state(99_999_999), 99_999_999)
+    m.save(_state(100_000_000), 100_000_000)  # step_100000000.pt sorts before step_99999999.pt by name
+    assert m.latest().name == "step_100000000.pt"
+    assert read_checkpoint(m.latest())["iteration"] == 100_000_000
+
+
+def test_latest_counts_a_hand_named_step_file_by_its_step(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=0)
+    m.save(_state(10), 10)
+    write_checkpoint(_state(9), tmp_path / "checkpoints" / "step_9.pt")  # put there by hand
+    assert m.latest().name == "step_00000010.pt"
+
+
+# R2, R3: every generator named in get_rng_state's docstring comes back
+def test_rng_state_restores_python_numpy_and_torch(tmp_path):
+    saved = get_rng_state()
+    write_checkpoint({"iteration": 0, "model": {}, "rng": saved}, tmp_path / "c.pt")
+    first = (random.random(), np.random.rand(), torch.rand(3))
+    random.seed(123), np.random.seed(123), torch.manual_seed(123)
+    set_rng_state(read_checkpoint(tmp_path / "c.pt")["rng"])  # through the file, weights_only
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert first[0] == again[0]
+    assert first[1] == again[1]
+    assert torch.equal(first[2], again[2])
+
+
+# C12: a checksum key's name damaged in two bytes ("one or two characters away") is refused
+def test_a_checksum_key_damaged_in_two_bytes_is_refused(tmp_path):
+    from lm.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(50, 8, 16, 1, 2, 32)
+    path = tmp_path / "c.pt"
+    write_checkpoint({"iteration": 7, "model": model.state_dict(), "config": {"model": model.config.to_dict()}}, path)
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data.pkl"))
+        start = info.header_offset
+    raw = bytearray(path.read_bytes())
+    i = raw.index(b"iteration", start) + len(b"iteration")
+    j = raw.index(b"K\x07", i, i + 8)
+    raw[j:j + 2] = b"K\x05"  # the iteration changed...
+    at = raw.index(b"meta_crc32", start)
+    raw[at] ^= 1  # ...and two bytes of the checksum key's name
+    raw[at + 3] ^= 2
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="bad.pt"):
+        read_checkpoint(bad)
+
+
+# C13: an optimizer with as many groups, of other sizes, is refused in lm's one line naming the file
+def test_an_optimizer_with_groups_of_other_sizes_is_refused_naming_the_file(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Linear(4, 2))
+    p = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": p[:1]}, {"params": p[1:]}], lr=1e-2)
+    save_checkpoint(model, opt, 3, tmp_path / "c.pt")
+    other = torch.optim.AdamW([{"params": p[:2]}, {"params": p[2:]}], lr=1e-2)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(tmp_path / "c.pt", model, other)
+    assert "c.pt" in str(e.value) and "parameter group" in str(e.value)

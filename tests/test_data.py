@@ -499,3 +499,26 @@ def test_fixed_validation_batches_are_distinct_draws_and_the_same_at_every_call(
     assert len({tuple(b.tolist()) for b in first}) == 8
     ds.sample(4, "cpu")
     assert all(np.array_equal(a, b) for a, b in zip(first, ds.fixed_batches(8, 4, seed=3)))
+
+
+# F4: a token file longer than its sidecar says is refused (not read as its first num_tokens ids)
+def test_a_token_file_longer_than_its_sidecar_says_is_refused(tmp_path):
+    from lm.data.token_file import read_token_file, write_token_file
+
+    p = tmp_path / "t.bin"
+    write_token_file(p, np.arange(10), vocab_size=100)
+    with open(p, "ab") as f:  # the ids of another write beside this sidecar (a cut between renames), or appended
+        f.write(np.arange(10, dtype="<u2").tobytes())
+    with pytest.raises(ValueError, match="has 40 bytes but its sidecar says 10 uint16 ids"):
+        read_token_file(p)
+
+
+# F9: a stream of single ids longer than one block is written whole
+def test_a_stream_of_single_ids_longer_than_a_block_is_written_whole(tmp_path, monkeypatch):
+    import lm.data.token_file as tf
+
+    monkeypatch.setattr(tf, "_SCAN_CHUNK", 7)
+    ids = list(range(50))
+    meta = tf.write_token_file(tmp_path / "t.bin", iter(ids), vocab_size=100)
+    tokens, _ = tf.read_token_file(tmp_path / "t.bin")
+    assert meta["num_tokens"] == 50 and tokens.tolist() == ids

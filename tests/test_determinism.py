@@ -199,3 +199,53 @@ def test_float32_matmuls_use_tf32_on_cuda_only(monkeypatch):
     monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda mode: calls.append(mode))
     assert configure_matmul_precision(torch.device("cpu")) == "" and calls == []
     assert "TF32" in configure_matmul_precision(torch.device("cuda", 0)) and calls == ["high"]
+
+
+# T2, T5: rank_ordered_mean is (g0 + g1 + ... ) / world, every rank's gradient summed in rank order
+@pytest.mark.parametrize("world", [3, 4])
+def test_rank_ordered_mean_is_the_mean_of_every_ranks_gradient(monkeypatch, world):
+    import torch.distributed as dist
+
+    from lm.train.determinism import rank_ordered_mean
+
+    torch.manual_seed(0)
+    grads = [torch.randn(5) for _ in range(world)]
+
+    def gather(out, inp, group=None, async_op=False):
+        out.copy_(torch.cat(grads))
+        fut = torch.futures.Future()
+        fut.set_result([out])
+
+        class Work:
+            def get_future(self):
+                return fut
+        return Work()
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world)
+    monkeypatch.setattr(dist, "all_gather_single", gather, raising=False)
+    monkeypatch.setattr(dist, "all_gather_into_tensor", gather)
+
+    class Bucket:
+        def buffer(self):
+            return grads[0].clone()
+
+    got = rank_ordered_mean(object(), Bucket()).wait()
+    want = grads[0].clone()
+    for g in grads[1:]:
+        want += g
+    assert torch.equal(got, want / world)
+
+
+# T3: three or more processes get the rank-ordered hook (two need none)
+@pytest.mark.parametrize("world, hooked", [(2, False), (3, True), (4, True)])
+def test_deterministic_ddp_hooks_three_or_more_processes(world, hooked):
+    from lm.train.determinism import deterministic_ddp, rank_ordered_mean
+
+    calls = []
+
+    class FakeDDP:
+        def register_comm_hook(self, state, hook):
+            calls.append(hook)
+
+    deterministic_ddp(FakeDDP(), world)
+    assert calls == ([rank_ordered_mean] if hooked else [])

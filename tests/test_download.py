@@ -374,3 +374,49 @@ def test_an_empty_out_or_a_symlink_loop_is_refused(tmp_path, monkeypatch, capsys
             assert main(["data", "download", dataset, "--out", out, "--quiet"]) == 2
             assert capsys.readouterr().err.strip() == f"lm data download: error: {message}"
     assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2"]
+
+
+# W3: a server that ignores the Range of a resumed download (answers 200 with the whole file)
+PAYLOAD = b"".join(f"line {i}\n".encode() for i in range(50000))
+
+
+class NoRangeHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    drops_left = 1
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.end_headers()
+
+    def do_GET(self):
+        self.send_response(200)  # the Range header ignored
+        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.end_headers()
+        if NoRangeHandler.drops_left:
+            NoRangeHandler.drops_left -= 1
+            self.wfile.write(PAYLOAD[: len(PAYLOAD) // 3])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(PAYLOAD)
+
+
+def test_a_resume_from_a_server_that_ignores_the_range_gets_the_file(tmp_path):
+    from lm.data.download import download
+
+    NoRangeHandler.drops_left = 1
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoRangeHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/f.txt"
+        dest = download(url, tmp_path / "f.txt", progress=False,
+                        expected_sha256=hashlib.sha256(PAYLOAD).hexdigest())
+        assert dest.read_bytes() == PAYLOAD
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

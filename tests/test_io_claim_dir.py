@@ -461,3 +461,65 @@ def test_a_name_within_14_bytes_of_the_longest_is_written_and_its_leftovers_foun
     assert _leftover_temps(tmp_path / long) == [left] and _leftover_temps(tmp_path / other) == []
     with pytest.warns(UserWarning, match="is the temporary copy of a run killed while writing it"):
         check_output_dir(tmp_path / long, command="lm test", files=FILES)
+
+
+# I1 / I2: atomic_files fsyncs every file before any rename, and renames the last opened first
+def test_atomic_files_fsyncs_each_file_before_renaming_and_renames_the_sidecar_first(tmp_path, monkeypatch):
+    import lm.io as lio
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(lio.os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                       real_fsync(fd))[1])
+    monkeypatch.setattr(lio.os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))),
+                                                           real_replace(a, b))[1])
+    with lio.atomic_files() as open_file:
+        open_file(tmp_path / "ids.bin", "wb").write(b"12")
+        open_file(tmp_path / "ids.bin.json").write("{}")
+    kinds = [e[0] for e in events]
+    assert kinds == ["fsync", "fsync", "replace", "replace"], events
+    synced = {os.path.basename(e[1]) for e in events[:2]}
+    renamed_from = {os.path.basename(e[1]) for e in events[2:]}
+    assert synced == renamed_from  # the temporary files that were fsynced are those renamed
+    assert [os.path.basename(e[2]) for e in events[2:]] == ["ids.bin.json", "ids.bin"]  # sidecar first
+
+
+# I8: replace_dir that fails to rename the new folder into place puts the old output back
+def test_replace_dir_puts_the_old_output_back_when_the_swap_fails(tmp_path, monkeypatch):
+    import lm.io as lio
+
+    out = tmp_path / "out"
+    with lio.replace_dir(out, command="lm x", files=("a.txt",)) as d:
+        (d / "a.txt").write_text("old")
+    real_replace = os.replace
+
+    def replace(a, b):
+        if ".tmp" in os.path.basename(str(a)) and str(b) == str(out):
+            raise OSError(5, "Input/output error")
+        return real_replace(a, b)
+
+    monkeypatch.setattr(lio.os, "replace", replace)
+    with pytest.raises(OSError):
+        with lio.replace_dir(out, command="lm x", files=("a.txt",), overwrite=True) as d:
+            (d / "a.txt").write_text("new")
+    assert (out / "a.txt").read_text() == "old"
+
+
+# I10: the lock is exclusive: a second holder (another lm train, another download) is refused
+def test_lock_file_is_exclusive_and_a_second_run_lock_is_refused(tmp_path):
+    from lm.io import lock_file
+    from lm.train.run_dir import RunLock
+
+    fd = lock_file(tmp_path / "x.part")
+    try:
+        with pytest.raises(BlockingIOError):
+            lock_file(tmp_path / "x.part")
+    finally:
+        os.close(fd)
+    first = RunLock(tmp_path)
+    first.acquire(say=lambda *_: None)
+    try:
+        with pytest.raises(ValueError, match="in use by another `lm train`"):
+            RunLock(tmp_path).acquire(say=lambda *_: None)
+    finally:
+        first.release()

@@ -2101,3 +2101,24 @@ def test_logged_mfu_is_three_forward_flops_per_token_times_tokens_per_second_ove
     fwd = trainer.model.flops_per_token()
     for r in records:
         assert r["mfu"] == pytest.approx(3 * fwd * r["tok_per_s"] / 1e9, rel=1e-6)
+
+
+# X3: every metrics record is on disk once written (a killed run keeps its records; lm plot sees them live)
+def test_a_metrics_record_is_on_disk_as_soon_as_it_is_written(tmp_path):
+    from lm.train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    try:
+        log.write({"step": 1, "split": "train", "loss": 2.5})
+        with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:  # another reader, before close
+            assert [json.loads(line) for line in f] == [{"step": 1, "split": "train", "loss": 2.5}]
+    finally:
+        log.close()
+
+
+# Y3: the host's free memory is read in bytes (MemAvailable is in kB), not a thousand times more
+def test_available_host_memory_is_at_most_the_total(tmp_path):
+    from lm.train.memory import available_bytes
+
+    total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
+    assert 0 < available_bytes(torch.device("cpu")) <= total

@@ -698,3 +698,18 @@ def test_a_data_file_rewritten_in_place_is_refused(tmp_path, capsys, monkeypatch
     assert _cli(resume, capsys)[0] == 2
     monkeypatch.chdir(keep)
     assert _cli(resume, capsys) == (0, "")
+
+
+# A1: the fingerprint of a data file sees a change in its middle or at its end (same size)
+@pytest.mark.parametrize("where", ["middle", "end"])
+def test_a_data_file_rewritten_with_the_same_size_and_start_has_another_fingerprint(tmp_path, where):
+    from lm.train.data_identity import SAMPLE_BYTES, data_fingerprint
+
+    data = bytearray(np.arange(4 * SAMPLE_BYTES, dtype=np.uint8).tobytes())
+    p = tmp_path / "train.bin"
+    p.write_bytes(bytes(data))
+    before = data_fingerprint(p, {})
+    i = len(data) // 2 if where == "middle" else len(data) - 10
+    data[i] ^= 0xFF
+    p.write_bytes(bytes(data))
+    assert data_fingerprint(p, {}) != before
