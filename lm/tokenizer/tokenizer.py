@@ -373,15 +373,24 @@ class Tokenizer:
         """
         words = pretokenize(text)
         pieces = list(map(self._cache.get, words))
-        try:
+        missing = pieces.count(None)  # pre-tokens not cached yet
+        if not missing:
             return "".join(pieces)
-        except TypeError:  # a None: some pre-tokens are not cached yet
-            pass
         cache = self._cache
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
+        if missing < BatchBPE.MIN_ROWS:  # too few to repay numpy's per-call cost (short texts, mostly)
+            i = -1
+            for _ in range(missing):  # each in place, found at C speed (a sentence has one or two)
+                i = pieces.index(None, i + 1)
+                w = words[i]
+                piece = cache.get(w)  # the same word earlier in this text
+                if piece is None:
+                    piece = cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
+                pieces[i] = piece
+            return "".join(pieces)
         new = list(dict.fromkeys(w for w, p in zip(words, pieces) if p is None))  # distinct, in order
-        if len(new) < BatchBPE.MIN_ROWS:  # too few to repay numpy's per-call cost (short texts, mostly)
+        if len(new) < BatchBPE.MIN_ROWS:
             for w in new:
                 cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
         else:
