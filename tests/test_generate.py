@@ -36,14 +36,14 @@ def greedy_by_rerun(model, prompt, n):
     return ids[len(prompt) :]
 
 
-def sampled_by_rerun(model, prompt, n, generator, **sampling):
+def sampled_by_rerun(model, prompt, n, generator, vocab_size=None, **sampling):
     """Sampling the slow way: re-run the last ``context_length`` tokens every step and draw with
-    sample_next_token (checked against the filtered softmax below)."""
+    sample_next_token (checked against the filtered softmax below), over the ids below ``vocab_size``."""
     ids = list(prompt)
     ctx = model.config.context_length
     with torch.no_grad():
         for _ in range(n):
-            logits = model(torch.tensor([ids[-ctx:]]))[0, -1]
+            logits = model(torch.tensor([ids[-ctx:]]))[0, -1][:vocab_size]
             ids.append(int(sample_next_token(logits[None], generator=generator, **sampling)[0]))
     return ids[len(prompt) :]
 
@@ -1009,3 +1009,104 @@ def test_top_p_filter_lines_a_top_p_of_each_row_up_with_the_rows():
         with pytest.raises(ValueError, match=r"^top_p: one per row needs shape \(3,\) or \(3, 1\) for probs of "
                                              r"shape \(3, (3|10)\), got "):
             top_p_filter(probs if bad.shape[-1] != 10 else wide, bad)
+
+
+@pytest.mark.parametrize("vocab_size", [20, 49])
+def test_sampling_with_vocab_size_is_the_rerun_sampler_over_those_ids(vocab_size):
+    torch.manual_seed(0)
+    model = TransformerLM(**SMALL).eval()
+    got = generate(model, [1, 2], 40, temperature=1.5, vocab_size=vocab_size,
+                   generator=torch.Generator().manual_seed(4))
+    want = sampled_by_rerun(model, [1, 2], 40, torch.Generator().manual_seed(4), vocab_size=vocab_size,
+                            temperature=1.5)
+    assert got == want
+
+
+def test_on_token_streams_exactly_the_returned_tokens_of_every_row():
+    """on_token is called with (row, token) for every new token: what a streaming caller joins must
+    be what generate returns, a row that met eos_id early included (nothing streamed after it)."""
+    torch.manual_seed(0)
+    model = TransformerLM(**SMALL).eval()
+    prompts = [[1, 2, 3], [7], [9, 8, 7, 6]]
+    first = generate(model, prompts, 1, temperature=0.0)
+    eos = first[1][0]  # row 1 ends at its first token
+    streamed = [[] for _ in prompts]
+    got = generate(model, prompts, 12, temperature=0.0, eos_id=eos, on_token=lambda r, t: streamed[r].append(t))
+    assert got[1] == [eos] and streamed == got
+
+
+def test_generate_leaves_the_model_in_the_mode_it_found():
+    torch.manual_seed(0)
+    model = TransformerLM(**SMALL).eval()
+    generate(model, [1, 2], 3)
+    assert not model.training
+    model.train()
+    generate(model, [1, 2], 3)
+    assert model.training
+
+
+def test_a_row_that_has_ended_does_not_fail_the_batch_when_its_logits_overflow():
+    """A batch row that met eos_id is done: its further logits are computed (the batch steps
+    together) but never used, so their turning NaN must not raise for the rows still going; the
+    others get the tokens they get alone."""
+    torch.manual_seed(0)
+    model = TransformerLM(**SMALL).eval()
+    prompts = [[1, 2], [3, 4, 5]]
+    eos = generate(model, prompts[1], 1, temperature=0.0)[0]
+    alone = generate(model, prompts[0], 8, temperature=0.0, eos_id=eos)
+    assert eos not in alone[:4]
+    calls = []
+
+    def hook(module, args, output):  # row 1's logits NaN from the third forward on (it ended at the first)
+        calls.append(1)
+        if len(calls) >= 3:
+            output[1, :, 7] = float("nan")
+        return output
+
+    h = model.lm_head.register_forward_hook(hook)
+    try:
+        got = generate(model, prompts, 8, temperature=0.0, eos_id=eos)
+    finally:
+        h.remove()
+    assert got == [alone, [eos]]
+
+
+def test_a_bucketed_step_attends_to_the_new_token_at_every_span_boundary():
+    """A bucketed step (what --compile / generate(compile=True) run) attends over the power of two
+    that holds its longest row *and its new token*: a row at length 16, 32 (its token written at
+    position 16, 32) must still see that token. Here an eager DecodeStep made to bucket (so no
+    compilation is needed), against the model's full forward, at every length up to 63."""
+    from lm.generate import DecodeStep, KVCache
+
+    torch.manual_seed(0)
+    model = TransformerLM(**{**SMALL, "context_length": 64}).eval()
+    step = DecodeStep(model, 2)
+    step.bucketed = True
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.randint(0, SMALL["vocab_size"], (2, 64), generator=g).tolist()
+    one = KVCache.for_model(model, 1, max_len=3)
+    with torch.no_grad():
+        model(torch.tensor([seqs[1][:3]]), kv_cache=one)
+    step.cache.fill_from(1, one)
+    for t in range(60):
+        lengths = [t, t + 3]
+        whole = step([seqs[0][t], seqs[1][t + 3]], lengths, full_span=True).clone()
+        assert step.cache.span == 64  # full_span: over the whole cache, the probe's reference
+        got = step([seqs[0][t], seqs[1][t + 3]], lengths).clone()
+        assert step.cache.span == min(64, max(16, 1 << (t + 3).bit_length()))  # the span holding the new token
+        torch.testing.assert_close(got, whole, rtol=1e-4, atol=1e-4)
+        with torch.no_grad():
+            for b, n in enumerate(lengths):
+                want = model(torch.tensor([seqs[b][: n + 1]]))[0, -1]
+                torch.testing.assert_close(got[b], want, rtol=1e-4, atol=1e-4, msg=f"row {b} at length {n}")
+
+
+@pytest.mark.parametrize("lengths", [(3, 70), (70, 3)])
+def test_compiled_generation_of_a_short_and_a_long_prompt_past_64_positions(lengths):
+    """generate(compile=True) sizes its static cache for the longest prompt and the new tokens
+    (rounded up to 64): a batch of a 3-token and a 70-token prompt on a 128-position model gives
+    the eager tokens."""
+    torch.manual_seed(0)
+    model = TransformerLM(**{**SMALL, "context_length": 128}).eval()
+    prompts = [[(7 * i + k) % 50 for i in range(n)] for k, n in enumerate(lengths)]
+    assert generate(model, prompts, 10, temperature=0.0, compile=True) == generate(model, prompts, 10, temperature=0.0)

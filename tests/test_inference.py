@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 import torch
 from helpers.run_dir import make_run_dir, save_model
+from helpers.tokenizers import pair_tokenizer
 
+from lm.checkpoint import export_safetensors
 from lm.generate import Loaded, TextStreamer, load_model_and_tokenizer
-from lm.tokenizer import EOT, Tokenizer
+from lm.model import Seq2SeqConfig, build_model
+from lm.tokenizer import EOT, Tokenizer, save_tokenizer_dir
 
 
 def _tokenizer_with_split_characters():
@@ -258,3 +261,21 @@ def test_a_checkpoint_deleted_between_its_pick_and_its_read_is_picked_again(tmp_
     with pytest.raises(ValueError, match=r"^--checkpoint: checkpoint not found: .*step_00000002\.pt'$"):
         load_model_and_tokenizer(run / "checkpoints" / "step_00000002.pt")
     assert opened == ["step_00000002.pt"]
+
+
+def test_a_translation_model_whose_special_ids_are_not_its_tokenizers_is_refused(tmp_path):
+    """The module's rule (and lm translate's): the model's pad/bos/eos ids must be the tokenizer's
+    <pad>/<bos>/<eos>. A model whose bos and eos ids are swapped against the tokenizer (a
+    checkpoint that recorded no tokenizer checksum, so the checksum cannot tell) would start every
+    translation with <eos> and stop at <bos>: refused, naming --tokenizer."""
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=259, context_length=32, d_model=32, encoder_layers=1, decoder_layers=1,
+                        num_heads=4, d_ff=64, dropout=0.0, bos_id=2, eos_id=1)
+    export_safetensors(build_model(cfg).eval(), tmp_path / "model.safetensors")
+    save_tokenizer_dir(pair_tokenizer(), tmp_path / "tokenizer")
+    with pytest.raises(ValueError, match=r"^--tokenizer: the model's bos_id is 2, but <bos> is id 1 in "):
+        load_model_and_tokenizer(tmp_path)
+    ok = Seq2SeqConfig(vocab_size=259, context_length=32, d_model=32, encoder_layers=1, decoder_layers=1,
+                       num_heads=4, d_ff=64, dropout=0.0)
+    export_safetensors(build_model(ok).eval(), tmp_path / "model.safetensors")
+    assert load_model_and_tokenizer(tmp_path).architecture == "encoder_decoder"

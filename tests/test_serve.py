@@ -772,3 +772,168 @@ def test_the_engine_samples_as_generate_does_with_the_choices_seed(temperature, 
         g = torch.Generator().manual_seed(choice_seed(seed, index))
         want = generate(model, prompt, 20, temperature=temperature, top_p=top_p, top_k=top_k, generator=g)
         assert tokens[index] == want, (index, tokens[index], want)
+
+
+def greedy_eos_at(model, prompt, m):
+    """An eos id that greedy decoding of ``prompt`` emits first as its m-th token, or None."""
+    toks = generate(model, prompt, m, temperature=0.0)
+    return toks[m - 1] if toks[m - 1] not in toks[:m - 1] else None
+
+
+def test_metrics_counters_count_what_the_clients_got():
+    """/metrics' counters, recounted from the requests: prompt tokens prefilled (one per prompt
+    token, each request once), tokens generated (the end-of-text token too: sends_eos, "counted"),
+    rows decoded (every token but a choice's first, which the prefill emits, is one row of one
+    step), time to first token (one observation per request), and the batch-size gauge back at 0."""
+    model = tiny_model()
+    prompt = [7, 8, 9]
+    m = next(m for m in range(2, 12) if greedy_eos_at(model, prompt, m) is not None)
+    eos = greedy_eos_at(model, prompt, m)
+    engine = Engine(model, max_batch=4, eos_id=eos)
+    recs, prompts = [], [prompt, [1, 2], [3, 4, 5, 6], [11], [5, 5, 5, 5, 5]]
+    for k, p in enumerate(prompts):
+        rec = Recorder(2 if k == 1 else 1)
+        engine.submit(rec.request(p, SamplingParams(max_tokens=10, temperature=0.0 if k == 0 else 1.0, seed=k,
+                                                    ignore_eos=k > 0), n=2 if k == 1 else 1))
+        recs.append(rec)
+    run_until_idle(engine)
+    tokens = [t for rec in recs for t in rec.tokens]
+    assert recs[0].tokens[0][-1] == eos and recs[0].reasons == ["stop"]  # ended by the end of text, sent
+    s = engine.stats
+    assert s.prompt_tokens == sum(map(len, prompts))
+    assert s.generated_tokens == sum(map(len, tokens))
+    assert s.step_rows == sum(len(t) - 1 for t in tokens)  # each choice's first token came from its prefill
+    assert sum(s.steps.values()) >= max(map(len, tokens)) - 1
+    assert sum(s.ttft_counts) == len(prompts)  # once per request (TTFT is a request's)
+    assert s.batch_size == 0 and s.queue_depth == 0
+
+
+def test_end_of_text_as_the_last_allowed_token_finishes_with_stop():
+    """OpenAI: finish_reason "stop" when the model hit a natural stop point, "length" when
+    max_tokens was reached; vLLM checks the end of text before the length. A choice whose
+    max_tokens-th token is the end of text ended naturally: "stop"."""
+    model = tiny_model()
+    prompt = [7, 8, 9]
+    m = next(m for m in range(2, 12) if greedy_eos_at(model, prompt, m) is not None)
+    eos = greedy_eos_at(model, prompt, m)
+    engine = Engine(model, max_batch=4, eos_id=eos)
+    for max_tokens, reason in ((m, "stop"), (m + 3, "stop"), (m - 1, "length")):
+        rec = Recorder()
+        engine.submit(rec.request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0)))
+        run_until_idle(engine)
+        assert rec.tokens[0] == generate(model, prompt, m, temperature=0.0)[:max_tokens]
+        assert rec.reasons == [reason], max_tokens
+    assert engine.stats.requests["finished"] == 3
+
+
+def test_unseeded_requests_draw_fresh_samples():
+    """OpenAI/vLLM: without a seed, sampling is not repeatable; two unseeded requests of the same
+    prompt at temperature 1 over 30 tokens of a 97-token vocabulary differ (a shared stream would
+    give them the same text)."""
+    model = tiny_model()
+    engine = Engine(model, max_batch=4)
+    texts = []
+    for _ in range(3):
+        rec = Recorder()
+        engine.submit(rec.request([3, 4], SamplingParams(max_tokens=30, temperature=1.0)))
+        run_until_idle(engine)
+        texts.append(tuple(rec.tokens[0]))
+    assert len(set(texts)) == 3
+
+
+def test_a_choice_ended_before_its_prefill_gets_no_token():
+    """Request.cancel(index)/stop(index) end a choice "at the next step": a choice ended before the
+    request was admitted gets no token at all (its prefill must not sample one for it), the other
+    choice runs to max_tokens."""
+    model = tiny_model()
+    engine = Engine(model, max_batch=4)
+    for end, reason in (("cancel", "cancelled"), ("stop", "stop")):
+        rec = Recorder(2)
+        r = rec.request([3, 4], SamplingParams(max_tokens=5, seed=1), n=2)
+        getattr(r, end)(1)
+        engine.submit(r)
+        run_until_idle(engine)
+        assert rec.reasons == ["length", reason] and rec.tokens[1] == [] and len(rec.tokens[0]) == 5, end
+
+
+def test_a_request_cancelled_in_the_queue_of_an_idle_engine_is_told():
+    """busy is documented to include requests "cancelled and not yet told": a request submitted and
+    cancelled before the engine's thread ran is still told "cancelled" (and counted) by the thread."""
+    engine = Engine(tiny_model(), max_batch=2)
+    told = threading.Event()
+    reasons = []
+    r = Request([1, 2], SamplingParams(max_tokens=3), on_finish=lambda i, why: (reasons.append(why), told.set()))
+    engine.submit(r)
+    r.cancel()
+    assert engine.busy
+    engine.start()
+    try:
+        assert told.wait(20), "the cancelled request was never told"
+    finally:
+        engine.stop()
+    assert reasons == ["cancelled"] and engine.stats.requests["cancelled"] == 1
+
+
+def test_a_failing_step_fails_every_request_in_and_takes_no_new_one():
+    """Engine.on_error's contract: when a step fails, every request in has been failed ("error", a
+    500) by then, the running ones and those waiting in the queue alike, counted failed; and no new
+    one is taken (EngineStopped), where it would wait for ever for a thread that is gone."""
+    from lm.serve import EngineStopped
+
+    engine = Engine(tiny_model(), max_batch=1)
+
+    def broken(ids, lengths):
+        raise RuntimeError("the device fell over")
+
+    engine.steps = {b: broken for b in engine.steps}
+    recs = [Recorder(), Recorder()]
+    done = threading.Event()
+    engine.on_error = lambda e: done.set()
+    engine.submit(recs[0].request([1, 2], SamplingParams(max_tokens=4)))
+    engine.submit(recs[1].request([3], SamplingParams(max_tokens=4), n=1))
+    engine.start()
+    assert done.wait(20)
+    engine.stop()
+    assert recs[0].reasons == ["error"] and recs[1].reasons[0] == "error"
+    assert engine.stats.requests["failed"] == 2 and isinstance(engine.error, RuntimeError)
+    with pytest.raises(EngineStopped):
+        engine.submit(Recorder().request([1], SamplingParams(max_tokens=2)))
+
+
+def test_a_first_token_slower_than_the_last_bucket_is_counted_in_inf_only():
+    """Prometheus histogram: bucket le=B counts observations <= B; one of 12 s (past the last
+    bound, 10 s) is in +Inf only. Checked through /metrics' own text and Prometheus' parser."""
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lm.serve.app import ServerState, prometheus_text
+    from lm.serve.engine import Stats
+
+    stats = Stats()
+    for seconds in (0.005, 0.3, 10.0, 12.0, 99.0):
+        stats.time_to_first_token(seconds)
+    text = prometheus_text(ServerState(SimpleNamespace(stats=stats), None, "m"))
+    got = {(s.name, s.labels.get("le")): s.value for f in text_string_to_metric_families(text) for s in f.samples
+           if s.name.startswith("lm_time_to_first_token_seconds")}
+    name = "lm_time_to_first_token_seconds_bucket"
+    want = {b: sum(x <= b for x in (0.005, 0.3, 10.0, 12.0, 99.0)) for b in Stats.TTFT_BUCKETS}
+    for b, n in want.items():
+        key = next(k for k in got if k[0] == name and k[1] is not None and k[1] != "+Inf" and float(k[1]) == b)
+        assert got[key] == n, (b, got[key], n)
+    assert got[(name, "+Inf")] == 5 and got[("lm_time_to_first_token_seconds_count", None)] == 5
+
+
+def test_stop_tells_a_request_cancelled_in_the_queue():
+    """Engine.stop: "requests still in are finished with cancelled", one cancelled while it waited
+    (not yet told by the thread) too."""
+    engine = Engine(tiny_model(), max_batch=1)
+    rec = Recorder()
+    engine.submit(rec.request([1, 2], SamplingParams(max_tokens=3)))
+    engine.submit(Recorder().request([3], SamplingParams(max_tokens=3)))
+    gone = Recorder()
+    engine.submit(g := gone.request([4], SamplingParams(max_tokens=3)))
+    g.cancel()
+    engine.stop()
+    assert rec.reasons == ["cancelled"] and gone.reasons == ["cancelled"]
+    assert engine.stats.requests["cancelled"] == 3 and not engine.busy

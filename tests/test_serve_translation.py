@@ -335,3 +335,45 @@ def test_a_translation_is_stripped_as_lm_translate_writes_it_and_a_prompt_is_one
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "die"
     finally:
         server.close()
+
+
+def test_bucketed_translation_rows_each_attend_over_their_whole_source():
+    """TranslationEngine with bucketed steps (what --compile runs): the source span must hold the
+    longest source of *any* row, in any slot, and follow a row that moves down when the row below
+    it finishes. Each row's logits at every step against the model's plain teacher-forced forward
+    of its source and its target so far (no cache)."""
+    model = _model()
+    engine = TranslationEngine(model, max_batch=4)
+    for step in engine.steps.values():
+        step.bucketed = True
+    engine.step_sizes = sorted(engine.steps)  # every size: rows move down as the ones below finish
+    # slot 0: a short source that finishes first; slot 1: a source of 11 positions (a span of 16);
+    # slot 2: one of 25 (a span of 32), which moves down to slot 0 when the first finishes
+    srcs = [[5, 9], [30, 4, 8, 8, 21, 22, 3, 17, 40, 41], list(range(3, 27))]
+    limits = [3, 12, 12]
+    seen, runs = {}, []
+    real = engine_module.next_token_and_finite
+
+    def spy(logits, **kw):
+        seen.setdefault(id(kw["generator"]), []).append(logits[0].clone())
+        return real(logits, **kw)
+
+    engine_module.next_token_and_finite = spy
+    try:
+        for k, (src, m) in enumerate(zip(srcs, limits)):
+            tokens = []
+            engine.submit(Request(src, SamplingParams(max_tokens=m, temperature=1.0, seed=k), 1,
+                                  on_token=lambda i, t, tokens=tokens: tokens.append(t)))
+            runs.append(tokens)
+        while engine.step():
+            pass
+    finally:
+        engine_module.next_token_and_finite = real
+    cfg = model.config
+    assert len(seen) == 3 and len(runs[2]) > 5
+    for k, (src, tokens, logits) in enumerate(zip(srcs, runs, seen.values())):
+        with torch.no_grad():
+            full = model(torch.tensor([src + [cfg.eos_id]]), torch.tensor([[cfg.bos_id, *tokens]]))[0]
+        full[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+        for j, got in enumerate(logits):
+            torch.testing.assert_close(got, full[j], rtol=1e-4, atol=1e-4, msg=f"source {k}, target position {j}")
