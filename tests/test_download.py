@@ -377,7 +377,7 @@ def test_an_empty_out_or_a_symlink_loop_is_refused(tmp_path, monkeypatch, capsys
 
 
 # W3: a server that ignores the Range of a resumed download (answers 200 with the whole file)
-PAYLOAD = b"".join(f"line {i}\n".encode() for i in range(50000))
+NO_RANGE_PAYLOAD = b"".join(f"line {i}\n".encode() for i in range(50000))
 
 
 class NoRangeHandler(http.server.BaseHTTPRequestHandler):
@@ -389,21 +389,21 @@ class NoRangeHandler(http.server.BaseHTTPRequestHandler):
 
     def do_HEAD(self):
         self.send_response(200)
-        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.send_header("Content-Length", str(len(NO_RANGE_PAYLOAD)))
         self.end_headers()
 
     def do_GET(self):
         self.send_response(200)  # the Range header ignored
-        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.send_header("Content-Length", str(len(NO_RANGE_PAYLOAD)))
         self.end_headers()
         if NoRangeHandler.drops_left:
             NoRangeHandler.drops_left -= 1
-            self.wfile.write(PAYLOAD[: len(PAYLOAD) // 3])
+            self.wfile.write(NO_RANGE_PAYLOAD[: len(NO_RANGE_PAYLOAD) // 3])
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        self.wfile.write(PAYLOAD)
+        self.wfile.write(NO_RANGE_PAYLOAD)
 
 
 def test_a_resume_from_a_server_that_ignores_the_range_gets_the_file(tmp_path):
@@ -415,8 +415,8 @@ def test_a_resume_from_a_server_that_ignores_the_range_gets_the_file(tmp_path):
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/f.txt"
         dest = download(url, tmp_path / "f.txt", progress=False,
-                        expected_sha256=hashlib.sha256(PAYLOAD).hexdigest())
-        assert dest.read_bytes() == PAYLOAD
+                        expected_sha256=hashlib.sha256(NO_RANGE_PAYLOAD).hexdigest())
+        assert dest.read_bytes() == NO_RANGE_PAYLOAD
     finally:
         httpd.shutdown()
         httpd.server_close()
