@@ -1153,9 +1153,9 @@ def test_plot_draws_records_without_a_time_against_steps(tmp_path, capsys):
 # -- several processes ----------------------------------------------------------------------------------
 
 
-def _torchrun(toml: Path, *extra: str) -> subprocess.CompletedProcess:
+def _torchrun(toml: Path, *extra: str, nproc: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "lm", "train", "--config", str(toml), *extra]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
@@ -1265,6 +1265,30 @@ def test_resume_under_three_gloo_processes_is_exact(tmp_path):
         done = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     _assert_same_run(tmp_path / "straight", tmp_path / "stopped", 6)
+
+
+@pytest.mark.slow
+def test_three_gloo_processes_match_one_process(tmp_path):
+    """Three processes average their gradients with train.deterministic's hook (rank_ordered_mean,
+    not DDP's all-reduce, from three processes on): the weights and losses of a global batch of
+    2 x 3 ranks x 2 micro-steps equal one process's batch of 6 x 2. A sum for the mean, or a rank
+    left out, had passed every test (mut23b): the one three-process test compared a run with its
+    own resumption."""
+    one = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "one"), "batch_size": 6, "grad_accum_steps": 2})
+    three = _raw_config(tmp_path, train={"out_dir": str(tmp_path / "three"), "batch_size": 2, "grad_accum_steps": 2})
+    for raw in (one, three):
+        raw["train"]["max_steps"] = 4
+        raw["eval"]["interval"] = 2
+    assert _lm("train", "--config", str(_write_toml(tmp_path / "one.toml", one))).returncode == 0
+    done = _torchrun(_write_toml(tmp_path / "three.toml", three), nproc=3)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "world 3" in done.stdout
+    a = read_checkpoint(tmp_path / "one" / "checkpoints" / "step_00000004.pt")["model"]
+    b = read_checkpoint(tmp_path / "three" / "checkpoints" / "step_00000004.pt")["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    la, lb = _losses(tmp_path / "one"), _losses(tmp_path / "three")
+    assert la.keys() == lb.keys() and all(abs(la[s] - lb[s]) < 1e-4 for s in la)
 
 
 @pytest.mark.slow
