@@ -584,13 +584,18 @@ def test_compiled_generation_prefills_the_prompts_of_one_length_together():
     assert [generate(model, p, 8, temperature=0, compile=True) for p in prompts] == got
 
 
-@pytest.mark.slow
-def test_a_prompt_that_overflowed_leaves_nothing_for_the_next_compiled_call():
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_prompt_that_overflowed_leaves_nothing_for_the_next_compiled_call(compiled, monkeypatch):
     """decode8: the static cache kept with the model held the NaN keys and values an overflowing
     prompt wrote, past the next prompt's length; masked, but 0 x NaN is NaN, so a prompt that is fine
-    failed with NonFiniteLogitsError until the model was rebuilt. Each row is cleared before its prefill."""
+    failed with NonFiniteLogitsError until the model was rebuilt. Each row is cleared before its prefill.
+    The path of ``compile=True`` without compiling too (torch.compile made the identity): a mutant
+    that skips the clearing fails that in 3 s, where it had been caught only by the slow test (mut23a)."""
+    import lm.generate.static as static_module
     from lm.generate import NonFiniteLogitsError
 
+    if not compiled:
+        monkeypatch.setattr(static_module.torch, "compile", lambda fn, **kw: fn)
     model = TransformerLM(**SMALL).eval()
     good = generate(model, [1, 2, 3], 5, temperature=0)
     bad = next(t for t in range(10, SMALL["vocab_size"]) if t not in good)
