@@ -249,6 +249,29 @@ class InterruptGuard:
             raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """A Ctrl-C inside the block is handed, once the block ends, to the SIGINT handler that was
+    there before (whatever it is: Python's, an :class:`InterruptGuard`'s, a trainer's); ignored, if
+    it was ignored. For short teardown that the interpreter may run in a finalizer (a weakref
+    callback, ``__del__``), where a KeyboardInterrupt is printed as "Exception ignored" and lost.
+    Outside the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    frames = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: frames.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if frames:
+            if callable(previous):
+                previous(signal.SIGINT, frames[0])
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+
+
 def silence_stdout() -> None:
     """Point stdout's file descriptor at /dev/null, so that no later write or flush fails on a pipe
     whose reader went away (``| head``), the interpreter's last flush included (its "Exception

@@ -523,3 +523,61 @@ def test_lock_file_is_exclusive_and_a_second_run_lock_is_refused(tmp_path):
             RunLock(tmp_path).acquire(say=lambda *_: None)
     finally:
         first.release()
+
+
+def test_a_ctrl_c_in_a_deferred_block_goes_to_the_earlier_handler_once_the_block_ends():
+    """interrupts_deferred: Python's handler raises KeyboardInterrupt after the block, not inside it;
+    another handler is called with SIGINT; an ignored SIGINT stays ignored."""
+    from lm.io import interrupts_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)  # handled before raise_signal returns: nothing raised here
+            reached.append("end of block")
+    assert reached == ["end of block"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    calls = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        with interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            assert calls == []
+        assert calls == [signal.SIGINT]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_while_the_workers_are_closed_is_raised_after_every_one_is_closed(monkeypatch):
+    """CI, 2026-12-05: a Ctrl-C at the end of `lm tokenize --num-workers 2` was printed as "Exception
+    ignored in: <Finalize object, dead> ... KeyboardInterrupt" and lost: it had landed in a worker
+    process's finalizer, run as a weakref callback when the pool dropped it. WorkerPool.close now
+    closes each process itself (its finalizer runs there) and raises a Ctrl-C that came meanwhile
+    once every worker is closed; nothing is left to a weakref callback."""
+    import multiprocessing.process
+
+    from lm.tokenizer.workers import WorkerPool
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    pool = WorkerPool(2, abs)
+    assert list(pool.map([-1, -2, 3])) == [1, 2, 3]
+    processes = [p for p, _ in pool._workers]
+    join = multiprocessing.process.BaseProcess.join
+
+    def join_then_ctrl_c(self, timeout=None):
+        join(self, timeout)
+        if self is processes[0]:
+            signal.raise_signal(signal.SIGINT)  # a Ctrl-C while the pool is being closed
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", join_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
+    for p in processes:
+        with pytest.raises(ValueError, match="closed"):
+            p.exitcode  # noqa: B018 - closed: its finalizer has run, nothing is left for a weakref callback
+    assert unraisable == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler

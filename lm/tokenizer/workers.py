@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from lm.io import InterruptGuard
+from lm.io import InterruptGuard, interrupts_deferred
 
 _IN_FLIGHT = 2  # tasks queued per worker: one running, one waiting
 
@@ -166,17 +166,24 @@ class WorkerPool:
         return WorkerDied(f"a worker process (pid {process.pid}) {how} before it finished its work")
 
     def close(self) -> None:
-        """End every worker now (they hold no lock of ours, so killing them is safe)."""
-        for p, conn in self._workers:
-            if p.is_alive():
-                p.kill()
-            conn.close()
-        for p, _ in self._workers:
-            p.join()
-        self._workers = []
-        if self._frozen:
-            gc.unfreeze()
-            self._frozen = False
+        """End every worker now (they hold no lock of ours, so killing them is safe).
+
+        A Ctrl-C meanwhile is raised once every worker is reaped and closed: ``Process.close`` runs
+        the finalizer of its pipes here, where it would otherwise run when the object is collected,
+        as a weakref callback, in which a Ctrl-C is printed as "Exception ignored ... KeyboardInterrupt"
+        and lost (a run of `lm tokenize` went on to exit 0 with that traceback: CI, 2026-12-05)."""
+        with interrupts_deferred():
+            for p, conn in self._workers:
+                if p.is_alive():
+                    p.kill()
+                conn.close()
+            for p, _ in self._workers:
+                p.join()
+                p.close()
+            self._workers = []
+            if self._frozen:
+                gc.unfreeze()
+                self._frozen = False
 
     def __enter__(self) -> WorkerPool:
         return self
