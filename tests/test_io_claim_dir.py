@@ -581,3 +581,28 @@ def test_a_ctrl_c_while_the_workers_are_closed_is_raised_after_every_one_is_clos
         with pytest.raises(ValueError, match="closed"):
             p.exitcode  # noqa: B018 - closed: its finalizer has run, nothing is left for a weakref callback
     assert unraisable == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_closing_the_workers_leaves_no_pipe_or_process_to_a_later_finalizer():
+    """CI, 2026-12-05, again: the Ctrl-C landed in a pipe's ``__del__`` (multiprocessing's
+    Connection), run when the last reference went, after close() and outside the deferred block:
+    the map generator's frame (which a caller still holds) and close()'s own loop variables held
+    pipes. Now every pipe and process of the pool is gone when close() returns."""
+    import gc
+    import weakref
+
+    from lm.tokenizer.workers import WorkerPool
+
+    gc.collect()
+    pool = WorkerPool(2, abs)
+    results = pool.map([-1, -2, 3])  # held by the caller, as `with parallel_map(...) as results` holds it
+    assert next(results) == 1
+    refs = [weakref.ref(o) for p, conn in pool._workers for o in (p, conn)]
+    gc.disable()  # only reference counts free them: nothing is left for a later collection either
+    try:
+        pool.close()
+        assert [r() for r in refs] == [None] * len(refs)
+    finally:
+        gc.enable()
+    with pytest.raises(StopIteration):
+        next(results)

@@ -91,6 +91,7 @@ class WorkerPool:
         gc.freeze()
         self._frozen = True
         self._workers: list[tuple[Any, Connection]] = []
+        self._maps: list[Iterator[Any]] = []
         try:
             # A Ctrl-C during a fork would run its handler inside the interpreter's at-fork hooks
             # (logging's lock release), which print the KeyboardInterrupt as "Exception ignored"
@@ -111,6 +112,11 @@ class WorkerPool:
 
     def map(self, tasks: Iterable[Any], ordered: bool = True) -> Iterator[Any]:
         """Results of ``func(task)`` for every task, in task order (or as they finish when not ``ordered``)."""
+        results = self._map(tasks, ordered)
+        self._maps.append(results)  # closed by close(): its frame holds the pipes too
+        return results
+
+    def _map(self, tasks: Iterable[Any], ordered: bool) -> Iterator[Any]:
         pending = iter(enumerate(tasks))
         busy: dict[Connection, int] = {conn: 0 for _, conn in self._workers}
         done: dict[int, Any] = {}
@@ -168,11 +174,16 @@ class WorkerPool:
     def close(self) -> None:
         """End every worker now (they hold no lock of ours, so killing them is safe).
 
-        A Ctrl-C meanwhile is raised once every worker is reaped and closed: ``Process.close`` runs
-        the finalizer of its pipes here, where it would otherwise run when the object is collected,
-        as a weakref callback, in which a Ctrl-C is printed as "Exception ignored ... KeyboardInterrupt"
-        and lost (a run of `lm tokenize` went on to exit 0 with that traceback: CI, 2026-12-05)."""
+        A Ctrl-C meanwhile is raised once every worker is reaped and closed, and every object of theirs
+        that has a finalizer (a process's, a pipe's ``__del__``) is gone: a finalizer left to run when
+        such an object is collected later, in a weakref callback or ``__del__``, is where a Ctrl-C is
+        printed as "Exception ignored ... KeyboardInterrupt" and lost (`lm tokenize` then went on, and
+        exited 0 with that traceback: CI, twice on 2026-12-05). So ``Process.close`` runs the process's
+        finalizer here, and the generators of :meth:`map`, whose frames hold the pipes, are closed."""
         with interrupts_deferred():
+            for results in self._maps:
+                results.close()
+            self._maps = []
             for p, conn in self._workers:
                 if p.is_alive():
                     p.kill()
@@ -180,6 +191,7 @@ class WorkerPool:
             for p, _ in self._workers:
                 p.join()
                 p.close()
+            p = conn = results = None  # the loops' last items: collected here, not when close returns
             self._workers = []
             if self._frozen:
                 gc.unfreeze()
