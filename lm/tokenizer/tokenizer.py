@@ -20,6 +20,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +41,7 @@ _WHITESPACE = regex.compile(r"\s")
 
 EOT = "<|endoftext|>"  # the end-of-text special token, as GPT-2's: documents end with it
 
+_T = TypeVar("_T")
 # Bound on cached pre-tokens, so that encoding an endless stream runs in constant memory.
 _CACHE_LIMIT = 1 << 20
 # Plain text goes to the vectorised path in blocks of about this many bytes: larger blocks batch
@@ -379,28 +381,24 @@ class Tokenizer:
         cache = self._cache
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
-        if missing < BatchBPE.MIN_ROWS:  # too few to repay numpy's per-call cost (short texts, mostly)
-            i = -1
-            for _ in range(missing):  # each in place, found at C speed (a sentence has one or two)
-                i = pieces.index(None, i + 1)
-                w = words[i]
-                piece = cache.get(w)  # the same word earlier in this text
-                if piece is None:
-                    piece = cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
-                pieces[i] = piece
-            return "".join(pieces)
-        new = list(dict.fromkeys(w for w, p in zip(words, pieces) if p is None))  # distinct, in order
-        if len(new) < BatchBPE.MIN_ROWS:
-            for w in new:
-                cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
-        else:
-            flat, n_ids = self._bpe_many([w.encode("utf-8") for w in new])
-            chars = flat.tobytes().decode(_UTF32, "surrogatepass")
-            start = 0
-            for w, end in zip(new, np.cumsum(n_ids).tolist()):
-                cache[w] = chars[start:end]
-                start = end
-        return "".join([cache[w] if p is None else p for w, p in zip(words, pieces)])
+        if missing >= BatchBPE.MIN_ROWS:  # many new words: through the merges in one numpy batch first
+            new = list(dict.fromkeys(w for w, p in zip(words, pieces) if p is None))  # distinct, in order
+            if len(new) >= BatchBPE.MIN_ROWS:  # else too few to repay numpy's per-call cost
+                flat, n_ids = self._bpe_many([w.encode("utf-8") for w in new])
+                chars = flat.tobytes().decode(_UTF32, "surrogatepass")
+                start = 0
+                for w, end in zip(new, np.cumsum(n_ids).tolist()):
+                    cache[w] = chars[start:end]
+                    start = end
+        i = -1
+        for _ in range(missing):  # each in place, found at C speed (a sentence has one or two)
+            i = pieces.index(None, i + 1)
+            w = words[i]
+            piece = cache.get(w)  # batched above, or the same word earlier in this text
+            if piece is None:
+                piece = cache[w] = "".join(map(chr, self._bpe(w.encode("utf-8"))))
+            pieces[i] = piece
+        return "".join(pieces)
 
     def _encode_chars(self, text: str) -> str:
         """The ids of ``text`` as a string whose characters are ``chr(id)``: the regex path.
@@ -424,11 +422,16 @@ class Tokenizer:
 
         Lone surrogates, which UTF-8 cannot encode, become U+FFFD first, as in tiktoken: the
         encoder meets them only where it encodes a pre-token, so the check costs nothing on other text."""
+        return self._locked(self._encode_valid, text)
+
+    def _locked(self, encode: Callable[[str], _T], text: str) -> _T:
+        """``encode(text)`` under the lock; a text with lone surrogates (UnicodeEncodeError) again with
+        them replaced by U+FFFD."""
         with self._lock:  # the caches are not safe to share: threads had got each other's ids (tokenizer20)
             try:
-                return self._encode_valid(text)
+                return encode(text)
             except UnicodeEncodeError:
-                return self._encode_valid(_replace_surrogates(text))
+                return encode(_replace_surrogates(text))
 
     # What encoding fills (and its lock) is left out of a copy or a pickle, which makes its own: a
     # lock neither pickles nor copies, and a copy.copy that shared the caches under a lock of its own
@@ -510,12 +513,7 @@ class Tokenizer:
         """Encode a string into token ids; a lone surrogate (not valid Unicode text) encodes as U+FFFD."""
         _check_text(text)
         if len(text) < _SHORT_TEXT:  # the regex path's ids straight to ints: no array (one encode per sentence)
-            with self._lock:
-                try:
-                    chars = self._encode_chars(text)
-                except UnicodeEncodeError:
-                    chars = self._encode_chars(_replace_surrogates(text))
-            return list(map(ord, chars))
+            return list(map(ord, self._locked(self._encode_chars, text)))
         return self._encode_array(text).tolist()
 
     def encode_to_numpy(self, text: str, dtype: npt.DTypeLike = np.uint32) -> np.ndarray:
