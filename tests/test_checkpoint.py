@@ -465,19 +465,6 @@ def test_latest_counts_a_hand_named_step_file_by_its_step(tmp_path):
     assert m.latest().name == "step_00000010.pt"
 
 
-# R2, R3: every generator named in get_rng_state's docstring comes back
-def test_rng_state_restores_python_numpy_and_torch(tmp_path):
-    saved = get_rng_state()
-    write_checkpoint({"iteration": 0, "model": {}, "rng": saved}, tmp_path / "c.pt")
-    first = (random.random(), np.random.rand(), torch.rand(3))
-    random.seed(123), np.random.seed(123), torch.manual_seed(123)
-    set_rng_state(read_checkpoint(tmp_path / "c.pt")["rng"])  # through the file, weights_only
-    again = (random.random(), np.random.rand(), torch.rand(3))
-    assert first[0] == again[0]
-    assert first[1] == again[1]
-    assert torch.equal(first[2], again[2])
-
-
 # C12: a checksum key's name damaged in two bytes ("one or two characters away") is refused
 def test_a_checksum_key_damaged_in_two_bytes_is_refused(tmp_path):
     from lm.model import TransformerLM

@@ -900,30 +900,6 @@ def test_a_failing_step_fails_every_request_in_and_takes_no_new_one():
         engine.submit(Recorder().request([1], SamplingParams(max_tokens=2)))
 
 
-def test_a_first_token_slower_than_the_last_bucket_is_counted_in_inf_only():
-    """Prometheus histogram: bucket le=B counts observations <= B; one of 12 s (past the last
-    bound, 10 s) is in +Inf only. Checked through /metrics' own text and Prometheus' parser."""
-    from types import SimpleNamespace
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from lm.serve.app import ServerState, prometheus_text
-    from lm.serve.engine import Stats
-
-    stats = Stats()
-    for seconds in (0.005, 0.3, 10.0, 12.0, 99.0):
-        stats.time_to_first_token(seconds)
-    text = prometheus_text(ServerState(SimpleNamespace(stats=stats), None, "m"))
-    got = {(s.name, s.labels.get("le")): s.value for f in text_string_to_metric_families(text) for s in f.samples
-           if s.name.startswith("lm_time_to_first_token_seconds")}
-    name = "lm_time_to_first_token_seconds_bucket"
-    want = {b: sum(x <= b for x in (0.005, 0.3, 10.0, 12.0, 99.0)) for b in Stats.TTFT_BUCKETS}
-    for b, n in want.items():
-        key = next(k for k in got if k[0] == name and k[1] is not None and k[1] != "+Inf" and float(k[1]) == b)
-        assert got[key] == n, (b, got[key], n)
-    assert got[(name, "+Inf")] == 5 and got[("lm_time_to_first_token_seconds_count", None)] == 5
-
-
 def test_stop_tells_a_request_cancelled_in_the_queue():
     """Engine.stop: "requests still in are finished with cancelled", one cancelled while it waited
     (not yet told by the thread) too."""

@@ -496,23 +496,47 @@ def test_health_and_metrics(served):
         assert samples[gauge] == 0
 
 
+def _rendered(stats) -> list:
+    """The samples of /metrics for these engine stats, as Prometheus' parser reads them."""
+    from lm.serve.app import ServerState, prometheus_text
+
+    text = prometheus_text(ServerState(SimpleNamespace(stats=stats), None, "m"))
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 def test_metrics_print_a_float_in_full():
     """The time-to-first-token sum had been printed with %g, six digits: past 1e6 s it stood still
     while requests were added. Prometheus' parser reads back the exact sum."""
-    from lm.serve.app import ServerState, prometheus_text
     from lm.serve.engine import Stats
 
     stats = Stats()
     stats.ttft_sum = 1234567.891
     stats.time_to_first_token(4.0)
-    text = prometheus_text(ServerState(SimpleNamespace(stats=stats), None, "m"))
-    got = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    got = {s.name: s.value for s in _rendered(stats)}
     assert got["lm_time_to_first_token_seconds_sum"] == 1234567.891 + 4.0
     assert got["lm_time_to_first_token_seconds_count"] == 1
     from lm.serve.app import _sample
 
     assert [_sample(v) for v in (float("inf"), float("-inf"), float("nan"), 0.1, 3)] == \
         ["+Inf", "-Inf", "NaN", "0.1", "3"]
+
+
+def test_a_first_token_slower_than_the_last_bucket_is_counted_in_inf_only():
+    """Prometheus histogram: bucket le=B counts observations <= B; one of 12 s (past the last
+    bound, 10 s) is in +Inf only (mut23a: the overflow index one short put it in le="10")."""
+    from lm.serve.engine import Stats
+
+    seconds = (0.005, 0.3, 10.0, 12.0, 99.0)
+    stats = Stats()
+    for t in seconds:
+        stats.time_to_first_token(t)
+    got = {(s.name, s.labels.get("le")): s.value for s in _rendered(stats)
+           if s.name.startswith("lm_time_to_first_token_seconds")}
+    name = "lm_time_to_first_token_seconds_bucket"
+    for b in Stats.TTFT_BUCKETS:
+        key = next(k for k in got if k[0] == name and k[1] not in (None, "+Inf") and float(k[1]) == b)
+        assert got[key] == sum(x <= b for x in seconds), (b, got[key])
+    assert got[(name, "+Inf")] == 5 and got[("lm_time_to_first_token_seconds_count", None)] == 5
 
 
 def test_the_openai_client_retrieves_the_model_and_not_another(served):
