@@ -361,9 +361,13 @@ def _sigint_at_fork():
         os.kill(os.getpid(), signal.SIGINT)  # to the process: a fork may come from the pool's own thread
 
 
-def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd):
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd, nested):
     """A SIGINT during a fork would run its handler inside the interpreter's at-fork hooks, which
-    print "Exception ignored" and drop it; the pool holds it back until the workers are forked."""
+    print "Exception ignored" and drop it; the pool holds it back until the workers are forked. Also
+    under another handler than Python's (``nested``: an InterruptGuard's, as around a token file's
+    writing), where the pool's InterruptGuard had stood aside."""
+    from lm.io import InterruptGuard
     from lm.tokenizer.workers import WorkerPool
 
     if not hasattr(os, "register_at_fork"):
@@ -373,7 +377,7 @@ def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd)
         _sigint_at_fork.registered = True
     _SIGINT_AT_FORK.append(True)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt), InterruptGuard() if nested else contextlib.nullcontext():
             with WorkerPool(2, abs) as pool:
                 list(pool.map([-1, -2]))
     finally:
@@ -381,6 +385,62 @@ def test_a_ctrl_c_that_lands_while_the_workers_fork_is_raised_not_dropped(capfd)
     assert "Exception ignored" not in capfd.readouterr().err
     with WorkerPool(2, abs) as pool:  # and the pool works as before
         assert list(pool.map([-1, -2, 3])) == [1, 2, 3]
+
+
+def test_a_ctrl_c_while_the_workers_are_closed_is_raised_after_every_one_is_closed(monkeypatch):
+    """CI, 2026-12-05: a Ctrl-C at the end of `lm tokenize --num-workers 2` was printed as "Exception
+    ignored in: <Finalize object, dead> ... KeyboardInterrupt" and lost: it had landed in a worker
+    process's finalizer, run as a weakref callback when the pool dropped it. WorkerPool.close now
+    closes each process itself (its finalizer runs there) and raises a Ctrl-C that came meanwhile
+    once every worker is closed; nothing is left to a weakref callback."""
+    import multiprocessing.process
+
+    from lm.tokenizer.workers import WorkerPool
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    pool = WorkerPool(2, abs)
+    assert list(pool.map([-1, -2, 3])) == [1, 2, 3]
+    processes = [p for p, _ in pool._workers]
+    join = multiprocessing.process.BaseProcess.join
+
+    def join_then_ctrl_c(self, timeout=None):
+        join(self, timeout)
+        if self is processes[0]:
+            signal.raise_signal(signal.SIGINT)  # a Ctrl-C while the pool is being closed
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", join_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
+    for p in processes:
+        with pytest.raises(ValueError, match="closed"):
+            p.exitcode  # noqa: B018 - closed: its finalizer has run, nothing is left for a weakref callback
+    assert unraisable == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_closing_the_workers_leaves_no_pipe_or_process_to_a_later_finalizer():
+    """CI, 2026-12-05, again: the Ctrl-C landed in a pipe's ``__del__`` (multiprocessing's
+    Connection), run when the last reference went, after close() and outside the deferred block:
+    the map generator's frame (which a caller still holds) and close()'s own loop variables held
+    pipes. Now every pipe and process of the pool is gone when close() returns."""
+    import gc
+    import weakref
+
+    from lm.tokenizer.workers import WorkerPool
+
+    gc.collect()
+    pool = WorkerPool(2, abs)
+    results = pool.map([-1, -2, 3])  # held by the caller, as `with parallel_map(...) as results` holds it
+    assert next(results) == 1
+    refs = [weakref.ref(o) for p, conn in pool._workers for o in (p, conn)]
+    gc.disable()  # only reference counts free them: nothing is left for a later collection either
+    try:
+        pool.close()
+        assert [r() for r in refs] == [None] * len(refs)
+    finally:
+        gc.enable()
+    with pytest.raises(StopIteration):
+        next(results)
 
 
 _PARENT = os.getpid()

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from lm.io import InterruptGuard, interrupts_deferred
+from lm.io import interrupts_deferred
 
 _IN_FLIGHT = 2  # tasks queued per worker: one running, one waiting
 
@@ -95,9 +95,9 @@ class WorkerPool:
         try:
             # A Ctrl-C during a fork would run its handler inside the interpreter's at-fork hooks
             # (logging's lock release), which print the KeyboardInterrupt as "Exception ignored"
-            # and drop it: it waits until the workers are forked, then is raised.
-            with InterruptGuard() as guard:
-                guard.hold()
+            # and drop it: it waits until the workers are forked, then goes to whatever handles
+            # Ctrl-C here (an InterruptGuard held it back only where Python's own handler was set).
+            with interrupts_deferred():
                 for _ in range(max(1, n)):
                     parent, child = ctx.Pipe()
                     inherited = [c for _, c in self._workers] + [parent]
