@@ -2,6 +2,8 @@
 a thing given in two spellings is refused, and an output that cannot be written is named as --out."""
 
 import argparse
+import errno
+import sys
 
 import pytest
 
@@ -257,3 +259,58 @@ def test_interruptible_script_says_what_it_keeps_on_ctrl_c_and_sigterm(capsys):
         assert interruptible_script("x.py", run, kept=lambda kept=kept: kept) == status
         assert capsys.readouterr().err == line + "\n"
     assert signal.getsignal(signal.SIGTERM) is before  # the script's own handler is put back
+
+
+def test_check_fits_refuses_a_batch_one_byte_past_the_free_memory_and_takes_one_that_fits(monkeypatch):
+    """A mutation (`need <= have` read as `need <= 2 * have`): the tests size absurd batches only
+    (10**9 rows, beam 10**10), which any factor still refuses."""
+    import lm.train.memory
+    from lm.cli.common import check_fits
+
+    have = 3 << 30
+    monkeypatch.setattr(lm.train.memory, "available_bytes", lambda device: have)
+    check_fits("--max-batch: a batch of 4 rows", have, "their cache needs at least", "cpu", "lower --max-batch")
+    with pytest.raises(ValueError) as e:
+        check_fits("--max-batch: a batch of 4 rows", have + 1, "their cache needs at least", "cpu", "lower --max-batch")
+    assert str(e.value) == ("--max-batch: a batch of 4 rows does not fit in memory (their cache needs at least "
+                            "3.00 GiB, cpu has 3.00 GiB free); lower --max-batch")
+
+
+class _FullStdout:
+    """A standard output whose every write fails as /dev/full's does (no descriptor: silence_stdout
+    leaves the test's real stdout alone)."""
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["plot", "--help"]])
+def test_help_or_version_that_cannot_be_written_is_exit_2_in_process(argv, monkeypatch, capsys):
+    """A mutation (WrittenHelpParser exits 0 after the failed write): only a subprocess test with
+    cwd=tmp_path checks it, which runs the installed tree, not a changed one."""
+    monkeypatch.setattr(sys, "stdout", _FullStdout())
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    prog = "lm" if argv == ["--version"] else "lm plot"
+    assert capsys.readouterr().err == f"{prog}: error: standard output cannot be written: No space left on device\n"
+
+
+@pytest.mark.parametrize("arch, want, hint", [
+    ("encoder_decoder", "decoder_lm", "a translation model (encoder_decoder); use `lm translate`"),
+    ("decoder_lm", "encoder_decoder", "a language model (decoder_lm); use `lm sample`"),
+])
+def test_a_checkpoint_of_the_other_kind_points_to_the_command_for_it(arch, want, hint):
+    """A mutation (the two hints swapped): only a slow subprocess test after a training run
+    (test_seq2seq_train) checks one direction; nothing checks `lm translate` given a language model."""
+    from types import SimpleNamespace
+
+    from lm.cli.common import require_architecture
+
+    model = SimpleNamespace(config=SimpleNamespace(architecture=arch))
+    with pytest.raises(ValueError) as e:
+        require_architecture(model, want, "runs/x")
+    assert str(e.value) == f"--checkpoint: 'runs/x' is {hint}"

@@ -504,3 +504,29 @@ def test_bad_demo_paths_are_one_line_naming_the_option(tmp_path, monkeypatch, ca
         assert main(["demo", "--train-seconds", "1", "--quiet", *extra]) == 2
         assert capsys.readouterr().err.strip() == f"lm demo: error: {message}"
     assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2"]
+
+
+def test_the_unigram_baseline_scores_the_tokens_and_bytes_the_model_scored(tmp_path, monkeypatch):
+    """A mutation (the baseline scores val[:n], not val[1:n+1]): the model never scores the first
+    validation token, so the baseline took one token the model did not score, dropped one it did,
+    and divided by the bytes of the other set. Only the formula was tested, not what it is given.
+    The reference: every validation token after the first, and their bytes from the tokenizer."""
+    import numpy as np
+
+    from lm.data import read_token_file
+    from lm.tokenizer import load_tokenizer_dir
+
+    monkeypatch.chdir(tmp_path)  # no TinyStories in ./data: the synthetic corpus
+    settings = DemoSettings(out_dir=str(tmp_path / "demo"), corpus_bytes=50_000, vocab_size=300, train_seconds=60,
+                            max_steps=2, d_model=32, num_layers=1, num_heads=2, context_length=32, num_samples=1,
+                            sample_tokens=4, device="cpu", progress=False)
+    report = run_demo(settings)
+    out = tmp_path / "demo"
+    tok = load_tokenizer_dir(out / "tokenizer")
+    train, _ = read_token_file(out / "data" / "train.bin")
+    val, _ = read_token_file(out / "data" / "val.bin")
+    scored = np.asarray(val[1:], dtype=np.int64)  # fewer than 200,000: every token after the first
+    assert report.val["tokens"] == len(scored)
+    nbytes = sum(len(tok.vocab[int(t)]) for t in scored)  # a special token counts its own bytes too
+    assert report.val["bytes"] == nbytes
+    assert report.unigram_bpb == pytest.approx(unigram_bits_per_byte(train, scored, tok.vocab_size, nbytes), rel=1e-12)

@@ -724,3 +724,22 @@ def test_evaluate_tokens_counts_the_utf8_bytes_of_non_ascii_text_and_special_tok
     assert lengths[tok.token_to_id[EOT.encode()]] == len(EOT) and (lengths[:256] == 1).all()
     r = evaluate_tokens(model, np.array(ids), token_bytes=lengths)
     assert r["bytes"] == len(text.encode("utf-8")) - 1
+
+
+@pytest.mark.parametrize("extra", [0, 1, 10**6])
+def test_a_max_tokens_that_scores_every_token_keeps_the_whole_files_estimate(run, tmp_path, capsys, extra):
+    """A mutation (`max_tokens + 1 >= len(tokens)` read as `max_tokens >= len(tokens)`): a file of N
+    tokens has N - 1 to score, so --max-tokens N - 1 scores the whole file, and the sidecar's bytes
+    per token still estimates its bits per byte (as without --max-tokens); the mutant said n/a."""
+    d, model, tok = run
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+    ids = tok.encode(TEXT[:300])
+    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=300,
+                     tokenizer_sha256=tok.checksum())
+    assert main(["eval", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(tmp_path / "v.bin"), "--quiet",
+                 "--json", "--max-tokens", str(len(ids) - 1 + extra)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    loss, count = reference_loss(model, ids)
+    assert r["tokens"] == count == len(ids) - 1
+    assert r["bits_per_byte"] == pytest.approx(loss / math.log(2) / (300 / len(ids)), rel=1e-5)

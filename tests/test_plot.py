@@ -284,3 +284,21 @@ def test_an_out_that_cannot_be_written_is_one_line_naming_out(tmp_path, capsys, 
         rc, err = _cli(["plot", str(run), "--out", out, "--quiet"], capsys)
         assert (rc, err.strip()) == (2, f"lm plot: error: {message}")
     assert sorted(os.listdir(tmp_path)) == ["loop1", "loop2", "run"]
+
+
+def test_plot_refuses_an_out_that_is_not_a_png_and_writes_nothing(tmp_path, capsys):
+    """A mutation (the .png check dropped): a PNG was written under any name (plot.txt)."""
+    run = _run(tmp_path / "run")
+    assert main(["plot", str(run), "--out", str(tmp_path / "plot.txt"), "--quiet"]) == 2
+    assert capsys.readouterr().err == f"lm plot: error: --out: {str(tmp_path / 'plot.txt')!r} must end in .png\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_plot_of_an_empty_run_dir_is_refused_inside_a_run_folder(tmp_path, capsys, monkeypatch):
+    """A mutation (check_not_empty of RUN_DIR dropped): `lm plot "$RUN"` with RUN unset, from inside
+    a run folder, plotted the working folder into ./loss.png."""
+    run = _run(tmp_path / "run")
+    monkeypatch.chdir(run)
+    assert main(["plot", "", "--quiet"]) == 2
+    assert capsys.readouterr().err == "lm plot: error: RUN_DIR: must not be empty\n"
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]

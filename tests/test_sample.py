@@ -443,3 +443,70 @@ def test_an_empty_prompt_without_end_of_text_names_the_option_given(tmp_path, ca
                         (["--prompt-file", "-"], "--prompt-file: standard input is empty")):
         assert main([*common, *given]) == 2
         assert capsys.readouterr().err == f"lm sample: error: {said}{rest}"
+
+
+def test_sample_refuses_max_new_tokens_0_before_loading_anything(tmp_path, capsys):
+    """A mutation (`< 1` read as `< 0`): --max-new-tokens 0 echoed the prompt and exited 0, where
+    --num-samples 0 is refused. The check comes before the model loads: the checkpoint need not exist."""
+    assert main(["sample", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x",
+                 "--max-new-tokens", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "lm sample: error: --max-new-tokens: must be >= 1, got 0\n")
+
+
+def test_an_empty_prompt_starts_at_end_of_text_when_it_is_not_id_0(tmp_path, capsys):
+    """A mutation (an empty prompt starts from id 0, not <|endoftext|>): every test tokenizer lists
+    <|endoftext|> first, so it is id 0 and the mutant equals the code. With `--special-token '<pad>'
+    --special-token '<|endoftext|>'` it is id 1, and a sample of '' must start where generate()
+    starts from [eot]."""
+    import torch
+    from helpers.run_dir import save_model
+
+    from lm.generate import generate
+    from lm.model import TransformerLM
+    from lm.tokenizer import Tokenizer, save_tokenizer_dir, train_bpe
+
+    text = "Lily had a red ball. She threw it to Tom. Tom said, \"Thank you!\"\n<|endoftext|>" * 40
+    (tmp_path / "corpus.txt").write_text(text, encoding="utf-8")
+    vocab, merges = train_bpe(tmp_path / "corpus.txt", 300, ["<pad>", "<|endoftext|>"])
+    tok = Tokenizer(vocab, merges, ["<pad>", "<|endoftext|>"])
+    save_tokenizer_dir(tok, tmp_path / "tokenizer")
+    eot = tok.token_to_id[b"<|endoftext|>"]
+    assert eot != 0
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64).eval()
+    save_model(tmp_path, model)
+    assert main(["sample", "--checkpoint", str(tmp_path), "--prompt", "", "--temperature", "0",
+                 "--max-new-tokens", "12", "--quiet"]) == 0
+    new = generate(model, [eot], 12, temperature=0.0, eos_id=eot, vocab_size=tok.vocab_size)
+    from_zero = generate(model, [0], 12, temperature=0.0, eos_id=eot, vocab_size=tok.vocab_size)
+    assert new != from_zero  # the test tells the two starts apart
+    assert capsys.readouterr().out == tok.decode([t for t in new if t != eot]) + "\n"
+
+
+def test_a_sample_that_ends_at_end_of_text_prints_no_end_of_text(tmp_path, capsys):
+    """A mutation (the streamer no longer skips <|endoftext|>): generate() hands the end token to
+    on_token, and no CLI test drew one (temperature 0.9, 30 tokens of 300 ids). The text printed
+    must be generate()'s tokens up to the end token, decoded without it, as the help says
+    ("Generation stops at <|endoftext|>")."""
+    import torch
+    from helpers.run_dir import make_run_dir, save_model
+
+    from lm.generate import generate
+
+    text = "Lily had a red ball. She threw it to Tom. Tom said, \"Thank you!\"\n<|endoftext|>" * 40
+    d, model, tok = make_run_dir(tmp_path, text, 300, context_length=16, d_model=32, num_layers=2, num_heads=2,
+                                 d_ff=64)
+    model.eval()
+    save_model(d, model)
+    eot = tok.token_to_id[b"<|endoftext|>"]
+    for seed in range(200):  # a seed whose sample ends at <|endoftext|>
+        new = generate(model, tok.encode("Lily"), 60, temperature=3.0, eos_id=eot, vocab_size=tok.vocab_size,
+                       generator=torch.Generator().manual_seed(seed))
+        if new[-1] == eot:
+            break
+    else:
+        pytest.skip("no seed below 200 ends at <|endoftext|>")
+    assert main(["sample", "--checkpoint", str(d), "--prompt", "Lily", "--temperature", "3", "--max-new-tokens",
+                 "60", "--seed", str(seed), "--quiet"]) == 0
+    assert capsys.readouterr().out == "Lily" + tok.decode(new[:-1]) + "\n"

@@ -1361,3 +1361,60 @@ def test_a_request_without_max_tokens_temperature_and_top_p_gets_openais_default
     assert r["choices"][0]["text"] == explicit["choices"][0]["text"]
     greedy = httpx.post(served.url + "/v1/completions", json={**base, "temperature": 0.0}).json()
     assert greedy["choices"][0]["text"] != r["choices"][0]["text"]  # the default samples
+
+
+def test_usage_counts_every_prompt_once_and_every_choices_tokens(served):
+    """A mutation (prompt_tokens of the first prompt only) and another (completion_tokens of the first
+    choice only): test_several_prompts_and_choices checks the texts, not the usage. OpenAI counts
+    each prompt once (not once per choice) and the tokens of every choice."""
+    prompts = ["Lily", "The dog ran"]
+    r = served.client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=8, temperature=1.0, seed=9)
+    completion = sum(len(tokens) for p in prompts for _, tokens in reference_text(served, p, 8, 1.0, seed=9, n=2))
+    prompt = sum(len(served.tok.encode(p)) for p in prompts)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == \
+        (prompt, completion, prompt + completion)
+
+
+def test_echo_of_several_prompts_with_n_choices_starts_each_choice_with_its_own_prompt(served):
+    """A mutation (the echoed prefix of choice i taken as prompt i % len(prompts), not i // n):
+    choices are grouped by prompt (n per prompt, test_several_prompts_and_choices), so with two
+    prompts and n=2 the second choice echoed the second prompt. No test echoes several prompts."""
+    prompts = ["Lily", "The dog ran"]
+    r = served.client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=3, temperature=1.0, seed=4,
+                                         echo=True)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        prompt = prompts[c.index // 2]
+        generated = [t for t, _ in reference_text(served, prompt, 3, 1.0, seed=4, n=2)][c.index % 2]
+        assert c.text == prompt + generated
+
+
+def test_a_stream_is_server_sent_events_that_no_cache_or_proxy_holds_back(served):
+    """A mutation (the stream's Cache-Control and X-Accel-Buffering headers dropped): nginx buffers
+    a proxied response unless told `X-Accel-Buffering: no`, and the client would see the tokens
+    only at the end; server-sent events are sent `Cache-Control: no-cache` (WHATWG HTML, 9.2)."""
+    import httpx
+
+    body = {"model": "tiny", "prompt": "Lily", "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].split(";")[0] == "text/event-stream"
+        assert r.headers["cache-control"] == "no-cache" and r.headers["x-accel-buffering"] == "no"
+        assert "data: [DONE]" in list(r.iter_lines())
+
+
+def test_health_of_a_failed_engine_is_a_503_saying_failed():
+    """A mutation (/health of a failed engine answers 200): a load balancer or Kubernetes probe takes
+    a 200 for a live server, and kept sending requests to one whose model had failed (every request
+    a 500). No test asks /health after a failure (the failing-model test only waits for the 200)."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from lm.serve import create_app
+
+    engine = SimpleNamespace(error=RuntimeError("boom"), max_batch=1, max_queue=1, context_length=8,
+                             architecture="decoder_lm")
+    app = create_app(engine, SimpleNamespace(eot_id=None), "m", start_engine=False)
+    r = TestClient(app).get("/health")
+    assert (r.status_code, r.json()) == (503, {"status": "failed", "error": "RuntimeError('boom')"})

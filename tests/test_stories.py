@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from lm.demo.stories import SEPARATOR, article, generate_story, main, say, write_corpus
+from lm.demo.stories import SEPARATOR, article, generate_story, main, make_cast, say, write_corpus
 
 WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
@@ -177,3 +177,39 @@ def test_command_line_help_gives_the_default_as_bytes_takes_it(capsys):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default 2000000)" in text and "2e6" not in text and "--overwrite" in text
+
+
+def test_a_longer_text_file_of_the_users_is_never_replaced_even_with_overwrite(tmp_path, monkeypatch, capsys):
+    """A mutation (is_corpus no longer asks that the file end with the separator): the only test's
+    file, "precious\\n", is shorter than the separator, so the size check refused it alone. Any
+    longer UTF-8 note was then taken for a corpus and replaced by --overwrite."""
+    monkeypatch.chdir(tmp_path)
+    notes = "My notes for the talk on Thursday: bring the slides and the demo laptop.\n"
+    (tmp_path / "notes.txt").write_text(notes)
+    assert main(["--bytes", "1000", "--out", "notes.txt", "--overwrite"]) == 2
+    assert capsys.readouterr().err == (f"{PROG}: error: --out: 'notes.txt' exists and is not a corpus this command "
+                                       "wrote (text ending in <|endoftext|>); refusing to replace it\n")
+    assert (tmp_path / "notes.txt").read_text() == notes
+
+
+def test_write_corpus_stops_at_the_first_story_that_reaches_the_size(tmp_path):
+    """A mutation (`size < num_bytes` read as `<=`): one story too many when a story ends exactly at
+    the size, and a story for --bytes 0, whose empty file is_corpus documents. The stories are those
+    of generate_story from random.Random(seed), each followed by SEPARATOR."""
+    rng = random.Random(5)
+    first = generate_story(rng) + SEPARATOR
+    second = generate_story(rng) + SEPARATOR
+    size = len(first.encode())
+    for num_bytes, want in ((0, ""), (1, first), (size, first), (size + 1, first + second)):
+        stats = write_corpus(tmp_path / "c.txt", num_bytes, seed=5)
+        assert (tmp_path / "c.txt").read_text(encoding="utf-8") == want, num_bytes
+        assert stats["bytes"] == len(want.encode()) and stats["stories"] == want.count(SEPARATOR)
+
+
+def test_a_hero_and_a_friend_never_share_a_name():
+    """A mutation (the friend drawn from every name, the hero's too): "Lily saw a girl ... My name is
+    Lily." No test looked at the cast."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        hero, friend, _parent = make_cast(rng)
+        assert hero.name != friend.name

@@ -1046,3 +1046,25 @@ def test_tokenizer_train_holds_out_at_most_a_tenth_and_reports_its_bytes_per_tok
     hf = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
     n = len(hf.encode(tail, add_special_tokens=False).ids)
     assert summary["bytes_per_token_heldout"] == round(len(tail.encode("utf-8")) / n, 4)
+
+
+def test_tokenizer_train_refuses_a_negative_holdout_before_any_work(tmp_path, capsys):
+    """A mutation (`--holdout-bytes < 0` read as `< -1`): no test gives a negative --holdout-bytes."""
+    (tmp_path / "c.txt").write_text("Lily had a red ball.\n" * 20)
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "c.txt"), "--vocab-size", "260", "--out",
+                 str(tmp_path / "tok"), "--holdout-bytes", "-1", "--quiet"]) == 2
+    assert capsys.readouterr() == ("", "lm tokenizer train: error: --holdout-bytes: must be >= 0, got -1\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def test_tokenize_never_writes_below_the_tokenizer_folder(tmp_path, capsys):
+    """A mutation (only --out directly in the --tokenizer folder refused, not in a folder below it):
+    "nothing is written into the --tokenizer folder, an input" (_check_outputs)."""
+    (tmp_path / "tok" / "sub").mkdir(parents=True)
+    (tmp_path / "c.txt").write_text("Lily had a red ball.\n")
+    out = tmp_path / "tok" / "sub" / "x.bin"
+    assert main(["tokenize", "--tokenizer", str(tmp_path / "tok"), "--input", str(tmp_path / "c.txt"), "--out",
+                 str(out), "--quiet"]) == 2
+    assert capsys.readouterr() == ("", f"lm tokenize: error: --out: {str(out)!r} is inside the --tokenizer folder "
+                                       f"{str(tmp_path / 'tok')!r}, an input; choose another output\n")
+    assert list((tmp_path / "tok" / "sub").iterdir()) == []

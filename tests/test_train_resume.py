@@ -713,3 +713,13 @@ def test_a_data_file_rewritten_with_the_same_size_and_start_has_another_fingerpr
     data[i] ^= 0xFF
     p.write_bytes(bytes(data))
     assert data_fingerprint(p, {}) != before
+
+
+def test_train_resume_given_empty_is_refused_naming_resume(tmp_path, capsys):
+    """A mutation (the `--resume ''` check dropped): '' was taken for "not given" and the run started
+    over. Only test_cli_faults (a subprocess in tmp_path) checked it."""
+    config = tmp_path / "c.toml"
+    config.write_text("")  # never read: the refusal comes first
+    assert main(["train", "--config", str(config), "--resume", "", "--quiet"]) == 2
+    assert capsys.readouterr().err == ("lm train: error: --resume: must not be empty; pass --resume alone to continue "
+                                       "the run in train.out_dir, or --resume PATH\n")

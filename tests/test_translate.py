@@ -1253,3 +1253,32 @@ def test_vocab_size_at_an_id_the_model_chooses_rules_that_id_out():
         assert limited == [_brute_greedy(model, s, max_extra=12, vocab_size=limit) for s in SOURCES], limit
         beams = translate(model, SOURCES, beam_size=3, max_extra=12, vocab_size=limit)
         assert all(t < limit for ts in beams + limited for t in ts), limit
+
+
+def test_nbest_line_numbers_count_on_across_the_groups_of_a_buffered_input(run, capsys, monkeypatch):
+    """A mutation (the LINE field counted from the start of each --buffer-size group): with
+    `--input - --buffer-size 1 --nbest 2` every sentence was numbered 1. LINE is the sentence's
+    number in the input (--help), as beam_search_nbest ranks each line on its own."""
+    from lm.generate import beam_search_nbest
+    from lm.generate.seq2seq import line_break_ids
+
+    d, model, tok = run
+    lines = ["ab", "", "cd ef"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("".join(x + "\n" for x in lines).encode())))
+    assert main(["translate", "--checkpoint", str(d), "--input", "-", "--buffer-size", "1", "--beam", "2",
+                 "--nbest", "2", "--quiet"]) == 0
+    expected = []
+    for number, line in enumerate(lines, 1):
+        if line:
+            hyps = beam_search_nbest(model, [tok.encode(line)], nbest=2, beam_size=2, vocab_size=tok.vocab_size,
+                                     banned_ids=line_break_ids(tok))[0]
+            expected += [f"{number}\t{h.score:.4f}\t{tok.decode(h.tokens).strip()}" for h in hyps]
+    assert capsys.readouterr().out.splitlines() == expected
+
+
+def test_translate_refuses_beam_0_naming_beam_before_loading_anything(tmp_path, capsys):
+    """A mutation (`--beam < 1` read as `< 0`): --beam 0 was then refused as an --nbest error
+    ("--nbest: must be in [1, --beam=0]"), naming an option the user never gave. No test gave --beam 0
+    to the command (the library's own check is tested)."""
+    assert main(["translate", "--checkpoint", str(tmp_path / "missing"), "--beam", "0", "A dog runs."]) == 2
+    assert capsys.readouterr() == ("", "lm translate: error: --beam: must be >= 1, got 0\n")
