@@ -1,6 +1,7 @@
 """`lm export hf`: transformers loads the folder as Llama with equal logits and equal token ids."""
 
 import itertools
+import json
 import re
 
 import numpy as np
@@ -450,3 +451,81 @@ def test_an_export_without_a_tokenizer_says_so(tmp_path, capsys):
     assert ("when the run has a tokenizer (its tokenizer/) or --tokenizer is given, tokenizer.json and "
             "tokenizer_config.json" in " ".join(capsys.readouterr().out.split()))
     assert "tokenizer_config.json" in export_hf.__doc__.split("\n\n")[0]
+
+
+@pytest.mark.parametrize(("variant", "key", "value", "needs"), [
+    ({"norm_placement": "post"}, "norm_placement", "post", "pre"),
+    ({"positions": "learned"}, "positions", "learned", "rope"),
+    ({"ffn": "relu"}, "ffn", "relu", "swiglu"),
+])
+def test_each_choice_llama_cannot_hold_is_refused(tmp_path, variant, key, value, needs):
+    """Every architecture choice that Llama's layers cannot hold is refused by name, not only the norm:
+    a post-norm RMSNorm/RoPE/SwiGLU model (mut24a H12: norm_placement dropped from the check) was
+    exported, and transformers loaded it as a pre-norm Llama with other logits and no error."""
+    model = TransformerLM(300, 32, 64, 2, 4, 128, 10000.0, **variant)
+    message = rf"^model: {key}='{value}' has no Llama equivalent \(Llama needs {key}='{needs}'\)$"
+    with pytest.raises(ValueError, match=message):
+        export_hf(model, tmp_path / "x")
+    with pytest.raises(ValueError, match=message):
+        llama_config(model.config)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_tokenizer_one_token_larger_than_the_model_is_refused(run, tmp_path):
+    """The bound at its edge: a tokenizer of vocab_size + 1 tokens has an id past the embedding (mut24a
+    H10: `> vocab_size + 1` passed the test, which used a tokenizer 20 tokens too large); as many
+    tokens as rows is fine."""
+    _, _, tok = run
+    v = tok.vocab_size
+    with pytest.raises(ValueError, match=rf"^tokenizer: {v} tokens, more than the model's vocab_size {v - 1}$"):
+        export_hf(TransformerLM(v - 1, 32, 32, 1, 2, None), tmp_path / "small", tok)
+    assert not (tmp_path / "small").exists()
+    export_hf(TransformerLM(v, 32, 32, 1, 2, None), tmp_path / "hf", tok)
+
+
+def test_the_exported_folder_says_the_models_context_and_end_of_text_to_transformers(run, tmp_path):
+    """What transformers reads from the folder besides the weights, against the lm model and tokenizer:
+    max_position_embeddings and the tokenizer's model_max_length are the model's context_length (a
+    fixed 2048, mut24a H15/H16, passed every test: generate() would run past the trained context with
+    no warning), and <|endoftext|> is the tokenizer's eos and bos token (mut24a H17: without them
+    AutoTokenizer has no eos_token, and pipelines neither stop nor pad)."""
+    _, model, tok = run
+    out = export_hf(model, tmp_path / "hf", tok)
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert config.max_position_embeddings == model.config.context_length
+    assert config.rms_norm_eps == model.config.norm_eps
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tok.model_max_length == model.config.context_length
+    eot = tok.token_to_id[b"<|endoftext|>"]
+    assert (hf_tok.eos_token, hf_tok.eos_token_id) == ("<|endoftext|>", eot)
+    assert (hf_tok.bos_token, hf_tok.bos_token_id) == ("<|endoftext|>", eot)
+    assert config.eos_token_id == config.bos_token_id == eot
+    written = json.loads((out / "config.json").read_text())
+    assert written["hidden_act"] == "silu" and written["torch_dtype"] == "float32"
+
+
+def test_a_bfloat16_model_is_exported_as_float32_weights(tmp_path):
+    """config.json says torch_dtype float32: the tensors are written in float32 whatever the model's
+    dtype (a bfloat16 model's weights, widened exactly)."""
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = TransformerLM(300, 32, 64, 1, 4, 128, dtype=torch.bfloat16).eval()
+    out = export_hf(model, tmp_path / "hf")
+    tensors = load_file(out / "model.safetensors")
+    assert {t.dtype for t in tensors.values()} == {torch.float32}
+    assert torch.equal(tensors["model.embed_tokens.weight"], model.token_embeddings.weight.float())
+
+
+def test_the_end_of_text_id_is_the_tokenizers_wherever_it_sits(tmp_path):
+    """eos_token_id (and bos_token_id) in config.json is the tokenizer's <|endoftext|> id. The CLI test's
+    tokenizer, trained by train_bpe, has it at id 0, so a fixed 0 (mut24a H21) passed; a byte-level
+    tokenizer holds it after the 256 bytes."""
+    from lm.tokenizer import Tokenizer
+
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    assert tok.eot_id == 256
+    out = export_hf(TransformerLM(300, 32, 32, 1, 2, None), tmp_path / "hf", tok)
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert config.eos_token_id == config.bos_token_id == 256
+    assert transformers.AutoTokenizer.from_pretrained(out).eos_token_id == 256

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -739,6 +740,37 @@ def test_model_config_takes_numpy_integers_as_ints():
             ModelConfig(vocab_size=bad, context_length=16, d_model=16, num_layers=1, num_heads=2)
 
 
+
+@pytest.mark.parametrize("kind", ["decoder_lm", "encoder_decoder"])
+def test_model_configs_take_every_numpy_scalar_as_the_python_value(kind, tmp_path):
+    """Only the sizes had been converted: `dropout=np.float32(0.1)` was kept as numpy, and the model's
+    first `to_json`, or `export_safetensors`, failed with "Object of type float32 is not JSON
+    serializable"; `pad_id=np.int64(0)` was refused as "must be an id in [0, 53), got np.int64(0)"
+    and `tie_embeddings=np.bool_(True)` as "must be a bool" (mut24a). Each field now holds the
+    Python value numpy's `item()` gives, and the config round-trips through JSON and TOML."""
+    from lm.checkpoint import export_safetensors, load_model
+    from lm.model import Seq2SeqConfig, build_model
+
+    values = dict(rope_theta=np.float32(5e3), norm_eps=np.float64(1e-6), dropout=np.float32(0.1),
+                  tie_embeddings=np.bool_(True), norm=np.str_("layernorm"))
+    plain = {k: v.item() for k, v in values.items()}
+    if kind == "decoder_lm":
+        make = lambda **kw: ModelConfig(vocab_size=64, context_length=16, d_model=32, num_layers=1, num_heads=4, **kw)
+    else:
+        values.update(label_smoothing=np.float32(0.1), embed_scale=np.bool_(False), pad_id=np.int64(0),
+                      bos_id=np.uint8(1), eos_id=np.int32(2))
+        plain = {k: v.item() for k, v in values.items()}
+        make = lambda **kw: Seq2SeqConfig(vocab_size=64, context_length=16, d_model=32, encoder_layers=1,
+                                          decoder_layers=1, num_heads=4, **kw)
+    cfg = make(**values)
+    assert cfg == make(**plain)
+    assert {k: type(getattr(cfg, k)) for k in values} == {k: type(v) for k, v in plain.items()}
+    assert type(cfg).from_json(cfg.to_json()) == cfg == type(cfg).from_toml(cfg.to_toml())
+    export_safetensors(build_model(cfg), tmp_path / "model.safetensors")
+    assert load_model(tmp_path / "model.safetensors")[0].config == cfg
+    with pytest.raises(ValueError, match=r"^tie_embeddings must be a bool, got 1$"):  # a number is still no flag
+        make(tie_embeddings=np.int64(1))
+
 def test_the_models_refuse_a_dtype_that_is_not_a_torch_floating_dtype():
     """TransformerLM(..., dtype='float16') and build_model(cfg, dtype='bfloat16') failed inside torch
     ("Only Tensors of floating point ... can require gradients", apifuzz19 #21): the message names the
@@ -774,3 +806,71 @@ def test_lm_flops_per_token_is_torchs_count():
         with FlopCounterMode(display=False) as fc, torch.no_grad():
             model(torch.randint(0, 100, (1, s)))
         assert fc.get_total_flops() == model.flops_per_token(seq_len=s) * s
+
+
+def test_tied_weights_keep_the_output_projections_init():
+    """With tie_embeddings the one matrix is lm_head's, with Linear's σ² = 2/(vocab + d_model), and
+    token_embeddings reads that same tensor. Tied the other way round (lm_head.weight =
+    token_embeddings.weight, mut24a M5) it kept Embedding's σ = 1, and the first logits were
+    about √(vocab + d_model)/√2 ≈ 23 times too large here: nothing checked the tied matrix's scale."""
+    torch.manual_seed(0)
+    vocab, d = 1000, 64
+    model = TransformerLM(vocab, 32, d, 1, 4, 128, tie_embeddings=True)
+    assert model.token_embeddings.weight is model.lm_head.weight
+    want = math.sqrt(2.0 / (vocab + d))  # Linear's documented init (truncated at 3σ: the std ≈ 0.986 σ)
+    std = model.lm_head.weight.std().item()
+    assert 0.95 * want < std < 1.02 * want, (std, want)
+    assert [n for n, _ in model.named_parameters()].count("token_embeddings.weight") == 1
+
+
+@pytest.mark.parametrize("ffn", ["relu", "gelu", "silu", "swiglu"])
+def test_lm_flops_per_token_is_torchs_count_for_every_ffn(ffn):
+    """flops_per_token against torch's FlopCounterMode for each feed-forward type: the existing test
+    ran only SwiGLU, so counting three FFN matrices for every type (relu's two, mut24a M18) passed,
+    and a ReLU model's MFU was overstated."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = TransformerLM(100, 32, 64, 2, 4, 128, attn_impl="einsum", ffn=ffn).eval()
+    s = 9
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        model(torch.randint(0, 100, (1, s)))
+    assert fc.get_total_flops() == model.flops_per_token(seq_len=s) * s
+
+
+@pytest.mark.parametrize("name", ["vocab_size", "context_length", "d_model", "num_layers", "num_heads"])
+def test_a_size_one_past_the_largest_is_refused_and_the_largest_is_not(name):
+    """MAX_SIZE is 2**31 - 1: 2**31 is refused naming the key (the tests had tried only 10**20, so a
+    bound twice as large, mut24a C1, passed). Checked on the config alone: nothing is built."""
+    cfg = {**SMALL, name: 2**31}
+    with pytest.raises(ValueError, match=rf"^{name} must be at most 2\*\*31 - 1, got 2,147,483,648$"):
+        ModelConfig(**cfg)
+
+
+def test_a_d_ff_one_past_the_largest_is_refused():
+    """d_ff has its own bound (mut24a C14: dropped, 2**31 and 10**20 were accepted and left to torch)."""
+    for bad in (2**31, 10**20):
+        with pytest.raises(ValueError, match=rf"^d_ff must be a positive integer of at most 2\*\*31 - 1, got {bad}$"):
+            ModelConfig(**{**SMALL, "d_ff": bad})
+
+
+def test_the_config_refuses_an_odd_width_for_sinusoidal_positions():
+    """ModelConfig itself refuses an odd d_model with sinusoidal positions, before any model is built
+    (mut24a C4: without the check the config, and a run's config.toml, were accepted and the error came
+    from sinusoidal_table when the model was built)."""
+    with pytest.raises(ValueError, match=r"^d_model must be even for sinusoidal positions, got d_model=33$"):
+        ModelConfig(**{**SMALL, "d_model": 33, "num_heads": 3, "positions": "sinusoidal"})
+    ModelConfig(**{**SMALL, "d_model": 33, "num_heads": 3, "positions": "learned"})  # any width with learned ones
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned", "sinusoidal"])
+def test_a_cached_forward_past_context_length_is_refused_counting_the_cache(positions):
+    """With a cache longer than the context (new_cache's max_len), the cached positions count against
+    context_length: "(cached 10 + new 10)". With only the new ones counted (mut24a M13) the forward
+    went on to positions 16-19 of a 16-position model: RoPE and learned tables fail deep in
+    index_select, and the sinusoidal table's rows past the end were read as zeros or an IndexError."""
+    torch.manual_seed(0)
+    model = TransformerLM(**SMALL, positions=positions).eval()
+    cache = model.new_cache(1, max_len=32)
+    model(torch.randint(0, 64, (1, 10)), kv_cache=cache)
+    with pytest.raises(ValueError, match=r"^sequence length 20 exceeds context_length=16 \(cached 10 \+ new 10\)$"):
+        model(torch.randint(0, 64, (1, 10)), kv_cache=cache)

@@ -457,3 +457,123 @@ def test_embeddings_plus_positions_are_dropped_out_in_training_on_both_sides():
         zero = dropped == 0
         assert 0.45 < zero.float().mean().item() < 0.55, side  # 6,144 draws: 0.5 +- 0.02 (3 sigma)
         torch.testing.assert_close(dropped[~zero], 2 * plain[~zero])  # inverted dropout: kept ones / (1 - p)
+
+
+def _sites(layer, kind: str, pre: bool):
+    """(module, "input"|"output") pairs naming, for each residual branch of ``layer``, the stream
+    before the branch, the branch's output and the stream after it (before any post-norm)."""
+    branches = [layer.attn, layer.ffn] if kind == "encoder" else [layer.self_attn, layer.cross_attn, layer.ffn]
+    norms = [layer.ln1, layer.ln2] if kind == "encoder" else [layer.ln1, layer.ln2, layer.ln3]
+    sites = []
+    for i, (branch, norm) in enumerate(zip(branches, norms)):
+        if pre:  # x + branch(norm(x)): before is this norm's input, after the next norm's (or the layer's output)
+            before = (norm, "input")
+            after = (norms[i + 1], "input") if i + 1 < len(norms) else (layer, "output")
+        else:  # norm(x + branch(x)): before is the previous norm's output (or the layer's input), after its input
+            before = (norms[i - 1], "output") if i else (layer, "input")
+            after = (norm, "input")
+        sites.append((before, (branch, "output"), after))
+    return sites
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_every_residual_branch_is_dropped_out_in_training_in_both_stacks(placement):
+    """Vaswani et al. 5.4: "we apply dropout to the output of each sub-layer, before it is added to the
+    sub-layer input". Seen from forward hooks, in every encoder and decoder layer each stream after a
+    branch is the stream before it plus the branch's output with about p of its elements zeroed and
+    the others scaled by 1/(1-p); the tests had only checked the embeddings' dropout, so removing the
+    dropout of the decoder's feed-forward, of its self-attention or of the encoder's feed-forward
+    (mut24a B11, B12, B15) passed them all."""
+    torch.manual_seed(0)
+    p = 0.3
+    model = build_model(_config(encoder_layers=1, decoder_layers=1, dropout=p, norm_placement=placement))
+    model.train()
+    seen, handles, wanted = {}, [], []
+    for kind, layer in (("encoder", model.encoder[0]), ("decoder", model.decoder[0])):
+        for triple in _sites(layer, kind, placement == "pre"):
+            wanted.append(triple)
+            for module, what in triple:
+                key = (id(module), what)
+                if key in seen:
+                    continue
+                seen[key] = None
+
+                def hook(mod, args, output, key=key, what=what):
+                    seen[key] = (args[0] if what == "input" else output).detach()
+                handles.append(module.register_forward_hook(hook))
+    src, tgt = torch.randint(3, 53, (8, 24)), torch.randint(3, 53, (8, 24))
+    model(src, tgt)
+    for h in handles:
+        h.remove()
+    assert len(wanted) == 5
+    for before, branch, after in wanted:
+        before, branch, after = (seen[(id(m), w)] for m, w in (before, branch, after))
+        added, big = after - before, branch.abs() > 1e-2
+        dropped = added.abs() <= 1e-5 * branch.abs().clamp(min=1)
+        assert 0.2 < dropped[big].float().mean() < 0.4  # p = 0.3 over about 6,000 elements
+        torch.testing.assert_close(added[big & ~dropped], branch[big & ~dropped] / (1 - p), rtol=1e-4, atol=1e-5)
+    model.eval()  # and none in evaluation: the same weights with dropout 0
+    plain = build_model(_config(encoder_layers=1, decoder_layers=1, dropout=0.0, norm_placement=placement))
+    plain.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model(src, tgt), plain(src, tgt), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_embeddings_start_at_fairseqs_scale(tied):
+    """The embedding tables (tied or not) start with σ = d_model^-0.5, as fairseq's, so that the √d
+    scale makes the embedded tokens unit-sized; the untied tables had kept Embedding's σ = 1 with the
+    init removed (mut24a S3), and the model's first logits were √d times too large."""
+    torch.manual_seed(0)
+    d = 64
+    model = build_model(_config(vocab_size=2000, d_model=d, tie_embeddings=tied))
+    tables = [model.embeddings] if tied else [model.src_embeddings, model.tgt_embeddings]
+    for table in tables:
+        std = table.weight.std().item()  # 128,000 draws: within 1% of the target
+        assert abs(std - d**-0.5) < 0.02 * d**-0.5, std
+
+
+def test_loss_takes_the_label_smoothing_it_is_given_over_the_configs():
+    """loss(batch, label_smoothing=0.0) is what the trainer's evaluation and lm eval report (the plain
+    loss, the paper's perplexity); with the argument ignored (mut24a S8) they reported the
+    label-smoothed loss of the config, about 0.1 × the logits' spread higher, and no test saw it."""
+    torch.manual_seed(0)
+    model = build_model(_config(label_smoothing=0.1)).eval()
+    src, src_mask = _ragged([9, 4, 7], 9, 53, seed=1)
+    tgt, tgt_mask = _ragged([6, 6, 2], 6, 53, seed=2)
+    tgt_out, _ = _ragged([6, 6, 2], 6, 53, seed=3)
+    batch = SimpleNamespace(src=src, src_mask=src_mask, tgt_in=tgt, tgt_out=tgt_out, tgt_mask=tgt_mask)
+    with torch.no_grad():
+        logits = model(src, tgt, src_mask, tgt_mask)
+        for eps in (0.0, 0.1, 0.25):
+            want = F.cross_entropy(logits[tgt_mask], tgt_out[tgt_mask], label_smoothing=eps)
+            torch.testing.assert_close(model.loss(batch, label_smoothing=eps), want)
+        torch.testing.assert_close(model.loss(batch), F.cross_entropy(logits[tgt_mask], tgt_out[tgt_mask],
+                                                                      label_smoothing=0.1))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"eos_id": 53}, r"^eos_id must be an id in \[0, vocab_size=53\), got 53$"),  # one past the last embedding row
+    ({"pad_id": 53, "bos_id": 1}, r"^pad_id must be an id in \[0, vocab_size=53\), got 53$"),
+    ({"dropout": 1.0}, r"^dropout must be a number in \[0, 1\), got 1.0$"),  # every activation zeroed, 1/(1-p) = inf
+    ({"label_smoothing": 1.0}, r"^label_smoothing must be a number in \[0, 1\), got 1.0$"),
+    ({"architecture": "decoder_lm"}, r"^architecture must be 'encoder_decoder' for this config, got 'decoder_lm'$"),
+])
+def test_boundary_values_of_the_config_are_refused(kwargs, match):
+    """The upper bounds of the config's checks, at the boundary (mut24a S13, S14, S16): an <eos> id equal
+    to vocab_size indexes past the embedding, dropout 1 zeroes everything and divides by 0, and a
+    Seq2SeqConfig saying it is a decoder_lm is built as a TransformerLM when its checkpoint is read."""
+    with pytest.raises(ValueError, match=match):
+        _config(**kwargs)
+
+
+def test_a_cached_decode_past_context_length_is_refused_counting_the_cache():
+    """decode with a cache counts the cached positions against context_length, as TransformerLM does:
+    with the offset dropped (mut24a S20), 20 cached + 10 new positions of a 24-position model went
+    through the length check, to fail (or not) wherever the cache or the position table ran out."""
+    model = build_model(_config()).eval()
+    src = torch.tensor([[5, 6, 7, 2]])
+    memory = model.encode(src)
+    cache = model.new_cache(1, max_len=40)
+    model.decode(torch.randint(3, 53, (1, 20)), memory, cache=cache)
+    with pytest.raises(ValueError, match=r"^target length 30 exceeds context_length=24$"):
+        model.decode(torch.randint(3, 53, (1, 10)), None, cache=cache)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from lm.checks import check_dropout, is_count
 from lm.nn.attention import ATTN_IMPLS, MODEL_ATTN_IMPL
 from lm.nn.block import NORM_PLACEMENTS, NORM_TYPES
@@ -30,7 +32,15 @@ MAX_SIZE = 2**31 - 1  # the largest size (vocabulary, width, layers, context) a 
 def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
     """The checks every model config shares: positive sizes, known choices, heads that divide
     ``d_model``, even widths for RoPE and sinusoids, ``d_ff`` resolved to its default, a positive
-    finite ``rope_theta`` and ``norm_eps``, and a bool ``tie_embeddings``."""
+    finite ``rope_theta`` and ``norm_eps``, and a bool ``tie_embeddings``.
+
+    A numpy scalar in any field (a sweep over ``np.logspace``, a value read from an array) becomes
+    the Python value it holds first: the checks then take ``np.float32(0.1)`` as ``0.1`` (not
+    "must be a number, got np.float32(0.1)"), and the config is written as JSON and TOML."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if isinstance(value, np.generic):
+            setattr(cfg, field.name, value.item())
     for name in sizes:
         value = getattr(cfg, name)
         if not is_count(value, 1):

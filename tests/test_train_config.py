@@ -1,0 +1,109 @@
+"""The training config: its checks at their edges, `--set`, and what `--resume` may change."""
+
+from __future__ import annotations
+
+import pytest
+
+from lm.train import config_from_dict
+from lm.train.config import RESUME_MAY_CHANGE, parse_override, resume_changes
+
+
+def _raw(**sections) -> dict:
+    """A minimal config: config_from_dict checks values, not that the files exist."""
+    raw = {
+        "model": dict(vocab_size=64, context_length=16, d_model=32, num_layers=1, num_heads=2, d_ff=64),
+        "data": dict(train="train.bin"),
+        "train": dict(max_steps=500),
+        "optim": dict(warmup_iters=5),
+    }
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return raw
+
+
+def test_a_warm_up_one_step_longer_than_the_cycle_is_refused():
+    """The check's edge (mut24a T5: `warmup > cycle + 1` passed test_train's 100-against-50): a warm-up
+    of cycle + 1 iterations already climbs past the cycle's end; one as long as the cycle is fine."""
+    with pytest.raises(ValueError, match=r"^config: optim\.warmup_iters \(51\) is longer than optim\."
+                                         r"cosine_cycle_iters \(50\), and the run goes on past the warm-up"):
+        config_from_dict(_raw(optim=dict(warmup_iters=51, cosine_cycle_iters=50)))
+    config_from_dict(_raw(optim=dict(warmup_iters=50, cosine_cycle_iters=50)))
+
+
+@pytest.mark.parametrize("key", ["train.seed", "eval.seed"])
+def test_the_largest_seed_is_taken_and_one_past_it_is_refused(key):
+    """Seeds are whole numbers in [0, 2**64 - 1] (torch's manual_seed takes 2**64 - 1): the top value is
+    taken, one more refused (mut24a T12: `< SEED_MAX` refused the top value, and no test tried it)."""
+    section, name = key.split(".")
+    assert getattr(getattr(config_from_dict(_raw(**{section: {name: 2**64 - 1}})), section), name) == 2**64 - 1
+    with pytest.raises(ValueError, match=rf"^config: {key} must be a whole number in \[0, 2\*\*64-1\], got "
+                                         rf"{2**64}$"):
+        config_from_dict(_raw(**{section: {name: 2**64}}))
+
+
+def test_set_keeps_an_equals_sign_in_the_value():
+    """`--set key=value` splits at the first "=" only: a path or run name holding "=" is kept whole
+    (mut24a T13: splitting at every "=" made train.out_dir=runs/lr=3e-4 the folder runs/lr)."""
+    assert parse_override("train.out_dir=runs/lr=3e-4") == ("train", "out_dir", "runs/lr=3e-4")
+    assert parse_override("wandb.name=a=b") == ("wandb", "name", "a=b")
+    cfg = config_from_dict(_raw(), ["train.out_dir=runs/lr=3e-4"])
+    assert cfg.train.out_dir == "runs/lr=3e-4"
+
+
+def test_inverse_sqrt_without_a_warm_up_is_refused_in_the_config():
+    """The inverse square-root schedule divides by warmup_iters^1.5: 0 is refused when the config is
+    read, naming the key (mut24a T19: without the check it reached the schedule at the first step)."""
+    with pytest.raises(ValueError, match=r"^config: optim\.schedule = inverse_sqrt needs optim\.warmup_iters >= 1, "
+                                         r"got 0$"):
+        config_from_dict(_raw(optim=dict(schedule="inverse_sqrt", warmup_iters=0)))
+
+
+def test_max_time_alone_needs_a_cycle_length_except_for_inverse_sqrt():
+    """With train.max_time and no max_steps the cosine/wsd schedule has no length: refused when the
+    config is read (mut24a T20: without the check the run started with no cycle to decay over);
+    inverse_sqrt, which has no end, is taken."""
+    raw = _raw(train=dict(max_time=60.0))
+    del raw["train"]["max_steps"]
+    with pytest.raises(ValueError, match=r"^config: with train\.max_time alone, set optim\.cosine_cycle_iters "
+                                         r"\(the schedule's length\)$"):
+        config_from_dict(raw)
+    raw["optim"]["cosine_cycle_iters"] = 100
+    assert config_from_dict(raw).optim.cosine_cycle_iters == 100
+    raw["optim"] = dict(schedule="inverse_sqrt", warmup_iters=5)
+    assert config_from_dict(raw).optim.schedule == "inverse_sqrt"
+
+
+def test_model_architecture_decoder_lm_may_be_written_out():
+    """`architecture = "decoder_lm"` in [model] is the default said aloud: taken (mut24a T23: kept, it
+    reached ModelConfig, which has no such field, as "unknown key model.architecture")."""
+    raw = _raw()
+    raw["model"]["architecture"] = "decoder_lm"
+    assert config_from_dict(raw).model.architecture == "decoder_lm"
+
+
+def _resumable(overrides=()):
+    return config_from_dict(_raw(train=dict(max_time=60.0, dist_timeout=100.0), data=dict(tokenizer="tok"),
+                                 log=dict(peak_tflops=10.0), wandb=dict(name="a")), list(overrides))
+
+
+def test_resume_may_change_every_key_it_lists_and_nothing_else():
+    """resume_changes returns (never refuses) a change of each key RESUME_MAY_CHANGE lists, a key under
+    a section wildcard ("log.*") included, and refuses one it does not list. The tests had changed
+    only max_steps, log.interval, checkpoint.keep_last and a few keys it refuses: train.max_time left
+    out of the list (mut24a T8), or the wildcards ignored (T7), passed them."""
+    saved = _resumable().to_dict()
+    new = {"train.out_dir": "elsewhere", "train.max_steps": 900, "train.max_time": 120.0, "train.device": "cpu",
+           "train.compile": True, "train.dist_timeout": 200.0, "data.tokenizer": "tok2", "eval.interval": 7,
+           "checkpoint.interval": 3, "checkpoint.keep_best": False, "log.interval": 2, "log.peak_tflops": 5.0,
+           "wandb.name": "b", "wandb.project": "other"}
+    assert {k for k in RESUME_MAY_CHANGE if not k.endswith(".*")} <= set(new)
+    assert {k.split(".")[0] for k in RESUME_MAY_CHANGE if k.endswith(".*")} == {"checkpoint", "log", "wandb"}
+    for key, value in new.items():
+        section, name = key.split(".")
+        spelled = str(value).lower() if isinstance(value, bool) else value
+        changed = _resumable([f"{key}={spelled}"])
+        assert getattr(getattr(changed, section), name) == value, key
+        assert resume_changes(saved, changed, "ck.pt") == {key: (saved[section][name], value)}, key
+    for key, value in (("train.seed", 7), ("optim.max_lr", 0.5), ("eval.batches", 3)):
+        with pytest.raises(ValueError, match=rf"^--resume: {key} is .* in ck\.pt but {value} in the config"):
+            resume_changes(saved, _resumable([f"{key}={value}"]), "ck.pt")
