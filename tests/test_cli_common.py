@@ -3,6 +3,7 @@ a thing given in two spellings is refused, and an output that cannot be written 
 
 import argparse
 import errno
+import subprocess
 import sys
 
 import pytest
@@ -314,3 +315,67 @@ def test_a_checkpoint_of_the_other_kind_points_to_the_command_for_it(arch, want,
     with pytest.raises(ValueError) as e:
         require_architecture(model, want, "runs/x")
     assert str(e.value) == f"--checkpoint: 'runs/x' is {hint}"
+
+
+def test_a_ctrl_c_that_lands_outside_mains_handler_exits_130_saying_interrupted():
+    """A mutation (entry's own KeyboardInterrupt, the one that lands between main's handler and the
+    finally, exits 1 instead of 130) survived. 130 is 128 + SIGINT, what a shell and every other
+    `lm` command report for Ctrl-C (run_as_command). The subprocess inherits the working folder and
+    PYTHONPATH, so it runs the lm under test."""
+    code = ("import lm.cli as cli\n"
+            "def interrupted():\n"
+            "    raise KeyboardInterrupt\n"
+            "cli.main = interrupted\n"
+            "cli.entry()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (130, "", "lm: interrupted\n")
+
+
+def test_run_as_command_turns_ctrl_c_into_130_and_one_line(capsys):
+    """A mutation (run_as_command's Ctrl-C status 130 read as 1) survived test_cli_common,
+    test_sample and test_stories: only subprocess signal tests of other files see it. Its docstring
+    says "a Ctrl-C ``PROG: interrupted`` and 130" (128 + SIGINT, as a shell reports it)."""
+    from lm.cli.common import run_as_command
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert run_as_command("lm x", interrupted) == 130
+    assert capsys.readouterr() == ("", "lm x: interrupted\n")
+
+
+def test_a_socket_stdout_whose_reader_left_is_a_reader_gone(monkeypatch):
+    """A mutation (stdout_reader_gone reading POLLERR only, not POLLHUP) survived: on Linux a pipe
+    whose reader closed reports POLLERR, but a socket whose peer closed reports POLLHUP alone
+    (checked: POLLOUT|POLLHUP), and the docstring promises "a pipe (or socket)". With the mutation,
+    `lm ... | ` over a socket (ssh, a supervisor's socket) that went away was a real error."""
+    import io
+    import os
+    import socket
+
+    from lm.cli.common import stdout_reader_gone
+
+    class Fd(io.StringIO):
+        def __init__(self, fd):
+            super().__init__()
+            self.fd = fd
+
+        def fileno(self):
+            return self.fd
+
+    ours, theirs = socket.socketpair()
+    try:
+        monkeypatch.setattr(sys, "stdout", Fd(ours.fileno()))
+        assert not stdout_reader_gone()  # the reader is there
+        theirs.close()
+        assert stdout_reader_gone()
+        r, w = os.pipe()  # and a pipe, the common case
+        try:
+            monkeypatch.setattr(sys, "stdout", Fd(w))
+            assert not stdout_reader_gone()
+            os.close(r)
+            assert stdout_reader_gone()
+        finally:
+            os.close(w)
+    finally:
+        ours.close()

@@ -530,3 +530,64 @@ def test_the_unigram_baseline_scores_the_tokens_and_bytes_the_model_scored(tmp_p
     nbytes = sum(len(tok.vocab[int(t)]) for t in scored)  # a special token counts its own bytes too
     assert report.val["bytes"] == nbytes
     assert report.unigram_bpb == pytest.approx(unigram_bits_per_byte(train, scored, tok.vocab_size, nbytes), rel=1e-12)
+
+
+def test_a_validation_split_of_exactly_the_context_is_refused_before_training(tmp_path):
+    """A mutation (the validation split's check `< context_length + 1` read as `< context_length`)
+    survived: test_a_validation_split_shorter_than_the_context... gives 10 tokens against a context
+    of 128. A training window needs context_length + 1 tokens (inputs and their next tokens), so
+    a split of exactly context_length tokens holds none; it reached the trainer, which refused it naming
+    data.val, a file in a folder about to be removed. The corpus is that test's: "\\nThe end.\\n", 10
+    tokens, after the last 5% mark."""
+    src = tmp_path / "c.txt"
+    src.write_text("A line of text.\n" * 2000 + "and then they ran on and on " * 600 + "\nThe end.\n", encoding="utf-8")
+    settings = DemoSettings(out_dir=str(tmp_path / "d"), data=str(src), corpus_bytes=50_000, vocab_size=277,
+                            train_seconds=5, context_length=10, progress=False)
+    with pytest.raises(ValueError) as e:
+        run_demo(settings)
+    assert str(e.value).startswith(f"--data: the validation split of {str(src)!r} (its last 11 bytes) is 10 tokens, "
+                                   "fewer than the model's context + 1 = 11;"), str(e.value)
+    assert not (tmp_path / "d").exists()  # refused before the trainer: nothing left behind
+
+
+def test_an_empty_tinystories_file_is_passed_over_for_the_next_or_the_synthetic_stories(tmp_path, monkeypatch):
+    """A mutation (choose_corpus takes a TinyStories candidate that is empty) survived: an empty
+    data/TinyStoriesV2-GPT4-train.txt (a download cut short, `touch`) became the corpus, and the demo
+    failed on it instead of using the valid split beside it or its own stories."""
+    from lm.demo.pipeline import TINYSTORIES_CANDIDATES, choose_corpus
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / TINYSTORIES_CANDIDATES[0]).write_bytes(b"")
+    work = tmp_path / "work"
+    work.mkdir()
+    path, name, synthetic = choose_corpus(DemoSettings(corpus_bytes=50_000), work)
+    assert (path, synthetic) == (work / "stories.txt", True) and path.stat().st_size >= 50_000
+    (tmp_path / TINYSTORIES_CANDIDATES[1]).write_text("Once upon a time.\n")
+    path, name, synthetic = choose_corpus(DemoSettings(corpus_bytes=50_000), work)
+    assert (str(path), synthetic) == (TINYSTORIES_CANDIDATES[1], False)
+
+
+def test_an_output_folder_that_is_not_the_demos_is_refused_before_data_is_decompressed(tmp_path, monkeypatch):
+    """A mutation (run_demo's check_output_dir before check_data dropped) survived: claim_dir still
+    refuses the folder, but only after --data FILE.gz was decompressed whole to a temporary file (the
+    comment: "before a .gz is decompressed: a refusal costs nothing"). check_data is replaced by a
+    tripwire: a refusal of --out must not reach it."""
+    import gzip
+
+    import lm.demo.pipeline as pipeline
+
+    src = tmp_path / "c.txt.gz"
+    src.write_bytes(gzip.compress(b"Tom had a ball.\n" * 5000))
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's own")
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("--data was read before --out was checked")
+
+    monkeypatch.setattr(pipeline, "check_data", tripwire)
+    with pytest.raises(ValueError) as e:
+        run_demo(DemoSettings(out_dir=str(out), data=str(src), corpus_bytes=50_000, progress=False))
+    assert str(e.value).startswith("--out"), str(e.value)
+    assert (out / "notes.txt").read_text() == "the user's own"

@@ -743,3 +743,56 @@ def test_a_max_tokens_that_scores_every_token_keeps_the_whole_files_estimate(run
     loss, count = reference_loss(model, ids)
     assert r["tokens"] == count == len(ids) - 1
     assert r["bits_per_byte"] == pytest.approx(loss / math.log(2) / (300 / len(ids)), rel=1e-5)
+
+
+def test_eval_refuses_a_token_file_of_another_tokenizer_naming_data(run, tmp_path, capsys):
+    """A mutation (the token file's tokenizer checksum no longer compared with the model's)
+    survived: a .bin tokenized by another tokenizer of the same size was scored, a plausible loss of
+    the wrong ids. The run fixture's safetensors records no checksum (nothing to compare), so the
+    model is exported here with its tokenizer's, as `lm train` records it. test_cli_faults checks
+    --tokenizer for a text file (another check), in a subprocess."""
+    from lm.checkpoint import export_safetensors
+    from lm.tokenizer import save_tokenizer_dir
+
+    _, model, tok = run
+    d = tmp_path / "r"
+    export_safetensors(model, d / "model.safetensors", metadata={"tokenizer_sha256": tok.checksum()})
+    save_tokenizer_dir(tok, d / "tokenizer")
+    ids = np.array(tok.encode(TEXT))
+    write_token_file(tmp_path / "ok.bin", ids, vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "ok.bin"), "--quiet", "--max-tokens",
+                 "32"]) == 0
+    capsys.readouterr()
+    other = "0" * 64
+    write_token_file(tmp_path / "o.bin", ids, vocab_size=tok.vocab_size, tokenizer_sha256=other)
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "o.bin"), "--quiet"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"lm eval: error: --data: the tokenizer of {str(tmp_path / 'o.bin')!r} is not the "
+                          "tokenizer of the model"), err
+
+
+def test_eval_refuses_text_named_bin_without_a_sidecar_in_process(run, tmp_path, capsys):
+    """A mutation (a .bin without sidecar taken as text when it reads as text) is seen only by
+    test_cli_faults::test_eval_refuses_what_it_cannot_tell_apart, a subprocess run with cwd=tmp_path,
+    which runs the installed lm (not judged). `lm tokenize` writes .bin token files; a .bin of text
+    without its sidecar is most likely a token file whose sidecar was lost."""
+    d, _, _ = run
+    (tmp_path / "text.bin").write_text(TEXT)
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "text.bin"), "--quiet"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    assert "has no sidecar 'text.bin.json' and is named .bin (a token file's name)" in err, err
+
+
+def test_eval_refuses_stride_with_target_before_loading_anything(tmp_path, capsys):
+    """A mutation (--stride with --target no longer refused) survived: --stride was silently ignored
+    (a translation model is scored pair by pair), as --beam for a language model is refused."""
+    (tmp_path / "src.txt").write_text("ab\n")
+    (tmp_path / "tgt.txt").write_text("cd\n")
+    assert main(["eval", "--checkpoint", str(tmp_path / "missing"), "--data", str(tmp_path / "src.txt"),
+                 "--target", str(tmp_path / "tgt.txt"), "--stride", "4", "--quiet"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("lm eval: error: --stride: slides a language model's window over a token "
+                                        "stream; a translation model is scored pair by pair (--target), got "
+                                        "--stride 4\n"), err

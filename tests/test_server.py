@@ -1418,3 +1418,153 @@ def test_health_of_a_failed_engine_is_a_503_saying_failed():
     app = create_app(engine, SimpleNamespace(eot_id=None), "m", start_engine=False)
     r = TestClient(app).get("/health")
     assert (r.status_code, r.json()) == (503, {"status": "failed", "error": "RuntimeError('boom')"})
+
+
+def _stub_app(**kw):
+    """An app over a stub engine that never runs: enough for what the middleware and routes decide
+    before any generation."""
+    engine = SimpleNamespace(error=None, max_batch=1, max_queue=1, context_length=8, architecture="decoder_lm")
+    return create_app(engine, SimpleNamespace(eot_id=None), "m", start_engine=False, **kw)
+
+
+def test_with_an_api_key_every_route_but_the_page_health_and_metrics_needs_it():
+    """A mutation (/tokenizer_info added to the routes open without the key) survived: the API-key
+    test asks only /v1/models, /v1/completions, / and /health. The README: with --api-key "the API
+    answer[s] only requests with Authorization: Bearer <key> ... /health and /metrics stay open"; the
+    tokenizer endpoints are the API (they count and cut text in the model's tokens)."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(_stub_app(api_key="k3y"), raise_server_exceptions=False)
+    for method, path in (("GET", "/v1/models"), ("GET", "/v1/models/m"), ("POST", "/v1/completions"),
+                         ("POST", "/v1/chat/completions"), ("POST", "/tokenize"), ("POST", "/detokenize"),
+                         ("GET", "/tokenizer_info")):
+        r = client.request(method, path, json={} if method == "POST" else None)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (method, path, r.text)
+        assert r.headers["WWW-Authenticate"] == "Bearer", path
+    assert client.get("/health").status_code == 200  # open (the stub has no stats for /metrics to render)
+
+
+def test_a_stream_with_include_usage_sends_usage_null_in_every_chunk_but_the_last(served):
+    """A mutation (the ``"usage": null`` of each chunk dropped) survived: the streaming test reads
+    the last chunk's usage only. OpenAI's API reference (stream_options.include_usage): "All other
+    chunks will also include a usage field, but with a null value"; a client that reads
+    ``chunk["usage"]`` (not ``.get``) failed on the first chunk."""
+    body = {"model": "tiny", "prompt": "Lily", "max_tokens": 4, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert len(chunks) >= 2 and chunks[-1]["choices"] == []
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
+    usage = chunks[-1]["usage"]
+    assert usage["prompt_tokens"] == len(served.tok.encode("Lily")) and usage["completion_tokens"] >= 1
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    # without include_usage, no chunk carries the field (OpenAI's chunks have none)
+    body["stream_options"] = {"include_usage": False}
+    with httpx.stream("POST", served.url + "/v1/completions", json=body) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks and all("usage" not in c or c["usage"] is None for c in chunks)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_the_engine_cancels_ends_with_an_openai_finish_reason_and_leaves_none_in_flight(served, stream):
+    """Two mutations survived the in-process selection: a choice the engine ended as "cancelled"
+    (the engine stopped with the request still in it) answered ``finish_reason: "cancelled"``, which
+    is not one of OpenAI's values (stop, length, content_filter; the openai client's Literal); and
+    ``state.inflight`` no longer counted down when an answer was done, so the drain's "finishing N
+    request(s) in flight" counted every request ever served."""
+    engine = Engine(served.model, max_batch=1, max_queue=4, eos_id=served.tok.eot_id)  # never started: it waits
+    app = create_app(engine, served.tok, "tiny", start_engine=False)
+    server = ServerThread(app)
+    state = app.state.server
+    out = {}
+
+    def ask():
+        body = {"model": "tiny", "prompt": "Lily", "max_tokens": 5, "stream": stream}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+        out["status"] = r.status_code
+        out["text"] = r.text
+
+    try:
+        t = threading.Thread(target=ask)
+        t.start()
+        deadline = time.time() + 10
+        while engine.stats.queue_depth < 1:
+            assert time.time() < deadline, "the request never reached the queue"
+            time.sleep(0.01)
+        assert state.inflight == 1
+        engine.stop()  # the request still waits: it is finished "cancelled"
+        t.join(20)
+        assert out["status"] == 200
+        if stream:
+            events = [json.loads(line[6:]) for line in out["text"].splitlines() if line.startswith("data: {")]
+            reasons = [e["choices"][0]["finish_reason"] for e in events if e["choices"]]
+            reason = [x for x in reasons if x is not None]
+            assert len(reason) == 1
+            reason = reason[0]
+        else:
+            reason = json.loads(out["text"])["choices"][0]["finish_reason"]
+        assert reason in ("stop", "length", "content_filter"), reason
+        deadline = time.time() + 5
+        while state.inflight:
+            assert time.time() < deadline, f"inflight stays {state.inflight} with nothing in flight"
+            time.sleep(0.01)
+    finally:
+        server.close()
+
+
+def test_a_413_names_the_declared_size_of_a_body_over_the_limit_before_reading_it():
+    """A mutation (the Content-Length check dropped, the body counted as it arrives only) survived:
+    the same 413, but after reading the body up to the limit, and the message no longer says how
+    large the body is. The declared size is the client's own Content-Length."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(_stub_app(max_body=4096))
+    body = json.dumps({"prompt": "x" * 5000}).encode()
+    r = client.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["message"] == f"the request body is {len(body):,} bytes; the limit is 4,096"
+
+
+def test_a_route_that_fails_unexpectedly_answers_openais_error_shape_not_a_plain_text_500():
+    """A mutation (_Guard's OpenAI-shaped 500 for an unexpected exception dropped) survived: the
+    exception then reached Starlette's ServerErrorMiddleware, whose answer is a plain-text
+    "Internal Server Error" that no OpenAI client can read as an error. The module docstring:
+    "Errors have OpenAI's shape". Here a stub engine without ``model`` makes /tokenizer_info raise
+    AttributeError, standing in for a bug."""
+    from starlette.testclient import TestClient
+
+    app = _stub_app()
+    r = TestClient(app, raise_server_exceptions=False).get("/tokenizer_info")
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert r.json() == {"error": {"message": "internal error: AttributeError", "type": "server_error", "param": None,
+                                  "code": None}}
+    assert app.state.server.http[("/tokenizer_info", 500)] == 1  # counted for /metrics as the 500 it is
+
+
+def test_serve_refuses_port_65536_naming_port_before_loading_anything(tmp_path, capsys):
+    """A mutation (`--port` checked against [0, 65536]) survived: the test gives 70000 only.
+    getaddrinfo takes 65536 as port 0 (it wraps), so the listen check passed, the model loaded, and
+    uvicorn's bind then failed with an OverflowError traceback. A TCP port is 16 bits (RFC 793)."""
+    from lm.cli import main
+
+    assert main(["serve", "--checkpoint", str(tmp_path / "missing"), "--port", "65536"]) == 2
+    assert capsys.readouterr() == ("", "lm serve: error: --port: must be in [0, 65535], got 65536\n")
+
+
+def test_a_runs_checkpoints_folder_serves_the_model_under_the_runs_name(tmp_path):
+    """A mutation (`--checkpoint RUN/checkpoints` no longer named after RUN) survived: the model was
+    served as "checkpoints", so a client asking for the run's name got 404. served_model_name's
+    comment: "RUN/checkpoints: the run's name"; a folder named checkpoints that holds its own
+    checkpoints/ is a run folder itself."""
+    from lm.cli.serve import served_model_name
+
+    run = tmp_path / "tiny-run"
+    (run / "checkpoints").mkdir(parents=True)
+    assert served_model_name(str(run / "checkpoints")) == "tiny-run"
+    assert served_model_name(str(run / "checkpoints" / "step_00000010.pt")) == "tiny-run"
+    nested = tmp_path / "checkpoints"  # a run that is itself named checkpoints
+    (nested / "checkpoints").mkdir(parents=True)
+    assert served_model_name(str(nested)) == "checkpoints"

@@ -1282,3 +1282,176 @@ def test_translate_refuses_beam_0_naming_beam_before_loading_anything(tmp_path, 
     to the command (the library's own check is tested)."""
     assert main(["translate", "--checkpoint", str(tmp_path / "missing"), "--beam", "0", "A dog runs."]) == 2
     assert capsys.readouterr() == ("", "lm translate: error: --beam: must be >= 1, got 0\n")
+
+
+def test_translate_refuses_batch_size_0_naming_it_before_loading_anything(tmp_path, capsys):
+    """A mutation (`--batch-size < 1` read as `< 0`) survived: --batch-size 0 reached the model
+    loading (here: the missing checkpoint's error), and with a model `range(0, n, 0)`. No test gives
+    `lm translate --batch-size 0` (lm eval's is tested)."""
+    assert main(["translate", "--checkpoint", str(tmp_path / "missing"), "--batch-size", "0", "A dog runs."]) == 2
+    assert capsys.readouterr() == ("", "lm translate: error: --batch-size: must be >= 1, got 0\n")
+
+
+def test_translate_refuses_text_and_input_together_naming_input(tmp_path, capsys):
+    """A mutation (the "TEXT and --input together" check dropped) survived: the TEXT sentences were
+    translated and the --input file silently ignored. No test gives both."""
+    (tmp_path / "in.txt").write_text("ab\n")
+    assert main(["translate", "--checkpoint", str(tmp_path / "missing"), "--input", str(tmp_path / "in.txt"),
+                 "A dog runs."]) == 2
+    assert capsys.readouterr() == ("", "lm translate: error: --input: give sentences as TEXT or in --input FILE, "
+                                       "not both\n")
+
+
+class _Keyboard(io.BytesIO):
+    """A terminal's standard input, typed a line at a time: each readline notes what standard output
+    held when the next line was asked for (read() would be Ctrl-D: everything at once)."""
+
+    def __init__(self, data: bytes, out: io.StringIO):
+        super().__init__(data)
+        self.out, self.seen = out, []
+
+    def readline(self, *args):
+        self.seen.append(self.out.getvalue())
+        return super().readline(*args)
+
+
+class _TerminalStdin(io.TextIOWrapper):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminals_input_is_translated_a_line_at_a_time_without_buffer_size(run, monkeypatch):
+    """A mutation (the "standard input is a terminal: --buffer-size 1" default dropped) survived: the
+    lines typed were then read to Ctrl-D before any was translated (seq2seq20, as buffer_size's
+    docstring says). The only terminal in test_translate is stderr's (the progress bar)."""
+    d, model, tok = run
+    out = io.StringIO()
+    keyboard = _Keyboard(b"ab cd\nef\n", out)
+    monkeypatch.setattr(sys, "stdin", _TerminalStdin(keyboard))
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1", "--quiet"]) == 0
+    first, second = _greedy_lines(model, tok, ["ab cd", "ef"])
+    assert out.getvalue() == f"{first}\n{second}\n"
+    # asked for line 2 only once line 1's translation was out, and so on (the last readline: end of input)
+    assert keyboard.seen == ["", f"{first}\n", f"{first}\n{second}\n"]
+
+
+def test_a_too_long_line_of_a_buffered_input_is_named_by_its_line_in_the_input(run, capsys, monkeypatch):
+    """A mutation (check_source_length's line counted within the --buffer-size group) survived: the
+    third line, too long, was named "line 1" with --buffer-size 2. The line is the user's line."""
+    d, model, tok = run
+    long = "ab " * 20  # 60 bytes, past the 31 a source holds (the byte tokenizer: a token a byte)
+    assert len(tok.encode(long.strip())) > 31
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"ab cd\nef\n{long}\n".encode())))
+    assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1", "--buffer-size", "2",
+                 "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == _greedy_lines(model, tok, ["ab cd", "ef"])  # the group before it
+    n = len(tok.encode(long.strip()))
+    assert captured.err == (f"lm translate: error: --input: line 3 has {n} tokens, more than the 31 a source may hold "
+                            "(the model's context is 32, one kept for <eos>)\n")
+
+
+def test_logits_that_are_not_finite_in_a_buffered_input_name_the_line_in_the_input(run, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """A mutation (NonFiniteLogitsError's line counted within the --buffer-size group) survived:
+    test_logits_that_are_not_finite_name_the_line_the_user_gave reads a file whole (one group).
+    The model is the one of that test: a source holding "z" overflows."""
+    from lm.checkpoint import export_safetensors
+    from lm.tokenizer import save_tokenizer_dir
+
+    _, _, tok = run
+    torch.manual_seed(0)
+    model = build_model(Seq2SeqConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, encoder_layers=2,
+                                      decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
+                                      tie_embeddings=False)).eval()
+    with torch.no_grad():
+        model.src_embeddings.weight[ord("z") + 3] = 1e37
+    d = tmp_path / "z"
+    export_safetensors(model, d / "model.safetensors")
+    save_tokenizer_dir(tok, d / "tokenizer")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ab\ncd\nxz\n")))
+    assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1", "--buffer-size", "2",
+                 "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("lm translate: error: --checkpoint: the model's logits are not finite (NaN or inf) at "
+                            "new token 1 of --input line 3\n"), captured.err
+    assert len(captured.out.splitlines()) == 2  # the group before it
+
+
+def test_lm_eval_scores_the_reference_lines_whole_as_training_reads_them(run, tmp_path, capsys):
+    """A mutation (each --target line stripped before the teacher-forcing loss) survived:
+    test_lm_eval_translates_a_source_line_as_lm_translate_does pads the sources with spaces but its
+    references are lm translate's output, stripped already. cmd_eval's comment: the loss is of "each
+    pair as training reads it (`lm tokenize --target`, lm.data.pairs: the whole line)". Reference:
+    cross-entropy by teacher forcing computed with torch on the whole lines."""
+    import json
+
+    import torch.nn.functional as F
+
+    d, model, tok = run
+    sources, targets = ["ab cd", "ef"], [" gh ij ", "kl  "]
+    (tmp_path / "s.txt").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "t.txt").write_text("".join(t + "\n" for t in targets))
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.txt"), "--target",
+                 str(tmp_path / "t.txt"), "--beam", "1", "--json", "--quiet"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    cfg = model.config
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s, t in zip(sources, targets):
+            src, tgt = tok.encode(s) + [cfg.eos_id], tok.encode(t)
+            logits = model(torch.tensor([src]), torch.tensor([[cfg.bos_id, *tgt]])).float()[0]
+            total += F.cross_entropy(logits, torch.tensor(tgt + [cfg.eos_id]), reduction="sum").item()
+            count += len(tgt) + 1
+    assert r["tokens"] == count and r["loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_lm_serve_of_a_translation_model_never_emits_a_line_break(run, tmp_path, monkeypatch):
+    """A mutation (lm serve's TranslationEngine built without banned_ids=line_break_ids(tok))
+    survived test_serve_translation: the server's translations could then hold a line break, which
+    `lm translate` never writes (one line a sentence; cmd_serve's comment: "one line, as lm
+    translate"). The model is test_a_translation_never_holds_a_line_break's, edited to prefer "\\n";
+    the engine `lm serve` builds is taken from create_app and run directly."""
+    from collections import Counter
+
+    from lm.checkpoint import export_safetensors
+    from lm.generate import greedy_decode
+    from lm.generate.seq2seq import line_break_ids
+    from lm.serve import Request, SamplingParams
+    from lm.tokenizer import save_tokenizer_dir
+
+    _, _, tok = run
+    torch.manual_seed(0)
+    edited = build_model(Seq2SeqConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, encoder_layers=2,
+                                       decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
+                                       tie_embeddings=False)).eval()
+    sources = ["abc", "hello", "two dogs", "xyz", "a man rides"]
+    picked = Counter(sum(greedy_decode(edited, [tok.encode(s) for s in sources]), []))
+    with torch.no_grad():
+        edited.lm_head.weight[13] = edited.lm_head.weight[picked.most_common(1)[0][0]] * 1.05
+    breaks = set(line_break_ids(tok))
+    assert sum(t in breaks for ids in greedy_decode(edited, [tok.encode(s) for s in sources]) for t in ids) >= 3
+    d = tmp_path / "run"
+    export_safetensors(edited, d / "model.safetensors")
+    save_tokenizer_dir(tok, d / "tokenizer")
+    engines = []
+
+    class Started(Exception):
+        pass
+
+    def create_app(engine, *args, **kwargs):
+        engines.append(engine)
+        raise Started
+
+    monkeypatch.setattr("lm.serve.app.create_app", create_app)
+    with pytest.raises(Started):
+        main(["serve", "--checkpoint", str(d), "--port", "0", "--device", "cpu", "--max-batch", "1", "--quiet"])
+    engine, = engines
+    for s in sources:
+        got = []
+        engine.submit(Request(tok.encode(s), SamplingParams(30, 0.0, 1.0, None), 1,
+                              on_token=lambda i, t, got=got: got.append(t)))
+        while engine.step():
+            pass
+        assert got and not breaks & set(got), (s, got)
