@@ -1455,3 +1455,101 @@ def test_lm_serve_of_a_translation_model_never_emits_a_line_break(run, tmp_path,
         while engine.step():
             pass
         assert got and not breaks & set(got), (s, got)
+
+
+def _alone(model, src, **kw):
+    return greedy_decode(model, [src], **kw)[0]
+
+
+# on_token(row, token) names the row of the batch the caller gave, also after other rows have
+# finished and left the decoding batch (it named the position among the rows still decoding)
+def test_streamed_tokens_are_each_sources_translation_after_other_rows_finish():
+    model = _model()
+    logits = model.logits
+
+    def never_eos(hidden):  # every target runs to its limit, len(source) + 2: the rows leave one by one
+        out = logits(hidden)
+        out[..., model.config.eos_id] = float("-inf")
+        return out
+
+    model.logits = never_eos
+    sources = [[5], [9, 12, 7], [8, 8, 8, 21, 22], [30, 4]]
+    streamed = {i: [] for i in range(len(sources))}
+    out = greedy_decode(model, sources, max_extra=2, on_token=lambda row, t: streamed[row].append(t))
+    assert [len(o) for o in out] == [len(s) + 2 for s in sources]
+    assert out == [_alone(model, s, max_extra=2) for s in sources]
+    assert [streamed[i] for i in range(len(sources))] == out
+
+
+# decoding leaves the model in the mode it found it in (a model in training mode stays so)
+def test_greedy_decoding_restores_the_models_mode():
+    model = _model()
+    model.train(False)
+    greedy_decode(model, [[5, 6]], max_extra=2)
+    assert not model.training
+    model.train(True)
+    greedy_decode(model, [[5, 6]], max_extra=2)
+    assert model.training
+
+
+# a source batch is each source, then <eos>, right-padded; the mask is True exactly at a
+# source's ids and its <eos> (one more position let every shorter source attend to a <pad>)
+def test_source_batch_pads_after_eos_and_masks_exactly_the_real_positions():
+    from lm.generate.seq2seq import source_batch
+
+    sources = [[5, 6, 7], [9], [11, 12]]
+    eos, pad = 2, 0
+    ids, mask = source_batch(sources, eos, pad, "cpu")
+    width = max(len(s) for s in sources) + 1
+    assert ids.shape == mask.shape == (3, width)
+    for i, s in enumerate(sources):
+        row = s + [eos] + [pad] * (width - len(s) - 1)
+        assert ids[i].tolist() == row
+        assert mask[i].tolist() == [j <= len(s) for j in range(width)]
+
+
+# an id equal to vocab_size is outside the vocabulary: a one-line ValueError naming the source,
+# not an IndexError from inside the embedding
+@pytest.mark.parametrize("bad", [40, -1])
+def test_a_source_id_at_or_past_vocab_size_is_refused_naming_it(bad):
+    model = _model(vocab=40)
+    with pytest.raises(ValueError, match=rf"^source 1: id {bad} is outside \[0, vocab_size=40\)$"):
+        greedy_decode(model, [[5, 6], [7, bad]])
+
+
+# banning <eos> is refused by name (every target would run to its length limit)
+def test_banning_eos_is_refused_naming_it():
+    model = _model()
+    eos = model.config.eos_id
+    for decode in (greedy_decode, lambda m, s, **kw: translate(m, s, beam_size=2, **kw)):
+        with pytest.raises(ValueError, match=rf"^banned_ids: holds <eos> \({eos}\), which ends every target$"):
+            decode(model, [[5, 6]], banned_ids=[7, eos])
+
+
+# True is not a token id (it banned id 1), as 3.9 is not
+@pytest.mark.parametrize("bad", [True, False])
+def test_a_boolean_banned_id_is_refused(bad):
+    model = _model()
+    with pytest.raises(ValueError, match=rf"^banned_ids: ids must be integers, got {bad}$"):
+        greedy_decode(model, [[5, 6]], banned_ids=[bad])
+
+
+# logits that stop being finite name the source of the batch the caller gave, also once other
+# sources have finished and left the decoding batch
+def test_non_finite_logits_name_the_callers_source_after_others_finished():
+    from lm.generate.sampling import NonFiniteLogitsError
+
+    model = _model()
+    logits = model.logits
+
+    def nan_for_the_last_source_once_the_first_left(hidden):
+        out = logits(hidden)
+        out[..., model.config.eos_id] = float("-inf")  # no source ends early by itself
+        if out.shape[0] == 2:  # source 0 (limit 1) has left: the rows are sources 1 and 2
+            out[1] = float("nan")
+        return out
+
+    model.logits = nan_for_the_last_source_once_the_first_left
+    with pytest.raises(NonFiniteLogitsError) as e:
+        greedy_decode(model, [[5], [9, 12, 7], [8, 8, 8, 21]], max_extra=0)
+    assert e.value.prompt == 2 and e.value.token == 2, str(e.value)

@@ -1,0 +1,147 @@
+"""What `lm plot` draws (line styles, the time axis, notes) and how lm.device resolves devices, dtypes
+and threads."""
+
+import json
+import os
+
+import matplotlib.figure
+import pytest
+import torch
+
+from lm.train.plot import plot_runs
+
+
+def _write(folder, records):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> list[dict]:
+    """What each panel holds when the PNG is written: its x label, its lines (by label: style, marker,
+    data) and its texts."""
+    panels, savefig = [], matplotlib.figure.Figure.savefig
+
+    def capture(fig, *args, **kwargs):
+        for ax in fig.axes:
+            panels.append({
+                "xlabel": ax.get_xlabel(),
+                "lines": {ln.get_label(): dict(linestyle=ln.get_linestyle(), marker=ln.get_marker(),
+                                               x=[float(v) for v in ln.get_xdata()],
+                                               y=[float(v) for v in ln.get_ydata()]) for ln in ax.lines},
+                "texts": [t.get_text() for t in ax.texts],
+            })
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
+    return panels
+
+
+# validation loss is a dashed line with markers, train loss a solid one (plot_runs' docstring);
+# a split of one record gets a marker (a line through one point draws nothing)
+def test_train_is_solid_val_dashed_with_markers_and_a_single_record_is_a_marker(tmp_path, drawn):
+    run = _write(tmp_path / "r", [{"step": s, "split": "train", "loss": 3.0 - s / 10, "time": s} for s in (1, 2, 3)]
+                 + [{"step": 2, "split": "val", "loss": 2.9, "time": 2.0}, {"step": 3, "split": "val", "loss": 2.8,
+                                                                          "time": 3.0}])
+    one = _write(tmp_path / "one", [{"step": 1, "split": "train", "loss": 4.0, "time": 1.0}])
+    plot_runs([run, one], tmp_path / "p.png")
+    by_step = drawn[0]["lines"]
+    assert by_step["r train"]["linestyle"] == "-" and by_step["r train"]["marker"] in ("None", "", None)
+    assert by_step["r val"]["linestyle"] == "--" and by_step["r val"]["marker"] == "o"
+    assert by_step["one train"]["marker"] == "o" and by_step["one train"]["x"] == [1.0]
+
+
+# the time axis is in minutes when any record, train or val, is past two minutes (a run
+# without validation records, or with its last one early, was drawn in seconds up to 600)
+def test_the_time_axis_counts_minutes_from_the_train_records_too(tmp_path, drawn):
+    run = _write(tmp_path / "r", [{"step": s, "split": "train", "loss": 5.0 - s / 10, "time": 60.0 * s}
+                                  for s in range(1, 11)] + [{"step": 1, "split": "val", "loss": 4.9, "time": 60.0}])
+    plot_runs([run], tmp_path / "p.png")
+    (_, by_time) = drawn
+    assert by_time["xlabel"] == "training time (minutes)"
+    assert by_time["lines"]["r train"]["x"] == [float(s) for s in range(1, 11)]
+    assert by_time["lines"]["r val"]["x"] == [1.0]
+
+
+# a run whose records have no time says so in the empty time panel
+# a loss of true/false (JSON booleans) is not a number to draw, like any damaged line
+def test_records_without_a_time_leave_a_note_and_boolean_losses_are_skipped(tmp_path, drawn):
+    run = _write(tmp_path / "r", [{"step": 1, "split": "train", "loss": 2.0},
+                                  {"step": 2, "split": "train", "loss": 1.5},
+                                  {"step": 3, "split": "train", "loss": True},
+                                  {"step": 4, "split": "val", "loss": False}])
+    plot_runs([run], tmp_path / "p.png")
+    by_step, by_time = drawn
+    assert by_step["lines"]["r train"]["x"] == [1.0, 2.0] and by_step["lines"]["r train"]["y"] == [2.0, 1.5]
+    assert "r val" not in by_step["lines"]
+    assert by_time["lines"] == {} and by_time["texts"] == ["no records with a time"]
+
+
+# --dtype bfloat16 is bfloat16 autocast on any device; float32 is none; auto is bfloat16 on a CUDA
+# device that supports it and none elsewhere
+def test_resolve_dtype_by_name(monkeypatch):
+    from lm.device import resolve_dtype
+
+    cpu = torch.device("cpu")
+    assert resolve_dtype("bfloat16", cpu) is torch.bfloat16
+    assert resolve_dtype("float32", cpu) is None and resolve_dtype("auto", cpu) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", torch.device("cuda", 0)) is torch.bfloat16
+    assert resolve_dtype("auto", cpu) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", torch.device("cuda", 0)) is None
+
+
+# "cuda" (and "auto") under torchrun is the local rank's GPU, not cuda:0 for every process
+def test_cuda_without_an_index_is_the_local_ranks_gpu(monkeypatch):
+    from lm.device import resolve_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert resolve_device("cuda", local_rank=2) == torch.device("cuda", 2)
+    assert resolve_device("auto", local_rank=3) == torch.device("cuda", 3)
+    assert resolve_device("cuda:1", local_rank=3) == torch.device("cuda", 1)  # an index given is kept
+    assert chosen == [torch.device("cuda", 2), torch.device("cuda", 3), torch.device("cuda", 1)]
+
+
+# "mps" on a machine without it is a one-line refusal, not a device that fails later
+def test_mps_without_mps_is_refused_naming_the_argument(monkeypatch):
+    import lm.device
+
+    monkeypatch.setattr(lm.device, "_mps_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^train\.device: 'mps' is not available on this machine \(available: "):
+        lm.device.resolve_device("mps", "train.device")
+
+
+# either AVX512-BF16 or AMX-BF16 in /proc/cpuinfo's flags is native bfloat16
+@pytest.mark.parametrize("flags, native", [("fpu avx2 avx512_bf16", True), ("fpu avx2 amx_bf16 amx_tile", True),
+                                           ("fpu avx2 avx512f", False)])
+def test_cpu_has_bfloat16_reads_either_flag(monkeypatch, tmp_path, flags, native):
+    import builtins
+
+    import lm.device
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    real_open = builtins.open
+    monkeypatch.setattr(lm.device, "open", lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo"
+                                                                           else path, *a, **k), raising=False)
+    assert lm.device.cpu_has_bfloat16() is native
+
+
+# --threads is capped at 4 per CPU (at least 1024), and a count taken is the count torch uses
+def test_set_threads_sets_torchs_count_and_the_cap_is_four_per_cpu():
+    from lm.device import max_threads, set_threads
+
+    assert max_threads() == max(1024, 4 * (os.cpu_count() or 1))
+    before = torch.get_num_threads()
+    try:
+        set_threads(1)
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError, match="^--threads: must be at most "):
+            set_threads(max_threads() + 1)
+    finally:
+        torch.set_num_threads(before)
