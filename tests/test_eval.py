@@ -212,17 +212,26 @@ def test_cli_eval_bits_per_byte_count_the_bytes_of_the_tokens_scored(run, tmp_pa
         evaluate_tokens(model, np.array(ids), bytes_per_token=2.0, token_bytes=token_byte_lengths(tok))
 
 
+
+def _without_tokenizer(run, tmp_path) -> list[int]:
+    """The run's model alone in ``tmp_path/ckpt`` (as a run trained without data.tokenizer), and
+    ``tmp_path/v.bin`` of the first 300 bytes of TEXT with its sidecar: the ids."""
+    d, _, tok = run
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+    ids = tok.encode(TEXT[:300])
+    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=300,
+                     tokenizer_sha256=tok.checksum())
+    return ids
+
+
 def test_cli_eval_a_token_file_without_a_tokenizer_estimates_bits_per_byte_for_the_whole_file_only(
         run, tmp_path, capsys):
     """Without a tokenizer (a run trained without data.tokenizer) the scored tokens' bytes cannot be
     counted: the whole file's bits per byte is estimated from its sidecar's bytes per token, as
     before, and said to be; a prefix (--max-tokens) gets none, since its bytes per token may differ."""
     d, model, tok = run
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
-    ids = tok.encode(TEXT[:300])
-    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=300,
-                     tokenizer_sha256=tok.checksum())
+    ids = _without_tokenizer(run, tmp_path)
     argv = ["eval", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(tmp_path / "v.bin"), "--quiet"]
     assert main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -732,11 +741,7 @@ def test_a_max_tokens_that_scores_every_token_keeps_the_whole_files_estimate(run
     tokens has N - 1 to score, so --max-tokens N - 1 scores the whole file, and the sidecar's bytes
     per token still estimates its bits per byte (as without --max-tokens); the mutant said n/a."""
     d, model, tok = run
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
-    ids = tok.encode(TEXT[:300])
-    write_token_file(tmp_path / "v.bin", np.array(ids), vocab_size=tok.vocab_size, source_bytes=300,
-                     tokenizer_sha256=tok.checksum())
+    ids = _without_tokenizer(run, tmp_path)
     assert main(["eval", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(tmp_path / "v.bin"), "--quiet",
                  "--json", "--max-tokens", str(len(ids) - 1 + extra)]) == 0
     r = json.loads(capsys.readouterr().out)

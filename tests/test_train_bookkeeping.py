@@ -1,41 +1,16 @@
 """The training loop's bookkeeping: a log window's record (tokens/s, per-device MFU, ETA), what a
 resume carries on, the schedule under max_time, keep_best, the non-finite checks, the validation loss."""
 
-
 import numpy as np
 import pytest
 import torch
+from test_train import VOCAB
+from test_train import _raw_config as _config
 
 import lm.train.trainer as trainer_module
-from lm.data import write_token_file
 from lm.train import Trainer, config_from_dict, read_metrics
 from lm.train.metrics import format_duration
 from lm.train.trainer import _LogWindow
-
-VOCAB = 64
-
-
-def _config(folder, **sections) -> dict:
-    """A 2-layer model on a learnable ramp (as test_train's _raw_config)."""
-    train, val = folder / "train.bin", folder / "val.bin"
-    if not train.exists():
-        rng = np.random.default_rng(0)
-        n = 20_000
-        ids = np.where(rng.random(n) < 0.1, rng.integers(0, VOCAB, n), np.arange(n) % VOCAB)
-        write_token_file(train, ids, vocab_size=VOCAB, source_bytes=3 * n, tokenizer_sha256="abc")
-        write_token_file(val, ids[: n // 4], vocab_size=VOCAB, source_bytes=3 * (n // 4), tokenizer_sha256="abc")
-    raw = {
-        "model": dict(vocab_size=VOCAB, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64),
-        "data": dict(train=str(train), val=str(val)),
-        "train": dict(out_dir=str(folder / "run"), batch_size=4, max_steps=20, device="cpu", dtype="float32"),
-        "optim": dict(max_lr=1e-2, min_lr=1e-3, warmup_iters=5),
-        "eval": dict(interval=10, batches=2),
-        "checkpoint": dict(interval=10, keep_last=2),
-        "log": dict(interval=1),
-    }
-    for section, values in sections.items():
-        raw.setdefault(section, {}).update(values)
-    return raw
 
 
 class _TwoProcesses:

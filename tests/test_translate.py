@@ -780,6 +780,25 @@ def test_progress_is_shown_on_a_terminal_only(run, tmp_path, capsys, monkeypatch
             assert "translate: 100%" in bar and "3/3" in bar and "sentences/s" in bar, bar
 
 
+LINE_BREAK_SOURCES = ["abc", "hello", "two dogs", "xyz", "a man rides"]
+
+
+def _model_that_prefers_line_breaks(tok):
+    """A translation model over ``tok`` (untied, so that "\\n" read back is an ordinary input) whose
+    output row for "\\n" (id 13) is the row of the token it picks most over LINE_BREAK_SOURCES, 5%
+    larger: left to itself it writes line breaks."""
+    from collections import Counter
+
+    torch.manual_seed(0)
+    model = build_model(Seq2SeqConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, encoder_layers=2,
+                                      decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
+                                      tie_embeddings=False)).eval()
+    picked = Counter(sum(greedy_decode(model, [tok.encode(s) for s in LINE_BREAK_SOURCES]), []))
+    with torch.no_grad():
+        model.lm_head.weight[13] = model.lm_head.weight[picked.most_common(1)[0][0]] * 1.05
+    return model
+
+
 def test_a_translation_never_holds_a_line_break(run, tmp_path, capsys):
     """A model that emits the "\\n" token (every byte-level BPE has one) broke `lm translate`'s one
     line a sentence: 5 inputs gave 10 lines, and sacrebleu refused the file ("different lengths").
@@ -788,21 +807,13 @@ def test_a_translation_never_holds_a_line_break(run, tmp_path, capsys):
     audit: its output row for "\\n" is the row of the token it picks most, 5% larger (untied, so
     that "\\n" read back is an ordinary input and the text goes on after it). Greedy decoding is
     compared with a loop over the whole model that rules the token out itself."""
-    from collections import Counter
-
     from lm.checkpoint import export_safetensors
     from lm.tokenizer import save_tokenizer_dir
 
     _, _, tok = run
     assert tok.encode("\n") == [13]
-    torch.manual_seed(0)
-    edited = build_model(Seq2SeqConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, encoder_layers=2,
-                                       decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
-                                       tie_embeddings=False)).eval()
-    sources = ["abc", "hello", "two dogs", "xyz", "a man rides"]
-    picked = Counter(sum(greedy_decode(edited, [tok.encode(s) for s in sources]), []))
-    with torch.no_grad():
-        edited.lm_head.weight[13] = edited.lm_head.weight[picked.most_common(1)[0][0]] * 1.05
+    sources = LINE_BREAK_SOURCES
+    edited = _model_that_prefers_line_breaks(tok)
     emitted = [tok.decode(ids).strip() for ids in greedy_decode(edited, [tok.encode(s) for s in sources])]
     assert sum(text.count("\n") for text in emitted) >= 3  # inside the text, where strip() leaves them
     d = tmp_path / "run"
@@ -1413,8 +1424,6 @@ def test_lm_serve_of_a_translation_model_never_emits_a_line_break(run, tmp_path,
     `lm translate` never writes (one line a sentence; cmd_serve's comment: "one line, as lm
     translate"). The model is test_a_translation_never_holds_a_line_break's, edited to prefer "\\n";
     the engine `lm serve` builds is taken from create_app and run directly."""
-    from collections import Counter
-
     from lm.checkpoint import export_safetensors
     from lm.generate import greedy_decode
     from lm.generate.seq2seq import line_break_ids
@@ -1422,14 +1431,8 @@ def test_lm_serve_of_a_translation_model_never_emits_a_line_break(run, tmp_path,
     from lm.tokenizer import save_tokenizer_dir
 
     _, _, tok = run
-    torch.manual_seed(0)
-    edited = build_model(Seq2SeqConfig(vocab_size=tok.vocab_size, context_length=32, d_model=32, encoder_layers=2,
-                                       decoder_layers=2, num_heads=4, d_ff=64, dropout=0.0,
-                                       tie_embeddings=False)).eval()
-    sources = ["abc", "hello", "two dogs", "xyz", "a man rides"]
-    picked = Counter(sum(greedy_decode(edited, [tok.encode(s) for s in sources]), []))
-    with torch.no_grad():
-        edited.lm_head.weight[13] = edited.lm_head.weight[picked.most_common(1)[0][0]] * 1.05
+    sources = LINE_BREAK_SOURCES
+    edited = _model_that_prefers_line_breaks(tok)
     breaks = set(line_break_ids(tok))
     assert sum(t in breaks for ids in greedy_decode(edited, [tok.encode(s) for s in sources]) for t in ids) >= 3
     d = tmp_path / "run"
