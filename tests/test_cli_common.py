@@ -2,11 +2,12 @@
 a thing given in two spellings is refused, and an output that cannot be written is named as --out."""
 
 import argparse
-import errno
+import io
 import subprocess
 import sys
 
 import pytest
+from helpers.faults import FullDisk
 
 from lm.cli import build_parser, main
 
@@ -277,22 +278,12 @@ def test_check_fits_refuses_a_batch_one_byte_past_the_free_memory_and_takes_one_
                             "3.00 GiB, cpu has 3.00 GiB free); lower --max-batch")
 
 
-class _FullStdout:
-    """A standard output whose every write fails as /dev/full's does (no descriptor: silence_stdout
-    leaves the test's real stdout alone)."""
-
-    def write(self, text):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    def flush(self):
-        pass
-
-
 @pytest.mark.parametrize("argv", [["--version"], ["plot", "--help"]])
 def test_help_or_version_that_cannot_be_written_is_exit_2_in_process(argv, monkeypatch, capsys):
     """A mutation (WrittenHelpParser exits 0 after the failed write): only a subprocess test with
-    cwd=tmp_path checks it, which runs the installed tree, not a changed one."""
-    monkeypatch.setattr(sys, "stdout", _FullStdout())
+    cwd=tmp_path checks it, which runs the installed tree, not a changed one. Standard output fails
+    every write as /dev/full's does, and has no descriptor (silence_stdout leaves the test's own alone)."""
+    monkeypatch.setattr(sys, "stdout", FullDisk(io.StringIO()))
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2

@@ -13,6 +13,13 @@ from lm.train.metrics import format_duration
 from lm.train.trainer import _LogWindow
 
 
+def _let_go(trainer: Trainer) -> None:
+    """What ``fit``'s way out does for a trainer whose steps the test ran itself: its metrics file
+    closed and its run folder's lock released."""
+    trainer.metrics.close()
+    trainer._lock.release()
+
+
 class _TwoProcesses:
     """What _log_window asks of the process group, for rank 0 of two processes whose ranks agree
     (all_mean of equal values is the value)."""
@@ -43,8 +50,7 @@ def test_a_log_record_is_the_windows_mean_tokens_per_second_and_per_device_mfu(t
         trainer._log_window(window, 1e-3, torch.tensor(1.5))
         record = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"][-1]
     finally:
-        trainer.metrics.close()
-        trainer._lock.release()
+        _let_go(trainer)
     tok_s = 300 / 2.0
     fwd = trainer.model.flops_per_token()
     assert record["loss"] == pytest.approx((9.0 + 2.0 + 4.0) / 3)
@@ -104,8 +110,7 @@ def test_the_schedule_follows_the_step_when_it_is_ahead_of_the_clock(tmp_path, c
             assert trainer.learning_rate() == pytest.approx(
                 cosine_lr_schedule(position, 1e-2, 1e-3, 10, cycle or 200))
     finally:
-        trainer.metrics.close()
-        trainer._lock.release()
+        _let_go(trainer)
 
 
 # checkpoint.keep_best = false writes no checkpoints/best.pt (it was written at every new best all the same)
@@ -164,8 +169,7 @@ def test_the_validation_loss_is_torchs_cross_entropy_over_the_fixed_eval_batches
     try:
         got = trainer.evaluate()["loss"]
     finally:
-        trainer.metrics.close()
-        trainer._lock.release()
+        _let_go(trainer)
     val = TokenDataset(raw["data"]["val"], 16, vocab_size=VOCAB)
     losses = []
     with torch.no_grad():
@@ -186,8 +190,7 @@ def test_the_start_line_counts_the_tokens_of_every_micro_batch(tmp_path):
     try:
         trainer._log_start()
     finally:
-        trainer.metrics.close()
-        trainer._lock.release()
+        _let_go(trainer)
     assert any(f"| {4 * 16 * 3:,} tokens/step |" in line for line in lines), lines
 
 

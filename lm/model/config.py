@@ -45,8 +45,8 @@ def check_architecture(cfg, sizes: tuple[str, ...]) -> None:
         value = getattr(cfg, name)
         if not is_count(value, 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        value = int(value)  # numpy's integers too ("must be a positive integer, got np.int64(100)" had been
-        setattr(cfg, name, value)  # said of one), kept as ints: the config is written as TOML and JSON
+        value = int(value)  # any other Integral too (numpy's are ints already, above), kept as an int:
+        setattr(cfg, name, value)  # the config is written as TOML and JSON
         if value > MAX_SIZE:  # torch's sizes are int64, and no real model comes near: refused, not a C++ error
             raise ValueError(f"{name} must be at most 2**31 - 1, got {value:,}")
     for name, allowed in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS), ("positions", POSITION_TYPES),
