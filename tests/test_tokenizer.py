@@ -497,10 +497,13 @@ def brute_force_bpe_word(tok: Tokenizer, ranks: dict[tuple[bytes, bytes], int], 
                       st.text(max_size=120)))
 def test_both_forms_of_bpe_equal_brute_force(small_tokenizer, gpt2, gpt2_ranks, word):
     """Short pre-tokens take the list form of BPE, long ones the heap form; each must give the ids of
-    the textbook merge loop, whatever the length."""
+    the textbook merge loop, whatever the length. The list form packs a pair into 16 bits an id where
+    every id fits (these two vocabs), else 32: the small vocab again with its ids moved past 65,535."""
     small_ranks = {pair: rank for rank, pair in reversed(list(enumerate(small_tokenizer.merges)))}
     data = word.encode("utf-8")
-    for tok, ranks in ((small_tokenizer, small_ranks), (gpt2, gpt2_ranks)):
+    moved = Tokenizer({0x10000 + 7 * i: b for i, b in small_tokenizer.vocab.items()}, small_tokenizer.merges)
+    assert (small_tokenizer._shift, gpt2._shift, moved._shift) == (16, 16, 32)
+    for tok, ranks in ((small_tokenizer, small_ranks), (gpt2, gpt2_ranks), (moved, small_ranks)):
         expected = brute_force_bpe_word(tok, ranks, data)
         assert tok._bpe(data) == expected
         for threshold in (0, 1 << 30):  # the heap form on every word, then the list form on every word
@@ -529,18 +532,22 @@ def random_merges(draw) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
 @given(random_merges(), st.lists(st.text(alphabet="abc", min_size=1, max_size=40), min_size=1, max_size=60))
 def test_batch_bpe_equals_brute_force(merges, words):
     """BatchBPE merges many words at once as rows of a matrix (one merge per row a round, shorter
-    words padded); each word's ids must be the textbook merge loop's, with every group batched."""
+    words padded); each word's ids must be the textbook merge loop's, with every group batched. Its
+    table takes the tokenizer's pairs packed with 16 bits an id, or 32 where ids pass 65,535 (the
+    same vocab with its ids moved there)."""
     vocab, merges = merges
-    tok = Tokenizer(vocab, merges)
     ranks = {pair: rank for rank, pair in reversed(list(enumerate(merges)))}
     data = [w.encode() for w in words]
-    expected = [brute_force_bpe_word(tok, ranks, w) for w in data]
-    for min_rows in (1, 10**9):  # every group as a matrix, then every word alone
-        with mock.patch.object(tokenizer_module.BatchBPE, "MIN_ROWS", min_rows):
-            tok._batch_bpe = None
-            flat, n_ids = tok._bpe_many(data)
-        assert n_ids.tolist() == [len(e) for e in expected]
-        assert flat.tolist() == [i for e in expected for i in e] and flat.dtype == np.uint32
+    for offset in (0, 0x10000):
+        tok = Tokenizer({offset + i: b for i, b in vocab.items()}, merges)
+        assert tok._shift == (32 if offset else 16)
+        expected = [brute_force_bpe_word(tok, ranks, w) for w in data]
+        for min_rows in (1, 10**9):  # every group as a matrix, then every word alone
+            with mock.patch.object(tokenizer_module.BatchBPE, "MIN_ROWS", min_rows):
+                tok._batch_bpe = None
+                flat, n_ids = tok._bpe_many(data)
+            assert n_ids.tolist() == [len(e) for e in expected]
+            assert flat.tolist() == [i for e in expected for i in e] and flat.dtype == np.uint32
 
 
 def test_batch_bpe_on_gpt2_words_equals_one_word_at_a_time(gpt2):

@@ -162,6 +162,44 @@ def test_pretokenize_equals_regex(text):
         assert pretokenize(text) == expected
 
 
+LATIN1 = "".join(map(chr, range(256)))
+
+
+def test_plain_pattern_spells_the_unicode_classes_of_latin1():
+    """The Latin-1 form of the pattern lists its letters, numbers and spaces by hand: each class
+    holds exactly the characters of U+0000-U+00FF that the Unicode pattern's \\p{L}, \\p{N} and
+    \\s hold, and the common punctuation that is also plain is in none of them."""
+    for name, mine, theirs in (("letters", pretokenize_mod._LETTERS, r"\p{L}"),
+                               ("numbers", pretokenize_mod._NUMBERS, r"\p{N}"),
+                               ("spaces", pretokenize_mod._WS, r"\s")):
+        assert regex.findall(f"[{mine}]", LATIN1) == regex.findall(theirs, LATIN1), name
+        assert regex.search(theirs, pretokenize_mod._SAFE_NON_ASCII) is None, name
+    assert pretokenize_mod.is_plain(LATIN1 + pretokenize_mod._SAFE_NON_ASCII)
+    assert not pretokenize_mod.is_plain(LATIN1 + "\u0100")
+
+
+def test_pretokenize_of_every_latin1_character_equals_the_regex():
+    """Each character of Latin-1 and each plain punctuation mark alone, twice, after a space, between
+    letters, numbers and spaces, and before a line end: the plain pattern's pre-tokens are the
+    Unicode pattern's."""
+    for c in LATIN1 + pretokenize_mod._SAFE_NON_ASCII:
+        for text in (c, c + c, " " + c, "a" + c + "b", "1" + c + "2", " " + c + c + " x", c + "  \n", "'" + c + "'s",
+                     "\xa0" + c, c + "\x85 "):
+            assert pretokenize_mod.is_plain(text)
+            assert pretokenize(text) == REFERENCE_REGEX.findall(text), (hex(ord(c)), text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab ZZ\n\t\r\x0b\x0c.,'s1²³¹¼éüßÀ×÷ÿªµº¿\x85\xa0\x1c€’“—"
+                                                  + pretokenize_mod._SAFE_NON_ASCII)), max_size=200))
+def test_plain_text_pretokenizes_as_the_regex(text):
+    """Latin-1 text (German, French...) goes through the standard library's engine with the plain
+    pattern, never the Unicode one."""
+    assert pretokenize_mod.is_plain(text)
+    with mock.patch.object(pretokenize_mod, "GPT2_REGEX", None):  # any call into it fails
+        assert pretokenize(text) == REFERENCE_REGEX.findall(text)
+
+
 def test_pretokenize_non_ascii_equals_the_published_patterns():
     text = "Café and Über Straße, naïve façade: ½ cup, 東京 2024年 — l'été's ÆØÅ\u00a0x  \n"
     for pattern in (gpt2_published_pattern(), GPT2_ENCODER_PY_PATTERN):

@@ -288,7 +288,7 @@ def test_table_grows_and_starts_again_at_its_limit(tok):
 
 
 def test_mixed_text_splits_into_plain_and_other_stretches(tok):
-    text = "Plain line.\nCafé au lait.\nPlain again.\n" * 5
+    text = "Plain line.\nΚαφέ au lait.\nPlain again.\n" * 5
     stretches = list(plain_stretches(text))
     assert {p for p, _, _ in stretches} == {True, False}
     assert "".join(text[a:b] for _, a, b in stretches) == text
@@ -320,7 +320,7 @@ def test_line_ends_with_a_carriage_return_or_spaces_are_safe_cuts(tok):
     # each cut: the first start of a line end's whitespace run ("\t\r\n" after "three.") 20 characters on
     assert [(a, b) for _, a, b in plain_stretches(text, max_plain=20)] == [
         (0, 23), (23, 49), (49, 75), (75, 101), (101, 104)]
-    mixed = "Plain line.\r\nCafé au lait.\r\nPlain again.\r\n"
+    mixed = "Plain line.\r\nΚαφέ au lait.\r\nPlain again.\r\n"
     assert list(plain_stretches(mixed)) == [(True, 0, 11), (False, 11, 26), (True, 26, 42)]
     for t in (text, mixed * 3):
         with mock.patch.object(tokenizer_module, "_FAST_BLOCK", 16):

@@ -21,18 +21,24 @@ import regex
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_REGEX = regex.compile(GPT2_PATTERN)
 
-# The same pattern restricted to ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and the
-# `regex` module's \s is [\t\n\v\f\r ]. The standard library's engine runs it faster than
-# `regex` runs the Unicode pattern (docs/benchmarks.md); `pretokenize` uses it on ASCII stretches.
-_WS = r"\t\n\x0b\x0c\r "
-GPT2_ASCII_REGEX = re.compile(
-    rf"""'(?:[sdmt]|ll|ve|re)| ?[A-Za-z]+| ?[0-9]+| ?[^{_WS}A-Za-z0-9]+|[{_WS}]+(?![^{_WS}])|[{_WS}]+"""
+# The same pattern restricted to Latin-1 text (ASCII and U+0080-U+00FF: English, German, French,
+# Spanish...), whose letters, numbers and spaces it spells out: \p{L} is [A-Za-zªµºÀ-ÖØ-öø-ÿ], \p{N}
+# is [0-9²³¹¼-¾] and the `regex` module's \s is [\t\n\v\f\r \x85\xa0] (a test checks each class
+# against the Unicode pattern's, character by character). The standard library's engine runs it
+# faster than `regex` runs the Unicode pattern (Multi30k's German sentences: 2.5 µs a call, against
+# 3.8 when only ASCII took this path; docs/benchmarks.md); `pretokenize` uses it on plain stretches.
+_WS = r"\t\n\x0b\x0c\r \x85\xa0"
+_LETTERS = r"A-Za-z\xaa\xb5\xba\xc0-\xd6\xd8-\xf6\xf8-\xff"
+_NUMBERS = r"0-9\xb2\xb3\xb9\xbc-\xbe"
+GPT2_PLAIN_REGEX = re.compile(
+    rf"""'(?:[sdmt]|ll|ve|re)| ?[{_LETTERS}]+| ?[{_NUMBERS}]+| ?[^{_WS}{_LETTERS}{_NUMBERS}]+"""
+    rf"""|[{_WS}]+(?![^{_WS}])|[{_WS}]+"""
 )
-# Common non-ASCII punctuation and symbols: none is a letter, number or space, so the ASCII
+# Common punctuation and symbols above Latin-1: none is a letter, number or space, so the plain
 # pattern (whose "other" class is a negated one) already treats them as the Unicode one does.
-_SAFE_NON_ASCII = "‘’‚“”„–—―…«»‹›¡¿·•°§¶†‡′″©®™€£¥¢¤×÷±¦¨¯´¸¬"
+_SAFE_NON_ASCII = "‘’‚“”„–—―…‹›•†‡′″™€"
 # A character that only the Unicode pattern classifies correctly.
-_NON_ASCII = re.compile(f"[^\\x00-\\x7f{_SAFE_NON_ASCII}]")
+_NOT_PLAIN = re.compile(f"[^\\x00-\\xff{_SAFE_NON_ASCII}]")
 
 
 @functools.cache
@@ -63,34 +69,34 @@ def _fast_patterns() -> tuple[re.Pattern, re.Pattern, Callable[[str], object]]:
 
 
 _LINE_SPACE = "\t\x0b\x0c\r "
-# a non-ASCII stretch is extended over ASCII gaps shorter than this, to keep calls few
-_ASCII_GAP = 512
+# a stretch that is not plain is extended over plain gaps shorter than this, to keep calls few
+_PLAIN_GAP = 512
 # a text shorter than this that is not plain goes through the Unicode pattern whole: cutting it into
-# stretches costs more than the ASCII pattern saves (German sentences: 3.0 against 5.2 µs at 64
-# characters, 22 against 29 at 512; English with a rare accent: 20 against 25 at 256, but 85 against
-# 71 at 1,024; docs/benchmarks.md)
+# stretches costs more than the plain pattern saves (measured when plain was ASCII, on German
+# sentences: 3.0 against 5.2 µs at 64 characters, 22 against 29 at 512; English with a rare accent:
+# 20 against 25 at 256, but 85 against 71 at 1,024; docs/benchmarks.md)
 _SHORT_UNICODE = 512
 
 
 def is_plain(text: str, fast: bool = False) -> bool:
-    """Whether ``text`` holds only ASCII and common punctuation (see :func:`plain_stretches`);
+    """Whether ``text`` holds only Latin-1 and common punctuation (see :func:`plain_stretches`);
     with ``fast``, any characters but lone surrogates."""
-    return text.isascii() or (_fast_patterns()[0] if fast else _NON_ASCII).search(text) is None
+    return text.isascii() or (_fast_patterns()[0] if fast else _NOT_PLAIN).search(text) is None
 
 
 def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False) -> Iterator[tuple[bool, int, int]]:
     r"""Cut ``text`` into stretches ``(plain, start, end)`` at safe cuts.
 
-    A plain stretch holds only ASCII and common punctuation (``_SAFE_NON_ASCII``), what the
-    ASCII form of the pattern classifies correctly; with ``fast``, what the vectorised encoder
+    A plain stretch holds only Latin-1 and common punctuation (``_SAFE_NON_ASCII``), what the
+    plain form of the pattern (``GPT2_PLAIN_REGEX``) classifies correctly; with ``fast``, what the vectorised encoder
     takes: every character but a lone surrogate (:func:`_fast_patterns`). The
     other stretches hold the characters that only the Unicode pattern classifies correctly
     (short plain gaps between them are kept with them, to keep the stretches few). With
     ``max_plain``, a plain stretch longer than that is cut further, at the first safe cut after
     each ``max_plain`` characters (where there is one).
 
-    >>> list(plain_stretches("Hello.\ncafé\nbye"))
-    [(True, 0, 6), (False, 6, 11), (True, 11, 15)]
+    >>> list(plain_stretches("Hello.\nΚαφές\nbye"))
+    [(True, 0, 6), (False, 6, 12), (True, 12, 16)]
     >>> list(plain_stretches("Hello.\ncafé 東京 🙂\n\u3000ok \ud83d\nbye", fast=True))  # half an emoji
     [(True, 0, 16), (False, 16, 26)]
     """
@@ -109,7 +115,7 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
             yield True, 0, len(text)
         return
     fast_other, safe_newline, cut_after = _fast_patterns()
-    other = fast_other if fast else _NON_ASCII
+    other = fast_other if fast else _NOT_PLAIN
     pos, n = 0, len(text)
     while pos < n:
         m = other.search(text, pos)
@@ -117,7 +123,7 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
             yield True, pos, n
             return
         s = m.start()
-        # the last safe cut before the first non-ASCII character
+        # the last safe cut before the first character that is not plain
         cut = pos
         i = text.rfind("\n", pos + 1, s)
         while i > pos:
@@ -130,12 +136,12 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
             i = text.rfind("\n", pos + 1, j)
         if cut > pos:
             yield True, pos, cut
-        # the first safe cut after it, skipping over short ASCII gaps
+        # the first safe cut after it, skipping over short plain gaps
         end = s
         while True:
             nl = safe_newline.search(text, end + 1)
             stop = nl.start() if nl is not None else n
-            nxt = other.search(text, stop, stop + _ASCII_GAP)
+            nxt = other.search(text, stop, stop + _PLAIN_GAP)
             if nxt is None:
                 break
             end = nxt.start()
@@ -146,19 +152,20 @@ def plain_stretches(text: str, max_plain: int | None = None, fast: bool = False)
 def pretokenize(text: str) -> list[str]:
     r"""The GPT-2 pre-tokens of ``text`` (exactly ``GPT2_REGEX.findall(text)``), faster.
 
-    Plain stretches (ASCII and common punctuation, see :func:`plain_stretches`) go through the
-    ASCII-only pattern; stretches that hold other characters go through the Unicode pattern.
+    Plain stretches (Latin-1 and common punctuation, see :func:`plain_stretches`) go through the
+    standard library's ``re`` with the Latin-1 form of the pattern; stretches that hold other
+    characters go through the Unicode pattern.
 
     >>> pretokenize("Hello world's  café\n")
     ['Hello', ' world', "'s", ' ', ' café', '\n']
     """
     if is_plain(text):
-        return GPT2_ASCII_REGEX.findall(text)
+        return GPT2_PLAIN_REGEX.findall(text)
     if len(text) < _SHORT_UNICODE:
         return GPT2_REGEX.findall(text)
     out: list[str] = []
     for plain, a, b in plain_stretches(text):
-        out += (GPT2_ASCII_REGEX if plain else GPT2_REGEX).findall(text, a, b)
+        out += (GPT2_PLAIN_REGEX if plain else GPT2_REGEX).findall(text, a, b)
     return out
 
 

@@ -60,7 +60,7 @@ _UTF32 = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"  # native uin
 # pre-tokens longer than this take the heap form of BPE (Tokenizer._bpe_long), O(n log n); the two
 # forms cost about the same near this length, and the list form is faster below it
 _LONG_WORD = 48
-# rank entry of a pair that has no merge: greater than every real ``rank << 32 | id``
+# rank entry of a pair that has no merge: greater than every real ``rank << shift | id``
 _NO_MERGE = 1 << 80
 
 
@@ -224,10 +224,19 @@ class Tokenizer:
         for rank, (a, b) in enumerate(self.merges):
             ia, ib, ic = self.token_to_id[a], self.token_to_id[b], self.token_to_id[a + b]
             self._ranks.setdefault((ia, ib), (rank, ic))
-        self._packed_ranks = {a << 32 | b: rank << 32 | c for (a, b), (rank, c) in self._ranks.items()}
+        # the same as ints for _bpe: (left id << shift | right id) -> rank << shift | merged id. The shift
+        # is 16 where every id fits in 16 bits: smaller ints hash, compare and stay in the CPU cache
+        # better (an encode per sentence of German, cold: 7% faster than with 32; docs/benchmarks.md)
+        self._shift = 16 if self._vocab_size <= 1 << 16 else 32
+        shift = self._shift
+        self._pair_ranks = {a << shift | b: rank << shift | c for (a, b), (rank, c) in self._ranks.items()}
         self._byte_ids = [self.token_to_id[bytes([i])] for i in range(256)]
         self._special_ids = {t: self.token_to_id[t.encode("utf-8")] for t in self.special_tokens}
         self._special_re = special_tokens_regex(self.special_tokens)
+        # whether a text may hold one, asked first: the standard library's engine answers in a quarter
+        # of the time that `regex` takes to split a sentence that holds none
+        self._has_special = re.compile("|".join(map(re.escape, self.special_tokens))).search \
+            if self.special_tokens else None
         self._new_caches()
         self._special_bytes_re = special_tokens_regex(self.special_tokens, as_bytes=True)
         # plain_stretches may cut at the start of a line end's whitespace run ("[\t\v\f\r ]*\n"), which
@@ -286,8 +295,9 @@ class Tokenizer:
     def _bpe(self, word: bytes) -> list[int]:
         """Apply the merges to one pre-token: repeatedly merge the leftmost adjacent pair of lowest rank.
 
-        ``rank[i]`` describes the pair at positions (i, i+1) as ``rank << 32 | merged id``
-        (one int, so ``min`` compares fast); after a merge only its two neighbours change.
+        ``rank[i]`` describes the pair at positions (i, i+1) as ``rank << shift | merged id``
+        (one int, so ``min`` compares fast; ``shift`` is 16 or 32, see ``__init__``); after a
+        merge only its two neighbours change.
         Each merge scans the whole list, which is fastest for the short words of ordinary
         text but quadratic in the length; long pre-tokens (a DNA line, a ruler of dashes, a
         hex dump) go to :meth:`_bpe_long` instead.
@@ -295,27 +305,29 @@ class Tokenizer:
         if len(word) > _LONG_WORD:
             return self._bpe_long(word)
         ids = list(map(self._byte_ids.__getitem__, word))
-        get = self._packed_ranks.get
-        rank = [get(a << 32 | b, _NO_MERGE) for a, b in zip(ids, ids[1:])]
+        get = self._pair_ranks.get
+        shift, no_merge = self._shift, _NO_MERGE
+        mask = (1 << shift) - 1
+        rank = [get(a << shift | b, no_merge) for a, b in zip(ids, ids[1:])]
         while rank:
             best = min(rank)
-            if best == _NO_MERGE:
+            if best == no_merge:
                 break
             i = rank.index(best)
-            ids[i] = best & 0xFFFFFFFF
+            ids[i] = best & mask
             del ids[i + 1]
             del rank[i]
             if i > 0:
-                rank[i - 1] = get(ids[i - 1] << 32 | ids[i], _NO_MERGE)
+                rank[i - 1] = get(ids[i - 1] << shift | ids[i], no_merge)
             if i < len(rank):
-                rank[i] = get(ids[i] << 32 | ids[i + 1], _NO_MERGE)
+                rank[i] = get(ids[i] << shift | ids[i + 1], no_merge)
         return ids
 
     def _bpe_many(self, words: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_bpe` of many pre-tokens at once (numpy, :class:`~lm.tokenizer.vectorized.BatchBPE`):
         their ids, flat, and how many each has."""
         if self._batch_bpe is None:
-            self._batch_bpe = BatchBPE(self._byte_ids, self._packed_ranks, self._bpe)
+            self._batch_bpe = BatchBPE(self._byte_ids, self._pair_ranks, self._bpe, shift=self._shift)
         return self._batch_bpe(words)
 
     def _bpe_long(self, word: bytes) -> list[int]:
@@ -331,14 +343,16 @@ class Tokenizer:
         """
         ids = list(map(self._byte_ids.__getitem__, word))
         n = len(ids)
-        get = self._packed_ranks.get
+        get = self._pair_ranks.get
+        shift = self._shift
+        mask = (1 << shift) - 1
         nxt = list(range(1, n + 1))  # n: no next symbol
         prv = list(range(-1, n - 1))  # -1: no previous symbol
         heap = []
         for i in range(n - 1):
-            r = get(ids[i] << 32 | ids[i + 1])
+            r = get(ids[i] << shift | ids[i + 1])
             if r is not None:
-                heap.append(r >> 32 << 32 | i)
+                heap.append(r >> shift << 32 | i)
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
         while heap:
@@ -348,22 +362,22 @@ class Tokenizer:
             j = nxt[i]
             if left < 0 or j == n:
                 continue
-            r = get(left << 32 | ids[j])
-            if r is None or r >> 32 != entry >> 32:
+            r = get(left << shift | ids[j])
+            if r is None or r >> shift != entry >> 32:
                 continue  # stale: the pair at i changed since this entry was pushed
-            ids[i] = merged = r & 0xFFFFFFFF
+            ids[i] = merged = r & mask
             ids[j] = -1
             k = nxt[i] = nxt[j]
             if k < n:
                 prv[k] = i
-                r = get(merged << 32 | ids[k])
+                r = get(merged << shift | ids[k])
                 if r is not None:
-                    push(heap, r >> 32 << 32 | i)
+                    push(heap, r >> shift << 32 | i)
             h = prv[i]
             if h >= 0:
-                r = get(ids[h] << 32 | merged)
+                r = get(ids[h] << shift | merged)
                 if r is not None:
-                    push(heap, r >> 32 << 32 | h)
+                    push(heap, r >> shift << 32 | h)
         return [t for t in ids if t >= 0]
 
     def _encode_ordinary(self, text: str) -> str:
@@ -407,6 +421,8 @@ class Tokenizer:
         each pre-token to such a string, and a text's ids never exist as Python ints. Ids in
         the surrogate range stay single characters here and are converted with ``surrogatepass``.
         """
+        if self._has_special is None or self._has_special(text) is None:
+            return self._encode_ordinary(text)
         parts: list[str] = []
         for i, seg in enumerate(split_on_special(text, self._special_re)):
             if i % 2:

@@ -418,22 +418,29 @@ class BatchBPE:
 
     Args:
         byte_ids: the id of each byte (256 ints).
-        ranks: ``left id << 32 | right id`` -> ``rank << 32 | merged id`` for every merge.
+        ranks: ``left id << shift | right id`` -> ``rank << shift | merged id`` for every merge.
         bpe_one: one pre-token's bytes -> its ids.
         max_len: longer pre-tokens go to ``bpe_one``.
+        shift: the bits of ``ranks``' low part (16 or 32: ``Tokenizer._pair_ranks``); the table
+            holds them with 32.
     """
 
     _GROUPS = ((2, 4), (5, 8), (9, 16), (17, 32))  # lengths padded to the group's largest
     MIN_ROWS = 256  # smaller groups go to bpe_one: below about this, numpy's per-call cost outweighs
 
     def __init__(self, byte_ids: list[int], ranks: dict[int, int], bpe_one: Callable[[bytes], list[int]],
-                 max_len: int = 32):
+                 max_len: int = 32, shift: int = 32):
         self.byte_ids = np.array(byte_ids, dtype=np.int64)
         # pair key + 1 (a pair of ids 0 and 0 is key 0, the table's empty slot) -> rank << 32 | merged id,
         # the table at most 1/4 full, so that most lookups take one probe
-        keys = np.fromiter(ranks.keys(), dtype=np.uint64, count=len(ranks)) + np.uint64(1)
+        keys = np.fromiter(ranks.keys(), dtype=np.uint64, count=len(ranks))
+        values = np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
+        if shift != 32:
+            keys = keys >> np.uint64(shift) << np.uint64(32) | keys & np.uint64((1 << shift) - 1)
+            values = values >> shift << 32 | values & ((1 << shift) - 1)
+        keys += np.uint64(1)
         self.table = _OpenTable(1 << max(4, (4 * len(keys)).bit_length()), _NO_MERGE)
-        self.table.insert(keys, np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks)))
+        self.table.insert(keys, values)
         self.bpe_one = bpe_one
         self.max_len = max_len
 
