@@ -226,7 +226,7 @@ class Tokenizer:
             self._ranks.setdefault((ia, ib), (rank, ic))
         # the same as ints for _bpe: (left id << shift | right id) -> rank << shift | merged id. The shift
         # is 16 where every id fits in 16 bits: smaller ints hash, compare and stay in the CPU cache
-        # better (an encode per sentence of German, cold: 7% faster than with 32; docs/benchmarks.md)
+        # better (an encode per sentence of German, cold: 6-11% faster than with 32; docs/benchmarks.md)
         self._shift = 16 if self._vocab_size <= 1 << 16 else 32
         shift = self._shift
         self._pair_ranks = {a << shift | b: rank << shift | c for (a, b), (rank, c) in self._ranks.items()}
