@@ -8,6 +8,7 @@ written: config → token files (checked) → model and optimizer → the checkp
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -375,8 +376,9 @@ class Trainer:
             # instead of a static one per shape (token windows are one shape: the static graph)
             dynamic = True if self.cfg.model.architecture == "encoder_decoder" else None
             self.train_model = torch.compile(self.train_model, dynamic=dynamic)
-        dtype = autocast_dtype(t.dtype, self.device)
-        self._autocast = lambda: autocast(self.device, dtype)
+        # a partial, not a lambda over self: a trainer that refers to itself is freed only by a full
+        # collection, and a sweep of them had held several runs' weights and moments at once (cyc25)
+        self._autocast = functools.partial(autocast, self.device, autocast_dtype(t.dtype, self.device))
 
     def _plan_steps_and_evaluation(self) -> None:
         """Tokens per step, the MFU yardstick, the clock, and the fixed validation batches."""
