@@ -525,6 +525,30 @@ def test_lock_file_is_exclusive_and_a_second_run_lock_is_refused(tmp_path):
         first.release()
 
 
+def test_a_run_lock_dropped_unreleased_lets_go_of_the_folder(tmp_path):
+    """A lock that is dropped without release (a Trainer made and never run) kept its descriptor open
+    for the life of the process, and the folder refused every later lock of that process, naming the
+    process's own pid as "another `lm train`" (cyc25). It is released when collected; while it is
+    held, the message says the holder is in this process."""
+    from lm.train.run_dir import LOCK_NAME, RunLock
+
+    first = RunLock(tmp_path)
+    first.acquire(say=lambda *_: None)
+    with pytest.raises(ValueError, match=rf"in use by another `lm train` in this process \(pid {os.getpid()}: a "
+                                         r"Trainer for it that has not run or been dropped\); run or drop that one"):
+        RunLock(tmp_path).acquire(say=lambda *_: None)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    del first  # no release
+    assert not (tmp_path / LOCK_NAME).exists()
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds - 1
+    second = RunLock(tmp_path)
+    second.acquire(say=pytest.fail)  # no "took over the lock" either: it was let go of
+    second.release()
+    second.release()  # twice is once
+    assert not second.held and not (tmp_path / LOCK_NAME).exists()
+
+
 def test_a_ctrl_c_in_a_deferred_block_goes_to_the_earlier_handler_once_the_block_ends():
     """interrupts_deferred: Python's handler raises KeyboardInterrupt after the block, not inside it;
     another handler is called with SIGINT; an ignored SIGINT stays ignored."""

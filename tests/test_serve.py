@@ -2,7 +2,9 @@
 without a cache, and batch invariance (a seeded request's tokens and logits, bit for bit, do
 not depend on what else is in the batch)."""
 
+import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -613,6 +615,27 @@ def test_the_engine_thread_serves_and_stops():
     assert done.wait(30)
     assert rec.tokens[0] == generate(model, [1, 2, 3], 8, temperature=0.0)
     engine.stop()
+
+
+def test_finished_requests_kept_to_read_their_logprobs_do_not_keep_the_engine():
+    """A request held on to its engine (for cancel) after it ended: a caller who kept requests to
+    read their logprobs kept the stopped engine's model, cache and decode steps with them (cyc25).
+    The engine is freed when dropped, with the collector off; cancelling such a request does nothing."""
+    engine = Engine(tiny_model(), max_batch=2)
+    recs = [Recorder(), Recorder()]
+    kept = [r.request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0, logprobs=1)) for r in recs]
+    engine.submit_all(kept)
+    run_until_idle(engine)
+    refs = [weakref.ref(engine), weakref.ref(engine.model), weakref.ref(engine.cache.k[0])]
+    gc.disable()
+    try:
+        del engine
+        assert [r() is None for r in refs] == [True] * 3
+    finally:
+        gc.enable()
+    assert [len(r.logprobs[0]) for r in kept] == [3, 3] and recs[0].reasons == ["length"]
+    kept[0].cancel()
+    assert recs[0].reasons == ["length"]
 
 
 def _engine_with_a_nan_token():

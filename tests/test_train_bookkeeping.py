@@ -262,3 +262,19 @@ def test_a_dropped_trainer_frees_its_model_and_token_files_without_the_cyclic_co
             assert mapped() == 0
     finally:
         gc.enable()
+
+
+def test_a_trainer_made_and_dropped_unrun_lets_go_of_its_run_folder(tmp_path):
+    """Only run() released the run folder's lock: a trainer made and dropped unrun (a notebook cell
+    run again) left its folder refused to every later trainer of the process, as "in use by another
+    `lm train`" with the process's own pid (cyc25)."""
+    raw = _config(tmp_path, train={"max_steps": 2}, eval={"interval": 0}, checkpoint={"interval": 0})
+    gc.disable()
+    try:
+        unrun = Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True)
+        with pytest.raises(ValueError, match="in use by another `lm train` in this process"):
+            Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True)
+        del unrun  # its folder now holds a run with no checkpoint yet: resumed, as any other
+        assert Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True, resume=True).run() == 0
+    finally:
+        gc.enable()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class TokenDataset:
         # page-cache folios (up to 2 MB) on a fault, each random window through a memmap adds
         # megabytes of resident memory, so a long run would map most of the file.
         self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115 (lives as long as the dataset)
+        weakref.finalize(self, self._file.close)  # closed when the dataset goes (it had been a ResourceWarning)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -42,6 +42,7 @@ import operator
 import secrets
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -177,7 +178,9 @@ class Request:
     # Set from the server's thread, read by the engine's: each is replaced whole, never changed in place.
     _ended: dict[int, str] = field(default_factory=dict, init=False, repr=False)  # choice -> why it ends early
     _cancelled: bool = field(default=False, init=False, repr=False)  # every choice
-    _engine: Engine | None = field(default=None, init=False, repr=False, compare=False)  # set by submit
+    # set by submit; weak, so that requests a caller keeps (to read their logprobs) do not keep a
+    # stopped engine alive, its model, cache and decode steps with it (cyc25)
+    _engine: weakref.ref[Engine] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
@@ -195,8 +198,9 @@ class Request:
         if index is not None:
             return self._end(index, "cancelled")
         self._cancelled = True  # before reading _engine: submit sets _engine, then reads _cancelled
-        if self._engine is not None:
-            self._engine._withdraw(self)
+        engine = self._engine() if self._engine is not None else None
+        if engine is not None:
+            engine._withdraw(self)
 
     def stop(self, index: int) -> None:
         """End choice ``index`` at the next step as finished (``"stop"``: the server found a stop
@@ -432,7 +436,7 @@ class Engine:
                 raise QueueFull(f"{len(self.waiting)} requests are waiting already{these} "
                                 f"(max_queue={self.max_queue})")
             for request in requests:
-                request._engine = self
+                request._engine = weakref.ref(self)
                 (self._withdrawn if request._cancelled else self.waiting).append(request)
             self.stats.queue_depth = len(self.waiting)
             self._wake.notify()

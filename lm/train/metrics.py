@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,8 @@ class MetricsLog:
             with atomic_write(id_file) as f:
                 f.write(run_id + "\n")
         self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
+        # a log dropped unclosed (a Trainer made and never run) closes with it, not as a ResourceWarning
+        weakref.finalize(self, _close_quietly, self._file)
 
     @staticmethod
     def truncate(run_dir: Path, after_step: int) -> None:
@@ -102,6 +106,12 @@ class MetricsLog:
             if self._wandb is not None:
                 self._wandb.finish()
                 self._wandb = None
+
+
+def _close_quietly(f) -> None:
+    """Close ``f`` where no one is left to hear of a failure (a collected log)."""
+    with contextlib.suppress(OSError):
+        f.close()
 
 
 def _past(record: Any, step: int) -> bool:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -177,16 +178,30 @@ def set_aside(path: Path) -> Path | None:
     return target
 
 
+def _unlock(path: Path, fd: int) -> None:
+    """Remove the lock file, then close its descriptor (which drops the ``flock``)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:  # a read-only folder, say: the run's own outcome is what matters
+        warnings.warn(f"could not remove the lock {str(path)!r}: {e}", stacklevel=3)
+    finally:
+        os.close(fd)
+
+
 class RunLock:
     """An advisory lock on a run folder: ``RUN_DIR/.lock`` held with ``flock`` and holding the pid.
 
     The kernel drops a ``flock`` when its process dies, so a lock left by a killed run is taken
-    over (with a message naming the dead pid); a live holder makes :meth:`acquire` raise.
+    over (with a message naming the dead pid); a live holder makes :meth:`acquire` raise. A lock
+    that is dropped unreleased (a Trainer made and never run) is released when it is collected:
+    its descriptor had stayed open for the life of the process, and the folder refused every later
+    Trainer of that process (cyc25).
     """
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
+        self._release: weakref.finalize | None = None
 
     def acquire(self, say: Callable[[str], None] = print) -> None:
         try:
@@ -196,6 +211,12 @@ class RunLock:
                 holder = self.path.read_bytes()[:64].decode(errors="replace").strip() or "?"
             except OSError:  # its holder removed it meanwhile
                 holder = "?"
+            if holder == str(os.getpid()):  # a notebook that made a second Trainer before dropping the first
+                raise ValueError(
+                    f"train.out_dir: {str(self.path.parent)!r} is in use by another `lm train` in this process "
+                    f"(pid {holder}: a Trainer for it that has not run or been dropped); run or drop that one, "
+                    "or choose another train.out_dir"
+                ) from None
             raise ValueError(
                 f"train.out_dir: {str(self.path.parent)!r} is in use by another `lm train` (pid {holder}); "
                 "wait for it to finish or choose another train.out_dir"
@@ -209,17 +230,13 @@ class RunLock:
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        self._release = weakref.finalize(self, _unlock, self.path, fd)
 
     def release(self) -> None:
         if self._fd is None:
             return
-        try:
-            self.path.unlink(missing_ok=True)
-        except OSError as e:  # a read-only folder, say: the run's own outcome is what matters
-            warnings.warn(f"could not remove the lock {str(self.path)!r}: {e}", stacklevel=2)
-        finally:
-            os.close(self._fd)
-            self._fd = None
+        self._fd = None
+        self._release()
 
     @property
     def held(self) -> bool:
