@@ -183,7 +183,7 @@ def _unlock(path: Path, fd: int) -> None:
     try:
         path.unlink(missing_ok=True)
     except OSError as e:  # a read-only folder, say: the run's own outcome is what matters
-        warnings.warn(f"could not remove the lock {str(path)!r}: {e}", stacklevel=3)
+        warnings.warn(f"could not remove the lock {str(path)!r}: {e}", stacklevel=4)  # release()'s caller
     finally:
         os.close(fd)
 
