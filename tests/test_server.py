@@ -470,6 +470,39 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(served):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_finished_call_is_freed_without_the_cyclic_collector(served, monkeypatch):
+    """A call's Completion held its engine requests, whose callbacks closed over it: a cycle, left
+    with its prompts, texts and logprob records to the cyclic collector (cyc25). With the collector
+    off, each call is freed once answered, streamed or not, several prompts and logprobs too."""
+    import gc
+    import weakref
+
+    import lm.serve.app as app_module
+
+    made = []
+    init = app_module.Completion.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(app_module.Completion, "__init__", recorded)
+    gc.disable()
+    try:
+        r = served.client.completions.create(model="tiny", prompt=["Lily", "Tom"], n=2, max_tokens=4, logprobs=1)
+        assert len(r.choices) == 4
+        chunks = list(served.client.completions.create(model="tiny", prompt="The dog", max_tokens=4, stream=True,
+                                                       echo=True, logprobs=2))
+        assert chunks
+        wait_idle(served.engine)
+        deadline = time.time() + 10  # the server's thread lets go of a call as its handler returns
+        while any(ref() is not None for ref in made) and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(made) == 2 and [ref() is None for ref in made] == [True, True]
+    finally:
+        gc.enable()
+
+
 def test_health_and_metrics(served):
     assert httpx.get(served.url + "/health").json() == {"status": "ok"}
     served.client.completions.create(model="tiny", prompt="Lily", max_tokens=3, temperature=0.0)

@@ -21,6 +21,7 @@ import json
 import math
 import re
 import sys
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -143,16 +144,24 @@ class Completion:
         self.choices = [_Choice(state, req.stop, req.texts[i // n] if req.echo else "")
                         for i in range(len(req.prompts) * n)]
         self.requests: list[EngineRequest] = []
+        events = self.events
+        # The callbacks close over the queue and their request held weakly, not over self: a call's
+        # Completion had been a cycle (it holds its requests, their callbacks held it), left to the
+        # cyclic collector with its prompts, texts and logprob records (cyc25)
         for p, ids in enumerate(req.prompts):
-            def on_token(index, token, p=p):  # the engine's thread: its logprobs for the token are in
-                r = self.requests[p]
-                entry = r.logprobs[index][-1] if r.logprobs is not None else None
-                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, token, None, entry))
+            own: list[weakref.ref[EngineRequest]] = []
+
+            def on_token(index, token, p=p, own=own):  # the engine's thread: its logprobs for the token are in
+                r = own[0]()  # alive: the engine holds it while it calls
+                entry = r.logprobs[index][-1] if r is not None and r.logprobs is not None else None
+                loop.call_soon_threadsafe(events.put_nowait, (p * n + index, token, None, entry))
 
             def on_finish(index, reason, p=p):
-                loop.call_soon_threadsafe(self.events.put_nowait, (p * n + index, None, reason, None))
+                loop.call_soon_threadsafe(events.put_nowait, (p * n + index, None, reason, None))
 
-            self.requests.append(EngineRequest(ids, req.params, n, on_token, on_finish))
+            request = EngineRequest(ids, req.params, n, on_token, on_finish)
+            own.append(weakref.ref(request))
+            self.requests.append(request)
         self.remaining = len(self.choices)
 
     def submit(self) -> None:
