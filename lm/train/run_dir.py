@@ -200,8 +200,7 @@ class RunLock:
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK_NAME
-        self._fd: int | None = None
-        self._release: weakref.finalize | None = None
+        self._release: weakref.finalize | None = None  # alive while the lock is held
 
     def acquire(self, say: Callable[[str], None] = print) -> None:
         try:
@@ -211,16 +210,11 @@ class RunLock:
                 holder = self.path.read_bytes()[:64].decode(errors="replace").strip() or "?"
             except OSError:  # its holder removed it meanwhile
                 holder = "?"
-            if holder == str(os.getpid()):  # a notebook that made a second Trainer before dropping the first
-                raise ValueError(
-                    f"train.out_dir: {str(self.path.parent)!r} is in use by another `lm train` in this process "
-                    f"(pid {holder}: a Trainer for it that has not run or been dropped); run or drop that one, "
-                    "or choose another train.out_dir"
-                ) from None
-            raise ValueError(
-                f"train.out_dir: {str(self.path.parent)!r} is in use by another `lm train` (pid {holder}); "
-                "wait for it to finish or choose another train.out_dir"
-            ) from None
+            # this process: a notebook that made a second Trainer before dropping the first
+            held_by = (f"in this process (pid {holder}: a Trainer for it that has not run or been dropped); run or "
+                       "drop that one," if holder == str(os.getpid()) else f"(pid {holder}); wait for it to finish")
+            raise ValueError(f"train.out_dir: {str(self.path.parent)!r} is in use by another `lm train` {held_by} "
+                             "or choose another train.out_dir") from None
         if fd is None:  # not POSIX: no locking
             return
         old = os.read(fd, 64).decode(errors="replace").strip()
@@ -229,15 +223,12 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
         self._release = weakref.finalize(self, _unlock, self.path, fd)
 
     def release(self) -> None:
-        if self._fd is None:
-            return
-        self._fd = None
-        self._release()
+        if self._release is not None:
+            self._release()  # once: a finalizer that has run does nothing
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._release is not None and self._release.alive
