@@ -2,12 +2,12 @@
 without a cache, and batch invariance (a seeded request's tokens and logits, bit for bit, do
 not depend on what else is in the batch)."""
 
-import gc
 import threading
 import weakref
 
 import pytest
 import torch
+from helpers.collector import collector_off
 from helpers.serving import logits_beside
 
 import lm.serve.engine as engine_module
@@ -627,12 +627,9 @@ def test_finished_requests_kept_to_read_their_logprobs_do_not_keep_the_engine():
     engine.submit_all(kept)
     run_until_idle(engine)
     refs = [weakref.ref(engine), weakref.ref(engine.model), weakref.ref(engine.cache.k[0])]
-    gc.disable()
-    try:
+    with collector_off():
         del engine
         assert [r() is None for r in refs] == [True] * 3
-    finally:
-        gc.enable()
     assert [len(r.logprobs[0]) for r in kept] == [3, 3] and recs[0].reasons == ["length"]
     kept[0].cancel()
     assert recs[0].reasons == ["length"]

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+from helpers.collector import collector_off
 from helpers.run_dir import save_model
 from helpers.serving import ServerThread, model_and_tokenizer
 from prometheus_client.parser import text_string_to_metric_families
@@ -474,7 +475,6 @@ def test_a_finished_call_is_freed_without_the_cyclic_collector(served, monkeypat
     """A call's Completion held its engine requests, whose callbacks closed over it: a cycle, left
     with its prompts, texts and logprob records to the cyclic collector (cyc25). With the collector
     off, each call is freed once answered, streamed or not, several prompts and logprobs too."""
-    import gc
     import weakref
 
     import lm.serve.app as app_module
@@ -487,8 +487,7 @@ def test_a_finished_call_is_freed_without_the_cyclic_collector(served, monkeypat
         made.append(weakref.ref(self))
 
     monkeypatch.setattr(app_module.Completion, "__init__", recorded)
-    gc.disable()
-    try:
+    with collector_off():
         r = served.client.completions.create(model="tiny", prompt=["Lily", "Tom"], n=2, max_tokens=4, logprobs=1)
         assert len(r.choices) == 4
         chunks = list(served.client.completions.create(model="tiny", prompt="The dog", max_tokens=4, stream=True,
@@ -499,8 +498,6 @@ def test_a_finished_call_is_freed_without_the_cyclic_collector(served, monkeypat
         while any(ref() is not None for ref in made) and time.time() < deadline:
             time.sleep(0.01)
         assert len(made) == 2 and [ref() is None for ref in made] == [True, True]
-    finally:
-        gc.enable()
 
 
 def test_health_and_metrics(served):

@@ -1,7 +1,6 @@
 """Encoding and decoding: round trips, special tokens, streaming, files, and parity with tiktoken / tokenizers."""
 
 import functools
-import gc
 import io
 import json
 import random
@@ -12,6 +11,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from helpers.collector import collector_off
 from helpers.counting import count_heap_ops
 from helpers.data import data_file, gpt2_published_pattern
 from helpers.faults import full_disk_fdopen
@@ -265,8 +265,7 @@ def test_a_dropped_tokenizer_is_freed_without_the_cyclic_collector(small_tokeniz
     tok25). With the collector off, each is freed when dropped, after every path has run."""
     words = " ".join(f"w{i:x}" for i in range(3000))  # long: the fast path, and its new words in batches
     refs = []
-    gc.disable()
-    try:
+    with collector_off():
         for text in ("short", (SAMPLE + EOT) * 100, words, "x" * 5000):  # the regex path, the fast path, a long word
             tok = Tokenizer(small_tokenizer.vocab, small_tokenizer.merges, [EOT])
             with mock.patch.object(tokenizer_module.BatchBPE, "MIN_ROWS", 1):
@@ -274,8 +273,6 @@ def test_a_dropped_tokenizer_is_freed_without_the_cyclic_collector(small_tokeniz
             refs.append(weakref.ref(tok))
             del tok
         assert [r() is None for r in refs] == [True] * 4
-    finally:
-        gc.enable()
 
 
 def test_ids_in_the_surrogate_range_and_beyond_uint16(small_tokenizer):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.collector import collector_off
 from helpers.data import data_file
 from helpers.faults import full_disk_fdopen
 
@@ -433,12 +434,9 @@ def test_closing_the_workers_leaves_no_pipe_or_process_to_a_later_finalizer():
     results = pool.map([-1, -2, 3])  # held by the caller, as `with parallel_map(...) as results` holds it
     assert next(results) == 1
     refs = [weakref.ref(o) for p, conn in pool._workers for o in (p, conn)]
-    gc.disable()  # only reference counts free them: nothing is left for a later collection either
-    try:
+    with collector_off():  # only reference counts free them: nothing is left for a later collection either
         pool.close()
         assert [r() for r in refs] == [None] * len(refs)
-    finally:
-        gc.enable()
     with pytest.raises(StopIteration):
         next(results)
 

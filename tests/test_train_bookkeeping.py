@@ -8,6 +8,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from helpers.collector import collector_off
 from test_train import VOCAB
 from test_train import _raw_config as _config
 
@@ -252,16 +253,13 @@ def test_a_dropped_trainer_frees_its_model_and_token_files_without_the_cyclic_co
 
     run("first")  # the first trainer of a process may also be held by torch's import of its compiler (torch's)
     gc.collect()
-    gc.disable()
-    try:
+    with collector_off():
         trainer = run("second")
         refs = [weakref.ref(trainer), weakref.ref(next(trainer.model.parameters()))]
         del trainer
         assert [r() is None for r in refs] == [True, True]
         if os.path.exists("/proc/self/maps"):
             assert mapped() == 0
-    finally:
-        gc.enable()
 
 
 def test_a_trainer_made_and_dropped_unrun_lets_go_of_its_run_folder(tmp_path):
@@ -269,12 +267,9 @@ def test_a_trainer_made_and_dropped_unrun_lets_go_of_its_run_folder(tmp_path):
     run again) left its folder refused to every later trainer of the process, as "in use by another
     `lm train`" with the process's own pid (cyc25)."""
     raw = _config(tmp_path, train={"max_steps": 2}, eval={"interval": 0}, checkpoint={"interval": 0})
-    gc.disable()
-    try:
+    with collector_off():
         unrun = Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True)
         with pytest.raises(ValueError, match="in use by another `lm train` in this process"):
             Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True)
         del unrun  # its folder now holds a run with no checkpoint yet: resumed, as any other
         assert Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True, resume=True).run() == 0
-    finally:
-        gc.enable()
