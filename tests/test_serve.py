@@ -920,6 +920,45 @@ def test_a_failing_step_fails_every_request_in_and_takes_no_new_one():
         engine.submit(Recorder().request([1], SamplingParams(max_tokens=2)))
 
 
+def test_a_stopped_engine_refuses_requests_and_a_second_start():
+    """Engine.stop is final: a request submitted after it had been queued and never answered (no
+    thread ran it, its client waited for ever), and start() had started a thread that left at once.
+    Both raise EngineStopped now, naming why."""
+    from lm.serve import EngineStopped
+
+    engine = Engine(tiny_model(), max_batch=1)
+    engine.start()
+    engine.stop()
+    rec = Recorder()
+    with pytest.raises(EngineStopped, match="the engine is stopped"):
+        engine.submit(rec.request([1, 2], SamplingParams(max_tokens=2)))
+    with pytest.raises(EngineStopped, match="make a new Engine"):
+        engine.start()
+    assert rec.reasons == [None] and not engine.waiting and engine._thread is None
+
+
+def test_an_engine_as_a_context_manager_runs_for_the_block_and_is_freed_after():
+    """``with Engine(model) as engine:`` starts the thread and stops it at the end of the block: the
+    request is answered (the tokens greedy generate gives), the thread is gone, and the engine, its
+    model and cache are freed when dropped, with the collector off. An engine started and never
+    stopped had lived as long as its thread (cyc25 L2); the block is how not to forget stop()."""
+    model = tiny_model()
+    rec, done = Recorder(), threading.Event()
+    with Engine(model, max_batch=2) as engine:
+        request = rec.request([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0))
+        request.on_finish = lambda i, r: (rec.reasons.__setitem__(i, r), done.set())
+        engine.submit(request)
+        assert done.wait(30)
+        thread = engine._thread
+        assert thread.is_alive()
+    assert not thread.is_alive() and engine._thread is None
+    assert rec.tokens[0] == generate(model, [1, 2, 3], 5, temperature=0.0) and rec.reasons == ["length"]
+    refs = [weakref.ref(engine), weakref.ref(engine.cache.k[0])]
+    with collector_off():
+        del engine, request
+        assert [r() is None for r in refs] == [True, True]
+
+
 def test_stop_tells_a_request_cancelled_in_the_queue():
     """Engine.stop: "requests still in are finished with cancelled", one cancelled while it waited
     (not yet told by the thread) too."""

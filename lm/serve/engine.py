@@ -261,7 +261,8 @@ class Engine:
 
     ``submit(request)`` queues a request (``QueueFull`` past ``max_queue`` waiting); ``step()``
     admits what fits and decodes one token of every active row; ``start()`` runs steps in a
-    background thread until ``stop()``. ``step_sizes`` are the decode steps' numbers of rows
+    background thread until ``stop()``, which is for good (``with Engine(model) as engine:`` does
+    both). ``step_sizes`` are the decode steps' numbers of rows
     (default :func:`default_step_sizes`); those kept after the start-up probe are
     :attr:`step_sizes`, the others :attr:`dropped_sizes`. ``compile`` compiles every size here.
     :attr:`bucketed`: whether a step attends over the positions in use only (the probe found it
@@ -429,7 +430,7 @@ class Engine:
             self.check(request)
         with self._lock:
             if not self.accepting:
-                raise EngineStopped("the server is shutting down")
+                raise EngineStopped("the engine is stopped" if self._stop else "the server is shutting down")
             if len(self.waiting) + len(requests) > self.max_queue:
                 self.stats.requests["rejected"] += sum(r.n for r in requests)
                 these = f", and this request has {len(requests)} prompts" if len(requests) > 1 else ""
@@ -626,11 +627,22 @@ class Engine:
 
     # -- the thread ----------------------------------------------------------------------------
     def start(self) -> None:
-        """Run the scheduler in a background thread."""
+        """Run the scheduler in a background thread (once: a stopped engine stays stopped)."""
+        if self._stop:
+            raise EngineStopped("the engine is stopped: make a new Engine to serve again")
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._loop, name="lm-engine", daemon=True)
         self._thread.start()
+
+    def __enter__(self) -> Engine:
+        """``with Engine(model) as engine:`` runs the thread for the block and stops it after (an
+        engine started and never stopped lives, its model and cache with it, while its thread runs)."""
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def _loop(self) -> None:
         try:
@@ -667,9 +679,11 @@ class Engine:
             self.accepting = False
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """Stop the thread (requests still in are finished with ``cancelled``)."""
+        """Stop the thread (requests still in are finished with ``cancelled``) for good: later
+        requests get :class:`EngineStopped` (they had waited for ever for a thread that is gone)."""
         with self._lock:
             self._stop = True
+            self.accepting = False
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
