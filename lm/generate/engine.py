@@ -306,8 +306,7 @@ class _StaticRows:
 
 class _Steps(dict):
     """A model's compiled decode steps, ``{shape: DecodeStep}``, kept on the model itself: they go
-    when it goes (in a weak-keyed table they would keep it alive, since they hold it), and are
-    neither copied nor pickled with it."""
+    when it goes, at once (each holds the model weakly), and are neither copied nor pickled with it."""
 
     def __deepcopy__(self, memo) -> _Steps:
         return _Steps()
@@ -328,5 +327,7 @@ def decode_step_for(model, rows: int, max_len: int) -> DecodeStep:
     if steps is None:
         steps = model.__dict__["_decode_steps"] = _Steps()
     if key not in steps:
-        steps[key] = DecodeStep(model, rows, compile=True, cache=StaticKVCache.for_model(model, rows, max_len))
+        step = DecodeStep(model, rows, compile=True, cache=StaticKVCache.for_model(model, rows, max_len))
+        step._hold_model_weakly()  # the model holds it: a strong edge back would be a cycle (cyc25 F2)
+        steps[key] = step
     return steps[key]

@@ -40,10 +40,11 @@ from __future__ import annotations
 import contextlib
 import math
 import types
+import weakref
 
 import torch
 from jaxtyping import Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
 from lm.checks import check_flag, check_size
 from lm.device import AUTOCAST_DTYPES, autocast, check_dtype
@@ -331,7 +332,8 @@ class DecodeStep:
         if share is not None and not (compile and share.compiled and share.model is model and share.dtype == dtype):
             raise ValueError("share: needs a compiled DecodeStep of the same model and dtype, and compile=True")
         seq2seq = architecture == "encoder_decoder"
-        self.model = model
+        self._model = model  # None once held weakly (_hold_model_weakly)
+        self._model_ref = weakref.ref(model)
         if cache is None:
             cache = (StaticSeq2SeqCache if seq2seq else StaticKVCache).for_model(model, rows)
         elif seq2seq != isinstance(cache, StaticSeq2SeqCache):
@@ -357,15 +359,17 @@ class DecodeStep:
         self._invariant_matmuls = compile and dtype is None
         self._ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
         # Both models check ids on the host unless told they are trusted (a sync a step).
-        self._trusted = model.trusted_ids if hasattr(model, "trusted_ids") else contextlib.nullcontext
-        model_ = model
+        self._trusted = hasattr(model, "trusted_ids")
 
+        # The model is an argument, not a closure's cell: a step kept on its model (decode_step_for)
+        # holds it weakly, so that a dropped model is freed at once, not at the next cyclic collection.
         if seq2seq:
-            def step(ids: Tensor, cache: StaticSeq2SeqCache) -> Tensor:  # memory: the cache's cross keys/values
-                return model_.logits(model_.decode(ids, None, cache.step_memory_mask, cache=cache)[:, -1])
+            # memory: the cache's cross keys/values
+            def step(model: nn.Module, ids: Tensor, cache: StaticSeq2SeqCache) -> Tensor:
+                return model.logits(model.decode(ids, None, cache.step_memory_mask, cache=cache)[:, -1])
         else:
-            def step(ids: Tensor, cache: StaticKVCache) -> Tensor:
-                return model_(ids, kv_cache=cache, last_only=True)[:, -1]
+            def step(model: nn.Module, ids: Tensor, cache: StaticKVCache) -> Tensor:
+                return model(ids, kv_cache=cache, last_only=True)[:, -1]
 
         self._fn = step
         if compile:
@@ -377,6 +381,19 @@ class DecodeStep:
             # it (other row counts) make torch.compile recompile once with the rows symbolic.
             self._fn = share._fn if share is not None else \
                 torch.compile(_own_code(step), dynamic=None, fullgraph=True, mode=mode)
+
+    @property
+    def model(self) -> nn.Module:
+        """The model this step runs."""
+        model = self._model if self._model is not None else self._model_ref()
+        if model is None:
+            raise RuntimeError("this DecodeStep's model is gone (a step kept on a model holds it weakly)")
+        return model
+
+    def _hold_model_weakly(self) -> None:
+        """Hold the model through a weak reference only: for a step kept on the model itself, which
+        would otherwise make a reference cycle (model -> its steps -> model)."""
+        self._model = None
 
     @torch.inference_mode()
     def __call__(self, ids: list[int] | Tensor, lengths: list[int], *, full_span: bool = False
@@ -397,8 +414,10 @@ class DecodeStep:
                     torch._dynamo.maybe_mark_dynamic(t, 0)
         self._ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(self.rows, 1))
         invariant = batch_invariant(self._invariant_matmuls) if self.batch_invariant else contextlib.nullcontext()
-        with autocast(self.device, self.dtype), self._trusted(), invariant:
-            logits = self._fn(self._ids, self.cache)  # callers pass sampled ids (trusted_ids: no host check)
+        model = self.model
+        trusted = model.trusted_ids() if self._trusted else contextlib.nullcontext()
+        with autocast(self.device, self.dtype), trusted, invariant:
+            logits = self._fn(model, self._ids, self.cache)  # callers pass sampled ids (trusted_ids: no host check)
         return logits.clone() if self.compiled and self.device.type == "cuda" else logits
 
 
