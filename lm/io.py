@@ -386,12 +386,46 @@ def read_json_object(path: str | os.PathLike, label: str, expect: str = "a JSON 
     return value
 
 
+class FileChangedError(ValueError):
+    """A file read in parts (by offsets, in chunks, by worker processes) changed while it was read:
+    what was read is not one file's text."""
+
+
 def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str, int]:
-    """Bytes ``[start, end)`` of a file as UTF-8 text, and how many of them were invalid (now U+FFFD)."""
+    """Bytes ``[start, end)`` of a file as UTF-8 text, and how many of them were invalid (now U+FFFD).
+    :class:`FileChangedError` when the file ends before ``end`` (it had been truncated since the
+    offsets were cut: a short read had been taken as the whole range)."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
+    if len(data) != end - start:
+        raise FileChangedError(f"{str(path)!r} ends at byte {start + len(data):,}, before {end:,}: "
+                               f"was it changed while it was read?")
     return decode_utf8(data)
+
+
+FileState = tuple[int, int, int, int]  # (device, inode, size, modification time in ns)
+
+
+def file_state(path: str | os.PathLike) -> FileState:
+    """What :func:`check_unchanged` compares: the file's device, inode, size and modification time."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_unchanged(path: str | os.PathLike, before: FileState, argument: str, doing: str) -> None:
+    """Raise :class:`FileChangedError` naming ``argument`` when ``path`` is not the file it was
+    (``before``: its :func:`file_state` when the reading began): written to, truncated, replaced
+    (a new inode: an atomic rename over it) or gone. ``doing``: what was being done (``"tokenized"``)."""
+    try:
+        now = file_state(path)
+    except FileNotFoundError:
+        raise FileChangedError(f"{argument}: {str(path)!r} was deleted or moved while it was {doing}; "
+                               f"nothing was written") from None
+    if now != before:
+        what = "replaced by another file" if now[:2] != before[:2] else "changed"
+        raise FileChangedError(f"{argument}: {str(path)!r} was {what} while it was {doing} ({before[2]:,} bytes "
+                               f"then, {now[2]:,} now); nothing was written")
 
 
 def utf8_error_place(data: bytes) -> tuple[int, int, int] | None:

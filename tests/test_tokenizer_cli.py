@@ -342,6 +342,94 @@ def test_train_with_a_newline_special_token_reloads_exactly(tmp_path, capsys):
     assert hf.encode(STORY + EOT).ids == trained.encode(STORY + EOT)
 
 
+def _change_once(path: Path, how: str, marker: Path) -> None:
+    """Change ``path`` as ``how`` says, the first time only (in whichever process gets here first)."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    if how == "truncated":
+        os.truncate(path, 5000)
+    elif how == "appended":
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("One more story.\n")
+    elif how == "replaced":  # another text of the same size, renamed over it (as a download or a script does)
+        other = path.with_name("other.txt")
+        other.write_bytes(path.read_bytes().replace(b"ball", b"kite"))
+        os.replace(other, path)
+    else:
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("how, said", [("truncated", "was changed"), ("appended", "was changed"),
+                                       ("replaced", "was replaced by another file"),
+                                       ("deleted", "was deleted or moved")])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_input_changed_while_it_is_tokenized_is_one_line_and_nothing_is_written(
+        trained, corpus, tmp_path, monkeypatch, capsys, how, said, workers):
+    """rest26 R2: the chunks are read by offsets, each anew; a file truncated, written to or replaced
+    part way had given a token file of the wrong text and exit 0 (a 206 MB input cut to 20 MB: 28.9M
+    tokens where 140.8M, its sidecar keeping the old size, bytes/token 4.9x too large), and one
+    deleted the bare "[Errno 2] No such file or directory". Now one line naming --input, exit 2, and
+    no output."""
+    import lm.data.tokenize as tokenize_module
+
+    text = tmp_path / "in.txt"
+    text.write_bytes(corpus.read_bytes())
+    read = tokenize_module.read_text_range
+
+    def changes_part_way(path, start, end):
+        if start > 0:
+            _change_once(Path(path), how, tmp_path / "changed")
+        return read(path, start, end)
+
+    monkeypatch.setattr(tokenize_module, "read_text_range", changes_part_way)
+    monkeypatch.setattr(tokenize_module.tokenize_file, "__kwdefaults__",
+                        {**tokenize_module.tokenize_file.__kwdefaults__, "chunk_bytes": 20_000, "warm_bytes": 3000})
+    out = tmp_path / "out" / "t.bin"
+    out.parent.mkdir()
+    assert main(["tokenize", "--tokenizer", str(trained), "--input", str(text), "--out", str(out),
+                 "--num-workers", str(workers), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"lm tokenize: error: --input: '{re.escape(str(text))}' {said} while it was tokenized"
+                        rf"( \([\d,]+ bytes then, [\d,]+ now\))?; nothing was written\n", err), err
+    assert list(out.parent.iterdir()) == [] and (tmp_path / "changed").exists()
+
+
+def test_reading_a_range_past_the_end_of_a_file_is_an_error_not_a_short_text(tmp_path):
+    """read_text_range had returned the bytes there were: a range cut before the file was truncated
+    read as a shorter text, silently."""
+    from lm.io import FileChangedError, read_text_range
+
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"0123456789")
+    assert read_text_range(path, 2, 10) == ("23456789", 0)
+    with pytest.raises(FileChangedError,
+                       match=r"^'.*t\.txt' ends at byte 10, before 12: was it changed while it was read\?$"):
+        read_text_range(path, 2, 12)
+
+
+@pytest.mark.parametrize("how", ["truncated", "appended", "replaced"])
+def test_an_input_changed_while_the_tokenizer_counts_it_is_an_error(corpus, tmp_path, monkeypatch, how):
+    """The same for training: counts of no one file's text had made a tokenizer."""
+    import lm.tokenizer.train as train_module
+    from lm.io import FileChangedError
+
+    text = tmp_path / "in.txt"
+    text.write_bytes(corpus.read_bytes())
+    read = train_module.read_text_range
+
+    def changes_part_way(path, start, end):
+        if start > 0:
+            _change_once(Path(path), how, tmp_path / "changed")
+        return read(path, start, end)
+
+    monkeypatch.setattr(train_module, "read_text_range", changes_part_way)
+    with pytest.raises(FileChangedError, match=r"^input: '.*in\.txt' was (changed|replaced by another file) while "
+                                               r"it was read \([\d,]+ bytes then, [\d,]+ now\); nothing was written$"):
+        train_module.count_pretokens([(str(text), 0, text.stat().st_size)], [EOT], num_workers=1, chunk_bytes=20_000)
+
+
 def test_interrupted_tokenize_leaves_no_output(trained, corpus, tmp_path, monkeypatch):
     class Interrupted(Tokenizer):  # Ctrl-C while the first chunk is encoded
         def encode_to_numpy(self, text, dtype=None):

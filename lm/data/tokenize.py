@@ -24,7 +24,16 @@ from tqdm import tqdm
 
 from lm.checks import check_size, is_count
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
-from lm.io import check_not_input, check_readable_file, invalid_utf8_place, read_text_range, replaced_utf8_message
+from lm.io import (
+    FileChangedError,
+    check_not_input,
+    check_readable_file,
+    check_unchanged,
+    file_state,
+    invalid_utf8_place,
+    read_text_range,
+    replaced_utf8_message,
+)
 from lm.tokenizer import Tokenizer
 from lm.tokenizer.pretokenize import LONG_CHUNK_BYTES, chunk_boundaries, warn_long_chunk
 from lm.tokenizer.workers import parallel_map
@@ -74,7 +83,8 @@ def tokenize_file(
         check_size("num_workers", num_workers)
     if not is_count(warm_bytes):
         raise ValueError(f"warm_bytes must be a non-negative integer (0: no warm-up), got warm_bytes={warm_bytes!r}")
-    size = path.stat().st_size
+    state = file_state(path)  # the workers read it by offsets: it must stay this file (rest26 R2)
+    size = state[2]
     if size == 0:
         raise ValueError(f"input: file is empty: {str(path)!r}")
     workers = num_workers if num_workers is not None else (os.cpu_count() or 1)  # (checked above)
@@ -105,12 +115,19 @@ def tokenize_file(
 
         def chunks() -> Iterator[np.ndarray]:
             nonlocal invalid, first_bad
-            for (start, end), (data, nbytes, bad) in zip(bounds, results):
-                if bad and not invalid:
-                    first_bad = (start, end)
-                invalid += bad
-                bar.update(nbytes)
-                yield np.frombuffer(data, dtype=dtype)
+            try:
+                for (start, end), (data, nbytes, bad) in zip(bounds, results):
+                    if bad and not invalid:
+                        first_bad = (start, end)
+                    invalid += bad
+                    bar.update(nbytes)
+                    yield np.frombuffer(data, dtype=dtype)
+            except (FileChangedError, FileNotFoundError):  # a read found it shorter, or gone: say what
+                check_unchanged(path, state, "input", "tokenized")
+                raise
+            # before the token file is renamed into place: truncated, written to or replaced while the
+            # chunks were read, it had been a success of the wrong text, its bytes/token off (rest26 R2)
+            check_unchanged(path, state, "input", "tokenized")
 
         meta = write_token_file(
             out_path,

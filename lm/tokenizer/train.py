@@ -29,7 +29,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from lm.checks import check_size
-from lm.io import check_readable_file, invalid_utf8_place, read_text_range, replaced_utf8_message
+from lm.io import (
+    FileChangedError,
+    check_readable_file,
+    check_unchanged,
+    file_state,
+    invalid_utf8_place,
+    read_text_range,
+    replaced_utf8_message,
+)
 from lm.tokenizer.pretokenize import (
     LONG_CHUNK_BYTES,
     check_special_tokens,
@@ -91,6 +99,12 @@ def count_pretokens(
     if chunk_bytes is None:
         # enough chunks to balance the workers and show progress, few enough to merge cheaply
         chunk_bytes = min(16 << 20, max(1 << 20, total // (workers * 8) + 1))
+    # the workers read the files by offsets: each must stay the file it was (rest26 R2)
+    states = {str(path): file_state(path) for path, _, _ in ranges}
+    for path, _, end in ranges:
+        if states[str(path)][2] < end:  # shorter than when the ranges were cut (holdout_split)
+            raise FileChangedError(f"input: {str(path)!r} is {states[str(path)][2]:,} bytes, shorter than the "
+                                   f"{end:,} it had: was it changed while it was read?")
     tasks = []
     for path, start, end in ranges:
         bounds = chunk_boundaries(path, special_tokens, chunk_bytes, start, end)
@@ -102,12 +116,19 @@ def count_pretokens(
     with tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
               file=sys.stderr) as bar, \
             parallel_map(_count_chunk, tasks, workers, ordered=False, serial=total < MIN_PARALLEL_BYTES) as results:
-        for c, nbytes, bad, index in results:
-            counts.update(c)
-            if bad:
-                invalid[tasks[index][1]] += bad
-                first_bad = index if first_bad is None else min(first_bad, index)
-            bar.update(nbytes)
+        try:
+            for c, nbytes, bad, index in results:
+                counts.update(c)
+                if bad:
+                    invalid[tasks[index][1]] += bad
+                    first_bad = index if first_bad is None else min(first_bad, index)
+                bar.update(nbytes)
+        except (FileChangedError, FileNotFoundError):  # a read found one shorter, or gone: say which
+            for path, state in states.items():
+                check_unchanged(path, state, "input", "read")
+            raise
+    for path, state in states.items():  # changed in place or replaced: counts of no one file's text
+        check_unchanged(path, state, "input", "read")
     if invalid:
         _warn_invalid_utf8(invalid, *tasks[first_bad][1:4])
     if stats is not None:
