@@ -277,6 +277,54 @@ def test_background_writer_writes_one_at_a_time_in_order_and_reports_errors(tmp_
     assert manager.steps() == [2, 3]
 
 
+@pytest.mark.parametrize("waited", [True, False])
+def test_a_failed_background_write_frees_the_writer_and_its_copy_of_the_state(tmp_path, monkeypatch, waited):
+    """rest26 R1: after a failed write (a full disk), the writer and its whole host copy of the state
+    (the model and AdamW's moments) had stayed alive in a cycle until a collection, through the
+    error's traceback (the thread's frame held the writer; wait's frame the error), even once the
+    error was raised, caught and dropped. Freed at once now, with the collector off; the error is
+    raised once, with its message."""
+    import gc
+    import weakref
+
+    from helpers.collector import collector_off
+
+    import lm.checkpoint.background as background
+
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    copies, copy = [], background.host_copy
+
+    def recorded_copy(state):
+        out = copy(state)
+        if isinstance(out, dict) and "iteration" in out:  # the whole state (it recurses through here)
+            copies.append(weakref.ref(out["model"]["w"]))
+        return out
+
+    def full_disk(state, step):
+        held = state  # noqa: F841 - as write_checkpoint's frames hold it when the disk fills
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(background, "host_copy", recorded_copy)
+    monkeypatch.setattr(manager, "save", full_disk)
+    gc.collect()
+    with collector_off():
+        writer = background.BackgroundWriter(manager)
+        writer.save({"model": {"w": torch.zeros(1000)}, "iteration": 4}, 4)
+        if waited:
+            said = None
+            try:  # not pytest.raises: its record of the error would hold the traceback
+                writer.wait()
+            except OSError as e:
+                said = str(e)
+            assert said == "[Errno 28] No space left on device"
+            writer.wait()  # raised once
+        else:  # nobody waits: the writer is dropped after the thread failed
+            writer._done.wait(10)
+        alive = weakref.ref(writer)
+        del writer
+        assert alive() is None and copies[0]() is None
+
+
 def _signal_main_thread_once_it_waits(signum) -> None:
     """From another thread: send ``signum`` to the main thread once it is blocked waiting in
     threading's own code (Event.wait's Condition.wait, or Thread.join's lock wait), below

@@ -12,6 +12,7 @@ order and at most one copy is held. An error of the thread is raised by the next
 from __future__ import annotations
 
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ class BackgroundWriter:
     def __init__(self, manager: CheckpointManager):
         self.manager = manager
         self._done: threading.Event | None = None  # set by the thread of the write in progress as it ends
-        self._error: BaseException | None = None
+        self._errors: list[BaseException] = []  # the failed write's error, for wait() to raise
 
     def save(self, state: dict[str, Any], step: int) -> Path:
         """Start writing the checkpoint of ``step``; return its path (complete once :meth:`wait` returns)."""
@@ -69,22 +70,30 @@ class BackgroundWriter:
         if self._done is not None:
             self._done.wait()
             self._done = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        if self._errors:
+            error = self._errors.pop()
+            try:
+                raise error
+            finally:
+                del error  # this frame, on the error's traceback, would hold it: a cycle (rest26 R1)
 
     def _start(self, write, *args) -> None:
         self.wait()
         done, job = threading.Event(), [args]
 
-        def run() -> None:
+        # run() holds neither the writer nor, once failed, its list of errors: the error's traceback
+        # holds run's frame, and a path back to the error from it had kept the writer and the whole host
+        # copy of the state (model and AdamW moments) alive until a cyclic collection (rest26 R1).
+        def run(errors: list[BaseException]) -> None:
             try:
                 write(*job.pop())  # the copy is freed once written, before the event says so
             except BaseException as e:  # noqa: BLE001 - handed to the training thread by wait()
-                self._error = e
+                traceback.clear_frames(e.__traceback__.tb_next)  # the write's locals: the host copy goes now
+                errors.append(e)
             finally:
+                del errors
                 done.set()
 
         # not a daemon: an interpreter that exits still finishes the file it is writing
-        threading.Thread(target=run, name="lm-checkpoint-writer").start()
+        threading.Thread(target=run, args=(self._errors,), name="lm-checkpoint-writer").start()
         self._done = done  # once started: a thread that could not start is waited for by nobody
