@@ -430,6 +430,37 @@ def test_an_input_changed_while_the_tokenizer_counts_it_is_an_error(corpus, tmp_
         train_module.count_pretokens([(str(text), 0, text.stat().st_size)], [EOT], num_workers=1, chunk_bytes=20_000)
 
 
+def test_a_task_that_fails_in_a_worker_leaves_nothing_of_the_call_alive(trained, corpus, tmp_path, monkeypatch):
+    """rest26 R4: the pool's frame kept the error it raised, and the error's traceback that frame: the
+    caller's tokenizer, the progress bar and the chunk list stayed in a cycle until a collection.
+    Freed at once now, with the collector off; the error is the worker's, nothing written."""
+    import gc
+    import weakref
+
+    import lm.data.tokenize as tokenize_module
+
+    encode = tokenize_module._encode_chunk
+
+    def fails_in_a_worker(task):
+        if os.getpid() != _PARENT and task[1] > 0:
+            raise ValueError("the chunk could not be encoded")
+        return encode(task)
+
+    monkeypatch.setattr(tokenize_module, "_encode_chunk", fails_in_a_worker)
+    gc.collect()
+    with collector_off():
+        tok = load_tokenizer_dir(trained)
+        alive = weakref.ref(tok)
+        said = None
+        try:  # not pytest.raises: its record of the error would hold the traceback
+            tokenize_file(tok, corpus, tmp_path / "t.bin", num_workers=2, chunk_bytes=20_000, warm_bytes=3000)
+        except ValueError as e:
+            said = str(e)
+        del tok
+        assert said == "the chunk could not be encoded" and alive() is None
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_interrupted_tokenize_leaves_no_output(trained, corpus, tmp_path, monkeypatch):
     class Interrupted(Tokenizer):  # Ctrl-C while the first chunk is encoded
         def encode_to_numpy(self, text, dtype=None):

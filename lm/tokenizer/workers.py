@@ -144,7 +144,10 @@ class WorkerPool:
                 except (EOFError, OSError):  # closed, or reset while a task was still unread in its pipe
                     raise self._died(conn) from None
                 if not ok:
-                    raise result
+                    try:
+                        raise result
+                    finally:  # this frame, on the error's traceback, would hold it: a cycle keeping the
+                        del result  # caller's tokenizer, progress bar and chunks until a collection (rest26 R4)
                 busy[conn] -= 1
                 feed(conn)
                 if not ordered:
