@@ -852,6 +852,9 @@ def _check_output_dir(out: Path, *, command: str, argument: str, overwrite: bool
         if set_aside:
             raise ValueError(_set_aside_message(out, set_aside, command, argument, replacing))
     if replacing and not overwrite:
+        if marker is not None and marker.get("complete") is not True:  # its run was killed (SIGKILL, power) part way
+            raise ValueError(f"{argument}: {str(out)!r} exists and is incomplete (a `{command}` that was killed "
+                             "part way); pass --overwrite to replace it")
         raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
     warn_leftover_temps(out, argument)
     return replacing

@@ -175,6 +175,25 @@ def test_a_symlink_loop_is_refused_naming_it(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "loop1", "loop2"]
 
 
+def test_an_incomplete_output_is_refused_saying_it_is_incomplete(tmp_path):
+    """A folder whose marker says ``complete: false`` (its run was killed, SIGKILL or a power cut, where
+    nothing could clean up) had been refused as any earlier output, "exists; pass --overwrite": now
+    the message says it is incomplete. A complete one is refused as before; --overwrite takes both."""
+    from lm.io import check_output_dir
+
+    for complete in (False, True):
+        out = tmp_path / f"out-{complete}"
+        out.mkdir()
+        (out / "run").mkdir()
+        write_marker(out, "lm test", complete=complete)
+        with pytest.raises(ValueError) as e:
+            check_output_dir(out, command="lm test", files=["run"])
+        assert str(e.value) == (f"--out: {str(out)!r} exists and is incomplete (a `lm test` that was killed part way); "
+                                "pass --overwrite to replace it" if not complete else
+                                f"--out: {str(out)!r} exists; pass --overwrite to replace it")
+        assert check_output_dir(out, command="lm test", files=["run"], overwrite=True) is True
+
+
 def test_an_out_that_is_a_symlink_is_refused_saying_so(tmp_path, monkeypatch):
     """A link to a folder was refused as "exists and is not a folder", though `test -d` is true (cli21
     F3): the refusal stands (the new folder, renamed into place, would replace the link, not the
