@@ -398,9 +398,9 @@ def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str,
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    if len(data) != end - start:
-        raise FileChangedError(f"{str(path)!r} ends at byte {start + len(data):,}, before {end:,}: "
-                               f"was it changed while it was read?")
+        if len(data) != end - start:
+            raise FileChangedError(f"{str(path)!r} is {os.fstat(f.fileno()).st_size:,} bytes, shorter than the "
+                                   f"range [{start:,}, {end:,}) read from it: was it changed while it was read?")
     return decode_utf8(data)
 
 
@@ -424,8 +424,10 @@ def check_unchanged(path: str | os.PathLike, before: FileState, argument: str, d
                                f"nothing was written") from None
     if now != before:
         what = "replaced by another file" if now[:2] != before[:2] else "changed"
-        raise FileChangedError(f"{argument}: {str(path)!r} was {what} while it was {doing} ({before[2]:,} bytes "
-                               f"then, {now[2]:,} now); nothing was written")
+        sizes = f"{before[2]:,} bytes then, {now[2]:,} now" if now[2] != before[2] else \
+            f"{now[2]:,} bytes, as before"
+        raise FileChangedError(f"{argument}: {str(path)!r} was {what} while it was {doing} ({sizes}); "
+                               f"nothing was written")
 
 
 def utf8_error_place(data: bytes) -> tuple[int, int, int] | None:
@@ -852,9 +854,9 @@ def _check_output_dir(out: Path, *, command: str, argument: str, overwrite: bool
         if set_aside:
             raise ValueError(_set_aside_message(out, set_aside, command, argument, replacing))
     if replacing and not overwrite:
-        if marker is not None and marker.get("complete") is not True:  # its run was killed (SIGKILL, power) part way
-            raise ValueError(f"{argument}: {str(out)!r} exists and is incomplete (a `{command}` that was killed "
-                             "part way); pass --overwrite to replace it")
+        if marker is not None and marker.get("complete") is not True:  # killed part way (SIGKILL, power), or running
+            raise ValueError(f"{argument}: {str(out)!r} exists and is incomplete (a `{command}` killed part way, or "
+                             "one still writing it); pass --overwrite to replace it once none is")
         raise ValueError(f"{argument}: {str(out)!r} exists; pass --overwrite to replace it")
     warn_leftover_temps(out, argument)
     return replacing

@@ -282,8 +282,9 @@ def test_a_failed_background_write_frees_the_writer_and_its_copy_of_the_state(tm
     """rest26 R1: after a failed write (a full disk), the writer and its whole host copy of the state
     (the model and AdamW's moments) had stayed alive in a cycle until a collection, through the
     error's traceback (the thread's frame held the writer; wait's frame the error), even once the
-    error was raised, caught and dropped. Freed at once now, with the collector off; the error is
-    raised once, with its message."""
+    error was raised, caught and dropped; and the frames of the error it was raised from (a full disk's
+    OSError is wrapped) held the copy until the next wait (review26). Freed at once now, with the
+    collector off; the error is raised once, with its message."""
     import gc
     import weakref
 
@@ -300,9 +301,15 @@ def test_a_failed_background_write_frees_the_writer_and_its_copy_of_the_state(tm
             copies.append(weakref.ref(out["model"]["w"]))
         return out
 
-    def full_disk(state, step):
+    def write_file(state):
         held = state  # noqa: F841 - as write_checkpoint's frames hold it when the disk fills
         raise OSError(28, "No space left on device")
+
+    def full_disk(state, step):  # as a real full disk: the OSError wrapped, each traceback holding the state
+        try:
+            write_file(state)
+        except OSError as e:
+            raise OSError(28, f"checkpoint {step}: {e.strerror}") from e
 
     monkeypatch.setattr(background, "host_copy", recorded_copy)
     monkeypatch.setattr(manager, "save", full_disk)
@@ -310,16 +317,16 @@ def test_a_failed_background_write_frees_the_writer_and_its_copy_of_the_state(tm
     with collector_off():
         writer = background.BackgroundWriter(manager)
         writer.save({"model": {"w": torch.zeros(1000)}, "iteration": 4}, 4)
+        writer._done.wait(10)
+        assert copies[0]() is None  # freed as the write failed, not kept with the error until the next wait
         if waited:
             said = None
             try:  # not pytest.raises: its record of the error would hold the traceback
                 writer.wait()
             except OSError as e:
                 said = str(e)
-            assert said == "[Errno 28] No space left on device"
+            assert said == "[Errno 28] checkpoint 4: No space left on device"
             writer.wait()  # raised once
-        else:  # nobody waits: the writer is dropped after the thread failed
-            writer._done.wait(10)
         alive = weakref.ref(writer)
         del writer
         assert alive() is None and copies[0]() is None

@@ -177,8 +177,9 @@ def test_a_symlink_loop_is_refused_naming_it(tmp_path, monkeypatch):
 
 def test_an_incomplete_output_is_refused_saying_it_is_incomplete(tmp_path):
     """A folder whose marker says ``complete: false`` (its run was killed, SIGKILL or a power cut, where
-    nothing could clean up) had been refused as any earlier output, "exists; pass --overwrite": now
-    the message says it is incomplete. A complete one is refused as before; --overwrite takes both."""
+    nothing could clean up, or it still runs) had been refused as any earlier output, "exists; pass
+    --overwrite": now the message says it is incomplete, and why it may be. A complete one is refused
+    as before; --overwrite takes both."""
     from lm.io import check_output_dir
 
     for complete in (False, True):
@@ -188,8 +189,8 @@ def test_an_incomplete_output_is_refused_saying_it_is_incomplete(tmp_path):
         write_marker(out, "lm test", complete=complete)
         with pytest.raises(ValueError) as e:
             check_output_dir(out, command="lm test", files=["run"])
-        assert str(e.value) == (f"--out: {str(out)!r} exists and is incomplete (a `lm test` that was killed part way); "
-                                "pass --overwrite to replace it" if not complete else
+        assert str(e.value) == (f"--out: {str(out)!r} exists and is incomplete (a `lm test` killed part way, or one "
+                                "still writing it); pass --overwrite to replace it once none is" if not complete else
                                 f"--out: {str(out)!r} exists; pass --overwrite to replace it")
         assert check_output_dir(out, command="lm test", files=["run"], overwrite=True) is True
 

@@ -364,14 +364,14 @@ def _change_once(path: Path, how: str, marker: Path) -> None:
 @pytest.mark.parametrize("how, said", [("truncated", "was changed"), ("appended", "was changed"),
                                        ("replaced", "was replaced by another file"),
                                        ("deleted", "was deleted or moved")])
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers, first", [(1, False), (2, False), (2, True)])
 def test_an_input_changed_while_it_is_tokenized_is_one_line_and_nothing_is_written(
-        trained, corpus, tmp_path, monkeypatch, capsys, how, said, workers):
+        trained, corpus, tmp_path, monkeypatch, capsys, how, said, workers, first):
     """rest26 R2: the chunks are read by offsets, each anew; a file truncated, written to or replaced
     part way had given a token file of the wrong text and exit 0 (a 206 MB input cut to 20 MB: 28.9M
     tokens where 140.8M, its sidecar keeping the old size, bytes/token 4.9x too large), and one
     deleted the bare "[Errno 2] No such file or directory". Now one line naming --input, exit 2, and
-    no output."""
+    no output. ``first``: changed as the parent reads the head, before the workers start (review26)."""
     import lm.data.tokenize as tokenize_module
 
     text = tmp_path / "in.txt"
@@ -379,7 +379,7 @@ def test_an_input_changed_while_it_is_tokenized_is_one_line_and_nothing_is_writt
     read = tokenize_module.read_text_range
 
     def changes_part_way(path, start, end):
-        if start > 0:
+        if (start == 0) == first:
             _change_once(Path(path), how, tmp_path / "changed")
         return read(path, start, end)
 
@@ -391,8 +391,10 @@ def test_an_input_changed_while_it_is_tokenized_is_one_line_and_nothing_is_writt
     assert main(["tokenize", "--tokenizer", str(trained), "--input", str(text), "--out", str(out),
                  "--num-workers", str(workers), "--quiet"]) == 2
     err = capsys.readouterr().err
+    sizes = {"truncated": r" \([\d,]+ bytes then, 5,000 now\)", "appended": r" \([\d,]+ bytes then, [\d,]+ now\)",
+             "replaced": rf" \({text.stat().st_size:,} bytes, as before\)" if text.exists() else "", "deleted": ""}[how]
     assert re.fullmatch(rf"lm tokenize: error: --input: '{re.escape(str(text))}' {said} while it was tokenized"
-                        rf"( \([\d,]+ bytes then, [\d,]+ now\))?; nothing was written\n", err), err
+                        rf"{sizes}; nothing was written\n", err), err
     assert list(out.parent.iterdir()) == [] and (tmp_path / "changed").exists()
 
 
@@ -404,9 +406,10 @@ def test_reading_a_range_past_the_end_of_a_file_is_an_error_not_a_short_text(tmp
     path = tmp_path / "t.txt"
     path.write_bytes(b"0123456789")
     assert read_text_range(path, 2, 10) == ("23456789", 0)
-    with pytest.raises(FileChangedError,
-                       match=r"^'.*t\.txt' ends at byte 10, before 12: was it changed while it was read\?$"):
-        read_text_range(path, 2, 12)
+    for start, end in ((2, 12), (20, 30)):  # the file's own size, not where the read stopped (review26)
+        with pytest.raises(FileChangedError, match=rf"^'.*t\.txt' is 10 bytes, shorter than the range \[{start}, "
+                                                   rf"{end}\) read from it: was it changed while it was read\?$"):
+            read_text_range(path, start, end)
 
 
 @pytest.mark.parametrize("how", ["truncated", "appended", "replaced"])
@@ -425,9 +428,38 @@ def test_an_input_changed_while_the_tokenizer_counts_it_is_an_error(corpus, tmp_
         return read(path, start, end)
 
     monkeypatch.setattr(train_module, "read_text_range", changes_part_way)
+    sizes = r"[\d,]+ bytes, as before" if how == "replaced" else r"[\d,]+ bytes then, [\d,]+ now"
     with pytest.raises(FileChangedError, match=r"^input: '.*in\.txt' was (changed|replaced by another file) while "
-                                               r"it was read \([\d,]+ bytes then, [\d,]+ now\); nothing was written$"):
+                                               rf"it was read \({sizes}\); nothing was written$"):
         train_module.count_pretokens([(str(text), 0, text.stat().st_size)], [EOT], num_workers=1, chunk_bytes=20_000)
+
+
+def test_a_held_out_tail_cut_short_after_training_names_the_input(trained, corpus, tmp_path):
+    """The held-out tail is read last, after the merges: a file truncated by then had said "'x' ends
+    at byte 190,003" (the read's start, not the file's end) without naming --input (review26)."""
+    from lm.io import FileChangedError
+    from lm.tokenizer.train import TrainStats, training_summary
+
+    text = tmp_path / "in.txt"
+    text.write_bytes(corpus.read_bytes()[:50_000])
+    with pytest.raises(FileChangedError, match=r"^input: '.*in\.txt' is 50,000 bytes, shorter than the range "
+                                               r"\[60,000, 70,000\) read from it: was it changed while it was read\? "
+                                               r"\(the held-out tail, read after the training\)$"):
+        training_summary(load_tokenizer_dir(trained), TrainStats(), [text], (str(text), 60_000, 70_000),
+                         {"save": 0.0, "since_start": 0.0})
+
+
+def test_byte_ranges_past_the_end_of_a_file_are_refused_before_counting(corpus):
+    """A range cut past a file's end (the file shorter than when it was cut, or a caller's mistake) is
+    refused at once, naming the size and the range; it had counted the bytes there were."""
+    from lm.io import FileChangedError
+    from lm.tokenizer.train import count_pretokens
+
+    size = corpus.stat().st_size
+    with pytest.raises(FileChangedError, match=rf"^input: '.*stories\.txt' is {size:,} bytes, shorter than the range "
+                                               rf"to byte {size + 1000:,} to be read from it: was it changed since "
+                                               r"the ranges were cut\?$"):
+        count_pretokens([(str(corpus), 0, size + 1000)], [EOT], num_workers=1)
 
 
 def test_a_task_that_fails_in_a_worker_leaves_nothing_of_the_call_alive(trained, corpus, tmp_path, monkeypatch):

@@ -88,7 +88,7 @@ class BackgroundWriter:
             try:
                 write(*job.pop())  # the copy is freed once written, before the event says so
             except BaseException as e:  # noqa: BLE001 - handed to the training thread by wait()
-                traceback.clear_frames(e.__traceback__.tb_next)  # the write's locals: the host copy goes now
+                _clear_frames(e)  # the write's locals: the host copy goes now, not with the error
                 errors.append(e)
             finally:
                 del errors
@@ -97,3 +97,17 @@ class BackgroundWriter:
         # not a daemon: an interpreter that exits still finishes the file it is writing
         threading.Thread(target=run, args=(self._errors,), name="lm-checkpoint-writer").start()
         self._done = done  # once started: a thread that could not start is waited for by nobody
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Clear the locals of the finished frames on ``error``'s traceback and on those of the errors it
+    was raised from or during (a full disk is an OSError wrapped twice, each traceback holding the
+    state being written); a frame still running (the writer thread's) is left as it is."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]

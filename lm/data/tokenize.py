@@ -26,6 +26,7 @@ from lm.checks import check_size, is_count
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
 from lm.io import (
     FileChangedError,
+    FileState,
     check_not_input,
     check_readable_file,
     check_unchanged,
@@ -56,6 +57,16 @@ def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, int]:
     """:func:`_encode_chunk_with` in a worker, with its tokenizer (:func:`_init_worker`)."""
     assert _worker_tokenizer is not None
     return _encode_chunk_with(_worker_tokenizer, args)
+
+
+@contextlib.contextmanager
+def _input_unchanged(path: os.PathLike, state: FileState) -> Iterator[None]:
+    """A read of the input that found it shorter, or gone, is told as the change it is, naming the input."""
+    try:
+        yield
+    except (FileChangedError, FileNotFoundError):
+        check_unchanged(path, state, "input", "tokenized")
+        raise
 
 
 def tokenize_file(
@@ -104,7 +115,8 @@ def tokenize_file(
     # another thread, would have replaced it: each call's chunks encoded by the other's tokenizer).
     here = functools.partial(_encode_chunk_with, tokenizer)
     parallel = workers > 1 and len(tasks) > 1
-    first = [here(tasks[0])] if parallel else []  # the head, before the fork (see above)
+    with _input_unchanged(path, state):
+        first = [here(tasks[0])] if parallel else []  # the head, before the fork (see above)
     with tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=None if progress else True,
               file=sys.stderr) as bar, \
             (parallel_map(_encode_chunk, tasks[1:], workers, initializer=_init_worker, initargs=(tokenizer,))
@@ -115,16 +127,13 @@ def tokenize_file(
 
         def chunks() -> Iterator[np.ndarray]:
             nonlocal invalid, first_bad
-            try:
+            with _input_unchanged(path, state):
                 for (start, end), (data, nbytes, bad) in zip(bounds, results):
                     if bad and not invalid:
                         first_bad = (start, end)
                     invalid += bad
                     bar.update(nbytes)
                     yield np.frombuffer(data, dtype=dtype)
-            except (FileChangedError, FileNotFoundError):  # a read found it shorter, or gone: say what
-                check_unchanged(path, state, "input", "tokenized")
-                raise
             # before the token file is renamed into place: truncated, written to or replaced while the
             # chunks were read, it had been a success of the wrong text, its bytes/token off (rest26 R2)
             check_unchanged(path, state, "input", "tokenized")

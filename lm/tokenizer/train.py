@@ -103,8 +103,8 @@ def count_pretokens(
     states = {str(path): file_state(path) for path, _, _ in ranges}
     for path, _, end in ranges:
         if states[str(path)][2] < end:  # shorter than when the ranges were cut (holdout_split)
-            raise FileChangedError(f"input: {str(path)!r} is {states[str(path)][2]:,} bytes, shorter than the "
-                                   f"{end:,} it had: was it changed while it was read?")
+            raise FileChangedError(f"input: {str(path)!r} is {states[str(path)][2]:,} bytes, shorter than the range "
+                                   f"to byte {end:,} to be read from it: was it changed since the ranges were cut?")
     tasks = []
     for path, start, end in ranges:
         bounds = chunk_boundaries(path, special_tokens, chunk_bytes, start, end)
@@ -394,7 +394,10 @@ def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
     bytes_per_token = None
     if heldout is not None:
         path, a, b = heldout
-        text, _ = read_text_range(path, a, b)
+        try:
+            text, _ = read_text_range(path, a, b)
+        except FileChangedError as e:  # read last, minutes after the check of the counting: name the input
+            raise FileChangedError(f"input: {e} (the held-out tail, read after the training)") from None
         bytes_per_token = (b - a) / max(1, len(tokenizer.encode(text)))
     heldout_eval = time.perf_counter() - t0
     # what training learned: a special token (the user's own "<|endoftext|>") is not one of them
