@@ -2,7 +2,9 @@
 without a cache, and batch invariance (a seeded request's tokens and logits, bit for bit, do
 not depend on what else is in the batch)."""
 
+import gc
 import threading
+import traceback
 import weakref
 
 import pytest
@@ -918,6 +920,14 @@ def test_a_failing_step_fails_every_request_in_and_takes_no_new_one():
     assert engine.stats.requests["failed"] == 2 and isinstance(engine.error, RuntimeError)
     with pytest.raises(EngineStopped):
         engine.submit(Recorder().request([1], SamplingParams(max_tokens=2)))
+    # the error it keeps does not keep it (its traceback's frames had held the engine: a cycle), and
+    # still prints where it came from
+    assert "the device fell over" in "".join(traceback.format_exception(engine.error))
+    alive, cache = weakref.ref(engine), weakref.ref(engine.cache.k[0])
+    gc.collect()
+    with collector_off():
+        del engine
+        assert alive() is None and cache() is None
 
 
 def test_a_stopped_engine_refuses_requests_and_a_second_start():

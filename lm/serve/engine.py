@@ -42,6 +42,7 @@ import operator
 import secrets
 import threading
 import time
+import traceback
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -658,6 +659,11 @@ class Engine:
             self._fail_everything()
             if self.on_error is not None:
                 self.on_error(e)
+            # The error (kept as .error) holds its traceback, whose frames hold the engine: a cycle that
+            # kept a failed engine, its model and cache, until a collection. Their locals go (the
+            # lines stay, for a traceback printed later), and this frame lets go of the engine.
+            traceback.clear_frames(e.__traceback__)
+            del self
 
     def _fail_everything(self) -> None:
         with self._lock:

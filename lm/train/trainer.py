@@ -356,7 +356,10 @@ class Trainer:
                 failed = e
         said = self.dist.broadcast_object(None if failed is None else str(failed))
         if failed is not None:
-            raise failed
+            try:
+                raise failed
+            finally:
+                del failed  # this frame, on its traceback, would hold it: a cycle with the half-made trainer
         if said is not None:
             raise RefusedOnRankZero(said)
         others()
