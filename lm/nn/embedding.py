@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lm.checks import check_size
 from lm.device import check_dtype
-from lm.nn.functional import check_integer_dtype, index_rows
+from lm.nn.functional import check_integer_dtype, index_rows, transformed
 
 
 class Embedding(torch.nn.Module):
@@ -39,8 +39,9 @@ class Embedding(torch.nn.Module):
         """The rows of integer ``token_ids``; an id outside ``[0, num_embeddings)`` raises (on a
         CPU; on a GPU the kernel asserts), where ``weight[ids]`` would read ``-1`` as the last row."""
         check_integer_dtype("token_ids", token_ids)
-        if not (self.weight.requires_grad and torch.is_grad_enabled()):
-            return index_rows(self.weight, token_ids)  # no backward to make deterministic (generation, evaluation)
+        if not (self.weight.requires_grad and torch.is_grad_enabled()) or transformed():
+            # no backward to make deterministic (generation, evaluation), or a torch.func transform's own
+            return index_rows(self.weight, token_ids)
         return _EmbeddingLookup.apply(self.weight, token_ids)
 
     def extra_repr(self) -> str:

@@ -75,9 +75,40 @@ def softmax(x: Float[Tensor, "*shape"], dim: int) -> Float[Tensor, "*shape"]:
     """Softmax along ``dim``; subtracting the max first keeps ``exp`` from overflowing.
 
     A slice that is entirely ``-inf`` (every position masked) gives NaN, as in torch.
-    The backward pass is written out (:class:`_Softmax`): ``p ⊙ (g - Σ g ⊙ p)``.
+    The backward pass is written out (:class:`_Softmax`): ``p ⊙ (g - Σ g ⊙ p)``; under a
+    ``torch.func`` transform the same formula runs with autograd's derivative (:func:`transformed`).
     """
+    if transformed():
+        return _softmax_by_formula(x, dim, False)
     return _Softmax.apply(x, dim, False)
+
+
+def transformed() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ``jvp``...) runs the caller.
+
+    The hand-written backward passes (:class:`_Softmax`, the losses, the embedding's lookup) are
+    autograd Functions written for autograd, without the ``setup_context`` and vmap rule that
+    ``torch.func`` needs (the fused loss computes its gradients in its forward pass, which a
+    transform cannot ask for). Under a transform the same formulas run as plain differentiable
+    operations instead, and the transform differentiates or batches them as any other: the same
+    values, the gradients autograd's. Never while torch.compile traces (the check is the compiled
+    code's to make, and nothing here is traced under a transform)."""
+    return not is_compiling() and torch._C._are_functorch_transforms_active()
+
+
+def _softmax_by_formula(x: Tensor, dim: int, empty_is_zero: bool) -> Tensor:
+    """:class:`_Softmax`'s forward pass as differentiable operations (its max held constant: the
+    softmax does not depend on the shift)."""
+    if x.shape[dim] == 0:
+        return x.clone()
+    row_max = x.amax(dim=dim, keepdim=True).detach()
+    if empty_is_zero:
+        row_max = row_max.clamp_min(torch.finfo(x.dtype).min)
+    p = torch.sub(x, row_max).exp()
+    total = p.sum(dim=dim, keepdim=True)
+    if empty_is_zero:
+        total = total.clamp_min(torch.finfo(x.dtype).tiny)
+    return p / total
 
 
 class _Softmax(torch.autograd.Function):
@@ -182,7 +213,8 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill_(~mask, float("-inf"))  # in place: nothing else reads the raw scores
     # Softmax in float32 (or float64 for float64 inputs) so bfloat16 inputs keep their precision in
     # the normaliser; a fully masked row gives zeros (see _Softmax).
-    probs = _Softmax.apply(scores.to(torch.promote_types(scores.dtype, torch.float32)), -1, True).to(V.dtype)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    probs = (_softmax_by_formula(scores, -1, True) if transformed() else _Softmax.apply(scores, -1, True)).to(V.dtype)
     return einsum(probs, V, "... q k, ... k d -> ... q d")
 
 
@@ -241,6 +273,8 @@ def cross_entropy(
     """
     _check_smoothing(label_smoothing)
     _check_targets(targets, logits.shape[:-1], "logits")
+    if transformed():
+        return _loss_of_targets(logits, targets, float(label_smoothing), ignore_index)
     return _naming_bad_targets(_CrossEntropy, (logits, targets, float(label_smoothing), ignore_index),
                                targets, logits.shape[-1], ignore_index)
 
@@ -364,6 +398,16 @@ def _loss_by_formula(logits: Tensor, targets: Tensor, eps: float, valid: Tensor 
     return torch.where(valid, per, 0.0).sum() / valid.sum().clamp_min(1)
 
 
+def _loss_of_targets(logits: Tensor, targets: Tensor, eps: float, ignore_index: int | None) -> Tensor:
+    """:func:`_loss_by_formula` of targets that may hold ``ignore_index`` (under a ``torch.func``
+    transform: :func:`transformed`)."""
+    targets = targets.long()
+    valid = None if ignore_index is None else targets != ignore_index
+    if valid is not None:
+        targets = targets.masked_fill(~valid, 0)
+    return _loss_by_formula(logits, targets, eps, valid)
+
+
 def _second_order(loss_of: Callable[[], Tensor], inputs: tuple[Tensor | None, ...], grad_loss: Tensor
                   ) -> tuple[Tensor | None, ...]:
     """The gradients of ``loss_of()`` (recomputed with differentiable operations) with respect to
@@ -466,6 +510,9 @@ def linear_cross_entropy(
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
                                    or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if transformed():  # the logits at once: the fused pass computes gradients no transform can ask for
+        return _loss_of_targets(einsum(x, weight, "... d, v d -> ... v"), targets, float(label_smoothing),
+                                ignore_index)
     if chunk_size is None:
         chunk_size = loss_chunk_size(targets.numel(), weight.shape[0], x.device, is_compiling())
     return _naming_bad_targets(_LinearCrossEntropy, (x, weight, targets, chunk_size, float(label_smoothing),

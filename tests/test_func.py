@@ -1,0 +1,200 @@
+"""``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``, ``jvp``) over lm's layers, losses and
+models: under a transform the hand-written autograd Functions give way to the same formulas as
+plain operations (lm.nn.functional.transformed), checked against torch's own functions and
+against autograd through lm's hand-written backward passes. They had raised "In order to use an
+autograd.Function with functorch transforms ... it must override the setup_context staticmethod"."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call, grad, jacrev, jvp, vmap
+
+from lm.data.pairs import PairBatch
+from lm.model import EncoderDecoder, Seq2SeqConfig, TransformerLM
+from lm.nn import Embedding, cross_entropy, linear_cross_entropy, scaled_dot_product_attention, softmax
+from lm.nn.functional import transformed
+
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch's fallback batching
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)  # float64: the same formula, other rounding
+
+
+def test_transformed_says_whether_a_transform_runs():
+    seen = []
+    grad(lambda x: (seen.append(transformed()), x.sum())[1])(torch.ones(2))
+    vmap(lambda x: (seen.append(transformed()), x)[1])(torch.ones(2, 2))
+    assert transformed() is False and seen == [True, True]
+
+
+def test_softmax_under_vmap_jacrev_and_jvp_equals_torchs():
+    x = torch.randn(5, 7, dtype=torch.float64)
+    _close(vmap(lambda r: softmax(r, -1))(x), torch.softmax(x, -1))
+    _close(jacrev(lambda r: softmax(r, 0))(x[0]), jacrev(lambda r: torch.softmax(r, 0))(x[0]))
+    v = torch.randn_like(x)
+    out, tangent = jvp(lambda r: softmax(r, -1), (x,), (v,))
+    want, want_tangent = jvp(lambda r: torch.softmax(r, -1), (x,), (v,))
+    _close(out, want)
+    _close(tangent, want_tangent)
+
+
+def test_attention_under_vmap_and_grad_equals_autograd_through_the_written_backward():
+    """Attention's softmax (a fully masked row gives zeros, not NaN) under the transforms: the
+    values and gradients autograd gives through :class:`_Softmax`, the einsum path and sdpa's."""
+    g = torch.Generator().manual_seed(0)
+    Q, K, V = (torch.randn(3, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    mask = torch.rand(3, 1, 5, 5, generator=g) > 0.3
+    mask[0, 0, 2] = False  # a row that attends nothing
+    for impl in ("einsum", "sdpa"):
+        def attend(q, k, v, m, impl=impl):
+            return scaled_dot_product_attention(q, k, v, m, impl=impl)
+
+        _close(vmap(attend)(Q, K, V, mask), attend(Q, K, V, mask))
+        q = Q.clone().requires_grad_()
+        attend(q, K, V, mask).pow(2).sum().backward()
+        _close(grad(lambda q_: attend(q_, K, V, mask).pow(2).sum())(Q), q.grad)
+
+
+@pytest.mark.parametrize("smoothing, ignore", [(0.0, None), (0.1, 2)])
+def test_losses_under_grad_and_per_sample_vmap_equal_autograd(smoothing, ignore):
+    """Both losses, with label smoothing and ignore_index: grad equals autograd through the written
+    backward passes; vmap(grad) gives each sample's own gradient."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 6, 8, dtype=torch.float64, generator=g)
+    w = torch.randn(11, 8, dtype=torch.float64, generator=g)
+    targets = torch.randint(0, 11, (4, 6), generator=g)
+    kw = dict(label_smoothing=smoothing, ignore_index=ignore)
+
+    def fused(x_, w_, t):
+        return linear_cross_entropy(x_, w_, t, **kw)
+
+    def plain(x_, w_, t):
+        return cross_entropy(torch.einsum("...d,vd->...v", x_, w_), t, **kw)
+
+    for loss in (fused, plain):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        value = loss(xs, ws, targets)
+        value.backward()
+        got_value, (gx, gw) = loss(x, w, targets), grad(loss, argnums=(0, 1))(x, w, targets)
+        _close(got_value, value.detach())
+        _close(gx, xs.grad)
+        _close(gw, ws.grad)
+        per_x, per_w = vmap(grad(loss, argnums=(0, 1)), in_dims=(0, None, 0))(x, w, targets)
+        for b in range(4):
+            xb, wb = x[b].clone().requires_grad_(), w.clone().requires_grad_()
+            loss(xb, wb, targets[b]).backward()
+            _close(per_x[b], xb.grad)
+            _close(per_w[b], wb.grad)
+
+
+def test_embedding_under_grad_equals_its_written_backward():
+    emb = Embedding(9, 4, dtype=torch.float64)
+    ids = torch.tensor([[1, 3, 3], [8, 0, 1]])
+    emb(ids).pow(2).sum().backward()
+    weight = emb.weight.detach()
+    _close(grad(lambda w: functional_call(emb, {"weight": w}, (ids,)).pow(2).sum())(weight), emb.weight.grad)
+
+
+class _Loss(torch.nn.Module):
+    """``model.loss(*args)`` as a module's forward, for functional_call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return self.model.loss(*args)
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    return {f"model.{k}": v.detach() for k, v in model.named_parameters()}
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {f"model.{k}": v.grad for k, v in model.named_parameters()}
+
+
+@pytest.mark.parametrize("variant", [{}, {"attn_impl": "einsum", "positions": "learned", "tie_embeddings": True}])
+def test_per_sample_gradients_of_the_language_model(variant):
+    """``vmap(grad(loss))`` over a batch gives each sequence's own gradients (as DP-SGD takes them),
+    equal to autograd on that sequence alone; ``grad`` the batch's, equal to ``loss.backward()``."""
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=50, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=48,
+                          **variant).double()
+    wrapped, params = _Loss(model), _params(model)
+    ids, targets = torch.randint(0, 50, (3, 10)), torch.randint(0, 50, (3, 10))
+
+    def loss(p, i, t):
+        return functional_call(wrapped, p, (i, t))
+
+    model.loss(ids, targets).backward()
+    whole = grad(loss)(params, ids, targets)
+    for name, g in _grads(model).items():
+        _close(whole[name], g)
+    per = vmap(grad(lambda p, i, t: loss(p, i[None], t[None])), in_dims=(None, 0, 0))(params, ids, targets)
+    for b in range(3):
+        model.zero_grad()
+        model.loss(ids[b:b + 1], targets[b:b + 1]).backward()
+        for name, g in _grads(model).items():
+            _close(per[name][b], g)
+
+
+def test_an_id_out_of_range_under_vmap_is_named():
+    """The ids' range check reads their values, which a vmapped tensor refuses (torch's "calling
+    .item() on a Tensor"): it reads the whole batch instead, and names the bad id."""
+    model = TransformerLM(vocab_size=50, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32)
+    ids = torch.randint(0, 50, (3, 6))
+    ids[1, 4] = 77
+    with pytest.raises(ValueError, match=r"^ids must be in \[0, vocab_size=50\), got id 77$"):
+        vmap(lambda i: model(i[None]))(ids)
+
+
+def test_encoder_decoder_gradients_under_grad_and_per_sample_vmap_equal_autograd():
+    """The translation model (padding masks, cross-attention, ignore_index, label smoothing)."""
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=30, context_length=12, d_model=16, encoder_layers=1, decoder_layers=1, num_heads=2,
+                        d_ff=32, dropout=0.0, label_smoothing=0.1)
+    model = EncoderDecoder(cfg).double()
+    src_mask = torch.arange(7)[None] < torch.tensor([7, 4])[:, None]
+    tgt_mask = torch.arange(5)[None] < torch.tensor([3, 5])[:, None]
+    batch = PairBatch(src=torch.randint(3, 30, (2, 7)).masked_fill(~src_mask, 0), src_mask=src_mask,
+                      tgt_in=torch.randint(3, 30, (2, 5)), tgt_out=torch.randint(3, 30, (2, 5)), tgt_mask=tgt_mask)
+    model.loss(batch).backward()
+    got = grad(lambda p: functional_call(_Loss(model), p, (batch,)))(_params(model))
+    for name, g in _grads(model).items():
+        _close(got[name], g)
+    # per-sample: each pair's gradient, its padding its own
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    targets = batch.tgt_out.masked_fill(~tgt_mask, -100)
+
+    def loss(p, src, src_mask, tgt, tgt_mask, out):
+        logits = functional_call(model, p, (src[None], tgt[None], src_mask[None], tgt_mask[None]))
+        return cross_entropy(logits, out[None], ignore_index=-100)
+
+    per = vmap(grad(loss), in_dims=(None, 0, 0, 0, 0, 0))(params, batch.src, src_mask, batch.tgt_in, tgt_mask, targets)
+    for b in range(2):
+        model.zero_grad()
+        loss(dict(model.named_parameters()), batch.src[b], src_mask[b], batch.tgt_in[b], tgt_mask[b],
+             targets[b]).backward()
+        for name, p in model.named_parameters():
+            _close(per[name][b], p.grad)
+
+
+def test_the_readmes_per_sample_gradient_snippet_runs_as_written():
+    """The README's example, pasted: one gradient per sequence, each autograd's on that sequence."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "vmap(grad(loss)" in b]
+    names: dict = {}
+    torch.manual_seed(0)
+    exec(compile(snippet, "README.md", "exec"), names)
+    model, ids, targets, per = names["model"], names["ids"], names["targets"], names["per_sample"]
+    assert per["lm_head.weight"].shape == (8, 1000, 64)
+    model.loss(ids[5:6], targets[5:6]).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(per[name][5], p.grad, rtol=1e-5, atol=1e-7)  # float32 (measured: 7.5e-9 at most)
+
