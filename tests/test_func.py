@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.func import functional_call, grad, jacrev, jvp, vmap
+from torch.func import functional_call, grad, jacfwd, jacrev, jvp, vmap
 
 from lm.data.pairs import PairBatch
 from lm.model import EncoderDecoder, Seq2SeqConfig, TransformerLM
@@ -87,6 +87,68 @@ def test_losses_under_grad_and_per_sample_vmap_equal_autograd(smoothing, ignore)
             loss(xb, wb, targets[b]).backward()
             _close(per_x[b], xb.grad)
             _close(per_w[b], wb.grad)
+
+
+def test_attention_under_a_vmap_over_the_mask_alone():
+    """func26 F5: the einsum path wrote a batched mask into scores that were not batched, in place."""
+    g = torch.Generator().manual_seed(2)
+    Q, K, V = (torch.randn(2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    masks = torch.rand(3, 2, 5, 5, generator=g) > 0.4
+    for impl in ("einsum", "sdpa"):
+        got = vmap(lambda m, impl=impl: scaled_dot_product_attention(Q, K, V, m, impl=impl))(masks)
+        for b in range(3):
+            _close(got[b], scaled_dot_product_attention(Q, K, V, masks[b], impl="einsum"))
+
+
+def test_losses_under_a_transform_name_a_bad_target_and_give_nan_when_every_target_is_ignored():
+    """func26 F2, F3: every target ignored gave 0 under a transform (the losses and torch give NaN,
+    with a zero gradient); a target out of range was torch's "index 7 is out of bounds", not the
+    losses' named error."""
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    w = torch.randn(5, 4, dtype=torch.float64)
+    ignored = torch.full((2, 3), -100)
+    bad = torch.tensor([[1, 2, 7], [0, 1, 2]])
+    losses = (lambda x_, t: linear_cross_entropy(x_, w, t, ignore_index=-100),
+              lambda x_, t: cross_entropy(torch.einsum("...d,vd->...v", x_, w), t, ignore_index=-100))
+    for loss in losses:
+        assert torch.isnan(loss(x, ignored))  # the losses themselves, as torch
+        assert torch.isnan(torch.nn.functional.cross_entropy(torch.einsum("...d,vd->...v", x, w).reshape(-1, 5),
+                                                             ignored.reshape(-1), ignore_index=-100))
+        assert torch.equal(grad(loss)(x, ignored), torch.zeros_like(x))
+        assert torch.isnan(vmap(loss)(x[:, None], ignored[:, None])).all()
+        for transform in (grad, vmap):
+            with pytest.raises(ValueError, match=r"^targets must be in \[0, vocab_size=5\) or ignore_index=-100, "
+                                                 r"got target 7$"):
+                transform(loss)(x, bad)
+
+
+def test_forward_mode_transforms_through_the_default_model():
+    """func26 F1: jvp, jacfwd and hessian had raised in the default model (attn_impl "sdpa": torch's
+    fused kernel has no forward-mode derivative); under a transform attention takes the einsum
+    path. Checked against autograd through the hand-written backward passes."""
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=20, context_length=8, d_model=8, num_layers=1, num_heads=2, d_ff=16).double()
+    assert model.config.attn_impl == "sdpa"
+    ids, targets = torch.randint(0, 20, (2, 6)), torch.randint(0, 20, (2, 6))
+    name = "layers.0.attn.q_proj.weight"
+    weight = dict(model.named_parameters())[name]
+
+    def loss(w):
+        return functional_call(_Loss(model), {f"model.{name}": w}, (ids, targets), strict=False)
+
+    model.loss(ids, targets).backward()
+    _close(jacfwd(loss)(weight.detach()), weight.grad)
+    v = torch.randn_like(weight)
+    _, tangent = jvp(loss, (weight.detach(),), (v,))
+    _close(tangent, (weight.grad * v).sum())
+    # the reference: autograd's double backward through the written passes, on the same weights with
+    # einsum attention (torch's fused CPU kernel has no double backward either)
+    same = TransformerLM(vocab_size=20, context_length=8, d_model=8, num_layers=1, num_heads=2, d_ff=16,
+                         attn_impl="einsum").double()
+    same.load_state_dict(model.state_dict())
+    want = torch.autograd.functional.hessian(
+        lambda w: functional_call(_Loss(same), {f"model.{name}": w}, (ids, targets), strict=False), weight.detach())
+    _close(torch.func.hessian(loss)(weight.detach()), want)
 
 
 def test_embedding_under_grad_equals_its_written_backward():

@@ -14,7 +14,7 @@ from lm.device import check_dtype
 from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
 from lm.nn.block import make_norm
-from lm.nn.functional import IntegerDtypeError, check_integer_dtype, index_rows, is_compiling
+from lm.nn.functional import IntegerDtypeError, check_integer_dtype, index_rows, is_compiling, unbatched
 
 
 def sinusoidal_table(num_positions: int, d_model: int, dtype: torch.dtype = torch.float32
@@ -88,22 +88,13 @@ def check_range(values: Tensor, name: str, bound_name: str, bound: int, what: st
     """Refuse ``values`` outside ``[0, bound)``, naming the argument: reads their minimum and
     maximum back from the device (two syncs on a GPU), so callers skip it under ``trusted_ids``.
     Under ``torch.func.vmap`` (whose tensors' values cannot be read) the whole batch is checked."""
-    values = _unbatched(values)
+    values = unbatched(values)
     if values.numel() == 0:
         return
     lo, hi = int(values.min()), int(values.max())
     if lo < 0 or hi >= bound:
         bad = lo if lo < 0 else hi
         raise ValueError(f"{name} must be in [0, {bound_name}={bound}), got {what} {bad}")
-
-
-def _unbatched(t: Tensor) -> Tensor:
-    """``t`` itself where a ``torch.func`` transform (``vmap``'s batching, ``grad``'s wrapping) holds it:
-    every sample's values at once, which can be read (a vmapped tensor's ``.item()`` raises)."""
-    functorch = torch._C._functorch
-    while functorch.is_functorch_wrapped_tensor(t):
-        t = functorch.get_unwrapped(t)
-    return t
 
 
 class TransformerLM(_SinusoidalTable, torch.nn.Module):

@@ -202,7 +202,8 @@ def scaled_dot_product_attention(
     check_choice("impl", impl, ("einsum", "sdpa"))
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be a boolean tensor (True = may attend), got dtype {mask.dtype}")
-    if impl == "sdpa" and not _batch_invariant[0]:
+    functional = transformed()  # torch's fused kernel has no forward-mode derivative (jvp, jacfwd, hessian)
+    if impl == "sdpa" and not _batch_invariant[0] and not functional:
         return _fused_sdpa(Q, K, V, mask, is_causal)
     # Scaling Q (q × d) is cheaper than scaling the scores (q × k).
     scores = einsum(Q * (1.0 / math.sqrt(Q.shape[-1])), K, "... q d, ... k d -> ... q k")
@@ -210,11 +211,13 @@ def scaled_dot_product_attention(
         causal = _causal_mask(Q.shape[-2], K.shape[-2], Q.device)
         mask = causal if mask is None else mask & causal
     if mask is not None:
-        scores = scores.masked_fill_(~mask, float("-inf"))  # in place: nothing else reads the raw scores
+        # in place: nothing else reads the raw scores (not under vmap, where a batched mask cannot be
+        # written into scores that are not)
+        scores = scores.masked_fill(~mask, float("-inf")) if functional else scores.masked_fill_(~mask, float("-inf"))
     # Softmax in float32 (or float64 for float64 inputs) so bfloat16 inputs keep their precision in
     # the normaliser; a fully masked row gives zeros (see _Softmax).
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    probs = (_softmax_by_formula(scores, -1, True) if transformed() else _Softmax.apply(scores, -1, True)).to(V.dtype)
+    probs = (_softmax_by_formula(scores, -1, True) if functional else _Softmax.apply(scores, -1, True)).to(V.dtype)
     return einsum(probs, V, "... q k, ... k d -> ... q d")
 
 
@@ -400,12 +403,28 @@ def _loss_by_formula(logits: Tensor, targets: Tensor, eps: float, valid: Tensor 
 
 def _loss_of_targets(logits: Tensor, targets: Tensor, eps: float, ignore_index: int | None) -> Tensor:
     """:func:`_loss_by_formula` of targets that may hold ``ignore_index`` (under a ``torch.func``
-    transform: :func:`transformed`)."""
+    transform: :func:`transformed`): NaN when every target is ignored, as the losses and torch give
+    (with a zero gradient), and a target out of range named as they name it."""
+    given = targets
     targets = targets.long()
     valid = None if ignore_index is None else targets != ignore_index
     if valid is not None:
         targets = targets.masked_fill(~valid, 0)
-    return _loss_by_formula(logits, targets, eps, valid)
+    try:
+        loss = _loss_by_formula(logits, targets, eps, valid)
+    except RuntimeError:  # gather's "index out of bounds": read the targets, all samples at once under vmap
+        _name_bad_targets(unbatched(given), logits.shape[-1], ignore_index)
+        raise
+    return loss if valid is None else torch.where(valid.any(), loss, torch.nan)
+
+
+def unbatched(t: Tensor) -> Tensor:
+    """``t`` itself where a ``torch.func`` transform (``vmap``'s batching, ``grad``'s wrapping) holds
+    it: every sample's values at once, which can be read (a vmapped tensor's ``.item()`` raises)."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        t = functorch.get_unwrapped(t)
+    return t
 
 
 def _second_order(loss_of: Callable[[], Tensor], inputs: tuple[Tensor | None, ...], grad_loss: Tensor
