@@ -91,8 +91,9 @@ def transformed() -> bool:
     ``torch.func`` needs (the fused loss computes its gradients in its forward pass, which a
     transform cannot ask for). Under a transform the same formulas run as plain differentiable
     operations instead, and the transform differentiates or batches them as any other: the same
-    values, the gradients autograd's. Never while torch.compile traces (the check is the compiled
-    code's to make, and nothing here is traced under a transform)."""
+    values, the gradients autograd's. False while torch.compile traces, so that no compiled graph
+    (the decode step, the training step) holds the check: ``torch.compile`` over a transform is not
+    supported."""
     return not is_compiling() and torch._C._are_functorch_transforms_active()
 
 
