@@ -1018,6 +1018,21 @@ def test_the_invalid_utf8_warning_of_lm_tokenizer_train_names_the_file_and_the_p
                                                "by U+FFFD")
 
 
+def test_invalid_utf8_in_the_held_out_tail_is_warned_of_and_counted(tmp_path, capsys):
+    """walk26: the held-out tail (read after training, to measure bytes per token) was never counted:
+    a bad byte there had no warning and summary.json said "invalid_utf8_bytes": 0."""
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"the cat sat on the mat.\n" * 400 + b"a tail \xff\xfe here\n" + b"the end.\n" * 10)
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--input", str(path), "--vocab-size", "262", "--out", str(out), "--quiet",
+                 "--holdout-bytes", "500", "--num-workers", "1"]) == 0
+    assert capsys.readouterr().err.strip() == (
+        f"lm tokenizer train: warning: --input: 2 bytes of {str(path)!r} are not valid UTF-8 (the first at line 401, "
+        "column 8); they were replaced by U+FFFD (in the held-out tail that measures bytes per token)")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["invalid_utf8_bytes"] == 2 and summary["heldout_bytes"] > 0
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_invalid_utf8_warning_says_where_the_first_bad_byte_is(trained, tmp_path, workers):
     """The warning said "1 bytes of 'in.txt' are not valid UTF-8" and nowhere in a large corpus to look

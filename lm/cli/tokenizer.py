@@ -190,7 +190,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         )
     tok = Tokenizer(vocab, merges, args.special_token)
     t1 = time.perf_counter()
-    with writing_out(out), replace_dir(out, **output) as tmp, as_flags(special_tokens="--special-token"):
+    with writing_out(out), replace_dir(out, **output) as tmp, \
+            as_flags(special_tokens="--special-token", input="--input"):  # the held-out tail is read here
         save_tokenizer_dir(tok, tmp, hf=True)  # refuses a special token that clashes with a learned token
         t2 = time.perf_counter()
         try:  # it reads the held-out tail of the input: a failure there is the input's, not --out's

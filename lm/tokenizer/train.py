@@ -395,9 +395,15 @@ def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
     if heldout is not None:
         path, a, b = heldout
         try:
-            text, _ = read_text_range(path, a, b)
+            text, invalid = read_text_range(path, a, b)
         except FileChangedError as e:  # read last, minutes after the check of the counting: name the input
             raise FileChangedError(f"input: {e} (the held-out tail, read after the training)") from None
+        if invalid:  # counting never read the tail: its bad bytes had gone unsaid, and uncounted (walk26)
+            stats.invalid_utf8_bytes += invalid
+            line, column = invalid_utf8_place(path, a, b) or (0, 0)
+            warnings.warn(replaced_utf8_message("input", {path: invalid}, path, line, column,
+                                                after=" (in the held-out tail that measures bytes per token)"),
+                          stacklevel=2)
         bytes_per_token = (b - a) / max(1, len(tokenizer.encode(text)))
     heldout_eval = time.perf_counter() - t0
     # what training learned: a special token (the user's own "<|endoftext|>") is not one of them
