@@ -97,19 +97,22 @@ def transformed() -> bool:
     return not is_compiling() and torch._C._are_functorch_transforms_active()
 
 
-def _softmax_by_formula(x: Tensor, dim: int, empty_is_zero: bool) -> Tensor:
-    """:class:`_Softmax`'s forward pass as differentiable operations (its max held constant: the
+def _softmax_by_formula(x: Tensor, dim: int, empty_is_zero: bool, in_place: bool = False) -> Tensor:
+    """The softmax of :class:`_Softmax` (see there for ``empty_is_zero``). ``in_place``: its forward
+    pass, where no graph is kept, writes the exps and their quotients over one buffer; without it the
+    operations are differentiable (under a ``torch.func`` transform), the max held constant (the
     softmax does not depend on the shift)."""
-    if x.shape[dim] == 0:
+    if x.shape[dim] == 0:  # no keys: amax would raise; an empty softmax (attention then gives zeros)
         return x.clone()
     row_max = x.amax(dim=dim, keepdim=True).detach()
     if empty_is_zero:
         row_max = row_max.clamp_min(torch.finfo(x.dtype).min)
-    p = torch.sub(x, row_max).exp()
+    p = torch.sub(x, row_max)
+    p = p.exp_() if in_place else p.exp()
     total = p.sum(dim=dim, keepdim=True)
     if empty_is_zero:
         total = total.clamp_min(torch.finfo(x.dtype).tiny)
-    return p / total
+    return p.div_(total) if in_place else p / total
 
 
 class _Softmax(torch.autograd.Function):
@@ -124,18 +127,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, empty_is_zero: bool) -> Tensor:
         ctx.dim = dim
-        if x.shape[dim] == 0:  # no keys: amax would raise; an empty softmax (attention then gives zeros)
-            p = x.clone()
-            ctx.save_for_backward(p)
-            return p
-        row_max = x.amax(dim=dim, keepdim=True)
-        if empty_is_zero:
-            row_max = row_max.clamp_min(torch.finfo(x.dtype).min)
-        p = torch.sub(x, row_max).exp_()
-        total = p.sum(dim=dim, keepdim=True)
-        if empty_is_zero:
-            total = total.clamp_min(torch.finfo(x.dtype).tiny)
-        p = p.div_(total)
+        p = _softmax_by_formula(x, dim, empty_is_zero, in_place=True)
         ctx.save_for_backward(p)
         return p
 
