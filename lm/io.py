@@ -37,7 +37,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 MARKER = ".lm-output.json"  # in every folder lm makes as a command's output: {"command": ..., "complete": ...}
 
@@ -404,13 +404,19 @@ def read_text_range(path: str | os.PathLike, start: int, end: int) -> tuple[str,
     return decode_utf8(data)
 
 
-FileState = tuple[int, int, int, int]  # (device, inode, size, modification time in ns)
+class FileState(NamedTuple):
+    """What :func:`check_unchanged` compares: a file's device, inode, size and modification time."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
 
 
 def file_state(path: str | os.PathLike) -> FileState:
-    """What :func:`check_unchanged` compares: the file's device, inode, size and modification time."""
+    """The :class:`FileState` of ``path`` now."""
     st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def check_unchanged(path: str | os.PathLike, before: FileState, argument: str, doing: str) -> None:
@@ -423,11 +429,27 @@ def check_unchanged(path: str | os.PathLike, before: FileState, argument: str, d
         raise FileChangedError(f"{argument}: {str(path)!r} was deleted or moved while it was {doing}; "
                                f"nothing was written") from None
     if now != before:
-        what = "replaced by another file" if now[:2] != before[:2] else "changed"
-        sizes = f"{before[2]:,} bytes then, {now[2]:,} now" if now[2] != before[2] else \
-            f"{now[2]:,} bytes, as before"
+        what = "replaced by another file" if (now.device, now.inode) != (before.device, before.inode) else "changed"
+        sizes = f"{before.size:,} bytes then, {now.size:,} now" if now.size != before.size else \
+            f"{now.size:,} bytes, as before"
         raise FileChangedError(f"{argument}: {str(path)!r} was {what} while it was {doing} ({sizes}); "
                                f"nothing was written")
+
+
+@contextlib.contextmanager
+def unchanged_while(states: dict[str, FileState], argument: str, doing: str) -> Iterator[None]:
+    """The files of ``states`` (path -> its :func:`file_state` before the block), read by offsets
+    within the block (in chunks, by worker processes), must stay those files: a read that found one
+    shorter or gone is told as the change it is, and at the block's end each is checked again
+    (:func:`check_unchanged`, naming ``argument``), so that nothing is made of another file's text."""
+    try:
+        yield
+    except (FileChangedError, FileNotFoundError):
+        for path, state in states.items():
+            check_unchanged(path, state, argument, doing)
+        raise
+    for path, state in states.items():
+        check_unchanged(path, state, argument, doing)
 
 
 def utf8_error_place(data: bytes) -> tuple[int, int, int] | None:

@@ -25,15 +25,13 @@ from tqdm import tqdm
 from lm.checks import check_size, is_count
 from lm.data.token_file import sidecar_path, token_dtype, write_token_file
 from lm.io import (
-    FileChangedError,
-    FileState,
     check_not_input,
     check_readable_file,
-    check_unchanged,
     file_state,
     invalid_utf8_place,
     read_text_range,
     replaced_utf8_message,
+    unchanged_while,
 )
 from lm.tokenizer import Tokenizer
 from lm.tokenizer.pretokenize import LONG_CHUNK_BYTES, chunk_boundaries, warn_long_chunk
@@ -57,16 +55,6 @@ def _encode_chunk(args: tuple[str, int, int, str]) -> tuple[bytes, int, int]:
     """:func:`_encode_chunk_with` in a worker, with its tokenizer (:func:`_init_worker`)."""
     assert _worker_tokenizer is not None
     return _encode_chunk_with(_worker_tokenizer, args)
-
-
-@contextlib.contextmanager
-def _input_unchanged(path: os.PathLike, state: FileState) -> Iterator[None]:
-    """A read of the input that found it shorter, or gone, is told as the change it is, naming the input."""
-    try:
-        yield
-    except (FileChangedError, FileNotFoundError):
-        check_unchanged(path, state, "input", "tokenized")
-        raise
 
 
 def tokenize_file(
@@ -94,8 +82,9 @@ def tokenize_file(
         check_size("num_workers", num_workers)
     if not is_count(warm_bytes):
         raise ValueError(f"warm_bytes must be a non-negative integer (0: no warm-up), got warm_bytes={warm_bytes!r}")
-    state = file_state(path)  # the workers read it by offsets: it must stay this file (rest26 R2)
-    size = state[2]
+    # the workers read it by offsets: it must stay this file (rest26 R2)
+    watched = {str(path): file_state(path)}
+    size = watched[str(path)].size
     if size == 0:
         raise ValueError(f"input: file is empty: {str(path)!r}")
     workers = num_workers if num_workers is not None else (os.cpu_count() or 1)  # (checked above)
@@ -115,7 +104,7 @@ def tokenize_file(
     # another thread, would have replaced it: each call's chunks encoded by the other's tokenizer).
     here = functools.partial(_encode_chunk_with, tokenizer)
     parallel = workers > 1 and len(tasks) > 1
-    with _input_unchanged(path, state):
+    with unchanged_while(watched, "input", "tokenized"):
         first = [here(tasks[0])] if parallel else []  # the head, before the fork (see above)
     with tqdm(total=size, unit="B", unit_scale=True, desc="tokenize", disable=None if progress else True,
               file=sys.stderr) as bar, \
@@ -127,16 +116,15 @@ def tokenize_file(
 
         def chunks() -> Iterator[np.ndarray]:
             nonlocal invalid, first_bad
-            with _input_unchanged(path, state):
+            # checked again at the end, before the token file is renamed into place: truncated, written to
+            # or replaced while the chunks were read, it had been a success of the wrong text (rest26 R2)
+            with unchanged_while(watched, "input", "tokenized"):
                 for (start, end), (data, nbytes, bad) in zip(bounds, results):
                     if bad and not invalid:
                         first_bad = (start, end)
                     invalid += bad
                     bar.update(nbytes)
                     yield np.frombuffer(data, dtype=dtype)
-            # before the token file is renamed into place: truncated, written to or replaced while the
-            # chunks were read, it had been a success of the wrong text, its bytes/token off (rest26 R2)
-            check_unchanged(path, state, "input", "tokenized")
 
         meta = write_token_file(
             out_path,

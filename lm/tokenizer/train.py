@@ -32,11 +32,11 @@ from lm.checks import check_size
 from lm.io import (
     FileChangedError,
     check_readable_file,
-    check_unchanged,
     file_state,
     invalid_utf8_place,
     read_text_range,
     replaced_utf8_message,
+    unchanged_while,
 )
 from lm.tokenizer.pretokenize import (
     LONG_CHUNK_BYTES,
@@ -102,8 +102,8 @@ def count_pretokens(
     # the workers read the files by offsets: each must stay the file it was (rest26 R2)
     states = {str(path): file_state(path) for path, _, _ in ranges}
     for path, _, end in ranges:
-        if states[str(path)][2] < end:  # shorter than when the ranges were cut (holdout_split)
-            raise FileChangedError(f"input: {str(path)!r} is {states[str(path)][2]:,} bytes, shorter than the range "
+        if states[str(path)].size < end:  # shorter than when the ranges were cut (holdout_split)
+            raise FileChangedError(f"input: {str(path)!r} is {states[str(path)].size:,} bytes, shorter than the range "
                                    f"to byte {end:,} to be read from it: was it changed since the ranges were cut?")
     tasks = []
     for path, start, end in ranges:
@@ -113,22 +113,17 @@ def count_pretokens(
     counts: Counter = Counter()
     invalid: Counter = Counter()  # per file
     first_bad = None  # the index of the first task (in file order, then offset) that held bad bytes
-    with tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
-              file=sys.stderr) as bar, \
+    # changed in place or replaced while read: counts of no one file's text
+    with unchanged_while(states, "input", "read"), \
+            tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize", disable=None if progress else True,
+                 file=sys.stderr) as bar, \
             parallel_map(_count_chunk, tasks, workers, ordered=False, serial=total < MIN_PARALLEL_BYTES) as results:
-        try:
-            for c, nbytes, bad, index in results:
-                counts.update(c)
-                if bad:
-                    invalid[tasks[index][1]] += bad
-                    first_bad = index if first_bad is None else min(first_bad, index)
-                bar.update(nbytes)
-        except (FileChangedError, FileNotFoundError):  # a read found one shorter, or gone: say which
-            for path, state in states.items():
-                check_unchanged(path, state, "input", "read")
-            raise
-    for path, state in states.items():  # changed in place or replaced: counts of no one file's text
-        check_unchanged(path, state, "input", "read")
+        for c, nbytes, bad, index in results:
+            counts.update(c)
+            if bad:
+                invalid[tasks[index][1]] += bad
+                first_bad = index if first_bad is None else min(first_bad, index)
+            bar.update(nbytes)
     if invalid:
         _warn_invalid_utf8(invalid, *tasks[first_bad][1:4])
     if stats is not None:
