@@ -34,6 +34,7 @@ import signal
 import stat
 import tempfile
 import threading
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -208,6 +209,22 @@ def writing_out(out: str | os.PathLike, argument: str = "--out") -> Iterator[Non
         yield
     except OSError as e:
         raise ValueError(f"{argument}: {str(out)!r} cannot be written: {e.strerror or e}") from None
+
+
+def clear_error_frames(error: BaseException) -> None:
+    """Clear the locals of the finished frames on ``error``'s traceback and on those of the errors it
+    was raised from or during (a full disk's OSError is wrapped twice, each traceback holding what was
+    being written); a frame still running is left as it is. For an error kept beyond the work that
+    raised it (a thread's, raised later): its frames would keep that work's objects alive, or make a
+    cycle with the object that keeps the error. The lines stay, for a traceback printed later."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
 
 
 class InterruptGuard:

@@ -12,7 +12,6 @@ order and at most one copy is held. An error of the thread is raised by the next
 from __future__ import annotations
 
 import threading
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from lm.checkpoint.manager import CheckpointManager
+from lm.io import clear_error_frames
 
 
 def host_copy(state: Any) -> Any:
@@ -88,7 +88,7 @@ class BackgroundWriter:
             try:
                 write(*job.pop())  # the copy is freed once written, before the event says so
             except BaseException as e:  # noqa: BLE001 - handed to the training thread by wait()
-                _clear_frames(e)  # the write's locals: the host copy goes now, not with the error
+                clear_error_frames(e)  # the write's locals: the host copy goes now, not with the error
                 errors.append(e)
             finally:
                 del errors
@@ -97,17 +97,3 @@ class BackgroundWriter:
         # not a daemon: an interpreter that exits still finishes the file it is writing
         threading.Thread(target=run, args=(self._errors,), name="lm-checkpoint-writer").start()
         self._done = done  # once started: a thread that could not start is waited for by nobody
-
-
-def _clear_frames(error: BaseException) -> None:
-    """Clear the locals of the finished frames on ``error``'s traceback and on those of the errors it
-    was raised from or during (a full disk is an OSError wrapped twice, each traceback holding the
-    state being written); a frame still running (the writer thread's) is left as it is."""
-    todo, seen = [error], set()
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        todo += [e.__cause__, e.__context__]

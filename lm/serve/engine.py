@@ -42,7 +42,6 @@ import operator
 import secrets
 import threading
 import time
-import traceback
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -64,6 +63,7 @@ from lm.generate.sampling import (
     next_token_and_finite,
 )
 from lm.generate.static import DecodeStep, StaticKVCache
+from lm.io import clear_error_frames
 
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (vLLM's default)
 
@@ -662,7 +662,7 @@ class Engine:
             # The error (kept as .error) holds its traceback, whose frames hold the engine: a cycle that
             # kept a failed engine, its model and cache, until a collection. Their locals go (the
             # lines stay, for a traceback printed later), and this frame lets go of the engine.
-            traceback.clear_frames(e.__traceback__)
+            clear_error_frames(e)  # and those of the errors it was raised from or during
             del self
 
     def _fail_everything(self) -> None:
