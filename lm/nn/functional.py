@@ -394,19 +394,25 @@ def _loss_by_formula(logits: Tensor, targets: Tensor, eps: float, valid: Tensor 
     return torch.where(valid, per, 0.0).sum() / valid.sum().clamp_min(1)
 
 
+def _counted_targets(targets: Tensor, ignore_index: int | None) -> tuple[Tensor, Tensor | None]:
+    """``targets`` as int64 with ``ignore_index`` replaced by 0 (a row :func:`_nll_terms` may gather),
+    and where they are counted (None: all of them)."""
+    targets = targets.long()
+    if ignore_index is None:
+        return targets, None
+    valid = targets != ignore_index
+    return targets.masked_fill(~valid, 0), valid
+
+
 def _loss_of_targets(logits: Tensor, targets: Tensor, eps: float, ignore_index: int | None) -> Tensor:
     """:func:`_loss_by_formula` of targets that may hold ``ignore_index`` (under a ``torch.func``
     transform: :func:`transformed`): NaN when every target is ignored, as the losses and torch give
     (with a zero gradient), and a target out of range named as they name it."""
-    given = targets
-    targets = targets.long()
-    valid = None if ignore_index is None else targets != ignore_index
-    if valid is not None:
-        targets = targets.masked_fill(~valid, 0)
+    counted, valid = _counted_targets(targets, ignore_index)
     try:
-        loss = _loss_by_formula(logits, targets, eps, valid)
+        loss = _loss_by_formula(logits, counted, eps, valid)
     except RuntimeError:  # gather's "index out of bounds": read the targets, all samples at once under vmap
-        _name_bad_targets(unbatched(given), logits.shape[-1], ignore_index)
+        _name_bad_targets(unbatched(targets), logits.shape[-1], ignore_index)
         raise
     return loss if valid is None else torch.where(valid.any(), loss, torch.nan)
 
@@ -438,11 +444,8 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: Tensor, targets: Tensor, eps: float, ignore_index: int | None) -> Tensor:
         given = logits
         in_dtype = logits.dtype
-        targets = targets.long()
+        targets, valid = _counted_targets(targets, ignore_index)
         logits = logits.to(torch.promote_types(in_dtype, torch.float32))
-        valid = None if ignore_index is None else targets != ignore_index
-        if valid is not None:
-            targets = targets.masked_fill(~valid, 0)
         row_max = logits.amax(dim=-1, keepdim=True)
         probs = torch.sub(logits, row_max).exp_()
         total = probs.sum(dim=-1, keepdim=True)
@@ -536,10 +539,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, targets: Tensor, chunk_size: int, eps: float,
                 ignore_index: int | None) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        t = targets.reshape(-1).long()
-        valid = None if ignore_index is None else t != ignore_index
-        if valid is not None:
-            t = t.masked_fill(~valid, 0)
+        t, valid = _counted_targets(targets.reshape(-1), ignore_index)
         n = x2.shape[0]
         want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_x = torch.empty_like(x2) if want_x else None
