@@ -12,7 +12,7 @@ part, so a run cut short keeps what it measured. Parts, each run even if one bef
 
 1. **parity**: the same weights on the device and on the CPU in float32 (logits), bfloat16
    autocast against float32 (loss), ``torch.compile`` against eager (logits), ``torch.func``'s
-   per-sample gradients against autograd's;
+   per-sample gradients against autograd's, and compiled against eager;
 2. **decoding**: the compiled fixed-shape step (a CUDA graph on CUDA) against the eager loop,
    tokens identical; new tokens/s for one stream and for 16 (eager and compiled alternating, the
    median of 5 rounds) and their ratio (issue 12's target on CUDA: >= 8x); where a call's time goes
@@ -176,14 +176,16 @@ def part_parity(report: Report, device: torch.device, shape: dict) -> None:
         compiled = torch.compile(model)
         err = (compiled(ids.to(device)).double().cpu() - got).abs().max().item()
         report.add("torch.compile logits vs eager", err < 1e-3, f"max abs diff {err:.1e} (bound 1e-3)")
-    report.add(*per_sample_gradients(model, ids[:2, :32].to(device)))
+    for row in per_sample_gradients(model, ids[:2, :32].to(device)):
+        report.add(*row)
 
 
-def per_sample_gradients(model, ids: torch.Tensor) -> tuple[str, bool, str]:
+def per_sample_gradients(model, ids: torch.Tensor) -> list[tuple[str, bool, str]]:
     """``torch.func``'s per-sample gradients (``vmap(grad(loss))``, the formulas lm runs under a
     transform) against autograd through the hand-written backward passes, one sample at a time:
     the largest difference over every parameter, relative to its gradient's largest entry (float32:
-    other sums, the fused loss's chunks; 1e-7 on a CPU)."""
+    other sums, the fused loss's chunks; 1e-7 on a CPU). Then the same transform compiled
+    (``torch.compile(vmap(grad(loss)))``) against the eager one."""
     from torch.func import functional_call, grad, vmap
 
     params = {name: p.detach() for name, p in model.named_parameters()}
@@ -192,7 +194,11 @@ def per_sample_gradients(model, ids: torch.Tensor) -> tuple[str, bool, str]:
     def loss(p, xs, ys):
         return cross_entropy(functional_call(model, p, (xs[None],)), ys[None])
 
-    per = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))
+    per = per_sample(params, x, y)
+    compiled = torch.compile(per_sample)(params, x, y)
+    worst_compiled = max(((compiled[k] - per[k]).abs().max() / per[k].abs().max().clamp_min(1e-30)).item()
+                         for k in per)
     worst = 0.0
     for b in range(x.shape[0]):
         model.zero_grad()
@@ -201,8 +207,10 @@ def per_sample_gradients(model, ids: torch.Tensor) -> tuple[str, bool, str]:
             scale = p.grad.abs().max().item() or 1.0
             worst = max(worst, (per[name][b] - p.grad).abs().max().item() / scale)
     model.zero_grad()
-    return ("per-sample gradients (torch.func vmap(grad)) vs autograd", worst < 1e-4,
-            f"largest difference {worst:.1e} of a gradient's largest entry (bound 1e-4), {x.shape[0]} samples")
+    return [("per-sample gradients (torch.func vmap(grad)) vs autograd", worst < 1e-4,
+             f"largest difference {worst:.1e} of a gradient's largest entry (bound 1e-4), {x.shape[0]} samples"),
+            ("per-sample gradients compiled (torch.compile(vmap(grad))) vs eager", worst_compiled < 1e-4,
+             f"largest difference {worst_compiled:.1e} of a gradient's largest entry (bound 1e-4)")]
 
 
 def interleaved(device: torch.device, runs: dict, rounds: int = 5) -> dict[str, float]:

@@ -213,6 +213,62 @@ def test_an_id_out_of_range_under_vmap_is_named():
         vmap(lambda i: model(i[None]))(ids)
 
 
+def test_a_layer_alone_names_an_id_out_of_range_under_vmap_and_grad():
+    """Embedding and RoPE alone (no model's up-front check): under vmap index_select's error was
+    torch's RuntimeError ("index 12 is out of bounds for dimension 1 with size 10"), outside it
+    "index out of range in self"; each is now the IndexError naming the argument, bound and id."""
+    emb = Embedding(10, 4, dtype=torch.float64)
+    ids = torch.tensor([[1, 2], [3, 12]])
+    named = r"^token_ids must be in \[0, num_embeddings=10\), got 12$"
+    with pytest.raises(IndexError, match=named):
+        vmap(emb)(ids)
+    with pytest.raises(IndexError, match=named):
+        grad(lambda w: functional_call(emb, {"weight": w}, (ids,)).sum())(emb.weight.detach())
+    with pytest.raises(IndexError, match=r"^token_ids must be in \[0, num_embeddings=10\), got -1$"):
+        vmap(emb)(torch.tensor([[-1], [3]]))
+    from lm.nn import RotaryEmbedding
+
+    rope = RotaryEmbedding(10000.0, 4, 8)
+    with pytest.raises(IndexError, match=r"^token_positions must be in \[0, max_seq_len=8\), got 8$"):
+        vmap(rope)(torch.randn(2, 3, 4), torch.tensor([[0, 1, 2], [7, 8, 9]]))
+    _close(vmap(emb)(ids.clamp(max=9)), emb(ids.clamp(max=9)))  # in range: the rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [{}, {"attn_impl": "einsum", "positions": "learned"}])
+def test_torch_compile_over_a_transform_equals_the_eager_transform(variant):
+    """``torch.compile(vmap(grad(loss)))`` and a compiled ``jvp`` raised "You tried to vmap over
+    ApplyTemplate, but it does not have vmap support": while compiling, transformed() had answered
+    False, so the hand-written Functions ran under the transform. Now compiled transforms give the
+    eager transform's per-sample gradients and tangents, and the plain compiled loss still traces
+    to one graph with no break (the check is a constant there). The learned position table's
+    per-sample gradients were wrong (inductor, index_select with positions shared by the samples)
+    until the embedding took a gather under a transform (lm.nn.functional.index_rows)."""
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=40, context_length=12, d_model=16, num_layers=2, num_heads=2, d_ff=32,
+                          **variant).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    ids, targets = torch.randint(0, 40, (3, 8)), torch.randint(0, 40, (3, 8))
+
+    def loss(p, i, t):
+        return cross_entropy(functional_call(model, p, (i[None],)), t[None])
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))
+    want, got = per_sample(params, ids, targets), torch.compile(per_sample)(params, ids, targets)
+    for name in want:
+        _close(got[name], want[name])
+    tangents = {k: torch.randn_like(v) for k, v in params.items()}
+
+    def forward_mode(p, v):
+        return jvp(lambda q: loss(q, ids[0], targets[0]), (p,), (v,))
+
+    for a, b in zip(torch.compile(forward_mode)(params, tangents), forward_mode(params, tangents)):
+        _close(a, b)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda i, t: cross_entropy(model(i), t))(ids, targets)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
 def test_encoder_decoder_gradients_under_grad_and_per_sample_vmap_equal_autograd():
     """The translation model (padding masks, cross-attention, ignore_index, label smoothing)."""
     torch.manual_seed(0)

@@ -104,7 +104,8 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads(out.read_text())
     parts = " ".join(row["part"] for row in rows)
-    for name in ("float32 logits", "bfloat16", "torch.compile", "per-sample gradients", "decoding",
+    for name in ("float32 logits", "bfloat16", "torch.compile", "per-sample gradients", "per-sample gradients compiled",
+                 "decoding",
                  "16 compiled streams", "time goes",
                  "serving engine, bfloat16", "one stream vs transformers", "translation engine", "training", "DDP",
                  "deterministic training"):

@@ -267,13 +267,16 @@ def test_token_positions_are_checked_like_ids(positions):
 def test_out_of_range_positions_raise_under_trusted_ids(positions):
     """Unchecked (trusted_ids), position -1 must not read the table's last row: the sinusoidal
     table was indexed with [] (the logits of position 15); every table now gathers by
-    index_select, which raises, as the learned and RoPE tables did, with no host read."""
+    index_select, which raises, as the learned and RoPE tables did, with no host read. The error
+    names token_positions, the table's bound and the position (the kernel's "index out of range in
+    self" had named none), read only after the kernel failed."""
     model = small_model(positions=positions).eval()
     ids = torch.tensor([[5, 9]])
+    bound = {"sinusoidal": "context_length", "learned": "num_embeddings", "rope": "max_seq_len"}[positions]
     with model.trusted_ids():
-        for bad in ([[0, -1]], [[0, 16]]):
-            with pytest.raises(IndexError, match="index out of range in self"):
-                model(ids, torch.tensor(bad))
+        for bad in (-1, 16):
+            with pytest.raises(IndexError, match=rf"^token_positions must be in \[0, {bound}=16\), got {bad}$"):
+                model(ids, torch.tensor([[0, bad]]))
         with HostReads() as reads:
             model(ids, torch.tensor([[0, 15]]))
     assert reads.reads == []

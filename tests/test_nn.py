@@ -765,7 +765,9 @@ def test_sdpa_einsum_float64_stays_float64():
 
 @pytest.mark.parametrize("grad", [True, False])
 def test_embedding_refuses_float_and_out_of_range_ids(grad):
-    """With or without autograd, as F.embedding: integer ids only, and -1 does not wrap to the last row."""
+    """With or without autograd, as F.embedding: integer ids only, and -1 does not wrap to the last row.
+    An id out of range is an IndexError as F.embedding's, naming the argument, the bound and the id
+    (it was the kernel's "index out of range in self")."""
     emb = Embedding(10, 3)
     with torch.set_grad_enabled(grad):
         ids = torch.tensor([[0, 9, 3], [3, 3, 1]])
@@ -774,7 +776,7 @@ def test_embedding_refuses_float_and_out_of_range_ids(grad):
         for bad in (torch.tensor([-1]), torch.tensor([10])):
             with pytest.raises(IndexError):
                 F.embedding(bad, emb.weight)
-            with pytest.raises(IndexError, match="out of range"):
+            with pytest.raises(IndexError, match=rf"^token_ids must be in \[0, num_embeddings=10\), got {int(bad)}$"):
                 emb(bad)
         for bad in (torch.tensor([1.7]), torch.tensor([True])):
             with pytest.raises(TypeError, match="token_ids must be an integer tensor"):
@@ -793,8 +795,8 @@ def test_rope_checks_arguments_and_positions():
             RotaryEmbedding(10000.0, 8, n)
     rope = RotaryEmbedding(10000.0, 8, 4)
     x = torch.randn(2, 8)
-    for bad in ([-1, 0], [0, 4]):
-        with pytest.raises(IndexError, match="out of range"):
+    for bad, shown in (([-1, 0], -1), ([0, 4], 4)):
+        with pytest.raises(IndexError, match=rf"^token_positions must be in \[0, max_seq_len=4\), got {shown}$"):
             rope(x, torch.tensor(bad))
     with pytest.raises(TypeError, match="token_positions must be an integer tensor"):
         rope(x, torch.tensor([0.0, 1.7]))

@@ -149,6 +149,7 @@ class EncoderDecoder(_SinusoidalTable, torch.nn.Module):
         if cfg.positions == "learned":
             self.src_positions = Embedding(cfg.context_length, d, device=device, dtype=dtype)
             self.tgt_positions = Embedding(cfg.context_length, d, device=device, dtype=dtype)
+            self.src_positions.ids_name = self.tgt_positions.ids_name = "positions"
         elif cfg.positions == "sinusoidal":
             table = sinusoidal_table(cfg.context_length, d).to(device)
             self.register_buffer("position_table", table, persistent=False)
@@ -210,7 +211,7 @@ class EncoderDecoder(_SinusoidalTable, torch.nn.Module):
         if cfg.embed_scale:
             x = x * math.sqrt(cfg.d_model)
         if cfg.positions == "sinusoidal":
-            x = x + index_rows(self.position_table, positions).to(x.dtype)  # table[-1] would read the last row
+            x = x + index_rows(self.position_table, positions, "positions", "context_length").to(x.dtype)
         elif cfg.positions == "learned":
             x = x + getattr(self, f"{side}_positions")(positions)
         return dropout(x, cfg.dropout, self.training)

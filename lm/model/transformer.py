@@ -131,6 +131,7 @@ class TransformerLM(_SinusoidalTable, torch.nn.Module):
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         if cfg.positions == "learned":
             self.position_embeddings = Embedding(context_length, d_model, device=device, dtype=dtype)
+            self.position_embeddings.ids_name = "token_positions"
         elif cfg.positions == "sinusoidal":
             self.register_buffer(
                 "position_table", sinusoidal_table(context_length, d_model).to(device), persistent=False
@@ -265,7 +266,7 @@ class TransformerLM(_SinusoidalTable, torch.nn.Module):
             x = x + self.position_embeddings(token_positions)
         elif self.config.positions == "sinusoidal":
             # index_rows, as the learned and RoPE tables: table[-1] would read the last row.
-            x = x + index_rows(self.position_table, token_positions).to(x.dtype)
+            x = x + index_rows(self.position_table, token_positions, "token_positions", "context_length").to(x.dtype)
         x = dropout(x, self.config.dropout, self.training)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, None if kv_cache is None else kv_cache.layer(i))

@@ -21,7 +21,12 @@ from lm.nn.functional import check_integer_dtype, index_rows, transformed
 
 class Embedding(torch.nn.Module):
     """A lookup table ``weight`` of shape ``(num_embeddings, embedding_dim)``: ``forward(ids)`` returns
-    the rows ``weight[ids]``, of shape ``ids.shape + (embedding_dim,)``."""
+    the rows ``weight[ids]``, of shape ``ids.shape + (embedding_dim,)``.
+
+    ``ids_name`` (``"token_ids"``; a model's learned position table sets ``"token_positions"``) is
+    the argument an id out of range is reported as."""
+
+    ids_name = "token_ids"
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
@@ -36,13 +41,16 @@ class Embedding(torch.nn.Module):
         torch.nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
     def forward(self, token_ids: Int[Tensor, "*shape"]) -> Float[Tensor, "... d"]:
-        """The rows of integer ``token_ids``; an id outside ``[0, num_embeddings)`` raises (on a
-        CPU; on a GPU the kernel asserts), where ``weight[ids]`` would read ``-1`` as the last row."""
-        check_integer_dtype("token_ids", token_ids)
-        if not (self.weight.requires_grad and torch.is_grad_enabled()) or transformed():
-            # no backward to make deterministic (generation, evaluation), or a torch.func transform's own
-            return index_rows(self.weight, token_ids)
-        return _EmbeddingLookup.apply(self.weight, token_ids)
+        """The rows of integer ``token_ids``; an id outside ``[0, num_embeddings)`` raises an
+        ``IndexError`` naming it (on a CPU; on a GPU the kernel asserts), where ``weight[ids]`` would
+        read ``-1`` as the last row. Checked by the lookup's kernel: no read back to the host."""
+        check_integer_dtype(self.ids_name, token_ids)
+        if transformed():  # a torch.func transform's own derivative, of a gather (see index_rows)
+            return index_rows(self.weight, token_ids, self.ids_name, "num_embeddings", by_gather=True)
+        if not (self.weight.requires_grad and torch.is_grad_enabled()):
+            # no backward to make deterministic (generation, evaluation)
+            return index_rows(self.weight, token_ids, self.ids_name, "num_embeddings")
+        return _EmbeddingLookup.apply(self.weight, token_ids, self.ids_name)
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
@@ -58,10 +66,10 @@ class _EmbeddingLookup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, weight: Tensor, ids: Tensor) -> Tensor:
+    def forward(ctx, weight: Tensor, ids: Tensor, name: str = "token_ids") -> Tensor:
         ctx.save_for_backward(ids.reshape(-1))
         ctx.num_embeddings = weight.shape[0]
-        return index_rows(weight, ids)
+        return index_rows(weight, ids, name, "num_embeddings")
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
@@ -71,4 +79,4 @@ class _EmbeddingLookup(torch.autograd.Function):
         d = grad.shape[-1]
         grad = grad.reshape(-1, d)
         index = flat.long()[:, None].expand(-1, d)
-        return grad.new_zeros(ctx.num_embeddings, d).scatter_add_(0, index, grad), None
+        return grad.new_zeros(ctx.num_embeddings, d).scatter_add_(0, index, grad), None, None

@@ -91,10 +91,10 @@ def transformed() -> bool:
     ``torch.func`` needs (the fused loss computes its gradients in its forward pass, which a
     transform cannot ask for). Under a transform the same formulas run as plain differentiable
     operations instead, and the transform differentiates or batches them as any other: the same
-    values, the gradients autograd's. False while torch.compile traces, so that no compiled graph
-    (the decode step, the training step) holds the check: ``torch.compile`` over a transform is not
-    supported."""
-    return not is_compiling() and torch._C._are_functorch_transforms_active()
+    values, the gradients autograd's. ``torch.compile`` over a transform (``compile(vmap(grad(f)))``)
+    traces the formulas too; outside one, torch.compile reads the check as a constant, so that
+    the compiled decode and training steps hold neither the check nor a graph break."""
+    return torch._C._are_functorch_transforms_active()
 
 
 def _softmax_by_formula(x: Tensor, dim: int, empty_is_zero: bool, in_place: bool = False) -> Tensor:
@@ -306,14 +306,51 @@ def last_dim_error(name: str, t: Tensor, what: str, size: int) -> ValueError:
     return ValueError(f"{name} must have the last dimension {what}={size}, got shape {tuple(t.shape)}")
 
 
-def index_rows(table: Float[Tensor, "n d"], ids: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape d"]:
+def index_rows(table: Float[Tensor, "n d"], ids: Int[Tensor, "*shape"], name: str | None = None,
+               bound_name: str = "n", by_gather: bool = False) -> Float[Tensor, "*shape d"]:
     """``table[ids]`` by ``index_select``, which checks the range of the ids in its kernel (on a CPU
     it raises; on a GPU it asserts) where ``table[-1]`` would read the last row: no read back to the
-    host. Integer ids of any width (``index_select`` takes int32 or int64 only)."""
+    host. Integer ids of any width (``index_select`` takes int32 or int64 only).
+
+    With ``name``, an id out of range raises an ``IndexError`` naming the argument, the bound and the
+    id (``"token_ids must be in [0, num_embeddings=10), got 12"``) where the kernel said "index
+    out of range in self" (or, under ``vmap``, a ``RuntimeError``): the ids are read only after the
+    kernel has failed, on a CPU and not while compiling.
+
+    ``by_gather``: ``gather`` along dim 0 with the ids expanded over the row (the same rows and a
+    range check in the kernel; its backward a ``scatter_add``, as :class:`lm.nn.embedding.Embedding`'s
+    written one) instead, for a table differentiated under a ``torch.func`` transform: compiled by
+    inductor (torch 2.13, CPU), ``vmap(grad(...))`` over ``index_select`` with an index shared by
+    the samples (positions) gave every sample's gradient wrong (as in pytorch#188084, an
+    accumulating ``index_put`` into an expanded view); ``gather``'s is right."""
     flat = ids.reshape(-1)
     if flat.dtype not in (torch.int64, torch.int32):
         flat = flat.long()
-    return table.index_select(0, flat).view(*ids.shape, table.shape[1])
+    if name is None or is_compiling():
+        return _lookup(table, flat, by_gather).view(*ids.shape, table.shape[1])
+    try:
+        rows = _lookup(table, flat, by_gather)
+    except (IndexError, RuntimeError):
+        _name_bad_ids(ids, table.shape[0], name, bound_name)
+        raise
+    return rows.view(*ids.shape, table.shape[1])
+
+
+def _lookup(table: Tensor, flat: Tensor, by_gather: bool) -> Tensor:
+    if by_gather:
+        return table.gather(0, flat[:, None].expand(-1, table.shape[1]))
+    return table.index_select(0, flat)
+
+
+def _name_bad_ids(ids: Tensor, bound: int, name: str, bound_name: str) -> None:
+    """After a lookup failed: raise an ``IndexError`` naming the first id outside ``[0, bound)``, if
+    there is one (a vmapped batch is read whole, :func:`unbatched`)."""
+    if ids.device.type != "cpu":
+        return  # after a device-side assert, reading the ids would only raise again
+    every = unbatched(ids)
+    bad = every[(every < 0) | (every >= bound)]
+    if bad.numel():
+        raise IndexError(f"{name} must be in [0, {bound_name}={bound}), got {int(bad[0])}") from None
 
 
 def _check_targets(targets: Tensor, shape: torch.Size, of: str) -> None:

@@ -50,9 +50,9 @@ class RotaryEmbedding(torch.nn.Module):
         """``(x[2i], x[2i+1]) ↦ (x[2i] cos - x[2i+1] sin, x[2i] sin + x[2i+1] cos)``, in float32
         (float64 for float64 inputs, with float64 tables after ``.double()``).
 
-        A position outside ``[0, max_seq_len)`` raises ``index_select``'s "index out of range" (on a
-        CPU; on a GPU the kernel asserts) instead of ``cos[-1]`` reading the last position's angles:
-        checked in the gather, with no read back to the host."""
+        A position outside ``[0, max_seq_len)`` raises an ``IndexError`` naming it (on a CPU; on a
+        GPU the kernel asserts) instead of ``cos[-1]`` reading the last position's angles: checked
+        by the gather's kernel, with no read back to the host."""
         check_float_dtype("x", x)  # an integer x came back rotated and truncated (apifuzz19)
         check_integer_dtype("token_positions", token_positions)
         if x.shape[-1:] != (self.d_k,):
@@ -60,7 +60,8 @@ class RotaryEmbedding(torch.nn.Module):
         if x.dim() < 2 or token_positions.shape[-1:] != x.shape[-2:-1]:
             raise ValueError(f"token_positions must hold one position for each of x's seq rows (x: (..., seq, d_k)), "
                              f"got shape {tuple(token_positions.shape)} for x of shape {tuple(x.shape)}")
-        cos, sin = index_rows(self.cos, token_positions), index_rows(self.sin, token_positions)
+        cos = index_rows(self.cos, token_positions, "token_positions", "max_seq_len")
+        sin = index_rows(self.sin, token_positions)  # in range: the cos lookup has read the same rows
         compute = torch.promote_types(torch.promote_types(x.dtype, torch.float32), cos.dtype)
         pairs = rearrange(x.to(compute), "... seq (half two) -> ... seq half two", two=2)
         x_even, x_odd = pairs.unbind(-1)
