@@ -300,6 +300,32 @@ def test_encoder_decoder_gradients_under_grad_and_per_sample_vmap_equal_autograd
             _close(per[name][b], p.grad)
 
 
+@pytest.mark.slow
+def test_torch_compile_over_per_sample_gradients_of_the_encoder_decoder():
+    """The translation model's learned position tables (src and tgt, positions shared by the
+    samples) under ``torch.compile(vmap(grad(loss)))``: the eager transform's gradients, padding
+    and ignore_index included."""
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=30, context_length=12, d_model=16, encoder_layers=1, decoder_layers=1, num_heads=2,
+                        d_ff=32, dropout=0.0, label_smoothing=0.1, positions="learned")
+    model = EncoderDecoder(cfg).double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    src_mask = torch.arange(7)[None] < torch.tensor([7, 4, 5])[:, None]
+    tgt_mask = torch.arange(5)[None] < torch.tensor([3, 5, 4])[:, None]
+    src, tgt = torch.randint(3, 30, (3, 7)).masked_fill(~src_mask, 0), torch.randint(3, 30, (3, 5))
+    targets = torch.randint(3, 30, (3, 5)).masked_fill(~tgt_mask, -100)
+
+    def loss(p, s, sm, t, tm, o):
+        logits = functional_call(model, p, (s[None], t[None], sm[None], tm[None]))
+        return cross_entropy(logits, o[None], ignore_index=-100)
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0, 0, 0, 0))
+    args = (params, src, src_mask, tgt, tgt_mask, targets)
+    want, got = per_sample(*args), torch.compile(per_sample)(*args)
+    for name in want:
+        _close(got[name], want[name])
+
+
 def test_the_readmes_per_sample_gradient_snippet_runs_as_written():
     """The README's example, pasted: one gradient per sequence, each autograd's on that sequence."""
     import re
