@@ -159,6 +159,28 @@ def test_embedding_under_grad_equals_its_written_backward():
     _close(grad(lambda w: functional_call(emb, {"weight": w}, (ids,)).pow(2).sum())(weight), emb.weight.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
+def test_embedding_of_any_integer_ids_under_grad_jvp_and_vmap_takes_their_rows(dtype):
+    """Under a transform the lookup is a gather of the ids expanded over the row, which with int32
+    ids (torch 2.13, CPU) took the first id's row for every id and checked no range: jvp gave rows
+    [1, 1, 1] for ids [1, 3, 5], grad a wrong gradient (review27). The rows, the gradient and a bad
+    id's name must not depend on the ids' integer dtype, with the ids batched or not."""
+    emb = Embedding(9, 4, dtype=torch.float64)
+    ids = torch.tensor([[1, 3, 5], [8, 0, 5]], dtype=dtype)
+    weight = emb.weight.detach()
+    want = weight[ids.long()]
+    rows, tangent = jvp(lambda w: functional_call(emb, {"weight": w}, (ids,)), (weight,), (torch.ones_like(weight),))
+    _close(rows, want)
+    _close(tangent, torch.ones_like(want))
+    emb(ids.long()).pow(3).sum().backward()
+    _close(grad(lambda w: functional_call(emb, {"weight": w}, (ids,)).pow(3).sum())(weight), emb.weight.grad)
+    scaled = vmap(lambda x: functional_call(emb, {"weight": weight}, (ids,)) * x)(torch.ones(3))  # ids not batched
+    _close(scaled, want.expand(3, -1, -1, -1))
+    _close(vmap(emb)(ids), want)
+    with pytest.raises(IndexError, match=r"^token_ids must be in \[0, num_embeddings=9\), got 9$"):
+        grad(lambda w: functional_call(emb, {"weight": w}, (torch.tensor([2, 9], dtype=dtype),)).sum())(weight)
+
+
 class _Loss(torch.nn.Module):
     """``model.loss(*args)`` as a module's forward, for functional_call."""
 

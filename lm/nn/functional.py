@@ -337,8 +337,8 @@ def index_rows(table: Float[Tensor, "n d"], ids: Int[Tensor, "*shape"], name: st
 
 
 def _lookup(table: Tensor, flat: Tensor, by_gather: bool) -> Tensor:
-    if by_gather:
-        return table.gather(0, flat[:, None].expand(-1, table.shape[1]))
+    if by_gather:  # int64: an int32 index, expanded, gathered the first id's row for every id (torch 2.13)
+        return table.gather(0, flat.long()[:, None].expand(-1, table.shape[1]))
     return table.index_select(0, flat)
 
 
