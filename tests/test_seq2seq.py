@@ -16,6 +16,7 @@ from lm.model import EncoderDecoder, Seq2SeqConfig, build_model, model_config_fr
 from lm.nn import cross_entropy, linear_cross_entropy
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seq2seq_small.safetensors"
+TIGHT = 1e-12  # float64 against float64: the same function, other rounding
 
 
 def _config(**kw) -> Seq2SeqConfig:
@@ -32,10 +33,12 @@ def _ragged(batch_lengths, width, vocab, seed):
 
 
 def _copy_into_torch(model: EncoderDecoder, pre: bool) -> torch.nn.Transformer:
-    """A torch.nn.Transformer holding ``model``'s weights (its biases zero: lm's layers have none)."""
+    """A torch.nn.Transformer holding ``model``'s weights (its biases zero: lm's layers have none),
+    in the model's dtype."""
     c = model.config
     ref = torch.nn.Transformer(c.d_model, c.num_heads, c.encoder_layers, c.decoder_layers, c.d_ff, dropout=0.0,
-                               activation="relu", batch_first=True, norm_first=pre)
+                               activation="relu", batch_first=True, norm_first=pre,
+                               dtype=model.embeddings.weight.dtype)
     ref.encoder.enable_nested_tensor = False
     load_into_torch_transformer(model, ref)
     return ref.train()  # training mode: the plain path (eval may take the nested-tensor fast path)
@@ -73,8 +76,11 @@ def _grads_by_torch_name(model: EncoderDecoder) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
 @pytest.mark.parametrize("pre", [False, True], ids=["post-norm", "pre-norm"])
 def test_matches_torch_nn_transformer_on_ragged_padded_batches(pre, attn_impl):
+    """Both in float64, where the same function gives the same numbers to rounding whatever the
+    weights drawn (in float32, at 1e-5, a draw of torch 2.11's init exceeded the bound by rounding
+    alone): the memory, the decoder's output and every gradient."""
     torch.manual_seed(0)
-    model = build_model(_config(norm_placement="pre" if pre else "post", attn_impl=attn_impl))
+    model = build_model(_config(norm_placement="pre" if pre else "post", attn_impl=attn_impl)).double()
     with torch.no_grad():  # non-trivial norms, so a swapped weight and bias would show
         for n, p in model.named_parameters():
             if ".ln" in n or "_norm" in n:
@@ -92,8 +98,8 @@ def test_matches_torch_nn_transformer_on_ragged_padded_batches(pre, attn_impl):
                              tgt_key_padding_mask=~tgt_mask, memory_key_padding_mask=~src_mask)
     memory = model.encode(src, src_mask)
     hidden = model.decode(tgt, memory, src_mask, tgt_mask)
-    torch.testing.assert_close(memory, memory_ref, atol=1e-5, rtol=0)
-    torch.testing.assert_close(hidden, hidden_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(memory, memory_ref, atol=TIGHT, rtol=0)
+    torch.testing.assert_close(hidden, hidden_ref, atol=TIGHT, rtol=0)
     # gradients of every weight, through a loss on the real target positions only
     weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(3)) * tgt_mask[..., None]
     (hidden * weights).sum().backward()
@@ -102,13 +108,13 @@ def test_matches_torch_nn_transformer_on_ragged_padded_batches(pre, attn_impl):
     theirs = dict(ref.named_parameters())
     assert set(ours) == {n for n in theirs if not n.endswith("bias") or "norm" in n}
     for name, grad in ours.items():
-        torch.testing.assert_close(grad, theirs[name].grad, atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(grad, theirs[name].grad, atol=TIGHT, rtol=0, msg=name)
     # the embedding gradient: the inputs' gradients, scaled by √d, summed into the rows of their ids
     expected = torch.zeros_like(model.embeddings.weight)
     expected.index_add_(0, src.reshape(-1), x_src.grad.reshape(-1, d) * math.sqrt(d))
     expected.index_add_(0, tgt.reshape(-1), x_tgt.grad.reshape(-1, d) * math.sqrt(d))
     # the tied matrix got no gradient through the output projection here (the loss is on hidden states)
-    torch.testing.assert_close(model.embeddings.weight.grad, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(model.embeddings.weight.grad, expected, atol=TIGHT, rtol=0)
 
 
 def test_embedding_formula():
@@ -174,7 +180,8 @@ VARIANTS = {
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_variants_match_the_independent_reference(variant):
     """Every position, feed-forward, norm and embedding option against encoder_decoder_ref (float64,
-    no lm code) on a ragged padded batch: the memory, the logits and the training loss."""
+    no lm code) on a ragged padded batch: the memory, the logits and the training loss, of the
+    model in float64 to rounding, and in float32 within float32's rounding at the values' scale."""
     torch.manual_seed(0)
     model = build_model(_config(**VARIANTS[variant])).eval()
     c = model.config
@@ -191,17 +198,21 @@ def test_variants_match_the_independent_reference(variant):
         decoder_layers=c.decoder_layers, eps=c.norm_eps, norm_first=c.norm_placement == "pre", norm=c.norm,
         positions=c.positions, ffn=c.ffn, theta=c.rope_theta, embed_scale=c.embed_scale)
     loss_ref = F.cross_entropy(logits_ref[tgt_mask], tgt_out[tgt_mask], label_smoothing=c.label_smoothing)
+    batch = SimpleNamespace(src=src, src_mask=src_mask, tgt_in=tgt, tgt_out=tgt_out, tgt_mask=tgt_mask)
     with torch.no_grad():
-        memory = model.encode(src, src_mask)
-        logits = model(src, tgt, src_mask, tgt_mask)
-        batch = SimpleNamespace(src=src, src_mask=src_mask, tgt_in=tgt, tgt_out=tgt_out, tgt_mask=tgt_mask)
-        loss = model.loss(batch)
-    # float32 against float64, measured max differences over the variants: memory 1.3e-6, logits
-    # 1.3e-6 (5.3e-6 without norms, where logits reach 24: rtol covers it), loss 4.5e-7. The
-    # smallest fault tried, GELU's tanh approximation for the exact erf one, moves them by 4e-4.
-    torch.testing.assert_close(memory, memory_ref.float(), atol=1e-5, rtol=1e-6)
-    torch.testing.assert_close(logits, logits_ref.float(), atol=1e-5, rtol=1e-6)
-    assert loss.item() == pytest.approx(loss_ref.item(), abs=2e-6)
+        memory, logits, loss = model.encode(src, src_mask), model(src, tgt, src_mask, tgt_mask), model.loss(batch)
+        model.double()
+        memory64, logits64, loss64 = model.encode(src, src_mask), model(src, tgt, src_mask, tgt_mask), model.loss(batch)
+    # float64: at most 3e-15 over the variants (torch 2.13 and 2.11's draws). The smallest fault
+    # tried, GELU's tanh approximation for the exact erf one, moves them by 4e-4.
+    torch.testing.assert_close(memory64, memory_ref, atol=TIGHT, rtol=0)
+    torch.testing.assert_close(logits64, logits_ref, atol=TIGHT, rtol=0)
+    assert loss64.item() == pytest.approx(loss_ref.item(), abs=TIGHT)
+    # float32: measured at most 2.2e-7 of the largest value (memory up to 6, logits up to 24 without
+    # norms, losses up to 22), about 2 float32 epsilons; the bound is 8 at that scale
+    for ours, ref in ((memory, memory_ref), (logits, logits_ref), (loss, loss_ref)):
+        scale = 8 * torch.finfo(torch.float32).eps * ref.abs().max().item()
+        torch.testing.assert_close(ours.double(), ref, atol=scale, rtol=0)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])

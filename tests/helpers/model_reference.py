@@ -118,7 +118,7 @@ def sinusoid_ref(num_positions: int, d: int) -> torch.Tensor:
         for i in range(0, d, 2):
             pe[p, i] = math.sin(p / 10000 ** (i / d))
             pe[p, i + 1] = math.cos(p / 10000 ** (i / d))
-    return pe.float()
+    return pe  # float64: the callers cast it to their inputs' dtype
 
 
 def encoder_decoder_ref(sd, src, src_mask, tgt, tgt_mask, *, num_heads, encoder_layers, decoder_layers,
