@@ -72,7 +72,7 @@ class _EmbeddingLookup(torch.autograd.Function):
         return index_rows(weight, ids, name, "num_embeddings")
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         # linear in ``grad`` and built of differentiable operations: under create_graph=True a second
         # derivative through it is right (it had been once_differentiable, which refused one: api22)
         (flat,) = ctx.saved_tensors
