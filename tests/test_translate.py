@@ -143,15 +143,32 @@ ALPHAS = (0.0, 0.6, 2.0)
 
 
 # Unsharpened models (sharpen=1.0), where the search matters. Measured (log P / lp over the brute
-# force below): seeds 0 and 1 -- the best is the empty target at alpha 0 and 0.6 (greedy and, for
-# seed 1, a beam of 2 miss it) and [3, 3, 3, 3] at alpha 2; seed 7 -- the best is [5, 5, 5, 5] at
-# every alpha, and greedy misses it at every alpha. (With the x6 sharpening that the other tests
-# use, the best was greedy's answer at every alpha: a beam of one ignoring alpha passed.)
-@pytest.mark.parametrize(("seed", "alpha_matters"), [(0, True), (1, True), (7, False)])
-def test_a_large_beam_finds_the_brute_force_best(seed, alpha_matters):
+# force below, torch 2.13): seeds 0 and 1 -- the best is the empty target at alpha 0 and 0.6 (greedy
+# and, for seed 1, a beam of 2 miss it) and [3, 3, 3, 3] at alpha 2; seed 7 -- the best is
+# [5, 5, 5, 5] at every alpha, and greedy misses it at every alpha. (With the x6 sharpening that the
+# other tests use, the best was greedy's answer at every alpha: a beam of one ignoring alpha passed.)
+# torch 2.11's trunc_normal_ draws other weights from a seed: each case then goes on to the next
+# seeds until one gives its kind of model, checking beam search on every model it tries.
+@pytest.mark.parametrize(("first_seed", "alpha_matters"), [(0, True), (1, True), (7, False)])
+def test_a_large_beam_finds_the_brute_force_best(first_seed, alpha_matters):
     """Every target over the 3-token vocabulary up to the length limit, scored by log P / lp with
     GNMT's lp written out in the test (``_gnmt_lp``); beam search with a beam as large as the search
-    space and ``stopping="exact"`` finds the best for every alpha."""
+    space and ``stopping="exact"`` finds the best for every alpha. The comparison means something:
+    greedy decoding (a beam of one) misses the best somewhere, and alpha changes which target is
+    best (``alpha_matters``), or the best is never the empty target."""
+    tried = []
+    for seed in range(first_seed, first_seed + 40):
+        greedy_misses, bests = _exhaustive_beam_search_check(seed)
+        tried.append((seed, greedy_misses, bests))
+        if any(greedy_misses) and (len({tuple(b) for b in bests.values()}) > 1 if alpha_matters
+                                   else all(bests.values())):
+            return
+    pytest.fail(f"no model of seeds {first_seed} to {first_seed + 39} where the search matters: {tried[:3]}")
+
+
+def _exhaustive_beam_search_check(seed: int) -> tuple[list[bool], dict[float, list[int]]]:
+    """Beam search against the brute-force best at each of ALPHAS, on the unsharpened model of
+    ``seed``; returns whether greedy decoding missed the best at each alpha, and the bests."""
     model = _model(vocab=6, seed=seed, sharpen=1.0)
     cfg = model.config
     src, extra = [3, 4], 2
@@ -173,7 +190,7 @@ def test_a_large_beam_finds_the_brute_force_best(seed, alpha_matters):
         best_score, best = max(scored, key=lambda s: s[0])
         expected = [t for t in best if t != cfg.eos_id]
         got = beam_search(model, [src], beam_size=beam, alpha=alpha, max_extra=extra, stopping="exact")[0]
-        assert got == expected, (alpha, got, expected, best_score)
+        assert got == expected, (seed, alpha, got, expected, best_score)
         bests[alpha] = expected
         # and a small beam finds something no better than that
         small = beam_search(model, [src], beam_size=2, alpha=alpha, max_extra=extra)[0]
@@ -181,13 +198,7 @@ def test_a_large_beam_finds_the_brute_force_best(seed, alpha_matters):
         assert _log_prob(model, src, small_seq) / _gnmt_lp(len(small_seq), alpha) <= best_score + 1e-6
         greedy = beam_search(model, [src], beam_size=1, alpha=alpha, max_extra=extra)[0]
         greedy_misses.append(greedy != expected)
-    # the comparison means something: greedy decoding (a beam of one) misses the best somewhere,
-    # and, for seeds 0 and 1, alpha changes which target is best
-    assert any(greedy_misses), (greedy_misses, bests)
-    if alpha_matters:
-        assert len({tuple(b) for b in bests.values()}) > 1, bests
-    else:
-        assert all(bests.values()), bests  # a best that is not the empty target, which greedy misses
+    return greedy_misses, bests
 
 
 @pytest.mark.parametrize("seed", [0, 7])
@@ -297,14 +308,17 @@ def test_vocab_size_limits_the_target_to_the_tokenizers_ids():
     and `lm translate` / `lm eval --target` then failed on the first id past the tokenizer's
     ("ids: 4067 is not a token id"). vocab_size limits the target as `generate`'s does; greedy
     decoding against a brute-force loop over the model without a cache."""
-    model, limit = _model(), 20
+    model = _model()
     cfg = model.config
+    unlimited = greedy_decode(model, SOURCES, max_extra=12)
+    # 20, or the largest id the model picks where that is smaller (torch 2.11's init draws other
+    # weights): the model does pick ids past the limit, and there are ids below it to pick instead
+    limit = min(20, max(t for ts in unlimited for t in ts))
+    assert limit > 4 and any(t >= limit for ts in unlimited for t in ts)
 
     def reference(src):
         return _brute_greedy(model, src, max_extra=12, vocab_size=limit)
 
-    unlimited = greedy_decode(model, SOURCES, max_extra=12)
-    assert any(t >= limit for ts in unlimited for t in ts)  # the model does pick ids past the limit
     limited = greedy_decode(model, SOURCES, max_extra=12, vocab_size=limit)
     assert limited == [reference(s) for s in SOURCES]
     beams = translate(model, SOURCES, beam_size=3, max_extra=12, vocab_size=limit)
@@ -598,7 +612,13 @@ def test_lm_eval_translates_a_source_line_as_lm_translate_does(run, tmp_path, ca
     assert _lm("eval", "--checkpoint", d, "--data", tmp_path / "s.txt", "--target", tmp_path / "t.txt", "--beam", "2",
                "--json", "--quiet") == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["bleu"] == pytest.approx(100.0) and r["chrf"] == pytest.approx(100.0), r
+    # chrF is 100 exactly when every line is the same; BLEU is sacrebleu's of the lines against
+    # themselves: 100 where they have four words or more (0 for one-word lines, as under torch 2.11's
+    # init draws, where BLEU has no 4-gram to count)
+    import sacrebleu
+
+    assert r["chrf"] == pytest.approx(100.0), r
+    assert r["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [hyps]).score), r
     cfg = model.config
     total, count = 0.0, 0
     with torch.no_grad():  # teacher forcing on the whole lines, pair by pair, those that fit the context
