@@ -271,6 +271,9 @@ def main() -> int:
     def unless(ok: bool) -> str:
         return "" if ok else " (NOT VALID: outputs differ)"
 
+    def per(a: float, b: float) -> str:  # a model that translates every sentence to nothing makes no tokens
+        return f"{a / b:.2f}x" if b > 0 else "n/a (no target tokens: every translation empty)"
+
     print("| what | lm | reference | ratio |")
     print("|---|---:|---:|---:|")
     print(f"| training step, target tokens/s | {lm_rate:,.0f} | {ref_rate:,.0f} (torch.nn.Transformer) | "
@@ -280,9 +283,9 @@ def main() -> int:
     print(f"| beam 4 vs greedy, sentences/s | {beam:.1f} | {g:.1f} | cost {g / beam:.2f}x |")
     how = "compiled " if args.compile else ""
     print(f"| serving {args.clients} sentences, {how}target tokens/s | {together:,.0f} (at once) | {alone:,.0f} (one "
-          f"after another) | {together / alone:.2f}x{unless(invariant)} |")
+          f"after another) | {per(together, alone)}{unless(invariant)} |")
     print(f"| … against greedy_decode one by one (the engine before batching) | {together:,.0f} | {before:,.0f} | "
-          f"{together / before:.2f}x{unless(like_greedy)} |")
+          f"{per(together, before)}{unless(like_greedy)} |")
     print(f"identical greedy outputs: {same}; served the same at once as one after another: {invariant}, "
           f"as greedy_decode one by one: {like_greedy} (engine steps of {engine.step_sizes} rows)")
     if not (same and invariant and like_greedy):

@@ -326,6 +326,27 @@ def test_seq2seq_outputs_that_differ_mark_the_ratios_and_fail(monkeypatch, capsy
     assert err.strip().splitlines()[-1].startswith("bench_seq2seq.py: outputs differ")
 
 
+@pytest.mark.slow  # the whole script on a few sentences: about 7 s
+def test_seq2seq_with_every_translation_empty_says_so_instead_of_dividing_by_zero(monkeypatch, capsys, tmp_path):
+    """A model that ends every translation at once serves no target tokens: the serving ratios were
+    a ZeroDivisionError after the whole run (torch 2.11's init, one training step). They are now
+    shown as not measured, the other rows as before."""
+    module = _script("bench_seq2seq.py")
+    monkeypatch.setattr(module, "serve", lambda engine, chunk, at_once: (0.0, [[] for _ in chunk]))
+    greedy = module.greedy_decode
+    monkeypatch.setattr(module, "greedy_decode",
+                        lambda model, part: [[] for _ in part] if len(part) == 1 else greedy(model, part))
+    monkeypatch.setattr(sys, "argv", ["bench_seq2seq.py", "--data", str(_multi30k(tmp_path, test=True)), "--rounds",
+                                      "1", "--steps", "1", "--sentences", "2", "--clients", "2"])
+    assert module.main() == 0
+    out, _ = capsys.readouterr()
+    rows = {line.split(" |")[0]: line for line in out.splitlines() if line.startswith("| ")}
+    for row in ("| serving 2 sentences, target tokens/s",
+                "| … against greedy_decode one by one (the engine before batching)"):
+        assert "n/a (no target tokens: every translation empty)" in rows[row], rows[row]
+    assert rows["| greedy decoding, sentences/s"].endswith("x |")
+
+
 # -- bench_step, bench_step_bound, bench_decode_steps ----------------------------------------------------
 
 
