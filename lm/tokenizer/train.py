@@ -132,13 +132,13 @@ def count_pretokens(
     return counts
 
 
-def _warn_invalid_utf8(invalid: Counter, path: str, start: int, end: int) -> None:
-    """Warn of the bytes (``invalid``: their count per file) that became U+FFFD, naming where the
-    first is: ``path``, in its chunk ``[start, end)``. It had said "--input: 3 bytes are not valid
-    UTF-8", naming neither the file, among several, nor the place (cli21 F2); ``lm tokenize`` says
-    the same of its one file."""
+def _warn_invalid_utf8(invalid: dict[str, int], path: str, start: int, end: int, after: str = "") -> None:
+    """Warn, for the caller's caller, of the bytes (``invalid``: their count per file) that became
+    U+FFFD, naming where the first is: ``path``, in its chunk ``[start, end)``; ``after`` ends the
+    line. It had said "--input: 3 bytes are not valid UTF-8", naming neither the file, among several,
+    nor the place (cli21 F2); ``lm tokenize`` says the same of its one file."""
     line, column = invalid_utf8_place(path, start, end) or (0, 0)
-    warnings.warn(replaced_utf8_message("input", invalid, path, line, column), stacklevel=3)
+    warnings.warn(replaced_utf8_message("input", invalid, path, line, column, after=after), stacklevel=3)
 
 
 # ---------------------------------------------------------------- phase 2: merging
@@ -395,10 +395,8 @@ def training_summary(tokenizer, stats: TrainStats, inputs: Sequence[PathLike],
             raise FileChangedError(f"input: {e} (the held-out tail, read after the training)") from None
         if invalid:  # counting never read the tail: its bad bytes had gone unsaid, and uncounted (walk26)
             stats.invalid_utf8_bytes += invalid
-            line, column = invalid_utf8_place(path, a, b) or (0, 0)
-            warnings.warn(replaced_utf8_message("input", {path: invalid}, path, line, column,
-                                                after=" (in the held-out tail that measures bytes per token)"),
-                          stacklevel=2)
+            _warn_invalid_utf8({path: invalid}, path, a, b,
+                               after=" (in the held-out tail that measures bytes per token)")
         bytes_per_token = (b - a) / max(1, len(tokenizer.encode(text)))
     heldout_eval = time.perf_counter() - t0
     # what training learned: a special token (the user's own "<|endoftext|>") is not one of them
