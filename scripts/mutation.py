@@ -68,12 +68,17 @@ class Target:
 # gradients), so it is applied again to the class attribute and the module's name, i.e. around
 # mutmut's trampoline. (The losses' backward passes were once_differentiable, taken off here too, until
 # they became differentiable again: api22.)
+_DECODERS = ("greedy_decode", "beam_search", "beam_search_nbest")
 UNDECORATE = {
     "optim": [("lm/optim/adamw.py", "    @torch.no_grad()\n    def step(", "    def step("),
               ("lm/optim/adamw.py", "\n\ndef param_groups(",
                "\n\nAdamW.step = torch.no_grad()(AdamW.step)  # for mutmut\n\n\ndef param_groups("),
               ("lm/optim/clip.py", "@torch.no_grad()\ndef clip_grad_norm_(", "def clip_grad_norm_("),
               ("lm/optim/clip.py", None, "\n\nclip_grad_norm_ = torch.no_grad()(clip_grad_norm_)  # for mutmut\n")],
+    # greedy decoding and both beam searches run under torch.inference_mode(), applied again after the module
+    "beam": [("lm/generate/seq2seq.py", f"@torch.inference_mode()\ndef {name}(", f"def {name}(") for name in _DECODERS]
+    + [("lm/generate/seq2seq.py", None,
+        "\n\n" + "".join(f"{name} = torch.inference_mode()({name})  # for mutmut\n" for name in _DECODERS))],
 }
 
 
@@ -93,6 +98,14 @@ TARGETS: dict[str, Target] = {
                          ["tests/test_train.py", "-k",
                           "accumulation or training_run_writes or bfloat16_autocast or diverging or torch_adamw_clip"],
                          functions=["Trainer.train_step"], note="the trainer's optimizer step"),
+    "transformer": Target(["lm/model/transformer.py"], ["tests/test_model.py", "-k", "not compile"],
+                          note="the decoder-only model: positions, its input checks, parameter and FLOP counts"),
+    "seq2seq": Target(["lm/model/seq2seq.py"], ["tests/test_seq2seq.py", "tests/test_translate.py"],
+                      note="the encoder-decoder: against torch.nn.Transformer and an independent reference"),
+    "beam": Target(["lm/generate/seq2seq.py"], ["tests/test_translate.py", "tests/test_seq2seq.py"],
+                   note="greedy decoding, beam search (against brute force) and the seq2seq cache"),
+    "static": Target(["lm/generate/static.py"], ["tests/test_generate.py", "-k", "not compile"],
+                     note="the fixed-shape decode step and its cache (eager; compiled steps are slow tests)"),
 }
 
 for _name, _edits in UNDECORATE.items():
@@ -103,6 +116,7 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
           -11: "segfault", -9: "segfault", None: "not checked"}
 
+ALSO_COPY = ["README.md", "docs/", "configs/", "scripts/", "notebooks/", "data/"]
 PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
 
 
@@ -198,6 +212,8 @@ def configure(copy: Path, target: Target) -> list[str]:
         + f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
         + f"pytest_add_cli_args = {toml_list(PYTEST_ARGS)}\n"
         + 'process_isolation = "forkserver"\n'  # torch is not fork-safe once it has run
+        # mutmut's mutants/ folder holds lm/ and tests/ only; some tests read these (README snippets, configs)
+        + f"also_copy = {toml_list([p for p in ALSO_COPY if (copy / p).exists()])}\n"
         + "use_git_change_detection = false\n"
     )
     return tests
@@ -250,6 +266,17 @@ def show(copy: Path, mutant: str) -> str:
     return "\n".join(line for line in out.splitlines() if line[:1] in "+-" and line[:3] not in ("---", "+++"))
 
 
+def mutmut_failure(log_path: Path) -> str:
+    """What made mutmut stop early, from its log: its last line, and the tests that failed on the
+    unmutated code (mutmut refuses to go on when its first run of the tests fails)."""
+    text = log_path.read_text(errors="replace").replace("\r", "\n")
+    lines = [line.strip() for line in text.splitlines()  # not its spinner's lines (braille dots)
+             if line.strip() and not any("\u2800" <= c <= "\u28ff" for c in line)]
+    failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    last = lines[-1] if lines else "no output"
+    return "; ".join([last, *failed[:5]])
+
+
 def run_target(name: str, target: Target, args, workdir: Path, keep_logs: bool) -> dict:
     copy = workdir / name
     export_tree(args.rev, copy, args.tests_rev)
@@ -280,6 +307,7 @@ def run_target(name: str, target: Target, args, workdir: Path, keep_logs: bool) 
         left = None if args.time_limit is None else max(1.0, args.time_limit - (time.monotonic() - t0))
         rc = mutmut(copy, ["run", "--max-children", str(args.max_children), *chosen], timeout=left, log=log) \
             if chosen else 0
+    failure = mutmut_failure(log_path) if rc not in (0, None) else None
     codes = read_verdicts(copy, target)
     verdicts = {m: STATUS.get(codes.get(m), "suspicious") for m in chosen}
     counts: dict[str, int] = {}
@@ -297,6 +325,7 @@ def run_target(name: str, target: Target, args, workdir: Path, keep_logs: bool) 
         "survival_rate": round(len(survived) / checked, 4) if checked else None,
         "survivors": {m: show(copy, m) for m in survived} if args.show_survivors else survived,
         "timed_out": rc is None,
+        "mutmut_failed": failure,  # mutmut's own failure (e.g. a test that fails unmutated), its mutants not checked
         "seconds": round(time.monotonic() - t0, 1),
         "log": str(log_path) if keep_logs else None,  # the temp folder goes when no --workdir was given
     }
@@ -345,6 +374,9 @@ def main() -> int:
             print(f"   {r['mutants_chosen']} of {r['mutants_generated']} mutants, {r['checked']} checked: "
                   f"{r['counts']}; survival {rate}; {r['seconds']} s" + (" (time limit hit)" if r["timed_out"] else ""),
                   flush=True)  # fmt: skip
+            if r["mutmut_failed"]:
+                where = f" (log: {r['log']})" if r["log"] else " (--workdir keeps the copy and its log)"
+                print(f"   mutmut stopped early: {r['mutmut_failed']}{where}", flush=True)
             for m in r["survivors"]:
                 print(f"   survived: {m}")
                 if args.show_survivors:

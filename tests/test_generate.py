@@ -464,6 +464,12 @@ def test_the_static_step_gives_every_row_the_logits_of_a_plain_forward(rows):
         step([0] * 4, [0, 0, 0, 16])
     with pytest.raises(ValueError, match="share: needs a compiled DecodeStep of the same model"):
         DecodeStep(model, 2, compile=True, share=step)  # step is not compiled
+    compiled = DecodeStep(model, 2, compile=True)  # torch.compile is lazy: nothing is compiled here
+    assert DecodeStep(model, 4, compile=True, share=compiled)._fn is compiled._fn
+    for other, kw in ((model, {"compile": False}), (model, {"compile": True, "dtype": torch.bfloat16}),
+                      (TransformerLM(**SMALL).eval(), {"compile": True})):
+        with pytest.raises(ValueError, match="share: needs a compiled DecodeStep of the same model and dtype"):
+            DecodeStep(other, 4, share=compiled, **kw)
 
 
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])

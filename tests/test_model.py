@@ -877,3 +877,19 @@ def test_a_cached_forward_past_context_length_is_refused_counting_the_cache(posi
     model(torch.randint(0, 64, (1, 10)), kv_cache=cache)
     with pytest.raises(ValueError, match=r"^sequence length 20 exceeds context_length=16 \(cached 10 \+ new 10\)$"):
         model(torch.randint(0, 64, (1, 10)), kv_cache=cache)
+    with pytest.raises(ValueError, match=r"^sequence length 17 exceeds context_length=16$"):  # no cache
+        model(torch.randint(0, 64, (1, 17)))
+
+
+@pytest.mark.parametrize("attn_impl", ["einsum", "sdpa"])
+def test_a_model_without_positions_takes_any_token_positions_and_ignores_them(attn_impl):
+    """positions="none" reads no position table, so token_positions past the context (or negative)
+    are not refused: the logits are those without them. The other models refuse such positions."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 5))
+    far = torch.tensor([[100, 200, -3, 16, 7], [0, 1, 2, 3, 4]])
+    model = TransformerLM(**SMALL, positions="none", attn_impl=attn_impl).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, token_positions=far), model(ids), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"token_positions must be in \[0, context_length=16\)"):
+        TransformerLM(**SMALL, positions="learned").eval()(ids, token_positions=far)

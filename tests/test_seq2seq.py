@@ -268,6 +268,33 @@ def test_bad_config_raises(kwargs, match):
         _config(**kwargs)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_static_step_gives_every_row_the_logits_of_decoding_it_alone(rows):
+    """DecodeStep over an encoder-decoder, eager, in float64: rows whose sources and targets differ in
+    length (and an idle row) in one fixed shape. Each row's next-token logits are those of decoding
+    its target over its own source, uncached: a row's unused source positions are masked (without the
+    step's memory mask, zero keys took part in every row's cross-attention)."""
+    from lm.generate import DecodeStep, StaticSeq2SeqCache
+
+    torch.manual_seed(0)
+    model = build_model(_config()).double().eval()
+    bos = model.config.bos_id
+    sources = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]][:rows]
+    targets = [[bos, 20, 21], [bos], [bos, 22, 23, 24, 25]][:rows]  # decoded into the cache first
+    nexts = [30, 31, 32][:rows]  # the tokens the step decodes
+    step = DecodeStep(model, 4)
+    assert isinstance(step.cache, StaticSeq2SeqCache)
+    with torch.no_grad():
+        for b, (src, tgt) in enumerate(zip(sources, targets)):
+            one = model.new_cache(1, max_len=len(tgt))
+            model.decode(torch.tensor([tgt]), model.encode(torch.tensor([src])), cache=one)
+            step.cache.fill_from(b, one)
+        logits = step(nexts + [0] * (4 - rows), [len(t) for t in targets] + [0] * (4 - rows))
+        for b, (src, tgt, nxt) in enumerate(zip(sources, targets, nexts)):
+            alone = model.logits(model.decode(torch.tensor([tgt + [nxt]]), model.encode(torch.tensor([src])))[0, -1])
+            torch.testing.assert_close(logits[b], alone, atol=1e-12, rtol=1e-12)
+
+
 def test_ids_are_checked_like_the_decoder_only_model():
     """encode, decode and forward refuse ids outside the vocabulary as TransformerLM does (before,
     -1 read the last embedding row and 53 raised a bare IndexError), by two reads from the device
