@@ -104,7 +104,8 @@ TARGETS: dict[str, Target] = {
                       note="the encoder-decoder: against torch.nn.Transformer and an independent reference"),
     "beam": Target(["lm/generate/seq2seq.py"], ["tests/test_translate.py", "tests/test_seq2seq.py"],
                    note="greedy decoding, beam search (against brute force) and the seq2seq cache"),
-    "static": Target(["lm/generate/static.py"], ["tests/test_generate.py", "-k", "not compile"],
+    "static": Target(["lm/generate/static.py"],
+                     ["tests/test_generate.py", "tests/test_seq2seq.py", "-k", "not compile"],
                      note="the fixed-shape decode step and its cache (eager; compiled steps are slow tests)"),
 }
 

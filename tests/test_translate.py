@@ -271,6 +271,27 @@ def test_bad_arguments():
         greedy_decode(model, [[]])
     with pytest.raises(ValueError, match="outside"):
         greedy_decode(model, [[99]])
+    encoded = []  # every sampling argument is checked before any work (it had been at the first step)
+    model.encode = lambda *a, **kw: encoded.append(1) or type(model).encode(model, *a, **kw)
+    for decode in (greedy_decode, translate):
+        for temperature in (0.0, 1.0):
+            for name, bad in (("temperature", -1.0), ("top_p", 0.0), ("top_k", 0), ("top_k", 2.5)):
+                with pytest.raises(ValueError, match=rf"^{name} must be .*, got {name}={bad!r}$"):
+                    decode(model, SOURCES, **{"temperature": temperature, name: bad})
+    assert encoded == []
+    assert greedy_decode(model, SOURCES[:1], max_extra=1) and encoded == [1]
+
+
+def test_a_target_is_at_most_its_sources_length_plus_50_within_the_context():
+    """The README's bound: source length + 50 tokens, and one position of the context kept for <bos>."""
+    from types import SimpleNamespace
+
+    from lm.generate.seq2seq import max_target_length
+
+    wide = SimpleNamespace(config=SimpleNamespace(context_length=1000))
+    assert [max_target_length(wide, n) for n in (1, 7, 949, 950)] == [51, 57, 999, 999]
+    assert max_target_length(wide, 7, extra=0) == 7
+    assert max_target_length(_model(), 3) == _model().config.context_length - 1 < 53
 
 
 def test_translate_and_the_decoders_check_beam_size_max_extra_and_an_empty_batch():
