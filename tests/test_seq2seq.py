@@ -268,6 +268,21 @@ def test_bad_config_raises(kwargs, match):
         _config(**kwargs)
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "none"])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_every_tensor_of_the_model_is_made_on_the_device_and_dtype_it_is_given(positions, norm):
+    """build_model(..., device=, dtype=): each parameter and buffer (RoPE's tables, the sinusoid table)
+    is made there, not on the default device and moved; a model built on "meta" allocates nothing (a
+    layer given no device had been made on the CPU)."""
+    for config in (_config(positions=positions, norm=norm),
+                   model_config_from_dict({"vocab_size": 53, "context_length": 24, "d_model": 32, "num_layers": 2,
+                                           "num_heads": 4, "d_ff": 64, "positions": positions, "norm": norm})):
+        meta = build_model(config, device="meta")
+        assert {t.device.type for t in [*meta.parameters(), *meta.buffers()]} == {"meta"}
+        wide = build_model(config, dtype=torch.float64)
+        assert {p.dtype for p in wide.parameters()} == {torch.float64}
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_the_static_step_gives_every_row_the_logits_of_decoding_it_alone(rows):
     """DecodeStep over an encoder-decoder, eager, in float64: rows whose sources and targets differ in
