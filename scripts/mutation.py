@@ -69,6 +69,8 @@ class Target:
 # mutmut's trampoline. (The losses' backward passes were once_differentiable, taken off here too, until
 # they became differentiable again: api22.)
 _DECODERS = ("greedy_decode", "beam_search", "beam_search_nbest")
+_EVALUATORS = ("evaluate_tokens", "evaluate_pairs")
+_ENGINE_STEPS = ("_invariant_sizes", "step")
 UNDECORATE = {
     "optim": [("lm/optim/adamw.py", "    @torch.no_grad()\n    def step(", "    def step("),
               ("lm/optim/adamw.py", "\n\ndef param_groups(",
@@ -79,6 +81,14 @@ UNDECORATE = {
     "beam": [("lm/generate/seq2seq.py", f"@torch.inference_mode()\ndef {name}(", f"def {name}(") for name in _DECODERS]
     + [("lm/generate/seq2seq.py", None,
         "\n\n" + "".join(f"{name} = torch.inference_mode()({name})  # for mutmut\n" for name in _DECODERS))],
+    "evaluate": [("lm/evaluate.py", f"@torch.no_grad()\ndef {name}(", f"def {name}(") for name in _EVALUATORS]
+    + [("lm/evaluate.py", None,
+        "\n\n" + "".join(f"{name} = torch.no_grad()({name})  # for mutmut\n" for name in _EVALUATORS))],
+    "serve_engine": [("lm/serve/engine.py", f"    @torch.inference_mode()\n    def {name}(", f"    def {name}(")
+                     for name in _ENGINE_STEPS]
+    + [("lm/serve/engine.py", None,
+        "\n\n" + "".join(f"Engine.{name} = torch.inference_mode()(Engine.{name})  # for mutmut\n"
+                         for name in _ENGINE_STEPS))],
 }
 
 
@@ -107,6 +117,14 @@ TARGETS: dict[str, Target] = {
     "static": Target(["lm/generate/static.py"],
                      ["tests/test_generate.py", "tests/test_seq2seq.py", "-k", "not compile"],
                      note="the fixed-shape decode step and its cache (eager; compiled steps are slow tests)"),
+    "tokenizer": Target(["lm/tokenizer/tokenizer.py", "lm/tokenizer/vectorized.py"],
+                        ["tests/test_tokenizer.py", "tests/test_tokenizer_vectorized.py"],
+                        note="encoding and decoding (against tiktoken and the textbook merge loop)"),
+    "pairs": Target(["lm/data/pairs.py"], ["tests/test_pairs.py"],
+                    note="parallel corpora: pair files, length filtering, padded batches"),
+    "evaluate": Target(["lm/evaluate.py"], ["tests/test_eval.py"], note="perplexity and BLEU/chrF (against sacrebleu)"),
+    "serve_engine": Target(["lm/serve/engine.py"], ["tests/test_serve.py"],
+                           note="continuous batching: admission, per-row sampling, stops, cancellation"),
 }
 
 for _name, _edits in UNDECORATE.items():

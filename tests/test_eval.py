@@ -72,6 +72,77 @@ def test_evaluate_tokens_matches_reference(run):
         assert r["bits_per_byte"] == pytest.approx(expected / math.log(2) / 2.0, rel=1e-5)
 
 
+class LogitsOnly(torch.nn.Module):
+    """A model that gives only logits (no hidden_states/output_weight): evaluate_tokens scores them whole."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("stride", [None, 5])
+def test_evaluate_tokens_scores_a_model_that_gives_only_logits_alike(run, stride):
+    """The fused loss (hidden states times the output weight) and the plain one over the logits of a
+    model that has only a forward agree, with and without a sliding window (targets from an offset)."""
+    _, model, tok = run
+    ids = np.array(tok.encode(TEXT[:400]))
+    fused = evaluate_tokens(model, ids, batch_size=3, stride=stride)
+    plain = evaluate_tokens(LogitsOnly(model), ids, batch_size=3, stride=stride)
+    expected = reference_loss(model, ids.tolist())[0] if stride is None else sliding_reference(model, ids.tolist(), 5)
+    assert plain["tokens"] == fused["tokens"] == len(ids) - 1
+    assert plain["loss"] == pytest.approx(fused["loss"], rel=1e-6)
+    assert plain["loss"] == pytest.approx(expected, rel=1e-5)
+    for bad in (-1, model.config.vocab_size):  # checked against the model's vocabulary, fused or not
+        for m in (model, LogitsOnly(model)):
+            with pytest.raises(ValueError, match=rf"^data: id {bad} is outside the model's vocabulary "
+                                                 rf"\[0, vocab_size={model.config.vocab_size}\)$"):
+                evaluate_tokens(m, np.concatenate([ids[:20], [bad], ids[20:40]]))
+
+
+@pytest.mark.parametrize("sizes", [[7], [1] * 7, [3, 1, 2, 1]])
+def test_evaluate_pairs_is_the_mean_loss_of_every_target_token_whatever_the_batches(sizes):
+    """evaluate_pairs against torch's cross_entropy over each pair's logits computed alone (no padding
+    anywhere), in float64: the summed loss over all the pairs' target tokens (each target and <eos>)
+    over their count, whatever the batches; in eval mode (dropout off), without the config's label
+    smoothing, and the model's mode given back. Id 0 is an ordinary token here."""
+    import torch.nn.functional as F
+
+    from lm.evaluate import collate_pairs, evaluate_pairs
+    from lm.model import Seq2SeqConfig, build_model
+
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(vocab_size=40, context_length=16, d_model=16, encoder_layers=1, decoder_layers=2,
+                        num_heads=2, d_ff=32, dropout=0.3, label_smoothing=0.1, pad_id=37, bos_id=38, eos_id=39)
+    model = build_model(cfg).double()
+    g = torch.Generator().manual_seed(1)
+    pairs = [(torch.randint(0, 37, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist(),
+              torch.randint(0, 37, (int(torch.randint(0, 9, (1,), generator=g)),), generator=g).tolist())
+             for _ in range(7)]
+    pairs[2] = ([0, 5, 0], [0])
+    total, count = 0.0, 0
+    with torch.no_grad():
+        model.eval()
+        for src, tgt in pairs:
+            logits = model(torch.tensor([src + [39]]), torch.tensor([[38] + tgt]))[0]
+            total += F.cross_entropy(logits, torch.tensor(tgt + [39]), reduction="sum").item()
+            count += len(tgt) + 1
+    model.train()
+    starts = np.cumsum([0] + sizes)
+    batches = [collate_pairs(*zip(*pairs[a:b]), pad_id=37, bos_id=38, eos_id=39) for a, b in zip(starts, starts[1:])]
+    r = evaluate_pairs(model, batches)
+    assert r["tokens"] == count == sum(b.num_tokens for b in batches)
+    assert r["loss"] == pytest.approx(total / count, rel=1e-12, abs=0)
+    assert r["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-12, abs=0)
+    assert model.training
+    one = evaluate_pairs(model, [collate_pairs([[5]], [[]], pad_id=37, bos_id=38, eos_id=39)])  # <eos> alone
+    assert one["tokens"] == 1 and one["loss"] > 0
+    with pytest.raises(ValueError, match="^data: no target tokens to evaluate$"):
+        evaluate_pairs(model, [])
+
+
 def sliding_reference(model, ids, stride):
     """Token by token: target t is predicted from tokens[begin:t], begin = stride * k for the
     first window k (of context_length inputs) that reaches t."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -234,6 +235,16 @@ def test_pair_file_round_trip(tmp_path, vocab, dtype):
     assert is_pair_file(path) and not is_token_file(path)
 
 
+def test_a_pair_file_of_no_pairs_reads_back_empty(tmp_path):
+    """Zero pairs make an empty ids file, which cannot be memory-mapped: read as an empty array."""
+    path = tmp_path / "p.bin"
+    meta = write_pair_file(path, iter([]), vocab_size=100)
+    assert (meta["num_pairs"], meta["num_tokens"], path.stat().st_size) == (0, 0, 0)
+    f = read_pair_file(path)
+    assert len(f) == 0 and f.ids.tolist() == [] and f.ids.dtype == np.uint16
+    assert f.src_lengths.tolist() == [] and f.tgt_lengths.tolist() == []
+
+
 def test_write_pair_file_refuses_bad_ids_and_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match=r"token id 100 is outside the vocabulary \[0, 100\)"):
         write_pair_file(tmp_path / "p.bin", [(np.array([1, 2]), np.array([100]))], vocab_size=100)
@@ -243,32 +254,40 @@ def test_write_pair_file_refuses_bad_ids_and_leaves_nothing(tmp_path):
 
 
 def test_read_pair_file_checks_the_files_against_the_sidecar(tmp_path):
+    """Each damaged or mismatched file is one line naming that file (the whole message compared)."""
     path = tmp_path / "p.bin"
     write_pair_file(path, random_pairs(20, 100), vocab_size=100)
     ids, idx, side = path.read_bytes(), index_path(path).read_bytes(), sidecar_path(path).read_text()
+    n = json.loads(side)["num_tokens"]
+    p, i, j = repr(str(path)), repr(str(index_path(path))), repr(str(sidecar_path(path)))
 
     def fails(message: str) -> None:
         with pytest.raises(ValueError) as e:
             read_pair_file(path)
-        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert str(e.value) == message
         path.write_bytes(ids)
         index_path(path).write_bytes(idx)
         sidecar_path(path).write_text(side)
 
+    damaged = "the file is truncated or not the one the sidecar describes"
     path.write_bytes(ids[:-2])
-    fails("the file is truncated or not the one the sidecar describes")
+    fails(f"{p} has {2 * n - 2} bytes but its sidecar says {n} uint16 ids ({2 * n} bytes): {damaged}")
     index_path(path).write_bytes(idx[:-8])
-    fails("p.bin.idx' has 320 bytes but the sidecar's 20 pairs need 328")
+    fails(f"{i} has 320 bytes but the sidecar's 20 pairs need 328: {damaged}")
     index_path(path).unlink()
-    fails("has no offsets file 'p.bin.idx'")
+    fails(f"{p} has no offsets file 'p.bin.idx'; write pair files with `lm tokenize --target`")
     sidecar_path(path).write_text(side.replace('"uint16"', '"uint32"'))
-    fails("dtype 'uint32' does not match vocab_size 100")
+    fails(f"sidecar {j}: dtype 'uint32' does not match vocab_size 100 (expected 'uint16')")
     sidecar_path(path).write_text("{")
-    fails("is not valid JSON")
+    fails(f"sidecar {j} is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)")
     bad = np.frombuffer(idx, dtype="<i8").copy()
     bad[3], bad[4] = bad[4], bad[3] - 1
     index_path(path).write_bytes(bad.tobytes())
-    fails("the offsets do not run from 0 to the sidecar's")
+    fails(f"{i}: the offsets do not run from 0 to the sidecar's {n} tokens in order: the file is damaged or not "
+          "the one the sidecar describes")
+    for specials in ({"<pad>": 100}, {"<pad>": -1}, {"<pad>": 1.0}, ["<pad>"]):
+        sidecar_path(path).write_text(json.dumps({**json.loads(side), "special_tokens": specials}))
+        fails(f"sidecar {j}: 'special_tokens' must map each special token to an id in [0, 100), got {specials!r}")
     write_token_file(tmp_path / "t.bin", np.arange(10), vocab_size=100)
     with pytest.raises(ValueError, match="is not an 'lm-pairs' sidecar .it is a token file"):
         read_pair_file(tmp_path / "t.bin")
@@ -452,7 +471,8 @@ def test_dataset_errors_are_one_line(pair_path, tmp_path):
     with pytest.raises(ValueError, match=r"eos_id 100 is outside the vocabulary \[0, 100\)"):
         dataset(pair_path, eos_id=100)
     ds = dataset(pair_path)
-    with pytest.raises(ValueError, match="max_tokens 20 is less than the longest pair kept .30 tokens"):
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(pair_path))}: max_tokens 20 is less than the longest "
+                                         r"pair kept .30 tokens"):  # named by its path unless given a name
         ds.sample(20)
     with pytest.raises(ValueError, match="pair file not found"):
         dataset(tmp_path / "missing.bin")

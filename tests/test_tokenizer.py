@@ -567,6 +567,10 @@ def test_batch_bpe_equals_brute_force(merges, words):
                 flat, n_ids = tok._bpe_many(data)
             assert n_ids.tolist() == [len(e) for e in expected]
             assert flat.tolist() == [i for e in expected for i in e] and flat.dtype == np.uint32
+        with mock.patch.object(tokenizer_module.BatchBPE, "MIN_ROWS", 1):  # words past max_len go alone
+            flat, n_ids = tokenizer_module.BatchBPE(tok._byte_ids, tok._pair_ranks, tok._bpe, max_len=8,
+                                                    shift=tok._shift)(data)
+        assert n_ids.tolist() == [len(e) for e in expected] and flat.tolist() == [i for e in expected for i in e]
 
 
 def test_batch_bpe_on_gpt2_words_equals_one_word_at_a_time(gpt2):
