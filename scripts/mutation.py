@@ -123,7 +123,10 @@ TARGETS: dict[str, Target] = {
     "pairs": Target(["lm/data/pairs.py"], ["tests/test_pairs.py"],
                     note="parallel corpora: pair files, length filtering, padded batches"),
     "evaluate": Target(["lm/evaluate.py"], ["tests/test_eval.py"], note="perplexity and BLEU/chrF (against sacrebleu)"),
-    "serve_engine": Target(["lm/serve/engine.py"], ["tests/test_serve.py"],
+    # one test checks that a failed engine is freed without the cyclic collector; under mutmut's
+    # trampolines (a frame more per call) it is not, so mutmut's first, unmutated run would fail
+    "serve_engine": Target(["lm/serve/engine.py"],
+                           ["tests/test_serve.py", "-k", "not a_failing_step_fails_every_request_in"],
                            note="continuous batching: admission, per-row sampling, stops, cancellation"),
 }
 

@@ -679,6 +679,7 @@ def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
         (lambda: evaluate_tokens(model, ids, bytes_per_token=float("nan")), r"^bytes_per_token must be a positive "),
         (lambda: evaluate_tokens(model, ids, batch_size=2.0), r"^batch_size must be a positive integer, got "),
         (lambda: evaluate_tokens(model, ids, stride=2.0), r"^stride: must be between 1 and the context length"),
+        (lambda: evaluate_tokens(model, ids, stride=0), r"^stride: must be between 1 and the context length"),
         (lambda: perplexity(-1.0), r"^loss must be a number >= 0 \(a mean cross-entropy\), got loss=-1\.0$"),
         (lambda: bits_per_byte(2.0, -1.0), r"^bytes_per_token must be a positive finite number, got "),
         (lambda: bleu_chrf(["the cat sat", "a dog"], ["the cat sat"]), r"^hypotheses and references: 2 hypotheses "

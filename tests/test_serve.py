@@ -830,6 +830,31 @@ def test_metrics_counters_count_what_the_clients_got():
     assert s.batch_size == 0 and s.queue_depth == 0
 
 
+def test_the_batch_size_gauge_counts_the_rows_left_when_a_client_hears_its_end():
+    """The batch-size gauge is updated as a row leaves, before its client is told: a client that
+    reads /metrics on hearing its end sees the rows still decoding, not the free slots."""
+    engine = Engine(tiny_model(), max_batch=4)
+    seen = []
+    for max_tokens in (2, 5, 8):
+        engine.submit(Request([5, 6, 7], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), 1,
+                              on_finish=lambda i, r: seen.append((r, engine.stats.batch_size))))
+    run_until_idle(engine)
+    assert seen == [("length", 2), ("length", 1), ("length", 0)]
+
+
+def test_an_engine_leaves_the_global_random_state_alone():
+    """Its start-up probe (which step sizes give a row the same bits) draws its random sequences from
+    a generator of its own: a user's torch.manual_seed sequence is the same with or without one."""
+    model = tiny_model()
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    engine = Engine(model, max_batch=4)
+    assert len(engine.steps) > 1  # the probe ran over several step sizes
+    assert torch.equal(torch.rand(4), expected)
+    assert Engine(model).max_batch == 16  # the default, as lm serve's --max-batch
+
+
 def test_end_of_text_as_the_last_allowed_token_finishes_with_stop():
     """OpenAI: finish_reason "stop" when the model hit a natural stop point, "length" when
     max_tokens was reached; vLLM checks the end of text before the length. A choice whose
