@@ -468,7 +468,8 @@ def test_the_static_step_gives_every_row_the_logits_of_a_plain_forward(rows):
     assert DecodeStep(model, 4, compile=True, share=compiled)._fn is compiled._fn
     for other, kw in ((model, {"compile": False}), (model, {"compile": True, "dtype": torch.bfloat16}),
                       (TransformerLM(**SMALL).eval(), {"compile": True})):
-        with pytest.raises(ValueError, match="share: needs a compiled DecodeStep of the same model and dtype"):
+        with pytest.raises(ValueError, match=r"^share: needs a compiled DecodeStep of the same model and dtype, and "
+                                             r"compile=True$"):
             DecodeStep(other, 4, share=compiled, **kw)
 
 

@@ -197,10 +197,9 @@ def test_odd_head_dim_without_rope_matches_the_formula(attn_impl):
 
 def test_bad_ids_raise():
     model = small_model()
-    with pytest.raises(ValueError, match="64"):
-        model(torch.tensor([[1, 64]]))
-    with pytest.raises(ValueError, match="-1"):
-        model(torch.tensor([[-1, 3]]))
+    for ids, bad in (([[1, 64]], 64), ([[0, 64]], 64), ([[-1, 3]], -1), ([[-1, 64]], -1)):  # the id out of range
+        with pytest.raises(ValueError, match=rf"^ids must be in \[0, vocab_size=64\), got id {bad}$"):
+            model(torch.tensor(ids))
     with pytest.raises(ValueError, match="17.*context_length=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="float"):

@@ -274,13 +274,15 @@ def test_every_tensor_of_the_model_is_made_on_the_device_and_dtype_it_is_given(p
     """build_model(..., device=, dtype=): each parameter and buffer (RoPE's tables, the sinusoid table)
     is made there, not on the default device and moved; a model built on "meta" allocates nothing (a
     layer given no device had been made on the CPU)."""
-    for config in (_config(positions=positions, norm=norm),
-                   model_config_from_dict({"vocab_size": 53, "context_length": 24, "d_model": 32, "num_layers": 2,
-                                           "num_heads": 4, "d_ff": 64, "positions": positions, "norm": norm})):
-        meta = build_model(config, device="meta")
-        assert {t.device.type for t in [*meta.parameters(), *meta.buffers()]} == {"meta"}
-        wide = build_model(config, dtype=torch.float64)
-        assert {p.dtype for p in wide.parameters()} == {torch.float64}
+    for tie in (True, False):
+        for config in (_config(positions=positions, norm=norm, tie_embeddings=tie),
+                       model_config_from_dict({"vocab_size": 53, "context_length": 24, "d_model": 32, "num_layers": 2,
+                                               "num_heads": 4, "d_ff": 64, "positions": positions, "norm": norm,
+                                               "tie_embeddings": tie})):
+            meta = build_model(config, device="meta")
+            assert {t.device.type for t in [*meta.parameters(), *meta.buffers()]} == {"meta"}
+            for dtype in (torch.float64, torch.bfloat16):
+                assert {p.dtype for p in build_model(config, dtype=dtype).parameters()} == {dtype}
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -308,6 +310,38 @@ def test_the_static_step_gives_every_row_the_logits_of_decoding_it_alone(rows):
         for b, (src, tgt, nxt) in enumerate(zip(sources, targets, nexts)):
             alone = model.logits(model.decode(torch.tensor([tgt + [nxt]]), model.encode(torch.tensor([src])))[0, -1])
             torch.testing.assert_close(logits[b], alone, atol=1e-12, rtol=1e-12)
+
+
+def test_the_static_cache_takes_any_row_of_a_batched_cache_and_a_source_as_long_as_it_holds():
+    """StaticSeq2SeqCache.fill_from(row, cache, source_row) copies that row of a batched cache (its
+    decoder and cross-attention keys and values), swapped here; a source of exactly the cache's
+    positions fits, one more is refused naming both counts."""
+    from lm.generate import DecodeStep, StaticSeq2SeqCache
+
+    torch.manual_seed(0)
+    model = build_model(_config()).double().eval()
+    bos, ctx = model.config.bos_id, model.config.context_length
+    sources = [[5, 6, 7, 8], [9, 10, 11, 12]]  # of one length: a batched cache holds no padding
+    targets, nexts = [[bos, 20], [bos, 21]], [30, 31]
+    with torch.no_grad():
+        two = model.new_cache(2, max_len=2)
+        model.decode(torch.tensor(targets), model.encode(torch.tensor(sources)), cache=two)
+        step = DecodeStep(model, 2)
+        step.cache.fill_from(0, two, source_row=1)
+        step.cache.fill_from(1, two, source_row=0)
+        logits = step(nexts[::-1], [2, 2])
+        for b, k in enumerate((1, 0)):
+            alone = model.logits(model.decode(torch.tensor([targets[k] + [nexts[k]]]),
+                                              model.encode(torch.tensor([sources[k]])))[0, -1])
+            torch.testing.assert_close(logits[b], alone, atol=1e-12, rtol=1e-12)
+        whole = list(range(3, 3 + ctx))  # a source of the whole context
+        one = model.new_cache(1, max_len=1)
+        model.decode(torch.tensor([[bos]]), model.encode(torch.tensor([whole])), cache=one)
+        step.cache.fill_from(0, one)
+        assert int(step.cache.source_lengths[0]) == ctx
+        small = StaticSeq2SeqCache.for_model(model, 1, max_len=ctx - 1)
+        with pytest.raises(ValueError, match=rf"^source: {ctx} positions, the cache holds {ctx - 1}$"):
+            small.fill_from(0, one)
 
 
 def test_ids_are_checked_like_the_decoder_only_model():

@@ -102,6 +102,21 @@ def test_the_cache_changes_nothing(attn_impl):
                                     use_cache=False)
 
 
+def test_the_decoders_defaults_are_lm_translates():
+    """beam_search and beam_search_nbest default to the beam and alpha that lm translate and lm eval use
+    (4 and 0.6, as the README says), translate to that alpha (its beam_size defaults to 1: greedy)."""
+    import inspect
+
+    from lm.cli.evaluate import ALPHA, BEAM
+
+    assert (BEAM, ALPHA) == (4, 0.6)
+    for fn, beam in ((beam_search, "beam_size"), (beam_search_nbest, "beam_size"), (translate, None)):
+        params = inspect.signature(fn).parameters
+        assert params["alpha"].default == ALPHA
+        if beam:
+            assert params[beam].default == BEAM
+
+
 def test_beam_of_one_is_greedy():
     model = _model()
     assert beam_search(model, SOURCES, beam_size=1, alpha=0.0, max_extra=12) == greedy_decode(
