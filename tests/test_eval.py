@@ -687,6 +687,12 @@ def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
         (lambda: bleu_chrf("the cat", "the cat"), r"^hypotheses must be a list of strings \(one sentence each\), "
                                                   r"got str$"),
         (lambda: bleu_chrf([], []), r"^hypotheses: no sentences to score$"),
+        (lambda: bleu_chrf(["the cat"], "the cat"), r"^references must be a list of strings \(one sentence each\), "
+                                                    r"got str$"),
+        (lambda: collate_pairs([[5]], [[7]], pad_id=0, bos_id=-1, eos_id=2), r"^bos_id must be an integer >= 0, got "
+                                                                              r"bos_id=-1$"),
+        (lambda: collate_pairs([[5]], [[7]], pad_id=0, bos_id=1, eos_id=1),
+         r"^pad_id, bos_id and eos_id must be distinct, got \{'pad_id': 0, 'bos_id': 1, 'eos_id': 1\}$"),
         (lambda: collate_pairs([[5, 6], [3]], [[7]], pad_id=0, bos_id=1, eos_id=2), r"^sources and targets: 2 "
                                                                                       r"sources but 1 targets"),
         (lambda: collate_pairs([[5.7]], [[7]], pad_id=0, bos_id=1, eos_id=2), r"^sources\[0\]: token ids must be "

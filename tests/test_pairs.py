@@ -6,12 +6,14 @@ import gzip
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from helpers.data import data_file
+from helpers.pipes import Terminal
 
 from lm.cli import main
 from lm.data import PairBatch, PairDataset, read_pair_file, read_parallel, read_token_file, write_pair_file
@@ -735,6 +737,20 @@ def test_tokenize_pairs_never_writes_over_its_input(tok_dir, tmp_path):
             tokenize_pairs(tok, src, t, out)
         assert str(e.value) == f"out_path: {str(named)!r} is the input {arg} itself; choose another output"
     assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_tokenize_pairs_draws_a_bar_on_a_terminal_only_when_asked(tok_dir, tmp_path, monkeypatch):
+    """progress=True draws a bar over the pairs where stderr is a terminal (none into a file or a
+    pipe); progress=False never does, on a terminal either."""
+    tok = load_tokenizer_dir(tok_dir)
+    src = write_lines(tmp_path / "s.en", ["A dog runs.", "A cat sits.", "Two birds."])
+    tgt = write_lines(tmp_path / "t.de", ["Ein Hund.", "Eine Katze.", "Zwei Vogel."])
+    for progress in (True, False):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        tokenize_pairs(tok, src, tgt, tmp_path / f"{progress}.bin", progress=progress, num_workers=1)
+        bar = terminal.getvalue()
+        assert ("tokenize: " in bar and "3 pairs" in bar) if progress else bar == "", bar
 
 
 @pytest.mark.parametrize("chunk_pairs", [0, -1, 2.0, True])

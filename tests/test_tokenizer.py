@@ -287,6 +287,12 @@ def test_ids_in_the_surrogate_range_and_beyond_uint16(small_tokenizer):
     assert tok.encode(text) == expected
     assert tok.encode_to_numpy(text, np.uint32).tolist() == expected
     assert tok.decode(expected) == text
+    for n in (300, 3000):  # under 2,048 characters (the regex path) and over (the fast path): new words
+        words = " ".join(f"w{i:x}" for i in range(n))  # merged in batches, their ids back as characters
+        batched = [moved[i] for i in small_tokenizer.encode(words)]
+        assert any(0xD800 <= i < 0xE000 for i in batched)
+        with mock.patch.object(tokenizer_module.BatchBPE, "MIN_ROWS", 1):
+            assert Tokenizer(tok.vocab, tok.merges, [EOT]).encode(words) == batched
     with pytest.raises(ValueError, match="dtype: uint16 cannot hold the ids of a vocab of size"):
         tok.encode_to_numpy(text, np.uint16)
     with pytest.raises(ValueError, match=r"vocab: ids must be integers in \[0, 1114111\], got 1114112"):

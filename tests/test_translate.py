@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.pipes import fifo_holding
+from helpers.pipes import Terminal, fifo_holding
 from helpers.tokenizers import pair_tokenizer
 
 from lm.cli import main
@@ -802,13 +802,6 @@ def test_only_an_allocation_failure_is_reported_as_memory():
         raise RuntimeError("shape mismatch")
 
 
-class _Terminal(io.StringIO):
-    """A stderr that says it is a terminal: tqdm draws its bar there (``disable=None``)."""
-
-    def isatty(self) -> bool:
-        return True
-
-
 @pytest.mark.parametrize("command", ["translate", "eval"])
 def test_progress_is_shown_on_a_terminal_only(run, tmp_path, capsys, monkeypatch, command):
     """`lm translate` and `lm eval --target` were silent for the whole decode (tens of seconds to
@@ -824,7 +817,7 @@ def test_progress_is_shown_on_a_terminal_only(run, tmp_path, capsys, monkeypatch
     assert _lm(*args) == 0
     assert capsys.readouterr().err == ""  # not a terminal
     for quiet in (False, True):
-        terminal = _Terminal()
+        terminal = Terminal()
         monkeypatch.setattr(sys, "stderr", terminal)
         assert _lm(*args, *(["--quiet"] if quiet else [])) == 0
         out = capsys.readouterr().out

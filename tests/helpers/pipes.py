@@ -1,8 +1,10 @@
-"""A named pipe for tests of commands that read a file once from its start (``<(cmd)``, a FIFO)."""
+"""A named pipe for tests of commands that read a file once from its start (``<(cmd)``, a FIFO), and a
+text stream that says it is a terminal."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import threading
 from collections.abc import Iterator
@@ -30,3 +32,10 @@ def fifo_holding(path: Path, data: bytes) -> Iterator[Path]:
         if writer.is_alive():
             os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
         writer.join(10)
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal: tqdm draws its bar there (``disable=None``)."""
+
+    def isatty(self) -> bool:
+        return True
