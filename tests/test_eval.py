@@ -712,6 +712,7 @@ def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
     got = evaluate_tokens(model, ids.astype(np.uint16), token_bytes=np.ones(100, dtype=np.uint8))
     assert got["loss"] == want["loss"] and got["bytes_per_token"] == 1.0
     assert math.isnan(perplexity(float("nan"))) and bits_per_byte(1.0, None) is None
+    assert perplexity(0.0) == 1.0 and bits_per_byte(0.0, 4.0) == 0.0  # a loss of 0 (every token certain) is one
     assert bleu_chrf(["the cat sat on the mat"], ["the cat sat on the mat"])["bleu"] == pytest.approx(100)
     batch = collate_pairs([[5, 6], np.array([3])], [torch.tensor([7]), [8, 9]], pad_id=0, bos_id=1, eos_id=2)
     assert batch.src.tolist() == [[5, 6, 2], [3, 2, 0]] and batch.tgt_in.tolist() == [[1, 7, 0], [1, 8, 9]]

@@ -294,6 +294,27 @@ def test_read_pair_file_checks_the_files_against_the_sidecar(tmp_path):
     with pytest.raises(ValueError, match="is not an 'lm-pairs' sidecar .it is a token file"):
         read_pair_file(tmp_path / "t.bin")
     assert not is_pair_file(tmp_path / "t.bin") and not is_pair_file(tmp_path / "missing.bin")
+    sidecar_path(tmp_path / "list.bin").write_text("[1, 2]")  # JSON, but not an object
+    assert not is_pair_file(tmp_path / "list.bin")
+    with pytest.raises(ValueError, match=r"^'\.' is a folder, not a pair file$"):
+        index_path(".")
+
+
+def test_encoding_lines_one_at_a_time_when_the_joined_text_loses_a_separator(tok_dir):
+    """_encode_lines encodes the plain lines joined by a special token and cuts at its ids; a tokenizer
+    whose joined encoding has fewer separators than lines (none here) gets each line encoded alone."""
+    tok = load_tokenizer_dir(tok_dir)
+    lines = ["A dog runs.", "A cat sits.", "Two birds."]
+    expected = [tok.encode(x) for x in lines]
+    sep = tok.special_tokens[0]
+    assert [x.tolist() for x in _encode_lines(tok, lines, np.dtype(np.uint16), [sep])] == expected
+
+    class Seamless(type(tok)):
+        def encode_to_numpy(self, text, dtype):
+            return super().encode_to_numpy(text.replace(sep, " "), dtype)
+
+    lossy = Seamless(tok.vocab, tok.merges, tok.special_tokens)
+    assert [x.tolist() for x in _encode_lines(lossy, lines, np.dtype(np.uint16), [sep])] == expected
 
 
 # -- batches ---------------------------------------------------------------------------------------

@@ -644,6 +644,8 @@ def test_loss_takes_the_label_smoothing_it_is_given_over_the_configs():
     ({"pad_id": 53, "bos_id": 1}, r"^pad_id must be an id in \[0, vocab_size=53\), got 53$"),
     ({"dropout": 1.0}, r"^dropout must be a number in \[0, 1\), got 1.0$"),  # every activation zeroed, 1/(1-p) = inf
     ({"label_smoothing": 1.0}, r"^label_smoothing must be a number in \[0, 1\), got 1.0$"),
+    ({"dropout": False}, r"^dropout must be a number in \[0, 1\), got False$"),  # a bool is no rate, False too
+    ({"label_smoothing": False}, r"^label_smoothing must be a number in \[0, 1\), got False$"),
     ({"architecture": "decoder_lm"}, r"^architecture must be 'encoder_decoder' for this config, got 'decoder_lm'$"),
 ])
 def test_boundary_values_of_the_config_are_refused(kwargs, match):

@@ -128,6 +128,17 @@ def test_pretoken_starts_on_corner_cases(text):
     assert starts_of(text) == regex_starts(text)
 
 
+def test_a_stretch_inside_a_special_token_joins_the_stretch_before_it():
+    """A cut inside "<sep-x>" moves to its start; the stretch left empty (8..12, all inside it) joins the
+    one before, the third of four, not the second (plain only if both are)."""
+    from lm.tokenizer.tokenizer import _keep_specials_whole
+
+    text = "abcdefgh<sep-x>zzzzz"
+    stretches = [(True, 0, 4), (True, 4, 8), (True, 8, 12), (False, 12, 20)]
+    assert _keep_specials_whole(stretches, text, regex.compile("(<sep-x>)"), 7) == [
+        (True, 0, 4), (True, 4, 8), (False, 8, 20)]
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.lists(PLAIN, min_size=1, max_size=5),
        st.lists(st.sampled_from(["<s>", "<|x|>", "l", *SPACE_ENDED, "'"]), min_size=5, max_size=5))
