@@ -127,7 +127,8 @@ TARGETS: dict[str, Target] = {
     # one test checks that a failed engine is freed without the cyclic collector; under mutmut's
     # trampolines (a frame more per call) it is not, so mutmut's first, unmutated run would fail
     "serve_engine": Target(["lm/serve/engine.py"],
-                           ["tests/test_serve.py", "-k", "not a_failing_step_fails_every_request_in"],
+                           ["tests/test_serve.py", "tests/test_serve_translation.py", "-k",
+                            "not a_failing_step_fails_every_request_in"],
                            note="continuous batching: admission, per-row sampling, stops, cancellation"),
 }
 
