@@ -291,8 +291,8 @@ def show(copy: Path, mutant: str) -> str:
 
 
 def mutmut_failure(log_path: Path) -> str:
-    """What made mutmut stop early, from its log: its last line, and the tests that failed on the
-    unmutated code (mutmut refuses to go on when its first run of the tests fails)."""
+    """What made mutmut stop early, from its log: its last line, and any FAILED or ERROR lines of
+    pytest's output in it (mutmut refuses to go on when its first, unmutated run of the tests fails)."""
     text = log_path.read_text(errors="replace").replace("\r", "\n")
     lines = [line.strip() for line in text.splitlines()  # not its spinner's lines (braille dots)
              if line.strip() and not any("\u2800" <= c <= "\u28ff" for c in line)]

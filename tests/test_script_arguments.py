@@ -48,15 +48,45 @@ def test_mutation_refuses_bad_options_before_any_copy(tmp_path, argv, why):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "precious.json"]
 
 
-def test_mutation_finds_methods_and_functions_at_a_revision():
+def _mutation():
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         import mutation
     finally:
         sys.path.pop(0)
+    return mutation
+
+
+def test_mutation_finds_methods_and_functions_at_a_revision():
+    mutation = _mutation()
     names = mutation.functions_in("HEAD", ["lm/optim/adamw.py", "lm/optim/clip.py"])
     assert {"AdamW.step", "AdamW.__init__", "clip_grad_norm_", "param_groups"} <= names
     assert "step" not in names  # a method is Class.method
+
+
+def test_mutation_targets_name_files_tests_and_decorators_that_exist():
+    """Each target's files and test files exist, and each decorator it takes off is still where it
+    looks for it: else a run stops at that target (a SetupError) after the hours of those before."""
+    mutation = _mutation()
+    for name, target in mutation.TARGETS.items():
+        assert all((REPO / f).is_file() for f in target.files), name
+        assert all((REPO / a).is_file() for a in target.tests if a.startswith("tests/")), name
+        for file, old, _ in target.prepare:
+            assert old is None or old in (REPO / file).read_text(), (name, old)
+        assert set(target.functions) <= mutation.functions_in("WORKTREE", target.files), name
+
+
+def test_mutation_says_why_mutmut_stopped(tmp_path):
+    """mutmut stops before any mutant when the tests fail on the unmutated copy; its log's last line
+    (not its spinner) and any failed test are what the summary shows instead of N "not checked"."""
+    mutation = _mutation()
+    log = tmp_path / "target.log"
+    log.write_text("\u280b Generating mutants\u2819 Generating mutants\n    done in 44ms\n"
+                   "\u2838 Running stats\u283c Running stats\nfailed to collect stats. runner returned 1\n\n")
+    assert mutation.mutmut_failure(log) == "failed to collect stats. runner returned 1"
+    log.write_text("FAILED tests/test_x.py::test_y - AssertionError\r\nfailed to collect stats. runner returned 1\n")
+    assert mutation.mutmut_failure(log) == ("failed to collect stats. runner returned 1; "
+                                            "FAILED tests/test_x.py::test_y - AssertionError")
 
 
 @pytest.mark.parametrize("argv, why", [
