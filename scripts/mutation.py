@@ -64,31 +64,29 @@ class Target:
     prepare: list[tuple[str, str | None, str]] = field(default_factory=list)  # old None: append new
 
 
+def _rewrapped(file: str, decorator: str, names: tuple[str, ...], owner: str | None = None) -> list:
+    """Edits that take ``@decorator`` off each function of ``names`` in ``file`` (methods of class
+    ``owner``) and apply it again at the end of the module, around mutmut's trampoline."""
+    indent, prefix = ("    ", f"{owner}.") if owner else ("", "")
+    return [(file, f"{indent}@{decorator}\n{indent}def {name}(", f"{indent}def {name}(") for name in names] + [
+        (file, None, "\n\n" + "".join(f"{prefix}{n} = {decorator}({prefix}{n})  # for mutmut\n" for n in names))]
+
+
 # torch.no_grad() on AdamW.step and clip_grad_norm_ is needed (in-place updates of leaves and their
 # gradients), so it is applied again to the class attribute and the module's name, i.e. around
 # mutmut's trampoline. (The losses' backward passes were once_differentiable, taken off here too, until
 # they became differentiable again: api22.)
-_DECODERS = ("greedy_decode", "beam_search", "beam_search_nbest")
-_EVALUATORS = ("evaluate_tokens", "evaluate_pairs")
-_ENGINE_STEPS = ("_invariant_sizes", "step")
 UNDECORATE = {
     "optim": [("lm/optim/adamw.py", "    @torch.no_grad()\n    def step(", "    def step("),
               ("lm/optim/adamw.py", "\n\ndef param_groups(",
-               "\n\nAdamW.step = torch.no_grad()(AdamW.step)  # for mutmut\n\n\ndef param_groups("),
-              ("lm/optim/clip.py", "@torch.no_grad()\ndef clip_grad_norm_(", "def clip_grad_norm_("),
-              ("lm/optim/clip.py", None, "\n\nclip_grad_norm_ = torch.no_grad()(clip_grad_norm_)  # for mutmut\n")],
-    # greedy decoding and both beam searches run under torch.inference_mode(), applied again after the module
-    "beam": [("lm/generate/seq2seq.py", f"@torch.inference_mode()\ndef {name}(", f"def {name}(") for name in _DECODERS]
-    + [("lm/generate/seq2seq.py", None,
-        "\n\n" + "".join(f"{name} = torch.inference_mode()({name})  # for mutmut\n" for name in _DECODERS))],
-    "evaluate": [("lm/evaluate.py", f"@torch.no_grad()\ndef {name}(", f"def {name}(") for name in _EVALUATORS]
-    + [("lm/evaluate.py", None,
-        "\n\n" + "".join(f"{name} = torch.no_grad()({name})  # for mutmut\n" for name in _EVALUATORS))],
-    "serve_engine": [("lm/serve/engine.py", f"    @torch.inference_mode()\n    def {name}(", f"    def {name}(")
-                     for name in _ENGINE_STEPS]
-    + [("lm/serve/engine.py", None,
-        "\n\n" + "".join(f"Engine.{name} = torch.inference_mode()(Engine.{name})  # for mutmut\n"
-                         for name in _ENGINE_STEPS))],
+               "\n\nAdamW.step = torch.no_grad()(AdamW.step)  # for mutmut\n\n\ndef param_groups(")]
+    + _rewrapped("lm/optim/clip.py", "torch.no_grad()", ("clip_grad_norm_",)),
+    # greedy decoding and both beam searches, evaluation and the serving engine's steps
+    "beam": _rewrapped("lm/generate/seq2seq.py", "torch.inference_mode()",
+                       ("greedy_decode", "beam_search", "beam_search_nbest")),
+    "evaluate": _rewrapped("lm/evaluate.py", "torch.no_grad()", ("evaluate_tokens", "evaluate_pairs")),
+    "serve_engine": _rewrapped("lm/serve/engine.py", "torch.inference_mode()", ("_invariant_sizes", "step"),
+                               owner="Engine"),
 }
 
 
