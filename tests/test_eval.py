@@ -117,27 +117,28 @@ def test_evaluate_pairs_is_the_mean_loss_of_every_target_token_whatever_the_batc
     cfg = Seq2SeqConfig(vocab_size=40, context_length=16, d_model=16, encoder_layers=1, decoder_layers=2,
                         num_heads=2, d_ff=32, dropout=0.3, label_smoothing=0.1, pad_id=37, bos_id=38, eos_id=39)
     model = build_model(cfg).double()
+    pad, bos, eos = cfg.pad_id, cfg.bos_id, cfg.eos_id  # 37, 38, 39: the ordinary ids are those below pad
     g = torch.Generator().manual_seed(1)
-    pairs = [(torch.randint(0, 37, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist(),
-              torch.randint(0, 37, (int(torch.randint(0, 9, (1,), generator=g)),), generator=g).tolist())
+    pairs = [(torch.randint(0, pad, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist(),
+              torch.randint(0, pad, (int(torch.randint(0, 9, (1,), generator=g)),), generator=g).tolist())
              for _ in range(7)]
     pairs[2] = ([0, 5, 0], [0])
     total, count = 0.0, 0
     with torch.no_grad():
         model.eval()
         for src, tgt in pairs:
-            logits = model(torch.tensor([src + [39]]), torch.tensor([[38] + tgt]))[0]
-            total += F.cross_entropy(logits, torch.tensor(tgt + [39]), reduction="sum").item()
+            logits = model(torch.tensor([src + [eos]]), torch.tensor([[bos] + tgt]))[0]
+            total += F.cross_entropy(logits, torch.tensor(tgt + [eos]), reduction="sum").item()
             count += len(tgt) + 1
     model.train()
     starts = np.cumsum([0] + sizes)
-    batches = [collate_pairs(*zip(*pairs[a:b]), pad_id=37, bos_id=38, eos_id=39) for a, b in zip(starts, starts[1:])]
+    batches = [collate_pairs(*zip(*pairs[a:b]), pad_id=pad, bos_id=bos, eos_id=eos) for a, b in zip(starts, starts[1:])]
     r = evaluate_pairs(model, batches)
     assert r["tokens"] == count == sum(b.num_tokens for b in batches)
     assert r["loss"] == pytest.approx(total / count, rel=1e-12, abs=0)
     assert r["perplexity"] == pytest.approx(math.exp(total / count), rel=1e-12, abs=0)
     assert model.training
-    one = evaluate_pairs(model, [collate_pairs([[5]], [[]], pad_id=37, bos_id=38, eos_id=39)])  # <eos> alone
+    one = evaluate_pairs(model, [collate_pairs([[5]], [[]], pad_id=pad, bos_id=bos, eos_id=eos)])  # <eos> alone
     assert one["tokens"] == 1 and one["loss"] > 0
     with pytest.raises(ValueError, match="^data: no target tokens to evaluate$"):
         evaluate_pairs(model, [])

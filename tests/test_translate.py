@@ -306,7 +306,8 @@ def test_a_target_is_at_most_its_sources_length_plus_50_within_the_context():
     wide = SimpleNamespace(config=SimpleNamespace(context_length=1000))
     assert [max_target_length(wide, n) for n in (1, 7, 949, 950)] == [51, 57, 999, 999]
     assert max_target_length(wide, 7, extra=0) == 7
-    assert max_target_length(_model(), 3) == _model().config.context_length - 1 < 53
+    model = _model()
+    assert max_target_length(model, 3) == model.config.context_length - 1 < 53
 
 
 def test_translate_and_the_decoders_check_beam_size_max_extra_and_an_empty_batch():
