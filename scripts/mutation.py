@@ -87,6 +87,11 @@ UNDECORATE = {
     "evaluate": _rewrapped("lm/evaluate.py", "torch.no_grad()", ("evaluate_tokens", "evaluate_pairs")),
     "serve_engine": _rewrapped("lm/serve/engine.py", "torch.inference_mode()", ("_invariant_sizes", "step"),
                                owner="Engine"),
+    "checkpoint": _rewrapped("lm/checkpoint/io.py", "contextlib.contextmanager", ("safetensors_name",)),
+    # generate() has two decorators; both go back on, in their order
+    "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
+                 ("lm/generate/engine.py", None,
+                  "\n\ngenerate = _in_eval_mode(torch.inference_mode()(generate))  # for mutmut\n")],
 }
 
 
@@ -128,6 +133,20 @@ TARGETS: dict[str, Target] = {
                            ["tests/test_serve.py", "tests/test_serve_translation.py", "-k",
                             "not a_failing_step_fails_every_request_in"],
                            note="continuous batching: admission, per-row sampling, stops, cancellation"),
+    "checkpoint": Target(["lm/checkpoint/io.py", "lm/checkpoint/manager.py"],
+                         ["tests/test_checkpoint.py", "tests/test_checkpoint_files.py",
+                          "tests/test_checkpoint_integrity.py", "tests/test_train_resume.py", "tests/test_sample.py",
+                          "tests/test_inference.py"],
+                         note="checkpoint files: checksums, damaged and mismatched files, rotation, atomic writes"),
+    "protocol": Target(["lm/serve/protocol.py"],
+                       ["tests/test_serve_protocol.py", "tests/test_server.py", "tests/test_serve_fuzz.py"],
+                       note="the OpenAI request fields, their errors, stop strings and response bodies"),
+    # generate(compile=True)'s static rows: a test runs them with torch.compile as the identity
+    "generate": Target(["lm/generate/engine.py", "lm/generate/kv_cache.py"],
+                       ["tests/test_generate.py", "tests/test_sample.py", "-k", "not compile"],
+                       note="generate(): prompts, padded and static rows, the KV cache"),
+    "data": Target(["lm/data/batch.py", "lm/data/token_file.py"], ["tests/test_data.py"],
+                   note="token files and their sidecars, random and fixed batches"),
 }
 
 for _name, _edits in UNDECORATE.items():

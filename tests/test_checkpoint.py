@@ -554,3 +554,17 @@ def test_an_optimizer_with_groups_of_other_sizes_is_refused_naming_the_file(tmp_
     with pytest.raises(ValueError) as e:
         load_checkpoint(tmp_path / "c.pt", model, other)
     assert "c.pt" in str(e.value) and "parameter group" in str(e.value)
+
+
+def test_an_optimizer_of_three_saved_groups_is_named_group_by_group(tmp_path):
+    """Three or more sizes are listed as "1, 1 and 2", as the weight decays are."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Linear(4, 2))
+    p = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": p[:1]}, {"params": p[1:2]}, {"params": p[2:], "weight_decay": 0.5}], lr=1e-2)
+    save_checkpoint(model, opt, 3, tmp_path / "c.pt")
+    other = torch.optim.AdamW([{"params": p[:2]}, {"params": p[2:]}], lr=1e-2)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(tmp_path / "c.pt", model, other)
+    assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} holds 3 parameter groups (1, 1 and 2 parameters, weight "
+                            "decay 0.01, 0.01 and 0.5) but the optimizer has 2 (2 and 2 parameters); build it as lm "
+                            "train does: AdamW(lm.optim.param_groups(model, weight_decay))")

@@ -148,3 +148,27 @@ def test_a_checkpoint_path_that_is_a_folder_is_not_called_a_full_disk(tmp_path):
         write_checkpoint({"model": {"w": torch.zeros(3)}}, tmp_path / "step.pt")
     assert str(e.value) == f"could not write checkpoint {str(tmp_path / 'step.pt')!r}: IsADirectoryError: " \
                            f"[Errno 21] Is a directory: {str(tmp_path / 'step.pt')!r}"
+
+
+def test_a_write_error_without_words_is_named_by_its_type_and_keeps_the_earlier_file(tmp_path, monkeypatch):
+    """A failed torch.save whose exception has no message (``RuntimeError()``) is named by its type,
+    with the disk-full hint; the checkpoint written before it at that path is the one left."""
+    import torch
+
+    import lm.checkpoint.io as io_module
+    from lm.checkpoint.io import CheckpointWriteError, read_checkpoint, write_checkpoint
+
+    path = tmp_path / "step.pt"
+    write_checkpoint({"model": {"w": torch.ones(3)}, "iteration": 1}, path)
+
+    def fails(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise RuntimeError()
+
+    monkeypatch.setattr(io_module.torch, "save", fails)
+    with pytest.raises(CheckpointWriteError) as e:
+        write_checkpoint({"model": {"w": torch.zeros(3)}, "iteration": 2}, path)
+    assert str(e.value) == f"could not write checkpoint {str(path)!r}: RuntimeError (disk full?)"
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["step.pt"]
+    assert read_checkpoint(path)["iteration"] == 1

@@ -110,6 +110,65 @@ def test_optimizer_and_nested_values_round_trip_with_the_checksum(tmp_path):
     assert read_checkpoint(tmp_path / "c.pt")["iteration"] == 3
 
 
+def _edited(src, dst, edit):
+    """``src`` loaded as torch.load sees it, changed by ``edit``, saved to ``dst`` with its checksums
+    unchanged: what a damaged file that still unpickles holds."""
+    state = torch.load(src, weights_only=True)
+    edit(state)
+    torch.save(state, dst)
+    return dst
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def edit(state):
+        d = state
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = value
+    return edit
+
+
+def _rename(old, new):
+    return lambda state: state.__setitem__(new, state.pop(old))
+
+
+_EXTRA = {"list": [1, 2.5, "x"], "tuple": (1, 2), 3: {"flag": True}, "zero": -0.0, "nan": float("nan")}
+_META = "is corrupt: the checksum of its config and other values does not match (a damaged file?)"
+
+
+@pytest.mark.parametrize("edit, why", [
+    (_set("extra", "list", [1, 2.0, "x"]), _META),  # an element of a list
+    (_set("extra", "list", (1, 2.5, "x")), _META),  # a list read back as a tuple
+    (_set("extra", "tuple", (1, 3)), _META),  # an element of a tuple
+    (_set("extra", 3, "flag", 1), _META),  # True and 1
+    (_set("extra", "zero", 0.0), _META),  # -0.0 and 0.0
+    (_set("extra", "nan", float("inf")), _META),
+    (lambda state: state["extra"].__setitem__("3", state["extra"].pop(3)), _META),  # a key 3 and "3"
+    (_set("iteration", 4), _META),
+    (lambda state: state["model"]["lm_head.weight"].view(-1)[0].add_(1.0),
+     "is corrupt: the checksum of its tensors does not match (a damaged file?)"),
+    (_rename("meta_crc32", "meta_crc33"), "is corrupt: a checksum's entry is damaged ('meta_crc33' is missing or "
+     "misspelt), so its contents cannot be checked (a damaged file?)"),
+    (lambda state: state.pop("tensor_crc32"), "is corrupt: a checksum's entry is damaged ('tensor_crc32' is missing or "
+     "misspelt), so its contents cannot be checked (a damaged file?)"),
+], ids=["list-item", "list-as-tuple", "tuple-item", "true-as-1", "minus-zero", "nan", "int-key-as-str", "iteration",
+        "tensor", "checksum-name", "no-tensor-checksum"])
+def test_any_value_changed_after_the_checksums_is_refused_in_one_line(tmp_path, edit, why):
+    """Each kind of value a checkpoint holds (lists and tuples told apart, dict keys of any type,
+    bools, signed zeros, NaN) is in a checksum: a change to one after writing is refused, not
+    loaded; the file as written, re-saved unchanged, loads."""
+    model = _lm()
+    write_checkpoint({"iteration": 3, "model": model.state_dict(), "extra": _EXTRA}, tmp_path / "c.pt")
+    same = _edited(tmp_path / "c.pt", tmp_path / "same.pt", lambda state: None)
+    assert read_checkpoint(same)["extra"]["list"] == [1, 2.5, "x"]
+    bad = _edited(tmp_path / "c.pt", tmp_path / "bad.pt", edit)
+    with pytest.raises(ValueError) as e:
+        read_checkpoint(bad)
+    assert str(e.value) == f"{str(bad)!r} {why}"
+
+
 # -- (defect 4b) exported safetensors record and check CRCs -----------------------------------------
 
 

@@ -204,6 +204,20 @@ def test_prompt_ids_that_are_not_integers_are_refused(prompt):
         generate(model, prompt, 3, temperature=0)
 
 
+@pytest.mark.parametrize("prompt, message", [
+    ([], "prompt_ids: prompt 0 is empty; generation needs at least one token"),  # one prompt, of no ids
+    (torch.zeros(0, 3, dtype=torch.long), "prompt_ids: got an empty batch of prompts"),
+    ([[1, 2], []], "prompt_ids: prompt 1 is empty; generation needs at least one token"),
+    ([[1, 2], [3, 50]], "prompt_ids: id 50 is outside [0, vocab_size=50)"),
+    ([-1], "prompt_ids: id -1 is outside [0, vocab_size=50)"),
+])
+def test_an_empty_batch_an_empty_prompt_or_an_id_out_of_range_is_one_line_naming_it(prompt, message):
+    model = TransformerLM(**SMALL)
+    with pytest.raises(ValueError) as e:
+        generate(model, prompt, 3, temperature=0)
+    assert str(e.value) == message
+
+
 def test_integer_prompt_ids_of_any_type_are_taken():
     import numpy as np
 
@@ -570,6 +584,59 @@ def test_compiled_calls_at_once_each_get_their_own_cache():
     with pytest.raises(ValueError, match="the callback failed"):
         generate(model, p1, 12, temperature=0, compile=True, on_token=fails)
     assert kept.in_use is False
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_one_padding_slot_is_masked_given_as_a_list_or_a_tensor(as_tensor):
+    """A cache whose only padding is one slot is a padded cache (a tensor's pad lengths were read
+    as such only past 1 under mutation, unnoticed): each row's logits, prefilled and stepped, are
+    its own alone, in float64 to 1e-12."""
+    torch.manual_seed(0)
+    model = TransformerLM(**SMALL).double().eval()
+    pad = [1, 0]
+    cache = KVCache.for_model(model, 2, pad_lengths=torch.tensor(pad) if as_tensor else pad)
+    with torch.no_grad():
+        got = model(torch.tensor([[0, 3, 4, 5], [6, 7, 8, 9]]), kv_cache=cache)
+        step = model(torch.tensor([[10], [11]]), kv_cache=cache)[:, -1]
+        for row, (prompt, nxt) in enumerate((([3, 4, 5], 10), ([6, 7, 8, 9], 11))):
+            alone = model(torch.tensor([prompt + [nxt]]))[0]
+            torch.testing.assert_close(got[row, pad[row]:], alone[:-1], rtol=0, atol=1e-12)
+            torch.testing.assert_close(step[row], alone[-1], rtol=0, atol=1e-12)
+
+
+def test_generates_static_rows_run_eagerly_give_the_tokens_of_its_padded_rows(monkeypatch):
+    """generate(compile=True)'s own bookkeeping, run eagerly (torch.compile replaced by the identity)
+    so that it is checked in milliseconds and under mutation testing, where the compiled tests do
+    not run: prompts of equal lengths (each row filled from its own row of the length's cache) and
+    of others, past the context (the window slides), a call made while the kept step is in use
+    (a cache of its own), and the kept cache's size, 64 positions for a call that needs 64 or fewer
+    rather than the whole context. Float64, so that the bucketed spans' other summation order
+    cannot turn a greedy choice."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    torch.manual_seed(0)
+    model = TransformerLM(**{**SMALL, "context_length": 96}).double().eval()
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9, 10, 11], [12], [13, 14, 15]]
+    for shift in (1, 7):  # 110 tokens in the longest row: past the 96 of the context
+        assert generate(model, prompts, 105, temperature=0, window_shift=shift, compile=True) == \
+            generate(model, prompts, 105, temperature=0, window_shift=shift)
+    short = [[1, 2, 3], [3, 2, 1], [5, 5, 5], [7], [8, 9]]  # five rows again, 3 + 20 < 64 positions
+    want, inner_want = generate(model, prompts, 20, temperature=0), generate(model, short, 20, temperature=0)
+    inner = []
+
+    def nested(row, token):
+        if not inner:  # the kept five-row step of 64 positions is in use: this call gets its own cache
+            inner.append(generate(model, short, 20, temperature=0, compile=True))
+
+    assert generate(model, prompts, 20, temperature=0, compile=True, on_token=nested) == want
+    assert inner == [inner_want]
+    steps = model.__dict__["_decode_steps"]
+    assert sorted((key[0], key[1]) for key in steps) == [(5, 64), (5, 96)]
+    assert all(step.cache.max_len == key[1] and not step.in_use for key, step in steps.items())
+    with torch.inference_mode():  # what an earlier call that overflowed leaves past a row's length (decode8)
+        for step in steps.values():
+            for t in (*step.cache.k, *step.cache.v):
+                t.fill_(float("nan"))
+    assert generate(model, short, 20, temperature=0, compile=True) == inner_want
 
 
 def test_the_compiled_step_kept_on_a_model_does_not_keep_it():

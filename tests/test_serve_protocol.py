@@ -1,0 +1,119 @@
+"""The request parser of `lm serve` on its own, without a server: each field's bounds at both edges,
+its whole message, and the context checks of both architectures at their limits (mutation
+testing found these unchecked: a temperature of 2.5, a null `ignore_eos`, a negative `logprobs`
+or `true` in /detokenize's ids were taken; a prompt that fits exactly had been refused)."""
+
+import pytest
+
+from lm.serve.engine import MAX_LOGPROBS
+from lm.serve.protocol import APIError, parse_completion, parse_detokenize
+from lm.tokenizer import EOT, Tokenizer
+
+CONTEXT = 32
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer({i: bytes([i]) for i in range(256)}, [], [EOT])
+
+
+def _parse(tok, body, architecture="decoder_lm"):
+    return parse_completion(body, tok, model_name="m", max_batch=4, context_length=CONTEXT, eot_id=256,
+                            architecture=architecture)
+
+
+def _refused(tok, body, architecture="decoder_lm") -> APIError:
+    with pytest.raises(APIError) as e:
+        _parse(tok, body, architecture)
+    assert e.value.status == 400
+    return e.value
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("temperature", 2.5, "temperature: must be a number in [0.0, 2.0], got 2.5"),  # OpenAI's range
+    ("temperature", -0.1, "temperature: must be a number in [0.0, 2.0], got -0.1"),
+    ("top_p", 0, "top_p: must be a number in (0.0, 1.0], got 0"),
+    ("top_p", 1.01, "top_p: must be a number in (0.0, 1.0], got 1.01"),
+    ("ignore_eos", None, "ignore_eos: must be true or false, got None"),  # vLLM's: a bool, never null
+    ("ignore_eos", 1, "ignore_eos: must be true or false, got 1"),
+    ("logprobs", -1, f"logprobs: must be an integer in [0, {MAX_LOGPROBS}], got -1"),
+    ("logprobs", MAX_LOGPROBS + 1, f"logprobs: must be an integer in [0, {MAX_LOGPROBS}], got {MAX_LOGPROBS + 1}"),
+    ("top_k", -2, "top_k: must be an integer >= -1, got -2"),
+    ("seed", "7", "seed: must be an integer, got '7'"),  # no bound to name
+    ("seed", True, "seed: must be an integer, got True"),
+    ("n", 5, "n: must be an integer in [1, 4], got 5"),
+    ("max_tokens", -1, "max_tokens: must be an integer >= 1, got -1"),
+    ("priority", 0.5, "priority: must be an integer, got 0.5"),
+    ("add_special_tokens", None, "add_special_tokens: must be true or false, got None"),
+])
+def test_a_field_out_of_its_bounds_is_a_400_naming_it_and_its_bounds(tok, field, value, message):
+    e = _refused(tok, {"prompt": "ab", field: value})
+    assert (e.message, e.param) == (message, field)
+
+
+@pytest.mark.parametrize("field, value, read", [
+    ("temperature", 2.0, ("temperature", 2.0)), ("temperature", 0, ("temperature", 0.0)),
+    ("top_p", 1, ("top_p", 1.0)), ("top_p", 1e-9, ("top_p", 1e-9)),
+    ("logprobs", 0, ("logprobs", 0)), ("logprobs", MAX_LOGPROBS, ("logprobs", MAX_LOGPROBS)),
+    ("top_k", -1, ("top_k", None)), ("top_k", 0, ("top_k", None)), ("top_k", 3, ("top_k", 3)),
+    ("ignore_eos", True, ("ignore_eos", True)), ("seed", -5, ("seed", -5)),
+    ("temperature", None, ("temperature", 1.0)), ("max_tokens", None, ("max_tokens", 16)),
+    ("max_tokens", CONTEXT - 2, ("max_tokens", CONTEXT - 2)),  # with the prompt's 2 tokens, the whole context
+])
+def test_a_field_at_its_bounds_or_null_is_taken(tok, field, value, read):
+    request = _parse(tok, {"prompt": "ab", field: value})
+    assert getattr(request.params, read[0]) == read[1]
+
+
+def test_the_defaults_are_openais(tok):
+    request = _parse(tok, {"prompt": "ab"})
+    p = request.params
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.ignore_eos, p.logprobs) == \
+        (16, 1.0, 1.0, None, None, False, None)
+    assert (request.n, request.stop, request.stream, request.echo) == (1, [], False, False)
+
+
+def test_max_tokens_past_the_context_is_blamed_on_max_tokens(tok):
+    e = _refused(tok, {"prompt": "ab", "max_tokens": CONTEXT - 1})
+    assert (e.param, e.message) == ("max_tokens", f"max_tokens: this model's context is {CONTEXT} tokens, and the "
+                                                  f"request asks for {CONTEXT + 1} (2 in the prompt + {CONTEXT - 1} "
+                                                  "to generate)")
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_a_prompt_that_fills_the_context_exactly_is_taken_one_more_token_is_not(tok, echo):
+    """Without echo the prompt may take the context less one token (one to generate); with echo and
+    max_tokens 0, the whole context (it is scored)."""
+    most = CONTEXT if echo else CONTEXT - 1
+    extra = {"echo": True, "max_tokens": 0} if echo else {"max_tokens": 1}
+    request = _parse(tok, {"prompt": [[5] * most], **extra})
+    assert len(request.prompts[0]) == most and request.params.max_tokens == extra["max_tokens"]
+    e = _refused(tok, {"prompt": [[5] * (most + 1)], **extra})
+    assert e.param == "prompt" and e.message == (
+        f"prompt: {most + 1} tokens, and this model's context is {CONTEXT} (at most {most} in the prompt"
+        f"{'' if echo else ', to generate one'})")
+
+
+def test_a_translation_source_that_fills_the_context_is_taken_one_more_token_is_not(tok):
+    """A translation's source has the context to itself, less its <eos>; its target likewise."""
+    request = _parse(tok, {"prompt": "x" * (CONTEXT - 1)}, "encoder_decoder")
+    assert len(request.prompts[0]) == CONTEXT - 1 and request.params.max_tokens == CONTEXT - 1
+    e = _refused(tok, {"prompt": "x" * CONTEXT}, "encoder_decoder")
+    assert (e.param, e.message) == ("prompt", f"prompt: {CONTEXT} tokens, and this model reads at most {CONTEXT - 1}")
+    e = _refused(tok, {"prompt": "x", "max_tokens": CONTEXT}, "encoder_decoder")
+    assert (e.param, e.message) == ("max_tokens", f"max_tokens: this model writes at most {CONTEXT - 1} tokens, "
+                                                  f"got {CONTEXT}")
+
+
+@pytest.mark.parametrize("tokens", [[True], [1, False], [1.0], "12", None, [[1]]])
+def test_detokenize_takes_a_list_of_integers_only(tok, tokens):
+    with pytest.raises(APIError) as e:
+        parse_detokenize({"tokens": tokens}, tok, model_name="m")
+    assert (e.value.status, e.value.param, e.value.message) == (400, "tokens", "tokens: must be a list of token ids")
+
+
+def test_detokenize_names_an_id_outside_the_vocabulary(tok):
+    assert parse_detokenize({"tokens": [0, 256], "model": "m"}, tok, model_name="m") == [0, 256]
+    with pytest.raises(APIError) as e:
+        parse_detokenize({"tokens": [0, 257]}, tok, model_name="m")
+    assert (e.value.param, e.value.message) == ("tokens", "tokens: token id 257 is outside [0, 257)")
