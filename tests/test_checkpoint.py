@@ -484,6 +484,44 @@ def test_a_checkpoint_without_its_iteration_or_model_is_one_line(tmp_path):
     assert load_checkpoint(tmp_path / "c.pt", fresh, None) == 3
 
 
+def test_a_file_without_lms_format_or_its_model_is_not_an_lm_checkpoint(tmp_path):
+    """torch.save of a plain dict with a "model", or lm's format key without one, is refused as not
+    lm's, before anything else is read from it."""
+    for name, state in (("plain.pt", {"model": _model().state_dict(), "iteration": 1}),
+                        ("no_model.pt", {"format": "lm-checkpoint", "version": 1, "iteration": 1}),
+                        ("list.pt", [1, 2])):
+        torch.save(state, tmp_path / name)
+        with pytest.raises(ValueError) as e:
+            read_checkpoint(tmp_path / name)
+        assert str(e.value) == f"{str(tmp_path / name)!r} is not an lm checkpoint"
+
+
+def test_a_compiled_or_ddp_wrapped_model_is_saved_as_the_plain_model(tmp_path):
+    """torch.compile's wrapper (``_orig_mod``) and DDP's (``module``), one inside the other, prefix
+    every key: the checkpoint holds the plain model's keys, and loads into it."""
+    from lm.checkpoint.io import check_state_dict_fits, unwrap
+
+    class DDPLike(nn.Module):  # DistributedDataParallel's shape: the model as .module
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    model, opt = _trained()
+    wrapped = DDPLike(torch.compile(model))  # compiling is lazy: nothing here runs the model
+    assert unwrap(wrapped) is model and unwrap(torch.compile(DDPLike(model))) is model
+    save_checkpoint(wrapped, opt, 5, tmp_path / "c.pt")
+    state = read_checkpoint(tmp_path / "c.pt")
+    assert list(state["model"]) == list(model.state_dict())
+    fresh = _model()
+    assert load_checkpoint(tmp_path / "c.pt", fresh, None) == 5
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.state_dict().items())
+    other = nn.Sequential(nn.Linear(6, 6), nn.Linear(6, 4))
+    with pytest.raises(ValueError) as e:  # the message of check_state_dict_fits without a name
+        check_state_dict_fits(DDPLike(other), state["model"])
+    assert str(e.value) == "checkpoint does not fit this model: 1.weight is (3, 6) in the checkpoint but (4, 6) in " \
+                           "the model (and 1 more)"
+
+
 def test_weights_without_their_config_say_what_to_pass(tmp_path):
     """export_safetensors of a bare state dict writes no model config: loading it said "it was not
     written by lm" of lm's own file (ckpt21)."""

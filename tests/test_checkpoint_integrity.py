@@ -220,6 +220,35 @@ def test_model_config_that_is_not_an_object_is_one_line_naming_the_file(tmp_path
         load_model(path)
 
 
+def test_model_config_that_is_not_json_is_one_line_naming_the_file(tmp_path):
+    path = _save_with_config(tmp_path / "m.safetensors", "{'d_model': 8")
+    with pytest.raises(ValueError) as e:
+        load_model(path)
+    assert str(e.value) == (f"{str(path)!r}: its 'model_config' metadata is not valid JSON: Expecting property name "
+                            "enclosed in double quotes: line 1 column 2 (char 1)")
+
+
+def test_load_model_tells_the_same_things_of_a_checkpoint_and_of_an_export(tmp_path):
+    """load_model's info has the same keys for both kinds of file, each from where that file keeps it."""
+    model = _lm()
+    cfg = {"model": model.config.to_dict(), "train": {"lr": 0.5}}
+    write_checkpoint({"iteration": 7, "model": model.state_dict(), "config": cfg, "tokenizer_sha256": "ab" * 32},
+                     tmp_path / "c.pt")
+    loaded, info = load_model(tmp_path / "c.pt")
+    assert info == {"model_config": model.config.to_dict(), "iteration": 7, "config": cfg,
+                    "tokenizer_sha256": "ab" * 32, "metadata": {}}
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+    path = export_safetensors(model, tmp_path / "m.safetensors", {"step": "9", "tokenizer_sha256": "cd" * 32})
+    _, info = load_model(path)
+    meta = info.pop("metadata")
+    assert info == {"model_config": json.loads(model.config.to_json()), "iteration": 9, "config": None,
+                    "tokenizer_sha256": "cd" * 32}
+    assert (meta["step"], meta["tokenizer_sha256"], json.loads(meta["model_config"])) == \
+        ("9", "cd" * 32, info["model_config"])
+    _, info = load_model(_save_with_config(tmp_path / "bare.safetensors", model.config.to_json()))
+    assert (info["iteration"], info["tokenizer_sha256"], info["config"]) == (None, "", None)  # none recorded
+
+
 @pytest.mark.parametrize("field, value, why", [("d_ff", -1, "d_ff must be"), ("num_layers", "2", "num_layers must be"),
                                                ("foo", 1, "unknown ModelConfig fields")])
 def test_an_invalid_model_config_names_the_file(tmp_path, field, value, why):

@@ -164,22 +164,58 @@ def _bad_file(tmp_path, mutate):
     return path
 
 
+def _sidecar(**changes):
+    return lambda p, s, m: s.write_text(json.dumps({**m, **changes}))
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda p, s, m: s.unlink(), "has no sidecar"),
-        (lambda p, s, m: s.write_text("{not json"), "not valid JSON"),
-        (lambda p, s, m: s.write_text(json.dumps({**m, "format": "x"})), "not an 'lm-tokens' sidecar"),
-        (lambda p, s, m: s.write_text(json.dumps({**m, "dtype": "uint32"})), "does not match vocab_size"),
-        (lambda p, s, m: s.write_text(json.dumps({**m, "dtype": "int8"})), "is not one of"),
-        (lambda p, s, m: s.write_text(json.dumps({**m, "num_tokens": "100"})), "'num_tokens' is missing"),
-        (lambda p, s, m: p.write_bytes(p.read_bytes()[:-3]), "truncated"),
+        (lambda p, s, m: p.unlink(), "token file not found: {p}"),
+        (lambda p, s, m: s.unlink(), "{p} has no sidecar 'd.bin.json'; write token files with `lm tokenize`"),
+        (lambda p, s, m: s.write_text("{not json"), "sidecar {s} is not valid JSON: Expecting property name enclosed "
+                                                    "in double quotes: line 1 column 2 (char 1)"),
+        (_sidecar(format="x"), "sidecar {s} is not an 'lm-tokens' sidecar"),
+        (_sidecar(version=2), "sidecar {s} has version 2; this lm reads 1"),
+        (_sidecar(dtype="uint32"), "sidecar {s}: dtype 'uint32' does not match vocab_size 100 (expected 'uint16')"),
+        (_sidecar(dtype="int8"), "sidecar {s}: dtype 'int8' is not one of ['uint16', 'uint32']"),
+        (_sidecar(num_tokens="100"), "sidecar {s}: 'num_tokens' is missing or not an integer"),
+        (_sidecar(dtype=16), "sidecar {s}: 'dtype' is missing or not a string"),
+        (_sidecar(num_tokens=-1), "sidecar {s}: vocab_size must be positive and num_tokens must not be negative"),
+        (_sidecar(vocab_size=0), "sidecar {s}: vocab_size must be positive and num_tokens must not be negative"),
+        (lambda p, s, m: p.write_bytes(p.read_bytes()[:-3]),
+         "{p} has 197 bytes but its sidecar says 100 uint16 ids (200 bytes): the file is truncated or not the one the "
+         "sidecar describes"),
     ],
 )
 def test_read_rejects_bad_sidecar_or_file(tmp_path, mutate, message):
     path = _bad_file(tmp_path, mutate)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError) as e:
         read_token_file(path)
+    assert str(e.value) == message.format(p=repr(str(path)), s=repr(str(path) + ".json"))
+
+
+def test_a_token_file_of_no_ids_reads_as_such_and_is_refused_for_training(tmp_path):
+    """Zero ids is a valid count (an empty corpus writes one): its sidecar reads, and a dataset is
+    refused because it is empty, not for a count the sidecar holds rightly."""
+    from lm.data.token_file import read_token_meta
+
+    write_token_file(tmp_path / "e.bin", np.array([], dtype=np.int64), vocab_size=100)
+    assert read_token_meta(tmp_path / "e.bin")["num_tokens"] == 0
+    with pytest.raises(ValueError) as e:
+        read_token_file(tmp_path / "e.bin")
+    assert str(e.value) == f"token file {str(tmp_path / 'e.bin')!r} is empty"
+
+
+def test_a_token_file_is_mapped_read_only_and_a_vocabulary_of_one_id_is_one(tmp_path):
+    """read_token_file never opens the user's data for writing: a slip in a batch function cannot
+    change the corpus on disk. A vocabulary of one id is the smallest, not refused."""
+    write_token_file(tmp_path / "one.bin", np.zeros(5, dtype=np.int64), vocab_size=1)
+    tokens, meta = read_token_file(tmp_path / "one.bin")
+    assert (meta["vocab_size"], meta["dtype"], tokens.tolist()) == (1, "uint16", [0] * 5)
+    assert not tokens.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        tokens[0] = 3
 
 
 def test_get_batch_shapes_targets_and_range():

@@ -218,6 +218,13 @@ def test_an_empty_batch_an_empty_prompt_or_an_id_out_of_range_is_one_line_naming
     assert str(e.value) == message
 
 
+def test_no_new_tokens_is_an_empty_list_for_each_prompt():
+    model = TransformerLM(**SMALL)
+    assert generate(model, [1, 2], 0) == []
+    assert generate(model, [[1, 2], [3]], 0) == [[], []]
+    assert generate(model, torch.tensor([[1, 2]]), 0, compile=True) == [[]]  # nothing compiled: no step runs
+
+
 def test_integer_prompt_ids_of_any_type_are_taken():
     import numpy as np
 
@@ -637,6 +644,8 @@ def test_generates_static_rows_run_eagerly_give_the_tokens_of_its_padded_rows(mo
             for t in (*step.cache.k, *step.cache.v):
                 t.fill_(float("nan"))
     assert generate(model, short, 20, temperature=0, compile=True) == inner_want
+    kept, = (step for key, step in steps.items() if key[:2] == (5, 64))  # a lone call uses the kept cache
+    assert all(torch.isfinite(t).all() for t in (*kept.cache.k, *kept.cache.v))
 
 
 def test_the_compiled_step_kept_on_a_model_does_not_keep_it():

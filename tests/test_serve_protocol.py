@@ -6,7 +6,7 @@ or `true` in /detokenize's ids were taken; a prompt that fits exactly had been r
 import pytest
 
 from lm.serve.engine import MAX_LOGPROBS
-from lm.serve.protocol import APIError, parse_completion, parse_detokenize
+from lm.serve.protocol import APIError, StopText, parse_completion, parse_detokenize, parse_tokenize
 from lm.tokenizer import EOT, Tokenizer
 
 CONTEXT = 32
@@ -25,7 +25,7 @@ def _parse(tok, body, architecture="decoder_lm"):
 def _refused(tok, body, architecture="decoder_lm") -> APIError:
     with pytest.raises(APIError) as e:
         _parse(tok, body, architecture)
-    assert e.value.status == 400
+    assert e.value.status == 400 and str(e.value) == e.value.message  # (what a log line shows)
     return e.value
 
 
@@ -49,6 +49,38 @@ def _refused(tok, body, architecture="decoder_lm") -> APIError:
 def test_a_field_out_of_its_bounds_is_a_400_naming_it_and_its_bounds(tok, field, value, message):
     e = _refused(tok, {"prompt": "ab", field: value})
     assert (e.message, e.param) == (message, field)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"include_usage": "yes"}, "stream_options.include_usage: must be true or false"),
+    ({"continuous_usage_stats": True}, "stream_options.continuous_usage_stats: not supported by this server (usage "
+                                       "comes once, in the last chunk, with include_usage)"),
+    ({"include_usage": True, "x": 1}, "stream_options: unknown field(s) 'x'; this server takes include_usage"),
+    ([], "stream_options: must be an object"),
+])
+def test_stream_options_are_checked_field_by_field(tok, options, message):
+    assert _parse(tok, {"prompt": "ab", "stream": True, "stream_options": {"include_usage": True,
+                                                                           "continuous_usage_stats": False}}
+                  ).include_usage is True
+    e = _refused(tok, {"prompt": "ab", "stream": True, "stream_options": options})
+    assert (e.param, e.message) == ("stream_options", message)
+
+
+def test_tokenize_takes_the_model_and_add_special_tokens_fields_and_no_other(tok):
+    assert parse_tokenize({"model": "m", "prompt": " ab ", "add_special_tokens": False}, model_name="m") == " ab "
+    assert parse_tokenize({"prompt": " ab "}, model_name="m", translation=True) == "ab"  # as lm translate reads it
+    with pytest.raises(APIError) as e:
+        parse_tokenize({"prompt": "ab", "text": "ab"}, model_name="m")
+    assert (e.value.status, e.value.param, e.value.message) == (400, "text", "Unrecognized request argument "
+                                                                             "supplied: text")
+
+
+def test_stop_text_keeps_whitespace_unless_told_to_strip(tok):
+    """Only a translation's text is stripped (the server says so for its choices); by default the
+    text is the tokens' text, its spaces and line breaks included."""
+    for strip, want in ((False, " a b \n"), (True, "a b")):
+        text = StopText(tok, [], strip=strip) if strip else StopText(tok, [])
+        assert "".join(text.push(b) for b in b" a b \n") + text.flush() == want
 
 
 @pytest.mark.parametrize("field, value, read", [

@@ -232,7 +232,8 @@ def check_ids_sidecar(meta: dict[str, Any], side: Path, path: Path, counts: tupl
     size the dtype can hold, non-negative ``counts``, and ``num_tokens`` ids of that dtype in ``path``."""
     for key, kind in (("dtype", str), ("vocab_size", int), *((c, int) for c in counts)):
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
-            raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not a {kind.__name__}")
+            raise ValueError(f"sidecar {str(side)!r}: {key!r} is missing or not "
+                             f"{'a string' if kind is str else 'an integer'}")
     if meta["dtype"] not in TOKEN_DTYPES:
         raise ValueError(f"sidecar {str(side)!r}: dtype {meta['dtype']!r} is not one of {sorted(TOKEN_DTYPES)}")
     if meta["vocab_size"] <= 0 or any(meta[c] < 0 for c in counts):
