@@ -67,8 +67,10 @@ def test_checkpoint_of_another_shape_is_refused_and_model_untouched(tmp_path):
     save_checkpoint(model, opt, 5, tmp_path / "c.pt")
     other = _model(d=8)
     before = {k: v.clone() for k, v in other.state_dict().items()}
-    with pytest.raises(ValueError, match=r"does not fit this model: 0.weight is \(6, 6\) in the checkpoint"):
+    with pytest.raises(ValueError) as e:
         load_checkpoint(tmp_path / "c.pt", other, AdamW(other.parameters()))
+    assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} does not fit this model: 0.weight is (6, 6) in the "
+                            "checkpoint but (8, 8) in the model (and 2 more)")
     for k, v in other.state_dict().items():
         assert torch.equal(v, before[k])
 
@@ -592,6 +594,18 @@ def test_an_optimizer_with_groups_of_other_sizes_is_refused_naming_the_file(tmp_
     with pytest.raises(ValueError) as e:
         load_checkpoint(tmp_path / "c.pt", model, other)
     assert "c.pt" in str(e.value) and "parameter group" in str(e.value)
+
+
+def test_an_optimizer_of_one_saved_group_is_named_in_the_singular(tmp_path):
+    model = _model()
+    save_checkpoint(model, AdamW(model.parameters(), lr=1e-2, weight_decay=0.1), 3, tmp_path / "c.pt")
+    from lm.optim import param_groups
+
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(tmp_path / "c.pt", model, AdamW(param_groups(model, 0.1), lr=1e-2))
+    assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} holds 1 parameter group (4 parameters, weight decay 0.1) "
+                            "but the optimizer has 2 (2 and 2 parameters); build it as lm train does: "
+                            "AdamW(lm.optim.param_groups(model, weight_decay))")
 
 
 def test_an_optimizer_of_three_saved_groups_is_named_group_by_group(tmp_path):

@@ -172,3 +172,32 @@ def test_a_write_error_without_words_is_named_by_its_type_and_keeps_the_earlier_
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["step.pt"]
     assert read_checkpoint(path)["iteration"] == 1
+
+
+def test_a_checkpoint_exactly_at_the_file_size_limit_is_not_blamed_on_it(tmp_path, monkeypatch):
+    """A file of exactly the limit's size may be written: a write that fails at that size failed for
+    another reason, and keeps its own words; one byte over the limit is the limit's fault."""
+    import torch
+
+    import lm.checkpoint.io as io_module
+    import lm.checkpoint.manager as manager_module
+    from lm.checkpoint.io import CheckpointWriteError
+
+    real_save = torch.save
+
+    def fails(obj, f, *args, **kwargs):
+        if hasattr(f, "fileno") and not hasattr(f, "getvalue"):  # a file, not a buffer or the counting of its size
+            raise RuntimeError("unexpected pos 64 vs 0")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(io_module.torch, "save", fails)
+    manager = CheckpointManager(tmp_path)
+    state = {"model": {"w": torch.zeros(1000)}, "iteration": 5}
+    size = _size_of(state)
+    for limit, reason in ((size, "RuntimeError: unexpected pos 64 vs 0 (disk full?)"),
+                          (size - 1, f"the checkpoint is {size:,} bytes, over the file size limit of {size - 1:,} "
+                                     "bytes (ulimit -f); raise it")):
+        monkeypatch.setattr(manager_module, "_file_size_limit", lambda: limit)
+        with pytest.raises(CheckpointWriteError) as e:
+            manager.save(state, 5)
+        assert str(e.value) == f"could not write checkpoint {str(manager.step_path(5))!r}: {reason}"

@@ -247,6 +247,11 @@ def test_load_model_tells_the_same_things_of_a_checkpoint_and_of_an_export(tmp_p
         ("9", "cd" * 32, info["model_config"])
     _, info = load_model(_save_with_config(tmp_path / "bare.safetensors", model.config.to_json()))
     assert (info["iteration"], info["tokenizer_sha256"], info["config"]) == (None, "", None)  # none recorded
+    write_checkpoint({"iteration": 7, "model": model.state_dict(), "config": {"train": {}}}, tmp_path / "no_cfg.pt")
+    with pytest.raises(ValueError) as e:
+        load_model(tmp_path / "no_cfg.pt")
+    assert str(e.value) == (f"{str(tmp_path / 'no_cfg.pt')!r} records no model config; load it with load_checkpoint "
+                            "into a model")
 
 
 @pytest.mark.parametrize("field, value, why", [("d_ff", -1, "d_ff must be"), ("num_layers", "2", "num_layers must be"),

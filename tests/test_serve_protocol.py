@@ -149,3 +149,37 @@ def test_detokenize_names_an_id_outside_the_vocabulary(tok):
     with pytest.raises(APIError) as e:
         parse_detokenize({"tokens": [0, 257]}, tok, model_name="m")
     assert (e.value.param, e.value.message) == ("tokens", "tokens: token id 257 is outside [0, 257)")
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ([{"prompt": "ab"}], None, "the request body must be a JSON object"),
+    ("ab", None, "the request body must be a JSON object"),
+    ({"prompt": [[1, "a"]]}, "prompt", "prompt: a list of token ids must hold integers only"),
+    ({"prompt": [[1, 2], []]}, "prompt", "prompt: a list of token ids must not be empty"),
+    ({"prompt": [1, 300]}, "prompt", "prompt: token id 300 is outside [0, 257)"),
+    ({"prompt": 5}, "prompt", "prompt: must be a string, a list of strings, or token ids"),
+    ({"prompt": "a\ud800"}, "prompt", "prompt: not valid Unicode (a lone surrogate '\\ud800' at character 2)"),
+])
+def test_a_body_or_prompt_of_the_wrong_shape_is_a_400_saying_what_it_must_be(tok, body, param, message):
+    e = _refused(tok, body)
+    assert (e.param, e.message) == (param, message)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("ignore_eos", True, "ignore_eos: a translation ends at its <eos>; not supported for a translation model"),
+    ("echo", True, "echo: a translation's prompt is in another language; not supported for a translation model"),
+])
+def test_what_a_translation_cannot_do_is_refused_naming_the_field(tok, field, value, message):
+    e = _refused(tok, {"prompt": "ab", field: value}, "encoder_decoder")
+    assert (e.param, e.message) == (field, message)
+
+
+def test_a_stripped_texts_token_starts_count_from_its_first_character_that_is_not_whitespace(tok):
+    """With strip (a translation), the leading whitespace dropped is not counted in where a token's
+    text starts (logprobs' text_offset)."""
+    text = StopText(tok, [], strip=True)
+    starts = []
+    for b in b"  ab":
+        text.push(b)
+        starts.append(text.start)
+    assert starts[2:] == [0, 1]
