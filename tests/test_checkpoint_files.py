@@ -197,7 +197,7 @@ def test_a_checkpoint_exactly_at_the_file_size_limit_is_not_blamed_on_it(tmp_pat
     for limit, reason in ((size, "RuntimeError: unexpected pos 64 vs 0 (disk full?)"),
                           (size - 1, f"the checkpoint is {size:,} bytes, over the file size limit of {size - 1:,} "
                                      "bytes (ulimit -f); raise it")):
-        monkeypatch.setattr(manager_module, "_file_size_limit", lambda: limit)
+        monkeypatch.setattr(manager_module, "_file_size_limit", lambda limit=limit: limit)
         with pytest.raises(CheckpointWriteError) as e:
             manager.save(state, 5)
         assert str(e.value) == f"could not write checkpoint {str(manager.step_path(5))!r}: {reason}"

@@ -61,10 +61,26 @@ def test_a_list_of_ids_and_arrays_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_write_rejects_ids_outside_vocab_and_leaves_nothing(tmp_path):
-    with pytest.raises(ValueError, match="token id 300 is outside"):
-        write_token_file(tmp_path / "c.bin", np.array([1, 300]), vocab_size=300)
+@pytest.mark.parametrize("ids, bad", [([1, 300], 300), ([0, 300], 300), ([-1, 5], -1), ([-2, 0, 301], -2)])
+def test_write_rejects_ids_outside_vocab_and_leaves_nothing(tmp_path, ids, bad):
+    """The id named is one outside the vocabulary (the lowest when one is negative), never the
+    in-range 0 beside a too-large one."""
+    with pytest.raises(ValueError) as e:
+        write_token_file(tmp_path / "c.bin", np.array(ids), vocab_size=300)
+    assert str(e.value) == f"token id {bad} is outside the vocabulary [0, 300)"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_token_files_sidecar_records_no_source_unless_given_and_a_folder_has_no_sidecar_name(tmp_path):
+    from lm.data.token_file import sidecar_path
+
+    assert write_token_file(tmp_path / "c.bin", np.arange(3), vocab_size=10)["source"] == ""
+    assert json.loads((tmp_path / "c.bin.json").read_text())["source"] == ""
+    assert sidecar_path(tmp_path / "c.bin") == tmp_path / "c.bin.json"
+    for name in (".", "/"):
+        with pytest.raises(ValueError) as e:
+            sidecar_path(name)
+        assert str(e.value) == f"{name!r} is a folder, not a token or pair file"
 
 
 def _interrupting(chunks, at):

@@ -595,8 +595,8 @@ def test_compiled_calls_at_once_each_get_their_own_cache():
 
 @pytest.mark.parametrize("as_tensor", [False, True])
 def test_one_padding_slot_is_masked_given_as_a_list_or_a_tensor(as_tensor):
-    """A cache whose only padding is one slot is a padded cache (a tensor's pad lengths were read
-    as such only past 1 under mutation, unnoticed): each row's logits, prefilled and stepped, are
+    """A cache whose only padding is one slot is a padded cache (a mutant that took a tensor's pad
+    lengths for padding only past 1 went unnoticed): each row's logits, prefilled and stepped, are
     its own alone, in float64 to 1e-12."""
     torch.manual_seed(0)
     model = TransformerLM(**SMALL).double().eval()
