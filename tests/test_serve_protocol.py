@@ -165,6 +165,17 @@ def test_a_body_or_prompt_of_the_wrong_shape_is_a_400_saying_what_it_must_be(tok
     assert (e.param, e.message) == (param, message)
 
 
+@pytest.mark.parametrize("prompt, message", [
+    (" \t ", "prompt: empty (surrounding whitespace is dropped, as `lm translate` drops it): nothing to translate"),
+    ("a\nb", "prompt: holds a line break, and a translation model translates one line (a sentence, as `lm translate` "
+              "reads it); send each line as a prompt of its own (prompt may be a list)"),
+])
+def test_a_translation_prompt_is_one_line_of_text(tok, prompt, message):
+    assert _parse(tok, {"prompt": " a b\n"}, "encoder_decoder").prompts == [list(b"a b")]  # stripped, as read
+    e = _refused(tok, {"prompt": ["ok", prompt]}, "encoder_decoder")
+    assert (e.param, e.message) == ("prompt", message)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("ignore_eos", True, "ignore_eos: a translation ends at its <eos>; not supported for a translation model"),
     ("echo", True, "echo: a translation's prompt is in another language; not supported for a translation model"),
