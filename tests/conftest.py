@@ -10,10 +10,10 @@ from helpers.data import _test_data_dir
 def pytest_configure(config):
     """Started from a shell's background job (``pytest ... &`` without job control), this process and
     every command it runs inherit SIGINT *ignored*, and Python then installs no KeyboardInterrupt
-    handler: each Ctrl-C test (a SIGINT mid-write leaves nothing, a trainer's interrupt keeps its
-    checkpoint...) failed there with "DID NOT RAISE", while it passed from a terminal. The tests
-    get the handler a terminal gives them; their commands, started with a handled SIGINT, start
-    with the default one."""
+    handler: the tests that deliver a real Ctrl-C (mid-write of a token file, before its sidecar,
+    in a deferred block) failed there with "DID NOT RAISE", while they passed from a terminal.
+    The tests get the handler a terminal gives them; the commands they start, with SIGINT handled
+    here, start with the default one."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
