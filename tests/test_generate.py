@@ -613,7 +613,7 @@ def test_one_padding_slot_is_masked_given_as_a_list_or_a_tensor(as_tensor):
 
 def test_generates_static_rows_run_eagerly_give_the_tokens_of_its_padded_rows(monkeypatch):
     """generate(compile=True)'s own bookkeeping, run eagerly (torch.compile replaced by the identity)
-    so that it is checked in milliseconds and under mutation testing, where the compiled tests do
+    so that it is checked in seconds and under mutation testing, where the compiled tests do
     not run: prompts of equal lengths (each row filled from its own row of the length's cache) and
     of others, past the context (the window slides), a call made while the kept step is in use
     (a cache of its own), and the kept cache's size, 64 positions for a call that needs 64 or fewer
