@@ -88,6 +88,9 @@ UNDECORATE = {
     "serve_engine": _rewrapped("lm/serve/engine.py", "torch.inference_mode()", ("_invariant_sizes", "step"),
                                owner="Engine"),
     "checkpoint": _rewrapped("lm/checkpoint/io.py", "contextlib.contextmanager", ("safetensors_name",)),
+    "io": _rewrapped("lm/io.py", "contextlib.contextmanager",
+                     ("atomic_write", "atomic_files", "_naming", "writing_out", "interrupts_deferred",
+                      "unchanged_while", "replace_dir", "removing_made_dirs", "claim_dir")),
     # generate() has two decorators; both go back on, in their order
     "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
                  ("lm/generate/engine.py", None,
@@ -147,6 +150,13 @@ TARGETS: dict[str, Target] = {
                        note="generate(): prompts, padded and static rows, the KV cache"),
     "data": Target(["lm/data/batch.py", "lm/data/token_file.py"], ["tests/test_data.py"],
                    note="token files and their sidecars, random and fixed batches"),
+    # the commands run in this process; those that run `python -m lm` in a folder of their own are left
+    # out (there the mutant's trampoline finds no [tool.mutmut] section: every one fails, mutated or not)
+    "io": Target(["lm/io.py"],
+                 ["tests/test_io_claim_dir.py", "tests/test_data.py", "tests/test_checkpoint.py",
+                  "tests/test_checkpoint_files.py", "tests/test_cli_common.py", "tests/test_tokenizer_cli.py", "-k",
+                  "not cannot_be_written and not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"],
+                 note="nothing is lost: atomic writes, claimed and replaced folders, inputs unchanged while read"),
 }
 
 for _name, _edits in UNDECORATE.items():

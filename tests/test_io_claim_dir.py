@@ -449,6 +449,16 @@ def test_a_decompressed_copy_a_killed_run_left_is_named_with_its_size(tmp_path, 
     assert "holds the decompressed copy of a gzip input that a run killed while reading left behind; rm -r " \
            f"{dead}" in messages[0] and str(alive) not in messages[0]
     assert dead.is_dir() and alive.is_dir() and not copy.exists()
+    dead2 = tmp_path / "tmp" / "lm-text-999999998-k1ll3d"  # two: named together, in the plural
+    dead2.mkdir()
+    (dead2 / "0-corpus.txt").write_bytes(b"y" * 3000)
+    with contextlib.ExitStack() as stack, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        decompressed_copies([source], stack)
+    message, = (str(w.message) for w in caught)
+    assert message.startswith(f"--input: {str(dead2)!r} and {str(dead)!r} (")
+    assert message.endswith(f"bytes) hold the decompressed copies of a gzip input that runs killed while reading left "
+                            f"behind; rm -r {dead2} {dead}")
 
 
 def test_a_name_within_14_bytes_of_the_longest_is_written_and_its_leftovers_found(tmp_path):
@@ -594,3 +604,138 @@ def test_a_ctrl_c_in_a_deferred_block_goes_to_the_earlier_handler_once_the_block
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_files_get_the_mode_open_gives_under_the_umask(tmp_path, umask):
+    """mkstemp makes 0600 files; an output written through a temporary name gets 0666 less the
+    umask, as ``open`` would give it (a sidecar the group could not read, or one anyone could write,
+    would differ from every other file the user makes)."""
+    from lm.io import atomic_files, atomic_write
+
+    old = os.umask(umask)
+    try:
+        with atomic_write(tmp_path / "a.json") as f:
+            f.write("{}")
+        with atomic_files() as open_file:
+            open_file(tmp_path / "sub" / "ids.bin", "wb").write(b"\0")
+        (tmp_path / "plain").write_text("")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "a.json", tmp_path / "sub" / "ids.bin")}
+    assert modes == {"a.json": 0o666 & ~umask, "ids.bin": 0o666 & ~umask}
+    assert (tmp_path / "plain").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_temporary_file_is_named_after_its_output_and_hidden(tmp_path):
+    """While a file is written, its temporary name is ``.NAME.XXXXXXXX.tmp`` beside it: hidden, and
+    what a later run recognises as a killed writer's leftover of that output."""
+    from lm.io import atomic_files
+
+    with atomic_files() as open_file:
+        open_file(tmp_path / "ids.bin", "wb").write(b"\0")
+        names = os.listdir(tmp_path)
+    assert len(names) == 1 and re.fullmatch(r"\.ids\.bin\.[a-z0-9_]{8}\.tmp", names[0]), names
+    assert os.listdir(tmp_path) == ["ids.bin"]
+
+
+def test_text_name_writes_bytes_that_are_not_utf8_as_escapes():
+    from lm.io import text_name
+
+    assert text_name("caf\udce9.en") == "caf\\xe9.en"  # a Latin-1 file name, as Python holds it
+    assert text_name(b"caf\xe9.en") == "caf\\xe9.en"  # the same name as bytes
+    assert text_name(Path("café.en")) == "café.en"
+    assert text_name("a\ud800b") == "a\\ud800b"  # a lone surrogate no file name gives
+
+
+def test_a_folder_of_another_commands_output_is_refused_naming_that_command(tmp_path):
+    """An output of `lm export hf` given to `lm demo --out`: refused saying whose it is (the files
+    alone could be the command's); with files the command does not write, named, with how many more."""
+    from lm.io import check_output_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run").mkdir()
+    write_marker(out, "lm export hf")
+    with pytest.raises(ValueError) as e:
+        check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
+    assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write (it is an output of "
+                            "`lm export hf`); refusing to replace it: choose a new or empty folder")
+    for name in ("notes.md", "zz.txt"):
+        (out / name).write_text("mine")
+    with pytest.raises(ValueError) as e:
+        check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
+    assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write ('notes.md' and 1 more; it "
+                            "is an output of `lm export hf`); refusing to replace it: choose a new or empty folder")
+    (out / "zz.txt").unlink()
+    write_marker(out, "lm demo")
+    with pytest.raises(ValueError) as e:
+        check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
+    assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write ('notes.md'); refusing to "
+                            "replace it: choose a new or empty folder")
+
+
+def test_a_file_added_below_a_complete_output_is_named_from_its_markers_list(tmp_path):
+    from lm.io import check_output_dir
+
+    out = tmp_path / "out"
+    (out / "run").mkdir(parents=True)
+    (out / "run" / "loss.png").write_text("png")
+    write_marker(out, "lm demo")
+    assert check_output_dir(out, command="lm demo", overwrite=True, files=("run",)) is True
+    (out / "run" / "notes.md").write_text("mine")
+    with pytest.raises(ValueError) as e:
+        check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
+    assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write ('run/notes.md'); refusing "
+                            "to replace it: choose a new or empty folder")
+
+
+def test_an_existing_output_file_needs_overwrite_by_default(tmp_path):
+    from lm.io import check_output_file
+
+    (tmp_path / "o.bin").write_text("x")
+    with pytest.raises(ValueError) as e:
+        check_output_file(tmp_path / "o.bin", recognise=lambda p: True)
+    assert str(e.value) == f"--out: {str(tmp_path / 'o.bin')!r} exists; pass --overwrite to replace it"
+    assert check_output_file(tmp_path / "o.bin", recognise=lambda p: True, overwrite=True) == tmp_path / "o.bin"
+
+
+def test_an_output_folder_holding_an_input_or_the_working_folder_is_refused(tmp_path, monkeypatch):
+    """Replacing a folder removes what it holds: one that holds an input, or the folder the command
+    runs in, is refused before anything is touched (an output file may sit beside its input)."""
+    from lm.io import check_output_dir, check_output_file
+
+    out = tmp_path / "out"
+    (out / "data").mkdir(parents=True)
+    corpus = out / "data" / "corpus.txt"
+    corpus.write_text("text")
+    with pytest.raises(ValueError) as e:
+        check_output_dir(out, command="lm demo", overwrite=True, inputs=[("--input", corpus)])
+    assert str(e.value) == (f"--out: {str(out)!r} contains the input --input {str(corpus)!r}; choose another "
+                            "output")
+    monkeypatch.chdir(out / "data")
+    with pytest.raises(ValueError) as e:
+        check_output_dir(out, command="lm demo", overwrite=True)
+    assert str(e.value) == f"--out: {str(out)!r} contains the current directory; choose a folder below it"
+    assert check_output_file(out / "data" / "ids.bin", inputs=[("--input", corpus)]) == out / "data" / "ids.bin"
+    assert corpus.read_text() == "text"
+
+
+def test_a_link_named_like_a_set_aside_output_is_not_taken_for_one(tmp_path):
+    """Only a folder itself is a killed run's set-aside output: a symlink of that name, to a folder that
+    looks like one, is not named as a way back, nor discarded with --overwrite."""
+    from lm.io import check_output_dir
+
+    elsewhere = tmp_path / "elsewhere"
+    with claim_dir(elsewhere, command="lm test", files=FILES) as claimed:
+        _write_partial(claimed)
+    link = tmp_path / ".out.abcd1234.old"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    assert check_output_dir(tmp_path / "out", command="lm test", files=FILES) is False
+    with claim_dir(tmp_path / "out", command="lm test", overwrite=True, files=FILES) as claimed:
+        _write_partial(claimed)
+    assert link.is_symlink() and read_marker(elsewhere)["complete"] is True
+    link.unlink()
+    elsewhere.rename(link)  # the same, as a folder: a set-aside output
+    with pytest.raises(ValueError, match="is still set aside in"):
+        check_output_dir(tmp_path / "out", command="lm test", files=FILES)
