@@ -739,3 +739,41 @@ def test_a_link_named_like_a_set_aside_output_is_not_taken_for_one(tmp_path):
     elsewhere.rename(link)  # the same, as a folder: a set-aside output
     with pytest.raises(ValueError, match="is still set aside in"):
         check_output_dir(tmp_path / "out", command="lm test", files=FILES)
+
+
+def test_a_temporary_name_is_cut_only_past_the_longest_name_a_file_may_have():
+    """``.NAME.`` + 8 random characters + ``.tmp`` fit 255 bytes up to a 241-byte name, which keeps its
+    name whole; one byte more and the name is cut, with its hash."""
+    from lm.io import temp_prefix
+
+    assert temp_prefix("a" * 241) == "." + "a" * 241 + "."
+    longer = temp_prefix("a" * 242)
+    assert longer.startswith(".aaa") and longer[-10] == "~" and len(longer) + 12 <= 255
+
+
+def test_a_sample_that_ends_inside_a_character_still_looks_like_text(tmp_path):
+    """The sample of a file is cut at ``sample`` bytes, maybe inside a character: the cut one is not
+    counted against it. A whole file shorter than the sample is judged to its last byte."""
+    from lm.io import looks_like_text
+
+    (tmp_path / "t.txt").write_bytes("é".encode() * 4)  # 8 bytes: a sample of 7 cuts the last é
+    assert looks_like_text(tmp_path / "t.txt", sample=7)
+    (tmp_path / "b.bin").write_bytes(b"ab\xff\xfe")  # 2 bad bytes of 4: more than a quarter
+    assert not looks_like_text(tmp_path / "b.bin", sample=8)
+
+
+def test_a_killed_writers_leftover_is_named_beside_its_output(tmp_path):
+    import warnings
+
+    from lm.io import warn_leftover_temps
+
+    out = tmp_path / "ids.bin"
+    left = tmp_path / ".ids.bin.abcd1234.tmp"
+    left.write_bytes(b"x" * 10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_leftover_temps(out)
+    message, = (str(w.message) for w in caught)
+    assert message.startswith(f"--out: {str(left)!r} (")
+    assert message.endswith(f"bytes), beside {str(out)!r}, is the temporary copy of a run killed while writing it (or "
+                            f"writing it now); once none is running: rm -r {left}")
