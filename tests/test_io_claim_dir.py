@@ -657,22 +657,21 @@ def test_a_folder_of_another_commands_output_is_refused_naming_that_command(tmp_
     out.mkdir()
     (out / "run").mkdir()
     write_marker(out, "lm export hf")
-    with pytest.raises(ValueError) as e:
-        check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
-    assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write (it is an output of "
-                            "`lm export hf`); refusing to replace it: choose a new or empty folder")
+
+    def refusal() -> str:
+        with pytest.raises(ValueError) as e:
+            check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
+        return str(e.value)
+
+    head, tail = f"--out: {str(out)!r} holds files that `lm demo` did not write", "refusing to replace it: choose a " \
+        "new or empty folder"
+    assert refusal() == f"{head} (it is an output of `lm export hf`); {tail}"
     for name in ("notes.md", "zz.txt"):
         (out / name).write_text("mine")
-    with pytest.raises(ValueError) as e:
-        check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
-    assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write ('notes.md' and 1 more; it "
-                            "is an output of `lm export hf`); refusing to replace it: choose a new or empty folder")
+    assert refusal() == f"{head} ('notes.md' and 1 more; it is an output of `lm export hf`); {tail}"
     (out / "zz.txt").unlink()
     write_marker(out, "lm demo")
-    with pytest.raises(ValueError) as e:
-        check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
-    assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write ('notes.md'); refusing to "
-                            "replace it: choose a new or empty folder")
+    assert refusal() == f"{head} ('notes.md'); {tail}"
 
 
 def test_a_file_added_below_a_complete_output_is_named_from_its_markers_list(tmp_path):
