@@ -157,6 +157,18 @@ TARGETS: dict[str, Target] = {
                   "tests/test_checkpoint_files.py", "tests/test_cli_common.py", "tests/test_tokenizer_cli.py", "-k",
                   "not cannot_be_written and not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"],
                  note="nothing is lost: atomic writes, claimed and replaced folders, inputs unchanged while read"),
+    # the HTTP layer over a server in this process; the tests that start `lm serve` are left out (as for io)
+    "serve_app": Target(["lm/serve/app.py"],
+                        ["tests/test_server.py", "tests/test_serve_fuzz.py", "tests/test_serve_translation.py", "-k",
+                         "not failing_model_fails_its_requests_and_the_server_exits and not second_signal_exits_at_once"
+                         " and not lm_serve_dtype_bfloat16 and not lm_serve_quiet_on_port_0"
+                         " and not serve_refuses_bad_arguments and not sigterm_finishes_requests"
+                         " and not start_server_fails_naming and not serves_a_translation_checkpoint"],
+                        note="lm serve's HTTP layer: routes, streaming, errors, body limits, metrics, origins"),
+    "train_config": Target(["lm/train/config.py"],
+                           ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",
+                            "tests/test_train_bookkeeping.py", "tests/test_train_loop.py"],
+                           note="training configs: types, values, overrides, what a resume may change"),
 }
 
 for _name, _edits in UNDECORATE.items():

@@ -504,9 +504,9 @@ def test_health_and_metrics(served):
     assert httpx.get(served.url + "/health").json() == {"status": "ok"}
     served.client.completions.create(model="tiny", prompt="Lily", max_tokens=3, temperature=0.0)
     text = httpx.get(served.url + "/metrics").text
-    samples, kinds = {}, {}
+    samples, kinds, helps = {}, {}, {}
     for family in text_string_to_metric_families(text):  # Prometheus' own parser of the text format
-        kinds[family.name] = family.type
+        kinds[family.name], helps[family.name] = family.type, family.documentation
         for s in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
             samples[s.name + (f"{{{labels}}}" if labels else "")] = s.value
@@ -514,6 +514,8 @@ def test_health_and_metrics(served):
                      "lm_generation_tokens": "counter", "lm_queue_depth": "gauge", "lm_batch_size": "gauge",
                      "lm_decode_steps": "counter", "lm_decode_rows": "counter",
                      "lm_time_to_first_token_seconds": "histogram"}
+    # every family says what it counts (a HELP of None had been written as "None": mut30)
+    assert all(h[:1].isupper() and h.endswith(".") and h != "None" for h in helps.values()), helps
     assert samples["lm_generation_tokens_total"] >= 3
     assert samples['lm_requests_total{outcome="finished"}'] >= 1
     assert samples["lm_time_to_first_token_seconds_count"] >= 1
@@ -1472,6 +1474,66 @@ def test_with_an_api_key_every_route_but_the_page_health_and_metrics_needs_it():
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (method, path, r.text)
         assert r.headers["WWW-Authenticate"] == "Bearer", path
     assert client.get("/health").status_code == 200  # open (the stub has no stats for /metrics to render)
+
+
+def test_every_route_answers_another_method_with_405_naming_its_own():
+    """A mutation (the chat route's ``methods`` dropped, so that it took every method) survived: the
+    405 test asks one route. RFC 9110 (15.5.6): a 405 carries ``Allow``, the route's methods (in no
+    fixed order); Starlette adds HEAD to a GET route."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(_stub_app(), raise_server_exceptions=False)
+    routes = {"GET": ("/", "/v1/models", "/v1/models/m", "/health", "/metrics", "/tokenizer_info"),
+              "POST": ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")}
+    for method, paths in routes.items():
+        other = "POST" if method == "GET" else "GET"
+        for path in paths:
+            r = client.request(other, path)
+            assert r.status_code == 405, (other, path, r.status_code)
+            allowed = set(r.headers["allow"].split(", "))  # in the order of Starlette's set of methods
+            assert allowed == ({"GET", "HEAD"} if method == "GET" else {"POST"}), (path, allowed)
+            assert r.json()["error"]["message"] == f"method {other} not allowed here: {other} {path}"
+        r = client.request("DELETE", paths[0])
+        assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error", paths[0]
+
+
+def _unstarted(served, **kw):
+    """A client of an app over an engine of the served model that was never started (nothing decodes)."""
+    from starlette.testclient import TestClient
+
+    engine = Engine(served.model, max_batch=1, max_queue=4, eos_id=served.tok.eot_id)
+    return engine, TestClient(create_app(engine, served.tok, "tiny", start_engine=False, **kw),
+                              raise_server_exceptions=False)
+
+
+def test_a_stopped_engine_answers_503_shutting_down_with_retry_after(served):
+    """A request that reaches an engine already stopped (the lifespan's end, or a failed thread
+    torn down) is OpenAI's 503 ``server_error`` with ``Retry-After: 5`` (mut30: the header's name
+    mutated survived), as a draining server answers, not a 500 from the engine's exception."""
+    engine, client = _unstarted(served)
+    engine.stop()
+    for stream in (False, True):
+        r = client.post("/v1/completions", json={"prompt": "Lily", "max_tokens": 2, "stream": stream})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5", (stream, r.status_code, r.headers)
+        assert r.json()["error"] == {"message": "the server is shutting down", "type": "server_error",
+                                     "param": None, "code": None}
+    assert engine.stats.requests["rejected"] == 0  # refused for the state it is in, not counted as a full queue
+
+
+def test_an_engine_refusal_the_parser_let_through_is_a_400_naming_its_field(served, monkeypatch):
+    """``parse_completion`` makes the engine's checks first; should the engine refuse a request
+    anyway (its ``ValueError``, ``"field: why"``), the answer is a 400 naming that field, not a 500
+    (mut30: the field taken from the wrong side of the colon survived)."""
+    engine, client = _unstarted(served)
+
+    def refuse(requests):
+        raise ValueError("max_tokens: 9 new tokens do not fit: the cache holds 8")
+
+    monkeypatch.setattr(engine, "submit_all", refuse)
+    r = client.post("/v1/completions", json={"prompt": "Lily", "max_tokens": 9})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": "max_tokens: 9 new tokens do not fit: the cache holds 8", "type": "invalid_request_error",
+        "param": "max_tokens", "code": None}
 
 
 def test_a_stream_with_include_usage_sends_usage_null_in_every_chunk_but_the_last(served):
