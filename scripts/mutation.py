@@ -165,6 +165,22 @@ TARGETS: dict[str, Target] = {
                          " and not serve_refuses_bad_arguments and not sigterm_finishes_requests"
                          " and not start_server_fails_naming and not serves_a_translation_checkpoint"],
                         note="lm serve's HTTP layer: routes, streaming, errors, body limits, metrics, origins"),
+    # what keeps a run reproducible and its checkpoints whole across stops and resumes; the tests that
+    # start `python -m lm` or torchrun-like processes are left out (as for io)
+    "train_run": Target(["lm/train/trainer.py"],
+                        ["tests/test_train.py", "tests/test_train_resume.py", "tests/test_train_loop.py",
+                         "tests/test_train_bookkeeping.py", "tests/test_train_claims.py", "tests/test_determinism.py",
+                         "-k", "not closed_stdout_pipe and not numpy_numbers_made_pythons"
+                         " and not read_only_parent_of_out_dir and not plot_draws_records_without_a_time"
+                         " and not gloo and not sigkill and not signal_saves_a_checkpoint_and_resume"],
+                        functions=[f"Trainer.{f}" for f in (
+                            "_open_run", "_read_for_resume", "_load", "_load_rng", "_same_data", "_check_same_data",
+                            "_check_world_size", "_check_max_steps", "_check_tokenizer", "_undo_fresh_start",
+                            "_prepare_run_dir", "schedule_position", "learning_rate", "budget_spent",
+                            "training_state", "save_checkpoint", "_check_weights_finite", "run", "_finish_writing",
+                            "_last_good_checkpoint", "_loop", "_due", "_stop_for_signal", "_finish")]
+                        + ["_saved_step", "check_resume", "rank_seed"],
+                        note="the run around the step: resume checks, the schedule's position, checkpoints, stops"),
     "train_config": Target(["lm/train/config.py"],
                            ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",
                             "tests/test_train_bookkeeping.py", "tests/test_train_loop.py"],

@@ -75,6 +75,7 @@ def test_openai_client_streams_the_same_text(served):
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("cmpl-")  # the usage chunk's too
 
 
 def test_several_prompts_and_choices(served):
@@ -229,6 +230,8 @@ def test_vllms_tokenizer_endpoints_speak_the_models_tokens(served):
     assert back == {"prompt": text}
     info = httpx.get(served.url + "/tokenizer_info").json()
     assert info["eos_token"] == "<|endoftext|>" and info["vocab_size"] == served.tok.vocab_size
+    assert info["tokenizer_class"] == f"{type(served.tok).__module__}.{type(served.tok).__qualname__}"
+    assert info["model_max_length"] == 64 and info["bos_token"] is None and info["pad_token"] is None
     eos = httpx.post(served.url + "/tokenize", json={"prompt": info["eos_token"]}).json()["tokens"]
     assert eos == [served.tok.eot_id]  # how the harness finds the end-of-text id
     for path, body, param in (("/tokenize", {"prompt": 3}, "prompt"), ("/tokenize", {}, "prompt"),
@@ -1353,8 +1356,12 @@ def test_cors_only_for_the_origins_allowed(tmp_path_factory):
     try:
         r = httpx.options(server.url + "/v1/completions", headers=preflight)  # no key: a preflight carries none
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
-        assert "POST" in r.headers["access-control-allow-methods"]
+        assert set(r.headers["access-control-allow-methods"].split(", ")) == {"GET", "POST"}
         assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        assert r.headers["access-control-max-age"] == "600"  # a browser asks again after ten minutes, not each call
+        for method, status in (("GET", 200), ("DELETE", 400)):  # GET /v1/models from a page; nothing else
+            r = httpx.options(server.url + "/v1/models", headers={**preflight, "Access-Control-Request-Method": method})
+            assert r.status_code == status, (method, r.status_code, r.text)
         r = httpx.post(server.url + "/v1/completions", json=body,
                        headers={"Origin": "http://localhost:3000", "Authorization": "Bearer k"})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
@@ -1474,6 +1481,19 @@ def test_with_an_api_key_every_route_but_the_page_health_and_metrics_needs_it():
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (method, path, r.text)
         assert r.headers["WWW-Authenticate"] == "Bearer", path
     assert client.get("/health").status_code == 200  # open (the stub has no stats for /metrics to render)
+
+
+def test_the_page_is_the_packaged_playground():
+    """``GET /`` serves the page shipped in the package, as HTML (mut30: an empty body survived the
+    suite outside the browser test)."""
+    from importlib import resources
+
+    from starlette.testclient import TestClient
+
+    r = TestClient(_stub_app()).get("/")
+    want = resources.files("lm.serve").joinpath("static/playground.html").read_text(encoding="utf-8")
+    assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+    assert r.text == want and "<textarea" in want
 
 
 def test_every_route_answers_another_method_with_405_naming_its_own():
