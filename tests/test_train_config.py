@@ -194,3 +194,49 @@ def test_a_key_above_the_first_table_names_where_it_belongs():
         with pytest.raises(ValueError) as refused:
             config_from_dict({**_raw(), key: 5})
         assert str(refused.value) == f"config: {key} = 5 is outside any table{hint}"
+
+
+def _pairs_raw(**sections) -> dict:
+    """A minimal encoder-decoder config, batched by a token budget."""
+    raw = _raw(**sections)
+    raw["train"].setdefault("batch_tokens", 128)
+    raw["model"] = dict(architecture="encoder_decoder", vocab_size=64, context_length=16, d_model=32,
+                        encoder_layers=1, decoder_layers=1, num_heads=2, d_ff=64)
+    return raw
+
+
+@pytest.mark.parametrize("key", ["train.batch_tokens", "eval.batch_tokens"])
+def test_a_token_budget_is_named_when_not_positive_and_one_token_is_taken(key):
+    """mut30: the budget's check naming ``None`` for its key survived (the budgets apply to an
+    encoder-decoder only; no test in this process gave one of 0)."""
+    section, name = key.split(".")
+    with pytest.raises(ValueError) as refused:
+        config_from_dict(_pairs_raw(**{section: {name: 0}}))
+    assert str(refused.value) == f"config: {key} must be > 0, got 0 (--set {key}=none leaves it unset)"
+    assert getattr(getattr(config_from_dict(_pairs_raw(**{section: {name: 1}})), section), name) == 1
+
+
+def test_adam_betas_are_in_zero_to_one():
+    """Each beta in [0, 1): 1 never forgets (the moment estimates' bias correction divides by zero),
+    and past it they grow without bound (mut30: the range check joined by `or` to `isfinite` took 2)."""
+    for key in ("optim.beta1", "optim.beta2"):
+        name = key.split(".")[1]
+        for beta in (1.0, 2.0, -0.1, float("nan"), float("inf")):
+            with pytest.raises(ValueError) as refused:
+                config_from_dict(_raw(optim={name: beta}))
+            assert str(refused.value) == f"config: {key} must be in [0, 1), got {beta}"
+        for beta in (0.0, 0.999999):
+            assert getattr(config_from_dict(_raw(optim={name: beta})).optim, name) == beta
+
+
+def test_a_wandb_project_is_a_name_of_1_to_128_characters():
+    """W&B's limits on a project's name, checked before a run starts (mut30: a one-character name
+    refused survived); a disabled run's config keeps whatever it held."""
+    for project in ("p", "x" * 128, "lm-tiny_stories.v2"):
+        assert config_from_dict(_raw(wandb=dict(mode="offline", project=project))).wandb.project == project
+    for project in ("", "x" * 129, "a/b", "a:b", "a#b"):
+        with pytest.raises(ValueError) as refused:
+            config_from_dict(_raw(wandb=dict(mode="offline", project=project)))
+        assert str(refused.value) == ("config: wandb.project must be a name of 1 to 128 characters without any of "
+                                      f"/ \\ # ? % :, got {project!r}")
+    assert config_from_dict(_raw(wandb=dict(project=""))).wandb.project == ""  # disabled: never read
