@@ -407,3 +407,31 @@ def test_the_pair_trainer_is_torch_adamw_clip_label_smoothing_and_the_inverse_sq
     steps = replay_with_torch(trainer, smoothed_loss, inverse_sqrt, weight_decay=0.2, betas=(0.85, 0.97), eps=1e-7,
                               grad_clip=0.3)
     assert steps == 6
+
+
+def test_a_pair_file_rewritten_with_its_pairs_split_otherwise_is_refused_naming_num_pairs(tmp_path):
+    """A pair file rewritten in place with the same tokens cut into other pairs (two sentences joined
+    into one) is other data: ``--resume`` names the number of pairs, the first thing its sidecar
+    says differently (mut30: the field misspelled, so that the message fell through to the file's
+    size, survived; no test resumed a translation run on changed pairs)."""
+    tok = _data(tmp_path)
+    raw = _config(tmp_path, "run", max_steps=1)
+    raw["eval"]["interval"] = 0
+    assert Trainer(config_from_dict(raw), print_fn=lambda *a: None).run() == 0
+    pairs = read_pair_file(tmp_path / "train.bin")
+    n = len(pairs)
+    joined = [(np.concatenate([pairs.src(0), pairs.src(1)]), np.concatenate([pairs.tgt(0), pairs.tgt(1)])),
+              *((pairs.src(i).copy(), pairs.tgt(i).copy()) for i in range(2, n))]
+    meta = pairs.meta
+    for name in ("train.bin", "train.bin.json"):
+        (tmp_path / name).unlink()
+    write_pair_file(tmp_path / "train.bin", joined, vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum(),
+                    source_bytes=meta["source_bytes"], target_bytes=meta["target_bytes"])
+    assert read_pair_file(tmp_path / "train.bin").meta["num_tokens"] == meta["num_tokens"]  # only the cut differs
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000001.pt"
+    with pytest.raises(ValueError) as refused:
+        Trainer(config_from_dict({**raw, "train": {**raw["train"], "max_steps": 2}}), resume=True,
+                print_fn=lambda *a: None)
+    assert str(refused.value) == (f"--resume: data.train {str(tmp_path / 'train.bin')!r} is not the file "
+                                  f"{str(ckpt)!r} trained on (num_pairs {n} then, {n - 1} now); a resumed run "
+                                  "keeps its data: give the file it trained on")

@@ -1354,6 +1354,32 @@ def test_wandb_keeps_the_steps_a_resume_logs_again(tmp_path, monkeypatch):
                                         {"step": 7, "train/loss": 2.75}]
 
 
+def test_wandb_gets_the_runs_whole_config_its_name_and_a_kept_id(tmp_path, monkeypatch):
+    """wandb.init is given the resolved config (every table, as config.toml holds it), the run's
+    name (its folder unless wandb.name), and an id kept in wandb_id.txt that a resume passes again
+    (mut30: the config dropped from the call survived: nothing looked at what wandb was given)."""
+    wandb = pytest.importorskip("wandb")
+    from types import SimpleNamespace
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        return SimpleNamespace(define_metric=lambda *a, **k: None, log=lambda *a, **k: None, finish=lambda: None)
+
+    monkeypatch.setattr(wandb, "init", init)
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2},
+                      wandb={"mode": "offline", "project": "lm-test"})
+    cfg = config_from_dict(raw)
+    assert Trainer(cfg, print_fn=_quiet).run() == 0
+    assert calls[0]["config"] == cfg.to_dict() == load_config(tmp_path / "run" / "config.toml").to_dict()
+    assert (calls[0]["project"], calls[0]["name"], calls[0]["mode"]) == ("lm-test", "run", "offline")
+    assert (tmp_path / "run" / "wandb_id.txt").read_text() == calls[0]["id"] + "\n"
+    raw["train"]["max_steps"] = 3
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
+    assert calls[1]["id"] == calls[0]["id"] and calls[1]["config"]["train"]["max_steps"] == 3
+
+
 def test_a_run_that_wandb_refuses_leaves_no_folder_behind(tmp_path, monkeypatch):
     """wandb.init failing (a project name it rejects, online mode without a login) was a traceback
     that left a locked folder with config.toml, an empty metrics.jsonl and wandb_id.txt, which the

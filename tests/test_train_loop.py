@@ -259,3 +259,92 @@ def test_a_second_sigterm_says_a_checkpoint_being_written_is_finished_first(tmp_
     assert capsys.readouterr().err == (
         "lm train: SIGTERM again: stopped without a new checkpoint (the one being written is finished first)\n"
         "lm train: SIGTERM again: stopped without a checkpoint\n")
+
+
+def test_each_train_record_has_the_gradient_norm_of_its_last_step(tmp_path, monkeypatch):
+    """A train record's ``grad_norm`` is the norm the clip measured at the record's own step (the
+    last of its window), also for the record written on a signal's way out; without clipping there
+    is none (mut30: both records given no norm survived; no test read the field)."""
+    import lm.train.trainer as trainer_module
+
+    norms = {}
+    real = trainer_module.clip_grad_norm_
+
+    def measured(params, max_norm, **kwargs):
+        norm = real(params, max_norm, **kwargs)
+        norms[trainer.step + 1] = float(norm)  # the step being taken
+        return norm
+
+    monkeypatch.setattr(trainer_module, "clip_grad_norm_", measured)
+    for name, clip, stop_at in (("whole", 1.0, None), ("stopped", 1.0, 5), ("unclipped", 0.0, None)):
+        raw = _raw_config(tmp_path / name, train={"max_steps": 7}, optim={"grad_clip": clip}, log={"interval": 3},
+                          eval={"interval": 0}, checkpoint={"interval": 0})  # fmt: skip
+        trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+        if stop_at is not None:
+            train_step = trainer.train_step
+
+            def signalled(lr, train_step=train_step, trainer=trainer, stop_at=stop_at):
+                if trainer.step == stop_at - 1:
+                    signal.raise_signal(signal.SIGTERM)  # the run's handler: stop after this step
+                return train_step(lr)
+
+            trainer.train_step = signalled
+        norms.clear()
+        assert trainer.run() == (0 if stop_at is None else 128 + signal.SIGTERM)
+        records = [r for r in read_metrics(tmp_path / name / "run") if r["split"] == "train"]
+        want = {"whole": [3, 6, 7], "stopped": [3, 5], "unclipped": [3, 6, 7]}[name]
+        assert [r["step"] for r in records] == want, name
+        if clip:
+            assert [r["grad_norm"] for r in records] == [norms[s] for s in want], name
+            assert all(n > 0 for n in norms.values())
+        else:
+            assert norms == {} and [r["grad_norm"] for r in records] == [None] * 3
+
+
+def test_a_rank_that_heard_no_signal_exits_as_the_one_that_did(tmp_path):
+    """Under DDP the rank that heard nothing learns of another's SIGINT at the poll, saves with the
+    others and exits 128 + SIGINT as that rank does, not with SIGTERM's status (ddp21; mut30: the
+    agreed signal dropped for SIGTERM survived: only the gloo tests, started as processes, had it)."""
+    trainer = _poll_trainer(tmp_path)
+    ticks = iter(range(1_000_000))
+    trainer.clock = lambda: next(ticks) * 0.01
+    agree = trainer.dist.agree
+
+    def another_rank_heard_ctrl_c(heard, seconds, device):
+        signalled, seconds = agree(heard, seconds, device)
+        return (int(signal.SIGINT) if trainer.step >= 3 else signalled), seconds
+
+    trainer.dist.agree = another_rank_heard_ctrl_c
+    assert trainer.run() == 128 + signal.SIGINT
+    assert trainer.stop_signal is None and trainer.step == POLL_STEPS  # stopped at the first poll after step 3
+    assert (tmp_path / "run" / "checkpoints" / f"step_{POLL_STEPS:08d}.pt").is_file()
+
+
+def test_a_lost_peer_names_the_last_good_checkpoint_and_how_to_go_on(tmp_path):
+    """Under DDP, a collective that fails because another process is gone is one line naming the
+    last good checkpoint, with "--resume continues from it" only where there is one (mut30: that
+    clause made None survived; only the gloo tests, started as processes, had the message)."""
+    from lm.train.trainer import PeerStopped
+
+    gone = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                        "[127.0.0.1]:36721")
+    for name, fail_at, then in (("early", 2, "no checkpoint was written"),
+                                ("later", 6, "the last good checkpoint is {}; --resume continues from it")):
+        raw = _raw_config(tmp_path / name, train={"max_steps": 8}, log={"interval": 25}, eval={"interval": 0},
+                          checkpoint={"interval": 4})  # fmt: skip
+        trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+        trainer.dist = _CountingDist()
+        trainer.dist.trainer = trainer
+        train_step = trainer.train_step
+
+        def failing(lr, train_step=train_step, trainer=trainer, fail_at=fail_at):
+            if trainer.step == fail_at - 1:
+                raise gone
+            return train_step(lr)
+
+        trainer.train_step = failing
+        with pytest.raises(PeerStopped) as stopped:
+            trainer.run()
+        latest = tmp_path / name / "run" / "checkpoints" / "step_00000004.pt"
+        assert str(stopped.value) == ("another process of the run stopped (gloo: connection closed by peer); "
+                                      + then.format(latest))

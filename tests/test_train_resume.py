@@ -723,3 +723,44 @@ def test_train_resume_given_empty_is_refused_naming_resume(tmp_path, capsys):
     assert main(["train", "--config", str(config), "--resume", "", "--quiet"]) == 2
     assert capsys.readouterr().err == ("lm train: error: --resume: must not be empty; pass --resume alone to continue "
                                        "the run in train.out_dir, or --resume PATH\n")
+
+
+def test_a_restart_with_nothing_to_keep_aside_says_so_in_one_bare_line(tmp_path):
+    """A run killed after its config.toml and before its metrics.jsonl (both are written as it starts)
+    restarts from step 0 with nothing of an earlier history to keep aside: the line says no more
+    (mut30: a stray text in place of the empty list of what was kept survived)."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    first = Trainer(config_from_dict(raw), print_fn=_quiet)
+    first._lock.release()  # as a killed process leaves it
+    first.metrics.close()
+    (tmp_path / "run" / "metrics.jsonl").unlink()
+    lines = []
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append).run() == 0
+    assert f"no checkpoint in {str(tmp_path / 'run')!r}: starting again from step 0" in lines
+    assert not list((tmp_path / "run").glob("*.1"))
+
+
+def test_a_new_folder_whose_first_record_fails_is_left_as_it_was_found(tmp_path, monkeypatch):
+    """A run resumed from another run's checkpoint into a new folder writes a "config" record first
+    (its out_dir changed); a full disk there undoes the start: config.toml, the tokenizer and
+    metrics.jsonl go with the folder, and the same command can simply be run again (mut30:
+    metrics.jsonl left behind, and with it the folder, survived; wandb's refusals, the case tested,
+    come before metrics.jsonl exists)."""
+    from lm.train.metrics import MetricsLog, MetricsWriteError, _write_error
+
+    raw = _raw_config(tmp_path, train={"max_steps": 4}, checkpoint={"interval": 2})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    source = tmp_path / "run" / "checkpoints" / "step_00000002.pt"
+    raw["train"]["out_dir"] = str(tmp_path / "run2")
+    written = MetricsLog.write
+
+    def full_disk(self, record):
+        assert self.path.is_file()  # the file is open: what the undo must remove
+        raise _write_error(self.path, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(MetricsLog, "write", full_disk)
+    with pytest.raises(MetricsWriteError, match="metrics.jsonl.: no space left on device$"):
+        Trainer(config_from_dict(raw), resume=source, print_fn=_quiet)
+    assert not (tmp_path / "run2").exists()
+    monkeypatch.setattr(MetricsLog, "write", written)
+    assert Trainer(config_from_dict(raw), resume=source, print_fn=_quiet).run() == 0  # no --resume needed there
