@@ -173,7 +173,8 @@ TARGETS: dict[str, Target] = {
                          "tests/test_seq2seq_train.py", "-k",
                          "not closed_stdout_pipe and not numpy_numbers_made_pythons and not read_only_parent_of_out_dir"
                          " and not plot_draws_records_without_a_time"
-                         " and not gloo and not sigkill and not signal_saves_a_checkpoint_and_resume"],
+                         " and not gloo and not sigkill and not signal_saves_a_checkpoint_and_resume"
+                         " and not pair_data_errors_name_the_config_key"],
                         functions=[f"Trainer.{f}" for f in (
                             "_open_run", "_read_for_resume", "_load", "_load_rng", "_same_data", "_check_same_data",
                             "_check_world_size", "_check_max_steps", "_check_tokenizer", "_undo_fresh_start",
