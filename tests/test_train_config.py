@@ -240,3 +240,22 @@ def test_a_wandb_project_is_a_name_of_1_to_128_characters():
         assert str(refused.value) == ("config: wandb.project must be a name of 1 to 128 characters without any of "
                                       f"/ \\ # ? % :, got {project!r}")
     assert config_from_dict(_raw(wandb=dict(project=""))).wandb.project == ""  # disabled: never read
+
+
+@pytest.mark.parametrize("section, key, hint", [
+    ("optim", "grad", "optim.grad_clip"),  # not train.grad_accum_steps, though [train] comes first
+    ("optim", "max_", "optim.max_lr"),
+    ("checkpoint", "inte", "checkpoint.interval"),  # not eval.interval
+    ("log", "inte", "log.interval"),
+    ("eval", "batch_s", "eval.batch_size"),
+    ("train", "dete", "train.deterministic"),  # too short a part for the closest spelling to find it
+    ("data", "max_st", "train.max_steps"),  # the start of no key of [data]: another table's
+])
+def test_an_unknown_key_that_starts_a_known_one_names_this_tables_key_first(section, key, hint):
+    """A key cut short names the key it starts, this table's own before another's (found while
+    reading mut30's `start = None`, which survived: the keys "[optim] grad" and "[log] inte" were
+    offered train.grad_accum_steps and eval.interval, keys of other tables, as [train] and [eval]
+    come first in the list searched)."""
+    with pytest.raises(ValueError) as refused:
+        config_from_dict(_raw(**{section: {key: 1}}))
+    assert str(refused.value) == f"config: unknown key {section}.{key} (did you mean {hint!r}?)"

@@ -310,7 +310,10 @@ def _build(section: str, cls: type, values: dict[str, Any], arch: str | None = N
             # The right key in the wrong table; a name another trainer uses; a key that is the start of a
             # known one; a key of the other architecture; else the closest spelling.
             moved = [k for k in known if k.endswith(f".{key}") and k != f"{section}.{key}"]
-            start = [k for k in known if k.split(".")[1].startswith(key) and len(key) >= 4]
+            # this table's own keys first: "[optim] grad" had been offered train.grad_accum_steps, not
+            # optim.grad_clip, and "[log] inte" eval.interval, as [train] and [eval] come first
+            start = sorted((k for k in known if k.split(".")[1].startswith(key) and len(key) >= 4),
+                           key=lambda k: k.split(".")[0] != section)
             other = [a for a, (c, _) in ARCHITECTURES.items() if section == "model" and c is not cls
                      and key in {f.name for f in dataclasses.fields(c)}]
             hint = (
