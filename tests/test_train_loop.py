@@ -343,6 +343,15 @@ def test_a_lost_peer_names_the_last_good_checkpoint_and_how_to_go_on(tmp_path):
             return train_step(lr)
 
         trainer.train_step = failing
+        if name == "later":  # a checkpoint write failing meanwhile does not hide why the run stopped
+            real_wait = trainer._writer.wait
+
+            def wait(real_wait=real_wait, trainer=trainer):
+                real_wait()
+                if trainer.step == 5:
+                    raise OSError(28, "No space left on device")
+
+            trainer._writer.wait = wait
         with pytest.raises(PeerStopped) as stopped:
             trainer.run()
         latest = tmp_path / name / "run" / "checkpoints" / "step_00000004.pt"

@@ -734,9 +734,9 @@ def test_a_restart_with_nothing_to_keep_aside_says_so_in_one_bare_line(tmp_path)
     first._lock.release()  # as a killed process leaves it
     first.metrics.close()
     (tmp_path / "run" / "metrics.jsonl").unlink()
-    lines = []
-    assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append).run() == 0
-    assert f"no checkpoint in {str(tmp_path / 'run')!r}: starting again from step 0" in lines
+    lines = []  # quiet: the line is said all the same (mut30: it was not, and that survived)
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append, quiet=True).run() == 0
+    assert lines[0] == f"no checkpoint in {str(tmp_path / 'run')!r}: starting again from step 0"
     assert not list((tmp_path / "run").glob("*.1"))
 
 
@@ -764,3 +764,36 @@ def test_a_new_folder_whose_first_record_fails_is_left_as_it_was_found(tmp_path,
     assert not (tmp_path / "run2").exists()
     monkeypatch.setattr(MetricsLog, "write", written)
     assert Trainer(config_from_dict(raw), resume=source, print_fn=_quiet).run() == 0  # no --resume needed there
+
+
+def test_a_checkpoint_of_another_tokenizer_is_refused_naming_resume(tmp_path):
+    """A checkpoint that records another tokenizer than the one that wrote data.train (its data
+    fingerprint the same: an older lm recorded none, or the files were regenerated since) is refused
+    naming ``--resume`` and both sides (mut30: the argument's name misspelled survived)."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000002.pt"
+    ours = read_checkpoint(ckpt)["tokenizer_sha256"]
+    assert ours  # the token files record the tokenizer that wrote them
+    _rewrite(ckpt, tokenizer_sha256="0" * 64)
+    raw["train"]["max_steps"] = 3
+    with pytest.raises(ValueError) as refused:
+        Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
+    assert str(refused.value) == (f"--resume: the tokenizer of data.train {raw['data']['train']!r} is not the "
+                                  f"tokenizer of the checkpoint {str(ckpt)!r} (tokenizer checksum {ours[:12]}… "
+                                  f"instead of {'0' * 12}…)")
+
+
+def test_a_fresh_start_in_a_run_stopped_before_its_first_checkpoint_says_how_to_go_on(tmp_path):
+    """Without --resume, a folder whose run stopped before its first checkpoint is refused with the
+    two ways on (mut30: the message's tail in capitals survived; test_cli_faults, a process, read it)."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    first = Trainer(config_from_dict(raw), print_fn=_quiet)
+    first._lock.release()  # as a killed process leaves it
+    first.metrics.close()
+    with pytest.raises(ValueError) as refused:
+        Trainer(config_from_dict(raw), print_fn=_quiet)
+    assert str(refused.value) == (
+        f"train.out_dir: {str(tmp_path / 'run')!r} holds a run that stopped before its first checkpoint; pass "
+        "--resume to start it again from step 0 (its metrics.jsonl and model.safetensors are kept aside as NAME.1, "
+        "or the next free number), or choose another train.out_dir")
