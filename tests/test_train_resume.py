@@ -797,3 +797,26 @@ def test_a_fresh_start_in_a_run_stopped_before_its_first_checkpoint_says_how_to_
         f"train.out_dir: {str(tmp_path / 'run')!r} holds a run that stopped before its first checkpoint; pass "
         "--resume to start it again from step 0 (its metrics.jsonl and model.safetensors are kept aside as NAME.1, "
         "or the next free number), or choose another train.out_dir")
+
+
+def test_a_run_with_only_its_best_checkpoint_is_refused_naming_its_step(tmp_path):
+    """A run stopped after an evaluation wrote checkpoints/best.pt but before its first step
+    checkpoint: a fresh start there is refused, naming best.pt's step when it can be read, and the
+    three ways on (mut30, seed 3: the step's clause always or never said, or stray text, survived)."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, eval={"interval": 1}, checkpoint={"interval": 0})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    ckpts = tmp_path / "run" / "checkpoints"
+    for path in ckpts.glob("step_*.pt"):
+        path.unlink()
+    best = ckpts / "best.pt"
+    step = read_checkpoint(best)["iteration"]
+    run = str(tmp_path / "run")
+    for of_step in (f", of step {step}", ""):
+        with pytest.raises(ValueError) as refused:
+            Trainer(config_from_dict(raw), print_fn=_quiet)
+        assert str(refused.value) == (
+            f"train.out_dir: {run!r} holds a run that stopped before its first checkpoint (it has only "
+            f"checkpoints/best.pt{of_step}); pass --resume to start it again from step 0 (its metrics.jsonl, "
+            "model.safetensors and checkpoints/best.pt are kept aside as NAME.1, or the next free number), or "
+            f"--resume {best} to continue it from there, or choose another train.out_dir")
+        best.write_bytes(b"not a checkpoint")  # unreadable: its step is not said
