@@ -820,3 +820,58 @@ def test_a_run_with_only_its_best_checkpoint_is_refused_naming_its_step(tmp_path
             "model.safetensors and checkpoints/best.pt are kept aside as NAME.1, or the next free number), or "
             f"--resume {best} to continue it from there, or choose another train.out_dir")
         best.write_bytes(b"not a checkpoint")  # unreadable: its step is not said
+
+
+def test_the_lines_of_a_resume_are_said_under_quiet(tmp_path):
+    """``--quiet`` leaves out progress, not what a resume did to the run: the settings it changed, and
+    a best.pt past the step it goes on from, set aside (mut30, seed 3: both lines made quiet
+    survived)."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2}, eval={"interval": 0})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    ckpts = tmp_path / "run" / "checkpoints"
+    shutil.copy(ckpts / "step_00000002.pt", ckpts / "best.pt")
+    _rewrite(ckpts / "best.pt", iteration=4)  # as a run killed after its best.pt of step 4, before step_4.pt
+    raw["train"]["max_steps"] = 3
+    lines = []
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append, quiet=True).run() == 0
+    assert "resumed with train.max_steps 2 -> 3" in lines
+    assert ("checkpoints/best.pt (step 4) is past step 2, where the run goes on: it belongs to the steps it trains "
+            "again, and is kept aside as checkpoints/best.pt.1") in lines
+
+
+def test_a_new_folder_undone_takes_its_wandb_id_with_it(tmp_path, monkeypatch):
+    """With wandb on, a new folder whose first record fails also loses the wandb_id.txt it wrote, and
+    with it the folder (mut30, seed 3: wandb_id.txt left survived)."""
+    wandb = pytest.importorskip("wandb")
+    from types import SimpleNamespace
+
+    from lm.train.metrics import MetricsLog, MetricsWriteError, _write_error
+
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: SimpleNamespace(
+        define_metric=lambda *a, **k: None, log=lambda *a, **k: None, finish=lambda: None))
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    raw["train"]["out_dir"] = str(tmp_path / "run2")
+    raw["wandb"] = {"mode": "offline", "project": "lm-test"}
+
+    def full_disk(self, record):
+        assert (self.path.parent / "wandb_id.txt").is_file()
+        raise _write_error(self.path, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(MetricsLog, "write", full_disk)
+    with pytest.raises(MetricsWriteError):
+        Trainer(config_from_dict(raw), resume=tmp_path / "run" / "checkpoints" / "step_00000002.pt", print_fn=_quiet)
+    assert not (tmp_path / "run2").exists()
+
+
+def test_saved_step_is_an_integer_iteration_or_none(tmp_path):
+    """The step said of a best.pt is its ``iteration`` when that is an int, and nothing for any other
+    value a foreign or damaged file may hold (mut30, seed 3: a string or float taken survived)."""
+    from lm.train.trainer import _saved_step
+
+    for value, want in ((3, 3), ("3", None), (3.0, None), (True, None), (None, None)):
+        torch.save({"iteration": value}, tmp_path / "best.pt")
+        assert _saved_step(tmp_path / "best.pt") == want, value
+    torch.save([3], tmp_path / "best.pt")
+    assert _saved_step(tmp_path / "best.pt") is None
+    assert _saved_step(tmp_path / "missing.pt") is None
