@@ -823,9 +823,9 @@ def test_a_run_with_only_its_best_checkpoint_is_refused_naming_its_step(tmp_path
 
 
 def test_the_lines_of_a_resume_are_said_under_quiet(tmp_path):
-    """``--quiet`` leaves out progress, not what a resume did to the run: the settings it changed, and
-    a best.pt past the step it goes on from, set aside (mut30, seed 3: both lines made quiet
-    survived)."""
+    """``--quiet`` leaves out progress, not what a resume did to the run: the settings it changed, a
+    best.pt past the step it goes on from, set aside, and where it ended (mut30, seeds 3 and 4: each
+    line made quiet survived)."""
     raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2}, eval={"interval": 0})
     assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
     ckpts = tmp_path / "run" / "checkpoints"
@@ -837,6 +837,9 @@ def test_the_lines_of_a_resume_are_said_under_quiet(tmp_path):
     assert "resumed with train.max_steps 2 -> 3" in lines
     assert ("checkpoints/best.pt (step 4) is past step 2, where the run goes on: it belongs to the steps it trains "
             "again, and is kept aside as checkpoints/best.pt.1") in lines
+    # and where the run ended (mut30, seed 4: the last line made quiet survived)
+    weights = ckpts.parent / "model.safetensors"
+    assert lines[-1] == f"done: step 3, checkpoint {ckpts / 'step_00000003.pt'}; weights {weights}"
 
 
 def test_a_new_folder_undone_takes_its_wandb_id_with_it(tmp_path, monkeypatch):
