@@ -1358,16 +1358,8 @@ def test_wandb_gets_the_runs_whole_config_its_name_and_a_kept_id(tmp_path, monke
     """wandb.init is given the resolved config (every table, as config.toml holds it), the run's
     name (its folder unless wandb.name), and an id kept in wandb_id.txt that a resume passes again
     (mut30: the config dropped from the call survived: nothing looked at what wandb was given)."""
-    wandb = pytest.importorskip("wandb")
-    from types import SimpleNamespace
-
     calls = []
-
-    def init(**kwargs):
-        calls.append(kwargs)
-        return SimpleNamespace(define_metric=lambda *a, **k: None, log=lambda *a, **k: None, finish=lambda: None)
-
-    monkeypatch.setattr(wandb, "init", init)
+    _fake_wandb(monkeypatch, _recording_init(calls))
     raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2},
                       wandb={"mode": "offline", "project": "lm-test"})
     cfg = config_from_dict(raw)
@@ -1691,26 +1683,34 @@ def _fake_wandb(monkeypatch, init):
     return fake
 
 
+class _FakeRun:
+    """A wandb run that takes every call and keeps nothing."""
+
+    def define_metric(self, *args, **kwargs):
+        pass
+
+    def log(self, *args, **kwargs):
+        pass
+
+    def finish(self):
+        pass
+
+
+def _recording_init(calls: list):
+    """A ``wandb.init`` for :func:`_fake_wandb` that appends its arguments to ``calls``."""
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        return _FakeRun()
+
+    return init
+
+
 def test_quiet_quiets_wandb(tmp_path, capsys, monkeypatch):
     """`lm train --quiet` with wandb on printed wandb's banner, run history and summary (34 lines on
     stderr, audit train3 #3): wandb is started silent when the run is quiet, as it was not before."""
     calls = []
-
-    class Run:
-        def define_metric(self, *args, **kwargs):
-            pass
-
-        def log(self, *args, **kwargs):
-            pass
-
-        def finish(self):
-            pass
-
-    def init(**kwargs):
-        calls.append(kwargs)
-        return Run()
-
-    _fake_wandb(monkeypatch, init)
+    _fake_wandb(monkeypatch, _recording_init(calls))
     raw = _raw_config(tmp_path, train={"max_steps": 2}, wandb={"mode": "offline", "project": "lm-test"})
     toml = _write_toml(tmp_path / "c.toml", raw)
     assert _cli(["train", "--config", str(toml), "--quiet"], capsys)[0] == 0

@@ -50,9 +50,9 @@ class _CountingDist(Dist):
         pass
 
 
-def _poll_trainer(tmp_path, **train):
+def _poll_trainer(tmp_path, checkpoint: int = 0, **train):
     raw = _raw_config(tmp_path, train={"max_steps": 40, **train}, log={"interval": 25}, eval={"interval": 0},
-                      checkpoint={"interval": 0})  # fmt: skip
+                      checkpoint={"interval": checkpoint})  # fmt: skip
     trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
     trainer.dist = _CountingDist()
     trainer.dist.trainer = trainer
@@ -330,11 +330,7 @@ def test_a_lost_peer_names_the_last_good_checkpoint_and_how_to_go_on(tmp_path):
                         "[127.0.0.1]:36721")
     for name, fail_at, then in (("early", 2, "no checkpoint was written"),
                                 ("later", 6, "the last good checkpoint is {}; --resume continues from it")):
-        raw = _raw_config(tmp_path / name, train={"max_steps": 8}, log={"interval": 25}, eval={"interval": 0},
-                          checkpoint={"interval": 4})  # fmt: skip
-        trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
-        trainer.dist = _CountingDist()
-        trainer.dist.trainer = trainer
+        trainer = _poll_trainer(tmp_path / name, checkpoint=4, max_steps=8)
         train_step = trainer.train_step
 
         def failing(lr, train_step=train_step, trainer=trainer, fail_at=fail_at):

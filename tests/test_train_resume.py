@@ -10,7 +10,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_train import VOCAB, _cli, _quiet, _raw_config, _snapshot, _write_toml
+from test_train import VOCAB, _cli, _fake_wandb, _quiet, _raw_config, _recording_init, _snapshot, _write_toml
+from test_train_bookkeeping import _let_go
 
 from lm.checkpoint import read_checkpoint
 from lm.checkpoint.io import write_checkpoint
@@ -416,6 +417,15 @@ def test_runs_killed_or_restarted_at_any_point_are_still_recognised(tmp_path):
     assert f"resumed from {resumed / 'checkpoints' / 'step_00000002.pt'} at step 2" in lines
 
 
+def _only_best_refusal(run, best, of_step: str) -> str:
+    """The refusal of a fresh start in ``run``, whose run stopped with only ``best`` (``of_step``: how
+    its step is said, or "")."""
+    return (f"train.out_dir: {str(run)!r} holds a run that stopped before its first checkpoint (it has only "
+            f"checkpoints/best.pt{of_step}); pass --resume to start it again from step 0 (its metrics.jsonl, "
+            "model.safetensors and checkpoints/best.pt are kept aside as NAME.1, or the next free number), or "
+            f"--resume {best} to continue it from there, or choose another train.out_dir")
+
+
 def test_a_restart_from_step_0_sets_the_earlier_best_checkpoint_aside(tmp_path):
     """A run killed before its first step checkpoint but after an evaluation has a best.pt: the
     restart from step 0 wrote over it at its first evaluation, though the message promised the
@@ -438,11 +448,7 @@ def test_a_restart_from_step_0_sets_the_earlier_best_checkpoint_aside(tmp_path):
     again = {**raw, "train": {**raw["train"], "max_steps": 2}}
     with pytest.raises(ValueError) as e:
         Trainer(config_from_dict(again), print_fn=_quiet)
-    assert str(e.value) == (
-        f"train.out_dir: {str(run)!r} holds a run that stopped before its first checkpoint (it has only "
-        f"checkpoints/best.pt, of step {step}); pass --resume to start it again from step 0 (its metrics.jsonl, "
-        "model.safetensors and checkpoints/best.pt are kept aside as NAME.1, or the next free number), or "
-        f"--resume {best} to continue it from there, or choose another train.out_dir")
+    assert str(e.value) == _only_best_refusal(run, best, f", of step {step}")
 
     # what the refusal offers: --resume RUN/checkpoints/best.pt continues that history in its folder
     copy = tmp_path / "copy"
@@ -731,8 +737,7 @@ def test_a_restart_with_nothing_to_keep_aside_says_so_in_one_bare_line(tmp_path)
     (mut30: a stray text in place of the empty list of what was kept survived)."""
     raw = _raw_config(tmp_path, train={"max_steps": 2})
     first = Trainer(config_from_dict(raw), print_fn=_quiet)
-    first._lock.release()  # as a killed process leaves it
-    first.metrics.close()
+    _let_go(first)  # its lock as a killed process leaves it
     (tmp_path / "run" / "metrics.jsonl").unlink()
     lines = []  # quiet: the line is said all the same (mut30: it was not, and that survived)
     assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append, quiet=True).run() == 0
@@ -740,29 +745,35 @@ def test_a_restart_with_nothing_to_keep_aside_says_so_in_one_bare_line(tmp_path)
     assert not list((tmp_path / "run").glob("*.1"))
 
 
-def test_a_new_folder_whose_first_record_fails_is_left_as_it_was_found(tmp_path, monkeypatch):
+@pytest.mark.parametrize("wandb", [False, True], ids=["no-wandb", "wandb"])
+def test_a_new_folder_whose_first_record_fails_is_left_as_it_was_found(tmp_path, monkeypatch, wandb):
     """A run resumed from another run's checkpoint into a new folder writes a "config" record first
-    (its out_dir changed); a full disk there undoes the start: config.toml, the tokenizer and
-    metrics.jsonl go with the folder, and the same command can simply be run again (mut30:
-    metrics.jsonl left behind, and with it the folder, survived; wandb's refusals, the case tested,
-    come before metrics.jsonl exists)."""
+    (its out_dir changed); a full disk there undoes the start: config.toml, the tokenizer,
+    metrics.jsonl and (with wandb on) wandb_id.txt go with the folder, and the same command can
+    simply be run again (mut30: metrics.jsonl, then wandb_id.txt, left behind, and with them the
+    folder, survived; wandb's refusals, the case tested before, come before either exists)."""
     from lm.train.metrics import MetricsLog, MetricsWriteError, _write_error
 
     raw = _raw_config(tmp_path, train={"max_steps": 4}, checkpoint={"interval": 2})
     assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
     source = tmp_path / "run" / "checkpoints" / "step_00000002.pt"
     raw["train"]["out_dir"] = str(tmp_path / "run2")
-    written = MetricsLog.write
+    written = ["metrics.jsonl"]  # what the undo must remove
+    if wandb:
+        _fake_wandb(monkeypatch, _recording_init([]))
+        raw["wandb"] = {"mode": "offline", "project": "lm-test"}
+        written.append("wandb_id.txt")
+    write = MetricsLog.write
 
     def full_disk(self, record):
-        assert self.path.is_file()  # the file is open: what the undo must remove
+        assert all((self.path.parent / name).is_file() for name in written)
         raise _write_error(self.path, OSError(28, "No space left on device"))
 
     monkeypatch.setattr(MetricsLog, "write", full_disk)
     with pytest.raises(MetricsWriteError, match="metrics.jsonl.: no space left on device$"):
         Trainer(config_from_dict(raw), resume=source, print_fn=_quiet)
     assert not (tmp_path / "run2").exists()
-    monkeypatch.setattr(MetricsLog, "write", written)
+    monkeypatch.setattr(MetricsLog, "write", write)
     assert Trainer(config_from_dict(raw), resume=source, print_fn=_quiet).run() == 0  # no --resume needed there
 
 
@@ -789,8 +800,7 @@ def test_a_fresh_start_in_a_run_stopped_before_its_first_checkpoint_says_how_to_
     two ways on (mut30: the message's tail in capitals survived; test_cli_faults, a process, read it)."""
     raw = _raw_config(tmp_path, train={"max_steps": 2})
     first = Trainer(config_from_dict(raw), print_fn=_quiet)
-    first._lock.release()  # as a killed process leaves it
-    first.metrics.close()
+    _let_go(first)  # its lock as a killed process leaves it
     with pytest.raises(ValueError) as refused:
         Trainer(config_from_dict(raw), print_fn=_quiet)
     assert str(refused.value) == (
@@ -810,15 +820,10 @@ def test_a_run_with_only_its_best_checkpoint_is_refused_naming_its_step(tmp_path
         path.unlink()
     best = ckpts / "best.pt"
     step = read_checkpoint(best)["iteration"]
-    run = str(tmp_path / "run")
     for of_step in (f", of step {step}", ""):
         with pytest.raises(ValueError) as refused:
             Trainer(config_from_dict(raw), print_fn=_quiet)
-        assert str(refused.value) == (
-            f"train.out_dir: {run!r} holds a run that stopped before its first checkpoint (it has only "
-            f"checkpoints/best.pt{of_step}); pass --resume to start it again from step 0 (its metrics.jsonl, "
-            "model.safetensors and checkpoints/best.pt are kept aside as NAME.1, or the next free number), or "
-            f"--resume {best} to continue it from there, or choose another train.out_dir")
+        assert str(refused.value) == _only_best_refusal(tmp_path / "run", best, of_step)
         best.write_bytes(b"not a checkpoint")  # unreadable: its step is not said
 
 
@@ -840,31 +845,6 @@ def test_the_lines_of_a_resume_are_said_under_quiet(tmp_path):
     # and where the run ended (mut30, seed 4: the last line made quiet survived)
     weights = ckpts.parent / "model.safetensors"
     assert lines[-1] == f"done: step 3, checkpoint {ckpts / 'step_00000003.pt'}; weights {weights}"
-
-
-def test_a_new_folder_undone_takes_its_wandb_id_with_it(tmp_path, monkeypatch):
-    """With wandb on, a new folder whose first record fails also loses the wandb_id.txt it wrote, and
-    with it the folder (mut30, seed 3: wandb_id.txt left survived)."""
-    wandb = pytest.importorskip("wandb")
-    from types import SimpleNamespace
-
-    from lm.train.metrics import MetricsLog, MetricsWriteError, _write_error
-
-    monkeypatch.setattr(wandb, "init", lambda **kwargs: SimpleNamespace(
-        define_metric=lambda *a, **k: None, log=lambda *a, **k: None, finish=lambda: None))
-    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2})
-    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
-    raw["train"]["out_dir"] = str(tmp_path / "run2")
-    raw["wandb"] = {"mode": "offline", "project": "lm-test"}
-
-    def full_disk(self, record):
-        assert (self.path.parent / "wandb_id.txt").is_file()
-        raise _write_error(self.path, OSError(28, "No space left on device"))
-
-    monkeypatch.setattr(MetricsLog, "write", full_disk)
-    with pytest.raises(MetricsWriteError):
-        Trainer(config_from_dict(raw), resume=tmp_path / "run" / "checkpoints" / "step_00000002.pt", print_fn=_quiet)
-    assert not (tmp_path / "run2").exists()
 
 
 def test_saved_step_is_an_integer_iteration_or_none(tmp_path):
