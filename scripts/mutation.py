@@ -106,10 +106,12 @@ UNDECORATE = {
 }
 
 
-# the training tests that run `lm train` in processes they signal, kill or restrict, torchrun's, and one in a
-# folder of its own: left out of the targets below (mutmut cannot run them; see "io")
+# the training tests that run `lm train` in processes they signal, kill or restrict, torchrun's, one in a
+# folder of its own, and the rendezvous's two: left out of the targets below (mutmut cannot run them; see
+# "io"). test_train_ddp's others are rank 0 of two over a one-process gloo group, in this process.
 TRAIN_PROCESSES = ("not closed_stdout_pipe and not read_only_parent_of_out_dir and not gloo and not sigkill"
-                   " and not signal_saves_a_checkpoint_and_resume and not pair_data_errors_name_the_config_key")
+                   " and not signal_saves_a_checkpoint_and_resume and not pair_data_errors_name_the_config_key"
+                   " and not a_peer_that_never_joins and not a_port_in_use")
 
 
 TARGETS: dict[str, Target] = {
@@ -184,7 +186,7 @@ TARGETS: dict[str, Target] = {
     "train_run": Target(["lm/train/trainer.py"],
                         ["tests/test_train.py", "tests/test_train_resume.py", "tests/test_train_loop.py",
                          "tests/test_train_bookkeeping.py", "tests/test_train_claims.py", "tests/test_determinism.py",
-                         "tests/test_seq2seq_train.py", "-k", TRAIN_PROCESSES],
+                         "tests/test_seq2seq_train.py", "tests/test_train_ddp.py", "-k", TRAIN_PROCESSES],
                         functions=[f"Trainer.{f}" for f in (
                             "_open_run", "_read_for_resume", "_load", "_load_rng", "_same_data", "_check_same_data",
                             "_check_world_size", "_check_max_steps", "_check_tokenizer", "_undo_fresh_start",
@@ -197,7 +199,7 @@ TARGETS: dict[str, Target] = {
     "train_setup": Target(["lm/train/trainer.py"],
                           ["tests/test_train.py", "tests/test_train_resume.py", "tests/test_train_loop.py",
                            "tests/test_train_bookkeeping.py", "tests/test_train_claims.py", "tests/test_determinism.py",
-                           "tests/test_seq2seq_train.py", "-k", TRAIN_PROCESSES],
+                           "tests/test_seq2seq_train.py", "tests/test_train_ddp.py", "-k", TRAIN_PROCESSES],
                           functions=["plural_steps", "peer_stopped", "_dist_error_words", "autocast_dtype", "train",
                                      "_named", "_none_hint", "_out_dir_error", "TrainingInterrupted.__init__"]
                           + [f"Trainer.{f}" for f in (

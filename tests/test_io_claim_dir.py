@@ -776,3 +776,44 @@ def test_a_killed_writers_leftover_is_named_beside_its_output(tmp_path):
     assert message.startswith(f"--out: {str(left)!r} (")
     assert message.endswith(f"bytes), beside {str(out)!r}, is the temporary copy of a run killed while writing it (or "
                             f"writing it now); once none is running: rm -r {left}")
+
+
+@pytest.mark.parametrize("holder", ["4242", "", "unreadable"])
+def test_a_run_lock_held_elsewhere_names_its_holders_pid(tmp_path, monkeypatch, holder):
+    """The refusal names the pid in the lock file (another process's: wait for it), or ? when the file
+    holds none or cannot be read (its holder removed it meanwhile)."""
+    from lm.train.run_dir import LOCK_NAME, RunLock
+
+    first = RunLock(tmp_path)
+    first.acquire(say=pytest.fail)
+    try:
+        if holder == "unreadable":
+            monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(FileNotFoundError(self)))
+        else:
+            (tmp_path / LOCK_NAME).write_text(holder + "\n" if holder else "")
+        with pytest.raises(ValueError) as refused:
+            RunLock(tmp_path).acquire(say=pytest.fail)
+        pid = holder if holder.isdigit() else "?"
+        assert str(refused.value) == (f"train.out_dir: {str(tmp_path)!r} is in use by another `lm train` (pid {pid}); "
+                                      "wait for it to finish or choose another train.out_dir")
+    finally:
+        first.release()
+
+
+def test_a_run_lock_left_by_a_dead_process_is_taken_over_saying_so_and_one_of_this_process_silently(tmp_path):
+    """A lock file that no one holds: a killed run's is taken over with a line naming its pid; one
+    holding this process's own pid (a release that could not remove the file, in a read-only folder)
+    is taken again without that line: this process is running."""
+    from lm.train.run_dir import LOCK_NAME, RunLock
+
+    said = []
+    (tmp_path / LOCK_NAME).write_text("999999999\n")
+    lock = RunLock(tmp_path)
+    lock.acquire(say=said.append)
+    assert said == [f"took over the lock of {str(tmp_path)!r} from pid 999999999, which is no longer running"]
+    assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n" and lock.held
+    lock.release()
+    (tmp_path / LOCK_NAME).write_text(f"{os.getpid()}\n")  # as a release that could not remove it leaves it
+    again = RunLock(tmp_path)
+    again.acquire(say=pytest.fail)
+    again.release()

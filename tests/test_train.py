@@ -539,13 +539,18 @@ def test_shipped_configs_load(name):
 def test_training_run_writes_metrics_checkpoints_and_weights(tmp_path):
     cfg = config_from_dict(_raw_config(tmp_path, train={"max_steps": 30}, checkpoint={"interval": 10}))
     lines = []
-    assert Trainer(cfg, print_fn=lines.append).run() == 0
+    trainer = Trainer(cfg, print_fn=lines.append)
+    ticks = iter(range(1_000_000))
+    trainer.clock = lambda: next(ticks) / 3  # steps of a third of a second: times of 3 decimals
+    assert trainer.run() == 0
     run = tmp_path / "run"
     records = read_metrics(run)
     train = [r for r in records if r["split"] == "train"]
     val = [r for r in records if r["split"] == "val"]
     assert [r["step"] for r in train] == list(range(1, 31))
     assert [r["step"] for r in val] == [10, 20, 30]
+    assert [(r["tokens"], r["time"]) for r in val] == [(4 * 16 * s, round(s / 3, 3)) for s in (10, 20, 30)]
+    assert [r["time"] for r in train[9::10]] == [3.333, 6.667, 10.0]  # each step's record, the same
     assert train[-1]["loss"] < 0.6 * train[0]["loss"]  # it learns the ramp
     assert val[-1]["ppl"] == pytest.approx(math.exp(val[-1]["loss"]))
     assert val[-1]["bpb"] == pytest.approx(val[-1]["loss"] / math.log(2) / 3)  # 3 source bytes per token
@@ -1696,6 +1701,18 @@ class _FakeRun:
         pass
 
 
+class _RecordingRun:
+    """A wandb run that keeps each call: (name, args, kwargs)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if name not in ("define_metric", "log", "finish"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+
 def _recording_init(calls: list):
     """A ``wandb.init`` for :func:`_fake_wandb` that appends its arguments to ``calls``."""
 
@@ -2152,3 +2169,43 @@ def test_available_host_memory_is_at_most_the_total(tmp_path):
 
     total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
     assert 0 < available_bytes(torch.device("cpu")) <= total
+
+
+def test_validation_data_of_another_tokenizer_is_refused_naming_data_val(tmp_path):
+    """data.val's sidecar records another tokenizer than data.train's: the run is refused before
+    anything is made, naming data.val, its path and data.train's (its perplexity would be of other
+    tokens)."""
+    train, _ = _token_files(tmp_path)
+    val = tmp_path / "other.bin"
+    write_token_file(val, np.arange(2_000) % VOCAB, vocab_size=VOCAB, source_bytes=6_000,
+                     tokenizer_sha256="0123456789abcdef")
+    raw = _raw_config(tmp_path, data={"val": str(val)})
+    with pytest.raises(ValueError) as refused:
+        Trainer(config_from_dict(raw), print_fn=_quiet)
+    assert str(refused.value) == (f"data.val: the tokenizer of {str(val)!r} is not the tokenizer of data.train "
+                                  f"{str(train)!r} (tokenizer checksum 0123456789ab… instead of abc…)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_wandb_plots_each_split_against_the_records_step_and_skips_empty_values(tmp_path, monkeypatch):
+    """What MetricsLog asks of wandb (mut31: the x-axis's name changed survived): "step" is the x-axis of
+    each split's values ("train/loss", "val/ppl"...), each record is logged with its step and its values
+    but None (a compile step's tok/s, a loss without bpb), and close finishes the run."""
+    from types import SimpleNamespace
+
+    from lm.train.metrics import MetricsLog
+
+    run = _RecordingRun()
+    _fake_wandb(monkeypatch, lambda **kwargs: run)
+    log = MetricsLog(tmp_path, SimpleNamespace(mode="offline", project="lm-test", name=None), {"seed": 0})
+    log.write({"step": 1, "split": "train", "loss": 2.5, "tok_per_s": None})
+    log.write({"step": 3, "split": "val", "loss": 2.0, "bpb": None})
+    log.write({"step": 0, "loss": 4.0})  # no split: a train record
+    log.close()
+    assert run.calls == [("define_metric", ("step",), {}),
+                         *[("define_metric", (f"{split}/*",), {"step_metric": "step"})
+                           for split in ("train", "val", "config", "compile")],
+                         ("log", ({"step": 1, "train/loss": 2.5},), {}), ("log", ({"step": 3, "val/loss": 2.0},), {}),
+                         ("log", ({"step": 0, "train/loss": 4.0},), {}), ("finish", (), {})]
+    assert read_metrics(tmp_path) == [{"step": 1, "split": "train", "loss": 2.5, "tok_per_s": None},
+                                      {"step": 3, "split": "val", "loss": 2.0, "bpb": None}, {"step": 0, "loss": 4.0}]

@@ -273,3 +273,14 @@ def test_a_trainer_made_and_dropped_unrun_lets_go_of_its_run_folder(tmp_path):
             Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True)
         del unrun  # its folder now holds a run with no checkpoint yet: resumed, as any other
         assert Trainer(config_from_dict(raw), print_fn=lambda *a: None, quiet=True, resume=True).run() == 0
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0, "0s"), (59.4, "59s"), (60, "1m00s"), (61, "1m01s"), (3599, "59m59s"), (3599.6, "1h00m"), (3600, "1h00m"),
+    (3659, "1h00m"), (3660, "1h01m"), (7 * 3600 + 5 * 60 + 59, "7h05m"), (100 * 3600, "100h00m"),
+    (float("inf"), "?"), (float("nan"), "?"),
+])
+def test_format_duration_of_the_eta_and_waits(seconds, text):
+    """The ETA of the train lines and the waits that errors name: seconds under a minute, minutes and
+    seconds under an hour, then hours and minutes; ? for no finite time."""
+    assert format_duration(seconds) == text

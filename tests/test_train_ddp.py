@@ -3,6 +3,7 @@ two, and DDP wraps the model over a real one-process gloo group, so that the wra
 collectives are torch's own; the other process's death is the error gloo raises then. One torchrun
 case (slow) checks the same against a process that really dies."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from test_train import REPO, _raw_config, _write_toml
 
 from lm.train import Trainer, config_from_dict
 from lm.train.distributed import Dist
-from lm.train.trainer import peer_stopped
+from lm.train.trainer import PeerStopped, peer_stopped
 
 # what rank 0 raised in the audit when rank 1 was killed (from the DDP all-reduce in backward)
 GLOO_PEER_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
@@ -561,6 +562,55 @@ def test_a_peer_that_never_joins_is_one_line_after_train_dist_timeout(tmp_path):
     assert err.startswith("lm train: error: the processes of the run did not all join within 2s (train.dist_timeout; "
                           "DistStoreError: ") and err.endswith("); no step was taken") and "\n" not in err, r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _raises(error, *args):
+    raise error
+
+
+@pytest.mark.parametrize("error, wait, expected", [
+    (dist.DistStoreError("Timed out after 3 seconds waiting for clients. 1/2 clients joined.\nmore"), 2.0,
+     (PeerStopped, "the processes of the run did not all join within 2s (train.dist_timeout; DistStoreError: Timed "
+                   "out after 3 seconds waiting for clients. 1/2 clients joined.); no step was taken")),
+    (dist.DistStoreError("w" * 300), 60.0,  # torch's first line, cut at 200 characters
+     (PeerStopped, f"the processes of the run did not all join within 1m00s (train.dist_timeout; DistStoreError: "
+                   f"{'w' * 200}); no step was taken")),
+    (dist.DistStoreError(""), None,
+     (PeerStopped, "the processes of the run did not all join within torch's default wait (train.dist_timeout; "
+                   "DistStoreError: ); no step was taken")),
+    (dist.DistNetworkError("The server socket has failed to listen on any local network address.\nport 29511"), 20.0,
+     (ValueError, "MASTER_PORT: the processes of the run cannot meet at 10.0.0.7:29511 (DistNetworkError: The server "
+                  "socket has failed to listen on any local network address.); another run may hold the port: give "
+                  "torchrun another --master-port (or --rdzv-endpoint)")),
+])
+def test_a_failed_join_is_one_line_naming_the_wait_or_the_port(monkeypatch, error, wait, expected):
+    """The two process tests around this one, in this process (where mutation testing sees them): the
+    rendezvous's own errors are one line, the port's naming MASTER_ADDR:MASTER_PORT, the wait's naming
+    train.dist_timeout (or torch's default) and the first line of torch's words; any other error is
+    raised as it is."""
+    import lm.train.trainer as trainer_module
+
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    cfg = config_from_dict({"model": dict(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2,
+                                          d_ff=64),
+                            "data": dict(train="unused.bin"),
+                            "train": {"max_steps": 1, **({} if wait is None else {"dist_timeout": wait})}})
+
+    def fails(device, timeout):
+        assert timeout == wait
+        raise error
+
+    monkeypatch.setattr(trainer_module, "init_distributed", fails)
+    kind, message = expected
+    with pytest.raises(kind) as raised:
+        Trainer._join(cfg)
+    assert type(raised.value) is kind and str(raised.value) == message
+    for other in (RuntimeError("gloo: something else"), ValueError("WORLD_SIZE: not a number")):
+        monkeypatch.setattr(trainer_module, "init_distributed", functools.partial(_raises, other))
+        with pytest.raises(type(other)) as raised:
+            Trainer._join(cfg)
+        assert raised.value is other
 
 
 def test_a_port_in_use_is_named_not_taken_for_a_peer_that_did_not_join(tmp_path):

@@ -238,6 +238,48 @@ def test_compile_is_reported_apart_and_no_evaluation_compiles(tmp_path):
     assert trainer.elapsed < compiles[0]["seconds"]
 
 
+@pytest.mark.parametrize("pairs", [False, True])
+def test_compile_bookkeeping_with_torch_compile_as_the_identity(tmp_path, monkeypatch, pairs):
+    """What train.compile changes around the compiled model, checked in seconds (the compiled runs
+    are slow tests, which mutation testing does not run): torch.compile is asked once, with symbolic
+    sizes for pair batches only; token windows' evaluation batch runs once before the first step; the
+    first step's time (0.5 s on the trainer's clock) is a "compile" record and line, not training time,
+    so neither the run's time nor tokens/s counts it, and the later steps' times are counted."""
+    from test_seq2seq_train import _config, _data
+
+    calls = []
+
+    def identity(model, **kwargs):
+        calls.append(kwargs)
+        return model
+
+    monkeypatch.setattr(torch, "compile", identity)
+    if pairs:
+        _data(tmp_path)
+        raw = _config(tmp_path, "run", max_steps=4, compile=True)
+        raw["eval"] = {"interval": 2, "batches": 2}
+    else:
+        raw = _raw_config(tmp_path, train={"compile": True, "max_steps": 4}, eval={"interval": 2, "batches": 2},
+                          checkpoint={"interval": 0})
+    lines = []
+    trainer = Trainer(config_from_dict(raw), print_fn=lines.append)
+    ticks = iter(range(1_000_000))
+    trainer.clock = lambda: next(ticks) * 0.5  # read at the loop's start and twice a step: 0.5 s a step
+    evaluated_at, val_loss = [], trainer._val_loss
+    trainer._val_loss = lambda starts: (evaluated_at.append(trainer.step), val_loss(starts))[1]
+    assert trainer.run() == 0
+    assert calls == [{"dynamic": True if pairs else None}]
+    assert evaluated_at == ([] if pairs else [0, 2, 2, 4, 4])  # windows: one batch before step 1, then 2 at each
+    what = "the first step" if pairs else "the first step and an evaluation batch"
+    assert f"compiled in 0.5 s ({what}; not counted as training time)" in lines
+    records = read_metrics(tmp_path / "run")
+    assert [r for r in records if r["split"] == "compile"] == [{"step": 1, "split": "compile", "seconds": 0.5}]
+    train = {r["step"]: r for r in records if r["split"] == "train"}
+    assert [train[s]["time"] for s in (1, 2, 3, 4)] == [0.0, 0.5, 1.0, 1.5] and trainer.elapsed == 1.5
+    assert train[1]["tok_per_s"] is None and train[2]["tok_per_s"] == (train[2]["tokens"] - train[1]["tokens"]) / 0.5
+    assert "compile step" in next(line for line in lines if line.startswith("step 1/4"))
+
+
 def test_a_second_sigterm_says_a_checkpoint_being_written_is_finished_first(tmp_path, capsys):
     """The second SIGTERM said "stopped without a checkpoint" while a checkpoint was being written,
     which the run's `finally` now always finishes (see BackgroundWriter.wait): it says so."""

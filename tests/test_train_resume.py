@@ -17,6 +17,7 @@ from lm.checkpoint import read_checkpoint
 from lm.checkpoint.io import write_checkpoint
 from lm.cli import main
 from lm.data import write_token_file
+from lm.tomlio import dump_tables
 from lm.train import Trainer, config_from_dict, load_config, read_metrics
 from lm.train.distributed import Dist
 
@@ -592,6 +593,30 @@ def test_a_run_with_a_stray_file_is_named_as_a_run_with_the_file_to_move(tmp_pat
                                       "run config (not valid TOML: "), err
     (run / "config.toml").write_text(config)
     assert _cli(["train", "--config", str(good), "--resume", "--set", "train.max_steps=4"], capsys)[0] == 0
+
+
+def test_a_run_folder_with_one_marker_of_a_run_and_one_of_another_tool_is_named_with_the_way_out(tmp_path):
+    """One marker that is lm train's (a config.toml) beside one that is not (another tool's
+    metrics.jsonl): still a run, named by the one ("its config.toml is lm train's"), the other to move
+    out. And an out_dir that is a file is refused as such, in this process as from the command line."""
+    from lm.train.run_dir import check_run_folder
+
+    raw = _raw_config(tmp_path, train={"max_steps": 2})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(dump_tables(config_from_dict(raw).to_dict()))
+    (run / "metrics.jsonl").write_text('["not", "a", "record"]\n')
+    with pytest.raises(ValueError) as refused:
+        check_run_folder(run)
+    assert str(refused.value) == (f"train.out_dir: {str(run)!r} holds a run of `lm train` (its config.toml is lm "
+                                  "train's), but metrics.jsonl is not the metrics of lm train (its first line is not a "
+                                  "JSON object); move that out of the folder (or mend it) and run again")
+    shutil.rmtree(run)
+    run.write_text("a file")
+    with pytest.raises(ValueError) as refused:
+        Trainer(config_from_dict(raw), print_fn=_quiet)
+    assert str(refused.value) == f"train.out_dir: {str(run)!r} exists and is not a folder"
+    assert run.read_text() == "a file"
 
 
 @pytest.mark.parametrize("kind", ["folder", "broken link"])
