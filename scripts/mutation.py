@@ -100,6 +100,11 @@ UNDECORATE = {
     + _rewrapped("lm/train/trainer.py", "property", ("step_seconds",), owner="_LogWindow")
     + _rewrapped("lm/train/trainer.py", "contextlib.contextmanager", ("_out_dir_error",)),
     "run_files": _rewrapped("lm/train/run_dir.py", "property", ("held",), owner="RunLock"),
+    # the commands' bodies (set_defaults wraps them again all the same)
+    "cli_model": [edit for file, name in (("lm/cli/sample.py", "cmd_sample"), ("lm/cli/evaluate.py", "cmd_eval"),
+                                          ("lm/cli/translate.py", "cmd_translate"))
+                  for edit in _rewrapped(file, "quiet_on_closed_pipe", (name,))],
+    "cli_data": _rewrapped("lm/cli/tokenizer.py", "contextlib.contextmanager", ("_out_errors",)),
     "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
                  ("lm/generate/engine.py", None,
                   "\n\ngenerate = _in_eval_mode(torch.inference_mode()(generate))  # for mutmut\n")],
@@ -218,6 +223,18 @@ TARGETS: dict[str, Target] = {
                          "tests/test_train.py", "tests/test_train_loop.py", "tests/test_plot.py",
                          "tests/test_io_claim_dir.py", "-k", TRAIN_PROCESSES],
                         note="run folders: what holds a run, the lock, records and their truncation on resume"),
+    # the commands that load a model, and those that make data, run in this process by main([...]); left out:
+    # compiled runs (slow) and test_tokenizer_cli's two that signal worker processes in a folder of their own
+    "cli_model": Target(["lm/cli/sample.py", "lm/cli/evaluate.py", "lm/cli/translate.py", "lm/cli/export.py"],
+                        ["tests/test_sample.py", "tests/test_eval.py", "tests/test_translate.py",
+                         "tests/test_export_hf.py", "-k", "not compile"],
+                        note="lm sample, eval, translate and export: their options, inputs, outputs and refusals"),
+    "cli_data": Target(["lm/cli/tokenizer.py", "lm/cli/data.py"],
+                       ["tests/test_tokenizer_cli.py", "tests/test_download.py", "tests/test_download_multi30k.py",
+                        "tests/test_pairs.py", "tests/test_cli_common.py", "-k",
+                        "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"
+                        " and not help_and_version_that_cannot_be_written_are_an_error"],
+                       note="lm tokenizer train/encode, lm tokenize and lm data: inputs, outputs, refusals"),
     "train_config": Target(["lm/train/config.py"],
                            ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",
                             "tests/test_train_bookkeeping.py", "tests/test_train_loop.py"],

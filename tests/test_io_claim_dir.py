@@ -778,10 +778,11 @@ def test_a_killed_writers_leftover_is_named_beside_its_output(tmp_path):
                             f"writing it now); once none is running: rm -r {left}")
 
 
-@pytest.mark.parametrize("holder", ["4242", "", "unreadable"])
+@pytest.mark.parametrize("holder", ["4242", "", "unreadable", "\udcff42"])
 def test_a_run_lock_held_elsewhere_names_its_holders_pid(tmp_path, monkeypatch, holder):
     """The refusal names the pid in the lock file (another process's: wait for it), or ? when the file
-    holds none or cannot be read (its holder removed it meanwhile)."""
+    holds none or cannot be read (its holder removed it meanwhile); bytes that are not UTF-8 (no lock
+    of lm's) are shown as U+FFFD, not a UnicodeDecodeError."""
     from lm.train.run_dir import LOCK_NAME, RunLock
 
     first = RunLock(tmp_path)
@@ -790,10 +791,10 @@ def test_a_run_lock_held_elsewhere_names_its_holders_pid(tmp_path, monkeypatch, 
         if holder == "unreadable":
             monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(FileNotFoundError(self)))
         else:
-            (tmp_path / LOCK_NAME).write_text(holder + "\n" if holder else "")
+            (tmp_path / LOCK_NAME).write_bytes(os.fsencode(holder + "\n" if holder else ""))
         with pytest.raises(ValueError) as refused:
             RunLock(tmp_path).acquire(say=pytest.fail)
-        pid = holder if holder.isdigit() else "?"
+        pid = {"": "?", "unreadable": "?", "\udcff42": "\ufffd42"}.get(holder, holder)
         assert str(refused.value) == (f"train.out_dir: {str(tmp_path)!r} is in use by another `lm train` (pid {pid}); "
                                       "wait for it to finish or choose another train.out_dir")
     finally:

@@ -121,6 +121,18 @@ def test_a_batch_budget_below_the_longest_pair_names_the_setting(tmp_path):
             Trainer(config_from_dict(raw), print_fn=lambda *a: None)
         assert str(error.value).startswith(message), str(error.value)
         assert not (tmp_path / "never").exists()
+    # without eval.batch_tokens the validation pairs are batched by train.batch_tokens: that is the name
+    tok = pair_tokenizer()
+    long = np.arange(ord("a"), ord("a") + 12) + 3  # 12 letters: 13 tokens with <eos>
+    write_pair_file(tmp_path / "long_val.bin", [(long, long[::-1].copy())], vocab_size=tok.vocab_size,
+                    tokenizer_sha256=tok.checksum())
+    raw = _config(tmp_path, "never", max_steps=2)
+    raw["data"]["val"], raw["train"]["batch_tokens"] = str(tmp_path / "long_val.bin"), 10
+    with pytest.raises(ValueError) as error:
+        Trainer(config_from_dict(raw), print_fn=lambda *a: None)
+    assert str(error.value) == ("train.batch_tokens: 10 is less than the longest pair kept in data.val (13 tokens "
+                                "with <bos>/<eos>); raise it to at least 13, or lower model.context_length")
+    assert not (tmp_path / "never").exists()
 
 
 def test_the_models_special_ids_must_be_the_tokenizers(tmp_path, capsys):

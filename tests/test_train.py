@@ -2209,3 +2209,62 @@ def test_wandb_plots_each_split_against_the_records_step_and_skips_empty_values(
                          ("log", ({"step": 0, "train/loss": 4.0},), {}), ("finish", (), {})]
     assert read_metrics(tmp_path) == [{"step": 1, "split": "train", "loss": 2.5, "tok_per_s": None},
                                       {"step": 3, "split": "val", "loss": 2.0, "bpb": None}, {"step": 0, "loss": 4.0}]
+
+
+def test_autocast_dtype_names_train_dtype():
+    """The trainer's (and bench_train.py's) autocast dtype: None for float32, bfloat16 as asked, and a
+    name that is none of them refused naming train.dtype."""
+    from lm.train.trainer import autocast_dtype
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype("float32", cpu) is None and autocast_dtype("bfloat16", cpu) is torch.bfloat16
+    assert autocast_dtype("auto", cpu) is None
+    with pytest.raises(ValueError) as refused:
+        autocast_dtype("fp16", cpu)
+    assert str(refused.value) == "train.dtype: must be one of auto, float32, bfloat16, got 'fp16'"
+
+
+def test_read_metrics_names_what_is_not_a_run_folder(tmp_path):
+    """read_metrics (lm plot checks RUN_DIR before it): a missing folder, a file, a folder without
+    metrics.jsonl, each named with its path."""
+    missing, file, empty = tmp_path / "missing", tmp_path / "file", tmp_path / "empty"
+    file.write_text("x")
+    empty.mkdir()
+    for path, message in ((missing, f"run directory not found: {str(missing)!r}"),
+                          (file, f"{str(file)!r} is not a folder, so not a run directory of `lm train`"),
+                          (empty, f"{str(empty)!r} has no metrics.jsonl; is it a run directory of `lm train`?")):
+        with pytest.raises(ValueError) as refused:
+            read_metrics(path)
+        assert str(refused.value) == message
+
+
+def test_a_metrics_log_closes_its_file_when_dropped_and_names_it_when_closing_fails(tmp_path):
+    """A log dropped unclosed (a Trainer made and never run) closes its file with it; a close that
+    fails (the last line's write, on a full disk) names the file and the reason, and the file is
+    closed all the same."""
+    import errno
+    import gc
+
+    from lm.train.metrics import MetricsLog, MetricsWriteError
+
+    log = MetricsLog(tmp_path)
+    log.write({"step": 1, "split": "train", "loss": 2.0})
+    file = log._file
+    del log
+    gc.collect()
+    assert file.closed and read_metrics(tmp_path) == [{"step": 1, "split": "train", "loss": 2.0}]
+
+    class FullDisk:
+        closed = False
+
+        def close(self):
+            self.closed = True
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    log = MetricsLog(tmp_path)
+    log._file.close()
+    log._file = FullDisk()
+    with pytest.raises(MetricsWriteError) as failed:
+        log.close()
+    assert str(failed.value) == f"could not write {str(tmp_path / 'metrics.jsonl')!r}: no space left on device"
+    assert log._file.closed

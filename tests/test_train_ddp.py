@@ -105,6 +105,21 @@ def test_a_signal_to_another_rank_ends_this_one_with_its_status(tmp_path, monkey
     assert 6 <= trainer.step < 50
 
 
+def test_what_rank_zero_refuses_it_raises_itself_and_reads_no_further(tmp_path, rank_of_two):
+    """A folder of another tool's files: rank 0 refuses it, tells the others, and raises its own refusal
+    (mut31: with its failure dropped, rank 0 went on as the others do, reading and starting a run in
+    a folder it had not checked or locked)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError) as refused:
+        Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 2})), print_fn=lambda line: None)
+    assert str(refused.value) == (f"train.out_dir: {str(run)!r} is not empty ('notes.txt') and holds no run of "
+                                  "`lm train` (no config.toml, metrics.jsonl or checkpoints/); choose a new or empty "
+                                  "folder")
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
 def test_other_errors_keep_their_traceback(tmp_path, rank_of_two):
     """Only a lost peer is one line: any other error of a DDP run is raised as it was."""
     rank_of_two(3, RuntimeError("something else broke"))

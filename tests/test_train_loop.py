@@ -280,6 +280,25 @@ def test_compile_bookkeeping_with_torch_compile_as_the_identity(tmp_path, monkey
     assert "compile step" in next(line for line in lines if line.startswith("step 1/4"))
 
 
+@pytest.mark.parametrize("signum, checkpoint_on_signal, ddp, line", [
+    (signal.SIGTERM, True, False, "SIGTERM: saving a checkpoint after this step (again to abort)"),
+    (signal.SIGINT, False, False, "SIGINT: stopping after this step (again to abort)"),
+    (signal.SIGTERM, True, True,
+     f"SIGTERM: saving a checkpoint once every process has heard, within {POLL_STEPS} steps (again to abort)"),
+])
+def test_the_first_signal_says_what_happens_next_even_when_quiet(tmp_path, signum, checkpoint_on_signal, ddp, line):
+    """The line a first Ctrl-C or SIGTERM prints (under --quiet too): a checkpoint or a plain stop, after
+    the step or, under DDP, at the next agreement; and the way to stop at once."""
+    lines = []
+    trainer = Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 2})), print_fn=lines.append,
+                      quiet=True, checkpoint_on_signal=checkpoint_on_signal)
+    if ddp:
+        trainer.dist = _CountingDist()
+    trainer._on_signal(signum, None)
+    trainer._lock.release()
+    assert lines == [line] and trainer.stop_signal == signum
+
+
 def test_a_second_sigterm_says_a_checkpoint_being_written_is_finished_first(tmp_path, capsys):
     """The second SIGTERM said "stopped without a checkpoint" while a checkpoint was being written,
     which the run's `finally` now always finishes (see BackgroundWriter.wait): it says so."""

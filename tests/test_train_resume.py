@@ -18,6 +18,7 @@ from lm.checkpoint.io import write_checkpoint
 from lm.cli import main
 from lm.data import write_token_file
 from lm.tomlio import dump_tables
+from lm.tomlio import loads as toml_loads
 from lm.train import Trainer, config_from_dict, load_config, read_metrics
 from lm.train.distributed import Dist
 
@@ -184,6 +185,20 @@ def test_the_hint_for_an_unreadable_latest_checkpoint_works(tmp_path, capsys):
     assert read_checkpoint(ckpts / "step_00000020.pt")["iteration"] == 20
 
 
+def test_an_unreadable_checkpoint_given_by_path_gets_no_move_aside_hint(tmp_path):
+    """The move-aside hint is for the run's own latest checkpoint: an unreadable file given to --resume
+    from elsewhere, into a new folder, is named alone (mut31: the hint's test read as
+    `latest is None and ...` failed there on None.resolve())."""
+    elsewhere = tmp_path / "elsewhere" / "step_00000005.pt"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"garbage")
+    with pytest.raises(ValueError) as refused:
+        Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 2})), resume=elsewhere, print_fn=_quiet)
+    assert str(refused.value) == (f"--resume: {str(elsewhere)!r} is not an lm checkpoint: not a file torch.save "
+                                  "writes (a zip archive)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_restart_from_step_0_sets_the_earlier_weights_aside(tmp_path):
     """A run kept as model.safetensors with its checkpoints/ deleted, then `--resume`d to train longer,
     starts again from step 0. Its old model.safetensors stayed: `--checkpoint RUN` served the other
@@ -336,20 +351,32 @@ def test_a_folder_with_a_run_s_names_but_not_its_content_is_refused(tmp_path, ca
     another trainer's metrics.jsonl or checkpoints/. The refusal said "pass --resume", and --resume
     then wrote config.toml, tokenizer/ and the run over the user's files (audit train3 #1). Each of
     these names is now checked for what lm train writes there, and the folder refused, naming it."""
-    from lm.tomlio import dump_tables
+    from lm.train.config import SECTIONS
 
     raw = _raw_config(tmp_path, train={"max_steps": 2})
     good = _write_toml(tmp_path / "good.toml", raw)
     hand_written = dict(raw)
     hand_written.pop("log")  # a config for lm, written by hand: not the resolved config of a run
+    gone = [name for name in SECTIONS if name in raw and name != "model"][:2]  # with [wandb]: three missing
+    three_missing = {name: values for name, values in raw.items() if name not in gone}
+    with pytest.raises(ValueError) as parsed:  # the TOML parser's own words (tomllib's, or tomli's on 3.10)
+        toml_loads("name = [\n")
+    toml_error = str(parsed.value).splitlines()[0]
     cases = {
         "tool": ({"config.toml": "[tool.black]\nline-length = 100\n"},
                  "config.toml is not an lm run config (it has a table 'tool')"),
         "hand": ({"config.toml": dump_tables(hand_written)},
                  "config.toml is not an lm run config (no [log] or [wandb] table)"),
-        "toml": ({"config.toml": "name = [\n"}, "config.toml is not an lm run config (not valid TOML: "),
+        "toml": ({"config.toml": "name = [\n"}, f"config.toml is not an lm run config (not valid TOML: {toml_error})"),
+        "key": ({"config.toml": "seed = 1\n"}, "config.toml is not an lm run config (it has a key 'seed')"),
+        "three": ({"config.toml": dump_tables(three_missing)},
+                  f"config.toml is not an lm run config (no [{gone[0]}] or [{gone[1]}] ... table)"),
         "keras": ({"metrics.jsonl": '{"epoch": 1, "acc": 0.5}\n'},
                   'metrics.jsonl is not the metrics of lm train (its first record has no "step" and "split")'),
+        "split": ({"metrics.jsonl": '{"step": 1, "split": 3}\n'},
+                  'metrics.jsonl is not the metrics of lm train (its first record has no "step" and "split")'),
+        "bool": ({"metrics.jsonl": '{"step": true, "split": "train"}\n'},
+                 'metrics.jsonl is not the metrics of lm train (its first record has no "step" and "split")'),
         "csv": ({"metrics.jsonl": "epoch,acc\n1,0.5\n"},
                 "metrics.jsonl is not the metrics of lm train (its first line is not a JSON object)"),
         "ckpt": ({"checkpoints/epoch3.ckpt": "x", "metrics.jsonl": ""},
@@ -367,9 +394,8 @@ def test_a_folder_with_a_run_s_names_but_not_its_content_is_refused(tmp_path, ca
         for resume in ([], ["--resume"]):
             rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={folder}", *resume], capsys)
             assert rc == 2 and err.count("\n") == 1, (name, err)
-            assert err.startswith(f"lm train: error: train.out_dir: {str(folder)!r} is not empty and holds no run of "
-                                  f"`lm train`: {why}"), (name, err)
-            assert err.endswith("; choose a new or empty folder\n") and "--resume" not in err, (name, err)
+            assert err == (f"lm train: error: train.out_dir: {str(folder)!r} is not empty and holds no run of "
+                           f"`lm train`: {why}; choose a new or empty folder\n"), (name, err)
         assert _snapshot(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(
             {rel.split("/")[0] for rel in files} | {"notes.txt", "tokenizer"})
 
