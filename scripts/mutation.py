@@ -223,15 +223,17 @@ TARGETS: dict[str, Target] = {
                          "tests/test_train.py", "tests/test_train_loop.py", "tests/test_plot.py",
                          "tests/test_io_claim_dir.py", "-k", TRAIN_PROCESSES],
                         note="run folders: what holds a run, the lock, records and their truncation on resume"),
-    # the commands that load a model, and those that make data, run in this process by main([...]); left out:
-    # compiled runs (slow) and test_tokenizer_cli's two that signal worker processes in a folder of their own
+    # the commands that load a model, and those that make data, run in this process by main([...]) (with the
+    # docstring examples and test_cli_common's checks of every command's options); left out: compiled runs
+    # (slow), and the three tests that start `lm` in a folder of their own
     "cli_model": Target(["lm/cli/sample.py", "lm/cli/evaluate.py", "lm/cli/translate.py", "lm/cli/export.py"],
                         ["tests/test_sample.py", "tests/test_eval.py", "tests/test_translate.py",
-                         "tests/test_export_hf.py", "-k", "not compile"],
+                         "tests/test_export_hf.py", "tests/test_doctests.py", "tests/test_cli_common.py", "-k",
+                         "not compile and not help_and_version_that_cannot_be_written_are_an_error"],
                         note="lm sample, eval, translate and export: their options, inputs, outputs and refusals"),
     "cli_data": Target(["lm/cli/tokenizer.py", "lm/cli/data.py"],
                        ["tests/test_tokenizer_cli.py", "tests/test_download.py", "tests/test_download_multi30k.py",
-                        "tests/test_pairs.py", "tests/test_cli_common.py", "-k",
+                        "tests/test_pairs.py", "tests/test_cli_common.py", "tests/test_doctests.py", "-k",
                         "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"
                         " and not help_and_version_that_cannot_be_written_are_an_error"],
                        note="lm tokenizer train/encode, lm tokenize and lm data: inputs, outputs, refusals"),

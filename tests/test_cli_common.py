@@ -370,3 +370,51 @@ def test_a_socket_stdout_whose_reader_left_is_a_reader_gone(monkeypatch):
             os.close(w)
     finally:
         ours.close()
+
+
+def _commands(parser=None, prog="lm"):
+    """Every command's parser (``lm sample``, ``lm tokenizer train``...), by its name."""
+    parser = parser or build_parser()
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[f"{prog} {name}"] = sub
+                found.update(_commands(sub, f"{prog} {name}"))
+    return found
+
+
+def test_every_option_of_every_command_says_what_it_is_for():
+    """`lm COMMAND --help` is the reference of the options (the README sends users there): each option
+    of each command has its help text (mut31: `lm sample --top-k`'s and `lm translate --tokenizer`'s
+    dropped survived; nothing read them)."""
+    commands = _commands()
+    assert {"lm sample", "lm translate", "lm eval", "lm export hf", "lm tokenizer train", "lm tokenize", "lm train",
+            "lm data download", "lm serve", "lm demo", "lm plot"} <= set(commands)
+    bare = [f"{name} {action.option_strings[-1] if action.option_strings else action.dest}"
+            for name, parser in commands.items() for action in parser._actions
+            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            and action.help != argparse.SUPPRESS and not (action.help or "").strip()]
+    # and each command in its parent's list (`lm --help`, `lm export --help`)
+    bare += [f"{name} {choice.dest}" for name, parser in {"lm": build_parser(), **commands}.items()
+             for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+             for choice in action._choices_actions if not (choice.help or "").strip()]
+    assert bare == []
+
+
+def test_the_sampling_and_decoding_defaults_of_the_commands_are_the_librarys():
+    """`lm sample` samples as generate() does and `lm translate` decodes as translate() does when no
+    option is given: the defaults are the same numbers (mut31: --temperature's default made 2.0
+    survived)."""
+    import inspect
+
+    from lm.generate import generate
+    from lm.generate.seq2seq import beam_search
+
+    sample = build_parser().parse_args(["sample", "--checkpoint", "run", "--prompt", "x"])
+    defaults = inspect.signature(generate).parameters
+    assert (sample.temperature, sample.top_p, sample.top_k) == tuple(
+        defaults[name].default for name in ("temperature", "top_p", "top_k"))
+    translate = build_parser().parse_args(["translate", "--checkpoint", "run", "--input", "x"])
+    defaults = inspect.signature(beam_search).parameters
+    assert (translate.beam, translate.alpha) == (defaults["beam_size"].default, defaults["alpha"].default)

@@ -3,6 +3,7 @@
 import hashlib
 import http.server
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -420,3 +421,29 @@ def test_a_resume_from_a_server_that_ignores_the_range_gets_the_file(tmp_path):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.mark.parametrize("dataset, args, out", [("tinystories", ("valid", "data"), "data"),
+                                                ("multi30k", ("data/multi30k",), "data/multi30k")])
+def test_download_goes_to_data_by_default_with_progress_unless_quiet(tmp_path, monkeypatch, capsys, dataset, args,
+                                                                    out):
+    """Without --out the files go to data/ (multi30k's to data/multi30k/), as the help says; progress is
+    shown unless --quiet; each file is listed with its size (mut31: the default folder misspelled,
+    --out made required, and multi30k's progress flag dropped survived)."""
+    import lm.data.download as download
+
+    calls = []
+
+    def fetched(*given, progress, overwrite):
+        calls.append((given, progress, overwrite))
+        folder = Path(given[-1])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "f.txt").write_bytes(b"x" * 21_650)
+        return [folder / "f.txt"] if dataset == "multi30k" else folder / "f.txt"
+
+    monkeypatch.setattr(download, f"download_{dataset}", fetched)
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "download", dataset]) == 0
+    assert main(["data", "download", dataset, "--quiet", "--overwrite"]) == 0
+    assert calls == [(args, True, False), (args, False, True)]
+    assert capsys.readouterr().out == f"{out}/f.txt (21.6 kB)\n" * 2

@@ -529,3 +529,28 @@ def test_the_end_of_text_id_is_the_tokenizers_wherever_it_sits(tmp_path):
     config = transformers.AutoConfig.from_pretrained(out)
     assert config.eos_token_id == config.bos_token_id == 256
     assert transformers.AutoTokenizer.from_pretrained(out).eos_token_id == 256
+
+
+def test_an_out_in_a_runs_checkpoints_folder_is_refused_and_only_there(tmp_path, capsys):
+    """In this process, what test_cli_faults' export test checks from the command line: --out in a
+    run's checkpoints/ (a folder of that name beside a config.toml) is refused naming both; a folder
+    named checkpoints that is no run's, or a folder beside a run's config.toml, is no checkpoints
+    folder (mut31: `and` read as `or` survived). And no checkpoint at all is refused naming --checkpoint."""
+    from lm.cli.export import _check_not_in_checkpoints
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("")
+    (tmp_path / "other" / "checkpoints").mkdir(parents=True)
+    for out in (run / "checkpoints" / "hf", run / "checkpoints"):
+        with pytest.raises(ValueError) as refused:
+            _check_not_in_checkpoints(out)
+        assert str(refused.value) == (f"--out: {str(out)!r} is inside {str(run / 'checkpoints')!r}, the checkpoints "
+                                      f"folder of the run {str(run)!r}, which `lm train` keeps for its checkpoints "
+                                      "alone (it would not resume the run); choose another output")
+    for out in (run / "hf", tmp_path / "other" / "checkpoints" / "hf", tmp_path / "hf"):
+        _check_not_in_checkpoints(out)
+    assert main(["export", "hf", "--out", str(tmp_path / "hf")]) == 2
+    assert capsys.readouterr().err == ("lm export hf: error: --checkpoint: required (a checkpoint file or a run "
+                                       "directory)\n")
+    assert not (tmp_path / "hf").exists()

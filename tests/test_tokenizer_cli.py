@@ -46,7 +46,7 @@ def trained(corpus, tmp_path_factory):
     return out
 
 
-def test_num_workers_is_bounded_and_used_with_target_too(trained, corpus, tmp_path, capsys):
+def test_num_workers_is_bounded_and_used_with_target_too(trained, corpus, tmp_path, capsys, monkeypatch):
     """Any --num-workers was taken (10**21), and 1,000 forked one process per 2 MB of the input on a
     2-CPU machine; with --target it was ignored without a word (clifuzz9), then with a warning."""
     from lm.cli.tokenizer import max_workers
@@ -63,10 +63,16 @@ def test_num_workers_is_bounded_and_used_with_target_too(trained, corpus, tmp_pa
     assert max_workers() == max(64, 4 * cpus)
     # with --target the pairs go to the workers too (they had been encoded in one process, with a warning)
     (tmp_path / "s.txt").write_text("".join(f"Tom had {i} balls.\n" for i in range(3000)))
+    import lm.data.pairs as pairs
+
+    asked, tokenize_pairs = [], pairs.tokenize_pairs
+    monkeypatch.setattr(pairs, "tokenize_pairs", lambda *a, **kw: (asked.append(kw["num_workers"]),
+                                                                   tokenize_pairs(*a, **kw))[1])
     for n in (1, 2):
         assert main(["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--target",
                      str(tmp_path / "s.txt"), "--out", str(tmp_path / f"p{n}.bin"), "--num-workers", str(n)]) == 0
         assert "warning" not in capsys.readouterr().err
+    assert asked == [1, 2]  # the processes asked for (mut31: dropped, every pair file took the CPU count)
     assert (tmp_path / "p1.bin").read_bytes() == (tmp_path / "p2.bin").read_bytes()
     assert (tmp_path / "p1.bin.idx").read_bytes() == (tmp_path / "p2.bin.idx").read_bytes()
 
@@ -1232,3 +1238,29 @@ def test_tokenize_never_writes_below_the_tokenizer_folder(tmp_path, capsys):
     assert capsys.readouterr() == ("", f"lm tokenize: error: --out: {str(out)!r} is inside the --tokenizer folder "
                                        f"{str(tmp_path / 'tok')!r}, an input; choose another output\n")
     assert list((tmp_path / "tok" / "sub").iterdir()) == []
+
+
+def test_tokenize_names_what_it_refuses_to_replace_and_a_missing_tokenizer(trained, tmp_path, capsys):
+    """`lm tokenize`'s refusals, in this process (mut31: the kind of file that --out is not, and
+    --tokenizer in a pair corpus's error, misspelled survived): another tool's file at --out is named
+    as not lm's token file (or pair file, with --target), and left as it is; a missing --tokenizer is
+    named as --tokenizer with or without --target."""
+    (tmp_path / "s.txt").write_text("a\nb\n")
+    notes = tmp_path / "notes.bin"
+    notes.write_text("mine")
+    pair = ["--target", str(tmp_path / "s.txt")]
+    for extra, kind in (([], "a token file"), (pair, "a pair or token file")):
+        argv = ["tokenize", "--input", str(tmp_path / "s.txt"), *extra, "--quiet"]
+        assert main([*argv, "--tokenizer", str(trained), "--out", str(notes)]) == 2
+        assert capsys.readouterr().err == (f"lm tokenize: error: --out: {str(notes)!r} exists and is not {kind} "
+                                           "written by `lm tokenize` (it has no valid sidecar); refusing to replace "
+                                           "it\n")
+        assert main([*argv, "--tokenizer", str(tmp_path / "nope"), "--out", str(tmp_path / "x.bin")]) == 2
+        assert capsys.readouterr().err == f"lm tokenize: error: --tokenizer: not found: {str(tmp_path / 'nope')!r}\n"
+    assert notes.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.bin", "s.txt"]
+
+
+def test_the_training_summary_is_indented_json(trained):
+    """summary.json is read by people as well as by code: one key a line, indented, non-ASCII kept."""
+    text = (trained / "summary.json").read_text(encoding="utf-8")
+    assert text == json.dumps(json.loads(text), indent=1, ensure_ascii=False)

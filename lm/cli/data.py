@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "URL of a local copy; the multi30k files are still checked against their pinned sizes and SHA-256.",
         examples=EXAMPLES,
     )
-    d.add_argument("dataset", choices=["tinystories", "multi30k"])
+    d.add_argument("dataset", choices=["tinystories", "multi30k"],
+                   help="tinystories: TinyStoriesV2-GPT4 text, one split; multi30k: Multi30k English-German, "
+                   "all splits")
     d.add_argument("--split", choices=["valid", "train"], default=None,
                    help="tinystories only: which split (default: valid); multi30k downloads all its splits")
     add_out(d, "the folder to put the files in (default: data, or data/multi30k for multi30k)", required=False,
