@@ -165,6 +165,15 @@ def test_the_line_says_when_max_time_makes_the_schedule_follow_the_clock(tmp_pat
             "clock from here, so a rerun or --resume may not be bitwise the same"]), lines
     # the slow run's lrs run ahead of its steps, and it ends where the time is up, at step 3
     assert len(lrs[0]) == 4 and len(lrs[1]) == 3 and lrs[0][0] == lrs[1][0] and lrs[0][1] < lrs[1][1], lrs
+    # the trainer says it for its own schedule: inverse_sqrt's rates follow the steps (mut31: the schedule not
+    # passed, its line said they follow the clock)
+    raw["optim"].update(schedule="inverse_sqrt", warmup_iters=2)
+    raw["train"]["out_dir"] = str(tmp_path / "inverse_sqrt")
+    trainer = Trainer(config_from_dict(raw), print_fn=lambda line: None)
+    trainer._lock.release()
+    assert trainer._determinism == (f"deterministic: the steps yes at {_cpu_threads()} (another thread count may "
+                                    "change the last bits), but train.max_time may end a run, or its --resume, at "
+                                    "another step (the learning rates follow the steps)")
 
 
 def test_configure_determinism_on_cuda_sets_torch_and_cublas(monkeypatch):

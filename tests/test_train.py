@@ -1627,6 +1627,15 @@ def test_a_failed_export_is_one_line_and_resume_exports_again(tmp_path, capsys, 
     monkeypatch.undo()
     assert _cli(["train", "--config", str(toml), "--resume", "--quiet"], capsys)[0] == 0
     assert exported_step(run / "model.safetensors") == 10
+    # an OSError with no errno (a library's own words) is named by its words (mut31: lost, it read "None")
+    monkeypatch.setattr(trainer_module, "export_safetensors", lambda *a, **k: (_ for _ in ()).throw(
+        OSError("Quota exceeded on the run's volume")))
+    trainer = Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 10})), resume=True, print_fn=_quiet)
+    with pytest.raises(OSError) as failed:
+        trainer._export()
+    trainer._lock.release()
+    assert str(failed.value) == (f"could not write {str(run / 'model.safetensors')!r}: quota exceeded on the run's "
+                                 "volume; the checkpoint of step 10 is written: `lm train --resume` exports it again")
 
 
 def test_a_lock_that_cannot_be_removed_does_not_hide_the_real_error(tmp_path, capsys, monkeypatch):
