@@ -808,10 +808,10 @@ def test_a_run_lock_left_by_a_dead_process_is_taken_over_saying_so_and_one_of_th
     from lm.train.run_dir import LOCK_NAME, RunLock
 
     said = []
-    (tmp_path / LOCK_NAME).write_text("999999999\n")
+    (tmp_path / LOCK_NAME).write_bytes(b"\xff999999999\n")  # bytes that are not UTF-8 (no pid of lm's): U+FFFD
     lock = RunLock(tmp_path)
     lock.acquire(say=said.append)
-    assert said == [f"took over the lock of {str(tmp_path)!r} from pid 999999999, which is no longer running"]
+    assert said == [f"took over the lock of {str(tmp_path)!r} from pid \ufffd999999999, which is no longer running"]
     assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n" and lock.held
     lock.release()
     (tmp_path / LOCK_NAME).write_text(f"{os.getpid()}\n")  # as a release that could not remove it leaves it

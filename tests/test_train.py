@@ -2218,6 +2218,15 @@ def test_wandb_plots_each_split_against_the_records_step_and_skips_empty_values(
                          ("log", ({"step": 0, "train/loss": 4.0},), {}), ("finish", (), {})]
     assert read_metrics(tmp_path) == [{"step": 1, "split": "train", "loss": 2.5, "tok_per_s": None},
                                       {"step": 3, "split": "val", "loss": 2.0, "bpb": None}, {"step": 0, "loss": 4.0}]
+    # a new log starts a new wandb run; a resumed one continues the run of wandb_id.txt
+    ids = []
+    _fake_wandb(monkeypatch, lambda **kwargs: (ids.append(kwargs["id"]), _FakeRun())[1])
+    (tmp_path / "wandb_id.txt").write_text("abcd1234\n")
+    for resume in (False, True):
+        MetricsLog(tmp_path, SimpleNamespace(mode="offline", project="lm-test", name=None), {}, resume=resume).close()
+    assert ids[0] != "abcd1234" and ids[1] == ids[0]  # the new run's id was kept in wandb_id.txt
+    MetricsLog(tmp_path, SimpleNamespace(mode="offline", project="lm-test", name=None), {}).close()
+    assert ids[2] not in ids[:2]  # not resumed unless asked
 
 
 def test_autocast_dtype_names_train_dtype():

@@ -625,13 +625,16 @@ def test_a_run_folder_with_one_marker_of_a_run_and_one_of_another_tool_is_named_
     """One marker that is lm train's (a config.toml) beside one that is not (another tool's
     metrics.jsonl): still a run, named by the one ("its config.toml is lm train's"), the other to move
     out. And an out_dir that is a file is refused as such, in this process as from the command line."""
-    from lm.train.run_dir import check_run_folder
+    from lm.train.run_dir import check_run_folder, holds_run, run_problem
 
     raw = _raw_config(tmp_path, train={"max_steps": 2})
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(dump_tables(config_from_dict(raw).to_dict()))
+    assert run_problem(run) is None and holds_run(run)
     (run / "metrics.jsonl").write_text('["not", "a", "record"]\n')
+    assert run_problem(run) == "metrics.jsonl is not the metrics of lm train (its first line is not a JSON object)"
+    assert not holds_run(run)
     with pytest.raises(ValueError) as refused:
         check_run_folder(run)
     assert str(refused.value) == (f"train.out_dir: {str(run)!r} holds a run of `lm train` (its config.toml is lm "
