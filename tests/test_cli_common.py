@@ -418,3 +418,24 @@ def test_the_sampling_and_decoding_defaults_of_the_commands_are_the_librarys():
     translate = build_parser().parse_args(["translate", "--checkpoint", "run", "--input", "x"])
     defaults = inspect.signature(beam_search).parameters
     assert (translate.beam, translate.alpha) == (defaults["beam_size"].default, defaults["alpha"].default)
+
+
+def test_a_command_group_alone_asks_for_its_command(capsys):
+    """`lm data`, `lm tokenizer` and `lm export` alone (mut31: a group's subcommand made optional
+    survived; the run then had no command to call) are usage errors naming what is missing, as is
+    `lm tokenize` without its required --input."""
+    groups = {name: parser for name, parser in {"lm": build_parser(), **_commands()}.items()
+              if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)}
+    assert set(groups) == {"lm", "lm data", "lm tokenizer", "lm export"}
+    for name, parser in groups.items():
+        metavar = next(a.metavar for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        with pytest.raises(SystemExit) as stopped:
+            main(name.split()[1:])
+        err = capsys.readouterr().err
+        assert stopped.value.code == 2 and err.endswith(f"{name}: error: the following arguments are required: "
+                                                        f"{metavar}\n"), err
+    with pytest.raises(SystemExit) as stopped:
+        main(["tokenize", "--tokenizer", "tok", "--out", "x.bin"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.endswith("lm tokenize: error: the following arguments are required: "
+                                                    "--input\n"), err

@@ -881,3 +881,26 @@ def test_eval_refuses_stride_with_target_before_loading_anything(tmp_path, capsy
     assert out == "" and err.startswith("lm eval: error: --stride: slides a language model's window over a token "
                                         "stream; a translation model is scored pair by pair (--target), got "
                                         "--stride 4\n"), err
+
+
+def test_eval_names_the_file_at_fault_in_process(run, tmp_path, capsys):
+    """What test_cli_faults and test_seq2seq_train check from the command line, in this process: a
+    file of bytes that are not UTF-8, without a sidecar, is named as such (not as a .bin's name); a
+    bad line of --target is --target's, of --data --data's, and a count that differs is both's."""
+    from lm.cli.evaluate import read_pairs
+
+    d, _, _ = run
+    (tmp_path / "raw.dat").write_bytes(b"\xff\xfe\x00\x01" * 64)
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "raw.dat"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"lm eval: error: --data: {str(tmp_path / 'raw.dat')!r} has no sidecar "
+                                       "'raw.dat.json' and is not UTF-8 text; pass a token file written by "
+                                       "`lm tokenize` (with its sidecar) or a text file\n")
+    good, bad, short = tmp_path / "good.txt", tmp_path / "bad.txt", tmp_path / "short.txt"
+    good.write_text("a\nb\n")
+    bad.write_bytes(b"a\n\xffb\n")
+    short.write_text("a\n")
+    for src, tgt, start in ((good, bad, f"--target: {str(bad)!r} line 2"), (bad, good, f"--data: {str(bad)!r} line 2"),
+                            (good, short, "--data/--target: ")):
+        with pytest.raises(ValueError) as refused:
+            read_pairs(src, tgt)
+        assert str(refused.value).startswith(start), refused.value

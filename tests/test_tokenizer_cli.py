@@ -66,13 +66,16 @@ def test_num_workers_is_bounded_and_used_with_target_too(trained, corpus, tmp_pa
     import lm.data.pairs as pairs
 
     asked, tokenize_pairs = [], pairs.tokenize_pairs
-    monkeypatch.setattr(pairs, "tokenize_pairs", lambda *a, **kw: (asked.append(kw["num_workers"]),
+    monkeypatch.setattr(pairs, "tokenize_pairs", lambda *a, **kw: (asked.append((kw["num_workers"], kw["progress"])),
                                                                    tokenize_pairs(*a, **kw))[1])
-    for n in (1, 2):
+    for n, quiet in ((1, []), (2, ["--quiet"])):
         assert main(["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--target",
-                     str(tmp_path / "s.txt"), "--out", str(tmp_path / f"p{n}.bin"), "--num-workers", str(n)]) == 0
+                     str(tmp_path / "s.txt"), "--out", str(tmp_path / f"p{n}.bin"), "--num-workers", str(n),
+                     *quiet]) == 0
         assert "warning" not in capsys.readouterr().err
-    assert asked == [1, 2]  # the processes asked for (mut31: dropped, every pair file took the CPU count)
+    # the processes asked for, and progress unless --quiet (mut31: dropped, every pair file took the CPU
+    # count; progress None, no bar on a terminal)
+    assert asked == [(1, True), (2, False)]
     assert (tmp_path / "p1.bin").read_bytes() == (tmp_path / "p2.bin").read_bytes()
     assert (tmp_path / "p1.bin.idx").read_bytes() == (tmp_path / "p2.bin.idx").read_bytes()
 
@@ -1258,6 +1261,16 @@ def test_tokenize_names_what_it_refuses_to_replace_and_a_missing_tokenizer(train
         assert main([*argv, "--tokenizer", str(tmp_path / "nope"), "--out", str(tmp_path / "x.bin")]) == 2
         assert capsys.readouterr().err == f"lm tokenize: error: --tokenizer: not found: {str(tmp_path / 'nope')!r}\n"
     assert notes.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.bin", "s.txt"]
+
+
+def test_tokenizer_train_names_an_empty_input(tmp_path, capsys):
+    """An empty --input is refused naming it, before anything is made (mut31: its path lost survived)."""
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "empty.txt"), "--vocab-size", "300", "--out",
+                 str(tmp_path / "tok"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"lm tokenizer train: error: --input: file is empty: "
+                                       f"{str(tmp_path / 'empty.txt')!r}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
 
 
 def test_the_training_summary_is_indented_json(trained):

@@ -622,6 +622,22 @@ def test_a_bad_line_of_a_buffered_input_is_named_after_the_lines_before_it(run, 
                            "column 1)\n"
 
 
+def test_translate_refuses_gzip_on_buffered_stdin_and_a_missing_input_naming_them(run, tmp_path, capsys, monkeypatch):
+    """In this process (mut31: both messages lost survived): gzip on standard input is read whole, so
+    with --buffer-size it is refused saying so; a missing --input file is named as --input."""
+    import gzip
+    import io
+
+    d, _, _ = run
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(gzip.compress(b"ab cd\n")))))
+    assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1", "--buffer-size", "2"]) == 2
+    assert capsys.readouterr() == ("", "lm translate: error: --buffer-size: standard input is gzip, which is read "
+                                       "whole; leave --buffer-size out (or pipe it through zcat)\n")
+    assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "nope.txt"), "--beam", "1"]) == 2
+    missing = str(tmp_path / "nope.txt")
+    assert capsys.readouterr() == ("", f"lm translate: error: --input: file not found: {missing!r}\n")
+
+
 # -- one translation a line, one encoding of a source, memory, progress ------------------------------
 
 def _lm(*argv) -> int:
