@@ -895,6 +895,9 @@ def test_eval_names_the_file_at_fault_in_process(run, tmp_path, capsys):
     assert capsys.readouterr().err == (f"lm eval: error: --data: {str(tmp_path / 'raw.dat')!r} has no sidecar "
                                        "'raw.dat.json' and is not UTF-8 text; pass a token file written by "
                                        "`lm tokenize` (with its sidecar) or a text file\n")
+    for option in ("--batch-size", "--max-tokens", "--stride"):  # named as given (mut31: --batch_size survived)
+        assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "raw.dat"), option, "0"]) == 2
+        assert capsys.readouterr().err == f"lm eval: error: {option}: must be >= 1, got 0\n"
     good, bad, short = tmp_path / "good.txt", tmp_path / "bad.txt", tmp_path / "short.txt"
     good.write_text("a\nb\n")
     bad.write_bytes(b"a\n\xffb\n")

@@ -636,6 +636,11 @@ def test_translate_refuses_gzip_on_buffered_stdin_and_a_missing_input_naming_the
     assert main(["translate", "--checkpoint", str(d), "--input", str(tmp_path / "nope.txt"), "--beam", "1"]) == 2
     missing = str(tmp_path / "nope.txt")
     assert capsys.readouterr() == ("", f"lm translate: error: --input: file not found: {missing!r}\n")
+    # unbuffered, standard input is read whole and named as such (mut31: named as "'-'" survived)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(b"ab\n\xffcd\n"))))
+    assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1"]) == 2
+    assert capsys.readouterr() == ("", "lm translate: error: --input: standard input line 2: not valid UTF-8 (byte "
+                                       "0xff at column 1; 1 byte in all)\n")
 
 
 # -- one translation a line, one encoding of a source, memory, progress ------------------------------
