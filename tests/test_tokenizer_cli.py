@@ -69,10 +69,14 @@ def test_num_workers_is_bounded_and_used_with_target_too(trained, corpus, tmp_pa
     monkeypatch.setattr(pairs, "tokenize_pairs", lambda *a, **kw: (asked.append((kw["num_workers"], kw["progress"])),
                                                                    tokenize_pairs(*a, **kw))[1])
     for n, quiet in ((1, []), (2, ["--quiet"])):
+        t0 = time.perf_counter()
         assert main(["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--target",
                      str(tmp_path / "s.txt"), "--out", str(tmp_path / f"p{n}.bin"), "--num-workers", str(n),
                      *quiet]) == 0
-        assert "warning" not in capsys.readouterr().err
+        out, err = capsys.readouterr()
+        assert "warning" not in err
+        took = float(re.search(r" in (\d+\.\d)s -> ", out)[1])  # the run's own seconds (mut31: + t0 survived)
+        assert took <= round(time.perf_counter() - t0, 1) + 0.05, out
     # the processes asked for, and progress unless --quiet (mut31: dropped, every pair file took the CPU
     # count; progress None, no bar on a terminal)
     assert asked == [(1, True), (2, False)]
@@ -1264,13 +1268,18 @@ def test_tokenize_names_what_it_refuses_to_replace_and_a_missing_tokenizer(train
 
 
 def test_tokenizer_train_names_an_empty_input(tmp_path, capsys):
-    """An empty --input is refused naming it, before anything is made (mut31: its path lost survived)."""
+    """An empty --input, and an empty --out, are refused naming them, before anything is made (mut31: the
+    path and the option's name lost survived)."""
     (tmp_path / "empty.txt").write_text("")
     assert main(["tokenizer", "train", "--input", str(tmp_path / "empty.txt"), "--vocab-size", "300", "--out",
                  str(tmp_path / "tok"), "--quiet"]) == 2
     assert capsys.readouterr().err == (f"lm tokenizer train: error: --input: file is empty: "
                                        f"{str(tmp_path / 'empty.txt')!r}\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
+    (tmp_path / "text.txt").write_text("some text")
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "text.txt"), "--vocab-size", "300", "--out", "",
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("lm tokenizer train: error: --out: must not be empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "text.txt"]
 
 
 def test_the_training_summary_is_indented_json(trained):
