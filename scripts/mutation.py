@@ -91,7 +91,6 @@ UNDECORATE = {
     "io": _rewrapped("lm/io.py", "contextlib.contextmanager",
                      ("atomic_write", "atomic_files", "_naming", "writing_out", "interrupts_deferred",
                       "unchanged_while", "replace_dir", "removing_made_dirs", "claim_dir")),
-    # generate() has two decorators; both go back on, in their order
     # the trainer's setup, data checks, evaluation and logging: evaluation runs without gradients, the
     # signal and step-time reads are properties, and the out_dir errors a context manager
     "train_setup": _rewrapped("lm/train/trainer.py", "torch.no_grad()", ("evaluate", "_compile_evaluation"),
@@ -105,6 +104,7 @@ UNDECORATE = {
                                           ("lm/cli/translate.py", "cmd_translate"))
                   for edit in _rewrapped(file, "quiet_on_closed_pipe", (name,))],
     "cli_data": _rewrapped("lm/cli/tokenizer.py", "contextlib.contextmanager", ("_out_errors",)),
+    # generate() has two decorators; both go back on, in their order
     "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
                  ("lm/generate/engine.py", None,
                   "\n\ngenerate = _in_eval_mode(torch.inference_mode()(generate))  # for mutmut\n")],
@@ -236,7 +236,7 @@ TARGETS: dict[str, Target] = {
                         "tests/test_pairs.py", "tests/test_cli_common.py", "tests/test_doctests.py", "-k",
                         "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"
                         " and not help_and_version_that_cannot_be_written_are_an_error"],
-                       note="lm tokenizer train/encode, lm tokenize and lm data: inputs, outputs, refusals"),
+                       note="lm tokenizer train, lm tokenize and lm data download: inputs, outputs, refusals"),
     "train_config": Target(["lm/train/config.py"],
                            ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",
                             "tests/test_train_bookkeeping.py", "tests/test_train_loop.py"],
