@@ -442,6 +442,16 @@ def test_cli_eval_of_a_translation_model_names_the_weights_it_scored(tmp_path, c
     assert lines[0].endswith(f"(2 sentences, beam 1, alpha 0.6)  checkpoint {tmp_path / 'model.safetensors'} "
                              "(step 7)")
     assert len(lines) == 3  # and the two signatures
+    # its translations are lm translate's: one a line, line breaks barred (mut31: banned = None survived; the
+    # random test models never write one)
+    import lm.generate
+    from lm.generate.seq2seq import line_break_ids
+
+    banned, translate = [], lm.generate.translate
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lm.generate, "translate", lambda *a, **kw: (banned.append(kw["banned_ids"]), translate(*a, **kw))[1])
+        assert main(argv) == 0
+    assert banned == [line_break_ids(tok)] and banned[0]
 
 
 # -- faults of the model, out of memory, options that do nothing here (audit evaluate3) -------------------
