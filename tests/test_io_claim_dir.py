@@ -783,13 +783,15 @@ def test_a_run_lock_held_elsewhere_names_its_holders_pid(tmp_path, monkeypatch, 
     """The refusal names the pid in the lock file (another process's: wait for it), or ? when the file
     holds none or cannot be read (its holder removed it meanwhile); bytes that are not UTF-8 (no lock
     of lm's) are shown as U+FFFD, not a UnicodeDecodeError."""
+    from helpers.faults import raising
+
     from lm.train.run_dir import LOCK_NAME, RunLock
 
     first = RunLock(tmp_path)
     first.acquire(say=pytest.fail)
     try:
         if holder == "unreadable":
-            monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(FileNotFoundError(self)))
+            monkeypatch.setattr(Path, "read_bytes", raising(FileNotFoundError(str(tmp_path / LOCK_NAME))))
         else:
             (tmp_path / LOCK_NAME).write_bytes(os.fsencode(holder + "\n" if holder else ""))
         with pytest.raises(ValueError) as refused:

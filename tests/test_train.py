@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.faults import full_disk_fdopen
+from helpers.faults import full_disk_fdopen, raising
 
 from lm.checkpoint import load_model, read_checkpoint
 from lm.data import write_token_file
@@ -1628,8 +1628,7 @@ def test_a_failed_export_is_one_line_and_resume_exports_again(tmp_path, capsys, 
     assert _cli(["train", "--config", str(toml), "--resume", "--quiet"], capsys)[0] == 0
     assert exported_step(run / "model.safetensors") == 10
     # an OSError with no errno (a library's own words) is named by its words (mut31: lost, it read "None")
-    monkeypatch.setattr(trainer_module, "export_safetensors", lambda *a, **k: (_ for _ in ()).throw(
-        OSError("Quota exceeded on the run's volume")))
+    monkeypatch.setattr(trainer_module, "export_safetensors", raising(OSError("Quota exceeded on the run's volume")))
     trainer = Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 10})), resume=True, print_fn=_quiet)
     with pytest.raises(OSError) as failed:
         trainer._export()

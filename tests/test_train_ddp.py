@@ -3,7 +3,6 @@ two, and DDP wraps the model over a real one-process gloo group, so that the wra
 collectives are torch's own; the other process's death is the error gloo raises then. One torchrun
 case (slow) checks the same against a process that really dies."""
 
-import functools
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.faults import raising
 from test_train import REPO, _raw_config, _write_toml
 
 from lm.train import Trainer, config_from_dict
@@ -579,10 +579,6 @@ def test_a_peer_that_never_joins_is_one_line_after_train_dist_timeout(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def _raises(error, *args):
-    raise error
-
-
 @pytest.mark.parametrize("error, wait, expected", [
     (dist.DistStoreError("Timed out after 3 seconds waiting for clients. 1/2 clients joined.\nmore"), 2.0,
      (PeerStopped, "the processes of the run did not all join within 2s (train.dist_timeout; DistStoreError: Timed "
@@ -622,7 +618,7 @@ def test_a_failed_join_is_one_line_naming_the_wait_or_the_port(monkeypatch, erro
         Trainer._join(cfg)
     assert type(raised.value) is kind and str(raised.value) == message
     for other in (RuntimeError("gloo: something else"), ValueError("WORLD_SIZE: not a number")):
-        monkeypatch.setattr(trainer_module, "init_distributed", functools.partial(_raises, other))
+        monkeypatch.setattr(trainer_module, "init_distributed", raising(other))
         with pytest.raises(type(other)) as raised:
             Trainer._join(cfg)
         assert raised.value is other

@@ -1,4 +1,5 @@
-"""A full disk in one process: ``os.fdopen`` whose files fail their writes as a full disk fails them."""
+"""Faults in one process: ``os.fdopen`` whose files fail their writes as a full disk fails them, and a
+stand-in for a function that raises."""
 
 import errno
 import os
@@ -32,3 +33,12 @@ def full_disk_fdopen(fails=lambda fd, opened: True):
         return FullDisk(file) if fails(fd, opened) else file
 
     return fdopen
+
+
+def raising(error: BaseException):
+    """A stand-in for any function (any arguments) that raises ``error``."""
+
+    def fails(*args, **kwargs):
+        raise error
+
+    return fails
