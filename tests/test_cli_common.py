@@ -372,16 +372,9 @@ def test_a_socket_stdout_whose_reader_left_is_a_reader_gone(monkeypatch):
         ours.close()
 
 
-def _commands(parser=None, prog="lm"):
+def _commands():
     """Every command's parser (``lm sample``, ``lm tokenizer train``...), by its name."""
-    parser = parser or build_parser()
-    found = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found[f"{prog} {name}"] = sub
-                found.update(_commands(sub, f"{prog} {name}"))
-    return found
+    return {" ".join(("lm", *path)): sub for path, sub in _subparsers(build_parser())}
 
 
 def test_every_option_of_every_command_says_what_it_is_for():
