@@ -482,6 +482,11 @@ def test_cli_eval_of_a_language_model_out_of_memory_is_one_line_naming_batch_siz
         tried = "10000000000000000 bytes" if error == "cpu" else "2.00 GiB"
         assert err == ("lm eval: error: --batch-size: a batch of up to 3 windows of 16 tokens does not fit in "
                        f"memory (torch tried to allocate {tried}); lower --batch-size"), err
+    # one window of one token (--max-tokens 1): said in the singular
+    assert main([*argv[:-3], "--batch-size", "1", "--max-tokens", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lm eval: error: --batch-size: a batch of up to 1 window of 1 token does not fit in "
+                          "memory (torch tried to allocate "), err
 
     def broken(*args, **kwargs):
         raise RuntimeError("shape mismatch")

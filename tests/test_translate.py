@@ -559,6 +559,22 @@ def test_lm_eval_refuses_a_source_longer_than_the_context(run, tmp_path, capsys)
     r = json.loads(captured.out)
     assert r["sentences"] == 3 and r["tokens"] == (3 + 1) + (5 + 1)  # the loss: the other two pairs, with <eos>
     assert r["bleu"] == bleu_chrf(_greedy_lines(model, tok, sources), references)["bleu"]
+    # a source too long only with the whitespace around it: translated stripped, as lm translate reads it,
+    # and left out of the loss (training reads the whole line); the warning names pairs, not references
+    sources = ["abc", "hello" + " " * 30, "hello"]
+    assert len(tok.encode(sources[1].strip())) <= 31 < len(tok.encode(sources[1]))
+    (tmp_path / "s.txt").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "t.txt").write_text("cba\nolleh\nolleh\n")
+    assert main(["eval", "--checkpoint", str(d), "--data", str(tmp_path / "s.txt"), "--target",
+                 str(tmp_path / "t.txt"), "--beam", "1", "--json", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("lm eval: warning: 1 of 3 pairs is longer than the 31 tokens a sentence "
+                                   "may hold (context 32"), captured.err
+    assert captured.err.endswith(": its pair is left out of the loss, not of BLEU and chrF\n"), captured.err
+    r = json.loads(captured.out)
+    assert r["sentences"] == 3 and r["tokens"] == (3 + 1) + (5 + 1)
+    stripped = [s.strip() for s in sources]
+    assert r["bleu"] == bleu_chrf(_greedy_lines(model, tok, stripped), ["cba", "olleh", "olleh"])["bleu"]
 
 
 def test_lm_translate_into_a_closed_pipe_stops_quietly(run, tmp_path):
