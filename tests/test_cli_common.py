@@ -432,3 +432,185 @@ def test_a_command_group_alone_asks_for_its_command(capsys):
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.endswith("lm tokenize: error: the following arguments are required: "
                                                     "--input\n"), err
+
+
+# -- lm's standard streams, in this process (they had subprocess tests only, run from folders of their own) --
+
+def test_stdout_that_cannot_be_written_is_named_once_then_silenced(monkeypatch):
+    """`lm sample > /dev/full` said "error: [Errno 28] No space left on device", naming nothing
+    (clifuzz9). A write or flush error of standard output is a StdoutError naming it, once: descriptor
+    1 is then /dev/null, so the lines still buffered are no second error. A closed pipe is left to
+    quiet_on_closed_pipe, as it is."""
+    import errno
+
+    import lm.io
+    from lm.cli import StdoutError, _Stdout
+
+    silenced = []
+    monkeypatch.setattr(lm.io, "silence_stdout", lambda: silenced.append(1))
+    with pytest.raises(StdoutError) as e:
+        _Stdout(FullDisk(io.StringIO())).write("x")
+    assert (e.value.errno, str(e.value)) == (errno.ENOSPC, "standard output cannot be written: No space left on "
+                                                           "device")
+    assert silenced == [1]
+
+    class FailingFlush(io.StringIO):
+        def flush(self):
+            raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(StdoutError, match=r"^standard output cannot be written: Input/output error$"):
+        _Stdout(FailingFlush()).flush()
+    assert silenced == [1, 1]
+
+    class ReaderGone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        _Stdout(ReaderGone()).write("x")
+    assert silenced == [1, 1]  # not silenced here: quiet_on_closed_pipe decides
+
+    stream = io.StringIO()  # a stream that works: its writes, their counts and its other attributes
+    out = _Stdout(stream)
+    assert out.write("abc") == 3
+    out.flush()
+    assert out.getvalue() == "abc"
+    broken = _Stdout(stream, broken=True)  # closed or read-only at start: the first write is the error
+    with pytest.raises(StdoutError, match=r"^standard output cannot be written: Bad file descriptor$"):
+        broken.write("lost")
+    assert silenced == [1, 1, 1]
+    assert broken.write("def") == 3 and stream.getvalue() == "abcdef"  # then descriptor 1 is /dev/null's
+    with pytest.raises(StdoutError, match="Bad file descriptor"):
+        _Stdout(io.StringIO(), broken=True).flush()
+
+
+def test_writable_tells_a_stream_open_for_writing(tmp_path):
+    """Closed (None, or a descriptor that is not open) or open for reading only: not writable. A
+    stream without a descriptor (pytest's capture, io.StringIO) is taken as it is."""
+    import os
+
+    from lm.cli import _writable
+
+    assert not _writable(None)
+    assert _writable(io.StringIO())
+    (tmp_path / "f").write_text("")
+    for mode, writable in (("r", False), ("w", True), ("a", True), ("r+", True)):
+        with open(tmp_path / "f", mode) as f:
+            assert _writable(f) is writable, mode
+    read, write = os.pipe()
+    with os.fdopen(read) as r, os.fdopen(write, "w") as w:
+        assert (_writable(r), _writable(w)) == (False, True)
+    free = os.open(os.devnull, os.O_RDONLY)
+    os.close(free)
+
+    class Closed:
+        def fileno(self):
+            return free
+
+    assert not _writable(Closed())
+
+
+def test_devnull_at_points_a_descriptor_at_dev_null_without_leaking_one(tmp_path):
+    """A closed descriptor 1 or 2 would be taken by the next file opened, and what a library writes
+    to it would land in that file."""
+    import os
+
+    from lm.cli import _devnull_at
+
+    def lowest_free() -> int:  # the number the next file opened gets
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.close(fd)
+        return fd
+
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    free = lowest_free()
+    try:
+        _devnull_at(fd)
+        assert lowest_free() == free  # /dev/null's own descriptor closed again
+        assert os.path.samestat(os.fstat(fd), os.stat(os.devnull))
+        os.write(fd, b"discarded")
+        assert (tmp_path / "f").read_bytes() == b""
+    finally:
+        os.close(fd)
+    free = lowest_free()  # a closed descriptor: /dev/null is opened at that number and kept
+    _devnull_at(free)
+    try:
+        assert lowest_free() != free
+        assert os.path.samestat(os.fstat(free), os.stat(os.devnull))
+        os.write(free, b"discarded")  # open for writing
+    finally:
+        os.close(free)
+
+
+def test_standard_streams_discard_what_cannot_be_written_and_name_stdout(monkeypatch, tmp_path):
+    """Closed standard error: its lines go to /dev/null, not into standard output's data. Closed
+    standard output: descriptor 1 is /dev/null's and the first write is the error naming it. Either
+    way stdout is wrapped, and a name that is not UTF-8 is written as its bytes."""
+    import lm.cli
+    import lm.io
+    from lm.cli import StdoutError, _standard_streams, _Stdout
+
+    pointed, silenced = [], []
+    monkeypatch.setattr(lm.cli, "_devnull_at", pointed.append)  # descriptors 1 and 2 are pytest's
+    monkeypatch.setattr(lm.io, "silence_stdout", lambda: silenced.append(1))
+    monkeypatch.setattr(sys, "stderr", None)
+    monkeypatch.setattr(sys, "stdout", None)
+    _standard_streams()
+    assert pointed == [2, 1]
+    assert (sys.stderr.fileno(), sys.stderr.errors, sys.stderr.buffer.raw.closefd) == (2, "backslashreplace", False)
+    assert isinstance(sys.stdout, _Stdout) and sys.stdout.fileno() == 1 and not sys.stdout.buffer.raw.closefd
+    assert sys.stdout.errors == "surrogateescape"
+    with pytest.raises(StdoutError, match="Bad file descriptor"):
+        sys.stdout.write("x")
+    assert silenced == [1]
+
+    pointed.clear()
+    with open(tmp_path / "out", "w", encoding="utf-8") as out:
+        err = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        monkeypatch.setattr(sys, "stdout", out)
+        _standard_streams()
+        assert pointed == [] and sys.stderr is err
+        assert isinstance(sys.stdout, _Stdout) and not sys.stdout._broken
+        sys.stdout.write("caf\udce9\n")
+        sys.stdout.flush()
+    assert (tmp_path / "out").read_bytes() == b"caf\xe9\n"
+
+
+@pytest.mark.parametrize("outcome", [0, 2, 130, 143, "ctrl-c"])
+def test_entry_exits_with_mains_status_at_once_after_a_signal(outcome, monkeypatch, capsys):
+    """entry() exits with main's status; after Ctrl-C or SIGTERM (130, 143) at once (os._exit), without
+    the interpreter's teardown. From the moment main returns, Ctrl-C is ignored; one that lands
+    outside main's own handler is "lm: interrupted", 130."""
+    import os
+    import signal
+
+    import lm.cli
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(status):
+        raise Exited(status)
+
+    def run_main():
+        if outcome == "ctrl-c":
+            raise KeyboardInterrupt
+        return outcome
+
+    monkeypatch.setattr(lm.cli, "_standard_streams", lambda: None)
+    monkeypatch.setattr(lm.cli, "main", run_main)
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises((SystemExit, Exited)) as e:
+            lm.cli.entry()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    status = 130 if outcome == "ctrl-c" else outcome
+    if status in (130, 143):
+        assert type(e.value) is Exited and e.value.args == (status,)
+    else:
+        assert type(e.value) is SystemExit and e.value.code == status
+    assert capsys.readouterr().err == ("lm: interrupted\n" if outcome == "ctrl-c" else "")
