@@ -752,6 +752,37 @@ def test_workers_die_with_a_killed_parent(trained, big_text, tmp_path):
         assert _gone(workers), workers
 
 
+@pytest.mark.parametrize("command", ["tokenize", "tokenize --target", "tokenizer train"])
+def test_sigterm_in_this_process_is_the_commands_terminated_line_and_143(trained, corpus, tmp_path, monkeypatch,
+                                                                           capsys, command):
+    """The line's name was seen only by the subprocess tests above, from folders of their own (a
+    mutant naming another command survived). SIGTERM as the work starts: one line naming the command,
+    exit 143, and no output."""
+    from helpers.signals import main_terminated_inside
+
+    import lm.data
+    import lm.data.pairs
+    import lm.tokenizer.train
+
+    (tmp_path / "de.txt").write_text("Hallo\n")
+    (tmp_path / "en.txt").write_text("Hello\n")
+    out = tmp_path / "out"
+    owner, name, argv = {
+        "tokenize": (lm.data, "tokenize_file",
+                     ["tokenize", "--tokenizer", str(trained), "--input", str(corpus), "--out", str(out)]),
+        "tokenize --target": (lm.data.pairs, "tokenize_pairs",
+                              ["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "de.txt"),
+                               "--target", str(tmp_path / "en.txt"), "--out", str(out)]),
+        "tokenizer train": (lm.tokenizer.train, "train_bpe",
+                            ["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out",
+                             str(out)]),
+    }[command]
+    assert main_terminated_inside(monkeypatch, owner, name, [*argv, "--quiet"]) == 143
+    prog = command.replace(" --target", "")
+    assert capsys.readouterr() == ("", f"lm {prog}: terminated\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt", "en.txt"]
+
+
 def _pid(_):
     return os.getpid()
 
