@@ -104,6 +104,8 @@ UNDECORATE = {
                                           ("lm/cli/translate.py", "cmd_translate"))
                   for edit in _rewrapped(file, "quiet_on_closed_pipe", (name,))],
     "cli_data": _rewrapped("lm/cli/tokenizer.py", "contextlib.contextmanager", ("_out_errors",)),
+    "cli_common": _rewrapped("lm/cli/common.py", "contextlib.contextmanager",
+                             ("as_flags", "model_fits", "reading_stdin")),
     # generate() has two decorators; both go back on, in their order
     "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
                  ("lm/generate/engine.py", None,
@@ -117,6 +119,16 @@ UNDECORATE = {
 TRAIN_PROCESSES = ("not closed_stdout_pipe and not read_only_parent_of_out_dir and not gloo and not sigkill"
                    " and not signal_saves_a_checkpoint_and_resume and not pair_data_errors_name_the_config_key"
                    " and not a_peer_that_never_joins and not a_port_in_use")
+# the tests that start `lm serve` as a process
+SERVE_PROCESSES = ("not failing_model_fails_its_requests_and_the_server_exits and not second_signal_exits_at_once"
+                   " and not lm_serve_dtype_bfloat16 and not lm_serve_quiet_on_port_0"
+                   " and not serve_refuses_bad_arguments and not sigterm_finishes_requests"
+                   " and not start_server_fails_naming and not serves_a_translation_checkpoint")
+# the command tests that start `lm` in a folder of their own (drawn by recording each test's subprocesses
+# and their cwd), and compiled runs (slow)
+CLI_PROCESSES = ("not compile and not help_and_version_that_cannot_be_written_are_an_error"
+                 " and not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent")
+RUN_PROCESSES = f"{TRAIN_PROCESSES} and {SERVE_PROCESSES} and not help_and_version_that_cannot_be_written_are_an_error"
 
 
 TARGETS: dict[str, Target] = {
@@ -181,10 +193,7 @@ TARGETS: dict[str, Target] = {
     # the HTTP layer over a server in this process; the tests that start `lm serve` are left out (as for io)
     "serve_app": Target(["lm/serve/app.py"],
                         ["tests/test_server.py", "tests/test_serve_fuzz.py", "tests/test_serve_translation.py", "-k",
-                         "not failing_model_fails_its_requests_and_the_server_exits and not second_signal_exits_at_once"
-                         " and not lm_serve_dtype_bfloat16 and not lm_serve_quiet_on_port_0"
-                         " and not serve_refuses_bad_arguments and not sigterm_finishes_requests"
-                         " and not start_server_fails_naming and not serves_a_translation_checkpoint"],
+                         SERVE_PROCESSES],
                         note="lm serve's HTTP layer: routes, streaming, errors, body limits, metrics, origins"),
     # what keeps a run reproducible and its checkpoints whole across stops and resumes; left out: the tests
     # that run `lm train` in processes they signal, kill or restrict, torchrun's, and one in a folder of its own
@@ -237,6 +246,20 @@ TARGETS: dict[str, Target] = {
                         "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"
                         " and not help_and_version_that_cannot_be_written_are_an_error"],
                        note="lm tokenizer train, lm tokenize and lm data download: inputs, outputs, refusals"),
+    # what every command shares (lm.cli.common: the grammar, errors in the command line's words, a closed
+    # pipe) and `lm` itself (its parser, main, standard streams), with the commands' in-process tests
+    "cli_common": Target(["lm/cli/common.py", "lm/cli/__init__.py"],
+                         ["tests/test_cli_common.py", "tests/test_doctests.py", "tests/test_sample.py",
+                          "tests/test_eval.py", "tests/test_tokenizer_cli.py", "tests/test_export_hf.py",
+                          "tests/test_plot.py", "tests/test_translate.py", "-k", CLI_PROCESSES],
+                         note="the grammar every command shares, its errors, lm's parser and standard streams"),
+    # lm train, lm plot, lm serve (its checks and start; the server itself is serve_app's) and lm demo
+    "cli_run": Target(["lm/cli/train.py", "lm/cli/serve.py", "lm/cli/demo.py"],
+                      ["tests/test_train.py", "tests/test_train_resume.py", "tests/test_train_claims.py",
+                       "tests/test_train_ddp.py", "tests/test_seq2seq_train.py", "tests/test_plot.py",
+                       "tests/test_demo.py", "tests/test_server.py", "tests/test_cli_common.py",
+                       "tests/test_doctests.py", "-k", RUN_PROCESSES],
+                      note="lm train, plot, serve and demo: their options, checks and exits"),
     "train_config": Target(["lm/train/config.py"],
                            ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",
                             "tests/test_train_bookkeeping.py", "tests/test_train_loop.py"],
