@@ -392,7 +392,66 @@ def test_every_option_of_every_command_says_what_it_is_for():
     bare += [f"{name} {choice.dest}" for name, parser in {"lm": build_parser(), **commands}.items()
              for action in parser._actions if isinstance(action, argparse._SubParsersAction)
              for choice in action._choices_actions if not (choice.help or "").strip()]
+    # a command given no help at all is left out of its parent's list (argparse lists only those with one)
+    bare += [f"{name} {command}" for name, parser in {"lm": build_parser(), **commands}.items()
+             for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+             for command in set(action.choices) - {choice.dest for choice in action._choices_actions}]
     assert bare == []
+
+
+def test_check_utf8_names_the_option_and_what_is_not_utf8():
+    """The value's own words ("the key (or $LM_API_KEY) is not valid UTF-8") when ``what`` is given;
+    UTF-8, or text Python holds without lone surrogates, passes."""
+    from lm.cli.common import check_utf8
+
+    with pytest.raises(ValueError) as e:
+        check_utf8("--api-key", "ab\udcffc", "the key (or $LM_API_KEY)")
+    assert str(e.value) == ("--api-key: the key (or $LM_API_KEY) is not valid UTF-8 (at character 3); pass --api-key "
+                            "in UTF-8")
+    with pytest.raises(ValueError) as e:
+        check_utf8("--out", "\udce9", remedy="rename it")
+    assert str(e.value) == "--out: not valid UTF-8 (at character 1); rename it"
+    check_utf8("--prompt", "café ✓ 𝄞")
+
+
+MODEL_COMMANDS = {"sample", "eval", "train", "demo", "translate"}
+OUTPUT_COMMANDS = {"tokenizer train", "tokenize", "export hf", "demo", "data download", "plot"}
+
+
+def test_every_command_follows_the_grammar():
+    """Each command (a leaf: `lm tokenize`, `lm export hf`) has --quiet, help ending in its examples,
+    every default shown, no old spelling in sight; each output command --out and --overwrite; each
+    model command --device DEVICE, --dtype, --threads; --checkpoint is PATH everywhere. (Moved here
+    from test_cli_faults, whose other tests start `lm` in folders of their own; the parsers are
+    built in the test, so a changed copy of the code is the one read.)"""
+    leaves = {" ".join(path): sub for path, sub in _subparsers(build_parser())
+              if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)}
+    assert MODEL_COMMANDS | OUTPUT_COMMANDS | {"serve"} <= set(leaves)
+    for name, parser in leaves.items():
+        options = {s for a in parser._actions for s in a.option_strings}
+        helps = {s: a for a in parser._actions for s in a.option_strings}
+        assert "--quiet" in options, name
+        assert parser.epilog and parser.epilog.startswith("examples:\n  ") and f"lm {name}" in parser.epilog, name
+        text = parser.format_help()
+        formatter = parser._get_formatter()
+        for a in parser._actions:
+            if a.option_strings and a.help != "==SUPPRESS==" and a.default not in (None, False, [], "==SUPPRESS=="):
+                # the default is shown (argparse shows it only for an option with a help text: five had none)
+                assert a.help and "%(default)s" in formatter._get_help_string(a), (name, a.dest)
+        assert "--out-dir" not in text and "OUT_DIR" not in text, name  # old spellings are hidden
+        if name in OUTPUT_COMMANDS:
+            assert "--out" in options and "--overwrite" in options, name
+        # the help ends with its examples (readme8: lm train's ended with a paragraph after them)
+        assert text.rstrip("\n").endswith(parser.epilog.rstrip("\n")), name
+        assert all(line.startswith("  ") for line in parser.epilog.splitlines()[1:] if line.strip()), name
+        if name in MODEL_COMMANDS:
+            assert {"--device", "--dtype", "--threads"} <= options, name
+            assert (helps["--device"].metavar, helps["--threads"].metavar) == ("DEVICE", "N"), name
+            for option in ("--device", "--dtype"):  # lm train's come from its config: the help says so (readme8)
+                assert "default" in formatter._get_help_string(helps[option]), (name, option)
+        if "--checkpoint" in options:
+            assert helps["--checkpoint"].metavar == "PATH", name
+            assert "--checkpoint PATH" in text, name
 
 
 def test_the_sampling_and_decoding_defaults_of_the_commands_are_the_librarys():

@@ -538,52 +538,6 @@ def test_ctrl_c_during_tokenize_ends_quietly_at_once(work, tmp_path):
 
 # -- one grammar ------------------------------------------------------------------------------------
 
-def _subcommands():
-    import argparse
-
-    from lm.cli import build_parser
-
-    def walk(parser, path):
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs:
-            yield path, parser
-        for action in subs:
-            for name, child in action.choices.items():
-                yield from walk(child, [*path, name])
-
-    return list(walk(build_parser(), []))
-
-
-MODEL_COMMANDS = {"sample", "eval", "train", "demo", "translate"}
-OUTPUT_COMMANDS = {"tokenizer train", "tokenize", "export hf", "demo", "data download", "plot"}
-
-
-@pytest.mark.parametrize("path, parser", _subcommands(), ids=lambda x: " ".join(x) if isinstance(x, list) else "")
-def test_every_subcommand_follows_the_grammar(path, parser):
-    name = " ".join(path)
-    options = {s for a in parser._actions for s in a.option_strings}
-    helps = {s: a for a in parser._actions for s in a.option_strings}
-    assert "--quiet" in options, name
-    assert parser.epilog and parser.epilog.startswith("examples:") and f"lm {name}" in parser.epilog, name
-    text = parser.format_help()
-    formatter = parser._get_formatter()
-    for a in parser._actions:
-        if a.option_strings and a.help != "==SUPPRESS==" and a.default not in (None, False, [], "==SUPPRESS=="):
-            # the default is shown (argparse shows it only for an option with a help text: five had none)
-            assert a.help and "%(default)s" in formatter._get_help_string(a), (name, a.dest)
-    assert "--out-dir" not in text and "OUT_DIR" not in text, name  # old spellings are hidden
-    if name in OUTPUT_COMMANDS:
-        assert "--out" in options and "--overwrite" in options, name
-    # the help ends with its examples (readme8: lm train's ended with a paragraph after them)
-    assert all(line.startswith("  ") for line in parser.epilog.splitlines()[1:] if line.strip()), name
-    if name in MODEL_COMMANDS:
-        assert {"--device", "--dtype", "--threads"} <= options, name
-        for option in ("--device", "--dtype"):  # lm train's come from its config: the help says so (readme8)
-            assert "default" in formatter._get_help_string(helps[option]), (name, option)
-    if "--checkpoint" in options:
-        assert helps["--checkpoint"].metavar == "PATH", name
-
-
 def test_top_level_help_version_and_examples(tmp_path):
     r = lm("--version", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.decode().startswith("lm ")

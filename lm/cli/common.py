@@ -148,25 +148,22 @@ class Once(argparse.Action):
 
 
 class Deprecated(argparse.Action):
-    """An old spelling: stores into the new option's ``dest``; once the command line is parsed,
-    :class:`CommandParser` prints one deprecation line, or refuses it given beside the new spelling."""
+    """An old spelling of an option (``--out-dir`` for ``--out``): stores into the new option's
+    ``dest``; once the command line is parsed, :class:`CommandParser` prints one deprecation line,
+    or refuses it given beside the new spelling. (``lm export hf``'s old positionals are told apart
+    by the command itself: which one is which depends on ``--checkpoint``.)"""
 
     def __init__(self, option_strings, dest, new: str = "", **kwargs):
         self.new = new
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if values is None or values == []:  # an optional positional that was not given
-            setattr(namespace, self.dest, None)
-            return
-        old = option_string or self.metavar or self.dest
-        if option_string is not None:  # ``--out-dir a --out-dir b``: refused as --out given twice is
-            seen = vars(namespace).setdefault(ONCE, {})
-            if option_string in seen:
-                parser.exit(2, f"{parser.prog}: error: {option_string}: given twice ({seen[option_string]!r} and "
-                               f"{values!r}); it takes one, so pass it once\n")
-            seen[option_string] = values
-        vars(namespace).setdefault(SPELLINGS, []).append((old, values, self.new))
+        seen = vars(namespace).setdefault(ONCE, {})
+        if option_string in seen:  # ``--out-dir a --out-dir b``: refused as --out given twice is
+            parser.exit(2, f"{parser.prog}: error: {option_string}: given twice ({seen[option_string]!r} and "
+                           f"{values!r}); it takes one, so pass it once\n")
+        seen[option_string] = values
+        vars(namespace).setdefault(SPELLINGS, []).append((option_string, values, self.new))
         setattr(namespace, self.dest, values)
 
 
