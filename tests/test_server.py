@@ -1680,3 +1680,74 @@ def test_a_runs_checkpoints_folder_serves_the_model_under_the_runs_name(tmp_path
     nested = tmp_path / "checkpoints"  # a run that is itself named checkpoints
     (nested / "checkpoints").mkdir(parents=True)
     assert served_model_name(str(nested)) == "checkpoints"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_lm_serve_in_this_process_hands_its_options_to_the_app_and_the_server(tmp_path_factory, monkeypatch, capsys,
+                                                                             fails):
+    """cmd_serve's end (the app's options, the server it starts, its start-up line, the engine's error
+    callbacks, its exit status) ran only in the tests that start `lm serve` as a process, which
+    mutation testing cannot see: --max-body passed on as None, the app not given to the server, the
+    start-up line dropped, all survived. Here the server is a stand-in that records what it is given,
+    says where it listens, and returns (after the engine fails, for ``fails``)."""
+    import lm.cli.serve as serve_cli
+    import lm.serve.app
+    from lm.cli import main
+
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    made = {}
+    real_create_app = lm.serve.app.create_app
+
+    def create_app(engine, tok, name, **kwargs):
+        made.update(engine=engine, name=name, kwargs=kwargs, app=real_create_app(engine, tok, name, **kwargs))
+        return made["app"]
+
+    class Server:
+        should_exit = False
+
+        def __init__(self, app, **kwargs):
+            made.update(server=self, server_app=app, server_kwargs=kwargs)
+
+        def run(self):
+            kwargs["announce"]("http://127.0.0.1:1234")
+            engine = made["engine"]
+            if fails:  # as the engine's thread does when the model raises
+                engine.error = RuntimeError("the model broke")
+                engine.on_error(engine.error)
+            engine.on_row_error(None, ValueError("one row broke"))
+
+    def draining_server(app, **kw):
+        nonlocal kwargs
+        kwargs = kw
+        return Server(app, **kw)
+
+    kwargs = {}
+    monkeypatch.setattr(lm.serve.app, "create_app", create_app)
+    monkeypatch.setattr(serve_cli, "draining_server", draining_server)
+    for key in (["--api-key", "k3y"], []):
+        argv = ["serve", "--checkpoint", str(run), "--port", "0", "--max-batch", "2", "--max-queue", "7",
+                "--max-body", "12345", "--allowed-origins", "http://localhost:3000", "--model-name", "tiny",
+                "--device", "cpu", "--quiet", *key]
+        assert main(argv) == (1 if fails else 0)
+        assert made["name"] == "tiny" and made["server_app"] is made["app"]
+        assert made["kwargs"] == {"max_body": 12345, "api_key": key[1] if key else None,
+                                  "allowed_origins": ("http://localhost:3000",)}
+        assert {k: v for k, v in made["server_kwargs"].items() if k != "announce"} == {
+            "host": "127.0.0.1", "port": 0, "quiet": True}
+        engine = made["engine"]
+        assert (engine.max_batch, engine.max_queue) == (2, 7)
+        err = capsys.readouterr().err.splitlines()
+        where = "http://127.0.0.1:1234"
+        assert err[0] == (f"lm serve: tiny ({run / 'model.safetensors'}; {model.num_parameters():,} parameters, "
+                          f"context {model.config.context_length}, max batch 2) at {where}/v1 — playground at "
+                          f"{where}/" + (" (the API needs the key)" if key else "")), err[0]
+        if fails:  # every request in flight got a 500; the server drains and exits 1, with the traceback
+            assert err[1] == ("lm serve: the model failed while generating (every request in flight got a 500); "
+                              "exiting:")
+            assert err[2:] == ["RuntimeError: the model broke",  # (raised nowhere here: no frames to show)
+                               "lm serve: a request failed: one row broke"], err
+            assert made["server"].should_exit and made["app"].state.server.draining
+        else:
+            assert not made["server"].should_exit and not made["app"].state.server.draining
+            assert err[1:] == ["lm serve: a request failed: one row broke"], err
