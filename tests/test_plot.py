@@ -1,6 +1,7 @@
 """`lm plot`: legend names that tell runs apart, and --overwrite that replaces only a plot it wrote."""
 
 import json
+import os
 from pathlib import Path
 
 import matplotlib.figure
@@ -292,6 +293,22 @@ def test_plot_refuses_an_out_that_is_not_a_png_and_writes_nothing(tmp_path, caps
     assert main(["plot", str(run), "--out", str(tmp_path / "plot.txt"), "--quiet"]) == 2
     assert capsys.readouterr().err == f"lm plot: error: --out: {str(tmp_path / 'plot.txt')!r} must end in .png\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_plot_refuses_an_out_that_is_a_runs_metrics_under_another_name(tmp_path, capsys):
+    """A mutation (the inputs checked under another name) survived: a .png that is a link to a run's
+    metrics.jsonl was still refused, as a file lm plot did not write; the line now said nothing of
+    the run it would have destroyed. Refused as the input, with --overwrite too, and left whole."""
+    run = _run(tmp_path / "run")
+    before = (run / "metrics.jsonl").read_bytes()
+    os.link(run / "metrics.jsonl", tmp_path / "hard.png")
+    os.symlink(run / "metrics.jsonl", tmp_path / "soft.png")
+    for name in ("hard.png", "soft.png"):
+        out = str(tmp_path / name)
+        assert main(["plot", str(run), "--out", out, "--overwrite", "--quiet"]) == 2
+        assert capsys.readouterr().err == (f"lm plot: error: --out: {out!r} is the input RUN_DIR "
+                                           f"{str(run / 'metrics.jsonl')!r} (the same file); choose another output\n")
+    assert (run / "metrics.jsonl").read_bytes() == before
 
 
 def test_plot_of_an_empty_run_dir_is_refused_inside_a_run_folder(tmp_path, capsys, monkeypatch):
