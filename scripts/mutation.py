@@ -124,11 +124,14 @@ SERVE_PROCESSES = ("not failing_model_fails_its_requests_and_the_server_exits an
                    " and not lm_serve_dtype_bfloat16 and not lm_serve_quiet_on_port_0"
                    " and not serve_refuses_bad_arguments and not sigterm_finishes_requests"
                    " and not start_server_fails_naming and not serves_a_translation_checkpoint")
+# test_api_docs's --check, run as a process (its in-process test of docs/cli.md is the one that matters)
+DOCS_PROCESS = "not the_reference_is_what_the_generator_writes"
 # the command tests that start `lm` in a folder of their own (drawn by recording each test's subprocesses
 # and their cwd), and compiled runs (slow)
 CLI_PROCESSES = ("not compile and not help_and_version_that_cannot_be_written_are_an_error"
-                 " and not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent")
-RUN_PROCESSES = f"{TRAIN_PROCESSES} and {SERVE_PROCESSES} and not help_and_version_that_cannot_be_written_are_an_error"
+                 f" and not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent and {DOCS_PROCESS}")
+RUN_PROCESSES = (f"{TRAIN_PROCESSES} and {SERVE_PROCESSES} and {DOCS_PROCESS}"
+                 " and not help_and_version_that_cannot_be_written_are_an_error")
 
 
 TARGETS: dict[str, Target] = {
@@ -237,28 +240,32 @@ TARGETS: dict[str, Target] = {
     # (slow), and the three tests that start `lm` in a folder of their own
     "cli_model": Target(["lm/cli/sample.py", "lm/cli/evaluate.py", "lm/cli/translate.py", "lm/cli/export.py"],
                         ["tests/test_sample.py", "tests/test_eval.py", "tests/test_translate.py",
-                         "tests/test_export_hf.py", "tests/test_doctests.py", "tests/test_cli_common.py", "-k",
-                         "not compile and not help_and_version_that_cannot_be_written_are_an_error"],
+                         "tests/test_export_hf.py", "tests/test_doctests.py", "tests/test_cli_common.py",
+                         "tests/test_api_docs.py", "-k",
+                         "not compile and not help_and_version_that_cannot_be_written_are_an_error"
+                         f" and {DOCS_PROCESS}"],
                         note="lm sample, eval, translate and export: their options, inputs, outputs and refusals"),
     "cli_data": Target(["lm/cli/tokenizer.py", "lm/cli/data.py"],
                        ["tests/test_tokenizer_cli.py", "tests/test_download.py", "tests/test_download_multi30k.py",
-                        "tests/test_pairs.py", "tests/test_cli_common.py", "tests/test_doctests.py", "-k",
+                        "tests/test_pairs.py", "tests/test_cli_common.py", "tests/test_doctests.py",
+                        "tests/test_api_docs.py", "-k",
                         "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"
-                        " and not help_and_version_that_cannot_be_written_are_an_error"],
+                        f" and not help_and_version_that_cannot_be_written_are_an_error and {DOCS_PROCESS}"],
                        note="lm tokenizer train, lm tokenize and lm data download: inputs, outputs, refusals"),
     # what every command shares (lm.cli.common: the grammar, errors in the command line's words, a closed
     # pipe) and `lm` itself (its parser, main, standard streams), with the commands' in-process tests
     "cli_common": Target(["lm/cli/common.py", "lm/cli/__init__.py"],
                          ["tests/test_cli_common.py", "tests/test_doctests.py", "tests/test_sample.py",
                           "tests/test_eval.py", "tests/test_tokenizer_cli.py", "tests/test_export_hf.py",
-                          "tests/test_plot.py", "tests/test_translate.py", "-k", CLI_PROCESSES],
+                          "tests/test_plot.py", "tests/test_translate.py", "tests/test_api_docs.py", "-k",
+                          CLI_PROCESSES],
                          note="the grammar every command shares, its errors, lm's parser and standard streams"),
     # lm train, lm plot, lm serve (its checks and start; the server itself is serve_app's) and lm demo
     "cli_run": Target(["lm/cli/train.py", "lm/cli/serve.py", "lm/cli/demo.py"],
                       ["tests/test_train.py", "tests/test_train_resume.py", "tests/test_train_claims.py",
                        "tests/test_train_ddp.py", "tests/test_seq2seq_train.py", "tests/test_plot.py",
                        "tests/test_demo.py", "tests/test_server.py", "tests/test_cli_common.py",
-                       "tests/test_doctests.py", "-k", RUN_PROCESSES],
+                       "tests/test_doctests.py", "tests/test_api_docs.py", "-k", RUN_PROCESSES],
                       note="lm train, plot, serve and demo: their options, checks and exits"),
     "train_config": Target(["lm/train/config.py"],
                            ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",

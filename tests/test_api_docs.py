@@ -1,7 +1,10 @@
-"""docs/api.md, the reference of the public names, is what the code says: regenerated it is the same
-file, every name in it imports from its package, and the CS336 interface's names are all in it."""
+"""docs/api.md, the reference of the public names, and docs/cli.md, the command line's, are what the
+code says: regenerated they are the same files, every name in api.md imports from its package, and
+the CS336 interface's names are all in it."""
 
 import importlib
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -63,3 +66,30 @@ def test_every_signature_in_the_reference_names_its_parameters():
     opaque = [line.split("|")[1].strip() for line in DOC.read_text(encoding="utf-8").splitlines()
               if "`(*args, **kwargs)`" in line]
     assert opaque == [], opaque
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_api_docs", REPO / "scripts" / "make_api_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_command_line_reference_is_every_commands_help_in_this_process(monkeypatch):
+    """docs/cli.md is each command's --help as lm prints it, sentence by sentence: made here, from the
+    parsers of this process (the --check above runs another), so that a change to a help text, a
+    metavar or a default that the page does not show fails here (mutation testing had found such
+    changes unseen: only the presence of each help was tested). $COLUMNS is the generator's own."""
+    from lm.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "33")  # the page's width is the generator's, whatever the terminal's
+    make = _generator()
+    page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert make.render_cli() == page, "docs/cli.md is stale: run python scripts/make_api_docs.py"
+    assert os.environ["COLUMNS"] == "33"  # and the generator put the terminal's back
+    found = dict(make.commands(build_parser()))
+    assert {" ".join(path) for path in found} >= {"lm", "lm sample", "lm train", "lm serve", "lm export hf"}
+    for path in found:  # each command's section, its help verbatim
+        assert f"## `{' '.join(path)}`" in page
+    monkeypatch.setenv("COLUMNS", str(make.CLI_COLUMNS))
+    assert f"```text\n{found[('lm', 'sample')].format_help().rstrip()}\n```" in page
