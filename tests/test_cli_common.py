@@ -5,6 +5,7 @@ import argparse
 import io
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from helpers.faults import FullDisk
@@ -322,6 +323,47 @@ def test_a_ctrl_c_that_lands_outside_mains_handler_exits_130_saying_interrupted(
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "lm: interrupted\n")
 
 
+def test_run_as_command_puts_back_the_warning_printer_it_found(capsys):
+    """Within it each warning is one "PROG: warning: ..." line; after it, warnings are shown as before,
+    whatever the command did (a mutant left None there: the next warning was a TypeError)."""
+    import warnings
+
+    from lm.cli.common import run_as_command
+
+    def warns():
+        warnings.warn("mind the gap", UserWarning, stacklevel=1)
+        raise ValueError("--x: bad")
+
+    before = warnings.showwarning
+    assert run_as_command("lm x", warns) == 2
+    assert warnings.showwarning is before
+    assert capsys.readouterr().err == "lm x: warning: mind the gap\nlm x: error: --x: bad\n"
+
+
+def test_standard_input_closed_or_unreadable_is_one_line_naming_the_argument(monkeypatch):
+    """`lm tokenize --input - <&-`: Python's sys.stdin is None, and reading it had been a traceback;
+    opened for writing only (`0>file`), the error named no option (clifuzz9 #4)."""
+    import errno
+
+    from lm.cli.common import read_stdin
+
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(ValueError) as e:
+        read_stdin("--input")
+    assert str(e.value) == "--input: - reads standard input, which is closed"
+
+    class Unreadable:
+        def read(self, *args):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=Unreadable()))
+    with pytest.raises(ValueError) as e:
+        read_stdin("--target")
+    assert str(e.value) == "--target: - reads standard input, which cannot be read: Bad file descriptor"
+    monkeypatch.setattr(sys, "stdin", SimpleNamespace(buffer=io.BytesIO(b"Hallo\n")))
+    assert read_stdin("--input") == b"Hallo\n"
+
+
 def test_run_as_command_turns_ctrl_c_into_130_and_one_line(capsys):
     """A mutation (run_as_command's Ctrl-C status 130 read as 1) survived test_cli_common,
     test_sample and test_stories: only subprocess signal tests of other files see it. Its docstring
@@ -622,6 +664,8 @@ def test_standard_streams_discard_what_cannot_be_written_and_name_stdout(monkeyp
     with pytest.raises(StdoutError, match="Bad file descriptor"):
         sys.stdout.write("x")
     assert silenced == [1]
+    assert sys.stdout.write("\n") == 1  # then descriptor 1 is /dev/null's, opened for writing (here pytest's)
+    sys.stdout.flush()
 
     pointed.clear()
     with open(tmp_path / "out", "w", encoding="utf-8") as out:
