@@ -298,6 +298,30 @@ def test_lm_serve_serves_a_translation_checkpoint_with_step_sizes(tmp_path):
     assert "Traceback" not in err
 
 
+def test_lm_serve_in_this_process_makes_a_translation_engine_for_a_translation_checkpoint(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The test above starts `lm serve` as a process, which mutation testing cannot see: serving a
+    translation checkpoint with the language model's engine, or with none, survived. In this process
+    (the server a stand-in): a TranslationEngine, line breaks barred as in `lm translate`, the step
+    sizes given, and the line that says which steps it uses."""
+    from helpers.serving import lm_serve_in_process
+
+    model = _model()
+    export_safetensors(model, tmp_path / "model.safetensors")
+    save_tokenizer_dir(TOK, tmp_path / "tokenizer")
+    status, made = lm_serve_in_process(monkeypatch, ["--checkpoint", str(tmp_path), "--max-batch", "4",
+                                                     "--step-sizes", "2,4", "--port", "0", "--device", "cpu"])
+    assert status == 0
+    engine = made["engine"]
+    assert type(engine) is TranslationEngine and engine.max_batch == 4
+    cfg = model.config
+    assert engine.banned.tolist() == sorted({cfg.pad_id, cfg.bos_id, *line_break_ids(TOK)})
+    assert line_break_ids(TOK)  # (the tokenizer has some)
+    steps = ", ".join(map(str, engine.step_sizes))
+    assert capsys.readouterr().err.startswith(f"lm serve: decode steps of {steps} rows")
+    assert set(engine.step_sizes) | set(engine.dropped_sizes) == {2, 4}
+
+
 def test_banned_ids_are_never_chosen_as_in_greedy_decode():
     """``lm serve`` bans the tokens holding a line break, as ``lm translate`` does (one translation
     a line): the engine's ``banned_ids`` give greedy_decode's tokens with the same ban."""

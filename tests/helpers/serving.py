@@ -99,3 +99,36 @@ def logits_beside(engine, target, companions, join_at: int, steps: int = 60) -> 
         raise AssertionError("the engine did not finish")
     finally:
         engine_module.next_token_and_finite = real
+
+
+def lm_serve_in_process(monkeypatch, argv, while_serving=None) -> tuple[int, dict]:
+    """``lm serve ARGV`` run by ``lm.cli.main`` in this process, its uvicorn server a stand-in: the
+    status, and what was made (``engine``, ``name``, the ``app`` and ``app_kwargs``, the ``server``,
+    ``server_app`` and ``server_kwargs``). The stand-in says it listens at http://127.0.0.1:1234 (as
+    uvicorn's start-up calls ``announce``), calls ``while_serving(made)``, and returns, as a server
+    stopped by a signal does. Mutation testing sees this run; it cannot see `lm serve` processes."""
+    import lm.cli.serve as serve_cli
+    import lm.serve.app
+    from lm.cli import main
+
+    made = {}
+    real_create_app = lm.serve.app.create_app
+
+    def create_app(engine, tok, name, **kwargs):
+        made.update(engine=engine, name=name, app_kwargs=kwargs, app=real_create_app(engine, tok, name, **kwargs))
+        return made["app"]
+
+    class Server:
+        should_exit = False
+
+        def __init__(self, app, **kwargs):
+            made.update(server=self, server_app=app, server_kwargs=kwargs)
+
+        def run(self):
+            made["server_kwargs"]["announce"]("http://127.0.0.1:1234")
+            if while_serving is not None:
+                while_serving(made)
+
+    monkeypatch.setattr(lm.serve.app, "create_app", create_app)
+    monkeypatch.setattr(serve_cli, "draining_server", lambda app, **kwargs: Server(app, **kwargs))
+    return main(["serve", *argv]), made
