@@ -311,6 +311,18 @@ def test_plot_refuses_an_out_that_is_a_runs_metrics_under_another_name(tmp_path,
     assert (run / "metrics.jsonl").read_bytes() == before
 
 
+def test_plot_without_out_writes_into_the_run_or_for_several_runs_here(tmp_path, capsys, monkeypatch):
+    """The default --out: RUN_DIR/loss.png for one run, ./loss.png for several (a mutation of the
+    latter survived: only a subprocess test plotted several runs without --out). The path is printed."""
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b", loss=3.0)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "a", "--quiet"]) == 0
+    assert capsys.readouterr() == (str(Path("a") / "loss.png") + "\n", "")
+    assert main(["plot", "a", "b", "--quiet"]) == 0
+    assert capsys.readouterr() == ("loss.png\n", "")
+    assert (a / "loss.png").is_file() and (tmp_path / "loss.png").is_file() and not (b / "loss.png").exists()
+
+
 def test_plot_of_an_empty_run_dir_is_refused_inside_a_run_folder(tmp_path, capsys, monkeypatch):
     """A mutation (check_not_empty of RUN_DIR dropped): `lm plot "$RUN"` with RUN unset, from inside
     a run folder, plotted the working folder into ./loss.png."""
