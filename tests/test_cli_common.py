@@ -179,6 +179,10 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(tmp_path, monkeypatch):
     def worker_pipe_broke(args):
         raise BrokenPipeError(32, "Broken pipe")
 
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # no descriptor (captured, replaced): no pipe to lose
+    assert not stdout_reader_gone()
+    with pytest.raises(BrokenPipeError):
+        quiet_on_closed_pipe(worker_pipe_broke)(argparse.Namespace())
     with open(tmp_path / "out.txt", "w") as f:  # stdout a file: the pipe that broke is another
         monkeypatch.setattr(sys, "stdout", f)
         assert not stdout_reader_gone()
