@@ -1793,3 +1793,119 @@ def test_served_model_name_names_the_run_folder_holding_a_control_character(tmp_
     assert str(e.value) == ("--model-name: the run folder's name 'a\\nb' holds U+000A, a control character or line "
                             "break, at character 2; pass --model-name without one")
     assert served_model_name(str(run), "fine") == "fine"
+
+
+def test_serve_refuses_bad_arguments_in_one_line_in_this_process(tmp_path_factory, capsys, monkeypatch):
+    """The refusals of test_serve_refuses_bad_arguments_in_one_line, whose `lm serve` processes mutation
+    testing cannot see (a --step-sizes check read the wrong way round survived), plus a host that
+    Python refuses before any lookup (no IDNA name: a UnicodeError, which has no strerror)."""
+    import lm.cli.serve
+    from lm.cli import main
+
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+
+    def started(*args, **kwargs):  # an argument let through: fail, rather than serve for ever
+        raise AssertionError("the server was started")
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        monkeypatch.setattr(lm.cli.serve, "draining_server", started)
+        for args, message in (
+                (["--port", "65536"], "--port: must be in [0, 65535], got 65536"),
+                (["--port", "-1"], "--port: must be in [0, 65535], got -1"),
+                (["--host", "999.999.1.1"], "--host: cannot resolve '999.999.1.1' ("),
+                (["--host", "é" * 64], f"--host: cannot resolve {'é' * 64!r} (encoding with 'idna' codec failed "
+                                        "(UnicodeError: label empty or too long))"),
+                (["--port", str(port)], f"--port: cannot listen on 127.0.0.1:{port} (Address already in use)"),
+                (["--max-batch", "0"], "--max-batch: must be >= 1, got 0"),
+                (["--max-queue", "0"], "--max-queue: must be >= 1, got 0"),
+                (["--max-body", "0"], "--max-body: must be >= 1, got 0"),
+                (["--step-sizes", "1,x"], "argument --step-sizes: need whole numbers separated by commas, got '1,x'"),
+                (["--max-batch", "4", "--step-sizes", "2,8"], "--step-sizes: each must be in [1, --max-batch=4], "
+                                                               "got 8"),
+                (["--step-sizes", "0,2"], "--step-sizes: each must be in [1, --max-batch=16], got 0"),
+                (["--api-key", " "], "--api-key: must not be empty")):
+            argv = ["serve", "--checkpoint", str(run), "--port", "0", *args, "--quiet"]
+            try:
+                status, usage = main(argv), False
+            except SystemExit as e:  # argparse's own (a --step-sizes that is not numbers), after the usage
+                status, usage = e.code, True
+            assert status == 2, args
+            err = capsys.readouterr().err.splitlines()
+            assert (len(err) > 1) == usage and err[-1].startswith("lm serve: error: ") and message in err[-1], (
+                args, err)
+    finally:
+        taken.close()
+    from helpers.serving import lm_serve_in_process
+
+    for args in (["--step-sizes", "1,16"], ["--max-batch", "4", "--step-sizes", "4"]):  # the bounds are taken
+        with pytest.MonkeyPatch.context() as mp:
+            status, made = lm_serve_in_process(mp, ["--checkpoint", str(run), "--port", "0", *args, "--quiet"])
+        assert status == 0 and set(made["engine"].step_sizes) | set(made["engine"].dropped_sizes) == {
+            int(s) for s in args[-1].split(",")}, args
+        capsys.readouterr()
+
+
+@pytest.mark.parametrize("host, key, warned", [("0.0.0.0", [], True), ("0.0.0.0", ["--api-key", "k"], False),
+                                               ("localhost", [], False), ("127.0.0.1", [], False)])
+def test_a_server_open_beyond_this_machine_without_a_key_is_warned_about(tmp_path_factory, monkeypatch, capsys, host,
+                                                                        key, warned):
+    """Listening on an address others can reach, with no --api-key, lets anyone use the model: one
+    warning line, even with --quiet. Not on the loopback names, nor with a key."""
+    from helpers.serving import lm_serve_in_process
+
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    status, made = lm_serve_in_process(monkeypatch, ["--checkpoint", str(run), "--host", host, "--port", "0",
+                                                     "--quiet", *key])
+    assert status == 0 and made["server_kwargs"]["host"] == host
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ([f"lm serve: warning: --host {host} without --api-key (or $LM_API_KEY): anyone who can reach "
+                         "this address can use the model"] if warned else [])
+
+
+def test_lm_serve_says_which_decode_steps_it_uses_and_over_what(tmp_path_factory, monkeypatch, capsys):
+    """Without --quiet, one line: the steps' sizes and whether rows attend over the positions in use
+    or the whole context."""
+    from helpers.serving import lm_serve_in_process
+
+    run, model, _ = model_and_tokenizer(tmp_path_factory)
+    save_model(run, model)
+    status, made = lm_serve_in_process(monkeypatch, ["--checkpoint", str(run), "--port", "0", "--max-batch", "4"])
+    assert status == 0
+    engine = made["engine"]
+    spans = "the positions in use (power-of-two spans)" if engine.bucketed else "the whole context"
+    dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the 4-row step's here, "
+               "so not used)" if engine.dropped_sizes else "")
+    line = f"lm serve: decode steps of {', '.join(map(str, engine.step_sizes))} rows{dropped}, attending over {spans}"
+    assert line in capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGTERM)])
+def test_a_second_signal_says_it_exits_at_once_and_exits_with_its_status(tmp_path_factory, monkeypatch, capfd, first,
+                                                                         second):
+    """The second signal's line (written with os.write: the handler may have interrupted a print) and
+    its status, 128 + the signal, were seen only by the process tests."""
+    from lm.cli.serve import draining_server
+
+    _, model, tok = model_and_tokenizer(tmp_path_factory)
+    engine = Engine(model, max_batch=2, eos_id=tok.eot_id)
+    server = draining_server(create_app(engine, tok, "tiny"), host="127.0.0.1", port=0, quiet=True)
+
+    class Exited(Exception):
+        pass
+
+    def exit_now(status):
+        raise Exited(status)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    server.handle_exit(first, None)
+    with pytest.raises(Exited) as e:
+        server.handle_exit(second, None)
+    assert e.value.args == (128 + second,)
+    assert capfd.readouterr().err == (f"lm serve: {signal.Signals(second).name} again: exiting, the requests in "
+                                      "flight cut off\n")
