@@ -3,12 +3,13 @@ code says: regenerated they are the same files, every name in api.md imports fro
 the CS336 interface's names are all in it."""
 
 import importlib
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "api.md"
@@ -68,13 +69,6 @@ def test_every_signature_in_the_reference_names_its_parameters():
     assert opaque == [], opaque
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_api_docs", REPO / "scripts" / "make_api_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_command_line_reference_is_every_commands_help_in_this_process(monkeypatch):
     """docs/cli.md is each command's --help as lm prints it, sentence by sentence: made here, from the
     parsers of this process (the --check above runs another), so that a change to a help text, a
@@ -83,7 +77,7 @@ def test_the_command_line_reference_is_every_commands_help_in_this_process(monke
     from lm.cli import build_parser
 
     monkeypatch.setenv("COLUMNS", "33")  # the page's width is the generator's, whatever the terminal's
-    make = _generator()
+    make = load_script("make_api_docs.py")
     page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
     assert make.render_cli() == page, "docs/cli.md is stale: run python scripts/make_api_docs.py"
     assert os.environ["COLUMNS"] == "33"  # and the generator put the terminal's back

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import importlib.util
 import itertools
 import json
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 EOT = "<|endoftext|>"
@@ -22,10 +22,7 @@ EOT = "<|endoftext|>"
 
 def _script(name: str):
     """scripts/NAME loaded as a module (not run)."""
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), REPO / "scripts" / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def _main(monkeypatch, script: str, *argv):

@@ -3,7 +3,6 @@ short CPU version here so that it does not rot: every part must pass and the tab
 Its --json FILE is the caller's: relative to the caller's folder, never an earlier session's rows
 written over without --overwrite, and a folder that is not there is found before any part runs."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,10 +24,7 @@ def _wrapper(*argv, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check.py")
 
 
 def test_json_is_relative_to_the_callers_folder_and_not_written_over(tmp_path):

@@ -9,11 +9,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_script(monkeypatch, name: str, *argv) -> int | str | None:
-    """``scripts/NAME``'s main() on ``argv``; its exit status (a message, for sys.exit(str))."""
+def load_script(name: str):
+    """``scripts/NAME`` loaded as a module, not run (its ``if __name__ == "__main__"`` part is not)."""
     spec = importlib.util.spec_from_file_location(Path(name).stem + "_script", REPO / "scripts" / name)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def run_script(monkeypatch, name: str, *argv) -> int | str | None:
+    """``scripts/NAME``'s main() on ``argv``; its exit status (a message, for sys.exit(str))."""
+    script = load_script(name)
     monkeypatch.setattr(sys, "argv", [name, *map(str, argv)])
     try:
         return script.main()
