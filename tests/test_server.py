@@ -1705,7 +1705,7 @@ def test_lm_serve_in_this_process_hands_its_options_to_the_app_and_the_server(tm
     for key in (["--api-key", "k3y"], []):
         argv = ["--checkpoint", str(run), "--port", "0", "--max-batch", "2", "--max-queue", "7", "--max-body",
                 "12345", "--allowed-origins", "http://localhost:3000", "--model-name", "tiny", "--device", "cpu",
-                "--quiet", *key]
+                "--dtype", "bfloat16" if key else "float32", "--quiet", *key]
         status, made = lm_serve_in_process(monkeypatch, argv, serving)
         assert status == (1 if fails else 0)
         assert made["name"] == "tiny" and made["server_app"] is made["app"]
@@ -1715,6 +1715,9 @@ def test_lm_serve_in_this_process_hands_its_options_to_the_app_and_the_server(tm
             "host": "127.0.0.1", "port": 0, "quiet": True}
         engine = made["engine"]
         assert type(engine) is Engine and (engine.max_batch, engine.max_queue) == (2, 7)
+        import torch
+
+        assert engine.dtype == (torch.bfloat16 if key else None)  # autocast's; float32: the weights' own (None)
         err = capsys.readouterr().err.splitlines()
         where = "http://127.0.0.1:1234"
         assert err[0] == (f"lm serve: tiny ({run / 'model.safetensors'}; {model.num_parameters():,} parameters, "
@@ -1795,10 +1798,11 @@ def test_served_model_name_names_the_run_folder_holding_a_control_character(tmp_
     assert served_model_name(str(run), "fine") == "fine"
 
 
-def test_serve_refuses_bad_arguments_in_one_line_in_this_process(tmp_path_factory, capsys, monkeypatch):
+def test_bad_serve_arguments_are_refused_in_one_line_in_this_process(tmp_path_factory, capsys, monkeypatch):
     """The refusals of test_serve_refuses_bad_arguments_in_one_line, whose `lm serve` processes mutation
-    testing cannot see (a --step-sizes check read the wrong way round survived), plus a host that
-    Python refuses before any lookup (no IDNA name: a UnicodeError, which has no strerror)."""
+    testing cannot see (this test's name must not contain that one's, which -k leaves out): a
+    --step-sizes check read the wrong way round survived. Also a host that Python refuses before any
+    lookup (no IDNA name: a UnicodeError, which has no strerror)."""
     import lm.cli.serve
     from lm.cli import main
 
@@ -1848,6 +1852,10 @@ def test_serve_refuses_bad_arguments_in_one_line_in_this_process(tmp_path_factor
         assert status == 0 and set(made["engine"].step_sizes) | set(made["engine"].dropped_sizes) == {
             int(s) for s in args[-1].split(",")}, args
         capsys.readouterr()
+    checked = []  # and the last port (whether it is free here is another matter: the check is a stand-in)
+    monkeypatch.setattr(lm.cli.serve, "check_listen_address", lambda host, port: checked.append((host, port)))
+    status, made = lm_serve_in_process(monkeypatch, ["--checkpoint", str(run), "--port", "65535", "--quiet"])
+    assert status == 0 and checked == [("127.0.0.1", 65535)] and made["server_kwargs"]["port"] == 65535
 
 
 @pytest.mark.parametrize("host, key, warned", [("0.0.0.0", [], True), ("0.0.0.0", ["--api-key", "k"], False),
@@ -1868,17 +1876,19 @@ def test_a_server_open_beyond_this_machine_without_a_key_is_warned_about(tmp_pat
                          "this address can use the model"] if warned else [])
 
 
-def test_lm_serve_says_which_decode_steps_it_uses_and_over_what(tmp_path_factory, monkeypatch, capsys):
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_lm_serve_says_which_decode_steps_it_uses_and_over_what(tmp_path_factory, monkeypatch, capsys, bucketed):
     """Without --quiet, one line: the steps' sizes and whether rows attend over the positions in use
-    or the whole context."""
+    or the whole context (both, by the engine's answer; which one a device gets is its own)."""
     from helpers.serving import lm_serve_in_process
 
     run, model, _ = model_and_tokenizer(tmp_path_factory)
     save_model(run, model)
+    monkeypatch.setattr(Engine, "bucketed", property(lambda self: bucketed))
     status, made = lm_serve_in_process(monkeypatch, ["--checkpoint", str(run), "--port", "0", "--max-batch", "4"])
     assert status == 0
     engine = made["engine"]
-    spans = "the positions in use (power-of-two spans)" if engine.bucketed else "the whole context"
+    spans = "the positions in use (power-of-two spans)" if bucketed else "the whole context"
     dropped = (f" ({', '.join(map(str, engine.dropped_sizes))}: a row's logits differ from the 4-row step's here, "
                "so not used)" if engine.dropped_sizes else "")
     line = f"lm serve: decode steps of {', '.join(map(str, engine.step_sizes))} rows{dropped}, attending over {spans}"

@@ -334,6 +334,8 @@ def gib(n: int) -> str:
 
     >>> gib(3 << 29), gib(10**400)
     ('1.50 GiB', 'about 2**1328 bytes')
+    >>> gib(2**998)[-12:], gib(2**999)  # up to 999 bits in GiB, then as a power of two
+    ('9,856.00 GiB', 'about 2**999 bytes')
     """
     return f"{n / 2**30:,.2f} GiB" if n.bit_length() < 1000 else f"about 2**{n.bit_length() - 1} bytes"
 
