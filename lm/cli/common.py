@@ -37,7 +37,13 @@ if TYPE_CHECKING:
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Examples kept as written; every option's default shown (except where it is None or a flag)."""
+    """Examples kept as written; a one-paragraph description wrapped to the terminal; every option's
+    default shown (except where it is None or a flag)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:  # laid out by hand (the examples): kept as written
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)  # a paragraph, wrapped
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default is None or action.default is False or action.default == [] or action.nargs == 0:
