@@ -8,7 +8,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from helpers.faults import FullDisk
+from helpers.faults import Exited, FullDisk, exit_now
 
 from lm.cli import build_parser, main
 
@@ -694,12 +694,6 @@ def test_entry_exits_with_mains_status_at_once_after_a_signal(outcome, monkeypat
 
     import lm.cli
 
-    class Exited(Exception):
-        pass
-
-    def fake_exit(status):
-        raise Exited(status)
-
     def run_main():
         if outcome == "ctrl-c":
             raise KeyboardInterrupt
@@ -707,7 +701,7 @@ def test_entry_exits_with_mains_status_at_once_after_a_signal(outcome, monkeypat
 
     monkeypatch.setattr(lm.cli, "_standard_streams", lambda: None)
     monkeypatch.setattr(lm.cli, "main", run_main)
-    monkeypatch.setattr(os, "_exit", fake_exit)
+    monkeypatch.setattr(os, "_exit", exit_now)
     previous = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises((SystemExit, Exited)) as e:

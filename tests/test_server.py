@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 from helpers.collector import collector_off
+from helpers.faults import Exited, exit_now, raising
 from helpers.run_dir import save_model
 from helpers.serving import ServerThread, model_and_tokenizer
 from prometheus_client.parser import text_string_to_metric_families
@@ -1690,6 +1691,7 @@ def test_lm_serve_in_this_process_hands_its_options_to_the_app_and_the_server(tm
     mutation testing cannot see: --max-body passed on as None, the app not given to the server, the
     start-up line dropped, all survived. Here the server is a stand-in (lm_serve_in_process) that
     records what it is given, says where it listens, and returns (after the engine fails, for ``fails``)."""
+    import torch
     from helpers.serving import lm_serve_in_process
 
     run, model, _ = model_and_tokenizer(tmp_path_factory)
@@ -1715,8 +1717,6 @@ def test_lm_serve_in_this_process_hands_its_options_to_the_app_and_the_server(tm
             "host": "127.0.0.1", "port": 0, "quiet": True}
         engine = made["engine"]
         assert type(engine) is Engine and (engine.max_batch, engine.max_queue) == (2, 7)
-        import torch
-
         assert engine.dtype == (torch.bfloat16 if key else None)  # autocast's; float32: the weights' own (None)
         err = capsys.readouterr().err.splitlines()
         where = "http://127.0.0.1:1234"
@@ -1809,15 +1809,13 @@ def test_bad_serve_arguments_are_refused_in_one_line_in_this_process(tmp_path_fa
     run, model, _ = model_and_tokenizer(tmp_path_factory)
     save_model(run, model)
 
-    def started(*args, **kwargs):  # an argument let through: fail, rather than serve for ever
-        raise AssertionError("the server was started")
-
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
     try:
-        monkeypatch.setattr(lm.cli.serve, "draining_server", started)
+        # an argument let through fails the test, rather than serving for ever
+        monkeypatch.setattr(lm.cli.serve, "draining_server", raising(AssertionError("the server was started")))
         for args, message in (
                 (["--port", "65536"], "--port: must be in [0, 65535], got 65536"),
                 (["--port", "-1"], "--port: must be in [0, 65535], got -1"),
@@ -1905,12 +1903,6 @@ def test_a_second_signal_says_it_exits_at_once_and_exits_with_its_status(tmp_pat
     _, model, tok = model_and_tokenizer(tmp_path_factory)
     engine = Engine(model, max_batch=2, eos_id=tok.eot_id)
     server = draining_server(create_app(engine, tok, "tiny"), host="127.0.0.1", port=0, quiet=True)
-
-    class Exited(Exception):
-        pass
-
-    def exit_now(status):
-        raise Exited(status)
 
     monkeypatch.setattr(os, "_exit", exit_now)
     server.handle_exit(first, None)

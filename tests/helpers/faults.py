@@ -42,3 +42,12 @@ def raising(error: BaseException):
         raise error
 
     return fails
+
+
+class Exited(Exception):
+    """Raised by :func:`exit_now` where ``os._exit(status)`` would end the test run: ``args == (status,)``."""
+
+
+def exit_now(status: int):
+    """A stand-in for ``os._exit`` (``monkeypatch.setattr(os, "_exit", exit_now)``): raises :class:`Exited`."""
+    raise Exited(status)
