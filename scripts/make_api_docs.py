@@ -112,18 +112,9 @@ def _columns(width: int):
             os.environ["COLUMNS"] = before
 
 
-def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("lm",)):
-    """``(("lm",), parser), (("lm", "tokenizer"), ...), (("lm", "tokenizer", "train"), ...)``: every parser
-    of the command line, each command after the group that holds it, in the order ``lm --help`` lists them."""
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from commands(sub, (*path, name))
-
-
 def render_cli() -> str:
     from lm.cli import build_parser
+    from lm.cli.common import commands
 
     out = ["# Command-line reference", "",
            f"Every `lm` command's `--help`, as it prints on a terminal {CLI_COLUMNS} columns wide: what the command "

@@ -75,13 +75,14 @@ def test_the_command_line_reference_is_every_commands_help_in_this_process(monke
     metavar or a default that the page does not show fails here (mutation testing had found such
     changes unseen: only the presence of each help was tested). $COLUMNS is the generator's own."""
     from lm.cli import build_parser
+    from lm.cli.common import commands
 
     monkeypatch.setenv("COLUMNS", "33")  # the page's width is the generator's, whatever the terminal's
     make = load_script("make_api_docs.py")
     page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
     assert make.render_cli() == page, "docs/cli.md is stale: run python scripts/make_api_docs.py"
     assert os.environ["COLUMNS"] == "33"  # and the generator put the terminal's back
-    found = dict(make.commands(build_parser()))
+    found = dict(commands(build_parser()))
     assert {" ".join(path) for path in found} >= {"lm", "lm sample", "lm train", "lm serve", "lm export hf"}
     for path in found:  # each command's section, its help verbatim
         assert f"## `{' '.join(path)}`" in page

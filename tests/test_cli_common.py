@@ -11,6 +11,7 @@ import pytest
 from helpers.faults import Exited, FullDisk, exit_now
 
 from lm.cli import build_parser, main
+from lm.cli.common import commands
 
 
 def _usage(*command: str) -> str:
@@ -56,14 +57,6 @@ def test_a_deprecated_spelling_beside_the_new_one_is_refused(argv, capsys, tmp_p
         assert capsys.readouterr().err == (f"{prog}: error: --out-dir: given both as --out-dir "
                                            "('dA') and as --out ('dB'); use --out alone\n")
     assert not any(tmp_path.iterdir())
-
-
-def _subparsers(parser, prefix=()):
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield (*prefix, name), sub
-                yield from _subparsers(sub, (*prefix, name))
 
 
 def test_resume_given_twice_is_refused_with_or_without_its_path(capsys, tmp_path, monkeypatch):
@@ -112,7 +105,7 @@ def test_an_option_that_names_one_file_given_twice_is_refused(argv, option, firs
     from lm.cli.common import ONCE_OPTIONS, Once
 
     checked = 0
-    for command, sub in _subparsers(build_parser()):
+    for command, sub in commands(build_parser()):
         for action in sub._actions:
             if action.option_strings and action.option_strings[0] in ONCE_OPTIONS and action.nargs is None:
                 assert isinstance(action, Once) or action.dest == "out" and action.default is not None \
@@ -418,28 +411,28 @@ def test_a_socket_stdout_whose_reader_left_is_a_reader_gone(monkeypatch):
         ours.close()
 
 
-def _commands():
-    """Every command's parser (``lm sample``, ``lm tokenizer train``...), by its name."""
-    return {" ".join(("lm", *path)): sub for path, sub in _subparsers(build_parser())}
+def _parsers():
+    """Every parser of the command line (``lm``, ``lm sample``, ``lm tokenizer train``...), by its name."""
+    return {" ".join(path): sub for path, sub in commands(build_parser())}
 
 
 def test_every_option_of_every_command_says_what_it_is_for():
     """`lm COMMAND --help` is the reference of the options (the README sends users there): each option
     of each command has its help text (mut31: `lm sample --top-k`'s and `lm translate --tokenizer`'s
     dropped survived; nothing read them)."""
-    commands = _commands()
-    assert {"lm sample", "lm translate", "lm eval", "lm export hf", "lm tokenizer train", "lm tokenize", "lm train",
-            "lm data download", "lm serve", "lm demo", "lm plot"} <= set(commands)
+    parsers = _parsers()
+    assert {"lm", "lm sample", "lm translate", "lm eval", "lm export hf", "lm tokenizer train", "lm tokenize",
+            "lm train", "lm data download", "lm serve", "lm demo", "lm plot"} <= set(parsers)
     bare = [f"{name} {action.option_strings[-1] if action.option_strings else action.dest}"
-            for name, parser in commands.items() for action in parser._actions
+            for name, parser in parsers.items() for action in parser._actions
             if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
             and action.help != argparse.SUPPRESS and not (action.help or "").strip()]
     # and each command in its parent's list (`lm --help`, `lm export --help`)
-    bare += [f"{name} {choice.dest}" for name, parser in {"lm": build_parser(), **commands}.items()
+    bare += [f"{name} {choice.dest}" for name, parser in parsers.items()
              for action in parser._actions if isinstance(action, argparse._SubParsersAction)
              for choice in action._choices_actions if not (choice.help or "").strip()]
     # a command given no help at all is left out of its parent's list (argparse lists only those with one)
-    bare += [f"{name} {command}" for name, parser in {"lm": build_parser(), **commands}.items()
+    bare += [f"{name} {command}" for name, parser in parsers.items()
              for action in parser._actions if isinstance(action, argparse._SubParsersAction)
              for command in set(action.choices) - {choice.dest for choice in action._choices_actions}]
     assert bare == []
@@ -470,7 +463,7 @@ def test_every_command_follows_the_grammar():
     model command --device DEVICE, --dtype, --threads; --checkpoint is PATH everywhere. (Moved here
     from test_cli_faults, whose other tests start `lm` in folders of their own; the parsers are
     built in the test, so a changed copy of the code is the one read.)"""
-    leaves = {" ".join(path): sub for path, sub in _subparsers(build_parser())
+    leaves = {" ".join(path[1:]): sub for path, sub in commands(build_parser())
               if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)}
     assert MODEL_COMMANDS | OUTPUT_COMMANDS | {"serve"} <= set(leaves)
     for name, parser in leaves.items():
@@ -522,7 +515,7 @@ def test_a_command_group_alone_asks_for_its_command(capsys):
     """`lm data`, `lm tokenizer` and `lm export` alone (mut31: a group's subcommand made optional
     survived; the run then had no command to call) are usage errors naming what is missing, as is
     `lm tokenize` without its required --input."""
-    groups = {name: parser for name, parser in {"lm": build_parser(), **_commands()}.items()
+    groups = {name: parser for name, parser in _parsers().items()
               if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)}
     assert set(groups) == {"lm", "lm data", "lm tokenizer", "lm export"}
     for name, parser in groups.items():

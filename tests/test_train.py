@@ -2289,41 +2289,45 @@ def test_a_metrics_log_closes_its_file_when_dropped_and_names_it_when_closing_fa
 
 # -- lm train's own layer (lm/cli/train.py), in this process: what it hands the Trainer, and its exits --
 
-class _Trainer:
-    """A stand-in for lm.train.Trainer: records what `lm train` made of its options, then ``outcome``
-    (a status to return, or an exception to raise)."""
+@pytest.fixture
+def stand_in_trainer(monkeypatch):
+    """lm.train.Trainer replaced, for this test, by a stand-in that records what `lm train` made of its
+    options in ``made``, then returns or raises its ``outcome`` (a status, or an exception)."""
+    import lm.train
 
-    made: list = []
-    outcome = 0
+    class Trainer:
+        made: list = []
+        outcome = 0
 
-    def __init__(self, cfg, resume=False, quiet=False):
-        _Trainer.made.append((cfg, resume, quiet))
+        def __init__(self, cfg, resume=False, quiet=False):
+            Trainer.made.append((cfg, resume, quiet))
 
-    def run(self):
-        if isinstance(_Trainer.outcome, BaseException):
-            raise _Trainer.outcome
-        return _Trainer.outcome
+        def run(self):
+            if isinstance(Trainer.outcome, BaseException):
+                raise Trainer.outcome
+            return Trainer.outcome
+
+    monkeypatch.setattr(lm.train, "Trainer", Trainer)
+    return Trainer
 
 
-def test_lm_train_hands_the_trainer_its_options_with_device_dtype_and_threads_last(tmp_path, capsys, monkeypatch):
+def test_lm_train_hands_the_trainer_its_options_with_device_dtype_and_threads_last(tmp_path, capsys, monkeypatch,
+                                                                                     stand_in_trainer):
     """--device and --dtype win over --set (they come after it), --threads sets torch's threads before
     the run, --resume and --quiet reach the Trainer (mutation: --threads passed on as None survived,
     as did the order; only process tests ran `lm train` to its Trainer with these options)."""
     import lm.device
-    import lm.train
     from lm.cli import main
 
     threads = []
     monkeypatch.setattr(lm.device, "set_threads", threads.append)
-    monkeypatch.setattr(lm.train, "Trainer", _Trainer)
-    monkeypatch.setattr(_Trainer, "made", [])
     toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
     argv = ["train", "--config", str(toml), "--set", "train.device=meta", "train.dtype=bfloat16", "--set",
             "train.max_steps=7"]
     assert main([*argv, "--device", "cpu", "--dtype", "float32", "--threads", "3", "--quiet"]) == 0
     assert main([*argv, "--resume", str(tmp_path / "run")]) == 0
     assert threads == [3, None]
-    (first, resume1, quiet1), (second, resume2, quiet2) = _Trainer.made
+    (first, resume1, quiet1), (second, resume2, quiet2) = stand_in_trainer.made
     assert (first.train.device, first.train.dtype, first.train.max_steps) == ("cpu", "float32", 7)
     assert (second.train.device, second.train.dtype) == ("meta", "bfloat16")  # --set's, no option after it
     assert (resume1, quiet1, resume2, quiet2) == (False, True, str(tmp_path / "run"), False)
@@ -2331,11 +2335,11 @@ def test_lm_train_hands_the_trainer_its_options_with_device_dtype_and_threads_la
 
 
 @pytest.mark.parametrize("local_rank", [0, 1])
-def test_under_torchrun_only_local_rank_0_says_why_a_run_cannot_start(tmp_path, capsys, monkeypatch, local_rank):
+def test_under_torchrun_only_local_rank_0_says_why_a_run_cannot_start(tmp_path, capsys, monkeypatch, local_rank,
+                                                                        stand_in_trainer):
     """Every process of a torchrun run reads the same config: a bad one is one line, from local rank
     0; the others exit 2 without a word. A run that diverges is said once too (exit 3); a peer that
     stopped is said by each process where it stopped (exit 1); rank 0's refusal, by rank 0 (exit 2)."""
-    import lm.train
     import lm.train.distributed
     from lm.cli import main
     from lm.train.distributed import Dist
@@ -2347,11 +2351,10 @@ def test_under_torchrun_only_local_rank_0_says_why_a_run_cannot_start(tmp_path, 
     missing = str(tmp_path / "missing.toml")
     said = f"lm train: error: --config: file not found: {missing!r}\n"
     assert capsys.readouterr().err == ("" if local_rank else said)
-    monkeypatch.setattr(lm.train, "Trainer", _Trainer)
     toml = _write_toml(tmp_path / "c.toml", _raw_config(tmp_path))
     for outcome, status, said in ((TrainingDiverged("the loss became nan by step 3"), 3, not local_rank),
                                   (PeerStopped("process 1 of the run stopped at step 3"), 1, True),
                                   (RefusedOnRankZero("run folder in use"), 2, False)):
-        monkeypatch.setattr(_Trainer, "outcome", outcome)
+        stand_in_trainer.outcome = outcome
         assert main(["train", "--config", str(toml), "--quiet"]) == status
         assert capsys.readouterr() == ("", f"lm train: error: {outcome}\n" if said else ""), outcome

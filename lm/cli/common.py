@@ -131,6 +131,17 @@ def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, descri
                           formatter_class=HelpFormatter)
 
 
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("lm",)):
+    """``(("lm",), parser), (("lm", "tokenizer"), ...), (("lm", "tokenizer", "train"), ...)``: every parser
+    of the command line under ``parser``, each command after the group that holds it, in the order
+    ``lm --help`` lists them (docs/cli.md is written in this order; the grammar tests walk it)."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from commands(sub, (*path, name))
+
+
 SPELLINGS = "_spellings"  # the namespace's list of (option, value, new spelling or None), see Deprecated
 ONCE = "_once"  # the namespace's values of the Once options given so far
 # the options that name one file or folder: given twice, the last had won without a word
