@@ -16,8 +16,7 @@ import openai
 import pytest
 from helpers.collector import collector_off
 from helpers.faults import Exited, exit_now, raising
-from helpers.run_dir import save_model
-from helpers.serving import ServerThread, model_and_tokenizer
+from helpers.serving import ServerThread, model_and_tokenizer, saved_run
 from prometheus_client.parser import text_string_to_metric_families
 
 from lm.serve import Engine, Request, SamplingParams, create_app
@@ -800,8 +799,7 @@ def test_start_server_fails_naming_the_port_where_another_process_answers(tmp_pa
     process's own (Linux: /proc), else it fails naming the port."""
     from helpers.serving import one_page_server
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     with one_page_server(b"{}", "application/json") as port:  # another server, answering /health
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
         with pytest.raises(RuntimeError, match=f"did not start on port {port} .*another process answers") as e:
@@ -821,8 +819,7 @@ def test_lm_serve_dtype_bfloat16_answers_as_the_engine_under_autocast(tmp_path_f
     what the engine under the same autocast makes of the prompt."""
     import torch
 
-    run, model, tok = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, tok = saved_run(tmp_path_factory)
     proc, url = start_server(["--checkpoint", str(run), "--max-batch", "4", "--device", "cpu", "--dtype",
                               "bfloat16"], free_port(), stderr=subprocess.PIPE, text=True)
     try:
@@ -846,8 +843,7 @@ def test_lm_serve_dtype_bfloat16_answers_as_the_engine_under_autocast(tmp_path_f
 
 
 def test_sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0(tmp_path_factory):
-    run, model, _ = model_and_tokenizer(tmp_path_factory, context_length=1024, d_model=64)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory, context_length=1024, d_model=64)
     proc, url = start_server(["--checkpoint", str(run), "--max-batch", "2", "--device", "cpu"], free_port(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -881,8 +877,7 @@ def test_a_failing_model_fails_its_requests_and_the_server_exits_1_with_the_trac
     """The engine's thread had stored the error, answered 500 and then 503 "shutting down" for ever
     without exiting or logging anything. Now the requests in flight get a 500, the log has the
     traceback, and `lm serve` exits 1 (for a supervisor to restart it), as vLLM's server does."""
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     port = free_port()
     inject = ("import sys, lm.serve.engine as e\n"
               "def broken(*args, **kwargs):\n    raise RuntimeError('injected failure')\n"
@@ -914,8 +909,7 @@ def test_a_failing_model_fails_its_requests_and_the_server_exits_1_with_the_trac
 
 @pytest.mark.slow
 def test_serve_refuses_bad_arguments_in_one_line(tmp_path_factory):
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     import socket
 
     taken = socket.socket()  # a port in use: uvicorn said so only after loading the model, with exit 1
@@ -946,8 +940,7 @@ def test_the_model_is_named_after_the_run_folder_from_inside_it(tmp_path_factory
     as ``''``, so the README's clients, which ask for the run's name, got 404."""
     from lm.cli import main
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     names = []
 
     class Started(Exception):
@@ -1003,8 +996,7 @@ def test_a_max_batch_that_cannot_fit_is_one_line_naming_it(tmp_path_factory, cap
     that fails all the same is one line too."""
     from lm.cli import main
 
-    run, model, _tok = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _tok = saved_run(tmp_path_factory)
     cfg = model.config
     per_row = 2 * cfg.num_layers * cfg.num_heads * (cfg.context_length + 1) * (cfg.d_model // cfg.num_heads)  # k and v
     for rows in (10**9, 2**70):
@@ -1053,8 +1045,7 @@ def test_api_keys_no_client_can_send_and_model_names_with_line_breaks_are_refuse
     from lm.cli import main
     from lm.cli.serve import check_api_key
 
-    run, model, _tok = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _tok = saved_run(tmp_path_factory)
     loaded = []
     monkeypatch.setattr("lm.cli.common.load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
     advice = ("use printable ASCII characters without spaces (letters, digits, punctuation): HTTP clients send no "
@@ -1139,8 +1130,7 @@ def test_a_second_signal_exits_at_once_though_a_client_stops_reading(tmp_path_fa
     """README: "a second signal exits at once". It had waited the whole graceful timeout (30 s) for a
     client that reads nothing, and a second Ctrl-C had logged a traceback. Now it exits at once with
     one line and status 128 + the signal (143, 130), as ``lm`` does after a signal."""
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     port = free_port()
     proc, url = start_server(["--checkpoint", str(run), "--max-batch", "4", "--device", "cpu", "--quiet"], port,
                              stderr=subprocess.PIPE, text=True)
@@ -1204,8 +1194,7 @@ def test_lm_serve_quiet_on_port_0_says_where_it_listens(tmp_path_factory):
     with ``--port 0`` nothing else tells the port."""
     import selectors
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     proc = subprocess.Popen([sys.executable, "-m", "lm", "serve", "--checkpoint", str(run), "--port", "0",
                              "--device", "cpu", "--max-batch", "1", "--quiet"], stderr=subprocess.PIPE, text=True)
     try:
@@ -1694,8 +1683,7 @@ def test_lm_serve_in_this_process_hands_its_options_to_the_app_and_the_server(tm
     import torch
     from helpers.serving import lm_serve_in_process
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
 
     def serving(made):
         engine = made["engine"]
@@ -1741,8 +1729,7 @@ def test_lm_serve_warns_even_when_quiet_if_its_step_gives_a_row_other_bits_in_ot
     engine that finds its steps not invariant; the line was tested by nothing (mutation)."""
     from helpers.serving import lm_serve_in_process
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     init = Engine.__init__
 
     def not_invariant(self, *args, **kwargs):
@@ -1806,8 +1793,7 @@ def test_bad_serve_arguments_are_refused_in_one_line_in_this_process(tmp_path_fa
     import lm.cli.serve
     from lm.cli import main
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -1864,8 +1850,7 @@ def test_a_server_open_beyond_this_machine_without_a_key_is_warned_about(tmp_pat
     warning line, even with --quiet. Not on the loopback names, nor with a key."""
     from helpers.serving import lm_serve_in_process
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     status, made = lm_serve_in_process(monkeypatch, ["--checkpoint", str(run), "--host", host, "--port", "0",
                                                      "--quiet", *key])
     assert status == 0 and made["server_kwargs"]["host"] == host
@@ -1880,8 +1865,7 @@ def test_lm_serve_says_which_decode_steps_it_uses_and_over_what(tmp_path_factory
     or the whole context (both, by the engine's answer; which one a device gets is its own)."""
     from helpers.serving import lm_serve_in_process
 
-    run, model, _ = model_and_tokenizer(tmp_path_factory)
-    save_model(run, model)
+    run, model, _ = saved_run(tmp_path_factory)
     monkeypatch.setattr(Engine, "bucketed", property(lambda self: bucketed))
     status, made = lm_serve_in_process(monkeypatch, ["--checkpoint", str(run), "--port", "0", "--max-batch", "4"])
     assert status == 0

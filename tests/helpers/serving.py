@@ -8,7 +8,7 @@ import time
 import uvicorn
 
 import lm.serve.engine as engine_module
-from helpers.run_dir import make_run_dir
+from helpers.run_dir import make_run_dir, save_model
 from lm.tokenizer import EOT
 
 TEXT = ("Lily had a red ball. She liked to play with it in the park. " + EOT
@@ -68,6 +68,13 @@ def model_and_tokenizer(tmp_path_factory, **kw):
     cfg.update(kw)
     run, model, tok = make_run_dir(d, TEXT, 300, **cfg)
     return run, model.eval(), tok
+
+
+def saved_run(tmp_path_factory, **kw):
+    """:func:`model_and_tokenizer` with the model saved too: a run folder `lm serve --checkpoint` loads."""
+    run, model, tok = model_and_tokenizer(tmp_path_factory, **kw)
+    save_model(run, model)
+    return run, model, tok
 
 
 def logits_beside(engine, target, companions, join_at: int, steps: int = 60) -> list[bytes]:
