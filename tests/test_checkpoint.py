@@ -104,6 +104,9 @@ def test_an_optimizer_of_other_groups_is_refused_before_the_model_is_touched(tmp
     assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
     assert load_checkpoint(tmp_path / "c.pt", fresh, AdamW(param_groups(fresh, 0.1), lr=1e-2)) == 7
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.state_dict().items())
+    # read from an open file, the checkpoint has no name to give (mutation: the file object's repr survived)
+    with pytest.raises(ValueError, match=r"^checkpoint holds 2 parameter groups \(2 and 2 parameters"):
+        load_checkpoint(io.BytesIO((tmp_path / "c.pt").read_bytes()), fresh, AdamW(fresh.parameters(), lr=1e-2))
 
 
 @pytest.mark.parametrize("cut", [0, 10, 0.5, -20])
@@ -127,6 +130,13 @@ def test_a_file_torch_save_never_writes_is_not_a_checkpoint(tmp_path):
             read_checkpoint(tmp_path / name)
         assert str(e.value) == f"{str(tmp_path / name)!r} is not an lm checkpoint: not a file torch.save writes " \
                                "(a zip archive)"
+        # the same read from an open file (it had gone to torch's unpickler): named by its path, if it has one
+        with open(tmp_path / name, "rb") as f, pytest.raises(ValueError) as e:
+            read_checkpoint(f)
+        assert str(e.value) == f"{str(tmp_path / name)!r} is not an lm checkpoint: not a file torch.save writes " \
+                               "(a zip archive)"
+        with pytest.raises(ValueError, match=r"^checkpoint is not an lm checkpoint: not a file torch.save writes"):
+            read_checkpoint(io.BytesIO(data))
 
 
 def test_pickled_objects_are_not_executed(tmp_path):
@@ -538,6 +548,12 @@ def test_weights_without_their_config_say_what_to_pass(tmp_path):
                             "their model's config (not lm train's export; export_safetensors of a bare state dict "
                             "writes none), from which lm cannot build the model; pass the run folder, its "
                             "model.safetensors or a checkpoint")
+    (tmp_path / "config.json").write_text("{}")  # beside it: a transformers folder (mutation: the name changed)
+    with pytest.raises(ValueError) as e:
+        load_model(tmp_path / "w.safetensors")
+    assert str(e.value) == (f"{str(tmp_path / 'w.safetensors')!r} has no 'model_config' metadata: it is a Hugging Face "
+                            "model (its config.json is beside it: `lm export hf` writes such folders), which lm does "
+                            "not load back; pass the lm run folder, its model.safetensors or a checkpoint")
 
 
 def _state(step):

@@ -124,9 +124,29 @@ def write_checkpoint(state: dict[str, Any], out: PathOrFile) -> None:
         torch.save(state, out)
 
 
+def _named(src: PathOrFile) -> str:
+    """How a message names ``src``: its path's repr, an open file's by the path it was opened from, or
+    "checkpoint" (a file in memory: its repr says nothing)."""
+    path = src if isinstance(src, str | os.PathLike) else getattr(src, "name", None)
+    return repr(str(path)) if isinstance(path, str | os.PathLike) else "checkpoint"
+
+
+def _torch_load(f) -> Any:
+    """``torch.load`` of an open binary file, on the CPU, tensors and plain data only. torch.save writes
+    a zip archive: a file that starts otherwise (random bytes, a text file) raises _NotTorchSave, where
+    torch said "holds objects other than tensors" or "KeyError: 101"."""
+    if f.seekable():
+        start = f.tell()
+        head = f.read(4)
+        if len(head) == 4 and head != b"PK\x03\x04":
+            raise _NotTorchSave
+        f.seek(start)
+    return torch.load(f, map_location="cpu", weights_only=True)
+
+
 def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
     """Load a checkpoint onto the CPU with ``weights_only=True``; a bad file raises a one-line ValueError."""
-    name = repr(str(src)) if isinstance(src, str | os.PathLike) else "checkpoint"
+    name = _named(src)
     if isinstance(src, str | os.PathLike) and not Path(src).is_file():
         path = Path(src)
         if path.is_dir():
@@ -140,13 +160,9 @@ def read_checkpoint(src: PathOrFile) -> dict[str, Any]:
         if isinstance(src, str | os.PathLike):
             # an open file, not the path: torch.load reads a path named *.safetensors as safetensors
             with open(src, "rb") as f:
-                head = f.read(4)  # torch.save writes a zip archive (random bytes, a text file were "holds
-                if len(head) == 4 and head != b"PK\x03\x04":  # objects other than tensors", "KeyError: 101")
-                    raise _NotTorchSave
-                f.seek(0)
-                state = torch.load(f, map_location="cpu", weights_only=True)
+                state = _torch_load(f)
         else:
-            state = torch.load(src, map_location="cpu", weights_only=True)
+            state = _torch_load(src)
     except _NotTorchSave:
         raise ValueError(f"{name} is not an lm checkpoint: not a file torch.save writes (a zip archive)") from None
     except Exception as e:  # noqa: BLE001 - a text file or other garbage: torch's unpickler raises anything
@@ -257,7 +273,7 @@ def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Op
     if isinstance(src, io.IOBase) and src.seekable():
         src.seek(0)
     state = read_checkpoint(src)
-    name = repr(str(src)) if isinstance(src, str | os.PathLike) else "checkpoint"
+    name = _named(src)
     if not is_count(state.get("iteration")):  # (read_checkpoint checked its "model")
         raise ValueError(f"{name} records no iteration; it is not a checkpoint of save_checkpoint or lm train")
     check_state_dict_fits(model, state["model"], name)
