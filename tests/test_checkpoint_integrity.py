@@ -308,3 +308,21 @@ def test_the_reader_is_chosen_by_content_not_by_suffix(tmp_path):
         loaded, info = load_model(tmp_path / name)
         assert info["iteration"] == it, name
         assert torch.equal(loaded.lm_head.weight, model.lm_head.weight), name
+
+
+def test_the_meta_checksum_is_the_crc32_of_the_canonical_text_as_written_here():
+    """A checkpoint carries the meta_crc32 it was written with: were the canonical text to change, every
+    checkpoint written before would be refused as damaged (mutation: the tensors' tag changed survived;
+    every test wrote and read with the same code). The text, spelled out: dicts as their items sorted
+    by the key's repr, tuples and lists told apart, a tensor as its dtype and shape, NaN as JSON's
+    extension, anything else as its type's name and repr."""
+    import zlib
+
+    from lm.checkpoint.io import meta_checksum
+
+    state = {"iteration": 3, "config": {"d_model": 32, "eps": 1e-5, "name": None}, "pair": (1, [2.5, True]),
+             "nan": float("nan"), "ids": {1}, "w": torch.zeros(2, 3, dtype=torch.bfloat16)}
+    text = ("""["dict",[["'config'",["dict",[["'d_model'",32],["'eps'",1e-05],["'name'",null]]]],"""
+            """["'ids'",["repr","set","{1}"]],["'iteration'",3],["'nan'",NaN],"""
+            """["'pair'",["tuple",[1,["list",[2.5,true]]]]],["'w'",["tensor","torch.bfloat16",[2,3]]]]]""")
+    assert meta_checksum(state) == zlib.crc32(text.encode("utf-8"))

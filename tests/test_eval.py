@@ -692,6 +692,8 @@ def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
                                                                               r"integers .* dtype float64$"),
         (lambda: evaluate_tokens(model, ids, token_bytes=-np.ones(100, dtype=int)), r"^token_bytes: byte lengths "
                                                                                      r"must be >= 0, got -1 for id 0$"),
+        (lambda: evaluate_tokens(model, ids, token_bytes=np.ones(49, dtype=int)), r"^token_bytes: has 49 entries, no "
+                                                                                   r"byte length for id 49$"),
         (lambda: evaluate_tokens(model, ids, bytes_per_token=float("nan")), r"^bytes_per_token must be a positive "),
         (lambda: evaluate_tokens(model, ids, batch_size=2.0), r"^batch_size must be a positive integer, got "),
         (lambda: evaluate_tokens(model, ids, stride=2.0), r"^stride: must be between 1 and the context length"),
@@ -727,6 +729,11 @@ def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
     assert evaluate_tokens(model, list(ids))["loss"] == evaluate_tokens(model, torch.arange(50))["loss"] == want["loss"]
     got = evaluate_tokens(model, ids.astype(np.uint16), token_bytes=np.ones(100, dtype=np.uint8))
     assert got["loss"] == want["loss"] and got["bytes_per_token"] == 1.0
+    # a token of no bytes (nanochat counts its special tokens so) is a length, not an error
+    zero_at_10 = np.ones(100, dtype=np.int64)
+    zero_at_10[10] = 0
+    got = evaluate_tokens(model, ids, token_bytes=zero_at_10)
+    assert got["loss"] == want["loss"] and got["bytes"] == 48  # ids 1..49 scored, id 10 of no bytes
     assert math.isnan(perplexity(float("nan"))) and bits_per_byte(1.0, None) is None
     assert perplexity(0.0) == 1.0 and bits_per_byte(0.0, 4.0) == 0.0  # a loss of 0 (every token certain) is one
     assert bleu_chrf(["the cat sat on the mat"], ["the cat sat on the mat"])["bleu"] == pytest.approx(100)
@@ -922,3 +929,20 @@ def test_eval_names_the_file_at_fault_in_process(run, tmp_path, capsys):
         with pytest.raises(ValueError) as refused:
             read_pairs(src, tgt)
         assert str(refused.value).startswith(start), refused.value
+
+
+def test_evaluate_tokens_draws_its_bar_on_a_terminal_only_when_asked(monkeypatch):
+    """``progress=False`` (the default: a library call prints nothing) draws no bar even on a
+    terminal; ``progress=True`` draws one there, as tqdm does (mutation: the bar left to tqdm's own
+    choice, a bar on every terminal, survived; the tests' stderr is no terminal)."""
+    from helpers.pipes import Terminal
+
+    from lm.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(100, 16, 16, 1, 2, 32).eval()
+    for progress in (False, True):
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        evaluate_tokens(model, np.arange(50), progress=progress)
+        drawn = sys.stderr.getvalue()
+        assert (("eval" in drawn and "49.0/49.0" in drawn) if progress else drawn == ""), (progress, drawn)

@@ -359,6 +359,14 @@ def test_numpy_integers_and_a_2d_numpy_batch_are_taken_as_python_ints_and_lists(
         generate(model, np.array([batch]), 3)
     with pytest.raises(ValueError, match="token ids must be integers"):
         generate(model, np.array([[1.0, 2.0]]), 3)
+    # a batch as a list whose prompts are not each 1-D (mutation: the message replaced survived)
+    for prompts, message in (([torch.tensor([[1, 2]]), torch.tensor([3])],
+                              "prompt_ids: a prompt must be 1-D, got a tensor of shape (1, 2)"),
+                             ([np.array([3]), np.array([[1, 2]])],
+                              "prompt_ids: a prompt must be 1-D, got an array of shape (1, 2)")):
+        with pytest.raises(ValueError) as e:
+            generate(model, prompts, 3)
+        assert str(e.value) == message
     probs = torch.softmax(torch.randn(3, 50), -1)
     assert torch.equal(sample_next_token(probs.log(), top_k=np.int64(4), generator=torch.Generator().manual_seed(0)),
                        sample_next_token(probs.log(), top_k=4, generator=torch.Generator().manual_seed(0)))
@@ -730,6 +738,10 @@ def test_eos_id_is_one_id_of_the_vocabulary():
 
     for same in (free[3], np.int64(free[3]), torch.tensor(free[3])):
         assert generate(model, [1, 2], 10, temperature=0, eos_id=same) == free[:4]
+    # the first and last ids are ids too (mutation: `0 < eos_id` survived)
+    for edge in (0, vocab - 1):
+        out = generate(model, [1, 2], 10, temperature=0, eos_id=edge)
+        assert out == (free[:free.index(edge) + 1] if edge in free else free)
 
 
 def test_stops_after_eos():

@@ -169,6 +169,9 @@ VARIANTS = {
     "silu": dict(ffn="silu"),
     "untied": dict(tie_embeddings=False),
     "pre-rmsnorm": dict(norm="rmsnorm", norm_placement="pre"),
+    # an epsilon that moves the norms (mutation: the layers given their default, not the config's, survived)
+    "layernorm-eps": dict(norm_eps=0.25),
+    "pre-rmsnorm-eps": dict(norm="rmsnorm", norm_placement="pre", norm_eps=0.25),
     "no-norm-no-embed-scale": dict(norm="none", embed_scale=False),
     "rope-swiglu-rmsnorm-pre-untied-einsum": dict(positions="rope", ffn="swiglu", norm="rmsnorm", norm_placement="pre",
                                                   tie_embeddings=False, attn_impl="einsum"),
@@ -654,6 +657,21 @@ def test_boundary_values_of_the_config_are_refused(kwargs, match):
     Seq2SeqConfig saying it is a decoder_lm is built as a TransformerLM when its checkpoint is read."""
     with pytest.raises(ValueError, match=match):
         _config(**kwargs)
+
+
+def test_an_unbatched_source_and_target_are_one_row_of_a_batch():
+    """1-D ids (one sentence, as TransformerLM takes one sequence) give the batch's one row (to float32
+    rounding: the matrix products take other kernels at other shapes), and are length-checked alike
+    (mutation: the length read as shape[1] survived; it fails on 1-D ids)."""
+    model = build_model(_config()).eval()
+    src, tgt = torch.tensor([5, 6, 7, 2]), torch.tensor([1, 8, 9])
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(src), model.encode(src[None])[0])  # float32's tolerances
+        torch.testing.assert_close(model(src, tgt), model(src[None], tgt[None])[0])
+    with pytest.raises(ValueError, match=r"^source length 30 exceeds context_length=24$"):
+        model.encode(torch.arange(30) % 50 + 3)
+    with pytest.raises(ValueError, match=r"^target length 25 exceeds context_length=24$"):
+        model(src, torch.arange(25) % 50 + 3)
 
 
 def test_a_cached_decode_past_context_length_is_refused_counting_the_cache():

@@ -202,6 +202,12 @@ def test_arguments_of_the_wrong_type_get_one_line_errors(small_tokenizer):
         assert type(e.value) is ValueError and str(e.value) == message
     with pytest.raises(ValueError, match=r"^vocab: each token must be bytes, got the str 'a' for id 97$"):
         Tokenizer({**byte_vocab, 97: "a"}, [])
+    # an empty vocab, its special tokens given ids from 0, is one that lacks the bytes (mutation: max()
+    # of the empty vocab, without its default, survived; it raised "max() arg is an empty sequence")
+    for specials in ([], [EOT]):
+        with pytest.raises(ValueError) as e:
+            Tokenizer({}, [], specials)
+        assert str(e.value).startswith("vocab: 256 single bytes are missing (e.g. b'\\x00'); a byte-level vocab")
     # bytes-like parts are still taken, as bytes
     assert Tokenizer({**byte_vocab, 256: b"ab"}, [[bytearray(b"a"), memoryview(b"b")]]).merges == [(b"a", b"b")]
 

@@ -77,6 +77,33 @@ def test_wrapping_for_ddp_emits_no_future_warning(tmp_path, rank_of_two):
     assert trainer.run() == 0
 
 
+def test_under_ddp_a_step_reduces_gradients_once_in_its_last_micro_batch(tmp_path, rank_of_two):
+    """DDP all-reduces the gradients in every backward outside ``no_sync()``: the trainer reduces once
+    a step, in its last micro-batch's backward, and the step's tokens are both ranks' (mutation:
+    reducing in every micro-batch but the last, or in none, and the tokens divided by the world size
+    survived; one process sees the same gradients either way). A comm hook sees each reduction."""
+    raw = _raw_config(tmp_path, train={"max_steps": 2, "grad_accum_steps": 3}, eval={"interval": 0},
+                      checkpoint={"interval": 0})
+    trainer = Trainer(config_from_dict(raw), print_fn=lambda line: None)
+    drawn, next_batch = [], trainer._next_batch
+    trainer._next_batch = lambda: drawn.append(next_batch()) or drawn[-1]
+    reduced_in = []  # the micro-batch (1, 2, 3) in whose backward each bucket was reduced
+
+    def hook(state, bucket):
+        reduced_in.append(len(drawn))
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    trainer.train_model.register_comm_hook(None, hook)
+    for _ in range(2):
+        drawn.clear()
+        reduced_in.clear()
+        trainer.train_step(1e-3)
+        assert len(drawn) == 3 and reduced_in and set(reduced_in) == {3}
+        assert trainer.step_tokens == 2 * sum(b.num_tokens for b in drawn)
+
+
 def test_another_rank_stopping_is_one_line_naming_the_last_checkpoint(tmp_path, capsys, rank_of_two):
     """The survivor used to print a 25-line traceback ending in gloo's message."""
     from lm.cli import main
