@@ -1,4 +1,5 @@
 import io
+import os
 import random
 import re
 import zipfile
@@ -139,8 +140,14 @@ def test_a_file_torch_save_never_writes_is_not_a_checkpoint(tmp_path):
             read_checkpoint(io.BytesIO(data))
 
 
-def test_pickled_objects_are_not_executed(tmp_path):
-    # A checkpoint that would need a full unpickler (an arbitrary class) is refused.
+@pytest.mark.parametrize("forced_off", [False, True])
+def test_pickled_objects_are_not_executed(tmp_path, monkeypatch, forced_off):
+    """A checkpoint that would need a full unpickler (an arbitrary class) is refused, also where the
+    environment turns torch's own default off (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, honoured only when
+    the caller does not say; mutation: weights_only left to torch's default survived, as it is True
+    on torch >= 2.6 but not on the torch 2.1 that pyproject allows)."""
+    if forced_off:
+        monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     torch.save({"format": "lm-checkpoint", "version": 1, "model": {}, "evil": _model()}, tmp_path / "e.pt")
     with pytest.raises(ValueError, match="not a readable checkpoint"):
         read_checkpoint(tmp_path / "e.pt")
@@ -152,6 +159,20 @@ def test_missing_and_foreign_files(tmp_path):
     torch.save({"weights": torch.ones(2)}, tmp_path / "f.pt")
     with pytest.raises(ValueError, match="is not an lm checkpoint"):
         read_checkpoint(tmp_path / "f.pt")
+    # each in its own words (mutation: the pipe's and the version's messages made None survived)
+    os.mkfifo(tmp_path / "pipe.pt")
+    torch.save({"format": "lm-checkpoint", "version": 99, "model": {}}, tmp_path / "new.pt")
+    (tmp_path / "g.safetensors").write_bytes(b"garbage!")  # too short to sniff: read as its suffix says
+    from lm.checkpoint import load_model
+    from lm.checkpoint.io import VERSION
+
+    for read, name, message in (
+            (read_checkpoint, "pipe.pt", "is not a regular file (a pipe, a device...), not a checkpoint file"),
+            (read_checkpoint, "new.pt", f"has checkpoint version 99; this lm reads {VERSION}"),
+            (load_model, "g.safetensors", "is not a readable safetensors file: ")):
+        with pytest.raises(ValueError) as e:
+            read(tmp_path / name)
+        assert str(e.value).startswith(f"{str(tmp_path / name)!r} {message}"), str(e.value)
 
 
 def test_manager_keeps_last_k_and_best(tmp_path):

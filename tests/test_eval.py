@@ -694,6 +694,11 @@ def test_evaluation_helpers_refuse_inputs_that_gave_plausible_numbers():
                                                                                      r"must be >= 0, got -1 for id 0$"),
         (lambda: evaluate_tokens(model, ids, token_bytes=np.ones(49, dtype=int)), r"^token_bytes: has 49 entries, no "
                                                                                    r"byte length for id 49$"),
+        (lambda: evaluate_tokens(model, ids, token_bytes=[]), r"^token_bytes: has 0 entries, no byte length for id "),
+        (lambda: evaluate_tokens(model, ids, token_bytes=[2.5]), r"^token_bytes must be a 1-D array of integers .* "
+                                                                 r"dtype float64$"),
+        (lambda: evaluate_tokens(model, ids, max_tokens=0), r"^max_tokens must be a positive integer, got "
+                                                            r"max_tokens=0$"),
         (lambda: evaluate_tokens(model, ids, bytes_per_token=float("nan")), r"^bytes_per_token must be a positive "),
         (lambda: evaluate_tokens(model, ids, batch_size=2.0), r"^batch_size must be a positive integer, got "),
         (lambda: evaluate_tokens(model, ids, stride=2.0), r"^stride: must be between 1 and the context length"),

@@ -617,6 +617,12 @@ def test_one_padding_slot_is_masked_given_as_a_list_or_a_tensor(as_tensor):
             alone = model(torch.tensor([prompt + [nxt]]))[0]
             torch.testing.assert_close(got[row, pad[row]:], alone[:-1], rtol=0, atol=1e-12)
             torch.testing.assert_close(step[row], alone[-1], rtol=0, atol=1e-12)
+        # select() (beam search's reshuffle) keeps each row's padding: the padded row twice, then one more
+        # step (mutation: the cache taken for unpadded after select, its pad slot attended to, survived)
+        cache.select(torch.tensor([0, 0]))
+        again = model(torch.tensor([[12], [13]]), kv_cache=cache)[:, -1]
+        for row, nxt in enumerate((12, 13)):
+            torch.testing.assert_close(again[row], model(torch.tensor([[3, 4, 5, 10, nxt]]))[0, -1], rtol=0, atol=1e-12)
 
 
 def test_generates_static_rows_run_eagerly_give_the_tokens_of_its_padded_rows(monkeypatch):

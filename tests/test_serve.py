@@ -1010,6 +1010,29 @@ def test_a_stopped_engine_refuses_requests_and_a_second_start():
     assert rec.reasons == [None] and not engine.waiting and engine._thread is None
 
 
+def test_stop_cancels_the_running_and_the_waiting_and_empties_the_queue_gauge():
+    """stop() ends every choice still in, running or waiting, as cancelled, and /metrics' queue depth
+    goes back to 0 (mutation: the gauge left as None survived; no test stopped an engine with a queue)."""
+    engine = Engine(tiny_model(), max_batch=1, max_queue=4)
+    recs = [Recorder() for _ in range(3)]
+    for rec in recs:
+        engine.submit(rec.request([1, 2], SamplingParams(max_tokens=20)))
+    engine.step()
+    assert engine.stats.queue_depth == 2 and len(recs[0].tokens[0]) >= 1
+    engine.stop()
+    assert [rec.reasons for rec in recs] == [["cancelled"]] * 3
+    assert engine.stats.queue_depth == 0 and engine.stats.requests["cancelled"] == 3 and not engine.waiting
+
+
+@pytest.mark.parametrize("name, bad", [("max_batch", 0), ("max_batch", 2.0), ("max_queue", 0), ("max_queue", True)])
+def test_an_engine_refuses_a_batch_or_queue_size_that_is_not_a_count(name, bad):
+    """(mutation: the check made of the constant 1, which always passes, survived: only `lm serve`'s own
+    check of --max-batch had been tested)"""
+    with pytest.raises(ValueError) as e:
+        Engine(tiny_model(), **{name: bad})
+    assert str(e.value) == f"{name} must be a whole number >= 1, got {bad!r}"
+
+
 def test_an_engine_as_a_context_manager_runs_for_the_block_and_is_freed_after():
     """``with Engine(model) as engine:`` starts the thread and stops it at the end of the block: the
     request is answered (the tokens greedy generate gives), the thread is gone, and the engine, its

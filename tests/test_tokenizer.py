@@ -303,6 +303,9 @@ def test_ids_in_the_surrogate_range_and_beyond_uint16(small_tokenizer):
         tok.encode_to_numpy(text, np.uint16)
     with pytest.raises(ValueError, match=r"vocab: ids must be integers in \[0, 1114111\], got 1114112"):
         Tokenizer({**small_tokenizer.vocab, 0x110000: b"zz"}, [], [])
+    # the last id is an id (mutation: `i < MAX_ID` survived), a special token's too
+    top = Tokenizer({**small_tokenizer.vocab, 0x10FFFF: b"<|pad|>"}, small_tokenizer.merges, [EOT, "<|pad|>"])
+    assert top.encode("ab<|pad|>") == [*small_tokenizer.encode("ab"), 0x10FFFF] and top.decode([0x10FFFF]) == "<|pad|>"
 
 
 def test_encode_iterable_equals_encode_on_multi_mb_input(small_tokenizer, tmp_path):
