@@ -245,6 +245,17 @@ def test_a_pair_file_of_no_pairs_reads_back_empty(tmp_path):
     f = read_pair_file(path)
     assert len(f) == 0 and f.ids.tolist() == [] and f.ids.dtype == np.uint16
     assert f.src_lengths.tolist() == [] and f.tgt_lengths.tolist() == []
+    # no text named: the sidecar says none (mutation: a placeholder name survived); as data, it holds no pairs
+    assert (meta["source"], meta["target"], meta["tokenizer_sha256"]) == ("", "", "")
+    with pytest.raises(ValueError) as e:
+        PairDataset(path, max_len=30, pad_id=0, bos_id=1, eos_id=2)
+    assert str(e.value) == f"{str(path)!r}: holds no pairs"
+    # a sidecar of a newer lm (mutation: the version it names dropped survived)
+    meta["version"] = 99
+    sidecar_path(path).write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as e:
+        read_pair_file(path)
+    assert str(e.value) == f"sidecar {str(sidecar_path(path))!r} has version 99; this lm reads 1"
 
 
 def test_write_pair_file_refuses_bad_ids_and_leaves_nothing(tmp_path):
