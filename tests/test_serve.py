@@ -940,26 +940,33 @@ def test_a_request_cancelled_in_the_queue_of_an_idle_engine_is_told():
     assert reasons == ["cancelled"] and engine.stats.requests["cancelled"] == 1
 
 
-def test_a_failing_step_fails_every_request_in_and_takes_no_new_one():
-    """Engine.on_error's contract: when a step fails, every request in has been failed ("error", a
-    500) by then, the running ones and those waiting in the queue alike, counted failed; and no new
-    one is taken (EngineStopped), where it would wait for ever for a thread that is gone."""
-    from lm.serve import EngineStopped
-
+def _failed_engine(*prompts: list[int]):
+    """An engine whose every step raises, run on its thread until it fails with ``prompts`` in (the
+    first running, the others waiting): (the engine, each prompt's Recorder, what on_error was told)."""
     engine = Engine(tiny_model(), max_batch=1)
 
     def broken(ids, lengths):
         raise RuntimeError("the device fell over")
 
     engine.steps = {b: broken for b in engine.steps}
-    recs = [Recorder(), Recorder()]
+    recs = [Recorder() for _ in prompts]
     done, told = threading.Event(), []
     engine.on_error = lambda e: told.append(e) or done.set()
-    engine.submit(recs[0].request([1, 2], SamplingParams(max_tokens=4)))
-    engine.submit(recs[1].request([3], SamplingParams(max_tokens=4), n=1))
+    for rec, prompt in zip(recs, prompts):
+        engine.submit(rec.request(prompt, SamplingParams(max_tokens=4)))
     engine.start()
     assert done.wait(20)
     engine.stop()
+    return engine, recs, told
+
+
+def test_a_failing_step_fails_every_request_in_and_takes_no_new_one():
+    """Engine.on_error's contract: when a step fails, every request in has been failed ("error", a
+    500) by then, the running ones and those waiting in the queue alike, counted failed; and no new
+    one is taken (EngineStopped), where it would wait for ever for a thread that is gone."""
+    from lm.serve import EngineStopped
+
+    engine, recs, told = _failed_engine([1, 2], [3])
     assert recs[0].reasons == ["error"] and recs[1].reasons[0] == "error"
     assert engine.stats.requests["failed"] == 2 and isinstance(engine.error, RuntimeError)
     assert told == [engine.error]  # on_error is told which (mutation: None survived)
@@ -972,18 +979,7 @@ def test_a_failed_engine_is_freed_without_the_collector():
     """The error a failed engine keeps does not keep it (its traceback's frames had held the engine:
     a cycle), and still prints where it came from. (Apart from the test above, which mutation runs:
     mutmut's trampolines hold frames, so this one is left out there.)"""
-    engine = Engine(tiny_model(), max_batch=1)
-
-    def broken(ids, lengths):
-        raise RuntimeError("the device fell over")
-
-    engine.steps = {b: broken for b in engine.steps}
-    rec, done = Recorder(), threading.Event()
-    engine.on_error = lambda e: done.set()
-    engine.submit(rec.request([1, 2], SamplingParams(max_tokens=4)))
-    engine.start()
-    assert done.wait(20)
-    engine.stop()
+    engine, (rec,), _ = _failed_engine([1, 2])
     assert rec.reasons == ["error"]
     assert "the device fell over" in "".join(traceback.format_exception(engine.error))
     alive, cache = weakref.ref(engine), weakref.ref(engine.cache.k[0])
