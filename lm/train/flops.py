@@ -97,20 +97,24 @@ def _float32_per_cycle(flags: set[str]) -> int:
 
 
 def _cpu_flags_and_hz() -> tuple[set[str], float]:
-    flags, mhz = "", 2500.0
+    """The first processor's flags and clock in /proc/cpuinfo (no flags and 2.5 GHz where it says
+    none). x86 lists a processor's ``cpu MHz`` before its ``flags``: the clock had been read on to the
+    second processor's."""
+    flags, mhz = None, None
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
+                key = key.strip()
+                if key == "flags" and flags is None:
                     flags = value
-                elif key.strip() == "cpu MHz":
+                elif key == "cpu MHz" and mhz is None:
                     mhz = float(value)
-                if flags and key.strip() == "cpu MHz":
+                if flags is not None and mhz is not None:
                     break
     except (OSError, ValueError):
         pass
-    return set(flags.split()), mhz * 1e6
+    return set((flags or "").split()), (2500.0 if mhz is None else mhz) * 1e6
 
 
 def _measured_bfloat16_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
