@@ -1874,6 +1874,90 @@ def test_a_closed_stdout_pipe_does_not_stop_training(tmp_path):
     assert read_checkpoint(tmp_path / "piped" / "checkpoints" / "step_00000020.pt")["iteration"] == 20
 
 
+def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_its_best(monkeypatch):
+    """The CPU's flags and clock come from /proc/cpuinfo's first processor (2.5 GHz and no flags when
+    it cannot be read); the bfloat16 product's FLOP/s are 2n^3 over the fastest of its repeats. With a
+    clock that says how long each repeat took (0.5, 0.25 and 1 s). Mutation: /proc/cpuinfo misnamed and
+    the time taken as the clock's sum, survived (the tests replaced both functions whole). And x86 lists
+    a processor's clock before its flags, so the clock had been the second processor's."""
+    import io
+    import types
+
+    import lm.train.flops as flops
+
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu MHz\t\t: 3000.500\nflags\t\t: fpu avx2 fma\n\n"
+               "processor\t: 1\ncpu MHz\t\t: 4000.000\nflags\t\t: fpu\n")
+    opened = []
+
+    def fake_open(path, *args, **kwargs):
+        opened.append(path)
+        if path != "/proc/cpuinfo":
+            raise FileNotFoundError(path)
+        return io.StringIO(cpuinfo)
+
+    monkeypatch.setattr(flops, "open", fake_open, raising=False)
+    assert flops._cpu_flags_and_hz() == ({"fpu", "avx2", "fma"}, 3000.5e6) and opened == ["/proc/cpuinfo"]
+    cpuinfo = "processor\t: 0\n"
+    assert flops._cpu_flags_and_hz() == (set(), 2.5e9)
+    monkeypatch.setattr(flops, "open", lambda *a, **kw: (_ for _ in ()).throw(PermissionError()), raising=False)
+    assert flops._cpu_flags_and_hz() == (set(), 2.5e9)
+
+    ticks = iter([100.0, 100.5, 200.0, 200.25, 300.0, 301.0])
+    monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert flops._measured_bfloat16_matmul_flops(n=32, repeats=3) == 2 * 32**3 / 0.25
+
+
+def test_the_memory_available_is_memavailable_else_the_free_pages(monkeypatch):
+    """A CPU step may use /proc/meminfo's MemAvailable (KiB), or where that cannot be read the free
+    pages times the page size; a device other than CPU or CUDA has no figure. Mutation: another key
+    read, KiB taken as 1025 bytes, and the fallback's page count, survived."""
+    import io
+
+    from lm.train import memory
+
+    meminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n"
+    monkeypatch.setattr(memory, "open", lambda path, *a, **kw: io.StringIO(meminfo) if path == "/proc/meminfo"
+                        else pytest.fail(path), raising=False)
+    pages = {"SC_AVPHYS_PAGES": 3, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(memory.os, "sysconf", lambda name: pages[name])
+    cpu = torch.device("cpu")
+    assert memory.available_bytes(cpu) == 20_000_000 * 1024
+    meminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\n"  # a kernel before 3.14
+    assert memory.available_bytes(cpu) == 3 * 4096
+    monkeypatch.setattr(memory, "open", lambda *a, **kw: (_ for _ in ()).throw(FileNotFoundError()), raising=False)
+    assert memory.available_bytes(cpu) == 3 * 4096
+    assert memory.available_bytes(torch.device("meta")) is None
+
+
+def test_a_decoder_layer_counts_as_two_and_only_the_einsum_attention_keeps_its_scores(monkeypatch, tmp_path):
+    """step_bytes's rules, as its docstring gives them: an encoder-decoder's step is a decoder-only
+    model's with a layer per encoder layer and two per decoder layer (self- and cross-attention) over
+    twice the tokens (the source counted as long); an evaluation step keeps the seq x seq scores of each
+    head only with the einsum attention. And weights that fit exactly leave the refusal to the step.
+    Mutation: three a decoder layer, scores counted for sdpa's evaluation, and `>=` for `>`, survived."""
+    from lm.model import ModelConfig
+    from lm.model.seq2seq import Seq2SeqConfig
+    from lm.train import memory
+
+    widths = dict(vocab_size=97, context_length=16, d_model=24, num_heads=2, d_ff=64)
+    for impl in ("einsum", "sdpa"):
+        s2s = Seq2SeqConfig(**widths, encoder_layers=3, decoder_layers=2, attn_impl=impl)
+        lm_of_seven = ModelConfig(**widths, num_layers=3 + 2 * 2, attn_impl=impl)
+        for dtype in (None, torch.bfloat16):
+            # 16 target tokens, so 32 in all: two rows of the decoder-only model's 16
+            assert (memory.step_bytes(s2s, 1, tokens=16, params=1, dtype=dtype)["activations"]
+                    == memory.step_bytes(lm_of_seven, 2, params=1, dtype=dtype)["activations"])
+    einsum, sdpa = (memory.step_bytes(ModelConfig(**widths, num_layers=2, attn_impl=impl), 3, train=False, params=1)
+                    for impl in ("einsum", "sdpa"))
+    assert einsum["activations"] - sdpa["activations"] == 3 * 16 * 4 * 2 * 16  # tokens x 4 bytes x heads x ctx
+
+    cfg = config_from_dict(_raw_config(tmp_path))
+    weights = memory.step_bytes(cfg.model, 1, params=memory.parameter_count(cfg.model))["weights"]
+    monkeypatch.setattr(memory, "available_bytes", lambda device: weights)
+    with pytest.raises(ValueError, match=r"^train\.batch_size: a training step of "):
+        memory.check_step_memory(cfg, torch.device("cpu"))
+
+
 def test_the_cpu_peak_for_mfu_follows_the_autocast_dtype(monkeypatch):
     """Under bfloat16 autocast the CPU yardstick was still float32's (64 FLOPs a cycle with AVX-512),
     while this CPU multiplies bfloat16 at about 2.5x that: `lm train` printed MFU 107%, the multi30k
