@@ -574,3 +574,18 @@ def test_a_stream_of_single_ids_longer_than_a_block_is_written_whole(tmp_path, m
     meta = tf.write_token_file(tmp_path / "t.bin", iter(ids), vocab_size=100)
     tokens, _ = tf.read_token_file(tmp_path / "t.bin")
     assert meta["num_tokens"] == 50 and tokens.tolist() == ids
+
+
+def test_a_pair_file_read_as_token_file_is_named_as_one(tmp_path):
+    """A translation pair file given where a language model's token file goes: the sidecar says which it
+    is and what makes the other (mutation: the hint in capitals, survived; only test_eval read it)."""
+    from lm.data.pairs import write_pair_file
+    from lm.data.token_file import read_token_meta
+
+    path = tmp_path / "val.bin"
+    write_pair_file(path, [(np.array([5, 6]), np.array([7, 8]))], vocab_size=259)
+    with pytest.raises(ValueError) as refused:
+        read_token_meta(path)
+    assert str(refused.value) == (
+        f"sidecar {str(path) + '.json'!r} is not an 'lm-tokens' sidecar (it is a translation pair file, for an "
+        "encoder-decoder model; make a language model's token file with `lm tokenize`)")

@@ -1107,7 +1107,13 @@ def test_decode_step_takes_an_autocast_dtype_only():
         DecodeStep(model, 2, dtype="bfloat16")
     with pytest.raises(ValueError, match=r"got dtype=torch.int64$"):
         DecodeStep(model, 2, dtype=torch.int64)
-    assert DecodeStep(model, 2, dtype=torch.bfloat16)([1, 2], [0, 0]).shape == (2, SMALL["vocab_size"])
+    logits = DecodeStep(model, 2, dtype=torch.bfloat16)([1, 2], [0, 0])
+    assert logits.shape == (2, SMALL["vocab_size"])
+    # under autocast: the model's own bfloat16 autocast forward, exactly (mutation: the dtype not kept, so the
+    # step ran in float32, survived)
+    with torch.autocast("cpu", torch.bfloat16), torch.no_grad():
+        expected = model(torch.tensor([[1], [2]]))[:, -1]
+    assert logits.dtype == torch.bfloat16 and torch.equal(logits, expected)
 
 
 def test_top_p_filter_takes_a_top_p_for_each_row():

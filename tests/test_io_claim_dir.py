@@ -606,12 +606,39 @@ def test_a_ctrl_c_in_a_deferred_block_goes_to_the_earlier_handler_once_the_block
         signal.signal(signal.SIGINT, previous)
 
 
+def test_a_ctrl_c_deferred_under_the_default_action_is_raised_again_and_an_ignored_one_is_not(monkeypatch):
+    """Under SIGINT's default action (a process that set ``SIG_DFL``: Ctrl-C kills it) the deferred
+    Ctrl-C is raised again once the block ends, so the process still dies of it; under ``SIG_IGN`` it
+    is dropped, as it would have been. Mutation: ``!=`` for ``==``, which lost the first and raised the
+    second, survived (no test could let a real SIGINT kill its own process). The signal raised again
+    is recorded here instead of delivered; the Ctrl-C is the deferring handler called as the kernel
+    would call it."""
+    from lm.io import interrupts_deferred
+
+    raised = []
+    monkeypatch.setattr(signal, "raise_signal", raised.append)
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        for action, expected in ((signal.SIG_DFL, [signal.SIGINT]), (signal.SIG_IGN, [])):
+            signal.signal(signal.SIGINT, action)
+            raised.clear()
+            with interrupts_deferred():
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # a Ctrl-C arrives
+                assert raised == []
+            assert raised == expected and signal.getsignal(signal.SIGINT) == action, action
+            with interrupts_deferred():  # and a block without one raises nothing
+                pass
+            assert raised == expected
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_written_files_get_the_mode_open_gives_under_the_umask(tmp_path, umask):
     """mkstemp makes 0600 files; an output written through a temporary name gets 0666 less the
     umask, as ``open`` would give it (a sidecar the group could not read, or one anyone could write,
-    would differ from every other file the user makes)."""
-    from lm.io import atomic_files, atomic_write
+    would differ from every other file the user makes). A lock file too (mutation: made 0667, survived)."""
+    from lm.io import atomic_files, atomic_write, lock_file
 
     old = os.umask(umask)
     try:
@@ -620,11 +647,27 @@ def test_written_files_get_the_mode_open_gives_under_the_umask(tmp_path, umask):
         with atomic_files() as open_file:
             open_file(tmp_path / "sub" / "ids.bin", "wb").write(b"\0")
         (tmp_path / "plain").write_text("")
+        os.close(lock_file(tmp_path / "run.lock"))
     finally:
         os.umask(old)
-    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "a.json", tmp_path / "sub" / "ids.bin")}
-    assert modes == {"a.json": 0o666 & ~umask, "ids.bin": 0o666 & ~umask}
+    modes = {p.name: p.stat().st_mode & 0o777
+             for p in (tmp_path / "a.json", tmp_path / "sub" / "ids.bin", tmp_path / "run.lock")}
+    assert modes == {"a.json": 0o666 & ~umask, "ids.bin": 0o666 & ~umask, "run.lock": 0o666 & ~umask}
     assert (tmp_path / "plain").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_an_output_below_a_file_is_refused_naming_the_file(tmp_path):
+    """check_parents names the argument, the file in the way and the output (mutation: the file's
+    name as None, survived here; lm plot's and a script's tests read it through their commands)."""
+    from lm.io import check_parents
+
+    (tmp_path / "notes.txt").write_text("")
+    out = tmp_path / "notes.txt" / "plots" / "loss.png"
+    with pytest.raises(ValueError) as refused:
+        check_parents(out, "--plot")
+    assert str(refused.value) == (f"--plot: {str(tmp_path / 'notes.txt')!r} is a file, not a folder, so "
+                                  f"{str(out)!r} cannot be made")
+    check_parents(tmp_path / "plots" / "loss.png")  # folders yet to be made are no file in the way
 
 
 def test_a_temporary_file_is_named_after_its_output_and_hidden(tmp_path):

@@ -148,6 +148,10 @@ def test_config_round_trips_json_and_toml(tmp_path):
     with pytest.raises(ValueError, match="bogus"):
         ModelConfig.from_dict({**cfg.to_dict(), "bogus": 1})
     assert json.loads(cfg.to_json())["norm"] == "layernorm"
+    # config.json is for people too (Hugging Face's config.json is as readable): one field a line, indented
+    # (mutation: indent=None, one long line, survived)
+    lines = (tmp_path / "model.json").read_text().splitlines()
+    assert lines[0] == "{" and lines[1] == '  "vocab_size": 1000,' and len(lines) == len(cfg.to_dict()) + 2
 
 
 @pytest.mark.parametrize(
@@ -892,3 +896,17 @@ def test_a_model_without_positions_takes_any_token_positions_and_ignores_them(at
         torch.testing.assert_close(model(ids, token_positions=far), model(ids), atol=0, rtol=0)
     with pytest.raises(ValueError, match=r"token_positions must be in \[0, context_length=16\)"):
         TransformerLM(**SMALL, positions="learned").eval()(ids, token_positions=far)
+
+
+def test_last_only_is_the_last_positions_logits():
+    """``forward(ids, last_only=True)``: only the last position's logits, as ``forward(ids)[..., -1:, :]``
+    (the projection to the vocabulary is then made for one position). Every caller in lm takes ``[:, -1]``
+    of it, so a result of two positions (mutation: ``h[..., -2:, :]``) survived them."""
+    model = small_model().eval()
+    ids = torch.randint(0, 64, (3, 7))
+    with torch.no_grad():
+        last, full = model(ids, last_only=True), model(ids)
+    assert last.shape == (3, 1, 64)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
+    with torch.no_grad():
+        assert model(ids[0], last_only=True).shape == (1, 64)  # unbatched: (seq, vocab) with seq = 1

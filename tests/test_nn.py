@@ -438,6 +438,48 @@ def test_attention_is_causal():
     torch.testing.assert_close(attn(x)[:, :6], attn(y)[:, :6])
 
 
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+def test_every_attention_path_runs_the_chosen_kernel(monkeypatch, impl):
+    """Self-attention, cross-attention to a memory, and cross-attention from a cache of its keys and
+    values each call the kernel ``attn_impl`` names: the results of the two agree up to rounding, so
+    a path that fell back to the default (mutation: the cached cross-attention without ``impl``,
+    survived) is seen only in the call. ``sdpa`` is the one that saves the memory."""
+    import lm.nn.attention as attention
+
+    used, kernel = [], attention.scaled_dot_product_attention
+    monkeypatch.setattr(attention, "scaled_dot_product_attention",
+                        lambda *a, **kw: (used.append(kw.get("impl")), kernel(*a, **kw))[1])
+    self_attn = attention.MultiHeadAttention(16, 2, attn_impl=impl)
+    cross = attention.MultiHeadAttention(16, 2, attn_impl=impl, causal=False)
+    x, memory, cache = torch.randn(2, 3, 16), torch.randn(2, 5, 16), {}
+
+    class Cache:
+        def get(self, layer):
+            return cache.get(layer)
+
+        def put(self, layer, k, v):
+            cache[layer] = (k, v)
+
+    self_attn(x)
+    direct = cross(x, context=memory)
+    first = cross(x, context=memory, cross_cache=Cache())
+    cached = cross(x, cross_cache=Cache())
+    assert used == [impl] * 4
+    torch.testing.assert_close(first, direct)
+    torch.testing.assert_close(cached, direct)
+
+
+@pytest.mark.parametrize("impl", ["einsum", "sdpa"])
+def test_every_attention_of_a_block_takes_its_attn_impl(impl):
+    """A block's ``attn_impl`` reaches each of its attentions: the encoder-decoder's decoder layer has
+    two (mutation: the self-attention left at the default, survived: the results agree up to rounding)."""
+    from lm.nn.block import DecoderBlock
+
+    decoder = DecoderBlock(16, 2, 32, attn_impl=impl)
+    assert (decoder.self_attn.attn_impl, decoder.cross_attn.attn_impl) == (impl, impl)
+    assert TransformerBlock(16, 2, 32, 8, attn_impl=impl).attn.attn_impl == impl
+
+
 def test_attention_bad_shapes():
     with pytest.raises(ValueError, match="num_heads=3"):
         MultiHeadSelfAttention(32, 3)
@@ -837,6 +879,14 @@ def test_block_num_heads_zero_is_the_attention_value_error():
     (lambda: lm.nn.Embedding(10, 8.5), "embedding_dim must be a positive integer, got embedding_dim=8.5"),
     (lambda: lm.nn.SwiGLU(16, 0), "d_ff must be a positive integer, got d_ff=0"),
     (lambda: lm.nn.RotaryEmbedding(10000.0, 8, 0), "max_seq_len must be a positive integer, got max_seq_len=0"),
+    # each layer names its own argument (mutation: LayerNorm's and MLP's "d_model" in capitals, ffn_hidden_dim's
+    # "ffn" dropped, the rope-width message emptied, survived)
+    (lambda: lm.nn.LayerNorm(0), "d_model must be a positive integer, got d_model=0"),
+    (lambda: lm.nn.MLP(0, 16), "d_model must be a positive integer, got d_model=0"),
+    (lambda: lm.nn.ffn.ffn_hidden_dim(16, "geglu"),
+     "ffn must be one of ('swiglu', 'silu', 'relu', 'gelu'), got 'geglu'"),
+    (lambda: lm.nn.MultiHeadAttention(32, 4, lm.nn.RotaryEmbedding(10000.0, 16, 8)),
+     "rope.d_k must equal the head dimension 8, got 16"),
 ])
 def test_layers_refuse_sizes_and_eps_when_built(build, message):
     """The layers checked less than the configs: MultiHeadAttention(16, 2.0) failed only at its first

@@ -281,6 +281,8 @@ def test_schedule_edges():
     (lambda: cosine_lr_schedule("5", 1.0, 0.1, 10, 100), "cosine_lr_schedule: it must be a number, got '5'"),
     (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, float("inf")),
      "wsd_lr_schedule: total_iters must be a finite number >= 0, got inf"),
+    # (mutation: wsd's own iteration left unchecked, survived: -1 gave a rate of -0.1)
+    (lambda: wsd_lr_schedule(-1, 1.0, 0.1, 10, 100), "wsd_lr_schedule: it must be a finite number >= 0, got -1"),
     (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, 100, 0.0), "wsd_lr_schedule: decay_fraction must be in (0, 1], got 0.0"),
     (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, 100, 1.5), "wsd_lr_schedule: decay_fraction must be in (0, 1], got 1.5"),
 ])
@@ -302,6 +304,10 @@ def test_inverse_sqrt_schedule_refuses_a_zero_warmup_or_width():
         inverse_sqrt_lr_schedule(float("nan"), 512, 4000)
     with pytest.raises(ValueError, match=r"^inverse_sqrt_scale: peak must be a finite number >= 0, got -0.001$"):
         inverse_sqrt_scale(-1e-3, 512, 4000)
+    # a warm-up of one step (or part of one) is a warm-up > 0 (mutation: `<= 1` for `<= 0`, survived)
+    for warmup in (1, 0.5):
+        assert inverse_sqrt_lr_schedule(4, 16, warmup) == 16**-0.5 * min(4**-0.5, 4 * warmup**-1.5)
+        assert inverse_sqrt_scale(1e-3, 512, warmup) == 1e-3 * math.sqrt(512 * warmup)
 
 
 @pytest.mark.parametrize("d_model, warmup_iters", [(0, 10), (512, 0), (0.5, 10)])

@@ -107,6 +107,48 @@ def test_cuda_without_an_index_is_the_local_ranks_gpu(monkeypatch):
     assert chosen == [torch.device("cuda", 2), torch.device("cuda", 3), torch.device("cuda", 1)]
 
 
+def test_more_processes_than_gpus_are_told_how_many_to_start(monkeypatch):
+    """torchrun with more processes per machine than GPUs: the local rank's GPU does not exist, and the
+    error lists the devices and says how many processes to start (mutation: the list's separator and
+    the plural in capitals, survived: no test had a machine with GPUs)."""
+    from lm.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    for count, processes in ((2, "processes"), (1, "process")):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda count=count: count)
+        have = ", ".join(["cpu"] + [f"cuda:{i}" for i in range(count)])
+        with pytest.raises(ValueError) as refused:
+            resolve_device("cuda", "train.device", local_rank=3)
+        assert str(refused.value) == (
+            f"train.device: 'cuda' is the local rank's GPU, cuda:3 for LOCAL_RANK 3, but this machine has {count} "
+            f"(available: {have}); start at most {count} {processes} per machine (torchrun --nproc_per_node)")
+        with pytest.raises(ValueError, match=rf"^--device: 'cuda:7' is not available on this machine "
+                                             rf"\(available: {have}\)$"):
+            resolve_device("cuda:7")
+
+
+def test_a_rank_and_a_dtype_are_refused_naming_what_was_given():
+    """check_rank: a rank in [0, world_size) (mutation: `and` for `or`, survived: ranks 2 of 2 and -1 went
+    through); check_dtype: a dtype's name is told to be passed as the dtype, any other string refused
+    the same way (mutation: getattr without its default, survived: "bogus" raised AttributeError)."""
+    from lm.checks import check_rank
+    from lm.device import check_dtype
+
+    check_rank(1, 2)
+    for rank in (2, -1, 1.5, True, "0"):
+        with pytest.raises(ValueError) as refused:
+            check_rank(rank, 2)
+        assert str(refused.value) == f"rank must be an integer in [0, world_size=2), got rank={rank!r}"
+    check_dtype("dtype", torch.bfloat16)
+    kind = "a torch floating dtype such as torch.bfloat16 or None"
+    for dtype, hint in (("bfloat16", " (pass torch.bfloat16, not its name)"), ("bogus", ""), ("int64", ""),
+                        (torch.int64, "")):
+        with pytest.raises(ValueError) as refused:
+            check_dtype("dtype", dtype)
+        assert str(refused.value) == f"dtype must be {kind}, got dtype={dtype!r}{hint}"
+
+
 # "mps" on a machine without it is a one-line refusal, not a device that fails later
 def test_mps_without_mps_is_refused_naming_the_argument(monkeypatch):
     import lm.device

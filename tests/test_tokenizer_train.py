@@ -477,3 +477,34 @@ def test_train_bpe_takes_a_numpy_integer_vocab_size(tmp_path):
     assert train_bpe(corpus, np.int64(270), [], num_workers=1) == train_bpe(corpus, 270, [], num_workers=1)
     with pytest.raises(ValueError, match=r"^vocab_size: expected an integer, got 270\.0$"):
         train_bpe(corpus, 270.0, [], num_workers=1)
+
+
+def test_the_merge_bar_is_drawn_on_a_terminal_when_asked_and_moves_64_merges_at_a_time(monkeypatch):
+    """``merge_counts`` draws nothing by default, even on a terminal (a library call stays quiet);
+    with ``progress=True`` its bar there reads ``merge`` and counts the merges learned out of those
+    asked for, moving 64 merges at a time (one ``update`` per merge costs more than the merge) and then
+    to the count learned. Mutation: the default bar, a bar on every terminal or on none, its total,
+    name or unit, and the 64-merge steps, all survived (the bpe target's tests drew no bar)."""
+    import sys
+
+    from helpers.pipes import Terminal
+
+    steps = []
+
+    class Recording(train_mod.tqdm):
+        def update(self, n=1):
+            steps.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(train_mod, "tqdm", Recording)
+    word = {bytes(range(131)): 1}  # 130 merges make it one token; 200 are asked for
+    for kwargs in ({}, {"progress": False}, {"progress": True}):
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        steps.clear()
+        assert len(merge_counts(word, 200, **kwargs)) == 130
+        drawn = sys.stderr.getvalue()
+        if kwargs.get("progress"):
+            assert re.search(r"merge: +65%\|.*\| 130/200 \[.*merge/s\]", drawn), drawn
+            assert steps == [64, 64, 2], steps
+        else:
+            assert drawn == "", (kwargs, drawn)
