@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.run_dir import make_run_dir, save_model
-from helpers.tokenizers import pair_tokenizer
+from helpers.tokenizers import gpt2_bytes_to_unicode, pair_tokenizer
 
 from lm.cli import main
 from lm.data import write_token_file
@@ -788,19 +788,6 @@ def test_bleu_chrf_is_sacrebleus_corpus_scores_hypotheses_first():
 EOT = "<|endoftext|>"  # (mut22a: bits per byte on non-ASCII text and special tokens)
 
 
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """GPT-2's bytes_to_unicode (openai/gpt-2 encoder.py), written out here, inverted."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 def test_token_byte_lengths_are_tiktokens_token_bytes():
     """Each id's byte length is the length of tiktoken's bytes for it: partial UTF-8 tokens (bytes
     0x80-0xff, pieces of CJK characters) count their own bytes, not those of a U+FFFD, and
@@ -812,7 +799,7 @@ def test_token_byte_lengths_are_tiktokens_token_bytes():
     from lm.tokenizer import Tokenizer
 
     vocab = json.loads(data_file("gpt2_vocab.json").read_text(encoding="utf-8"))
-    dec = _gpt2_byte_decoder()
+    dec = {c: b for b, c in gpt2_bytes_to_unicode().items()}
     ranks = {bytes(dec[c] for c in s): i for s, i in vocab.items() if s != EOT}
     enc = tiktoken.Encoding("gpt2-local", pat_str=gpt2_published_pattern(), mergeable_ranks=ranks,
                             special_tokens={EOT: 50256})

@@ -15,6 +15,7 @@ from helpers.collector import collector_off
 from helpers.counting import count_heap_ops
 from helpers.data import data_file, gpt2_published_pattern
 from helpers.faults import full_disk_fdopen
+from helpers.tokenizers import gpt2_bytes_to_unicode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -398,8 +399,8 @@ def _spoil_vocab(path, change):
     path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
 
 
-@pytest.mark.parametrize("case", ["merges not utf-8", "merges char", "id -3", "id 10**7", "id true", "id 1.5",
-                                  "missing byte", "merge not in vocab", "vocab key char"])
+@pytest.mark.parametrize("case", ["merges not utf-8", "merges char", "merges three", "id -3", "id 10**7", "id true",
+                                  "id 1.5", "missing byte", "merge not in vocab", "vocab key char"])
 def test_a_bad_tokenizer_file_is_named_in_a_one_line_error(small_tokenizer, tokenizer_files, case):
     """Errors in a tokenizer's files named neither the file nor (for merges.txt) the line; a merges.txt
     that is not UTF-8 raised a bare UnicodeDecodeError; a JSON ``true`` was taken for the id 1."""
@@ -412,6 +413,9 @@ def test_a_bad_tokenizer_file_is_named_in_a_one_line_error(small_tokenizer, toke
     elif case == "merges char":
         merges_path.write_text("\n".join([*lines[:3], "a \u4e00", *lines[3:]]) + "\n", encoding="utf-8")
         expected = f"merges_path: line 4 of {m}: token '\u4e00': character '\u4e00' is not in the GPT-2 byte mapping"
+    elif case == "merges three":  # (mutation: its message made None, survived)
+        merges_path.write_text("\n".join([*lines[:2], "a b c", *lines[2:]]) + "\n", encoding="utf-8")
+        expected = f"merges_path: line 3 of {m} is not 'left right': 'a b c'"
     elif case in ("id -3", "id 10**7"):
         bad = -3 if case == "id -3" else 10**7
         _spoil_vocab(vocab_path, lambda d: d.update(zz=bad))
@@ -1009,3 +1013,26 @@ def test_checksum_tells_apart_tokenizers_that_differ_only_in_their_special_token
     plain, special = Tokenizer(vocab, []), Tokenizer(vocab, [], [EOT])
     assert plain.encode(EOT) != special.encode(EOT)  # brute force: they encode the text differently
     assert plain.checksum() != special.checksum()
+
+
+def test_the_hf_vocab_keeps_the_byte_a_special_token_also_is():
+    """A special token whose bytes BPE also needs ("\\n" is byte 0x0A, which tokenizer.json's BPE vocab
+    names "Ċ") is in the vocab under both strings, with one id (mutation: the byte's key made None, so
+    tokenizer.json's vocab had a key "null" and no "Ċ", survived)."""
+    from lm.tokenizer.byte_unicode import bytes_to_unicode_str
+    from lm.tokenizer.files import hf_vocab
+
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["\n"])
+    vocab = hf_vocab(tok)
+    assert vocab == {**{bytes_to_unicode_str(bytes([i])): i for i in range(256)}, "\n": 10}
+    assert vocab["Ċ"] == vocab["\n"] == 10 and len(vocab) == 257
+
+
+def test_the_byte_mapping_is_gpt2s_and_holds_the_256_bytes_only():
+    """lm's byte-to-character table is GPT-2's, in both directions, with nothing beyond the 256 bytes
+    (mutation: the printable range one past ``ÿ``, so the table held 257 entries, survived: the tests
+    looked up bytes only)."""
+    from lm.tokenizer.byte_unicode import BYTE_TO_UNICODE, UNICODE_TO_BYTE
+
+    assert BYTE_TO_UNICODE == gpt2_bytes_to_unicode()
+    assert UNICODE_TO_BYTE == {c: b for b, c in gpt2_bytes_to_unicode().items()} and len(UNICODE_TO_BYTE) == 256

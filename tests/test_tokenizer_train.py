@@ -311,6 +311,34 @@ def test_find_safe_cut_is_the_first_line_end(text, start):
     assert find_safe_cut(data, [], min(start, len(data))) == _first_line_end(text, min(start, len(data)))
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.binary(min_size=1, max_size=2), st.characters().map(
+    lambda c: c.encode("utf-8", "surrogatepass"))), max_size=12).map(b"".join), st.integers(0, 40))
+def test_the_character_before_a_cut_is_the_one_a_decoder_finds(data, i):
+    """``_char_before(buf, i)``: the one character whose UTF-8 bytes end at ``i``, by brute force: the
+    first 1 to 4 bytes before ``i`` that decode (strictly) to one character; None where none do. Random
+    bytes among encoded characters of every length, surrogates' encodings among them (mutation: the
+    three-byte lead range one past 0xEF, and every other lead byte taken as announcing four bytes,
+    survived: the cut tests put no four-byte character before a line end)."""
+    i = min(i, len(data))
+
+    def brute(buf: bytes, i: int):
+        for k in range(1, 5):
+            if i - k < 0:
+                return None
+            try:
+                text = buf[i - k : i].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if len(text) == 1:
+                return text
+        return None
+
+    assert pretokenize_mod._char_before(data, i) == brute(data, i)
+    for ch in ("\U0001f600", "\U00010000", "\U0010ffff", "\uffff", "\u00e9", "a"):  # each length, at its bounds
+        assert pretokenize_mod._char_before(b"x" + ch.encode() + b"\n", 1 + len(ch.encode())) == ch
+
+
 def test_every_cut_before_short_line_ends_is_safe():
     """Brute force: after every start, in every text "a" + three pieces + "\nb" over the line-end alphabet,
     the cut that ``find_safe_cut`` returns splits the text into the pre-tokens of the whole."""
