@@ -589,3 +589,15 @@ def test_a_pair_file_read_as_token_file_is_named_as_one(tmp_path):
     assert str(refused.value) == (
         f"sidecar {str(path) + '.json'!r} is not an 'lm-tokens' sidecar (it is a translation pair file, for an "
         "encoder-decoder model; make a language model's token file with `lm tokenize`)")
+
+
+def test_bytes_per_token_is_the_sidecars_source_bytes_over_its_tokens(tmp_path):
+    """The ratio that turns a loss per token into bits per byte: the source's bytes over the tokens, from
+    the sidecar; None where it does not say or there is nothing to divide (mutation: the key read as None,
+    reached by no test of this target: only the trainer's and lm eval's tests used it)."""
+    from lm.data.token_file import bytes_per_token, read_token_meta
+
+    write_token_file(tmp_path / "t.bin", np.arange(8), vocab_size=10, source_bytes=30)
+    assert bytes_per_token(read_token_meta(tmp_path / "t.bin")) == 30 / 8
+    for meta in ({"num_tokens": 8}, {"source_bytes": 0, "num_tokens": 8}, {"source_bytes": 30, "num_tokens": 0}):
+        assert bytes_per_token(meta) is None, meta
