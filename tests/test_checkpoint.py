@@ -436,6 +436,29 @@ def test_an_interrupted_wait_still_waits_for_the_write(tmp_path, monkeypatch):
     assert torch.equal(read_checkpoint(path)["model"]["w"], torch.ones(3))
 
 
+def test_the_background_writer_is_a_named_thread_the_interpreter_waits_for(tmp_path, monkeypatch):
+    """The write runs in a thread named ``lm-checkpoint-writer`` (what py-spy, a debugger and "Exception
+    in thread ..." show of a hung or failed write; mutation: no name or another, survived), and not a
+    daemon: an interpreter that exits still finishes the file it is writing."""
+    import threading
+
+    from lm.checkpoint.background import BackgroundWriter
+
+    manager = CheckpointManager(tmp_path)
+    seen, write = [], manager.save
+
+    def save(state, step):
+        seen.append((threading.current_thread().name, threading.current_thread().daemon,
+                     threading.current_thread() is threading.main_thread()))
+        return write(state, step)
+
+    monkeypatch.setattr(manager, "save", save)
+    writer = BackgroundWriter(manager)
+    path = writer.save({"model": {"w": torch.ones(2)}, "iteration": 1}, 1)
+    writer.wait()
+    assert seen == [("lm-checkpoint-writer", False, False)] and path.is_file()
+
+
 def test_background_writer_holds_one_host_copy_at_a_time(tmp_path, monkeypatch):
     """save_best then save at the same step (a new best at a checkpoint step): the second copy was
     made before the first was written, so two copies of the whole state were alive at once (2 x 16

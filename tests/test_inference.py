@@ -1,6 +1,7 @@
 """The inference layer: loading a run once, streaming text, the end-of-text id."""
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,22 @@ def test_load_model_and_tokenizer_once(tmp_path):
     assert loaded.path.name == "model.safetensors"
     with torch.no_grad():
         assert model(torch.tensor([[1, 2, 3]])).shape[-1] == model.config.vocab_size
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused_naming_both(tmp_path):
+    """``tokenizer=`` another tokenizer than the one the model was trained with: the error names the
+    folder given and the model's file (mutation: the folder's name as None, survived; only a process
+    test, outside the selection, read the message's start)."""
+    run, model, tok = make_run_dir(tmp_path, ("Lily had a red ball. " + EOT) * 40, 300, context_length=16,
+                                   d_model=32, num_layers=2, num_heads=2, d_ff=64)
+    export_safetensors(model, run / "model.safetensors", {"tokenizer_sha256": tok.checksum()})  # as lm train does
+    assert load_model_and_tokenizer(run).tokenizer.checksum() == tok.checksum()
+    other = tmp_path / "other"
+    save_tokenizer_dir(Tokenizer({i: bytes([i]) for i in range(256)}, [], [EOT]), other)
+    with pytest.raises(ValueError, match=rf"^--tokenizer: {re.escape(repr(str(other)))} is not the tokenizer of "
+                                         rf"the model {re.escape(repr(str(run / 'model.safetensors')))} "
+                                         r"\(tokenizer checksum [0-9a-f]{12}… instead of [0-9a-f]{12}…\)$"):
+        load_model_and_tokenizer(run, other)
 
 
 @pytest.mark.parametrize("where, message", [("nowhere", "--checkpoint: file not found"),
@@ -191,6 +208,10 @@ def test_a_runs_checkpoints_folder_gives_its_latest_step_file(tmp_path):
         resolve_checkpoint(ckpts)
     assert str(e.value) == (f"--checkpoint: {str(ckpts)!r} holds no step_*.pt (it holds 'best.pt'); pass a "
                             "checkpoint file or the run folder")
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):  # three names, then how many more (mutation: 3 more)
+        (ckpts / name).write_bytes(b"")
+    with pytest.raises(ValueError, match=r"\(it holds 'a\.txt', 'b\.txt', 'best\.pt' and 2 more\); pass a "):
+        resolve_checkpoint(ckpts)
     (run / "model.safetensors").unlink()
     with pytest.raises(ValueError) as e:
         resolve_checkpoint(run)
