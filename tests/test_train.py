@@ -442,6 +442,15 @@ def test_fixed_evaluation_batches_that_cannot_fit_in_memory_are_refused(tmp_path
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
     del raw["data"]["val"]  # no validation file: no fixed batches
     memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+    # an encoder-decoder's validation batches are a plan over its pair file, no larger than the file: nothing
+    # counted (mutation: the architecture's name misspelt, so pairs were counted as windows, survived)
+    pairs = _raw_config(tmp_path, eval={"batches": 1_000_000})  # as windows: 10^6 x (224 + 8 x 32) bytes, 480 MB
+    pairs["model"] = dict(architecture="encoder_decoder", vocab_size=64, context_length=16, d_model=16,
+                          encoder_layers=1, decoder_layers=1, num_heads=2)
+    pairs["train"]["batch_tokens"] = 256
+    pairs["train"].pop("batch_size", None)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**8)
+    memory.check_step_memory(config_from_dict(pairs), torch.device("cpu"))
 
 
 def test_a_run_without_data_val_says_it_evaluates_nothing(tmp_path):
@@ -1899,7 +1908,7 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
     assert flops._cpu_flags_and_hz() == ({"fpu", "avx2", "fma"}, 3000.5e6) and opened == ["/proc/cpuinfo"]
     cpuinfo = "processor\t: 0\n"
     assert flops._cpu_flags_and_hz() == (set(), 2.5e9)
-    monkeypatch.setattr(flops, "open", lambda *a, **kw: (_ for _ in ()).throw(PermissionError()), raising=False)
+    monkeypatch.setattr(flops, "open", raising(PermissionError(13, "Permission denied")), raising=False)
     assert flops._cpu_flags_and_hz() == (set(), 2.5e9)
 
     ticks = iter([100.0, 100.5, 200.0, 200.25, 300.0, 301.0])
@@ -1924,7 +1933,7 @@ def test_the_memory_available_is_memavailable_else_the_free_pages(monkeypatch):
     assert memory.available_bytes(cpu) == 20_000_000 * 1024
     meminfo = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\n"  # a kernel before 3.14
     assert memory.available_bytes(cpu) == 3 * 4096
-    monkeypatch.setattr(memory, "open", lambda *a, **kw: (_ for _ in ()).throw(FileNotFoundError()), raising=False)
+    monkeypatch.setattr(memory, "open", raising(FileNotFoundError(2, "No such file")), raising=False)
     assert memory.available_bytes(cpu) == 3 * 4096
     assert memory.available_bytes(torch.device("meta")) is None
 
@@ -1951,11 +1960,14 @@ def test_a_decoder_layer_counts_as_two_and_only_the_einsum_attention_keeps_its_s
                     for impl in ("einsum", "sdpa"))
     assert einsum["activations"] - sdpa["activations"] == 3 * 16 * 4 * 2 * 16  # tokens x 4 bytes x heads x ctx
 
+    # the weights, their gradients and AdamW's two moments: 4 float32 copies of the parameters, counted
+    # here, not by step_bytes (mutation: 5 copies, or the weights counted as for evaluation, survived)
     cfg = config_from_dict(_raw_config(tmp_path))
-    weights = memory.step_bytes(cfg.model, 1, params=memory.parameter_count(cfg.model))["weights"]
-    monkeypatch.setattr(memory, "available_bytes", lambda device: weights)
-    with pytest.raises(ValueError, match=r"^train\.batch_size: a training step of "):
-        memory.check_step_memory(cfg, torch.device("cpu"))
+    weights = 4 * 4 * memory.parameter_count(cfg.model)
+    for have, refused in ((weights, r"^train\.batch_size: a training step of "), (weights - 1, r"^model: ")):
+        monkeypatch.setattr(memory, "available_bytes", lambda device, have=have: have)
+        with pytest.raises(ValueError, match=refused):
+            memory.check_step_memory(cfg, torch.device("cpu"))
 
 
 def test_the_cpu_peak_for_mfu_follows_the_autocast_dtype(monkeypatch):
