@@ -1032,7 +1032,8 @@ def test_the_byte_mapping_is_gpt2s_and_holds_the_256_bytes_only():
     """lm's byte-to-character table is GPT-2's, in both directions, with nothing beyond the 256 bytes
     (mutation: the printable range one past ``ÿ``, so the table held 257 entries, survived: the tests
     looked up bytes only)."""
-    from lm.tokenizer.byte_unicode import BYTE_TO_UNICODE, UNICODE_TO_BYTE
+    from lm.tokenizer.byte_unicode import BYTE_TO_UNICODE, UNICODE_TO_BYTE, _byte_to_unicode
 
-    assert BYTE_TO_UNICODE == gpt2_bytes_to_unicode()
+    # the function too: the tables are built once, on import, before a mutation test picks its mutant
+    assert BYTE_TO_UNICODE == gpt2_bytes_to_unicode() == _byte_to_unicode()
     assert UNICODE_TO_BYTE == {c: b for b, c in gpt2_bytes_to_unicode().items()} and len(UNICODE_TO_BYTE) == 256
