@@ -31,6 +31,8 @@ def drawn(monkeypatch) -> list[dict]:
                                                x=[float(v) for v in ln.get_xdata()],
                                                y=[float(v) for v in ln.get_ydata()]) for ln in ax.lines},
                 "texts": [t.get_text() for t in ax.texts],
+                "box": tuple(round(v, 3) for v in ax.get_position().bounds),  # left, bottom, width, height
+                "sizes": {ln.get_label(): ln.get_markersize() for ln in ax.lines},
             })
         return savefig(fig, *args, **kwargs)
 
@@ -50,6 +52,21 @@ def test_train_is_solid_val_dashed_with_markers_and_a_single_record_is_a_marker(
     assert by_step["r train"]["linestyle"] == "-" and by_step["r train"]["marker"] in ("None", "", None)
     assert by_step["r val"]["linestyle"] == "--" and by_step["r val"]["marker"] == "o"
     assert by_step["one train"]["marker"] == "o" and by_step["one train"]["x"] == [1.0]
+    # small markers, and the two panels side by side, steps on the left (mutation: the panels stacked,
+    # the markers matplotlib's default size, survived)
+    assert drawn[0]["sizes"]["r val"] == 3
+    (left, bottom, width, height), (left2, bottom2, _, _) = drawn[0]["box"], drawn[1]["box"]
+    assert bottom == bottom2 and left + width < left2
+
+
+def test_a_run_without_loss_records_is_refused_before_anything_is_drawn(tmp_path, drawn):
+    """(mutation: the message in capitals survived here; lm plot's process test read its start only)"""
+    run = _write(tmp_path / "r", [{"step": 1, "split": "train", "tokens": 10}])
+    with pytest.raises(ValueError) as refused:
+        plot_runs([run], tmp_path / "p.png")
+    assert str(refused.value) == (f"RUN_DIR: {str(run / 'metrics.jsonl')!r} holds no loss records (train or val "
+                                  "lines with a step and a loss); nothing to plot")
+    assert drawn == [] and not (tmp_path / "p.png").exists()
 
 
 # the time axis is in minutes when any record, train or val, is past two minutes (a run

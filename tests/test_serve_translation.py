@@ -418,3 +418,25 @@ def test_bucketed_translation_rows_each_attend_over_their_whole_source():
         full[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
         for j, got in enumerate(logits):
             torch.testing.assert_close(got, full[j], rtol=1e-4, atol=1e-4, msg=f"source {k}, target position {j}")
+
+
+def test_a_translation_engine_checks_lengths_itself_keeps_engines_defaults_and_the_global_generator():
+    """For a library caller submitting a Request (no HTTP parser before it): a source that fills the
+    context less its <eos> is taken, one token more is refused, as are more target tokens than the
+    context less <bos> (mutation: `+ 2` for `+ 1`, survived). The defaults are Engine's (mutation: a
+    queue of 257, survived). And the start-up probe draws from its own generator: starting an engine
+    leaves torch's global one where it was, so a caller's seeded work after it is unchanged (mutation:
+    the probe's target drawn from the global generator, survived)."""
+    model = _model()
+    state = torch.get_rng_state()
+    engine = TranslationEngine(model)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert (engine.max_batch, engine.max_queue) == (16, 256)
+    ctx = model.config.context_length
+    engine.check(Request([5] * (ctx - 1), SamplingParams(max_tokens=ctx - 1)))
+    with pytest.raises(ValueError) as refused:
+        engine.check(Request([5] * ctx, SamplingParams(max_tokens=1)))
+    assert str(refused.value) == f"prompt: {ctx} tokens, and the model reads at most {ctx - 1}"
+    with pytest.raises(ValueError) as refused:
+        engine.check(Request([5], SamplingParams(max_tokens=ctx)))
+    assert str(refused.value) == f"max_tokens: this model writes at most {ctx - 1} tokens, got {ctx}"
