@@ -314,8 +314,10 @@ def test_dataset_checks_vocab_and_length(tmp_path):
     with pytest.raises(ValueError, match="vocab_size 64, larger than the model's vocab_size 32"):
         TokenDataset(tmp_path / "t.bin", 8, vocab_size=32)
     write_token_file(tmp_path / "u.bin", np.array([1, 2, 49, 3]), vocab_size=50)
-    with pytest.raises(ValueError, match="fewer than context_length"):
+    with pytest.raises(ValueError) as refused:
         TokenDataset(tmp_path / "u.bin", 4, vocab_size=50)
+    # (mutation: "context_length + 1 = 3", survived)
+    assert str(refused.value) == f"{str(tmp_path / 'u.bin')!r} has 4 tokens, fewer than context_length + 1 = 5"
     TokenDataset(tmp_path / "u.bin", 3, vocab_size=50)
 
 

@@ -55,7 +55,7 @@ def test_train_is_solid_val_dashed_with_markers_and_a_single_record_is_a_marker(
     # small markers, and the two panels side by side, steps on the left (mutation: the panels stacked,
     # the markers matplotlib's default size, survived)
     assert drawn[0]["sizes"]["r val"] == 3
-    (left, bottom, width, height), (left2, bottom2, _, _) = drawn[0]["box"], drawn[1]["box"]
+    (left, bottom, width, _), (left2, bottom2, _, _) = drawn[0]["box"], drawn[1]["box"]
     assert bottom == bottom2 and left + width < left2
 
 

@@ -114,6 +114,25 @@ def test_the_summary_of_a_training_that_learned_no_merge_names_no_longest_token(
         assert summary["num_merges"] == 0 and summary["longest_token"] is None, summary
 
 
+def test_tokenize_files_bar_counts_the_inputs_bytes_on_a_terminal_when_asked(trained, corpus, tmp_path, monkeypatch):
+    """``tokenize_file(progress=True)`` on a terminal: a bar named ``tokenize`` over the input's bytes, to
+    the whole file; none by default (mutation: the bar's total and name dropped, survived)."""
+    from helpers.pipes import Terminal
+    from tqdm import tqdm
+
+    tok = load_tokenizer_dir(trained)
+    size = corpus.stat().st_size
+    for progress in (False, True):
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        tokenize_file(tok, corpus, tmp_path / f"{progress}.bin", num_workers=1, progress=progress)
+        drawn = sys.stderr.getvalue()
+        if progress:
+            whole = re.escape(tqdm.format_sizeof(size))  # as tqdm writes a size with unit_scale
+            assert re.search(rf"tokenize: 100%\|.*\| {whole}/{whole} \[.*B/s\]", drawn), (whole, drawn[-300:])
+        else:
+            assert drawn == ""
+
+
 @pytest.mark.parametrize(("workers", "warm_bytes"), [(1, 3000), (2, 3000), (2, 1 << 30)])
 def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers, warm_bytes):
     tok = load_tokenizer_dir(trained)
