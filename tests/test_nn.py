@@ -445,25 +445,20 @@ def test_every_attention_path_runs_the_chosen_kernel(monkeypatch, impl):
     a path that fell back to the default (mutation: the cached cross-attention without ``impl``,
     survived) is seen only in the call. ``sdpa`` is the one that saves the memory."""
     import lm.nn.attention as attention
+    from lm.generate.seq2seq import Seq2SeqCache
 
     used, kernel = [], attention.scaled_dot_product_attention
     monkeypatch.setattr(attention, "scaled_dot_product_attention",
                         lambda *a, **kw: (used.append(kw.get("impl")), kernel(*a, **kw))[1])
     self_attn = attention.MultiHeadAttention(16, 2, attn_impl=impl)
     cross = attention.MultiHeadAttention(16, 2, attn_impl=impl, causal=False)
-    x, memory, cache = torch.randn(2, 3, 16), torch.randn(2, 5, 16), {}
-
-    class Cache:
-        def get(self, layer):
-            return cache.get(layer)
-
-        def put(self, layer, k, v):
-            cache[layer] = (k, v)
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    cache = Seq2SeqCache(1, 2, 2, 3, 8)  # the decoder's cache: its cross-attention keys and values by layer
 
     self_attn(x)
     direct = cross(x, context=memory)
-    first = cross(x, context=memory, cross_cache=Cache())
-    cached = cross(x, cross_cache=Cache())
+    first = cross(x, context=memory, cross_cache=cache)
+    cached = cross(x, cross_cache=cache)
     assert used == [impl] * 4
     torch.testing.assert_close(first, direct)
     torch.testing.assert_close(cached, direct)
