@@ -130,10 +130,12 @@ SERVE_PROCESSES = ("not failing_model_fails_its_requests_and_the_server_exits an
                    " and not start_server_fails_naming and not serves_a_translation_checkpoint")
 # test_api_docs's --check, run as a process (its in-process test of docs/cli.md is the one that matters)
 DOCS_PROCESS = "not the_reference_is_what_the_generator_writes"
-# the command tests that start `lm` in a folder of their own (drawn by recording each test's subprocesses
-# and their cwd), and compiled runs (slow)
+# the tokenizer commands' tests that start `lm` in a folder of their own (drawn by recording each test's
+# subprocesses and their cwd)
+TOKENIZE_PROCESSES = "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"
+# those, the other command test that does, and compiled runs (slow)
 CLI_PROCESSES = ("not compile and not help_and_version_that_cannot_be_written_are_an_error"
-                 f" and not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent and {DOCS_PROCESS}")
+                 f" and {TOKENIZE_PROCESSES} and {DOCS_PROCESS}")
 RUN_PROCESSES = (f"{TRAIN_PROCESSES} and {SERVE_PROCESSES} and {DOCS_PROCESS}"
                  " and not help_and_version_that_cannot_be_written_are_an_error")
 
@@ -205,7 +207,7 @@ TARGETS: dict[str, Target] = {
     "io": Target(["lm/io.py"],
                  ["tests/test_io_claim_dir.py", "tests/test_data.py", "tests/test_checkpoint.py",
                   "tests/test_checkpoint_files.py", "tests/test_cli_common.py", "tests/test_tokenizer_cli.py", "-k",
-                  "not cannot_be_written and not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"],
+                  f"not cannot_be_written and {TOKENIZE_PROCESSES}"],
                  note="nothing is lost: atomic writes, claimed and replaced folders, inputs unchanged while read"),
     # the HTTP layer over a server in this process; the tests that start `lm serve` are left out (as for io)
     "serve_app": Target(["lm/serve/app.py"],
@@ -263,8 +265,8 @@ TARGETS: dict[str, Target] = {
                        ["tests/test_tokenizer_cli.py", "tests/test_download.py", "tests/test_download_multi30k.py",
                         "tests/test_pairs.py", "tests/test_cli_common.py", "tests/test_doctests.py",
                         "tests/test_api_docs.py", "-k",
-                        "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"
-                        f" and not help_and_version_that_cannot_be_written_are_an_error and {DOCS_PROCESS}"],
+                        f"{TOKENIZE_PROCESSES} and not help_and_version_that_cannot_be_written_are_an_error"
+                        f" and {DOCS_PROCESS}"],
                        note="lm tokenizer train, lm tokenize and lm data download: inputs, outputs, refusals"),
     # what every command shares (lm.cli.common: the grammar, errors in the command line's words, a closed
     # pipe) and `lm` itself (its parser, main, standard streams), with the commands' in-process tests
@@ -314,7 +316,7 @@ TARGETS: dict[str, Target] = {
     "pretokenize": Target(["lm/tokenizer/pretokenize.py", "lm/tokenizer/byte_unicode.py", "lm/tokenizer/files.py"],
                           ["tests/test_tokenizer.py", "tests/test_tokenizer_train.py",
                            "tests/test_tokenizer_vectorized.py", "tests/test_tokenizer_cli.py", "-k",
-                           "not sigterm_stops_like_ctrl_c and not workers_die_with_a_killed_parent"],
+                           TOKENIZE_PROCESSES],
                           note="pre-tokenization (GPT-2's pattern, special tokens), byte-to-unicode, vocab files"),
     "hf_export": Target(["lm/export/hf.py"], ["tests/test_export_hf.py"],
                         note="export to Hugging Face transformers (against LlamaForCausalLM)"),
@@ -322,8 +324,8 @@ TARGETS: dict[str, Target] = {
     "dataset": Target(["lm/data/dataset.py", "lm/data/tokenize.py"],
                       ["tests/test_data.py", "tests/test_generate.py", "tests/test_train_bookkeeping.py",
                        "tests/test_tokenizer_cli.py", "-k",
-                       f"{TRAIN_PROCESSES} and not compile and not sigterm_stops_like_ctrl_c"
-                       " and not workers_die_with_a_killed_parent and not an_input_changed_while_it_is_tokenized"
+                       f"{TRAIN_PROCESSES} and not compile and {TOKENIZE_PROCESSES}"
+                       " and not an_input_changed_while_it_is_tokenized"
                        " and not a_worker_that_dies_is_one_line"],
                       note="a token file as a dataset (windows, fixed evaluation batches) and lm tokenize's encoder"),
     "serve_translation": Target(["lm/serve/translation.py"],
