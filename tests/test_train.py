@@ -1888,7 +1888,8 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
     it cannot be read); the bfloat16 product's FLOP/s are 2n^3 over the fastest of its repeats. With a
     clock that says how long each repeat took (0.5, 0.25 and 1 s). Mutation: /proc/cpuinfo misnamed and
     the time taken as the clock's sum, survived (the tests replaced both functions whole). And x86 lists
-    a processor's clock before its flags, so the clock had been the second processor's."""
+    a processor's clock before its flags, so the clock had been the second processor's; a file with only
+    one of the two is read to its end, where the first processor's must still be the one kept."""
     import io
     import types
 
@@ -1906,6 +1907,13 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
 
     monkeypatch.setattr(flops, "open", fake_open, raising=False)
     assert flops._cpu_flags_and_hz() == ({"fpu", "avx2", "fma"}, 3000.5e6) and opened == ["/proc/cpuinfo"]
+    # without one of the two the whole file is read, and the first processor's other figure still counts
+    # (an Arm kernel names no flags; some list no clock)
+    cpuinfo = ("processor\t: 0\nFeatures\t: fp asimd\ncpu MHz\t\t: 2000.000\n\n"
+               "processor\t: 1\nFeatures\t: fp\ncpu MHz\t\t: 2600.000\n")
+    assert flops._cpu_flags_and_hz() == (set(), 2000e6)
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu sse2\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    assert flops._cpu_flags_and_hz() == ({"fpu", "sse2"}, 2.5e9)
     cpuinfo = "processor\t: 0\n"
     assert flops._cpu_flags_and_hz() == (set(), 2.5e9)
     monkeypatch.setattr(flops, "open", raising(PermissionError(13, "Permission denied")), raising=False)
