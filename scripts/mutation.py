@@ -111,6 +111,7 @@ UNDECORATE = {
     "pretokenize": _rewrapped("lm/tokenizer/pretokenize.py", "functools.cache", ("_fast_patterns",))
     + _rewrapped("lm/tokenizer/pretokenize.py", "functools.lru_cache(maxsize=16)", ("_special_bytes_regex",)),
     # generate() has two decorators; both go back on, in their order
+    "distributed": _rewrapped("lm/train/distributed.py", "property", ("enabled", "is_main"), owner="Dist"),
     "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
                  ("lm/generate/engine.py", None,
                   "\n\ngenerate = _in_eval_mode(torch.inference_mode()(generate))  # for mutmut\n")],
@@ -335,6 +336,26 @@ TARGETS: dict[str, Target] = {
                    ["tests/test_plot.py", "tests/test_plot_and_device.py", "tests/test_nn.py", "-k",
                     f"not compile and {DOCS_PROCESS}"],
                    note="lm plot's records, labels and figure; the layers' named choices"),
+    # (sampled first on 2026-12-06, late) downloads against a local HTTP server in this process, and
+    # lm demo's data, baseline and report with its synthetic stories (the stories' pronoun properties
+    # stay decorated: mutmut leaves them alone)
+    "download": Target(["lm/data/download.py"], ["tests/test_download.py", "tests/test_download_multi30k.py"],
+                       note="resumable downloads: probes, retries, sizes and checksums, partial files held"),
+    "demo": Target(["lm/demo/pipeline.py", "lm/demo/stories.py"], ["tests/test_demo.py", "tests/test_stories.py"],
+                   note="lm demo's corpus, split, unigram baseline and report; the synthetic stories"),
+    # the tokenizer's worker processes (forked: a mutant runs in them too); left out, the two tests that
+    # start `lm` in a folder of their own
+    "workers": Target(["lm/tokenizer/workers.py"],
+                      ["tests/test_tokenizer_cli.py", "tests/test_tokenizer_train.py", "tests/test_pairs.py", "-k",
+                       TOKENIZE_PROCESSES],
+                      note="the tokenizer's worker pool: task order, failures, Ctrl-C, closing, a dead worker"),
+    # torchrun's variables and the process group, with the tests of rank 0 of two over a one-process gloo
+    # group in this process and the resumes of other world sizes (the training process tests left out)
+    "distributed": Target(["lm/train/distributed.py"],
+                          ["tests/test_train_ddp.py", "tests/test_train_resume.py",
+                           "tests/test_train.py::test_under_torchrun_only_local_rank_0_says_why_a_run_cannot_start",
+                           "-k", TRAIN_PROCESSES],
+                          note="torchrun's environment, the process group, reductions and the ranks' agreement"),
     "train_config": Target(["lm/train/config.py"],
                            ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",
                             "tests/test_train_bookkeeping.py", "tests/test_train_loop.py"],
