@@ -20,13 +20,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
     head_faults: list = []  # answers to the next HEADs: a status, or "drop" (closed without an answer)
     sha = SHA
     requests: list = []
+    redirect_status = 302
 
     def log_message(self, *args):
         pass
 
     def _redirect(self):
         # like Hugging Face /resolve/: a redirect that states the LFS size and sha256
-        self.send_response(302)
+        self.send_response(Handler.redirect_status)
         self.send_header("Location", self.path.replace("/resolve/", "/files/"))
         self.send_header("X-Linked-Size", str(len(PAYLOAD)))
         self.send_header("X-Linked-ETag", f'"{Handler.sha}"')
@@ -90,6 +91,7 @@ def server():
     Handler.drops_left = 0
     Handler.head_faults = []
     Handler.sha = SHA
+    Handler.redirect_status = 302
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
@@ -190,16 +192,20 @@ def test_offline_is_one_line(tmp_path, monkeypatch, capsys):
         "LM_TINYSTORIES_URL=file:///path/to/folder)\n") and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("name", ["TinyStoriesV2-GPT4-valid.txt", "TinyStoriesV2-GPT4-valid.txt.part"])
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
-def test_a_folder_where_the_file_goes_is_refused(server, tmp_path, monkeypatch, capsys, overwrite):
+def test_a_folder_where_the_file_goes_is_refused(server, tmp_path, monkeypatch, capsys, overwrite, name):
+    """A folder in the way of the file, or of its .part (mutation: the .part's name misspelt in the check
+    survived), is refused before any byte is fetched, and left as it is."""
     monkeypatch.setenv("LM_TINYSTORIES_URL", f"{server}/resolve/main")
-    folder = tmp_path / "TinyStoriesV2-GPT4-valid.txt"
+    folder = tmp_path / name
     folder.mkdir()
     (folder / "mine.txt").write_text("mine")
     assert main(["data", "download", "tinystories", "--out", str(tmp_path), "--quiet", *overwrite]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"--out: {str(folder)!r} is a folder, not a file" in err and len(err.splitlines()) == 1, err
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["TinyStoriesV2-GPT4-valid.txt", "mine.txt"]  # no .part
+    assert err == (f"lm data download: error: --out: {str(folder)!r} is a folder, not a file; move it away to "
+                   f"download TinyStoriesV2-GPT4-valid.txt into {str(tmp_path)!r}"), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [name, "mine.txt"]  # no .part, no file
     assert not [r for r in Handler.requests if r[0] == "GET"]
 
 
@@ -447,3 +453,54 @@ def test_download_goes_to_data_by_default_with_progress_unless_quiet(tmp_path, m
     assert main(["data", "download", dataset, "--quiet", "--overwrite"]) == 0
     assert calls == [(args, True, False), (args, False, True)]
     assert capsys.readouterr().out == f"{out}/f.txt (21.6 kB)\n" * 2
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_every_redirect_status_is_followed_by_the_probe(server, tmp_path, monkeypatch, code):
+    """HEAD's redirect (Hugging Face's /resolve/ answers 302, others 301, 307 or 308) is followed to
+    the file, with the size and checksum it states (mutation: 307 dropped from the statuses followed
+    survived: the server here answered 302 only)."""
+    Handler.redirect_status = code
+    dest = download(f"{server}/resolve/main/s.txt", tmp_path / "s.txt", progress=False)
+    assert dest.read_bytes() == PAYLOAD
+    assert [r[:2] for r in Handler.requests] == [("HEAD", "/resolve/main/s.txt"), ("HEAD", "/files/main/s.txt"),
+                                                  ("GET", "/files/main/s.txt")]
+
+
+@pytest.mark.parametrize("progress, disable", [(True, None), (False, True)])
+def test_the_bar_is_drawn_on_a_terminal_unless_progress_is_false(server, tmp_path, monkeypatch, progress, disable):
+    """download(progress=True) leaves the bar to tqdm's terminal check (disable=None); progress=False
+    turns it off (mutation: progress passed on as None, no bar even on a terminal, survived)."""
+    import sys
+
+    import lm.data.download as dl
+
+    bars = []
+    real_tqdm = dl.tqdm
+    monkeypatch.setattr(dl, "tqdm", lambda **kwargs: bars.append(kwargs) or real_tqdm(**{**kwargs, "disable": True}))
+    download(f"{server}/resolve/main/s.txt", tmp_path / "s.txt", progress=progress)
+    assert bars == [dict(total=len(PAYLOAD), unit="B", unit_scale=True, desc="s.txt", disable=disable,
+                         file=sys.stderr)]
+
+
+def test_the_python_functions_take_base_url_over_the_variable_and_default_to_data(server, tmp_path, monkeypatch):
+    """download_tinystories(base_url=...) fetches from there, ahead of LM_TINYSTORIES_URL, into data/ by
+    default; a base_url that is no URL is named as base_url, and a failure at it is not blamed on the
+    variable (mutation: the name said as BASE_URL, and the default folder misspelt, survived: the
+    command gives neither)."""
+    from lm.data.download import DownloadError, download_tinystories
+
+    monkeypatch.setenv("LM_TINYSTORIES_URL", "http://127.0.0.1:9/elsewhere")
+    monkeypatch.chdir(tmp_path)
+    path = download_tinystories(base_url=f"{server}/resolve/main/", progress=False)
+    assert path == Path("data", "TinyStoriesV2-GPT4-valid.txt") and path.read_bytes() == PAYLOAD
+    assert Handler.requests[0][:2] == ("HEAD", "/resolve/main/TinyStoriesV2-GPT4-valid.txt")
+    with pytest.raises(ValueError) as e:
+        download_tinystories(base_url="notaurl")
+    assert str(e.value) == ("base_url: 'notaurl' is not an http://, https:// or file:// URL; give the URL of the "
+                            "folder that holds the files")
+    with pytest.raises(DownloadError) as e:
+        download_tinystories(out_dir=tmp_path / "b", base_url=f"{server}/missing", progress=False)
+    assert str(e.value) == f"{server}/missing/TinyStoriesV2-GPT4-valid.txt answered HTTP 404 Not Found"
+    with pytest.raises(ValueError, match=r"^split: 'test' is not one of \['train', 'valid'\]$"):
+        download_tinystories("test", base_url=f"{server}/resolve/main")

@@ -278,3 +278,16 @@ def test_a_local_copy_prints_sizes_in_kb_and_local_errors_do_not_blame_the_url(t
         f"lm data download: error: cannot read {missing}/train.en.gz: No such file or directory "
         "(the URL is from LM_MULTI30K_URL)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m30k"]
+
+
+def test_the_python_function_fetches_from_base_url_into_data_multi30k_by_default(server, tmp_path, monkeypatch):
+    """download_multi30k() writes to data/multi30k/ when given no folder, from base_url ahead of
+    LM_MULTI30K_URL (mutation: the default folder misspelt survived: the command always gives one)."""
+    from pathlib import Path
+
+    files = fake_files(monkeypatch)
+    monkeypatch.setenv("LM_MULTI30K_URL", "http://127.0.0.1:9/elsewhere")
+    monkeypatch.chdir(tmp_path)
+    paths = dl.download_multi30k(base_url=server, progress=False)
+    assert paths == [Path("data", "multi30k", name) for name in files]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "data" / "multi30k").iterdir()} == files
