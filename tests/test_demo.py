@@ -591,3 +591,23 @@ def test_an_output_folder_that_is_not_the_demos_is_refused_before_data_is_decomp
         run_demo(DemoSettings(out_dir=str(out), data=str(src), corpus_bytes=50_000, progress=False))
     assert str(e.value).startswith("--out"), str(e.value)
     assert (out / "notes.txt").read_text() == "the user's own"
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_corpus_inside_the_output_folder_is_refused_as_an_input(tmp_path, monkeypatch, capsys, overwrite):
+    """`--data` inside `--out` is the input the demo would replace: refused naming both, before anything
+    is written (mutation: the demo told its output check of no input, and the refusal became "holds
+    files and no marker", survived)."""
+    from lm.cli import main
+    from lm.demo.stories import write_corpus
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    write_corpus(tmp_path / "out" / "corpus.txt", 100_000, seed=1)
+    before = (tmp_path / "out" / "corpus.txt").read_bytes()
+    assert main(["demo", "--data", "out/corpus.txt", "--out", "out", "--train-seconds", "1", "--quiet",
+                 *overwrite]) == 2
+    assert capsys.readouterr().err == ("lm demo: error: --out: 'out' contains the input --data 'out/corpus.txt'; "
+                                       "choose another output\n")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["corpus.txt", "out"]
+    assert (tmp_path / "out" / "corpus.txt").read_bytes() == before

@@ -40,6 +40,10 @@ def test_every_story_is_well_formed(seed):
             for sentence in re.split(r"(?<=[.!?]) ", paragraph):
                 assert sentence.lstrip('"')[:1].isupper() or sentence[:1].isdigit(), (sentence, story)
         assert 80 <= len(story.split()) <= 250, story
+        # in lower case but for a capital that starts a name or sentence, and "I" and "A" (mutation: a
+        # line of dialogue or a place said in capitals, and a verb shouted as "SAID", survived)
+        words = re.findall(r"[A-Za-z]+(?:'[A-Za-z]+)*", story)
+        assert [w for w in words if not re.fullmatch(r"[A-Z]?[a-z]+(?:'[a-z]+)*|I(?:'[a-z]+)?|A", w)] == [], story
 
 
 def test_article_follows_the_sound():
@@ -210,6 +214,14 @@ def test_a_hero_and_a_friend_never_share_a_name():
     """A mutation (the friend drawn from every name, the hero's too): "Lily saw a girl ... My name is
     Lily." No test looked at the cast."""
     rng = random.Random(0)
-    for _ in range(3000):
-        hero, friend, _parent = make_cast(rng)
+    casts = [make_cast(rng) for _ in range(3000)]
+    for hero, friend, _parent in casts:
         assert hero.name != friend.name
+    # and each is a girl or a boy (a she or a he), whichever the other is (mutation: the friend a girl
+    # whenever the hero was a child, survived)
+    children = {(hero.kind, friend.kind) for hero, friend, _ in casts if hero.kind in ("girl", "boy")}
+    assert children == {("girl", "girl"), ("girl", "boy"), ("boy", "girl"), ("boy", "boy")}
+    assert all(c.female == (c.kind == "girl") for hero, friend, _ in casts for c in (hero, friend)
+               if c.kind in ("girl", "boy"))
+    animals = {(hero.female, friend.female) for hero, friend, _ in casts if hero.kind not in ("girl", "boy")}
+    assert animals == {(True, True), (True, False), (False, True), (False, False)}
