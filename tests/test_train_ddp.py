@@ -672,3 +672,62 @@ def test_a_port_in_use_is_named_not_taken_for_a_peer_that_did_not_join(tmp_path)
                           "(DistNetworkError: ") and err.endswith("give torchrun another --master-port (or "
                                                                   "--rdzv-endpoint)") and "\n" not in err, r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_process_group_is_joined_with_the_devices_backend_and_the_ranks_torchrun_gives(monkeypatch):
+    """Under torchrun (WORLD_SIZE 4, RANK 3, LOCAL_RANK 1 here) the process joins with gloo on a CPU
+    and nccl on a GPU, within train.dist_timeout when given, and its Dist holds the three numbers in
+    their places; a device that cannot be used is named as train.device. (Mutation: the backend
+    left to torch or chosen for every device alike, the rank dropped or None, and the device's
+    argument name, survived: the tests in this process replace init_distributed whole.)"""
+    import datetime
+
+    import lm.train.distributed as distributed
+
+    for name, value in {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    joined = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kwargs: joined.append(kwargs))
+    assert distributed.torchrun_env() == Dist(rank=3, local_rank=1, world_size=4)
+    assert distributed.init_distributed("cpu", 20.0) == (Dist(3, 1, 4), torch.device("cpu"))
+    assert joined == [{"backend": "gloo", "timeout": datetime.timedelta(seconds=20)}]
+    with pytest.raises(ValueError) as e:
+        distributed.init_distributed("cpu:1")
+    assert str(e.value) == "train.device: unknown device 'cpu:1'; use auto, cpu, cuda, cuda:N or mps (here: cpu)"
+    picked = []
+    monkeypatch.setattr(distributed, "resolve_device", lambda name, argument, local_rank=0: picked.append(
+        (name, argument, local_rank)) or torch.device("cuda", local_rank))
+    joined.clear()
+    assert distributed.init_distributed("cuda") == (Dist(3, 1, 4), torch.device("cuda", 1))
+    assert joined == [{"backend": "nccl"}] and picked == [("cuda", "train.device", 1)]
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)  # joined already: not again
+    assert distributed.init_distributed("cuda") == (Dist(3, 1, 4), torch.device("cuda", 1)) and len(joined) == 1
+
+
+def test_the_collectives_of_rank_0_of_two_over_a_one_process_group(tmp_path):
+    """The reductions the trainer takes over its ranks, run by torch over a one-process gloo group
+    while the Dist says two: the group's sum is this process's values alone, the mean that sum over
+    the world's two; the agreement carries the seconds in float64 (0.1 exactly, not float32's
+    0.10000000149); the gather has a slot for each rank. With one process each is the value itself.
+    (Mutation: the mean multiplied, the agreement in float32, and the gather's test inverted,
+    survived.)"""
+    t = torch.tensor([4.0, 6.0])
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    try:
+        two = Dist(rank=0, local_rank=0, world_size=2)
+        assert two.enabled and two.is_main
+        total = two.all_sum(t)
+        assert torch.equal(total, t) and total is not t
+        assert torch.equal(two.all_mean(t), torch.tensor([2.0, 3.0])) and torch.equal(t, torch.tensor([4.0, 6.0]))
+        assert two.agree(15, 0.1, torch.device("cpu")) == (15, 0.1)
+        assert two.gather("mine") == ["mine", None]
+        assert two.broadcast_object({"step": 7}) == {"step": 7}
+        two.barrier()
+    finally:
+        dist.destroy_process_group()
+    one = Dist()
+    assert not one.enabled and one.is_main and not Dist(rank=1, world_size=2).is_main
+    assert one.all_sum(t) is t and one.all_mean(t) is t and one.agree(2, 0.5, torch.device("cpu")) == (2, 0.5)
+    assert one.gather("mine") == ["mine"] and one.broadcast_object(t) is t
+    assert two.broadcast_object(t) is t  # no process group now: rank 0's value is this one
