@@ -112,6 +112,7 @@ UNDECORATE = {
     + _rewrapped("lm/tokenizer/pretokenize.py", "functools.lru_cache(maxsize=16)", ("_special_bytes_regex",)),
     # generate() has two decorators; both go back on, in their order
     "distributed": _rewrapped("lm/train/distributed.py", "property", ("enabled", "is_main"), owner="Dist"),
+    "workers": _rewrapped("lm/tokenizer/workers.py", "contextlib.contextmanager", ("parallel_map",)),
     "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
                  ("lm/generate/engine.py", None,
                   "\n\ngenerate = _in_eval_mode(torch.inference_mode()(generate))  # for mutmut\n")],

@@ -617,22 +617,40 @@ def test_closing_the_workers_leaves_no_pipe_or_process_to_a_later_finalizer():
     results = pool.map([-1, -2, 3])  # held by the caller, as `with parallel_map(...) as results` holds it
     assert next(results) == 1
     refs = [weakref.ref(o) for p, conn in pool._workers for o in (p, conn)]
+    assert gc.get_freeze_count() > 0  # what existed before the fork: frozen while the workers share it
     with collector_off():  # only reference counts free them: nothing is left for a later collection either
         pool.close()
         assert [r() for r in refs] == [None] * len(refs)
     with pytest.raises(StopIteration):
         next(results)
+    assert gc.get_freeze_count() == 0  # and collected again once they are gone (mutation: left frozen, survived)
+
+
+def test_a_pool_never_closed_does_not_keep_python_from_exiting():
+    """The workers are daemon processes: a program that makes a pool and ends without closing it
+    exits, its workers with it. (Mutation: non-daemon workers survived; Python then waited at exit
+    for workers that waited for their next task: for ever.)"""
+    code = ("from lm.tokenizer.workers import WorkerPool\n"
+            "pool = WorkerPool(2, abs)\n"
+            "print(list(pool.map([-1, 2])))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[1, 2]\n", "")
 
 
 _PARENT = os.getpid()
 
 
 def _die_on_2(x: int) -> int:
-    """``x``, but the worker given 2 dies as the out-of-memory killer ends one; 5 ends it with status 3."""
+    """``x``, but the worker given 2 dies as the out-of-memory killer ends one; 5 ends it with status 3,
+    8 with status 0 and 9 by SIGTERM."""
     if x == 2:
         os.kill(os.getpid(), signal.SIGKILL)
     if x == 5:
         os._exit(3)
+    if x == 8:
+        os._exit(0)
+    if x == 9:
+        os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.05)
     return x
 
@@ -645,7 +663,9 @@ def test_a_worker_that_dies_is_one_line_saying_how(corpus, trained, tmp_path, ca
 
     for tasks, how in (([0, 1, 2, 3, 4, 6, 7], r"killed by SIGKILL \(the kernel's out-of-memory killer sends it: "
                                                r"fewer workers take less memory\)"),
-                       ([0, 1, 5, 3], "exited with status 3")):
+                       ([0, 1, 5, 3], "exited with status 3"),
+                       ([0, 1, 8, 3], "exited with status 0"),  # (mutation: "killed by signal 0" survived)
+                       ([0, 1, 9, 3], "killed by SIGTERM")):
         for _ in range(3):  # the death lands in a receive, or in a send of the next task
             with WorkerPool(2, _die_on_2) as pool, pytest.raises(
                     WorkerDied, match=rf"^a worker process \(pid \d+\) {how} before it finished its work$"):
