@@ -826,6 +826,63 @@ def _pid(_):
     return os.getpid()
 
 
+_INITIALIZED: list[int] = []
+
+
+def _note_pid() -> None:
+    _INITIALIZED.append(os.getpid())
+
+
+def _slow_zero(x: int) -> int:
+    if x == 0:
+        time.sleep(1.0)
+    return x
+
+
+def test_parallel_map_forks_workers_only_for_two_tasks_or_more_and_two_workers_or_more(monkeypatch):
+    """One worker, one task, or serial=True: the tasks (and the initializer) run in this process; else
+    in min(workers, tasks) forked workers, each initialized, and the results keep the tasks' order
+    unless ordered=False, where they come as they are done. (Mutation: a pool for one worker and many
+    tasks, and none for two tasks, survived: the results are the same either way.)"""
+    import lm.tokenizer.workers as workers_module
+    from lm.tokenizer.workers import parallel_map
+
+    pools = []
+    real_pool = workers_module.WorkerPool
+    monkeypatch.setattr(workers_module, "WorkerPool", lambda n, *a: pools.append(n) or real_pool(n, *a))
+    here = os.getpid()
+    for tasks, workers, serial in (([1, 2, 3], 1, False), ([1], 4, False), ([1, 2, 3], 4, True)):
+        _INITIALIZED.clear()
+        with parallel_map(_pid, tasks, workers, initializer=_note_pid, serial=serial) as results:
+            assert list(results) == [here] * len(tasks) and _INITIALIZED == [here]
+    for tasks, workers in (([1, 2], 2), ([1, 2, 3], 2), ([1, 2], 5)):
+        with parallel_map(_pid, tasks, workers) as results:
+            pids = list(results)
+        assert here not in pids and len(set(pids)) <= min(workers, len(tasks)), pids
+    assert pools == [2, 2, 2]  # no more workers than tasks
+    # the first worker takes tasks 0 and 1, the second 2 and 3; task 0 takes a second
+    for ordered, expected in ((True, [0, 1, 2, 3]), (False, [2, 3, 0, 1])):
+        with parallel_map(_slow_zero, [0, 1, 2, 3], 2, ordered=ordered) as results:
+            assert list(results) == expected
+    with parallel_map(abs, list(range(-40, 0)), 3) as results:
+        assert list(results) == list(range(40, 0, -1))
+
+
+def test_a_worker_whose_pipe_ends_while_it_still_runs_is_said_to_have_ended():
+    """A worker's pipe that ends while its process has not (yet) exited: "ended", not an exit status
+    (mutation: that word in capitals survived)."""
+    from lm.tokenizer.workers import WorkerPool
+
+    with WorkerPool(1, abs) as pool:
+        process, conn = pool._workers[0]
+        process.join = lambda timeout=None: None  # not reaped within the wait: still running
+        try:
+            assert str(pool._died(conn)) == (f"a worker process (pid {process.pid}) ended before it finished "
+                                             "its work")
+        finally:
+            del process.join  # close() reaps it
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_workers_hold_no_parent_end_of_a_pipe():
     """Each worker had kept the parent's ends of its own pipe and of the earlier workers' pipes: with
