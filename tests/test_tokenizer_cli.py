@@ -624,6 +624,12 @@ def test_closing_the_workers_leaves_no_pipe_or_process_to_a_later_finalizer():
     with pytest.raises(StopIteration):
         next(results)
     assert gc.get_freeze_count() == 0  # and collected again once they are gone (mutation: left frozen, survived)
+    # closing again (an explicit close, then the with block's) does nothing, not even to another pool's
+    # frozen objects (mutation: the maps' list dropped, and the pool left "frozen", survived)
+    with WorkerPool(1, abs) as other:
+        pool.close()
+        assert gc.get_freeze_count() > 0 and list(other.map([-4])) == [4]
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_pool_never_closed_does_not_keep_python_from_exiting():
