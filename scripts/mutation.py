@@ -357,6 +357,9 @@ TARGETS: dict[str, Target] = {
                            "tests/test_train.py::test_under_torchrun_only_local_rank_0_says_why_a_run_cannot_start",
                            "-k", TRAIN_PROCESSES],
                           note="torchrun's environment, the process group, reductions and the ranks' agreement"),
+    # how tests and benchmarks start `lm serve`, against a stand-in for it that the test's process starts
+    "serve_process": Target(["lm/serve/process.py"], ["tests/test_serve_process.py"],
+                            note="starting lm serve as a process: its own /health, errors naming the port"),
     "train_config": Target(["lm/train/config.py"],
                            ["tests/test_train_config.py", "tests/test_train.py", "tests/test_train_claims.py",
                             "tests/test_train_bookkeeping.py", "tests/test_train_loop.py"],
