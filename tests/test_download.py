@@ -468,7 +468,7 @@ def test_download_goes_to_data_by_default_with_progress_unless_quiet(tmp_path, m
 
 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
-def test_every_redirect_status_is_followed_by_the_probe(server, tmp_path, monkeypatch, code):
+def test_every_redirect_status_is_followed_by_the_probe(server, tmp_path, code):
     """HEAD's redirect (Hugging Face's /resolve/ answers 302, others 301, 307 or 308) is followed to
     the file, with the size and checksum it states (mutation: 307 dropped from the statuses followed
     survived: the server here answered 302 only)."""
@@ -520,9 +520,9 @@ def test_the_python_functions_take_base_url_over_the_variable_and_default_to_dat
 
 def test_a_get_answered_503_is_asked_again_and_after_the_retries_is_one_line(server, tmp_path, monkeypatch):
     """The file's GET is asked again after an answer that may differ next time (503, 429): the
-    download completes; when every try is answered so, the error names the URL, the retries and the
-    .part to resume from. (Mutation: the count of tries lost after a 503 to the GET, a TypeError,
-    survived: only the HEAD's 503 and dropped connections were tested.)"""
+    download completes; when every try is answered so, the error names the URL and the retries, and
+    no file is left (nothing came to resume from). (Mutation: the count of tries lost after a 503 to
+    the GET, a TypeError, survived: only the HEAD's 503 and dropped connections were tested.)"""
     from lm.data.download import DownloadError
 
     monkeypatch.setattr("lm.data.download._retry_wait", lambda attempt: 0)

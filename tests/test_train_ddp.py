@@ -694,7 +694,7 @@ def test_the_process_group_is_joined_with_the_devices_backend_and_the_ranks_torc
     assert joined == [{"backend": "gloo", "timeout": datetime.timedelta(seconds=20)}]
     with pytest.raises(ValueError) as e:
         distributed.init_distributed("cpu:1")
-    assert str(e.value) == "train.device: unknown device 'cpu:1'; use auto, cpu, cuda, cuda:N or mps (here: cpu)"
+    assert str(e.value).startswith("train.device: unknown device 'cpu:1'; use auto, cpu, cuda, cuda:N or mps (here: ")
     picked = []
     monkeypatch.setattr(distributed, "resolve_device", lambda name, argument, local_rank=0: picked.append(
         (name, argument, local_rank)) or torch.device("cuda", local_rank))
