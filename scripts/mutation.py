@@ -110,9 +110,9 @@ UNDECORATE = {
     # its own, forked before any test filled them)
     "pretokenize": _rewrapped("lm/tokenizer/pretokenize.py", "functools.cache", ("_fast_patterns",))
     + _rewrapped("lm/tokenizer/pretokenize.py", "functools.lru_cache(maxsize=16)", ("_special_bytes_regex",)),
-    # generate() has two decorators; both go back on, in their order
     "distributed": _rewrapped("lm/train/distributed.py", "property", ("enabled", "is_main"), owner="Dist"),
     "workers": _rewrapped("lm/tokenizer/workers.py", "contextlib.contextmanager", ("parallel_map",)),
+    # generate() has two decorators; both go back on, in their order
     "generate": [("lm/generate/engine.py", "@_in_eval_mode\n@torch.inference_mode()", ""),
                  ("lm/generate/engine.py", None,
                   "\n\ngenerate = _in_eval_mode(torch.inference_mode()(generate))  # for mutmut\n")],
