@@ -161,15 +161,23 @@ def test_free_port_is_a_port_nothing_listens_on_and_listens_on_reads_proc(monkey
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert listens_on(2**22 + 7, s.getsockname()[1]) is None  # no such process: /proc cannot tell
-        real_open = open
         # one table that cannot be read: the other is still read
         with socket.socket(socket.AF_INET6) as s6:
             s6.bind(("::1", 0))
             s6.listen()
             with monkeypatch.context() as m:
-                m.setattr(process, "open", lambda path, *a, **k: (_ for _ in ()).throw(PermissionError(path))
-                          if path == "/proc/net/tcp" else real_open(path, *a, **k), raising=False)
+                m.setattr(process, "open", _refusing("/proc/net/tcp"), raising=False)
                 assert listens_on(os.getpid(), s6.getsockname()[1]) is True
-        monkeypatch.setattr(process, "open", lambda path, *a, **k: (_ for _ in ()).throw(PermissionError(path))
-                            if str(path).startswith("/proc/net/") else real_open(path, *a, **k), raising=False)
+        monkeypatch.setattr(process, "open", _refusing("/proc/net/tcp", "/proc/net/tcp6"), raising=False)
         assert listens_on(os.getpid(), s.getsockname()[1]) is None
+
+
+def _refusing(*paths: str):
+    """``open``, but a PermissionError for ``paths`` (a table of /proc/net that cannot be read)."""
+
+    def opened(path, *args, **kwargs):
+        if path in paths:
+            raise PermissionError(13, "Permission denied", path)
+        return open(path, *args, **kwargs)
+
+    return opened
