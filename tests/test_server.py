@@ -579,6 +579,7 @@ def test_the_openai_client_retrieves_the_model_and_not_another(served):
     m = served.client.models.retrieve("tiny")
     listed = served.client.models.list().data[0]
     assert m.id == "tiny" and m.object == "model" and m.model_dump() == listed.model_dump()
+    assert m.owned_by == "lm" and isinstance(m.created, int) and abs(m.created - time.time()) < 3600, m
     with pytest.raises(openai.NotFoundError) as e:
         served.client.models.retrieve("other/model")
     assert e.value.code == "model_not_found" and e.value.body["param"] == "model"
@@ -1514,6 +1515,25 @@ def _unstarted(served, **kw):
     engine = Engine(served.model, max_batch=1, max_queue=4, eos_id=served.tok.eot_id)
     return engine, TestClient(create_app(engine, served.tok, "tiny", start_engine=False, **kw),
                               raise_server_exceptions=False)
+
+
+def test_a_draining_server_refuses_completions_before_reading_them(served):
+    """Once a signal marks the server draining, a completion gets OpenAI's 503 ``server_error`` with
+    ``Retry-After: 5`` before its body is read (even a body that is not JSON), and ``/health`` says
+    ``draining``; the tests that check this over a real signal start `lm serve` as a process, which
+    mutation testing cannot see (the error's type mutated survived)."""
+    engine, client = _unstarted(served)
+    client.app.state.server.draining = True
+    for body in ({"prompt": "Lily", "max_tokens": 2}, {"prompt": "Lily", "stream": True}, None):
+        r = (client.post("/v1/completions", json=body) if body is not None else
+             client.post("/v1/completions", content=b"not json", headers={"Content-Type": "application/json"}))
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5", (body, r.status_code, r.headers)
+        assert r.json()["error"] == {"message": "the server is shutting down", "type": "server_error",
+                                     "param": None, "code": None}, body
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json() == {"status": "draining"}
+    assert health.headers["Retry-After"] == "5"
+    assert engine.stats.requests["rejected"] == 0
 
 
 def test_a_stopped_engine_answers_503_shutting_down_with_retry_after(served):

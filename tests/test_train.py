@@ -105,6 +105,9 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
         ({"optim": {"schedule": "linear"}},
          "optim.schedule must be one of ('cosine', 'wsd', 'inverse_sqrt'), got 'linear'"),
         ({"optim": {"decay_fraction": 0.0}}, "optim.decay_fraction must be in (0, 1], got 0.0"),
+        ({"optim": {"decay_fraction": 1.5}}, "optim.decay_fraction must be in (0, 1], got 1.5"),  # 1 is all decay
+        ({"train": {"dtype": "float16"}},
+         "config: train.dtype must be one of ('auto', 'float32', 'bfloat16'), got 'float16'"),
         # config audit: a float overflow and an int64 overflow were tracebacks, an empty out_dir the cwd,
         # and a seq2seq key in a decoder config was "did you mean 'model.vocab_size'?"
         ({"optim": {"max_lr": 10**400}}, "optim.max_lr must be a number within float range, got an integer of 401"),
@@ -138,6 +141,9 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
             config_from_dict(bad)
         assert message in str(e.value), (extra, str(e.value))
         assert "\n" not in str(e.value)
+    edge = json.loads(json.dumps(raw))
+    edge.setdefault("optim", {}).update(schedule="wsd", decay_fraction=1.0)  # the bound: decay from the warm-up on
+    assert config_from_dict(edge).optim.decay_fraction == 1.0
     pairs = {**json.loads(json.dumps(raw)), "model": dict(architecture="encoder_decoder", vocab_size=64,
                                                           context_length=16, d_model=16, encoder_layers=1,
                                                           decoder_layers=1, num_heads=2)}
