@@ -72,6 +72,30 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, monkeypatc
     assert trainer.step == 4 and trainer.run() == 0
 
 
+def test_a_checkpoint_without_its_step_is_refused_as_no_training_checkpoint(tmp_path):
+    """A checkpoint that records no ``iteration`` (written by write_checkpoint from a dict of one's own)
+    had been a KeyError traceback when it was the run's latest, and, as an older one named by
+    --resume, "(step 0) is older than the run's latest": a step read from nowhere. The run's folder
+    is left as it was."""
+    raw = _raw_config(tmp_path, train={"max_steps": 4})
+    raw["checkpoint"] = {"interval": 2, "keep_last": 0}
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    ckpts = tmp_path / "run" / "checkpoints"
+    older, latest = ckpts / "step_00000002.pt", ckpts / "step_00000004.pt"
+    raw["train"]["max_steps"] = 8
+    aside = shlex.quote(str(latest)) + " " + shlex.quote(str(latest) + ".unreadable")
+    for path, bad, hint in [(older, None, "")] + [
+            (latest, bad, f"; move it aside (mv {aside}) and run again with --resume alone: it continues from step 2")
+            for bad in (None, "4", -1, 4.0, True)]:
+        _rewrite(path, iteration=bad)
+        before = _snapshot(tmp_path / "run")
+        with pytest.raises(ValueError) as e:
+            Trainer(config_from_dict(raw), resume=str(path) if path == older else True, print_fn=_quiet)
+        assert str(e.value) == (f"--resume: {str(path)!r} records no iteration (the step it was saved at); it is not "
+                                f"a training checkpoint{hint}"), (path, bad)
+        assert _snapshot(tmp_path / "run") == before
+
+
 def test_resume_with_max_steps_below_the_checkpoint_is_refused(tmp_path, capsys):
     """It used to exit 0 saying nothing, and config.toml then said max_steps = 3 for a run at step 10."""
     good = _write_toml(tmp_path / "good.toml", _raw_config(tmp_path, train={"max_steps": 10}))

@@ -29,6 +29,7 @@ from lm.checkpoint.background import BackgroundWriter
 from lm.checkpoint.export import exported_step
 from lm.checkpoint.io import CheckpointWriteError, check_state_dict_fits, unwrap
 from lm.checkpoint.rng import get_rng_state, set_rng_state
+from lm.checks import is_count
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
 from lm.device import autocast, configure_matmul_precision, resolve_dtype
@@ -491,19 +492,26 @@ class Trainer:
         state = self._read_for_resume(path)
         # best.pt, or an older step_*.pt, of this run: its later checkpoints (kept as the highest steps)
         # and metrics belong to the history that went on from it
-        if same_run and latest is not None and int(state.get("iteration", 0)) < self.ckpts.steps()[-1]:
+        if same_run and latest is not None and int(state["iteration"]) < self.ckpts.steps()[-1]:
             raise ValueError(
-                f"--resume: {str(path)!r} (step {int(state.get('iteration', 0))}) is older than the run's latest "
+                f"--resume: {str(path)!r} (step {int(state['iteration'])}) is older than the run's latest "
                 f"checkpoint {latest.name!r}; continuing from it would mix two histories in one folder: set "
                 "train.out_dir to a new folder"
             )
         self._load(path, state)
 
     def _read_for_resume(self, path: Path) -> dict[str, Any]:
+        """The checkpoint at ``path``, which must record the step it was saved at: one without (written
+        by :func:`lm.checkpoint.write_checkpoint` from a dict of its own) had been a ``KeyError``
+        traceback as the latest checkpoint, and "(step 0) is older than the run's latest" as an older one."""
         try:
-            return read_checkpoint(path)
+            state = read_checkpoint(path)
         except ValueError as e:
             raise ValueError(f"--resume: {e}{self._unreadable_hint(path)}") from None
+        if not is_count(state.get("iteration")):
+            raise ValueError(f"--resume: {str(path)!r} records no iteration (the step it was saved at); it is not "
+                             f"a training checkpoint{self._unreadable_hint(path)}")
+        return state
 
     def _unreadable_hint(self, path: Path) -> str:
         """What to do when the run's latest checkpoint cannot be read: move it to a name that is no
