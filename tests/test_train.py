@@ -2468,3 +2468,41 @@ def test_under_torchrun_only_local_rank_0_says_why_a_run_cannot_start(tmp_path, 
         stand_in_trainer.outcome = outcome
         assert main(["train", "--config", str(toml), "--quiet"]) == status
         assert capsys.readouterr() == ("", f"lm train: error: {outcome}\n" if said else ""), outcome
+
+
+def test_a_data_error_says_paths_are_read_from_the_working_directory_only_for_a_relative_missing_one(
+        tmp_path, monkeypatch):
+    """_named's hint, seen before only by `lm train` processes: a relative path that is not there is
+    said to be read from the working directory; one that is there (but is no token file), or an
+    absolute one, is not (the hint would send the user looking in the wrong place)."""
+    from lm.data import TokenDataset
+    from lm.train.trainer import _named
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "junk.bin").write_bytes(b"\x00" * 64)
+    hint = f" (a config's paths are read from the working directory, {str(tmp_path)!r})"
+    for path, with_hint in (("missing.bin", True), ("junk.bin", False), (str(tmp_path / "missing.bin"), False)):
+        with pytest.raises(ValueError) as e:
+            _named("data.train", TokenDataset, path, 16, vocab_size=300)
+        message = str(e.value)
+        assert message.startswith("data.train: ") and message.endswith(hint) is with_hint, (path, message)
+        assert "\n" not in message
+
+
+def test_a_port_that_cannot_be_met_without_master_addr_or_port_says_question_marks(monkeypatch):
+    """torchrun sets MASTER_ADDR and MASTER_PORT; a process group started otherwise (an env:// of one's
+    own) may lack them, and the port's line then shows ``?:?`` rather than nothing or a stale value."""
+    import torch.distributed as dist
+    from helpers.faults import raising
+
+    import lm.train.trainer as trainer_module
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    cfg = config_from_dict({"model": dict(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2,
+                                          d_ff=64), "data": dict(train="unused.bin"), "train": {"max_steps": 1}})
+    monkeypatch.setattr(trainer_module, "init_distributed", raising(dist.DistNetworkError("no listen\nmore")))
+    with pytest.raises(ValueError) as e:
+        Trainer._join(cfg)
+    assert str(e.value) == ("MASTER_PORT: the processes of the run cannot meet at ?:? (DistNetworkError: no listen); "
+                            "another run may hold the port: give torchrun another --master-port (or --rdzv-endpoint)")
