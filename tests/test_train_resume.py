@@ -672,6 +672,45 @@ def test_a_run_folder_with_one_marker_of_a_run_and_one_of_another_tool_is_named_
     assert run.read_text() == "a file"
 
 
+@pytest.mark.parametrize("records", [b"", b"\n", b"\n\n  \n"])
+def test_a_metrics_file_without_records_shows_no_run_beside_a_broken_config(tmp_path, records):
+    """An empty metrics.jsonl (a run killed before its first record), or one of blank lines, which
+    run_problem takes for empty too, is no sign of a run: beside a config.toml that is not lm's, the
+    folder holds no run ("choose a new or empty folder"), not "a run of lm train (its metrics.jsonl
+    is lm train's)" (a blank line had counted as a record: the size was compared with 0)."""
+    from lm.train.run_dir import check_run_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[model\n")
+    (run / "metrics.jsonl").write_bytes(records)
+    with pytest.raises(ValueError) as refused:
+        check_run_folder(run)
+    assert str(refused.value).startswith(f"train.out_dir: {str(run)!r} is not empty and holds no run of `lm train`: "
+                                         "config.toml is not an lm run config (not valid TOML: "), str(refused.value)
+    (run / "metrics.jsonl").write_bytes(b'{"step": 1, "split": "train", "loss": 5.0}\n' + records)
+    with pytest.raises(ValueError) as refused:
+        check_run_folder(run)
+    assert str(refused.value).startswith(f"train.out_dir: {str(run)!r} holds a run of `lm train` (its metrics.jsonl "
+                                         "is lm train's), but config.toml is not an lm run config"), str(refused.value)
+
+
+def test_a_folder_of_other_files_names_the_first_and_says_whether_there_are_more(tmp_path):
+    """"('a' and more)" for two entries or more, "('a')" for one: the count had been checked at three."""
+    from lm.train.run_dir import check_run_folder
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    for names, shown in ((["b.txt"], "'b.txt'"), (["b.txt", "a.txt"], "'a.txt' and more")):
+        for name in names:
+            (folder / name).write_text("x")
+        with pytest.raises(ValueError) as refused:
+            check_run_folder(folder)
+        assert str(refused.value) == (f"train.out_dir: {str(folder)!r} is not empty ({shown}) and holds no run of "
+                                      "`lm train` (no config.toml, metrics.jsonl or checkpoints/); choose a new or "
+                                      "empty folder")
+
+
 @pytest.mark.parametrize("kind", ["folder", "broken link"])
 def test_a_latest_checkpoint_that_is_a_folder_or_a_broken_link_is_named_with_the_way_out(tmp_path, capsys, kind):
     """ckpt8: a step_N.pt that is a folder or a link to nothing was "checkpoint not found" (it is

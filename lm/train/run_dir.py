@@ -95,12 +95,17 @@ def _config_problem(path: Path) -> str | None:
     return None
 
 
+def _first_line(path: Path) -> bytes:
+    """The first line of ``path`` (its first 64 KiB at most), as bytes."""
+    with open(path, "rb") as f:
+        return f.readline(1 << 16)
+
+
 def _metrics_problem(path: Path) -> str | None:
     what = "metrics.jsonl is not the metrics of lm train"
     if not path.is_file():
         return f"{what} (not a file)"
-    with open(path, "rb") as f:
-        first = f.readline(1 << 16)
+    first = _first_line(path)
     if not first.strip():  # empty: a run killed before its first record
         return None
     whole = first.endswith(b"\n")
@@ -153,8 +158,9 @@ def check_run_folder(run_dir: Path) -> None:
     problem = next((p for p in problems.values() if p is not None), None)
     if problem is None:
         return
-    # what shows a run of its own: its config, records, step checkpoints (not an empty metrics.jsonl)
-    shown = {"config.toml": lambda: True, "metrics.jsonl": lambda: (run_dir / "metrics.jsonl").stat().st_size > 0,
+    # what shows a run of its own: its config, records, step checkpoints (not an empty metrics.jsonl, nor one
+    # of blank lines, which _metrics_problem takes for empty too)
+    shown = {"config.toml": lambda: True, "metrics.jsonl": lambda: bool(_first_line(run_dir / "metrics.jsonl").strip()),
              "checkpoints": lambda: any(STEP_FILE.match(p.name) for p in (run_dir / "checkpoints").iterdir())}
     good = [name for name, p in problems.items() if p is None and shown[name]()]
     if good:  # a run (a .DS_Store in checkpoints/, a hand-edited config.toml): not a folder to abandon
