@@ -284,3 +284,20 @@ def test_values_are_spelled_as_the_toml_file_spells_them():
 
     assert [spelled(v) for v in (True, False, None, 3, 0.5, "a b")] == ["true", "false", "unset", "3", "0.5",
                                                                         "'a b'"]
+
+
+def test_name_options_prefixes_a_config_error_with_the_options_that_set_its_keys():
+    """The scripts (shakespeare.py, multi30k.py) build configs from options of their own; an error
+    names the options as typed, each once, in the order the message names their keys, and a message
+    naming none is left as it is. Seen before only by the scripts' process tests."""
+    from argparse import Namespace
+
+    from lm.train.config import name_options
+
+    options = {"d_model": "--d-model", "num_heads": "--num-heads", "max_lr": "--lr"}
+    args = Namespace(d_model=130, num_heads=4, lr=0.01)
+    message = "config: model.d_model (130) must be divisible by model.num_heads (4); d_model 128 would do"
+    assert name_options(message, options, args) == f"--d-model 130, --num-heads 4: {message}"
+    assert name_options("config: optim.max_lr must be > 0", options, args) == (
+        "--lr 0.01: config: optim.max_lr must be > 0")
+    assert name_options("config: train.seed must be >= 0", options, args) == "config: train.seed must be >= 0"
