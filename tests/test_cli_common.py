@@ -190,6 +190,27 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(tmp_path, monkeypatch):
         monkeypatch.undo()
 
 
+def test_every_command_is_wrapped_for_a_closed_pipe_once():
+    """Every command's function is wrapped by its parser's set_defaults, and `lm sample`'s is wrapped
+    already where it is defined: a wrapped command is not wrapped again (one try, one flush), and
+    every command the parser runs carries the mark."""
+    from lm.cli import build_parser
+    from lm.cli.common import quiet_on_closed_pipe
+    from lm.cli.sample import cmd_sample
+
+    def command(args):
+        return 0
+
+    once = quiet_on_closed_pipe(command)
+    assert once is not command and once.__wrapped__ is command and once.quiet_on_closed_pipe is True
+    assert quiet_on_closed_pipe(once) is once
+    assert cmd_sample.__wrapped__.__name__ == "cmd_sample" and not hasattr(cmd_sample.__wrapped__, "__wrapped__")
+    funcs = [p.get_default("func") for _, p in commands(build_parser())]
+    assert funcs and all(getattr(f, "quiet_on_closed_pipe", False) for f in funcs if f is not None)
+    sample = next(f for f in funcs if f is not None and f.__name__ == "cmd_sample")
+    assert sample is cmd_sample  # not wrapped a second time by set_defaults
+
+
 @pytest.mark.parametrize("argv, prog", [(["--version"], "lm"), (["tokenize", "--help"], "lm tokenize"),
                                         (["tokenizer", "train", "--help"], "lm tokenizer train")])
 def test_help_and_version_that_cannot_be_written_are_an_error(argv, prog, tmp_path):
