@@ -122,6 +122,8 @@ def test_a_demo_whose_training_diverges_is_one_line_exit_3(tmp_path, monkeypatch
     (["--seed", "99999999999999999999"], "--seed: must be a whole number in [0, 2**64-1], got 99999999999999999999"),
     (["--seed", "-1"], "--seed: must be a whole number in [0, 2**64-1], got -1"),
     (["--vocab-size", "200"], "--vocab-size: must be at least 257 (256 bytes + the <|endoftext|> token), got 200"),
+    (["--vocab-size", "256"], "--vocab-size: must be at least 257 (256 bytes + the <|endoftext|> token), got 256"),
+    (["--vocab-size", "257", "--corpus-bytes", "0"], "--corpus-bytes: must be at least 50,000"),  # 257 is enough
 ])
 def test_bad_demo_numbers_are_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys, extra, message):
     """--corpus-bytes 0 used to blame --data (which the user never passed); a seed beyond 64 bits

@@ -3,6 +3,7 @@
 import itertools
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -106,6 +107,23 @@ def test_cli_export_with_tokenizer(run, tmp_path, capsys):
             f": error: --checkpoint: {str(out / 'model.safetensors')!r} has no 'model_config' metadata: it is a "
             "Hugging Face model (its config.json is beside it: `lm export hf` writes such folders), which lm does not "
             "load back; pass the lm run folder, its model.safetensors or a checkpoint\n")
+
+
+def test_an_out_that_holds_the_checkpoint_or_the_tokenizer_names_the_input_in_this_process(run, tmp_path, capsys):
+    """`--out` holding an input is refused naming the input as an option (seen before only by a
+    process test): the run folder holds --checkpoint, a folder above --tokenizer holds it."""
+    d, _, _ = run
+    before = {p: p.stat().st_mtime_ns for p in d.rglob("*")}
+    assert main(["export", "hf", "--checkpoint", str(d / "model.safetensors"), "--out", str(d), "--overwrite"]) == 2
+    assert capsys.readouterr().err == (f"lm export hf: error: --out: {str(d)!r} contains the input --checkpoint "
+                                       f"{str(d / 'model.safetensors')!r}; choose another output\n")
+    tokenizer = tmp_path / "t" / "tok"
+    shutil.copytree(d / "tokenizer", tokenizer)
+    assert main(["export", "hf", "--checkpoint", str(d), "--tokenizer", str(tokenizer), "--out", str(tmp_path / "t"),
+                 "--overwrite"]) == 2
+    assert capsys.readouterr().err == (f"lm export hf: error: --out: {str(tmp_path / 't')!r} contains the input "
+                                       f"--tokenizer {str(tokenizer)!r}; choose another output\n")
+    assert {p: p.stat().st_mtime_ns for p in d.rglob("*")} == before
 
 
 def test_exported_tokenizer_decodes_as_lm_on_transformers_4(run, tmp_path):

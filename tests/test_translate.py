@@ -1388,6 +1388,9 @@ def test_translate_refuses_batch_size_0_naming_it_before_loading_anything(tmp_pa
     `lm translate --batch-size 0` (lm eval's is tested)."""
     assert main(["translate", "--checkpoint", str(tmp_path / "missing"), "--batch-size", "0", "A dog runs."]) == 2
     assert capsys.readouterr() == ("", "lm translate: error: --batch-size: must be >= 1, got 0\n")
+    # and 1 is accepted: the next error is the checkpoint's (a mutation `< 2` survived)
+    assert main(["translate", "--checkpoint", str(tmp_path / "missing"), "--batch-size", "1", "A dog runs."]) == 2
+    assert capsys.readouterr().err.startswith("lm translate: error: --checkpoint: ")
 
 
 def test_translate_refuses_text_and_input_together_naming_input(tmp_path, capsys):
