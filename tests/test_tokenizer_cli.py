@@ -1419,3 +1419,65 @@ def test_the_training_summary_is_indented_json(trained):
     """summary.json is read by people as well as by code: one key a line, indented, non-ASCII kept."""
     text = (trained / "summary.json").read_text(encoding="utf-8")
     assert text == json.dumps(json.loads(text), indent=1, ensure_ascii=False)
+
+
+def test_sigterm_waits_where_ctrl_c_waits_and_is_said_after(capsys):
+    """terminate_as_interrupt hands SIGTERM to whatever handles Ctrl-C at that moment: inside an
+    InterruptGuard that holds (the renames that complete a token file and its sidecar), the signal
+    waits for the block's end, and only then is the command's terminated line and 143. A mutant that
+    raised KeyboardInterrupt at once, inside the held block, survived."""
+    from lm.cli.tokenizer import terminate_as_interrupt
+    from lm.io import InterruptGuard
+
+    done = []
+
+    def run() -> int:
+        with InterruptGuard() as guard:
+            guard.hold()
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("renamed")  # still run: the signal waits for the block to end
+        done.append("after the block")  # never run: the deferred interrupt is raised at the block's end
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert terminate_as_interrupt("tokenize", run, note=lambda: "kept x") == 143
+    assert done == ["renamed"]
+    assert capsys.readouterr().err == "lm tokenize: terminated; kept x\n"
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the guard's handler is gone
+
+
+def test_a_tokenizer_folder_is_marked_as_lm_tokenizer_trains_and_another_commands_is_not_replaced(
+        trained, corpus, tmp_path, capsys):
+    """The folder's marker names the command that wrote it, so that --overwrite replaces only an
+    earlier `lm tokenizer train` output: an `lm export hf` folder of the same files' names is refused
+    naming that command, and nothing in it changes."""
+    marker = json.loads((trained / ".lm-output.json").read_text())
+    assert marker["format"] == "lm-output" and marker["command"] == "lm tokenizer train" and marker["complete"]
+    assert set(marker["files"]) == {"merges.txt", "summary.json", "tokenizer.json", "tokenizer_config.json",
+                                    "vocab.json"}
+    other = tmp_path / "hf"
+    other.mkdir()
+    (other / "tokenizer.json").write_text("{}")
+    (other / ".lm-output.json").write_text(json.dumps({"format": "lm-output", "command": "lm export hf",
+                                                       "complete": True, "files": ["tokenizer.json"]}))
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", str(other),
+                 "--overwrite", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lm tokenizer train: error: --out: {str(other)!r} holds files that `lm tokenizer train` "
+                          "did not write") and "it is an output of `lm export hf`" in err, err
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_a_special_token_the_files_refuse_at_saving_names_the_flag(corpus, tmp_path, capsys, monkeypatch):
+    """Special tokens the files cannot hold are refused before training; should that check miss one,
+    the save refuses it, and the error still names --special-token, not the library's parameter."""
+    import lm.tokenizer.files
+
+    monkeypatch.setattr(lm.tokenizer.files, "check_special_tokens_savable", lambda tokens: None)
+    assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--special-token", "@",
+                 "--out", str(tmp_path / "tok"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lm tokenizer train: error: --special-token: '@' cannot be saved in tokenizer.json: "), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "tok").exists()
