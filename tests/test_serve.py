@@ -537,6 +537,20 @@ def test_a_one_token_context_probes_nothing_and_scores_prompts_only():
         engine.submit(Request([5], SamplingParams(max_tokens=1)))
 
 
+def test_a_two_token_context_is_probed_and_generates_its_one_token():
+    """A context of two tokens holds a prompt and a token, so its steps are probed (one prompt token,
+    one step: rows found slot-invariant), and a request generates its token, greedy as generate()'s;
+    the probe had been skipped there too in a mutant (``ctx <= 2``), serving as if rows were not
+    slot-invariant."""
+    model = tiny_model(context_length=2)
+    engine = Engine(model, max_batch=4)
+    assert engine.slot_invariant and 4 in engine.step_sizes
+    got = Recorder()
+    engine.submit(got.request([5], SamplingParams(max_tokens=1, temperature=0.0)))
+    run_until_idle(engine)
+    assert got.reasons == ["length"] and got.tokens == [generate(model, [5], 1, temperature=0.0)]
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(prompt_ids=[]), "prompt: empty"),
     (dict(prompt_ids=[1, 97]), "prompt: token id 97"),
