@@ -1246,3 +1246,47 @@ def test_compiled_generation_of_a_short_and_a_long_prompt_past_64_positions(leng
     model = TransformerLM(**{**SMALL, "context_length": 128}).eval()
     prompts = [[(7 * i + k) % 50 for i in range(n)] for k, n in enumerate(lengths)]
     assert generate(model, prompts, 10, temperature=0.0, compile=True) == generate(model, prompts, 10, temperature=0.0)
+
+
+def test_a_static_caches_span_is_the_whole_cache_unless_bucketed():
+    """set_lengths attends over all max_len positions by default and over the power of two that holds
+    the longest row and its new token (16 at least) when asked; an encoder-decoder's cache does the same
+    for its sources. The decode step always says which it wants, so a default of True went unseen."""
+    from lm.generate.static import StaticKVCache, StaticSeq2SeqCache, span_for
+
+    cache = StaticKVCache(2, 3, 4, 100, 8)
+    cache.set_lengths([3, 40, 0])
+    assert (cache.length, cache.span, cache.lengths.tolist()) == (40, 100, [3, 40, 0])
+    cache.set_lengths([3, 40, 0], bucketed=True)
+    assert cache.span == span_for(41, 100) == 64
+    cache.set_lengths([3, 5, 0], bucketed=True)
+    assert cache.span == 16  # the least span
+    cache.set_lengths([3, 99 - 1, 0], bucketed=True)
+    assert cache.span == 100  # past the last power of two: all of it
+    pairs = StaticSeq2SeqCache(2, 2, 4, 100, 8)
+    pairs.source_lengths[:] = [20, 7]
+    pairs.set_lengths([1, 2])
+    assert (pairs.span, pairs.source_span) == (100, 100)
+    pairs.set_lengths([1, 2], bucketed=True)
+    assert (pairs.span, pairs.source_span) == (16, 32)
+
+
+def test_the_eager_loop_projects_only_the_last_position_of_a_prefill():
+    """generate()'s eager loop asks the model for the last position's logits alone, at the prefill
+    (prompts of two lengths, left-padded) as at every step: the logits of a whole prompt are
+    prompt length x vocabulary floats, which a long prompt and a large vocabulary make gigabytes. The
+    tokens are the same either way, so a mutant that prefilled with last_only=False survived."""
+    model = TransformerLM(**SMALL).eval()
+    calls = []
+    forward = model.forward
+
+    def spy(ids, *args, **kwargs):
+        out = forward(ids, *args, **kwargs)
+        calls.append((tuple(ids.shape), kwargs.get("last_only"), tuple(out.shape)))
+        return out
+
+    model.forward = spy
+    generate(model, [[1, 2, 3, 4, 5], [6, 7]], max_new_tokens=3, temperature=0.0)
+    vocab = SMALL["vocab_size"]
+    assert calls[0] == ((2, 5), True, (2, 1, vocab)), calls[0]  # the prefill
+    assert all(c == ((2, 1), True, (2, 1, vocab)) for c in calls[1:]) and len(calls) == 3, calls
