@@ -76,6 +76,27 @@ def test_tokenize_takes_the_model_and_add_special_tokens_fields_and_no_other(tok
                                                                              "supplied: text")
 
 
+@pytest.mark.parametrize("prompt, kind", [(None, "NoneType"), (5, "int"), (["ab"], "list"), ({"a": 1}, "dict")])
+def test_tokenize_names_the_type_of_a_prompt_that_is_no_string(prompt, kind):
+    with pytest.raises(APIError) as e:
+        parse_tokenize({"prompt": prompt}, model_name="m")
+    assert (e.value.status, e.value.param, e.value.message) == (400, "prompt", f"prompt: must be a string, got {kind}")
+
+
+def test_an_empty_prompt_starts_from_end_of_text_or_is_refused_without_one():
+    """An empty text prompt is the end-of-text token (a story from nothing); with a tokenizer that has
+    none it is a 400 saying so (a mutant that took [None] for the prompt had made it a 500)."""
+    plain = Tokenizer({i: bytes([i]) for i in range(256)}, [], [])
+    with_eot = Tokenizer({i: bytes([i]) for i in range(256)}, [], [EOT])
+    assert _parse(with_eot, {"prompt": ""}).prompts == [[256]]
+    assert _parse(with_eot, {"prompt": ["", "a"]}).prompts == [[256], [97]]
+    with pytest.raises(APIError) as e:
+        parse_completion({"prompt": ""}, plain, model_name="m", max_batch=4, context_length=CONTEXT, eot_id=None,
+                         architecture="decoder_lm")
+    assert (e.value.status, e.value.param, e.value.message) == (
+        400, "prompt", "prompt: empty, and the tokenizer has no end-of-text token to start from")
+
+
 def test_stop_text_keeps_whitespace_unless_told_to_strip(tok):
     """Only a translation's text is stripped (the server says so for its choices); by default the
     text is the tokens' text, its spaces and line breaks included."""
