@@ -1290,3 +1290,39 @@ def test_the_eager_loop_projects_only_the_last_position_of_a_prefill():
     vocab = SMALL["vocab_size"]
     assert calls[0] == ((2, 5), True, (2, 1, vocab)), calls[0]  # the prefill
     assert all(c == ((2, 1), True, (2, 1, vocab)) for c in calls[1:]) and len(calls) == 3, calls
+
+
+def test_a_top_p_tensor_of_one_value_is_checked_as_a_number():
+    """top_p as a 0-d or one-element tensor is one value for every row, checked as a float is: 0 and
+    1.5 refused, 1 and 0.5 taken (the check had not been reached by any test)."""
+    probs = torch.softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0]]), dim=-1)
+    for bad in (torch.tensor(0.0), torch.tensor(1.5), torch.tensor([1.5]), torch.tensor(float("nan"))):
+        with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got top_p=tensor"):
+            top_p_filter(probs, bad)
+    for good, kept in ((torch.tensor(1.0), 4), (torch.tensor([0.5]), 1), (torch.tensor(0.8), 2)):
+        assert int((top_p_filter(probs, good) > 0).sum()) == kept, good
+
+
+def test_a_vocab_limit_of_one_token_is_taken_and_zero_is_not():
+    """check_vocab_limit's bounds: [1, the model's vocabulary]."""
+    from lm.generate.sampling import check_vocab_limit
+
+    check_vocab_limit(1, 10)
+    check_vocab_limit(10, 10)
+    check_vocab_limit(None, 10)
+    for bad in (0, 11, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"^vocab_size must be in \[1, 10\] \(the model's\), got vocab_size="):
+            check_vocab_limit(bad, 10)
+
+
+def test_sampling_is_greedy_below_the_bound_and_samples_at_it():
+    """GREEDY_BELOW: a temperature below it takes the argmax (dividing by it would overflow), one of
+    exactly it still samples: two logits 1e-6 apart are then e^-0.1 apart in probability, and a seeded
+    generator draws the second token among 200 draws."""
+    from lm.generate.sampling import GREEDY_BELOW
+
+    logits = torch.tensor([[1.0 + 1e-6, 1.0, -5.0]]).expand(200, 3)
+    below, _ = next_token_and_finite(logits, temperature=GREEDY_BELOW / 2, generator=torch.Generator().manual_seed(0))
+    at, finite = next_token_and_finite(logits, temperature=GREEDY_BELOW, generator=torch.Generator().manual_seed(0))
+    assert below.tolist() == [0] * 200
+    assert set(at.tolist()) == {0, 1} and bool(finite.all())
