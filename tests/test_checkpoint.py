@@ -684,3 +684,26 @@ def test_an_optimizer_of_three_saved_groups_is_named_group_by_group(tmp_path):
     assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} holds 3 parameter groups (1, 1 and 2 parameters, weight "
                             "decay 0.01, 0.01 and 0.5) but the optimizer has 2 (2 and 2 parameters); build it as lm "
                             "train does: AdamW(lm.optim.param_groups(model, weight_decay))")
+
+
+def test_one_misfit_is_named_alone_and_an_optimizers_groups_against_the_default_name(tmp_path):
+    """check_state_dict_fits says "(and N more)" only when there are more; check_optimizer_fits
+    without a name calls the file "checkpoint", as check_state_dict_fits does."""
+    from lm.checkpoint.io import check_optimizer_fits, check_state_dict_fits, sniff_format
+
+    model, opt = _trained()
+    state = model.state_dict()
+    one_off = {k: v for k, v in state.items() if k != "1.bias"}
+    with pytest.raises(ValueError) as e:
+        check_state_dict_fits(model, one_off)
+    assert str(e.value) == "checkpoint does not fit this model: 1.bias is missing"
+    two_groups = AdamW([{"params": [model[0].weight]}, {"params": [p for n, p in model.named_parameters()
+                                                                   if n != "0.weight"]}], lr=1e-2)
+    with pytest.raises(ValueError) as e:
+        check_optimizer_fits(two_groups, opt.state_dict())
+    assert str(e.value).startswith("checkpoint holds 1 parameter group (4 parameters, weight decay 0.01) but the "
+                                   "optimizer has 2 (1 and 3 parameters)"), str(e.value)
+    save_checkpoint(model, opt, 3, tmp_path / "c.pt")
+    (tmp_path / "text.txt").write_text("not a checkpoint")
+    assert (sniff_format(tmp_path / "c.pt"), sniff_format(tmp_path / "text.txt"),
+            sniff_format(tmp_path / "missing")) == ("pt", None, None)
