@@ -938,3 +938,30 @@ def test_evaluate_tokens_draws_its_bar_on_a_terminal_only_when_asked(monkeypatch
         evaluate_tokens(model, np.arange(50), progress=progress)
         drawn = sys.stderr.getvalue()
         assert (("eval" in drawn and "49.0/49.0" in drawn) if progress else drawn == ""), (progress, drawn)
+
+
+def test_evaluate_tokens_scores_through_hidden_states_counts_the_bar_in_scored_tokens_and_takes_one_byte_count(
+        monkeypatch):
+    """A model with hidden_states and output_weight is scored through linear_cross_entropy, never
+    making the (tokens x vocabulary) logits (its forward is not called); with a stride below the
+    context, windows after the first score their last tokens only, and the bar counts those: it ends
+    at the tokens scored, n - 1. bytes_per_token and token_bytes together are refused, naming the
+    first."""
+    from helpers.pipes import Terminal
+
+    from lm.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(100, 16, 16, 1, 2, 32).eval()
+    plain = evaluate_tokens(model, np.arange(50) % 100, stride=5)
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the whole logits were made")
+
+    monkeypatch.setattr(model, "forward", no_forward)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert evaluate_tokens(model, np.arange(50) % 100, stride=5, progress=True) == plain
+    assert "49.0/49.0" in sys.stderr.getvalue(), sys.stderr.getvalue()
+    with pytest.raises(ValueError) as refused:
+        evaluate_tokens(model, np.arange(50), bytes_per_token=2.0, token_bytes=np.ones(100, dtype=np.int64))
+    assert str(refused.value) == "bytes_per_token: give it or token_bytes, not both"
