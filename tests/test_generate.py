@@ -1326,3 +1326,9 @@ def test_sampling_is_greedy_below_the_bound_and_samples_at_it():
     at, finite = next_token_and_finite(logits, temperature=GREEDY_BELOW, generator=torch.Generator().manual_seed(0))
     assert below.tolist() == [0] * 200
     assert set(at.tolist()) == {0, 1} and bool(finite.all())
+    draws = []
+    for global_seed in (1, 2):  # drawn from the generator given, whatever torch's global state
+        torch.manual_seed(global_seed)
+        draws.append(next_token_and_finite(logits, temperature=GREEDY_BELOW,
+                                           generator=torch.Generator().manual_seed(0))[0].tolist())
+    assert draws[0] == draws[1] == at.tolist()
