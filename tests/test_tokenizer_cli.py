@@ -1452,15 +1452,16 @@ def test_a_tokenizer_folder_is_marked_as_lm_tokenizer_trains_and_another_command
     """The folder's marker names the command that wrote it, so that --overwrite replaces only an
     earlier `lm tokenizer train` output: an `lm export hf` folder of the same files' names is refused
     naming that command, and nothing in it changes."""
-    marker = json.loads((trained / ".lm-output.json").read_text())
+    from lm.io import read_marker, write_marker
+
+    marker = read_marker(trained)
     assert marker["format"] == "lm-output" and marker["command"] == "lm tokenizer train" and marker["complete"]
     assert set(marker["files"]) == {"merges.txt", "summary.json", "tokenizer.json", "tokenizer_config.json",
                                     "vocab.json"}
     other = tmp_path / "hf"
     other.mkdir()
     (other / "tokenizer.json").write_text("{}")
-    (other / ".lm-output.json").write_text(json.dumps({"format": "lm-output", "command": "lm export hf",
-                                                       "complete": True, "files": ["tokenizer.json"]}))
+    write_marker(other, "lm export hf")
     before = {p.name: p.read_bytes() for p in other.iterdir()}
     assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out", str(other),
                  "--overwrite", "--quiet"]) == 2

@@ -2488,21 +2488,3 @@ def test_a_data_error_says_paths_are_read_from_the_working_directory_only_for_a_
         assert message.startswith("data.train: ") and message.endswith(hint) is with_hint, (path, message)
         assert "\n" not in message
 
-
-def test_a_port_that_cannot_be_met_without_master_addr_or_port_says_question_marks(monkeypatch):
-    """torchrun sets MASTER_ADDR and MASTER_PORT; a process group started otherwise (an env:// of one's
-    own) may lack them, and the port's line then shows ``?:?`` rather than nothing or a stale value."""
-    import torch.distributed as dist
-    from helpers.faults import raising
-
-    import lm.train.trainer as trainer_module
-
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    monkeypatch.delenv("MASTER_PORT", raising=False)
-    cfg = config_from_dict({"model": dict(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2,
-                                          d_ff=64), "data": dict(train="unused.bin"), "train": {"max_steps": 1}})
-    monkeypatch.setattr(trainer_module, "init_distributed", raising(dist.DistNetworkError("no listen\nmore")))
-    with pytest.raises(ValueError) as e:
-        Trainer._join(cfg)
-    assert str(e.value) == ("MASTER_PORT: the processes of the run cannot meet at ?:? (DistNetworkError: no listen); "
-                            "another run may hold the port: give torchrun another --master-port (or --rdzv-endpoint)")

@@ -606,6 +606,14 @@ def test_a_peer_that_never_joins_is_one_line_after_train_dist_timeout(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def _join_config(wait: float | None = None):
+    """A config for Trainer._join alone (nothing is read or trained): train.dist_timeout ``wait``."""
+    return config_from_dict({"model": dict(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2,
+                                           d_ff=64),
+                             "data": dict(train="unused.bin"),
+                             "train": {"max_steps": 1, **({} if wait is None else {"dist_timeout": wait})}})
+
+
 @pytest.mark.parametrize("error, wait, expected", [
     (dist.DistStoreError("Timed out after 3 seconds waiting for clients. 1/2 clients joined.\nmore"), 2.0,
      (PeerStopped, "the processes of the run did not all join within 2s (train.dist_timeout; DistStoreError: Timed "
@@ -630,10 +638,7 @@ def test_a_failed_join_is_one_line_naming_the_wait_or_the_port(monkeypatch, erro
 
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
     monkeypatch.setenv("MASTER_PORT", "29511")
-    cfg = config_from_dict({"model": dict(vocab_size=300, context_length=16, d_model=32, num_layers=2, num_heads=2,
-                                          d_ff=64),
-                            "data": dict(train="unused.bin"),
-                            "train": {"max_steps": 1, **({} if wait is None else {"dist_timeout": wait})}})
+    cfg = _join_config(wait)
 
     def fails(device, timeout):
         assert timeout == wait
@@ -649,6 +654,20 @@ def test_a_failed_join_is_one_line_naming_the_wait_or_the_port(monkeypatch, erro
         with pytest.raises(type(other)) as raised:
             Trainer._join(cfg)
         assert raised.value is other
+
+
+def test_a_port_that_cannot_be_met_without_master_addr_or_port_says_question_marks(monkeypatch):
+    """torchrun sets MASTER_ADDR and MASTER_PORT; a process group started otherwise (an env:// of one's
+    own) may lack them, and the port's line then shows ``?:?`` rather than nothing or a stale value."""
+    import lm.train.trainer as trainer_module
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    monkeypatch.setattr(trainer_module, "init_distributed", raising(dist.DistNetworkError("no listen\nmore")))
+    with pytest.raises(ValueError) as e:
+        Trainer._join(_join_config())
+    assert str(e.value) == ("MASTER_PORT: the processes of the run cannot meet at ?:? (DistNetworkError: no listen); "
+                            "another run may hold the port: give torchrun another --master-port (or --rdzv-endpoint)")
 
 
 def test_a_port_in_use_is_named_not_taken_for_a_peer_that_did_not_join(tmp_path):
