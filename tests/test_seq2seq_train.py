@@ -453,8 +453,7 @@ def test_a_pair_run_resumed_by_another_number_of_processes_names_its_batch_token
     """The refusal to resume with another number of processes counts a pair run's tokens per step as
     ``train.batch_tokens`` x accumulation steps x processes (a decoder's are batch_size x context); the
     count had been checked for decoder-only runs alone."""
-    import lm.train.trainer as trainer_module
-    from lm.train.distributed import Dist
+    from test_train_resume import _processes
 
     _data(tmp_path)
     raw = _without_dropout(_config(tmp_path, "run", max_steps=2, grad_accum_steps=2))
@@ -462,8 +461,7 @@ def test_a_pair_run_resumed_by_another_number_of_processes_names_its_batch_token
     assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000002.pt"
     raw["train"]["max_steps"] = 4
-    monkeypatch.setattr(trainer_module, "init_distributed",
-                        lambda device, timeout: (Dist(0, 0, 3), torch.device("cpu")))  # fmt: skip
+    _processes(monkeypatch, 3)
     with pytest.raises(ValueError) as e:
         Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
     assert str(e.value) == (f"--resume: {str(ckpt)!r} was trained by 1 process (256 tokens per step) but this run "
