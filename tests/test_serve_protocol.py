@@ -83,13 +83,12 @@ def test_tokenize_names_the_type_of_a_prompt_that_is_no_string(prompt, kind):
     assert (e.value.status, e.value.param, e.value.message) == (400, "prompt", f"prompt: must be a string, got {kind}")
 
 
-def test_an_empty_prompt_starts_from_end_of_text_or_is_refused_without_one():
+def test_an_empty_prompt_starts_from_end_of_text_or_is_refused_without_one(tok):
     """An empty text prompt is the end-of-text token (a story from nothing); with a tokenizer that has
     none it is a 400 saying so (a mutant that took [None] for the prompt had made it a 500)."""
     plain = Tokenizer({i: bytes([i]) for i in range(256)}, [], [])
-    with_eot = Tokenizer({i: bytes([i]) for i in range(256)}, [], [EOT])
-    assert _parse(with_eot, {"prompt": ""}).prompts == [[256]]
-    assert _parse(with_eot, {"prompt": ["", "a"]}).prompts == [[256], [97]]
+    assert _parse(tok, {"prompt": ""}).prompts == [[256]]
+    assert _parse(tok, {"prompt": ["", "a"]}).prompts == [[256], [97]]
     with pytest.raises(APIError) as e:
         parse_completion({"prompt": ""}, plain, model_name="m", max_batch=4, context_length=CONTEXT, eot_id=None,
                          architecture="decoder_lm")
