@@ -537,8 +537,8 @@ def test_a_checkpoint_without_its_iteration_or_model_is_one_line(tmp_path):
         write_checkpoint(state, tmp_path / "c.pt")
         with pytest.raises(ValueError) as e:
             load_checkpoint(tmp_path / "c.pt", fresh, None)
-        assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} records no iteration; it is not a checkpoint of "
-                                "save_checkpoint or lm train")
+        assert str(e.value) == (f"{str(tmp_path / 'c.pt')!r} records no iteration (the step it was saved at); "
+                                "it is not a checkpoint of save_checkpoint or lm train")
         assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
     write_checkpoint({"model": model.state_dict(), "iteration": 3}, tmp_path / "c.pt")
     assert load_checkpoint(tmp_path / "c.pt", fresh, None) == 3

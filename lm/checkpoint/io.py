@@ -274,8 +274,7 @@ def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Op
         src.seek(0)
     state = read_checkpoint(src)
     name = _named(src)
-    if not is_count(state.get("iteration")):  # (read_checkpoint checked its "model")
-        raise ValueError(f"{name} records no iteration; it is not a checkpoint of save_checkpoint or lm train")
+    iteration = saved_iteration(state, name, "a checkpoint of save_checkpoint or lm train")
     check_state_dict_fits(model, state["model"], name)
     if optimizer is not None:
         if state.get("optimizer") is None:
@@ -283,6 +282,15 @@ def load_checkpoint(src: PathOrFile, model: nn.Module, optimizer: torch.optim.Op
         check_optimizer_fits(optimizer, state["optimizer"], name)
         optimizer.load_state_dict(state["optimizer"])  # before the model: if torch still refuses, nothing changed
     unwrap(model).load_state_dict(state["model"])
+    return iteration
+
+
+def saved_iteration(state: dict[str, Any], name: str, kind: str) -> int:
+    """The step a checkpoint's ``state`` (of :func:`read_checkpoint`) was saved at; a one-line ValueError
+    naming the file (``name``) and what it is not (``kind``) when it records none, as a checkpoint written
+    by :func:`write_checkpoint` from a dict of its own may not. (read_checkpoint checked its "model".)"""
+    if not is_count(state.get("iteration")):
+        raise ValueError(f"{name} records no iteration (the step it was saved at); it is not {kind}")
     return int(state["iteration"])
 
 

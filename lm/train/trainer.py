@@ -27,9 +27,8 @@ import torch
 from lm.checkpoint import CheckpointManager, export_safetensors, read_checkpoint
 from lm.checkpoint.background import BackgroundWriter
 from lm.checkpoint.export import exported_step
-from lm.checkpoint.io import CheckpointWriteError, check_state_dict_fits, unwrap
+from lm.checkpoint.io import CheckpointWriteError, check_state_dict_fits, saved_iteration, unwrap
 from lm.checkpoint.rng import get_rng_state, set_rng_state
-from lm.checks import is_count
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
 from lm.device import autocast, configure_matmul_precision, resolve_dtype
@@ -508,9 +507,10 @@ class Trainer:
             state = read_checkpoint(path)
         except ValueError as e:
             raise ValueError(f"--resume: {e}{self._unreadable_hint(path)}") from None
-        if not is_count(state.get("iteration")):
-            raise ValueError(f"--resume: {str(path)!r} records no iteration (the step it was saved at); it is not "
-                             f"a training checkpoint{self._unreadable_hint(path)}")
+        try:
+            saved_iteration(state, repr(str(path)), "a training checkpoint")
+        except ValueError as e:
+            raise ValueError(f"--resume: {e}{self._unreadable_hint(path)}") from None
         return state
 
     def _unreadable_hint(self, path: Path) -> str:
