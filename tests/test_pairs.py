@@ -412,6 +412,10 @@ def test_resume_gives_exactly_the_following_batches(pair_path, tmp_path):
         assert [b.sample(budget).index.tolist() for _ in range(5)] == stream[stop : stop + 5]
     with pytest.raises(ValueError, match="with max_tokens 150, not 151"):
         b.sample(151)
+    c = dataset(pair_path)
+    c.load_state_dict(state)  # the budget comes back with the position: the first batch after it is checked too
+    with pytest.raises(ValueError, match="with max_tokens 150, not 151"):
+        c.sample(151)
     other = dataset(pair_path, max_len=12)
     with pytest.raises(ValueError, match="sampler ran over .* pairs but .* keeps"):
         other.load_state_dict(state)
