@@ -685,3 +685,16 @@ def test_a_cached_decode_past_context_length_is_refused_counting_the_cache():
     model.decode(torch.randint(3, 53, (1, 20)), memory, cache=cache)
     with pytest.raises(ValueError, match=r"^target length 30 exceeds context_length=24$"):
         model.decode(torch.randint(3, 53, (1, 10)), None, cache=cache)
+
+
+def test_a_seq2seq_cache_keeps_its_rows_padding_as_a_kv_cache_does():
+    """Seq2SeqCache takes ``pad_lengths`` as the KVCache it extends does (KVCache.for_model passes them;
+    mutation: dropped on the way to KVCache, survived): a row's positions start at its first real token,
+    and its padding slots are masked."""
+    from lm.generate.kv_cache import KVCache
+    from lm.generate.seq2seq import Seq2SeqCache
+
+    for cls in (KVCache, Seq2SeqCache):
+        cache = cls(1, 2, 2, 4, 8, pad_lengths=[2, 0])
+        assert cache.start_step(3).tolist() == [[0, 0, 0], [0, 1, 2]], cls
+        assert cache.step_mask is not None and cache.step_mask[0, 0, 2].tolist() == [False, False, True], cls

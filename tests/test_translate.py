@@ -363,6 +363,19 @@ def test_vocab_size_limits_the_target_to_the_tokenizers_ids():
     assert greedy_decode(model, SOURCES, max_extra=12, vocab_size=cfg.vocab_size) == unlimited
     with pytest.raises(ValueError, match="vocab_size"):
         translate(model, SOURCES, vocab_size=cfg.vocab_size + 1)
+    # a limit at or below <eos> rules out every token a target may hold: refused by name (it had been
+    # "the model's logits are not finite (NaN or inf)"); one just past it leaves <eos> alone to choose
+    assert max(cfg.pad_id, cfg.bos_id) < cfg.eos_id
+    for decode in (greedy_decode, beam_search, beam_search_nbest):
+        for limit in (1, cfg.eos_id):
+            with pytest.raises(ValueError) as e:
+                decode(model, SOURCES, vocab_size=limit)
+            assert str(e.value) == (f"vocab_size={limit} leaves out <eos> (id {cfg.eos_id}), which ends every target; "
+                                    "pass the tokenizer's size")
+    assert greedy_decode(model, SOURCES, vocab_size=cfg.eos_id + 1) == [[] for _ in SOURCES]
+    assert beam_search(model, SOURCES, vocab_size=cfg.eos_id + 1) == [[] for _ in SOURCES]
+    # the one hypothesis there is, with the log-probability 1 gives: beam search keeps fewer than nbest
+    assert beam_search_nbest(model, SOURCES, vocab_size=cfg.eos_id + 1) == [[([], 0.0, 0.0)] for _ in SOURCES]
 
 
 def test_lm_translate_and_eval_with_a_model_vocabulary_larger_than_the_tokenizers(tmp_path, capsys):
@@ -712,7 +725,7 @@ def test_lm_eval_translates_a_source_line_as_lm_translate_does(run, tmp_path, ca
     assert [pairs.src(i).tolist() for i in range(len(pairs))] == [tok.encode(s) for s in sources]
 
 
-def _decoding_bytes(cfg, src_lengths, beam):
+def _decoding_bytes(cfg, src_lengths, beam, max_extra=50):
     """What decoding holds at its peak, written out here from the tensors the decoders make: the
     self-attention cache (float32, target positions + 1) and a copy of its keys (or values) as its
     rows are copied, the cross-attention's keys and values, a copy of one layer's keys, the memory of
@@ -721,7 +734,7 @@ def _decoding_bytes(cfg, src_lengths, beam):
     from lm.generate.seq2seq import DECODING_SLACK
 
     rows = len(src_lengths) * beam
-    positions = min(max(src_lengths) + 50, cfg.context_length - 1) + 1
+    positions = min(max(src_lengths) + max_extra, cfg.context_length - 1) + 1
     head_dim = cfg.d_model // cfg.num_heads
     keys = cfg.decoder_layers * rows * cfg.num_heads * positions * head_dim * 4
     memory = rows * (max(src_lengths) + 1) * cfg.d_model * 4
@@ -759,14 +772,14 @@ def test_a_beam_too_large_for_memory_is_one_line_naming_beam_and_batch_size(run,
 def test_what_decoding_needs_is_counted_as_it_is_allocated():
     """decoding_bytes, the count the refusal above rests on, against the tensors themselves: the
     cache the decoder makes, the memory (float32 here) and the logits of a first step, and what a
-    reordering of the rows copies."""
+    reordering of the rows copies, for targets as long as max_extra lets them be."""
     from lm.generate.seq2seq import DECODING_SLACK, decoding_bytes, max_target_length, source_batch
 
     model = _model()
     cfg = model.config
-    for lengths, beam in (([4, 2, 7], 1), ([4, 2, 7], 3), ([30], 5)):
+    for lengths, beam, extra in (([4, 2, 7], 1, 50), ([4, 2, 7], 3, 8), ([30], 5, 50), ([30], 2, 0)):
         rows = len(lengths) * beam
-        cache = model.new_cache(rows, max_len=max(max_target_length(model, n) for n in lengths) + 1)
+        cache = model.new_cache(rows, max_len=max(max_target_length(model, n, extra) for n in lengths) + 1)
         kv = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
         ids, mask = source_batch([[5] * n for n in lengths], cfg.eos_id, cfg.pad_id, model.device)
         memory = model.encode(ids, mask).repeat_interleave(beam, dim=0)
@@ -777,8 +790,8 @@ def test_what_decoding_needs_is_counted_as_it_is_allocated():
         copy = cache.k.numel() * cache.k.element_size() + cache.cross[0][0].numel() * 4  # select's largest copies
         logits = rows * cfg.vocab_size * 4 * (3 if beam > 1 else 4)
         need = kv + copy + cross + memory.numel() * 4 + logits
-        assert decoding_bytes(model, lengths, beam) == math.ceil(need * DECODING_SLACK)
-        assert decoding_bytes(model, lengths, beam) == _decoding_bytes(cfg, lengths, beam)
+        assert decoding_bytes(model, lengths, beam, extra) == math.ceil(need * DECODING_SLACK)
+        assert decoding_bytes(model, lengths, beam, extra) == _decoding_bytes(cfg, lengths, beam, extra)
 
 
 _PEAK_SCRIPT = """

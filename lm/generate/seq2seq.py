@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -164,6 +164,16 @@ def _never_banned(logits: Tensor, banned: Tensor, vocab_size: int | None = None)
     return logits
 
 
+def _check_target_vocab(vocab_size: int | None, cfg) -> None:
+    """``vocab_size`` (the tokenizer's size) in [1, the model's], and past ``<eos>``: a limit that
+    rules out ``<eos>`` rules out every token a target may hold (``<pad>`` and ``<bos>`` never come
+    either), which had been reported as logits that are not finite ("NaN or inf")."""
+    check_vocab_limit(vocab_size, cfg.vocab_size)
+    if vocab_size is not None and cfg.eos_id >= vocab_size:
+        raise ValueError(f"vocab_size={vocab_size} leaves out <eos> (id {cfg.eos_id}), which ends every target; "
+                         "pass the tokenizer's size")
+
+
 def _check_beam_size(beam_size: int) -> int:
     """``beam_size`` as an int: a positive integer, numpy's too."""
     if not is_count(beam_size, 1):
@@ -256,7 +266,7 @@ def greedy_decode(
     check_flag("use_cache", use_cache)  # a string is truthy: use_cache="no" had used it
     check_callback("on_token", on_token)
     cfg = model.config
-    check_vocab_limit(vocab_size, cfg.vocab_size)
+    _check_target_vocab(vocab_size, cfg)
     src = _check(model, src_ids, max_extra)
     banned = banned_index(model, banned_ids)
     was_training = model.training
@@ -364,7 +374,9 @@ def beam_search(
 
 
 def _best(hyps: list[Hypothesis]) -> list[int]:
-    return hyps[0].tokens if hyps else []  # no hypothesis at all (every token banned): an empty target
+    # never empty: a finite candidate is finished at the latest at its limit, and a row with none (every
+    # token ruled out) has NaN log-probabilities, refused as NonFiniteLogitsError
+    return hyps[0].tokens
 
 
 @torch.inference_mode()
@@ -397,7 +409,7 @@ def beam_search_nbest(
                          f"finished hypotheses), got nbest={nbest!r}")
     _check_beam_options(alpha, stopping)
     check_callback("on_sentence", on_sentence)
-    check_vocab_limit(vocab_size, model.config.vocab_size)
+    _check_target_vocab(vocab_size, model.config)
     src = _check(model, src_ids, max_extra)
     banned = banned_index(model, banned_ids)
     was_training = model.training
@@ -490,7 +502,8 @@ def _beam_search(model, src, k, nbest: int, alpha, max_extra, on_sentence, exact
         scores = torch.tensor(new_scores, device=dev).view(len(alive), k)
         tokens = [new_lists[j * k : (j + 1) * k] for j in range(len(alive))]
         step_ids = torch.tensor(new_tokens, dtype=torch.long, device=dev)[:, None]
-    return [r if r is not None else finished[i][:nbest] for i, r in enumerate(results)]
+    # every sentence was decided by the last step at the latest (its length then reaches its limit)
+    return cast(list[list[Hypothesis]], results)
 
 
 # greedy_decode's options that beam search has not (it samples nothing), and beam search's that it has not
