@@ -218,6 +218,11 @@ def test_a_token_file_of_no_ids_reads_as_such_and_is_refused_for_training(tmp_pa
 
     write_token_file(tmp_path / "e.bin", np.array([], dtype=np.int64), vocab_size=100)
     assert read_token_meta(tmp_path / "e.bin")["num_tokens"] == 0
+    # an empty list or tuple, or a list of no arrays, is no ids either (mutation: an empty list taken
+    # for one array and its first item read, survived)
+    for i, empty in enumerate(([], (), [[]], iter([]))):
+        assert write_token_file(tmp_path / f"e{i}.bin", empty, vocab_size=100)["num_tokens"] == 0
+        assert (tmp_path / f"e{i}.bin").stat().st_size == 0
     with pytest.raises(ValueError) as e:
         read_token_file(tmp_path / "e.bin")
     assert str(e.value) == f"token file {str(tmp_path / 'e.bin')!r} is empty"

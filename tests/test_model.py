@@ -607,6 +607,12 @@ def test_forward_with_targets_is_the_fused_loss():
     ids = torch.randint(0, model.config.vocab_size, (2, 16))
     y = torch.randint(0, model.config.vocab_size, (2, 16))
     torch.testing.assert_close(model(ids, targets=y), F.cross_entropy(model(ids).flatten(0, 1), y.flatten()))
+    # with its positions too (mutation: forward's loss at the default positions, survived)
+    ids, y = ids[:, :8], y[:, :8]
+    pos = 2 * torch.arange(8).repeat(2, 1)  # RoPE sees the distances: a shift alone would change nothing
+    shifted = model(ids, pos, targets=y)
+    torch.testing.assert_close(shifted, F.cross_entropy(model(ids, pos).flatten(0, 1), y.flatten()))
+    assert not torch.allclose(shifted, model(ids, targets=y))
 
 
 def test_dropout_only_in_training_and_where_nanogpt_puts_it():

@@ -651,12 +651,29 @@ def test_cross_entropy_losses_refuse_float_targets():
         torch.testing.assert_close(cross_entropy(logits, t.to(dtype)), F.cross_entropy(logits, t))
 
 
+def test_the_loss_chunk_is_256_eager_on_a_cpu_and_what_a_gib_of_logits_holds_compiled():
+    """loss_chunk_size, by its formula: eager on a CPU 256 tokens; compiled, as many as a GiB holds of
+    their float32 logits, probabilities and gradient (12 bytes a vocabulary entry), but no more than
+    there are and no fewer than 256 (mutations: the vocabulary divided instead of multiplied, and the
+    floor 257, survived: the chunk changes the memory, not the loss)."""
+    from lm.nn.functional import loss_chunk_size
+
+    cpu = torch.device("cpu")
+    assert loss_chunk_size(10**6, 50257, cpu) == 256
+    assert loss_chunk_size(10**6, 50257, cpu, compiling=True) == 2**30 // (12 * 50257) == 1780
+    assert loss_chunk_size(1000, 50257, cpu, compiling=True) == 1000  # every token, when they fit
+    assert loss_chunk_size(100, 50257, cpu, compiling=True) == 256
+    assert loss_chunk_size(10**6, 10**6, cpu, compiling=True) == 256  # a GiB holds 89 of these
+
+
 def test_linear_cross_entropy_checks_target_shape_and_chunk_size():
     x, w = torch.randn(2, 5, 8), torch.randn(7, 8)
     t = torch.randint(0, 7, (2, 5))
-    with pytest.raises(ValueError, match=r"targets must have shape \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"^targets must have shape \(2, 5\) \(that of x without its last "
+                                         r"dimension\), got \(5, 2\)$"):
         linear_cross_entropy(x, w, t.T.contiguous())  # as many targets, beside the wrong rows
-    with pytest.raises(ValueError, match=r"targets must have shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"^targets must have shape \(4,\) \(that of logits without its last "
+                                         r"dimension\), got \(3,\)$"):
         cross_entropy(torch.randn(4, 7), torch.randint(0, 7, (3,)))
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="chunk_size must be a positive int"):
