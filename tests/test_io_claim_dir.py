@@ -167,6 +167,8 @@ def test_a_symlink_loop_is_refused_naming_it(tmp_path, monkeypatch):
         (lambda: check_not_input("loop1/a/b", [("--input", "in.txt")], "out"),
          "out: 'loop1/a/b' lies below 'loop1', a symlink loop"),
         (lambda: check_readable_file("loop1", "--input"), "--input: 'loop1' is a symlink loop"),
+        # an empty path, named by the argument it was given as (not the working folder it would read)
+        (lambda: check_not_input("", [("--input", "in.txt")], "--report"), "--report: must not be empty"),
     ]
     for check, message in checks:
         with pytest.raises(ValueError) as e:
@@ -322,6 +324,31 @@ def test_without_overwrite_a_killed_runs_set_aside_output_is_refused_naming_it(t
     subprocess.run(_hint(str(e.value)), shell=True, check=True)  # the way back it gives works
     assert sorted(os.listdir(tmp_path)) == ["out"]
     assert (out / "report.json").read_text() == '{"earlier": true}' and read_marker(out)["complete"] is True
+
+
+def test_of_several_set_aside_outputs_the_newest_complete_one_is_named_first(tmp_path):
+    """Runs killed more than once leave several set-aside folders: the refusal names the newest
+    complete output (the one to put back), counts the others, and gives an incomplete one only when
+    no complete one is left (mutations: the complete ones sorted last, survived)."""
+    from lm.io import check_output_dir
+
+    out = tmp_path / "out"
+    folders = {}
+    for name, complete, mtime in (("aaaaaaaa", True, 1000), ("bbbbbbbb", False, 3000), ("cccccccc", True, 2000)):
+        folder = folders[name] = tmp_path / f".out.{name}.old"
+        folder.mkdir()
+        (folder / "report.json").write_text("{}")
+        write_marker(folder, "lm test", complete=complete)
+        os.utime(folder, (mtime, mtime))
+    for gone, named, more, what in ((None, "cccccccc", " (and 2 more like it)", "the previous complete output"),
+                                    ("cccccccc", "aaaaaaaa", " (and 1 more like it)", "the previous complete output"),
+                                    ("aaaaaaaa", "bbbbbbbb", "", "an earlier incomplete output")):
+        if gone:
+            shutil.rmtree(folders[gone])
+        with pytest.raises(ValueError) as e:
+            check_output_dir(out, command="lm test", files=FILES)
+        assert str(e.value).startswith(f"--out: a run of `lm test` was killed while replacing {str(out)!r}, and "
+                                       f"{what} is still set aside in {str(folders[named])!r}{more}; "), str(e.value)
 
 
 @pytest.mark.parametrize("builder", ["claim_dir", "replace_dir"])
@@ -725,6 +752,18 @@ def test_a_file_added_below_a_complete_output_is_named_from_its_markers_list(tmp
     (out / "run" / "loss.png").write_text("png")
     write_marker(out, "lm demo")
     assert check_output_dir(out, command="lm demo", overwrite=True, files=("run",)) is True
+    # a killed writer's temporary of a listed file is the command's; one of another name, or in another
+    # folder, is not (mutation: any temporary taken for foreign without looking, survived)
+    (out / "run" / ".loss.png.abcd1234.tmp").write_text("half")
+    assert check_output_dir(out, command="lm demo", overwrite=True, files=("run",)) is True
+    for name in ("run/.notes.md.abcd1234.tmp", "run/sub/.loss.png.abcd1234.tmp"):
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text("half")
+        with pytest.raises(ValueError) as e:
+            check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
+        assert str(e.value) == (f"--out: {str(out)!r} holds files that `lm demo` did not write ({name!r}); refusing "
+                                "to replace it: choose a new or empty folder")
+        (out / name).unlink()
     (out / "run" / "notes.md").write_text("mine")
     with pytest.raises(ValueError) as e:
         check_output_dir(out, command="lm demo", overwrite=True, files=("run",))
