@@ -325,6 +325,30 @@ def test_softmax_backward_matches_autograd_of_the_formula(dim):
     assert torch.autograd.gradcheck(lambda t: softmax(t, dim), (x64,))
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_einsum_attention_keeps_one_buffer_of_probabilities_for_its_backward(masked):
+    """The einsum attention's softmax is an autograd function of its own (_Softmax): its backward needs
+    the probabilities alone, which the product with V saves anyway, so the pass keeps one buffer of the
+    scores' size; the same softmax in differentiable operations keeps three (mutation: the formula
+    outside torch.func too, survived: values and gradients agree)."""
+    from lm.nn.functional import scaled_dot_product_attention
+
+    q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
+    mask = torch.ones(8, 8, dtype=torch.bool).tril() if masked else None
+    buffers = set()
+
+    def pack(t):
+        if t.dim() >= 3 and t.shape[-2:] == (8, 8):  # (the mask is saved too: 2-D, and bool)
+            buffers.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = scaled_dot_product_attention(q, k, v, mask=mask, impl="einsum")
+    assert len(buffers) == 1
+    out.square().sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
 def test_cross_entropy_backward_matches_autograd_of_the_formula():
     logits = (torch.randn(3, 7, 11) * 3).requires_grad_()
     targets = torch.randint(0, 11, (3, 7))
