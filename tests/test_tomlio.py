@@ -23,7 +23,7 @@ def _read_back(text: str) -> str:
 
 @pytest.mark.parametrize("text", [
     "", "plain ascii", 'a "quoted" \\ path', "\b\t\n\f\r", "\x00\x01\x1f\x7f", "é 中文 \u2028 \ufeff \uffff",
-    "😀 \U0010ffff", "C:\\runs\\tiny",
+    "😀 \U0010ffff", "\U00010000", "C:\\runs\\tiny",  # the first character past the BMP (mutation: `<= 65536`)
 ])
 def test_a_string_reads_back_as_itself_and_is_written_in_ascii(text):
     """Every character TOML can hold: the short escapes, control characters and DEL as ``\\uXXXX``,
