@@ -108,6 +108,24 @@ def test_resolve_dtype_by_name(monkeypatch):
     assert resolve_dtype("auto", cpu) is None
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", torch.device("cuda", 0)) is None
+    # another name is refused naming the argument: --dtype unless told (serve and train name theirs)
+    for argument, given in (("--dtype", {}), ("train.dtype", {"argument": "train.dtype"})):
+        with pytest.raises(ValueError) as e:
+            resolve_dtype("fp16", cpu, **given)
+        assert str(e.value) == f"{argument}: must be one of auto, float32, bfloat16, got 'fp16'"
+
+
+def test_autocast_is_to_the_dtype_given_and_none_is_no_autocast():
+    """lm.device.autocast(device, dtype): float16 on a CPU too, whose autocast would otherwise be
+    bfloat16 (mutation: the dtype not passed on, survived: every test asked for bfloat16)."""
+    from lm.device import autocast
+
+    a = torch.randn(4, 4)
+    for dtype in (torch.float16, torch.bfloat16):
+        with autocast(torch.device("cpu"), dtype):
+            assert (a @ a).dtype == dtype
+    with autocast(torch.device("cpu"), None):
+        assert (a @ a).dtype == torch.float32
 
 
 # "cuda" (and "auto") under torchrun is the local rank's GPU, not cuda:0 for every process

@@ -209,8 +209,17 @@ def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, 
     raw["model"]["vocab_size"] = 100_000_000
     with pytest.raises(ValueError, match=r"^model: [\d,]+ parameters need [\d.,]+ GB for the weights, their "
                                          r"gradients and AdamW's two moments \(float32\) but cpu has 1.0 GB free; "
-                                         r"make the model smaller"):
+                                         r"make the model smaller \(model.vocab_size, model.d_model, "
+                                         r"model.num_layers, ...\)$"):
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
+    pairs = _raw_config(tmp_path)  # an encoder-decoder's layers have other names
+    pairs["model"] = dict(architecture="encoder_decoder", vocab_size=100_000_000, context_length=16, d_model=16,
+                          encoder_layers=1, decoder_layers=1, num_heads=2)
+    pairs["train"]["batch_tokens"] = 256
+    pairs["train"].pop("batch_size", None)
+    with pytest.raises(ValueError, match=r" make the model smaller \(model.vocab_size, model.d_model, "
+                                         r"model.encoder_layers, model.decoder_layers, ...\)$"):
+        memory.check_step_memory(config_from_dict(pairs), torch.device("cpu"))
 
 
 def _step_peak_bytes(model, ids, dtype) -> int:

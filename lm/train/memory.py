@@ -45,7 +45,7 @@ def step_bytes(m: ModelConfig, batch_size: int, *, train: bool = True, tokens: i
     ``dtype``: the autocast dtype (None: float32); under bfloat16 the tensors the matrix products
     keep for the backward pass are counted at 2 bytes (at 4 they made the estimate up to 16% above
     what a step allocates, bench21), the norms' inputs and the residual stream at 4."""
-    d, f, h, ctx = m.d_model, m.d_ff or 4 * m.d_model, m.num_heads, m.context_length
+    d, f, h, ctx = m.d_model, m.d_ff, m.num_heads, m.context_length  # (the config resolves d_ff's default)
     if m.architecture == "encoder_decoder":
         n_layers = m.encoder_layers + 2 * m.decoder_layers
         tokens = 2 * (tokens if tokens is not None else batch_size * ctx)
