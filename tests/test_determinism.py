@@ -207,7 +207,8 @@ def test_float32_matmuls_use_tf32_on_cuda_only(monkeypatch):
     calls = []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda mode: calls.append(mode))
     assert configure_matmul_precision(torch.device("cpu")) == "" and calls == []
-    assert "TF32" in configure_matmul_precision(torch.device("cuda", 0)) and calls == ["high"]
+    line = configure_matmul_precision(torch.device("cuda", 0))  # the run log's line, in full
+    assert line == "float32 matmuls: TF32 (torch.set_float32_matmul_precision('high'))" and calls == ["high"]
 
 
 # T2, T5: rank_ordered_mean is (g0 + g1 + ... ) / world, every rank's gradient summed in rank order
