@@ -50,6 +50,12 @@ def test_export_loads_as_llama_with_equal_logits(tmp_path, tied):
     export_hf(model, tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
+    # the weights say they are torch's, as save_pretrained writes them: transformers 4 refuses a file whose
+    # format it cannot read there (mutation: the key misspelt, survived: the version installed does not look)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
     ids = torch.randint(0, 300, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), **CLOSE)

@@ -31,6 +31,8 @@ def drawn(monkeypatch) -> list[dict]:
                                                x=[float(v) for v in ln.get_xdata()],
                                                y=[float(v) for v in ln.get_ydata()]) for ln in ax.lines},
                 "texts": [t.get_text() for t in ax.texts],
+                # where each text is, and whether in the panel's own coordinates (0 to 1 across it)
+                "text_places": [(tuple(t.get_position()), t.get_transform() == ax.transAxes) for t in ax.texts],
                 "box": tuple(round(v, 3) for v in ax.get_position().bounds),  # left, bottom, width, height
                 "sizes": {ln.get_label(): ln.get_markersize() for ln in ax.lines},
             })
@@ -93,6 +95,7 @@ def test_records_without_a_time_leave_a_note_and_boolean_losses_are_skipped(tmp_
     assert by_step["lines"]["r train"]["x"] == [1.0, 2.0] and by_step["lines"]["r train"]["y"] == [2.0, 1.5]
     assert "r val" not in by_step["lines"]
     assert by_time["lines"] == {} and by_time["texts"] == ["no records with a time"]
+    assert by_time["text_places"] == [((0.5, 0.5), True)]  # in the middle of the empty panel
 
 
 # --dtype bfloat16 is bfloat16 autocast on any device; float32 is none; auto is bfloat16 on a CUDA

@@ -116,15 +116,17 @@ def test_the_summary_of_a_training_that_learned_no_merge_names_no_longest_token(
 
 def test_tokenize_files_bar_counts_the_inputs_bytes_on_a_terminal_when_asked(trained, corpus, tmp_path, monkeypatch):
     """``tokenize_file(progress=True)`` on a terminal: a bar named ``tokenize`` over the input's bytes, to
-    the whole file; none by default (mutation: the bar's total and name dropped, survived)."""
+    the whole file, chunk by chunk; none by default (mutations: the bar's total and name dropped, and a chunk
+    counted as its end plus its start, survived: the file had been one chunk)."""
     from helpers.pipes import Terminal
     from tqdm import tqdm
 
     tok = load_tokenizer_dir(trained)
     size = corpus.stat().st_size
+    assert size > 3 * 4096
     for progress in (False, True):
         monkeypatch.setattr(sys, "stderr", Terminal())
-        tokenize_file(tok, corpus, tmp_path / f"{progress}.bin", num_workers=1, progress=progress)
+        tokenize_file(tok, corpus, tmp_path / f"{progress}.bin", num_workers=1, progress=progress, chunk_bytes=4096)
         drawn = sys.stderr.getvalue()
         if progress:
             whole = re.escape(tqdm.format_sizeof(size))  # as tqdm writes a size with unit_scale
@@ -145,6 +147,20 @@ def test_tokenize_file_equals_encode(trained, corpus, tmp_path, workers, warm_by
     assert meta["num_tokens"] == len(expected)
     assert meta["source_bytes"] == corpus.stat().st_size
     assert meta["tokenizer_sha256"] == tok.checksum() and meta["vocab_size"] == tok.vocab_size
+
+
+def test_tokenize_file_refuses_an_empty_input_and_takes_one_byte(trained, tmp_path):
+    """An empty file is refused by name, in the library as on the command line; one of a single byte is
+    one token (mutation: `size == 1` for `size == 0`, survived: only the command line's check was seen)."""
+    tok = load_tokenizer_dir(trained)
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError) as e:
+        tokenize_file(tok, tmp_path / "empty.txt", tmp_path / "e.bin")
+    assert str(e.value) == f"input: file is empty: {str(tmp_path / 'empty.txt')!r}"
+    assert not (tmp_path / "e.bin").exists()
+    (tmp_path / "one.txt").write_bytes(b"a")
+    assert tokenize_file(tok, tmp_path / "one.txt", tmp_path / "o.bin")["num_tokens"] == 1
+    assert read_token_file(tmp_path / "o.bin")[0].tolist() == tok.encode("a")
 
 
 def test_tokenize_file_in_one_process_keeps_its_tokenizer_while_another_call_runs(trained, corpus, tmp_path):
@@ -311,6 +327,10 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
           "OUT"], "--special-token: '<|café|>' cannot be saved in tokenizer.json: Hugging Face's byte-level decoder"),
         (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "ĠÃ", "--out", "OUT"],
          "--special-token: 'ĠÃ' is how vocab.json and tokenizer.json spell the bytes b' \\xc3', which training may"),
+        # pieces of one character alone (two continuation bytes): learnable inside a pre-token, though they decode to
+        # no text at all (mutation: no text taken for not learnable, survived)
+        (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "ĤĤ", "--out", "OUT"],
+         "--special-token: 'ĤĤ' is how vocab.json and tokenizer.json spell the bytes b'\\x82\\x82', which training"),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, corpus, trained, tmp_path, capsys, monkeypatch):
@@ -1185,7 +1205,8 @@ def test_the_invalid_utf8_warning_says_where_the_first_bad_byte_is(trained, tmp_
     (data21), where `lm tokenize --target` and `lm translate` name the line and column: it now names
     the first bad byte's (found by the chunk it is in, whichever worker encoded it), and counts in the
     singular for one byte. The line and column are those a byte search of the file gives."""
-    body = b"Tom had a ball.\n" * 3000 + b"Lily saw \xffit.\n" + b"The end \xfe\xfe.\n"
+    # the second bad line in a later chunk: the first is named (mutation: a later chunk's taken, survived)
+    body = b"Tom had a ball.\n" * 3000 + b"Lily saw \xffit.\n" + b"Tom had a ball.\n" * 600 + b"The end \xfe\xfe.\n"
     path = tmp_path / "in.txt"
     path.write_bytes(body)
     at = body.index(b"\xff")
