@@ -505,9 +505,6 @@ class Trainer:
         traceback as the latest checkpoint, and "(step 0) is older than the run's latest" as an older one."""
         try:
             state = read_checkpoint(path)
-        except ValueError as e:
-            raise ValueError(f"--resume: {e}{self._unreadable_hint(path)}") from None
-        try:
             saved_iteration(state, repr(str(path)), "a training checkpoint")
         except ValueError as e:
             raise ValueError(f"--resume: {e}{self._unreadable_hint(path)}") from None
