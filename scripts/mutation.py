@@ -169,7 +169,10 @@ TARGETS: dict[str, Target] = {
                           note="the decoder-only model: positions, its input checks, parameter and FLOP counts"),
     "seq2seq": Target(["lm/model/seq2seq.py"], ["tests/test_seq2seq.py", "tests/test_translate.py"],
                       note="the encoder-decoder: against torch.nn.Transformer and an independent reference"),
-    "beam": Target(["lm/generate/seq2seq.py"], ["tests/test_translate.py", "tests/test_seq2seq.py"],
+    # (not the peak-memory test: the fresh process it measures imports mutmut's rewritten copy of lm, whose
+    # peak measured 166-192 MB where lm's is 270-291 MB, under the test's floor of 200 MB: mutmut's stats failed)
+    "beam": Target(["lm/generate/seq2seq.py"], ["tests/test_translate.py", "tests/test_seq2seq.py", "-k",
+                                                "not decoding_bytes_is_not_below_the_memory_decoding_takes"],
                    note="greedy decoding, beam search (against brute force) and the seq2seq cache"),
     "static": Target(["lm/generate/static.py"],
                      ["tests/test_generate.py", "tests/test_seq2seq.py",

@@ -675,7 +675,7 @@ def test_cross_entropy_losses_refuse_float_targets():
         torch.testing.assert_close(cross_entropy(logits, t.to(dtype)), F.cross_entropy(logits, t))
 
 
-def test_the_loss_chunk_is_256_eager_on_a_cpu_and_what_a_gib_of_logits_holds_compiled():
+def test_the_loss_chunk_is_256_eager_on_a_cpu_and_otherwise_what_a_gib_of_logits_holds():
     """loss_chunk_size, by its formula: eager on a CPU 256 tokens; compiled, as many as a GiB holds of
     their float32 logits, probabilities and gradient (12 bytes a vocabulary entry), but no more than
     there are and no fewer than 256 (mutations: the vocabulary divided instead of multiplied, and the
