@@ -38,6 +38,17 @@ def _token_files(folder: Path, n: int = 20_000) -> tuple[Path, Path]:
     return train, val
 
 
+def _as_pair_config(raw: dict, vocab_size: int = 64) -> dict:
+    """A copy of ``raw`` with a small encoder-decoder model, batched by tokens (256 a step) instead of rows."""
+    pairs = {**json.loads(json.dumps(raw)), "model": dict(architecture="encoder_decoder", vocab_size=vocab_size,
+                                                          context_length=16, d_model=16, encoder_layers=1,
+                                                          decoder_layers=1, num_heads=2)}
+    pairs["train"]["batch_tokens"] = 256
+    pairs["train"].pop("batch_size", None)
+    pairs.get("eval", {}).pop("batch_size", None)
+    return pairs
+
+
 def _raw_config(folder: Path, **sections) -> dict:
     train, val = _token_files(folder) if not (folder / "train.bin").exists() else (
         folder / "train.bin", folder / "val.bin")  # fmt: skip
@@ -144,12 +155,7 @@ def test_config_errors_name_the_key_and_suggest(tmp_path):
     edge = json.loads(json.dumps(raw))
     edge.setdefault("optim", {}).update(schedule="wsd", decay_fraction=1.0)  # the bound: decay from the warm-up on
     assert config_from_dict(edge).optim.decay_fraction == 1.0
-    pairs = {**json.loads(json.dumps(raw)), "model": dict(architecture="encoder_decoder", vocab_size=64,
-                                                          context_length=16, d_model=16, encoder_layers=1,
-                                                          decoder_layers=1, num_heads=2)}
-    pairs["train"]["batch_tokens"] = 256
-    pairs["train"].pop("batch_size", None)
-    pairs.get("eval", {}).pop("batch_size", None)
+    pairs = _as_pair_config(raw)
     config_from_dict(pairs)  # the default batch_size, unused, is no error
     for key in ("train", "eval"):  # a row count an encoder_decoder ignores: refused, as batch_tokens is for an LM
         bad = json.loads(json.dumps(pairs))
@@ -212,11 +218,7 @@ def test_a_model_too_large_for_the_device_is_named_not_the_batch_size(tmp_path, 
                                          r"make the model smaller \(model.vocab_size, model.d_model, "
                                          r"model.num_layers, ...\)$"):
         memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
-    pairs = _raw_config(tmp_path)  # an encoder-decoder's layers have other names
-    pairs["model"] = dict(architecture="encoder_decoder", vocab_size=100_000_000, context_length=16, d_model=16,
-                          encoder_layers=1, decoder_layers=1, num_heads=2)
-    pairs["train"]["batch_tokens"] = 256
-    pairs["train"].pop("batch_size", None)
+    pairs = _as_pair_config(_raw_config(tmp_path), vocab_size=100_000_000)  # its layers have other names
     with pytest.raises(ValueError, match=r" make the model smaller \(model.vocab_size, model.d_model, "
                                          r"model.encoder_layers, model.decoder_layers, ...\)$"):
         memory.check_step_memory(config_from_dict(pairs), torch.device("cpu"))
@@ -459,11 +461,8 @@ def test_fixed_evaluation_batches_that_cannot_fit_in_memory_are_refused(tmp_path
     memory.check_step_memory(config_from_dict(raw), torch.device("cpu"))
     # an encoder-decoder's validation batches are a plan over its pair file, no larger than the file: nothing
     # counted (mutation: the architecture's name misspelt, so pairs were counted as windows, survived)
-    pairs = _raw_config(tmp_path, eval={"batches": 1_000_000})  # as windows: 10^6 x (224 + 8 x 32) bytes, 480 MB
-    pairs["model"] = dict(architecture="encoder_decoder", vocab_size=64, context_length=16, d_model=16,
-                          encoder_layers=1, decoder_layers=1, num_heads=2)
-    pairs["train"]["batch_tokens"] = 256
-    pairs["train"].pop("batch_size", None)
+    # as windows: 10^6 x (224 + 8 x 32) bytes, 480 MB
+    pairs = _as_pair_config(_raw_config(tmp_path, eval={"batches": 1_000_000}))
     monkeypatch.setattr(memory, "available_bytes", lambda device: 10**8)
     memory.check_step_memory(config_from_dict(pairs), torch.device("cpu"))
 
