@@ -1666,6 +1666,30 @@ def test_a_route_that_fails_unexpectedly_answers_openais_error_shape_not_a_plain
     assert app.state.server.http[("/tokenizer_info", 500)] == 1  # counted for /metrics as the 500 it is
 
 
+def test_a_request_cancelled_before_its_answer_is_counted_and_stays_cancelled():
+    """A mutation (_Guard's status before any answer stored under another key) survived: every
+    tested route answers, so the "nothing was sent" count was never read. A request cancelled
+    before its answer starts (the server shutting down its tasks) then raised KeyError from the
+    middleware's ``finally`` in place of the CancelledError, and was not counted. It is counted as
+    a 500 for /metrics and the cancellation goes on up unchanged."""
+    import asyncio
+
+    from lm.serve.app import ServerState, _Guard
+
+    async def cancelled_route(scope, receive, send):
+        raise asyncio.CancelledError
+
+    state = ServerState(SimpleNamespace(), None, "m")
+    guard = _Guard(cancelled_route, state)
+
+    async def call():
+        await guard({"type": "http", "path": "/v1/completions", "headers": []}, None, None)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(call())
+    assert state.http == {("/v1/completions", 500): 1}
+
+
 def test_serve_refuses_port_65536_naming_port_before_loading_anything(tmp_path, capsys):
     """A mutation (`--port` checked against [0, 65536]) survived: the test gives 70000 only.
     getaddrinfo takes 65536 as port 0 (it wraps), so the listen check passed, the model loaded, and

@@ -1028,7 +1028,7 @@ def test_bad_inputs_are_one_line_errors_that_write_nothing(tmp_path, capsys):
         (["--set", f"data.tokenizer={tok_dir}", "--set", f"train.out_dir={fresh}"], "has 256 tokens, more than"),
         (
             ["--set", f"data.tokenizer={tok_dir}", "--set", "model.vocab_size=300", "--set", f"train.out_dir={fresh}"],
-            "is not the tokenizer of data.train",
+            f"lm train: error: data.tokenizer: {str(tok_dir)!r} is not the tokenizer of data.train",
         ),
         (["--set", f"data.tokenizer={tmp_path / 'nope'}", "--set", f"train.out_dir={fresh}"], "data.tokenizer: "),
         (["--set", "optim.max_lrr=1"], "did you mean 'optim.max_lr'"),

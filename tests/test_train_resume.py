@@ -942,6 +942,14 @@ def test_a_run_with_only_its_best_checkpoint_is_refused_naming_its_step(tmp_path
             Trainer(config_from_dict(raw), print_fn=_quiet)
         assert str(refused.value) == _only_best_refusal(tmp_path / "run", best, of_step)
         best.write_bytes(b"not a checkpoint")  # unreadable: its step is not said
+    # the restart it offers sets the unreadable best.pt aside without a step too (seed 14: stray text survived)
+    lines = []
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=lines.append).run() == 0
+    assert lines[0] == (f"no checkpoint in {str(tmp_path / 'run')!r}: starting again from step 0 (the earlier metrics "
+                        "are in metrics.jsonl.1, the earlier weights are in model.safetensors.1, the earlier best "
+                        f"checkpoint is in checkpoints/best.pt.1: --resume {ckpts / 'best.pt.1'} with another "
+                        "train.out_dir continues that history)"), lines
+    assert (ckpts / "best.pt.1").read_bytes() == b"not a checkpoint"
 
 
 def test_the_lines_of_a_resume_are_said_under_quiet(tmp_path):

@@ -620,7 +620,8 @@ class Trainer:
             if not isinstance(then, dict) or then == fingerprint:
                 continue
             what = next((f"{field} {spelled(then.get(field))} then, {spelled(fingerprint.get(field))} now"
-                         for field in ("num_tokens", "num_pairs", "size", "tokenizer_sha256", "vocab_size", "dtype")
+                         # no "dtype": the sidecar's dtype is that of its vocab_size (checked on reading)
+                         for field in ("num_tokens", "num_pairs", "size", "tokenizer_sha256", "vocab_size")
                          if then.get(field) != fingerprint.get(field)), "the same size, other bytes")
             current = self.cfg.data.train if key == "data.train" else self.cfg.data.val
             raise ValueError(f"--resume: {key} {current!r} is not the file {str(path)!r} trained on ({what}); a "
