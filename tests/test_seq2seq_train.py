@@ -388,6 +388,22 @@ def test_pair_data_errors_name_the_config_key_and_the_working_directory(tmp_path
         assert line.endswith(f"(a config's paths are read from the working directory, {str(tmp_path)!r})")
 
 
+def test_a_pair_file_of_a_larger_vocabulary_is_refused_naming_data_train_once(tmp_path):
+    """A mutation (the check that an error names its config key already made always false) survived,
+    and showed that the check never held: a pair file's errors start "data.train ('PATH'): ", and
+    the trainer put "data.train: " before them again ("data.train: data.train ('...'): was tokenized
+    ..."). The key is said once."""
+    _data(tmp_path)  # tokenized with the pair tokenizer's 259 ids
+    raw = _config(tmp_path, "never", max_steps=2)
+    raw["model"]["vocab_size"] = 200
+    del raw["data"]["tokenizer"]  # else the tokenizer's 259 tokens are refused first
+    with pytest.raises(ValueError) as error:
+        Trainer(config_from_dict(raw), print_fn=lambda *a: None)
+    assert str(error.value) == (f"data.train ({str(tmp_path / 'train.bin')!r}): was tokenized with vocab_size 259, "
+                                "larger than the model's 200")
+    assert not (tmp_path / "never").exists()
+
+
 def test_the_pair_trainer_is_torch_adamw_clip_label_smoothing_and_the_inverse_sqrt_schedule(tmp_path):
     """The translation trainer's steps against a loop written with torch: F.cross_entropy with label
     smoothing over the real target tokens (padding ignored, where a batch has any), torch.optim.AdamW

@@ -2111,6 +2111,19 @@ def test_an_out_dir_that_cannot_be_made_or_written_names_train_out_dir(tmp_path,
                                f"({str(ro / '.lock')!r})\n"), err
     assert not ro.exists()  # the folder it made is removed again
 
+    # a folder that cannot be looked at: a name past the file system's limit, an unreadable folder
+    # (root reads every folder, so its listing is made to fail) (seed 14: the verb dropped survived)
+    too_long = tmp_path / ("a" * 300) / "run"
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={too_long}"], capsys)
+    assert rc == 2 and err == f"lm train: error: train.out_dir: cannot read {str(too_long)!r}: file name too long\n"
+
+    def unreadable(run_dir):
+        raise PermissionError(13, "Permission denied", str(run_dir))
+
+    monkeypatch.setattr("lm.train.trainer.check_run_folder", unreadable)
+    rc, err = _cli(["train", "--config", str(good), "--set", f"train.out_dir={tmp_path}"], capsys)
+    assert rc == 2 and err == f"lm train: error: train.out_dir: cannot read {str(tmp_path)!r}: permission denied\n"
+
 
 @pytest.mark.parametrize("file", ["config.toml", "vocab.json"])
 def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_path, capsys, monkeypatch, file):

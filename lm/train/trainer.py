@@ -1327,7 +1327,8 @@ def _named(key: str, open_data: Callable[..., Any], path, *args, **kwargs) -> An
     try:
         return open_data(path, *args, **kwargs)
     except (ValueError, OSError) as e:
-        message = str(e) if str(e).startswith(f"{key}:") else f"{key}: {e}"
+        # a pair file's errors name it already, as "data.train ('PATH'): ..."
+        message = str(e) if str(e).startswith((f"{key}:", f"{key} (")) else f"{key}: {e}"
         if not Path(path).is_absolute() and not Path(path).exists():
             message += f" (a config's paths are read from the working directory, {os.getcwd()!r})"
         raise ValueError(message + _none_hint(key, path)) from None
