@@ -902,3 +902,23 @@ def test_a_run_lock_left_by_a_dead_process_is_taken_over_saying_so_and_one_of_th
     again = RunLock(tmp_path)
     again.acquire(say=pytest.fail)
     again.release()
+
+
+def test_a_run_lock_whose_file_is_gone_is_released_without_a_warning(tmp_path):
+    """A mutation (the lock file's removal no longer missing_ok) survived: a lock file removed under
+    the run (someone cleaning the folder) made the release warn "could not remove the lock": there
+    is nothing to remove. The descriptor is closed all the same, and the folder can be locked again."""
+    import warnings
+
+    from lm.train.run_dir import LOCK_NAME, RunLock
+
+    lock = RunLock(tmp_path)
+    lock.acquire(say=pytest.fail)
+    (tmp_path / LOCK_NAME).unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lock.release()
+    assert not lock.held and not (tmp_path / LOCK_NAME).exists()
+    again = RunLock(tmp_path)
+    again.acquire(say=pytest.fail)
+    again.release()

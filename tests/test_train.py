@@ -1754,6 +1754,17 @@ def _recording_init(calls: list):
     return init
 
 
+def test_a_run_with_wandb_disabled_never_imports_wandb(tmp_path, monkeypatch):
+    """A mutation (the "disabled" mode compared in another case, so never equal) survived: wandb,
+    installed here, started a disabled run and the test runs passed. `lm` imports wandb only when a
+    run uses it (the GPU machines have no wandb): with wandb missing, a disabled run trains, and
+    wandb's init is never called."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, wandb={"mode": "disabled", "project": "lm-test"})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    assert not (tmp_path / "run" / "wandb").exists() and not (tmp_path / "run" / "wandb_id.txt").exists()
+
+
 def test_quiet_quiets_wandb(tmp_path, capsys, monkeypatch):
     """`lm train --quiet` with wandb on printed wandb's banner, run history and summary (34 lines on
     stderr, audit train3 #3): wandb is started silent when the run is quiet, as it was not before."""

@@ -403,6 +403,9 @@ def test_a_folder_with_a_run_s_names_but_not_its_content_is_refused(tmp_path, ca
                  'metrics.jsonl is not the metrics of lm train (its first record has no "step" and "split")'),
         "csv": ({"metrics.jsonl": "epoch,acc\n1,0.5\n"},
                 "metrics.jsonl is not the metrics of lm train (its first line is not a JSON object)"),
+        # one line without its newline: a cut-short first record only when it starts as lm train's do
+        "cut": ({"metrics.jsonl": "epoch,acc"},
+                "metrics.jsonl is not the metrics of lm train (its first line is not a JSON object)"),
         "ckpt": ({"checkpoints/epoch3.ckpt": "x", "metrics.jsonl": ""},
                  "checkpoints/ holds 'epoch3.ckpt', which is not a checkpoint of lm train"),
         "mixed": ({"checkpoints/best.pt": "x", "checkpoints/last.pt": "x"},

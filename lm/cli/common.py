@@ -193,9 +193,10 @@ class Spelled(Once):
         super().__call__(parser, namespace, values, option_string)
 
 
-def add_out(p: argparse.ArgumentParser, what: str, *, required: bool = True, default: str | None = None,
-            metavar: str = "PATH", old: str | None = None) -> None:
-    """``--out`` (and ``--overwrite``); ``old`` is a deprecated spelling of ``--out``."""
+def add_out(p: argparse.ArgumentParser, what: str, *, metavar: str, required: bool = True,
+            default: str | None = None, old: str | None = None) -> None:
+    """``--out`` (and ``--overwrite``); ``metavar`` says what it names (DIR, FILE.bin); ``old`` is a
+    deprecated spelling of ``--out``."""
     p.add_argument("--out", required=required and default is None and old is None, default=default,
                    metavar=metavar, help=what, **({"action": Spelled} if old else {}))
     if old:
@@ -228,11 +229,12 @@ def add_compute(p: argparse.ArgumentParser, *, device: str | None = "auto", dtyp
 
 # -- models and tokenizers from a path ---------------------------------------------------------
 
-def load_model_and_tokenizer(
-    checkpoint: str, tokenizer: str | None = None, device: str = "cpu", need_tokenizer: bool = True
-) -> Loaded:
+def load_model_and_tokenizer(checkpoint: str, tokenizer: str | None, device: str,
+                             need_tokenizer: bool = True) -> Loaded:
     """:func:`lm.generate.load_model_and_tokenizer`, the library's loader, with the command line's
-    argument names in its errors: ``model, tokenizer, info = ...``, and ``.path``, the file loaded."""
+    argument names in its errors: ``model, tokenizer, info = ...``, and ``.path``, the file loaded.
+    ``tokenizer`` and ``device`` are the command's ``--tokenizer`` and ``--device`` (no defaults of
+    its own: those are the command's)."""
     from lm.generate.load import load_model_and_tokenizer as load
 
     return load(checkpoint, tokenizer, device, need_tokenizer=need_tokenizer)
