@@ -82,6 +82,17 @@ def test_num_workers_is_bounded_and_used_with_target_too(trained, corpus, tmp_pa
     assert asked == [(1, True), (2, False)]
     assert (tmp_path / "p1.bin").read_bytes() == (tmp_path / "p2.bin").read_bytes()
     assert (tmp_path / "p1.bin.idx").read_bytes() == (tmp_path / "p2.bin.idx").read_bytes()
+    # and a token file's (seed 14: --num-workers dropped there survived; every run took the CPU count)
+    import lm.data
+
+    asked, tokenize_file = [], lm.data.tokenize_file
+    monkeypatch.setattr(lm.data, "tokenize_file", lambda *a, **kw: (asked.append((kw["num_workers"], kw["progress"])),
+                                                                    tokenize_file(*a, **kw))[1])
+    for n, quiet in ((1, []), (2, ["--quiet"])):
+        assert main(["tokenize", "--tokenizer", str(trained), "--input", str(tmp_path / "s.txt"), "--out",
+                     str(tmp_path / f"t{n}.bin"), "--num-workers", str(n), *quiet]) == 0
+    assert asked == [(1, True), (2, False)]
+    assert (tmp_path / "t1.bin").read_bytes() == (tmp_path / "t2.bin").read_bytes()
 
 
 def test_train_writes_files_and_summary(trained, corpus):
@@ -314,6 +325,14 @@ def test_tokenize_cli_and_uint32(trained, corpus, tmp_path, capsys):
          "--input: file not found: 'MISSING'"),
         (["tokenize", "--tokenizer", "TOK", "--input", "EMPTY", "--out", "OUT/x.bin"],
          "--input: file is empty: 'EMPTY'"),  # the flag, not the library's parameter "input"
+        # the input is checked before the tokenizer is looked for, as a missing one is (seed 14: the empty
+        # check's size changed survived, the library's own check giving the same words later)
+        (["tokenize", "--tokenizer", "NODIR", "--input", "EMPTY", "--out", "OUT/x.bin"],
+         "lm tokenize: error: --input: file is empty: 'EMPTY'"),
+        # the input as its own output, in this process (seed 14: the argument misnamed survived the test of
+        # the command in a subprocess, which mutation testing does not see)
+        (["tokenize", "--tokenizer", "TOK", "--input", "CORPUS", "--out", "CORPUS", "--overwrite"],
+         "is the input --input itself; choose another output"),
         # special tokens that the tokenizer's files could not hold: refused before training
         (["tokenizer", "train", "--input", "CORPUS", "--vocab-size", "300", "--special-token", "@", "--out", "OUT"],
          "--special-token: '@' cannot be saved in vocab.json: '@' is already the key of token"),
@@ -1252,10 +1271,14 @@ def test_a_repeated_input_trains_on_every_file(tmp_path, capsys):
     common = ["--vocab-size", "300", "--holdout-bytes", "0", "--num-workers", "1", "--quiet"]
     assert main(["tokenizer", "train", "--input", str(a), "--input", str(b), "--out", str(tmp_path / "t1"),
                  *common]) == 0
+    line = capsys.readouterr().out  # what it trained on, in MB (seed 14: the bytes multiplied survived)
+    total = a.stat().st_size + b.stat().st_size
+    assert line.startswith(f"trained 300 tokens on {total / 1e6:.1f} MB in ") and line.count("\n") == 1, line
+    assert line.endswith(f" -> {tmp_path / 't1'}{os.sep}\n"), line
     assert main(["tokenizer", "train", "--input", str(a), str(b), "--out", str(tmp_path / "t2"), *common]) == 0
     summary = json.loads((tmp_path / "t1" / "summary.json").read_text(encoding="utf-8"))
     assert summary["inputs"] == [str(a), str(b)]
-    assert summary["train_bytes"] == a.stat().st_size + b.stat().st_size
+    assert summary["train_bytes"] == total
     for name in ("vocab.json", "merges.txt"):
         assert (tmp_path / "t1" / name).read_bytes() == (tmp_path / "t2" / name).read_bytes()
 

@@ -172,8 +172,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
     stats = TrainStats()
     t0 = time.perf_counter()
-    with as_flags(vocab_size="--vocab-size", num_workers="--num-workers", special_tokens="--special-token",
-                  input="--input"):
+    # (--num-workers is checked above, by check_num_workers)
+    with as_flags(vocab_size="--vocab-size", special_tokens="--special-token", input="--input"):
         vocab, merges = train_bpe(
             [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
             num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
