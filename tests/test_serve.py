@@ -324,6 +324,27 @@ def test_a_step_size_whose_rows_differ_is_dropped():
     assert not engine.bucketed and not skewed.bucketed and not real4.bucketed
 
 
+def test_a_step_size_that_differs_at_the_last_position_only_is_dropped():
+    """The probes run up to the context's last position, "one that fills it" (seed 14: the long
+    probe one token shorter survived). A step whose logits differ there only, where every
+    reduction over the key positions runs in full, is dropped as one that differs anywhere."""
+    engine = Engine(tiny_model(), max_batch=8, step_sizes=[4])
+    assert engine.step_sizes == [4, 8]
+    last = engine.context_length - 1
+    real4 = engine.steps[4]
+    seen = []
+
+    def at_last(ids, lengths, full_span=False):
+        seen.extend(lengths)
+        out = real4(ids, lengths, full_span=full_span)
+        return out * (1 + 1e-6) if max(lengths) == last else out
+
+    at_last.bucketed = real4.bucketed
+    engine.steps[4] = at_last
+    assert engine._invariant_sizes() == ([8], [4])
+    assert max(seen) == last
+
+
 def test_rows_move_down_as_others_finish_and_the_smallest_step_that_holds_them_runs():
     model = tiny_model()
     engine = Engine(model, max_batch=16)
@@ -1015,8 +1036,9 @@ def test_a_stopped_engine_refuses_requests_and_a_second_start():
     rec = Recorder()
     with pytest.raises(EngineStopped, match="the engine is stopped"):
         engine.submit(rec.request([1, 2], SamplingParams(max_tokens=2)))
-    with pytest.raises(EngineStopped, match="make a new Engine"):
+    with pytest.raises(EngineStopped) as stopped:
         engine.start()
+    assert str(stopped.value) == "the engine is stopped: make a new Engine to serve again"
     assert rec.reasons == [None] and not engine.waiting and engine._thread is None
 
 
