@@ -452,6 +452,14 @@ def test_cli_eval_of_a_translation_model_names_the_weights_it_scored(tmp_path, c
         m.setattr(lm.generate, "translate", lambda *a, **kw: (banned.append(kw["banned_ids"]), translate(*a, **kw))[1])
         assert main(argv) == 0
     assert banned == [line_break_ids(tok)] and banned[0]
+    # ... and decoded with the --beam and --alpha given (seed 14: --alpha left out of the search survived; the
+    # line said "alpha 1.5" over translations made with 0.6)
+    asked = []
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lm.generate, "translate",
+                  lambda *a, **kw: (asked.append((kw["beam_size"], kw["alpha"])), translate(*a, **kw))[1])
+        assert main([*argv, "--beam", "2", "--alpha", "1.5"]) == 0
+    assert asked == [(2, 1.5)] and "(2 sentences, beam 2, alpha 1.5)" in capsys.readouterr().out
 
 
 # -- faults of the model, out of memory, options that do nothing here (audit evaluate3) -------------------

@@ -670,6 +670,11 @@ def test_translate_refuses_gzip_on_buffered_stdin_and_a_missing_input_naming_the
     assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1"]) == 2
     assert capsys.readouterr() == ("", "lm translate: error: --input: standard input line 2: not valid UTF-8 (byte "
                                        "0xff at column 1; 1 byte in all)\n")
+    # standard input closed (`<&-`), buffered or not: named as --input (seed 14: the buffered name lost survived)
+    monkeypatch.setattr(sys, "stdin", None)
+    for buffered in ([], ["--buffer-size", "2"]):
+        assert main(["translate", "--checkpoint", str(d), "--input", "-", "--beam", "1", *buffered]) == 2
+        assert capsys.readouterr() == ("", "lm translate: error: --input: - reads standard input, which is closed\n")
 
 
 # -- one translation a line, one encoding of a source, memory, progress ------------------------------
