@@ -2429,6 +2429,39 @@ def test_a_metrics_log_closes_its_file_when_dropped_and_names_it_when_closing_fa
     assert log._file.closed
 
 
+def test_a_run_whose_metrics_log_fails_to_close_says_so_and_names_its_checkpoint(tmp_path):
+    """The metrics log's close writes its last buffered lines: a full disk there is the run's error,
+    with its last good checkpoint, and the run folder's lock is released (seed 14: the close at the
+    run's end skipped survived, as the close on the way out suppresses its error: the run ended 0
+    with its last records lost)."""
+    import errno
+
+    from lm.train.metrics import MetricsWriteError
+    from lm.train.run_dir import LOCK_NAME
+
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2}, eval={"interval": 0})
+    trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
+
+    class FullAtClose:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, text):
+            return self.f.write(text)
+
+        def close(self):
+            self.f.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    trainer.metrics._file = FullAtClose(trainer.metrics._file)
+    with pytest.raises(MetricsWriteError) as failed:
+        trainer.run()
+    run = tmp_path / "run"
+    assert str(failed.value) == (f"could not write {str(run / 'metrics.jsonl')!r}: no space left on device; the last "
+                                 f"good checkpoint is {run / 'checkpoints' / 'step_00000002.pt'}")
+    assert not (run / LOCK_NAME).exists() and not trainer._lock.held
+
+
 # -- lm train's own layer (lm/cli/train.py), in this process: what it hands the Trainer, and its exits --
 
 @pytest.fixture

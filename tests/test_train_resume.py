@@ -72,6 +72,26 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, monkeypatc
     assert trainer.step == 4 and trainer.run() == 0
 
 
+def test_a_checkpoint_from_before_its_bookkeeping_resumes_with_none_of_it(tmp_path):
+    """A checkpoint written before tokens_seen, best_val_loss and last_eval_step were kept resumes
+    (seed 14: best_val_loss read with no default, a TypeError on such a checkpoint, survived): no
+    tokens counted, no best loss known, so the first evaluation after it is the best so far and
+    writes best.pt, and no step evaluated."""
+    import math
+
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2}, eval={"interval": 2})
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    run = tmp_path / "run"
+    _rewrite(run / "checkpoints" / "step_00000002.pt", tokens_seen=None, best_val_loss=None, last_eval_step=None)
+    (run / "checkpoints" / "best.pt").unlink()
+    raw["train"]["max_steps"] = 4
+    trainer = Trainer(config_from_dict(raw), resume=True, print_fn=_quiet)
+    assert trainer.step == 2 and trainer.tokens_seen == 0 and trainer.best_val_loss == math.inf
+    assert trainer.run() == 0
+    val = [r["loss"] for r in read_metrics(run) if r["split"] == "val" and r["step"] == 4]
+    assert len(val) == 1 and read_checkpoint(run / "checkpoints" / "best.pt")["best_val_loss"] == val[0]
+
+
 def test_a_checkpoint_without_its_step_is_refused_as_no_training_checkpoint(tmp_path):
     """A checkpoint that records no ``iteration`` (written by write_checkpoint from a dict of one's own)
     had been a KeyError traceback when it was the run's latest, and, as an older one named by

@@ -708,7 +708,7 @@ class Trainer:
             # the earlier history's metrics, exported weights and best checkpoint: kept, out of this
             # history's way (`--checkpoint RUN` would serve the old weights, and the end of this run
             # replace them; this run's first evaluation would replace best.pt)
-            best_step = _saved_step(self.ckpts.best_path) if self.ckpts.best_path.is_file() else None
+            best_step = _saved_step(self.ckpts.best_path)  # None when there is none
             metrics, weights = set_aside(self.run_dir / "metrics.jsonl"), set_aside(self.run_dir / "model.safetensors")
             best = set_aside(self.ckpts.best_path)
             kept = [f"the earlier {what} are in {path.name}"
@@ -720,7 +720,7 @@ class Trainer:
             self._log(f"no checkpoint in {str(self.run_dir)!r}: starting again from step 0"
                       + (f" ({', '.join(kept)})" if kept else ""), always=True)
         if self._resumed_from is not None:
-            best_step = _saved_step(self.ckpts.best_path) if self.ckpts.best_path.is_file() else None
+            best_step = _saved_step(self.ckpts.best_path)  # None when there is none
             if best_step is not None and best_step > self.step:
                 # of the steps after this one that the run discards (it was killed after best.pt was
                 # written, or resumed from an older checkpoint): not this history's best
@@ -1345,7 +1345,7 @@ def _none_hint(key: str, path) -> str:
 
 def _saved_step(path: Path) -> int | None:
     """The step (``iteration``) a training checkpoint was written at, read without loading its
-    tensors; None for a file that cannot be read so or holds none."""
+    tensors; None for a file that is not there, cannot be read so, or holds none."""
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - truncated, another format, garbage: no step to tell
