@@ -1484,7 +1484,7 @@ def test_sigterm_waits_where_ctrl_c_waits_and_is_said_after(capsys):
         return 0
 
     before = signal.getsignal(signal.SIGTERM)
-    assert terminate_as_interrupt("tokenize", run, note=lambda: "kept x") == 143
+    assert terminate_as_interrupt("lm tokenize", run, note=lambda: "kept x") == 143
     assert done == ["renamed"]
     assert capsys.readouterr().err == "lm tokenize: terminated; kept x\n"
     assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone

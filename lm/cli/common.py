@@ -431,7 +431,7 @@ def interruptible_script(prog: str, run: Callable[[], int], kept: Callable[[], s
     from lm.cli.tokenizer import terminate_as_interrupt
 
     try:
-        return terminate_as_interrupt("", run, prog=prog, note=kept)
+        return terminate_as_interrupt(prog, run, note=kept)
     except KeyboardInterrupt as e:  # Ctrl-C, or a training run stopped by SIGINT or SIGTERM
         status = getattr(e, "status", 128 + signals.SIGINT)
         word = "terminated" if status == 128 + signals.SIGTERM else "interrupted"

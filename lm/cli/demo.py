@@ -76,4 +76,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
 
     # SIGTERM as Ctrl-C, while the tokenizer is trained and the corpus tokenized (the trainer handles it itself)
-    return terminate_as_interrupt("demo", run)
+    return terminate_as_interrupt("lm demo", run)

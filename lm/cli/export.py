@@ -80,7 +80,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     from lm.cli.tokenizer import terminate_as_interrupt
 
     # SIGTERM as Ctrl-C: the folder being built beside --out (.NAME.*.tmp) is removed, exit 143
-    return terminate_as_interrupt("export hf", lambda: _cmd_export_hf(args))
+    return terminate_as_interrupt("lm export hf", lambda: _cmd_export_hf(args))
 
 
 def _cmd_export_hf(args: argparse.Namespace) -> int:

@@ -100,12 +100,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=cmd_tokenize)
 
 
-def terminate_as_interrupt(command: str, run: Callable[[], int], prog: str | None = None,
-                           note: Callable[[], str] = lambda: "") -> int:
+def terminate_as_interrupt(prog: str, run: Callable[[], int], note: Callable[[], str] = lambda: "") -> int:
     """``run()`` with SIGTERM (``kill PID``, a job scheduler, a process manager) doing what Ctrl-C does:
     the worker processes killed, no temporary or partial output left. Then exit 143 (128 + SIGTERM)
-    with one line, ``lm COMMAND: terminated`` (``PROG: terminated`` for a script; then ``; NOTE``, what
-    ``note()`` says is kept, if anything), as Ctrl-C exits 130.
+    with one line, ``PROG: terminated`` (``lm tokenize: terminated``, or a script's name; then ``; NOTE``,
+    what ``note()`` says is kept, if anything), as Ctrl-C exits 130.
 
     The signal goes to whatever handles Ctrl-C at that moment, so where a Ctrl-C waits (the renames
     that make a token file and its sidecar complete, :class:`lm.io.InterruptGuard`), SIGTERM waits too.
@@ -129,7 +128,7 @@ def terminate_as_interrupt(command: str, run: Callable[[], int], prog: str | Non
         if not received:
             raise
         kept = note()
-        print(f"{prog or 'lm ' + command}: terminated{'; ' + kept if kept else ''}", file=sys.stderr)
+        print(f"{prog}: terminated{'; ' + kept if kept else ''}", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -140,7 +139,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:  # holds the decompressed copies of gzip inputs
             return _cmd_train(args, stack)
 
-    return terminate_as_interrupt("tokenizer train", run)
+    return terminate_as_interrupt("lm tokenizer train", run)
 
 
 def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
@@ -172,8 +171,8 @@ def _cmd_train(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
 
     stats = TrainStats()
     t0 = time.perf_counter()
-    # (--num-workers is checked above, by check_num_workers)
-    with as_flags(vocab_size="--vocab-size", special_tokens="--special-token", input="--input"):
+    # (--num-workers and --special-token are checked above, by check_num_workers and check_special_tokens_savable)
+    with as_flags(vocab_size="--vocab-size", input="--input"):
         vocab, merges = train_bpe(
             [p for p, _, _ in train_ranges], args.vocab_size, args.special_token,
             num_workers=args.num_workers, progress=not args.quiet, stats=stats, byte_ranges=train_ranges,
@@ -224,7 +223,7 @@ def check_num_workers(n: int | None) -> None:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    return terminate_as_interrupt("tokenize", lambda: _cmd_tokenize(args))
+    return terminate_as_interrupt("lm tokenize", lambda: _cmd_tokenize(args))
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
