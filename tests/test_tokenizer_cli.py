@@ -675,11 +675,15 @@ def test_a_pool_never_closed_does_not_keep_python_from_exiting():
     """The workers are daemon processes: a program that makes a pool and ends without closing it
     exits, its workers with it. (Mutation: non-daemon workers survived; Python then waited at exit
     for workers that waited for their next task: for ever.)"""
+    from lm.tokenizer.workers import WorkerPool
+
     code = ("from lm.tokenizer.workers import WorkerPool\n"
             "pool = WorkerPool(2, abs)\n"
             "print(list(pool.map([-1, 2])))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "[1, 2]\n", "")
+    with WorkerPool(2, abs) as pool:  # in this process too, where mutation testing sees it (seed 14)
+        assert [p.daemon for p, _ in pool._workers] == [True, True]
 
 
 _PARENT = os.getpid()
@@ -715,6 +719,13 @@ def test_a_worker_that_dies_is_one_line_saying_how(corpus, trained, tmp_path, ca
             with WorkerPool(2, _die_on_2) as pool, pytest.raises(
                     WorkerDied, match=rf"^a worker process \(pid \d+\) {how} before it finished its work$"):
                 list(pool.map(tasks))
+    # a worker dead before its first task: the send fails, and says how it ended (seed 14: that error
+    # looked up the worker of no pipe, a RuntimeError, and survived; the deaths above land in either)
+    with WorkerPool(1, abs) as pool, pytest.raises(WorkerDied, match=r"^a worker process \(pid \d+\) killed by "
+                                                                      r"SIGKILL \(the kernel's"):
+        pool._workers[0][0].kill()
+        pool._workers[0][0].join()
+        list(pool.map([-1, 2]))
     import lm.data.tokenize as tokenize_module
 
     encode = tokenize_module._encode_chunk
