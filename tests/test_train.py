@@ -2161,6 +2161,32 @@ def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_a_resumed_run_copies_its_tokenizer_again_and_never_onto_itself(tmp_path):
+    """The tokenizer is copied into the run at every start; resumed, the run's copy is there already:
+    written again from data.tokenizer, and left alone when data.tokenizer is that copy itself (the
+    run folder's own tokenizer/, as a config written by the run names it). (Seed 14: the check that
+    the two are one file, given no second file, survived: no test resumed a run with a tokenizer.)"""
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    ids = np.arange(2000) % VOCAB
+    for name in ("train.bin", "val.bin"):
+        write_token_file(tmp_path / name, ids, vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
+    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2})
+    raw["data"]["tokenizer"] = str(save_tokenizer_dir(tok, tmp_path / "tok"))
+    raw["model"]["vocab_size"] = tok.vocab_size
+    assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
+    copy = tmp_path / "run" / "tokenizer"
+    source = {p.name: p.read_bytes() for p in (tmp_path / "tok").iterdir() if p.name in ("vocab.json", "merges.txt")}
+    assert {name: (copy / name).read_bytes() for name in source} == source
+    raw["train"]["max_steps"] = 4
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
+    assert {name: (copy / name).read_bytes() for name in source} == source
+    raw["data"]["tokenizer"], raw["train"]["max_steps"] = str(copy), 6  # the run's own copy
+    before = {name: (copy / name).stat().st_mtime_ns for name in source}
+    assert Trainer(config_from_dict(raw), resume=True, print_fn=_quiet).run() == 0
+    assert {name: (copy / name).stat().st_mtime_ns for name in source} == before  # not written onto itself
+    assert {name: (copy / name).read_bytes() for name in source} == source
+
+
 def test_a_config_changed_in_python_is_checked_and_its_numpy_numbers_made_pythons(tmp_path):
     """train20: a sweep's `cfg.optim.max_lr = lr` over np.logspace put a numpy scalar in every
     checkpoint, which --resume, lm sample and lm eval then all refused; a Config built in Python
