@@ -2136,6 +2136,19 @@ def test_an_out_dir_that_cannot_be_made_or_written_names_train_out_dir(tmp_path,
     assert rc == 2 and err == f"lm train: error: train.out_dir: cannot read {str(tmp_path)!r}: permission denied\n"
 
 
+def _raw_config_with_tokenizer(folder: Path, **sections) -> dict:
+    """:func:`_raw_config` with a byte-level tokenizer in ``folder/tok`` (``data.tokenizer``) that
+    wrote its token files, and the model's vocabulary that tokenizer's."""
+    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
+    ids = np.arange(2000) % VOCAB
+    for name in ("train.bin", "val.bin"):
+        write_token_file(folder / name, ids, vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
+    raw = _raw_config(folder, **sections)
+    raw["data"]["tokenizer"] = str(save_tokenizer_dir(tok, folder / "tok"))
+    raw["model"]["vocab_size"] = tok.vocab_size
+    return raw
+
+
 @pytest.mark.parametrize("file", ["config.toml", "vocab.json"])
 def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_path, capsys, monkeypatch, file):
     """faults20: a full disk at config.toml (or the tokenizer's copy) had been a bare "[Errno 28] No
@@ -2143,13 +2156,7 @@ def test_a_full_disk_while_the_run_folder_is_prepared_names_train_out_dir(tmp_pa
 
     import lm.io
 
-    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
-    ids = np.arange(2000) % VOCAB
-    for name in ("train.bin", "val.bin"):
-        write_token_file(tmp_path / name, ids, vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
-    raw = _raw_config(tmp_path, train={"max_steps": 2})
-    raw["data"]["tokenizer"] = str(save_tokenizer_dir(tok, tmp_path / "tok"))
-    raw["model"]["vocab_size"] = tok.vocab_size
+    raw = _raw_config_with_tokenizer(tmp_path, train={"max_steps": 2})
     good = _write_toml(tmp_path / "good.toml", raw)
     failing = tmp_path / "run" / ("config.toml" if file == "config.toml" else f"tokenizer/{file}")
     staged = str(failing.parent / f".{failing.name}.")  # its temporary file's name starts so
@@ -2166,13 +2173,7 @@ def test_a_resumed_run_copies_its_tokenizer_again_and_never_onto_itself(tmp_path
     written again from data.tokenizer, and left alone when data.tokenizer is that copy itself (the
     run folder's own tokenizer/, as a config written by the run names it). (Seed 14: the check that
     the two are one file, given no second file, survived: no test resumed a run with a tokenizer.)"""
-    tok = Tokenizer({i: bytes([i]) for i in range(256)}, [], ["<|endoftext|>"])
-    ids = np.arange(2000) % VOCAB
-    for name in ("train.bin", "val.bin"):
-        write_token_file(tmp_path / name, ids, vocab_size=tok.vocab_size, tokenizer_sha256=tok.checksum())
-    raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2})
-    raw["data"]["tokenizer"] = str(save_tokenizer_dir(tok, tmp_path / "tok"))
-    raw["model"]["vocab_size"] = tok.vocab_size
+    raw = _raw_config_with_tokenizer(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2})
     assert Trainer(config_from_dict(raw), print_fn=_quiet).run() == 0
     copy = tmp_path / "run" / "tokenizer"
     source = {p.name: p.read_bytes() for p in (tmp_path / "tok").iterdir() if p.name in ("vocab.json", "merges.txt")}
