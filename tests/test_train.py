@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.faults import full_disk_fdopen, raising
+from helpers.faults import FullAtClose, full_disk_fdopen, raising
 
 from lm.checkpoint import load_model, read_checkpoint
 from lm.data import write_token_file
@@ -2428,7 +2428,6 @@ def test_a_metrics_log_closes_its_file_when_dropped_and_names_it_when_closing_fa
     """A log dropped unclosed (a Trainer made and never run) closes its file with it; a close that
     fails (the last line's write, on a full disk) names the file and the reason, and the file is
     closed all the same."""
-    import errno
     import gc
 
     from lm.train.metrics import MetricsLog, MetricsWriteError
@@ -2440,16 +2439,8 @@ def test_a_metrics_log_closes_its_file_when_dropped_and_names_it_when_closing_fa
     gc.collect()
     assert file.closed and read_metrics(tmp_path) == [{"step": 1, "split": "train", "loss": 2.0}]
 
-    class FullDisk:
-        closed = False
-
-        def close(self):
-            self.closed = True
-            raise OSError(errno.ENOSPC, "No space left on device")
-
     log = MetricsLog(tmp_path)
-    log._file.close()
-    log._file = FullDisk()
+    log._file = FullAtClose(log._file)
     with pytest.raises(MetricsWriteError) as failed:
         log.close()
     assert str(failed.value) == f"could not write {str(tmp_path / 'metrics.jsonl')!r}: no space left on device"
@@ -2461,24 +2452,12 @@ def test_a_run_whose_metrics_log_fails_to_close_says_so_and_names_its_checkpoint
     with its last good checkpoint, and the run folder's lock is released (seed 14: the close at the
     run's end skipped survived, as the close on the way out suppresses its error: the run ended 0
     with its last records lost)."""
-    import errno
 
     from lm.train.metrics import MetricsWriteError
     from lm.train.run_dir import LOCK_NAME
 
     raw = _raw_config(tmp_path, train={"max_steps": 2}, checkpoint={"interval": 2}, eval={"interval": 0})
     trainer = Trainer(config_from_dict(raw), print_fn=_quiet)
-
-    class FullAtClose:
-        def __init__(self, f):
-            self.f = f
-
-        def write(self, text):
-            return self.f.write(text)
-
-        def close(self):
-            self.f.close()
-            raise OSError(errno.ENOSPC, "No space left on device")
 
     trainer.metrics._file = FullAtClose(trainer.metrics._file)
     with pytest.raises(MetricsWriteError) as failed:

@@ -20,6 +20,21 @@ class FullDisk:
         return getattr(self.file, name)
 
 
+class FullAtClose:
+    """``file``, whose close (the flush of its last buffered writes) fails with ENOSPC after closing
+    it, as a full disk's does; its writes and the rest are the file's."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def close(self):
+        self.file.close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
 def full_disk_fdopen(fails=lambda fd, opened: True):
     """An ``os.fdopen`` (for ``monkeypatch.setattr(lm.io.os, "fdopen", ...)``) whose file is a
     :class:`FullDisk` where ``fails(fd, opened)`` (``opened``: the files opened so far, this one
