@@ -707,3 +707,19 @@ def test_one_misfit_is_named_alone_and_an_optimizers_groups_against_the_default_
     (tmp_path / "text.txt").write_text("not a checkpoint")
     assert (sniff_format(tmp_path / "c.pt"), sniff_format(tmp_path / "text.txt"),
             sniff_format(tmp_path / "missing")) == ("pt", None, None)
+
+
+def test_an_empty_zip_archive_is_neither_format_and_not_a_checkpoint(tmp_path):
+    """An empty zip archive starts "PK" but with its end record (PK\\x05\\x06), not a file header
+    (PK\\x03\\x04) as every torch.save file does: sniff_format and read_checkpoint agree it is not one."""
+    import zipfile
+
+    from lm.checkpoint.io import sniff_format
+
+    path = tmp_path / "empty.pt"
+    zipfile.ZipFile(path, "w").close()
+    assert path.read_bytes()[:4] == b"PK\x05\x06"
+    assert sniff_format(path) is None
+    with pytest.raises(ValueError) as e:
+        read_checkpoint(path)
+    assert str(e.value) == f"{str(path)!r} is not an lm checkpoint: not a file torch.save writes (a zip archive)"

@@ -131,6 +131,9 @@ def _named(src: PathOrFile) -> str:
     return repr(str(path)) if isinstance(path, str | os.PathLike) else "checkpoint"
 
 
+_ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first local file header: how every torch.save file starts
+
+
 def _torch_load(f) -> Any:
     """``torch.load`` of an open binary file, on the CPU, tensors and plain data only. torch.save writes
     a zip archive: a file that starts otherwise (random bytes, a text file) raises _NotTorchSave, where
@@ -138,7 +141,7 @@ def _torch_load(f) -> Any:
     if f.seekable():
         start = f.tell()
         head = f.read(4)
-        if len(head) == 4 and head != b"PK\x03\x04":
+        if len(head) == 4 and head != _ZIP_MAGIC:
             raise _NotTorchSave
         f.seek(start)
     return torch.load(f, map_location="cpu", weights_only=True)
@@ -367,7 +370,7 @@ def sniff_format(path: str | os.PathLike) -> str | None:
             head = f.read(9)
     except OSError:
         return None
-    if head[:2] == b"PK":
+    if head[:4] == _ZIP_MAGIC:
         return "pt"
     if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 0:
         return "safetensors"
