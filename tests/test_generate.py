@@ -502,6 +502,26 @@ def test_the_static_step_gives_every_row_the_logits_of_a_plain_forward(rows):
             DecodeStep(other, 4, share=compiled, **kw)
 
 
+def test_an_eager_step_on_two_threads_gives_one_sequence_the_same_bits_in_every_slot():
+    """On a CPU the step runs within batch_invariant: torch's fused attention kernel, which it
+    would take otherwise, gives the rows its second thread computes other last bits (measured: 8
+    of 16 rows, 1 of 2). conftest restores the thread count."""
+    from lm.generate import DecodeStep
+
+    torch.set_num_threads(2)
+    model = TransformerLM(**{**SMALL, "d_model": 64, "d_ff": 128}).eval()
+    one = KVCache.for_model(model, 1, max_len=9)
+    with torch.inference_mode():
+        model(torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5]]), kv_cache=one)
+    for rows in (2, 16):
+        step = DecodeStep(model, rows)
+        assert step.batch_invariant
+        for b in range(rows):
+            step.cache.fill_from(b, one)
+        out = step([7] * rows, [9] * rows)
+        assert all(torch.equal(row, out[0]) for row in out), rows
+
+
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_the_compiled_step_attends_over_the_span_in_use_with_the_bits_of_the_whole_cache(compile):
     """Compiled, a step over rows of at most n positions reads the power-of-two span that holds

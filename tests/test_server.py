@@ -251,6 +251,8 @@ def test_vllms_tokenizer_endpoints_speak_the_models_tokens(served):
     ({"prompt": "a", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"prompt": "a", "n": 9}, 400, "n"),
     ({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"prompt": "a", "stop": ""}, 400, "stop"),  # would stop before every token
+    ({"prompt": "a", "stop": ["x", ""]}, 400, "stop"),
     ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": "a", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "a", "echo": "yes"}, 400, "echo"),
