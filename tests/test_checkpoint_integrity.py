@@ -252,6 +252,21 @@ def test_load_model_tells_the_same_things_of_a_checkpoint_and_of_an_export(tmp_p
         load_model(tmp_path / "no_cfg.pt")
     assert str(e.value) == (f"{str(tmp_path / 'no_cfg.pt')!r} records no model config; load it with load_checkpoint "
                             "into a model")
+    write_checkpoint({"iteration": 7, "model": model.state_dict(), "config": {"model": ["d_model", 8]}},
+                     tmp_path / "list_cfg.pt")
+    with pytest.raises(ValueError) as e:
+        load_model(tmp_path / "list_cfg.pt")
+    assert str(e.value) == f"{str(tmp_path / 'list_cfg.pt')!r}: its model config is not a dict"
+    two_bad = {k: v.clone() for k, v in model.state_dict().items()}
+    first, second = list(two_bad)[:2]
+    two_bad[first][0] = float("nan")
+    two_bad[second].view(-1)[0] = float("inf")
+    write_checkpoint({"iteration": 7, "model": two_bad, "config": {"model": json.loads(model.config.to_json())}},
+                     tmp_path / "nan.pt")
+    with pytest.raises(ValueError) as e:
+        load_model(tmp_path / "nan.pt")
+    assert str(e.value) == (f"{str(tmp_path / 'nan.pt')!r}: its weight {first!r} (and 1 more) holds NaN or infinity; "
+                            "the run diverged before it was saved: use an earlier checkpoint")
 
 
 @pytest.mark.parametrize("field, value, why", [("d_ff", -1, "d_ff must be"), ("num_layers", "2", "num_layers must be"),

@@ -385,6 +385,10 @@ def test_a_seed_is_folded_into_the_32_bits_torchs_generator_keeps():
     high = [5, 2**32 + 5, 2**33 + 5, 2**62 + 5, 2**63 + 5, 2**64 - 1, 2**32, 2**32 + 1]
     folded = [generator_seed(s) for s in high]
     assert all(0 <= f < 2**32 for f in folded) and generator_seed(2**40 + 7) == generator_seed(2**40 + 7)
+    # pinned, so that a seed keeps its stream from one release to the next: the low 4 bytes of
+    # blake2b(the seed as 8 little-endian bytes, person "lm-seed"), read little-endian
+    assert (generator_seed(2**32), generator_seed(2**40 + 7), generator_seed(2**64 - 1)) == (
+        719957679, 518184794, 2128872632)
     assert len({tuple(draws(f)) for f in folded}) == len(high)
     for bad in (-1, 2**64, True, 1.0, "5", None):
         with pytest.raises(ValueError, match=r"seed must be a whole number in \[0, 2\*\*64-1\]"):
@@ -871,6 +875,12 @@ def test_filters_and_greedy_work_on_the_last_dimension_of_3d_logits():
     for b in range(3):
         for r in range(4):
             torch.testing.assert_close(filtered[b, r], top_p_filter(probs[b, r], 0.6))
+    per_row = torch.rand(3, 4, generator=torch.Generator().manual_seed(1)) * 0.9 + 0.1  # one per (b, r) row
+    for top_p in (per_row, per_row[..., None]):  # (3, 4): the rows are probs' shape without the vocabulary
+        filtered = top_p_filter(probs, top_p)
+        for b in range(3):
+            for r in range(4):
+                torch.testing.assert_close(filtered[b, r], top_p_filter(probs[b, r], per_row[b, r].item()))
     draws = sample_next_token(logits, top_k=2, generator=torch.Generator().manual_seed(0))
     assert draws.shape == (3, 4) and torch.isin(draws[..., None], logits.topk(2, dim=-1).indices).all()
 
