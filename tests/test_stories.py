@@ -60,7 +60,8 @@ def test_dialogue_punctuation():
 
 def test_write_corpus(corpus):
     path, stats, text = corpus
-    assert stats["synthetic"] is True
+    assert set(stats) == {"synthetic", "generator", "seed", "stories", "bytes", "distinct_words"}
+    assert (stats["synthetic"], stats["generator"], stats["seed"]) == (True, "lm.demo.stories", 3)
     assert stats["bytes"] == path.stat().st_size >= 1_000_000
     assert text.endswith(SEPARATOR) and not text.startswith(SEPARATOR.strip())
     assert text.count("<|endoftext|>") == stats["stories"] > 500
@@ -84,13 +85,21 @@ def test_vocabulary_is_neither_trivial_nor_unlearnable(corpus):
     assert 400 <= len(words) <= 5000
 
 
-def test_command_line(tmp_path, capsys):
+def test_command_line(tmp_path, capsys, monkeypatch):
     out = tmp_path / "s.txt"
     assert main(["--bytes", "5000", "--out", str(out), "--seed", "7"]) == 0
     assert out.stat().st_size >= 5000
     assert "synthetic" in capsys.readouterr().out
     write_corpus(tmp_path / "t.txt", 5000, seed=7)
     assert out.read_text() == (tmp_path / "t.txt").read_text()
+    monkeypatch.setenv("COLUMNS", "100")  # the help is wrapped to the terminal's width
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: python -m lm.demo.stories [-h] [--bytes N] --out FILE [--overwrite] "
+                            "[--seed SEED]\n")
+    assert "\n  --bytes N    write at least this many bytes, a whole number (default 2000000)\n" in shown
 
 
 def test_command_line_says_one_story_in_the_singular(tmp_path, capsys):

@@ -1489,10 +1489,12 @@ def test_resuming_from_a_best_older_than_the_latest_checkpoint_is_refused(tmp_pa
     ckpts = tmp_path / "run" / "checkpoints"
     (ckpts / "best.pt").write_bytes((ckpts / "step_00000010.pt").read_bytes())  # the best was at step 10
     before = _snapshot(tmp_path / "run")
-    with pytest.raises(ValueError, match=r"best.pt' \(step 10\) is older than the run's latest checkpoint "
-                                         r"'step_00000020.pt'"):
+    with pytest.raises(ValueError) as e:
         Trainer(config_from_dict(_raw_config(tmp_path, train={"max_steps": 30})), resume=ckpts / "best.pt",
                 print_fn=_quiet)
+    assert str(e.value) == (f"--resume: {str(ckpts / 'best.pt')!r} (step 10) is older than the run's latest checkpoint "
+                            "'step_00000020.pt'; continuing from it would mix two histories in one folder: set "
+                            "train.out_dir to a new folder")
     assert _snapshot(tmp_path / "run") == before
     # a best.pt of the latest step continues the run; in a new folder any checkpoint can
     (ckpts / "best.pt").write_bytes((ckpts / "step_00000020.pt").read_bytes())

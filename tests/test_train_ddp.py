@@ -390,6 +390,19 @@ def test_each_rank_draws_its_own_dropout_masks_and_rank_0_draws_as_one_process(t
     assert 0.4 < first[2].float().mean() < 0.6
 
 
+def test_a_rank_s_seed_follows_train_seed_and_wraps_within_the_generator_s_32_bits():
+    """Rank r seeds its generator with train.seed's 32-bit seed plus r: rank 0 keeps the stream of
+    train.seed, every seed gives rank 1 a stream of its own, and the sum wraps within 32 bits."""
+    from lm.generate.sampling import generator_seed
+    from lm.train.trainer import rank_seed
+
+    assert [rank_seed(s, 0) for s in (0, 7, 2**32 - 1)] == [0, 7, 2**32 - 1]
+    assert [rank_seed(s, 1) for s in range(8)] == list(range(1, 9))
+    assert rank_seed(2**32 - 1, 1) == 0 and rank_seed(2**32 - 2, 3) == 1
+    high = 2**40 + 7  # folded first, as the model's own seed is
+    assert rank_seed(high, 2) == generator_seed(high) + 2 and generator_seed(high) + 2 < 2**32
+
+
 def test_a_ddp_checkpoint_holds_every_rank_s_rng_state_and_each_rank_resumes_its_own(tmp_path, monkeypatch,
                                                                                          as_rank):
     """With the ranks' streams apart, rank 0's RNG state alone cannot resume the others: the
