@@ -25,9 +25,9 @@ from lm.model import Seq2SeqConfig, build_model
 
 REPO = Path(__file__).resolve().parents[1]
 
-def _model(vocab=40, seed=0, sharpen=6.0, **kw):
+def _model(vocab=40, seed=0, sharpen=6.0, context_length=32, **kw):
     torch.manual_seed(seed)
-    cfg = Seq2SeqConfig(vocab_size=vocab, context_length=32, d_model=32, encoder_layers=2, decoder_layers=2,
+    cfg = Seq2SeqConfig(vocab_size=vocab, context_length=context_length, d_model=32, encoder_layers=2, decoder_layers=2,
                         num_heads=4, d_ff=64, dropout=0.0, **kw)
     model = build_model(cfg).eval()
     with torch.no_grad():  # sharper distributions than the init's, so decoding paths differ
@@ -308,6 +308,20 @@ def test_a_target_is_at_most_its_sources_length_plus_50_within_the_context():
     assert max_target_length(wide, 7, extra=0) == 7
     model = _model()
     assert max_target_length(model, 3) == model.config.context_length - 1 < 53
+
+
+def test_every_decoder_stops_at_its_sources_length_plus_50_by_default():
+    """The same default bound for greedy decoding, beam search, its n-best lists and translate (lm
+    translate with and without --nbest), on a model that never ends a target by itself, in a context
+    wide enough that the bound is the default's."""
+    model = _model(context_length=64)
+    sources = [[5, 9], [30, 4, 8]]
+    want = [52, 53]
+    assert [len(t) for t in greedy_decode(model, sources)] == want
+    assert [len(t) for t in beam_search(model, sources)] == want
+    nbest = beam_search_nbest(model, sources, nbest=2)
+    assert [[len(h.tokens) for h in hyps] for hyps in nbest] == [[52, 52], [53, 53]]
+    assert [len(t) for t in translate(model, sources, beam_size=3)] == want
 
 
 def test_translate_and_the_decoders_check_beam_size_max_extra_and_an_empty_batch():
