@@ -244,10 +244,14 @@ def test_atomic_files_renames_nothing_until_every_file_is_written(tmp_path):
         open_file(tmp_path / "sub" / "a.bin", "wb").write(b"new ids")
         open_file(tmp_path / "sub" / "a.bin.json").write("{}")
     assert {p.name: p.read_bytes() for p in (tmp_path / "sub").iterdir()} == {"a.bin": b"new ids", "a.bin.json": b"{}"}
+    opened = []
     with pytest.raises(RuntimeError), atomic_files() as open_file:
-        open_file(tmp_path / "made" / "deeper" / "a.bin", "wb").write(b"x")
+        for name in ("a.bin", "a.bin.json"):
+            opened.append(open_file(tmp_path / "made" / "deeper" / name, "wb"))
+            opened[-1].write(b"x")
         raise RuntimeError("stopped")
     assert not (tmp_path / "made").exists()  # the folders it made, removed again
+    assert all(f._file.closed for f in opened)  # each closed, not left to the collector (a ResourceWarning)
 
 
 FILES = ("run", "report.json")
@@ -382,7 +386,7 @@ def test_a_set_aside_folder_that_is_not_the_commands_is_never_touched(tmp_path):
     out = tmp_path / "out"
     old = _killed_overwrite(tmp_path)
     others = {name: tmp_path / name for name in (".out.aaaaaaaa.old", ".out.bbbbbbbb.old", ".out.cccccccc.old",
-                                                  ".out.b.dddddddd.old", ".out.eeeeeeee.old")}
+                                                  ".out.b.dddddddd.old", ".out.eeeeeeee.old", ".out.ffffffff.old")}
     others[".out.aaaaaaaa.old"].mkdir()  # empty, no marker
     for name, command in ((".out.bbbbbbbb.old", "lm export hf"), (".out.cccccccc.old", "lm test"),
                           (".out.b.dddddddd.old", "lm test")):
@@ -390,6 +394,10 @@ def test_a_set_aside_folder_that_is_not_the_commands_is_never_touched(tmp_path):
         (others[name] / "report.json").write_text("{}")
         write_marker(others[name], command)
     (others[".out.cccccccc.old"] / "notes.txt").write_text("mine")  # added by the user after the marker
+    (others[".out.ffffffff.old"] / "run").mkdir(parents=True)  # complete, then a note added below its top
+    (others[".out.ffffffff.old"] / "run" / "log.txt").write_text("the command's")
+    write_marker(others[".out.ffffffff.old"], "lm test")
+    (others[".out.ffffffff.old"] / "run" / "notes.txt").write_text("mine")
     others[".out.eeeeeeee.old"].mkdir()
     (others[".out.eeeeeeee.old"] / "report.json").write_text("mine")  # no marker
     with pytest.raises(ValueError, match=re.escape(f"set aside in {str(old)!r};")):  # only ours is named
@@ -400,6 +408,7 @@ def test_a_set_aside_folder_that_is_not_the_commands_is_never_touched(tmp_path):
     assert not old.exists() and not empty.exists() and all(p.is_dir() for p in others.values())
     assert sorted(os.listdir(tmp_path)) == sorted(["out", *others])
     assert (others[".out.cccccccc.old"] / "notes.txt").read_text() == "mine"
+    assert (others[".out.ffffffff.old"] / "run" / "notes.txt").read_text() == "mine"
     # none of them is reported either
     shutil.rmtree(out)
     assert check_output_dir(out, command="lm test", files=FILES) is False
@@ -511,13 +520,16 @@ def test_a_name_within_14_bytes_of_the_longest_is_written_and_its_leftovers_foun
         assert sorted(os.listdir(tmp_path)) == [made.name]
         shutil.rmtree(made)
     long, other = "a" * 250, "a" * 249 + "b"
-    assert temp_prefix(long) != temp_prefix(other) and len(temp_prefix(long).encode()) + 12 <= 255
+    # the cut uses the room to the byte: the temporary's name (+ 8 random characters and ".tmp") is 255 bytes
+    assert temp_prefix(long) != temp_prefix(other) and len(temp_prefix(long).encode()) + 12 == 255
     assert temp_prefix("short.bin") == ".short.bin."
     left = tmp_path / (temp_prefix(long) + "abcd1234.tmp")  # what a killed writer of `long` leaves
     left.write_text("partial")
     assert _leftover_temps(tmp_path / long) == [left] and _leftover_temps(tmp_path / other) == []
-    with pytest.warns(UserWarning, match="is the temporary copy of a run killed while writing it"):
-        check_output_dir(tmp_path / long, command="lm test", files=FILES)
+    for argument in ("--out", "--out-dir"):  # named by the argument the folder was given as
+        with pytest.warns(UserWarning, match=rf"^{argument}: '.*' \(7 bytes\), beside '.*', is the temporary copy of "
+                                             "a run killed while writing it"):
+            check_output_dir(tmp_path / long, command="lm test", argument=argument, files=FILES)
 
 
 # I1 / I2: atomic_files fsyncs every file before any rename, and renames the last opened first
@@ -922,3 +934,49 @@ def test_a_run_lock_whose_file_is_gone_is_released_without_a_warning(tmp_path):
     again = RunLock(tmp_path)
     again.acquire(say=pytest.fail)
     again.release()
+
+
+def test_an_output_that_is_an_input_and_a_path_that_is_no_file_are_named_in_full(tmp_path):
+    """check_not_input names an input reached by another spelling or a hard link as "the same file",
+    the input itself as "itself"; check_readable_file names a folder given for a file."""
+    from lm.io import check_not_input, check_readable_file
+
+    src = tmp_path / "in.txt"
+    src.write_text("text")
+    os.link(src, tmp_path / "hard.txt")
+    (tmp_path / "sub").mkdir()
+    for out, which in ((src, " itself"), (tmp_path / "hard.txt", f" {str(src)!r} (the same file)"),
+                       (tmp_path / "sub" / ".." / "in.txt", f" {str(src)!r} (the same file)")):
+        with pytest.raises(ValueError) as e:
+            check_not_input(out, [("--input", src)])
+        assert str(e.value) == f"--out: {str(out)!r} is the input --input{which}; choose another output"
+    with pytest.raises(ValueError) as e:
+        check_readable_file(tmp_path, "--data")
+    assert str(e.value) == f"--data: not a regular file: {str(tmp_path)!r}"
+
+
+@pytest.mark.parametrize("builder", ["claim_dir", "replace_dir"])
+def test_an_old_output_that_cannot_be_removed_does_not_fail_the_new_one(tmp_path, monkeypatch, builder):
+    """--overwrite sets the old output aside, writes the new one, then removes the old copy. A copy
+    that cannot be removed (a busy file on NFS, say) leaves the new output in place and the command
+    succeeding: the copy stays set aside, where the next run names it."""
+    from lm.io import replace_dir
+
+    build = {"claim_dir": claim_dir, "replace_dir": replace_dir}[builder]
+    out = tmp_path / "out"
+    with build(out, command="lm test", files=FILES) as d:
+        _write_partial(d)
+    real_rmdir = os.rmdir
+
+    def busy(path, *args, **kwargs):
+        if os.fsdecode(path).endswith(".old"):  # the set-aside folder itself: its contents go
+            raise OSError(16, "Device or resource busy", str(path))
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", busy)
+    with build(out, command="lm test", overwrite=True, files=FILES) as d:
+        _write_partial(d)
+        (d / "report.json").write_text('{"new": 1}')
+    monkeypatch.setattr(os, "rmdir", real_rmdir)
+    assert (out / "report.json").read_text() == '{"new": 1}' and read_marker(out)["complete"] is True
+    assert len(list(tmp_path.glob(".out.*.old"))) == 1
