@@ -1160,6 +1160,27 @@ def test_second_derivatives_through_the_losses_and_the_embedding_are_torchs():
     torch.testing.assert_close(penalty_grad(model(batch=LMBatch(inputs, targets))), want, rtol=1e-10, atol=1e-12)
 
 
+def test_a_scaled_loss_backward_with_create_graph_gives_torchs_scaled_gradients():
+    """With create_graph=True the backward passes of cross_entropy and linear_cross_entropy recompute
+    the gradient with differentiable operations; the incoming gradient (3 for 3 * loss, or the weight
+    of a sum of losses) must scale it there too. gradgradcheck does not see it: it checks the second
+    derivatives of whatever the first-order pass computes."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([1, 2, 6, 0, 4])
+    for smoothing in (0.0, 0.2):
+        want = torch.autograd.grad(3 * F.cross_entropy(x @ w.T, t, label_smoothing=smoothing), (x, w))
+        got = torch.autograd.grad(3 * linear_cross_entropy(x, w, t, label_smoothing=smoothing, chunk_size=2), (x, w),
+                                  create_graph=True)
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+        logits = (x @ w.T).detach().requires_grad_()
+        (want,) = torch.autograd.grad(3 * F.cross_entropy(logits, t, label_smoothing=smoothing), logits)
+        (got,) = torch.autograd.grad(3 * cross_entropy(logits, t, label_smoothing=smoothing), logits, create_graph=True)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_attention_with_rope_on_more_positions_than_its_tables_names_them():
     """api22: MultiHeadSelfAttention with a RoPE of max_seq_len 4 on 6 tokens (default positions) had
     raised a bare 'IndexError: index out of range in self'; the length is a shape, checked for free."""
