@@ -139,6 +139,18 @@ def test_a_stretch_inside_a_special_token_joins_the_stretch_before_it():
         (True, 0, 4), (True, 4, 8), (False, 8, 20)]
 
 
+def test_a_cut_inside_a_special_token_that_overlaps_an_earlier_one_moves_to_its_start():
+    """Special tokens "ab" and "bcdef" in "xxabcdefzz", a cut at 6: "ab" (2..4) is found first, and a
+    search that resumed after it would miss "bcdef" (3..8), which holds the cut. The cut moves to 3,
+    then, inside "ab", to 2."""
+    from lm.tokenizer.pretokenize import special_tokens_regex
+    from lm.tokenizer.tokenizer import _keep_specials_whole
+
+    text = "xxabcdefzz"
+    assert _keep_specials_whole([(True, 0, 6), (False, 6, 10)], text, special_tokens_regex(["ab", "bcdef"]), 5) == [
+        (True, 0, 2), (False, 2, 10)]
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.lists(PLAIN, min_size=1, max_size=5),
        st.lists(st.sampled_from(["<s>", "<|x|>", "l", *SPACE_ENDED, "'"]), min_size=5, max_size=5))
@@ -296,6 +308,11 @@ def test_table_grows_and_starts_again_at_its_limit(tok):
     assert fast(encoder, mixed) == regex_path(tok, mixed)
     assert encoder.entries == len(set(GPT2_REGEX.findall(mixed))) == 110
     assert fast(table(10**6), words) == regex_path(tok, words)
+    # past half of the table's first 2**16 slots: rebuilt twice as large, the load kept under 1/2
+    many = " ".join(letters(i) for i in range(40_000))
+    encoder = table(10**6)
+    assert fast(encoder, many) == regex_path(tok, many) and encoder.entries == 40_000
+    assert len(encoder.table.keys) == 2**17 and fast(encoder, many) == regex_path(tok, many)
 
 
 def test_mixed_text_splits_into_plain_and_other_stretches(tok):
