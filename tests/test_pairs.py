@@ -289,6 +289,8 @@ def test_read_pair_file_checks_the_files_against_the_sidecar(tmp_path):
     fails(f"{i} has 320 bytes but the sidecar's 20 pairs need 328: {damaged}")
     index_path(path).unlink()
     fails(f"{p} has no offsets file 'p.bin.idx'; write pair files with `lm tokenize --target`")
+    sidecar_path(path).unlink()  # (fails puts every file back)
+    fails(f"{p} has no sidecar 'p.bin.json'; write pair files with `lm tokenize --target`")
     sidecar_path(path).write_text(side.replace('"uint16"', '"uint32"'))
     fails(f"sidecar {j}: dtype 'uint32' does not match vocab_size 100 (expected 'uint16')")
     sidecar_path(path).write_text("{")
