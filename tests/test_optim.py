@@ -7,7 +7,7 @@ from helpers.aten_ops import AtenOps
 from torch import nn
 
 from lm.model import TransformerLM
-from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, param_groups, wsd_lr_schedule
+from lm.optim import AdamW, clip_grad_norm_, cosine_lr_schedule, inverse_sqrt_lr_schedule, param_groups, wsd_lr_schedule
 
 
 class _Tiny(nn.Module):
@@ -285,6 +285,9 @@ def test_schedule_edges():
     (lambda: wsd_lr_schedule(-1, 1.0, 0.1, 10, 100), "wsd_lr_schedule: it must be a finite number >= 0, got -1"),
     (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, 100, 0.0), "wsd_lr_schedule: decay_fraction must be in (0, 1], got 0.0"),
     (lambda: wsd_lr_schedule(5, 1.0, 0.1, 10, 100, 1.5), "wsd_lr_schedule: decay_fraction must be in (0, 1], got 1.5"),
+    # an infinite warm-up passes "> 0" and gives a rate of 0 for ever
+    (lambda: inverse_sqrt_lr_schedule(10, 512, float("inf")),
+     "inverse_sqrt_lr_schedule: warmup_iters must be a finite number >= 0, got inf"),
 ])
 def test_schedules_refuse_arguments_that_give_no_rate(call, message):
     """Before, a negative iteration with no warm-up was a ZeroDivisionError, a NaN rate or an inverted
@@ -626,3 +629,51 @@ def test_one_element_tensors_are_numbers_to_the_checks():
     assert p.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
     with pytest.raises(ValueError, match=r"^lr must be a finite number >= 0, got lr=tensor\(-1\.\)$"):
         AdamW([p], lr=torch.tensor(-1.0))
+
+
+def test_the_unfused_step_reads_its_count_from_the_device_only_after_a_load():
+    """The step count is kept in the state's tensor and mirrored on the host: a new state's count is
+    never read back (on a GPU, a sync a step), a loaded one once for each parameter, at its first step."""
+    from helpers.host_reads import HostReads
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = AdamW(model.parameters(), lr=1e-2, fused=False)
+
+    def step():
+        opt.zero_grad()
+        model(torch.randn(2, 4)).square().sum().backward()
+        opt.step()
+
+    with HostReads() as reads:
+        for _ in range(3):
+            step()
+    assert reads.reads == []
+    loaded = AdamW(model.parameters(), lr=1e-2, fused=False)
+    loaded.load_state_dict(opt.state_dict())
+    opt = loaded
+    with HostReads() as reads:
+        step()
+    assert reads.reads == ["item", "item"]  # the weight's count and the bias's
+    with HostReads() as reads:
+        step()
+        step()
+    assert reads.reads == [] and [int(s["step"]) for s in opt.state.values()] == [6, 6]
+
+
+def test_schedules_take_numpys_numbers_as_numbers():
+    """numpy's float32 and int64 (an iteration read from an array) are numbers, though not Python's."""
+    import numpy as np
+
+    for it in (np.float32(5), np.int64(5)):
+        assert cosine_lr_schedule(it, 1.0, 0.1, 10, 100) == cosine_lr_schedule(5, 1.0, 0.1, 10, 100) == 0.5
+        assert wsd_lr_schedule(it, np.float32(1.0), 0.1, 10, 100) == wsd_lr_schedule(5, 1.0, 0.1, 10, 100)
+
+
+def test_a_groups_betas_given_as_a_list_are_kept_as_a_tuple():
+    """As torch's AdamW keeps them, for the defaults and for each group's own (state_dicts compare equal)."""
+    a, b = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2))
+    opt = AdamW([{"params": [a], "betas": [0.8, 0.9]}], betas=[0.7, 0.95])
+    opt.add_param_group({"params": [b], "betas": [0.5, 0.6]})
+    assert [g["betas"] for g in opt.param_groups] == [(0.8, 0.9), (0.5, 0.6)]
+    assert all(type(g["betas"]) is tuple for g in opt.param_groups)
