@@ -704,3 +704,24 @@ def test_a_seq2seq_cache_keeps_its_rows_padding_as_a_kv_cache_does():
         cache = cls(1, 2, 2, 4, 8, pad_lengths=[2, 0])
         assert cache.start_step(3).tolist() == [[0, 0, 0], [0, 1, 2]], cls
         assert cache.step_mask is not None and cache.step_mask[0, 0, 2].tolist() == [False, False, True], cls
+
+
+def test_the_encoder_decoders_argument_errors_name_the_argument_and_list_the_special_tokens():
+    """A dtype that is no floating dtype, an embed side that is neither stack's, and special ids that
+    are not the tokenizer's special tokens (which are listed, or "none")."""
+    cfg = Seq2SeqConfig(vocab_size=20, context_length=8, d_model=8, encoder_layers=1, decoder_layers=1, num_heads=2,
+                        d_ff=16)
+    for build in (build_model, EncoderDecoder):  # the class itself too, not only build_model
+        with pytest.raises(ValueError) as e:
+            build(cfg, dtype=torch.int64)
+        assert str(e.value) == ("dtype must be a torch floating dtype such as torch.bfloat16 or None, got "
+                                "dtype=torch.int64")
+    model = build_model(cfg)
+    with pytest.raises(ValueError) as e:
+        model.embed(torch.tensor([[1]]), "source", torch.arange(1))
+    assert str(e.value) == "side must be one of ('src', 'tgt'), got 'source'"
+    assert cfg.special_ids_problem({"<s>": 5, "</s>": 6}) == (
+        "pad_id 0 is not a special token of the tokenizer (its special tokens: <s> 5, </s> 6)")
+    assert cfg.special_ids_problem({}, "model.", "'tok'") == (
+        "model.pad_id 0 is not a special token of 'tok' (its special tokens: none)")
+    assert cfg.special_ids_problem({"<pad>": 0, "<bos>": 1, "<eos>": 2}) is None
