@@ -1189,3 +1189,26 @@ def test_attention_with_rope_on_more_positions_than_its_tables_names_them():
     assert attn(torch.randn(1, 4, 8)).shape == (1, 4, 8)
     with pytest.raises(ValueError, match=r"^x has 6 positions, more than the rope's max_seq_len=4$"):
         attn(torch.randn(1, 6, 8))
+
+
+def test_the_layers_argument_errors_name_the_argument_and_a_decoders_cross_attention_says_it_is_not_causal():
+    """Each constructor's refusal in full; the decoder block's cross-attention is built non-causal, as
+    its printed form says (its forward never masks the memory causally either way)."""
+    from lm.nn.attention import MultiHeadAttention
+    from lm.nn.block import DecoderBlock, make_norm
+    from lm.nn.ffn import MLP
+
+    for make, message in (
+            (lambda: MultiHeadAttention(8, 2, attn_impl="flash"), "attn_impl must be one of ('einsum', 'sdpa'), got "
+                                                                  "'flash'"),
+            (lambda: MultiHeadAttention(8, 2, dtype=torch.int64),
+             "dtype must be a torch floating dtype such as torch.bfloat16 or None, got dtype=torch.int64"),
+            (lambda: MLP(8, 16, activation="tanh"), "activation must be one of ('silu', 'relu', 'gelu'), got 'tanh'"),
+            (lambda: make_norm("batchnorm", 8), "norm must be one of ('rmsnorm', 'layernorm', 'none'), got "
+                                                "'batchnorm'")):
+        with pytest.raises(ValueError) as e:
+            make()
+        assert str(e.value) == message
+    block = DecoderBlock(8, 2, 16)
+    assert (block.self_attn.causal, block.cross_attn.causal) == (True, False)
+    assert "attn_impl='einsum', causal=False" in repr(block.cross_attn)
