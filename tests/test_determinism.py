@@ -220,8 +220,12 @@ def test_rank_ordered_mean_is_the_mean_of_every_ranks_gradient(monkeypatch, worl
 
     torch.manual_seed(0)
     grads = [torch.randn(5) for _ in range(world)]
+    groups = []
 
     def gather(out, inp, group=None, async_op=False):
+        # a blocking call (async_op falsy) returns None in torch.distributed: no work, no future
+        assert async_op is True
+        groups.append(group)
         out.copy_(torch.cat(grads))
         fut = torch.futures.Future()
         fut.set_result([out])
@@ -239,11 +243,15 @@ def test_rank_ordered_mean_is_the_mean_of_every_ranks_gradient(monkeypatch, worl
         def buffer(self):
             return grads[0].clone()
 
-    got = rank_ordered_mean(object(), Bucket()).wait()
+    group, default = object(), object()
+    monkeypatch.setattr(type(dist.group), "WORLD", default)  # the default group (a property of its metaclass)
+    got = rank_ordered_mean(group, Bucket()).wait()
     want = grads[0].clone()
     for g in grads[1:]:
         want += g
     assert torch.equal(got, want / world)
+    assert torch.equal(rank_ordered_mean(None, Bucket()).wait(), want / world)  # DDP's default group
+    assert groups == [group, default]
 
 
 # T3: three or more processes get the rank-ordered hook (two need none)

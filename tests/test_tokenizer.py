@@ -488,6 +488,10 @@ def test_hf_tokenizer_json_encodes_identically(small_tokenizer, gpt2, tmp_path):
             assert hf.encode(text).ids == ids, name
             assert hf.decode(ids, skip_special_tokens=False) == text, name
         assert hf.encode(SAMPLE + EOT + "x").ids == tok.encode(SAMPLE + EOT + "x")
+        # whitespace beside a special token stays ordinary text: the added token neither strips it
+        # (lstrip, rstrip) nor needs it (single_word)
+        for text in ("a " + EOT + " b", "a" + EOT + "  \n b", "x \t" + EOT + "\ty", EOT + "\u00a0z"):
+            assert hf.encode(text).ids == tok.encode(text), text
 
 
 def test_hf_tokenizer_json_is_in_the_form_every_allowed_tokenizers_reads(small_tokenizer, gpt2, tmp_path):
@@ -906,6 +910,10 @@ def test_save_refuses_one_file_for_both_the_vocab_and_the_merges(tmp_path):
                                              "the merges need a file each$"):
             tok.save(tmp_path / vocab, tmp_path / merges)
     assert not (tmp_path / "same").exists() and (tmp_path / "kept").read_text() == "a file that was there"
+    for vocab, merges, name in (("", tmp_path / "m.txt", "vocab_path"), (tmp_path / "v.json", "", "merges_path")):
+        with pytest.raises(ValueError, match=f"^{name}: must not be empty$"):  # '' is Path('.'): not the folder
+            tok.save(vocab, merges)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "kept", "link"]
     tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
     assert Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [EOT]).checksum() == tok.checksum()
 
