@@ -74,7 +74,7 @@ def check_llama_compatible(cfg) -> None:
     The architecture comes first: an encoder–decoder has the same norm, position and FFN choices
     as the decoder-only LM, so naming one of those would suggest a change that cannot make a
     translation model exportable."""
-    architecture = getattr(cfg, "architecture", "decoder_lm")
+    architecture = cfg.architecture  # every config class has one (build_model reads it too)
     if architecture != "decoder_lm":
         raise ValueError(f"model: architecture={architecture!r} is a translation model with no Llama equivalent; "
                          "Llama export writes decoder-only models (architecture='decoder_lm')")
