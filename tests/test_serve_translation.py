@@ -147,6 +147,16 @@ def test_every_row_gets_the_logits_of_the_model_without_a_cache(positions, dtype
             torch.testing.assert_close(got.float(), full[j].float(), rtol=0, atol=tol)
 
 
+def test_the_step_size_probe_fills_all_n_positions_of_its_cache():
+    """_invariant_sizes steps each probe cache on from position n. A target one position short (a
+    mutation survivor) left a hole at n - 1 that every step size read alike, so the probe still agreed
+    with itself while no longer running the reduction over n positions that a request's rows run."""
+    engine = TranslationEngine(_model(), max_batch=2)
+    for n in (1, 5, 12):
+        one = engine._probe_cache(torch.Generator().manual_seed(n), n)
+        assert (one.length, one.max_len) == (n, n)
+
+
 def test_a_finished_row_no_longer_widens_the_source_span():
     engine = TranslationEngine(_model(), max_batch=4)
     for step in engine.steps.values():
