@@ -37,6 +37,45 @@ def legend(monkeypatch) -> list[str]:
     return labels
 
 
+def test_each_run_has_one_colour_and_the_axes_say_their_units(tmp_path, monkeypatch):
+    """As drawn when the PNG is written: a run's train and val lines share its colour, in both panels,
+    and no other run has it; both panels say what the loss is in; the time axis is in seconds up to
+    120 s and in minutes past it (its x values divided by 60)."""
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+
+    from lm.train.plot import plot_runs
+
+    drawn, savefig = [], matplotlib.figure.Figure.savefig
+
+    def capture(fig, *args, **kwargs):
+        drawn.append([(ax.get_xlabel(), ax.get_ylabel(), [(line.get_label(), matplotlib.colors.to_hex(line.get_color()),
+                                                           list(line.get_xdata())) for line in ax.lines])
+                      for ax in fig.axes])
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b", loss=5.0)
+    last = json.dumps({"step": 6, "split": "train", "loss": 3.0, "time": 120.0}) + "\n"
+    with open(b / "metrics.jsonl", "a") as f:
+        f.write(last)
+    before = plt.get_fignums()
+    plot_runs([a, b], tmp_path / "s.png")
+    with open(b / "metrics.jsonl", "a") as f:
+        f.write(last.replace("6", "7").replace("120.0", "120.5"))
+    plot_runs([a, b], tmp_path / "m.png")
+    assert plt.get_fignums() == before  # each figure closed once written
+    c0, c1 = (matplotlib.colors.to_hex(f"C{i}") for i in (0, 1))
+    for (steps, times), unit, scale in zip(drawn, ("seconds", "minutes"), (1, 60)):
+        assert steps[:2] == ("step", "loss (nats/token)")
+        assert times[:2] == (f"training time ({unit})", "loss (nats/token)")
+        assert [(label, color) for label, color, _ in steps[2]] == [("a train", c0), ("a val", c0), ("b train", c1),
+                                                                    ("b val", c1)]
+        assert [(label, color) for label, color, _ in times[2]] == [(label, color) for label, color, _ in steps[2]]
+        assert times[2][0][2] == [t / scale for t in (1.0, 2.0, 3.0, 4.0, 5.0)]
+    assert drawn[0][1][2][2][2][-1] == 120.0 and drawn[1][1][2][2][2][-1] == 120.5 / 60
+
+
 def test_runs_whose_folders_share_a_name_are_told_apart(tmp_path, capsys, legend):
     """Two demos (lm demo writes RUN/run) were both "run train" and "run val": four lines, two names."""
     a, b = _run(tmp_path / "demoA" / "run"), _run(tmp_path / "demoB" / "run", loss=5.0)
