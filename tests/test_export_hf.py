@@ -84,6 +84,19 @@ def test_to_transformers_rotates_with_the_models_rope_theta(monkeypatch, reader,
         torch.testing.assert_close(hf(ids).logits, model(ids), **CLOSE)
 
 
+def test_config_json_spells_out_what_other_readers_of_llama_configs_need(tmp_path):
+    """transformers fills num_key_value_heads (from num_attention_heads) and the rope type ("default")
+    when they are missing, so the logits tests cannot see them dropped or misspelt; other readers of a
+    Llama config.json (vLLM's, llama.cpp's converter) take them from the file. Written out in full."""
+    model = TransformerLM(300, 32, 64, 2, 4, 128, 500.0)
+    export_hf(model, tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {k: config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta",
+                                   "rope_parameters")} == {
+        "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "rope_theta": 500.0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}
+
+
 def test_cli_export_with_tokenizer(run, tmp_path, capsys):
     d, model, tok = run
     assert main(["export", "hf", "--checkpoint", str(d), "--out", str(tmp_path / "hf")]) == 0
