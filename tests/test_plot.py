@@ -73,7 +73,8 @@ def test_each_run_has_one_colour_and_the_axes_say_their_units(tmp_path, monkeypa
                                                                     ("b val", c1)]
         assert [(label, color) for label, color, _ in times[2]] == [(label, color) for label, color, _ in steps[2]]
         assert times[2][0][2] == [t / scale for t in (1.0, 2.0, 3.0, 4.0, 5.0)]
-    assert drawn[0][1][2][2][2][-1] == 120.0 and drawn[1][1][2][2][2][-1] == 120.5 / 60
+    b_train_times = [times[2][2][2] for _, times in drawn]  # the time panel's third line: b train's x values
+    assert b_train_times[0][-1] == 120.0 and b_train_times[1][-1] == 120.5 / 60
 
 
 def test_runs_whose_folders_share_a_name_are_told_apart(tmp_path, capsys, legend):
