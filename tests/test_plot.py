@@ -56,13 +56,15 @@ def test_each_run_has_one_colour_and_the_axes_say_their_units(tmp_path, monkeypa
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
     a, b = _run(tmp_path / "a"), _run(tmp_path / "b", loss=5.0)
-    last = json.dumps({"step": 6, "split": "train", "loss": 3.0, "time": 120.0}) + "\n"
-    with open(b / "metrics.jsonl", "a") as f:
-        f.write(last)
+
+    def add_train_record(step, time):  # b's last train record, at the longest time
+        with open(b / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "split": "train", "loss": 3.0, "time": time}) + "\n")
+
     before = plt.get_fignums()
+    add_train_record(6, 120.0)
     plot_runs([a, b], tmp_path / "s.png")
-    with open(b / "metrics.jsonl", "a") as f:
-        f.write(last.replace("6", "7").replace("120.0", "120.5"))
+    add_train_record(7, 120.5)
     plot_runs([a, b], tmp_path / "m.png")
     assert plt.get_fignums() == before  # each figure closed once written
     c0, c1 = (matplotlib.colors.to_hex(f"C{i}") for i in (0, 1))
