@@ -1949,6 +1949,20 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
     ticks = iter([100.0, 100.5, 200.0, 200.25, 300.0, 301.0])
     monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     assert flops._measured_bfloat16_matmul_flops(n=32, repeats=3) == 2 * 32**3 / 0.25
+    # from 128 the size doubles while a product takes under `slow` (a CPU without bfloat16 units took
+    # 2.7 s a 1024 x 1024 product, 17 s before a run's first step), up to n: the ticks run out at once
+    # if another size is tried
+    def timed(*durations):  # whole starts and binary fractions: each difference exact
+        return iter(t for start, d in enumerate(durations) for t in (float(start), start + d))
+
+    ticks = timed(1 / 32, 1 / 128, 1 / 16, 1 / 32)  # 128 (the best 1/128 s: quick), then 256: 1/32 s is `slow`
+    assert flops._measured_bfloat16_matmul_flops(n=1024, repeats=2, slow=1 / 32) == 2 * 256**3 * 32
+    ticks = timed(1 / 64, 1 / 32)  # the default `slow` (0.02 s) lies between the two
+    assert flops._measured_bfloat16_matmul_flops(repeats=1) == 2 * 256**3 * 32
+    ticks = timed(1 / 64, 1 / 64, 1 / 64, 1 / 64)  # 128 .. 1024, each under it
+    assert flops._measured_bfloat16_matmul_flops(repeats=1) == 2 * 1024**3 * 64
+    ticks = timed(1 / 1024, 1 / 256, 1 / 64)  # 128, 256, 300 (n: the last size, however quick)
+    assert flops._measured_bfloat16_matmul_flops(n=300, repeats=1) == 2 * 300**3 * 64
 
 
 def test_the_memory_available_is_memavailable_else_the_free_pages(monkeypatch):

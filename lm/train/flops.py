@@ -62,7 +62,8 @@ def peak_flops(device: torch.device, override_tflops: float | None = None,
     with AVX512_BF16 (a dot product of two pairs per float32 lane), 2,048 with AMX; and since some
     chips beat their nominal figure there (this project's 2-core Zen 5 multiplies bfloat16 at
     about 2.5x its float32 nominal), the figure is at least what a bfloat16 matrix product measures
-    here (a tenth of a second, once): a utilisation stays below 100%. A yardstick for comparing
+    here (a tenth of a second, once; a fifth on a CPU without bfloat16 units, where the matrices
+    stay smaller): a utilisation stays below 100%. A yardstick for comparing
     runs on one machine, not a vendor's peak.
     """
     if override_tflops:
@@ -117,15 +118,23 @@ def _cpu_flags_and_hz() -> tuple[set[str], float]:
     return set((flags or "").split()), (2500.0 if mhz is None else mhz) * 1e6
 
 
-def _measured_bfloat16_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of a bfloat16 n x n matrix product on this CPU with torch's threads: the best of a few."""
+def _measured_bfloat16_matmul_flops(n: int = 1024, repeats: int = 5, slow: float = 0.02) -> float:
+    """FLOP/s of a bfloat16 matrix product on this CPU with torch's threads: the best of ``repeats``
+    products of two n x n matrices. The size starts at 128 and doubles up to n only while a product
+    takes under ``slow`` seconds: a CPU without bfloat16 units (AVX2 only) multiplies a 1024 x 1024
+    pair in seconds, and had spent 17 s here before a run's first step; where bfloat16 is fast the
+    measurement is n's, as before."""
     g = torch.Generator().manual_seed(0)  # its own: the global generator is the run's (a resume restores it)
-    a = torch.randn(n, n, dtype=torch.bfloat16, generator=g)
-    b = torch.randn(n, n, dtype=torch.bfloat16, generator=g)
-    a @ b  # the first call sets up the kernel
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+    size = min(128, n)
+    while True:
+        a = torch.randn(size, size, dtype=torch.bfloat16, generator=g)
+        b = torch.randn(size, size, dtype=torch.bfloat16, generator=g)
+        a @ b  # the first call sets up the kernel
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        if size >= n or best >= slow:
+            return 2 * size**3 / best
+        size = min(2 * size, n)
