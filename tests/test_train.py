@@ -1955,14 +1955,30 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
     def timed(*durations):  # whole starts and binary fractions: each difference exact
         return iter(t for start, d in enumerate(durations) for t in (float(start), start + d))
 
+    sizes = []  # the matrices asked for (not made: a 1024 x 1024 bfloat16 product takes seconds here)
+
+    class Matrix:
+        def __matmul__(self, other):
+            return self
+
+    def randn(*shape, dtype, generator):
+        assert dtype == torch.bfloat16 and shape[0] == shape[1]
+        sizes.append(shape[0])
+        return Matrix()
+
+    monkeypatch.setattr(flops.torch, "randn", randn)
+
     ticks = timed(1 / 32, 1 / 128, 1 / 16, 1 / 32)  # 128 (the best 1/128 s: quick), then 256: 1/32 s is `slow`
     assert flops._measured_bfloat16_matmul_flops(n=1024, repeats=2, slow=1 / 32) == 2 * 256**3 * 32
+    assert sizes == [128, 128, 256, 256]
     ticks = timed(1 / 64, 1 / 32)  # the default `slow` (0.02 s) lies between the two
     assert flops._measured_bfloat16_matmul_flops(repeats=1) == 2 * 256**3 * 32
     ticks = timed(1 / 64, 1 / 64, 1 / 64, 1 / 64)  # 128 .. 1024, each under it
     assert flops._measured_bfloat16_matmul_flops(repeats=1) == 2 * 1024**3 * 64
     ticks = timed(1 / 1024, 1 / 256, 1 / 64)  # 128, 256, 300 (n: the last size, however quick)
     assert flops._measured_bfloat16_matmul_flops(n=300, repeats=1) == 2 * 300**3 * 64
+    assert sizes == [128, 128, 256, 256, 128, 128, 256, 256, 128, 128, 256, 256, 512, 512, 1024, 1024,
+                     128, 128, 256, 256, 300, 300]
 
 
 def test_the_memory_available_is_memavailable_else_the_free_pages(monkeypatch):
