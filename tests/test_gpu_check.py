@@ -95,7 +95,7 @@ def test_a_failed_json_write_is_one_line_and_the_run_goes_on(tmp_path, capsys):
 def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     out = tmp_path / "rows.json"
     # through the wrapper a GPU session runs (scripts/gpu_check.sh), with this interpreter
-    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--device", "cpu", "--seconds", "8",
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--device", "cpu", "--seconds", "3",
                         "--json", str(out)], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
