@@ -221,25 +221,20 @@ def draining_server(app, *, host: str, port: int, quiet: bool = False,
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
     import traceback
 
     from lm.cli.common import check_fits, load_model_and_tokenizer, model_fits, plural
-    from lm.device import resolve_dtype, set_threads
-    from lm.generate.seq2seq import line_break_ids
 
-    try:
-        import uvicorn  # noqa: F401 - checked here, before the model loads; draining_server uses it
-
-        from lm.serve.app import create_app
-        from lm.serve.engine import Engine
-        from lm.serve.translation import TranslationEngine
+    try:  # checked before anything loads; draining_server uses uvicorn
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise ValueError(f"lm serve needs starlette and uvicorn ({e}); pip install starlette uvicorn") from None
-
+    # the arguments that need no model, checked before torch is imported: a wrong flag is said in a
+    # fraction of a second, not after the seconds that importing torch takes
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port: must be in [0, 65535], got {args.port}")
-    import os
-
     api_key = args.api_key if args.api_key is not None else os.environ.get("LM_API_KEY")
     if api_key is not None:
         check_api_key(api_key)
@@ -249,14 +244,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bad = next((b for b in args.step_sizes or () if not 1 <= b <= args.max_batch), None)
     if bad is not None:
         raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
-    from lm.serve.app import check_origins
-
-    origins = check_origins(args.allowed_origins, "--allowed-origins")
     check_listen_address(args.host, args.port)
     from lm.io import check_not_empty
 
     check_not_empty(args.checkpoint, "--checkpoint")  # before its folder's name is taken for the model's
     name = served_model_name(args.checkpoint, args.model_name)
+    from lm.device import resolve_dtype, set_threads
+    from lm.generate.seq2seq import line_break_ids
+    from lm.serve.app import check_origins, create_app
+    from lm.serve.engine import Engine
+    from lm.serve.translation import TranslationEngine
+
+    origins = check_origins(args.allowed_origins, "--allowed-origins")
     set_threads(args.threads)
     loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     model, tok, _ = loaded
