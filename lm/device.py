@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
+import time
 
 import torch
 
@@ -85,6 +87,51 @@ def resolve_dtype(name: str, device: torch.device, argument: str = "--dtype") ->
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return None
+
+
+
+def slow_bfloat16_line(device: torch.device, dtype: torch.dtype | None, argument: str = "--dtype") -> str:
+    """'' unless ``dtype`` is bfloat16 on a CPU that multiplies it slowly; then a line naming
+    ``argument`` with how many times float32's time a bfloat16 matrix product takes here. A CPU
+    without AVX512-BF16 or AMX (an AVX2 EPYC: 85-125x, docs/benchmarks.md) had run a bfloat16
+    training or generation that slowly without a word. Measured (:func:`bfloat16_matmul_slowdown`),
+    not guessed from the flags: where bfloat16 is within 2x of float32 (other CPUs convert it
+    well) nothing is said."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or cpu_has_bfloat16():
+        return ""
+    slowdown = bfloat16_matmul_slowdown()
+    if slowdown < 2:
+        return ""
+    return (f"{argument}: a bfloat16 matrix product takes {slowdown:.0f}x the time of a float32 one on this CPU "
+            "(no bfloat16 units): float32 is faster here")
+
+
+@functools.cache
+def bfloat16_matmul_slowdown(size: int = 256, seconds: float = 0.1) -> float:
+    """The time of a bfloat16 product of two ``size`` x ``size`` matrices over a float32 one's on
+    one of this CPU's threads: for each, the fastest of the products made in ``seconds`` (at least
+    three). With torch's two threads on a busy 2-core AVX2 EPYC, a float32 product of 256 (a third
+    of a millisecond) often waited a scheduler's slice (16 ms) for its second thread: the best of
+    three products had read anywhere from 1.6x to 92x there, and one thread reads 57-70x. About
+    0.2 s where bfloat16 is slow, a tenth of that elsewhere; once a process."""
+    g = torch.Generator().manual_seed(0)  # its own: the global generator is the caller's
+    a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)
+
+    def fastest(x: torch.Tensor, y: torch.Tensor) -> float:
+        best, spent, made = float("inf"), 0.0, 0
+        while made < 3 or spent < seconds:
+            t0 = time.perf_counter()
+            x @ y
+            took = time.perf_counter() - t0
+            best, spent, made = min(best, took), spent + took, made + 1
+        return max(best, 1e-9)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: a product waits for no other thread to be scheduled
+    try:
+        return fastest(a.bfloat16(), b.bfloat16()) / fastest(a, b)
+    finally:
+        torch.set_num_threads(threads)
 
 
 AUTOCAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -225,3 +225,57 @@ def test_set_threads_sets_torchs_count_and_the_cap_is_four_per_cpu():
             set_threads(max_threads() + 1)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_bfloat16_slowdown_is_the_ratio_of_the_fastest_products_on_one_thread(monkeypatch):
+    """bfloat16_matmul_slowdown against a clock that says how long each product took: the bfloat16
+    products first, then the float32 ones, each until ``seconds`` is spent and at least three are
+    made; the ratio of the fastest two. The float32 products' slow start (set-up, a thread that
+    waited for a core) is passed over, every product runs on one thread, and torch's count is back
+    after. Two of three bfloat16 products over ``seconds``: the third is still made."""
+    import types
+
+    import lm.device
+
+    took = [0.5, 0.02, 0.03] + [0.016] * 4 + [0.0003, 0.036]  # bfloat16, then float32 (its first four slow)
+    calls, threads = [], []
+    now = [0.0]
+
+    def perf_counter():  # called before and after each product
+        threads.append(torch.get_num_threads())
+        if len(calls) % 2:
+            now[0] += took[len(calls) // 2]
+        calls.append(now[0])
+        return now[0]
+
+    monkeypatch.setattr(lm.device, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        slowdown = lm.device.bfloat16_matmul_slowdown.__wrapped__(size=8, seconds=0.1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert len(calls) == 2 * len(took)  # every product scripted was made, and no more
+    assert slowdown == pytest.approx(0.02 / 0.0003)
+    assert set(threads) == {1}
+
+
+@pytest.mark.parametrize("device, dtype, units, slowdown, said", [
+    ("cpu", torch.bfloat16, False, 61.6, True),
+    ("cpu", torch.bfloat16, False, 1.9, False),  # within 2x: nothing said
+    ("cpu", torch.bfloat16, True, None, False),  # AVX512-BF16 or AMX: not even measured
+    ("cpu", None, False, None, False),  # float32
+    ("meta", torch.bfloat16, False, None, False),  # not a CPU (cuda: its own units)
+])  # fmt: skip
+def test_bfloat16_on_a_cpu_that_multiplies_it_slowly_is_said_with_the_measured_ratio(monkeypatch, device, dtype,
+                                                                                    units, slowdown, said):
+    import lm.device
+
+    measured = []
+    monkeypatch.setattr(lm.device, "cpu_has_bfloat16", lambda: units)
+    monkeypatch.setattr(lm.device, "bfloat16_matmul_slowdown", lambda: measured.append(1) or slowdown)
+    line = lm.device.slow_bfloat16_line(torch.device(device), dtype, "train.dtype")
+    assert line == ("train.dtype: a bfloat16 matrix product takes 62x the time of a float32 one on this CPU (no "
+                    "bfloat16 units): float32 is faster here" if said else "")
+    assert len(measured) == (slowdown is not None)

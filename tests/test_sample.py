@@ -510,3 +510,21 @@ def test_a_sample_that_ends_at_end_of_text_prints_no_end_of_text(tmp_path, capsy
     assert main(["sample", "--checkpoint", str(d), "--prompt", "Lily", "--temperature", "3", "--max-new-tokens",
                  "60", "--seed", str(seed), "--quiet"]) == 0
     assert capsys.readouterr().out == "Lily" + tok.decode(new[:-1]) + "\n"
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_bfloat16_on_a_cpu_that_multiplies_it_slowly_is_a_warning_unless_quiet(run, capsys, monkeypatch, quiet):
+    """`--dtype bfloat16` on a CPU without bfloat16 units (85-125x float32's time here) had sampled
+    that slowly without a word; the same holds for lm translate, eval and serve (compute_dtype)."""
+    import lm.device
+
+    d, _, _ = run
+    monkeypatch.setattr(lm.device, "cpu_has_bfloat16", lambda: False)
+    monkeypatch.setattr(lm.device, "bfloat16_matmul_slowdown", lambda: 85.4)
+    argv = ["sample", "--checkpoint", str(d), "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu",
+            "--dtype", "bfloat16", "--seed", "1"]
+    assert main(argv + ["--quiet"] * quiet) == 0
+    err = capsys.readouterr().err
+    warning = ("lm sample: warning: --dtype: a bfloat16 matrix product takes 85x the time of a float32 one on this "
+               "CPU (no bfloat16 units): float32 is faster here\n")
+    assert err == "" if quiet else err.startswith(warning), err

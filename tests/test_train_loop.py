@@ -414,3 +414,22 @@ def test_a_lost_peer_names_the_last_good_checkpoint_and_how_to_go_on(tmp_path):
         latest = tmp_path / name / "run" / "checkpoints" / "step_00000004.pt"
         assert str(stopped.value) == ("another process of the run stopped (gloo: connection closed by peer); "
                                       + then.format(latest))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_bfloat16_run_on_a_cpu_that_multiplies_it_slowly_says_so_at_the_start(tmp_path, monkeypatch, dtype):
+    """`train.dtype=bfloat16` on a CPU without bfloat16 units trained 85-125x slower than float32
+    (docs/benchmarks.md) and said nothing; the run's first lines say it, with the measured ratio.
+    A float32 run measures nothing."""
+    import lm.device
+
+    measured = []
+    monkeypatch.setattr(lm.device, "cpu_has_bfloat16", lambda: False)
+    monkeypatch.setattr(lm.device, "bfloat16_matmul_slowdown", lambda: measured.append(1) or 97.0)
+    lines = []
+    raw = _raw_config(tmp_path, train={"dtype": dtype, "max_steps": 1})
+    assert Trainer(config_from_dict(raw), print_fn=lines.append).run() == 0
+    warning = ("warning: train.dtype: a bfloat16 matrix product takes 97x the time of a float32 one on this CPU (no "
+               "bfloat16 units): float32 is faster here")
+    step = next(i for i, line in enumerate(lines) if line.startswith("step 1"))
+    assert (warning in lines[:step]) == (dtype == "bfloat16") and len(measured) == (dtype == "bfloat16"), lines

@@ -227,6 +227,19 @@ def add_compute(p: argparse.ArgumentParser, *, device: str | None = "auto", dtyp
                    help="CPU threads for torch (default: torch's choice, usually the core count)")
 
 
+
+def compute_dtype(prog: str, args: argparse.Namespace, device):
+    """``--dtype`` for ``device`` (:func:`lm.device.resolve_dtype`), and, unless ``--quiet``, a
+    warning on standard error where it is bfloat16 on a CPU that multiplies bfloat16 slowly (85-125x
+    float32's time on an AVX2 CPU, docs/benchmarks.md): such a run had been that slow without a word."""
+    from lm.device import resolve_dtype, slow_bfloat16_line
+
+    dtype = resolve_dtype(args.dtype, device)
+    line = "" if getattr(args, "quiet", False) else slow_bfloat16_line(device, dtype)
+    if line:
+        print(f"{prog}: warning: {line}", file=sys.stderr, flush=True)
+    return dtype
+
 # -- models and tokenizers from a path ---------------------------------------------------------
 
 def load_model_and_tokenizer(checkpoint: str, tokenizer: str | None, device: str,

@@ -6,7 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
-from lm.cli.common import add_checkpoint, add_command, add_compute, add_quiet, as_flags, quiet_on_closed_pipe
+from lm.cli.common import (
+    add_checkpoint,
+    add_command,
+    add_compute,
+    add_quiet,
+    as_flags,
+    compute_dtype,
+    quiet_on_closed_pipe,
+)
 
 EXAMPLES = """
   lm eval --checkpoint runs/cpu-small --data data/tinystories-valid-head.bin
@@ -100,7 +108,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from lm.cli.translate import check_alpha
     from lm.data import read_token_file
     from lm.data.token_file import bytes_per_token
-    from lm.device import autocast, resolve_dtype, set_threads
+    from lm.device import autocast, set_threads
     from lm.evaluate import evaluate_tokens, token_byte_lengths
     from lm.io import check_readable_file, decode_utf8, replaced_utf8_message, utf8_error_place
     from lm.tokenizer import check_tokenizer_checksum
@@ -169,7 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # bytes per token is a close estimate (it counts the first token too); for a prefix it may not be.
     estimate = bytes_per_token(meta) if token_bytes is None and kind == "tokens" and whole_file else None
     device = next(model.parameters()).device
-    dtype = resolve_dtype(args.dtype, device)
+    dtype = compute_dtype("lm eval", args, device)
     window = min(ctx, len(tokens) - 1 if args.max_tokens is None else min(len(tokens) - 1, args.max_tokens))
     fits = model_fits(f"--batch-size: a batch of up to {args.batch_size} {plural(args.batch_size, 'window')} of "
                       f"{window} {plural(window, 'token')}", "lower --batch-size")
@@ -233,7 +241,7 @@ def eval_translation(args: argparse.Namespace) -> int:
 
     from lm.cli.common import load_model_and_tokenizer, plural
     from lm.cli.translate import check_decoding_memory, decoding_fits, progress_bar
-    from lm.device import autocast, resolve_dtype
+    from lm.device import autocast
     from lm.evaluate import bleu_chrf, collate_pairs, evaluate_pairs
     from lm.generate import translate
     from lm.generate.sampling import NonFiniteLogitsError
@@ -276,7 +284,7 @@ def eval_translation(args: argparse.Namespace) -> int:
               f"tokens a sentence may hold (context {cfg.context_length}, one kept for <bos> or <eos>): "
               f"{plural(k, 'its pair is', 'their pairs are')} left out of the loss, not of BLEU and chrF",
               file=sys.stderr)
-    dtype = resolve_dtype(args.dtype, model.device)
+    dtype = compute_dtype("lm eval", args, model.device)
     size = args.batch_size
     banned = line_break_ids(tok)  # as `lm translate`: one translation a line
     order = sorted(range(len(src)), key=lambda i: len(src[i]))  # similar lengths decode together

@@ -14,6 +14,7 @@ from lm.cli.common import (
     as_flags,
     check_not_token_file,
     check_utf8,
+    compute_dtype,
     quiet_on_closed_pipe,
     read_stdin,
 )
@@ -95,7 +96,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from lm.cli.common import load_model_and_tokenizer, require_architecture
-    from lm.device import autocast, resolve_dtype, set_threads
+    from lm.device import autocast, set_threads
     from lm.generate import TextStreamer, generate
     from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, generator_seed
 
@@ -115,7 +116,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     model, tok, _ = loaded
     require_architecture(model, "decoder_lm", args.checkpoint)
     device = model.device
-    dtype = resolve_dtype(args.dtype, device)
+    dtype = compute_dtype("lm sample", args, device)
     eos = tok.eot_id
     prompt_ids = tok.encode(prompt)
     if not prompt_ids:

@@ -224,7 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
     import traceback
 
-    from lm.cli.common import check_fits, load_model_and_tokenizer, model_fits, plural
+    from lm.cli.common import check_fits, compute_dtype, load_model_and_tokenizer, model_fits, plural
 
     try:  # checked before anything loads; draining_server uses uvicorn
         import starlette  # noqa: F401
@@ -249,7 +249,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     check_not_empty(args.checkpoint, "--checkpoint")  # before its folder's name is taken for the model's
     name = served_model_name(args.checkpoint, args.model_name)
-    from lm.device import resolve_dtype, set_threads
+    from lm.device import set_threads
     from lm.generate.seq2seq import line_break_ids
     from lm.serve.app import check_origins, create_app
     from lm.serve.engine import Engine
@@ -259,7 +259,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     model, tok, _ = loaded
-    dtype = resolve_dtype(args.dtype, model.device)
+    dtype = compute_dtype("lm serve", args, model.device)
     if args.compile and not args.quiet:
         print("lm serve: compiling the decode steps (tens of seconds) ...", file=sys.stderr, flush=True)
     common = dict(max_batch=args.max_batch, max_queue=args.max_queue, dtype=dtype, vocab_size=tok.vocab_size,

@@ -20,6 +20,7 @@ from lm.cli.common import (
     check_fits,
     check_not_token_file,
     check_utf8,
+    compute_dtype,
     model_fits,
     plural,
     quiet_on_closed_pipe,
@@ -168,7 +169,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from lm.cli.common import load_model_and_tokenizer
-    from lm.device import autocast, resolve_dtype, set_threads
+    from lm.device import autocast, set_threads
     from lm.generate import beam_search_nbest, translate
     from lm.generate.sampling import NonFiniteLogitsError
     from lm.generate.seq2seq import check_source_length, line_break_ids
@@ -188,7 +189,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     require_architecture(model, "encoder_decoder", args.checkpoint)
     cfg = model.config
-    dtype = resolve_dtype(args.dtype, model.device)
+    dtype = compute_dtype("lm translate", args, model.device)
     given = "TEXT sentence" if args.text else "--input line"  # what the user gave the sentences as
     where = "TEXT: sentence" if args.text else "--input: line"
     banned = line_break_ids(tok)  # one translation a line, whatever the model would emit

@@ -31,7 +31,7 @@ from lm.checkpoint.io import CheckpointWriteError, check_state_dict_fits, saved_
 from lm.checkpoint.rng import get_rng_state, set_rng_state
 from lm.data import TokenDataset
 from lm.data.batch import LMBatch
-from lm.device import autocast, configure_matmul_precision, resolve_dtype
+from lm.device import autocast, configure_matmul_precision, resolve_dtype, slow_bfloat16_line
 from lm.evaluate import bits_per_byte, perplexity
 from lm.generate.sampling import generator_seed
 from lm.io import atomic_write, missing_dirs, remove_made_dirs, silence_stdout
@@ -392,6 +392,8 @@ class Trainer:
         dtype = autocast_dtype(t.dtype, self.device)
         self._peak_flops = peak_flops(self.device, cfg.log.peak_tflops, dtype)
         self._peak_line = peak_line(self.device, self._peak_flops, dtype, cfg.log.peak_tflops is not None)
+        # '' unless bfloat16 is slow on this CPU (measured once, by the rank that logs)
+        self._slow_dtype_line = slow_bfloat16_line(self.device, dtype, "train.dtype") if self.dist.is_main else ""
         self._flops_per_token = 3 * unwrap(self.model).flops_per_token()  # forward and backward
         self._signal: int | None = None
         self._agreed_signal = 0  # the signal of the run's processes (under DDP: the largest any rank heard)
@@ -1167,6 +1169,8 @@ class Trainer:
             self._log(self._precision)
         if self._peak_line:
             self._log(self._peak_line)
+        if self._slow_dtype_line:
+            self._log(f"warning: {self._slow_dtype_line}")
         if self.val_data is None and self.cfg.eval.interval:  # eval.interval alone evaluates nothing: said
             self._log(f"no evaluation: eval.interval is {self.cfg.eval.interval} but data.val is not set "
                       "(no val records, no checkpoints/best.pt)")
