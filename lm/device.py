@@ -89,7 +89,6 @@ def resolve_dtype(name: str, device: torch.device, argument: str = "--dtype") ->
     return None
 
 
-
 def slow_bfloat16_line(device: torch.device, dtype: torch.dtype | None, argument: str = "--dtype") -> str:
     """'' unless ``dtype`` is bfloat16 on a CPU that multiplies it slowly; then a line naming
     ``argument`` with how many times float32's time a bfloat16 matrix product takes here. A CPU

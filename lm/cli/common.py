@@ -227,7 +227,6 @@ def add_compute(p: argparse.ArgumentParser, *, device: str | None = "auto", dtyp
                    help="CPU threads for torch (default: torch's choice, usually the core count)")
 
 
-
 def compute_dtype(prog: str, args: argparse.Namespace, device):
     """``--dtype`` for ``device`` (:func:`lm.device.resolve_dtype`), and, unless ``--quiet``, a
     warning on standard error where it is bfloat16 on a CPU that multiplies bfloat16 slowly (85-125x
@@ -239,6 +238,7 @@ def compute_dtype(prog: str, args: argparse.Namespace, device):
     if line:
         print(f"{prog}: warning: {line}", file=sys.stderr, flush=True)
     return dtype
+
 
 # -- models and tokenizers from a path ---------------------------------------------------------
 
