@@ -234,7 +234,7 @@ def compute_dtype(prog: str, args: argparse.Namespace, device):
     from lm.device import resolve_dtype, slow_bfloat16_line
 
     dtype = resolve_dtype(args.dtype, device)
-    line = "" if getattr(args, "quiet", False) else slow_bfloat16_line(device, dtype)
+    line = "" if args.quiet else slow_bfloat16_line(device, dtype)
     if line:
         print(f"{prog}: warning: {line}", file=sys.stderr, flush=True)
     return dtype

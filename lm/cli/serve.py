@@ -232,7 +232,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ValueError(f"lm serve needs starlette and uvicorn ({e}); pip install starlette uvicorn") from None
     # the arguments that need no model, checked before torch is imported: a wrong flag is said in a
-    # fraction of a second, not after the seconds that importing torch takes
+    # fraction of a second, not after the seconds that importing torch takes (all but --allowed-origins,
+    # whose check is lm.serve.app's, and any module of lm.serve imports the engine, so torch)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port: must be in [0, 65535], got {args.port}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("LM_API_KEY")
