@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from typing import Any
 
 import numpy as np
@@ -86,3 +87,57 @@ def check_callback(name: str, value: object) -> None:
     is None or callable: ``on_token=5`` had failed only when the first token was chosen."""
     if value is not None and not callable(value):
         raise ValueError(f"{name} must be a callable or None, got {name}={value!r}")
+
+
+# -- decoding arguments: here, without torch, so that a command line can refuse a bad flag before
+# importing torch (seconds) and loading a model; lm.generate checks the same way with the same words
+
+
+def is_real(x) -> bool:  # (a tensor is no sampling argument: generate() and the server take numbers)
+    """A real number (a Python or numpy int or float), not a bool (``True`` is not a temperature)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def as_integer(x) -> int | None:
+    """``x`` as an int when it is an integer (an int, a numpy integer: ``operator.index``) but not a
+    bool; else None."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> None:
+    """A ValueError naming the argument and its value unless ``temperature`` is a finite real number
+    >= 0, ``top_p`` one in (0, 1] (neither a bool) and ``top_k`` None or a positive integer (an int or
+    a numpy integer). A None or a string had raised a TypeError from the comparison, naming nothing."""
+    if not is_real(temperature) or not 0 <= temperature < float("inf"):  # also rejects NaN; inf samples uniformly
+        raise ValueError(f"temperature must be a finite number >= 0, got temperature={temperature!r}")
+    check_top_p(top_p)
+    check_top_k(top_k, none_ok=True)
+
+
+def check_top_p(top_p: float) -> None:
+    if not is_real(top_p) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
+
+
+def check_top_k(top_k: int | None, *, none_ok: bool) -> None:
+    if (top_k is not None or not none_ok) and (as_integer(top_k) is None or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer{' or None' if none_ok else ''}, got top_k={top_k!r}")
+
+
+MAX_ALPHA = 10.0  # GNMT tuned alpha in [0.6, 1.0]; up to 10 the length penalty is finite at any context length
+
+
+def check_alpha(alpha: float) -> None:
+    """The length penalty's exponent is a finite number in [0, :data:`MAX_ALPHA`]: ``((5 + L) / 6) **
+    alpha`` overflows a float for larger ones on long targets (alpha 300 at 63 tokens), which was a
+    traceback mid-search."""
+    if not is_real(alpha) or not math.isfinite(alpha) or alpha < 0:  # '0.6' had been math.isfinite's TypeError
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    if alpha > MAX_ALPHA:
+        raise ValueError(f"alpha must be at most {MAX_ALPHA:g}, got {alpha!r} (GNMT used 0.6 to 1.0; the length "
+                         "penalty ((5 + length) / 6) ** alpha overflows for large ones)")

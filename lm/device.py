@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from lm.io import check_count, per_cpu_cap
+from lm.io import check_threads, per_cpu_cap
 
 # whole names only (``$`` would let "cpu\n" through); an index without a leading zero (compared with
 # the device count as written: torch keeps an index in 8 bits, so "cuda:256" would be cuda:0)
@@ -165,10 +165,9 @@ def max_threads() -> int:
 
 def set_threads(threads: int | None, argument: str = "--threads") -> None:
     """Use ``threads`` CPU threads for torch's intra-op work (None: torch's default)."""
-    if threads is None:
-        return
-    check_count(threads, argument, floor=1024)
-    torch.set_num_threads(threads)
+    check_threads(threads, argument)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def configure_matmul_precision(device: torch.device) -> str:

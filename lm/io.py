@@ -1205,3 +1205,11 @@ def check_count(value, argument: str, floor: int) -> None:
     if value > per_cpu_cap(floor):
         raise ValueError(f"{argument}: must be at most {per_cpu_cap(floor)} (4 per CPU, {os.cpu_count()} CPUs here, "
                          f"and at least {floor}), got {value}")
+
+
+def check_threads(threads: int | None, argument: str = "--threads") -> None:
+    """A count of CPU threads for torch's intra-op work: None (torch's default) or a whole number in
+    [1, :func:`per_cpu_cap` (1024)] (:func:`lm.device.max_threads`). Without torch, so that a command
+    refuses a bad ``--threads`` before it spends seconds importing torch."""
+    if threads is not None:
+        check_count(threads, argument, floor=1024)

@@ -3,6 +3,7 @@ a thing given in two spellings is refused, and an output that cannot be written 
 
 import argparse
 import io
+import json
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -765,3 +766,48 @@ def test_an_error_of_a_command_under_a_group_names_the_whole_command(argv, prog,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"{prog}: error: ") and err.count("\n") == 1, err
+
+
+def test_a_flag_that_needs_no_model_is_refused_before_torch_is_imported(tmp_path):
+    """`lm sample --temperature -1`, `lm translate --alpha 11`, `--threads 0` and the like were said
+    only after torch was imported (2.5-3.5 s on a 2-core machine): each command checks the flags that
+    need no model (and reads its prompt or input) first, and torch stays unimported; only the last
+    case, whose flags are fine, goes on to the checkpoint and imports torch."""
+    (tmp_path / "c.toml").write_text("")
+    cases = [
+        (["sample", "--prompt", "x", "--temperature", "-1"], "--temperature: must be a finite number >= 0, got -1.0"),
+        (["sample", "--prompt", "x", "--top-p", "0"], "--top-p: must be in (0, 1], got 0.0"),
+        (["sample", "--prompt", "x", "--top-k", "0"], "--top-k: must be a positive integer, got 0"),
+        (["sample", "--prompt", "x", "--num-samples", "0"], "--num-samples: must be >= 1, got 0"),
+        (["sample", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens: must be >= 1, got 0"),
+        (["sample", "--prompt", "x", "--seed", "-1"], "--seed: must be a whole number in [0, 2**64-1], got -1"),
+        (["sample", "--prompt", "x", "--threads", "0"], "--threads: must be a whole number >= 1, got 0"),
+        (["sample", "--prompt-file", "missing.txt"], "--prompt-file: file not found: 'missing.txt'"),
+        (["translate", "Hallo", "--beam", "0"], "--beam: must be >= 1, got 0"),
+        (["translate", "Hallo", "--alpha", "11"], "--alpha: must be at most 10, got 11.0"),
+        (["translate", "Hallo", "--alpha", "nan"], "--alpha: must be a finite number >= 0, got nan"),
+        (["translate", "Hallo", "--batch-size", "0"], "--batch-size: must be >= 1, got 0"),
+        (["translate", "Hallo", "--threads", "100000"], "--threads: must be at most "),
+        (["translate", "--input", "missing.txt"], "--input: file not found: 'missing.txt'"),
+        (["eval", "--data", "x.bin", "--max-tokens", "0"], "--max-tokens: must be >= 1, got 0"),
+        (["eval", "--data", "x.bin", "--alpha", "-1"], "--alpha: must be a finite number >= 0, got -1.0"),
+        (["eval", "--data", "x.bin", "--threads", "0"], "--threads: must be a whole number >= 1, got 0"),
+        (["serve", "--threads", "0"], "--threads: must be a whole number >= 1, got 0"),
+        (["demo", "--threads", "0", "--out", "d"], "--threads: must be a whole number >= 1, got 0"),
+        (["train", "--config", "c.toml", "--threads", "0"], "--threads: must be a whole number >= 1, got 0"),
+        (["sample", "--prompt", "x"], "--checkpoint: file not found: 'nowhere'"),
+    ]
+    argvs = [[cmd, *(["--checkpoint", "nowhere"] if cmd in ("sample", "translate", "eval", "serve") else []), *rest]
+             for (cmd, *rest), _ in cases]
+    # one interpreter, the cases in turn: each call's status, and whether torch was imported after it
+    code = ("import json, sys\nfrom lm.cli import main\n"
+            "for args in json.loads(sys.argv[1]):\n"
+            "    print(main(args), 'torch' in sys.modules, flush=True)")
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.stdout.splitlines() == ["2 False"] * (len(cases) - 1) + ["2 True"], (p.stdout, p.stderr)
+    errors = p.stderr.splitlines()
+    assert len(errors) == len(cases), p.stderr
+    for ((cmd, *_), want), line in zip(cases, errors):
+        assert line.startswith(f"lm {cmd}: error: {want}"), (line, want)
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["c.toml"]  # nothing made (no demo folder)

@@ -45,13 +45,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from lm.demo.pipeline import DemoSettings, run_demo
-    from lm.device import resolve_device, set_threads
+    from lm.io import check_threads
     from lm.tokenizer import EOT
 
     # it had been found only after the corpus was prepared, as `vocab_size`; None: the default, "up to"
     if args.vocab_size is not None and args.vocab_size < 256 + 1:
         raise ValueError(f"--vocab-size: must be at least 257 (256 bytes + the {EOT} token), got {args.vocab_size}")
+    check_threads(args.threads)  # before torch is imported: a wrong count is said at once
+    from lm.demo.pipeline import DemoSettings, run_demo
+    from lm.device import resolve_device, set_threads
+
     set_threads(args.threads)
     device = str(resolve_device(args.device))
     settings = DemoSettings(out_dir=args.out, data=args.data, train_seconds=args.train_seconds,

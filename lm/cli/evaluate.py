@@ -100,12 +100,22 @@ def data_kind(path: Path) -> str:
 
 @quiet_on_closed_pipe
 def cmd_eval(args: argparse.Namespace) -> int:
+    from lm.cli.translate import check_alpha
+    from lm.io import check_threads
+
+    # the flags first, before torch is imported: a wrong one is said at once
+    for name in ("batch_size", "max_tokens", "stride", "beam"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+    if args.alpha is not None:
+        check_alpha(args.alpha)
+    check_threads(args.threads)
     import warnings
 
     import numpy as np
 
     from lm.cli.common import load_model_and_tokenizer, model_fits, plural
-    from lm.cli.translate import check_alpha
     from lm.data import read_token_file
     from lm.data.token_file import bytes_per_token
     from lm.device import autocast, set_threads
@@ -113,12 +123,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from lm.io import check_readable_file, decode_utf8, replaced_utf8_message, utf8_error_place
     from lm.tokenizer import check_tokenizer_checksum
 
-    for name in ("batch_size", "max_tokens", "stride", "beam"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
-    if args.alpha is not None:
-        check_alpha(args.alpha)
     set_threads(args.threads)
     if args.target is not None:
         if args.stride is not None:  # it would be ignored: a translation is scored pair by pair

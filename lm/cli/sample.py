@@ -93,13 +93,11 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 @quiet_on_closed_pipe
 def cmd_sample(args: argparse.Namespace) -> int:
-    import torch
+    from lm.checks import check_sampling_args, check_seed
+    from lm.io import check_threads
 
-    from lm.cli.common import load_model_and_tokenizer, require_architecture
-    from lm.device import autocast, set_threads
-    from lm.generate import TextStreamer, generate
-    from lm.generate.sampling import NonFiniteLogitsError, check_sampling_args, generator_seed
-
+    # the flags and the prompt first, before torch is imported: a wrong one is said at once, not
+    # after the seconds that importing torch takes
     with as_flags(temperature="--temperature", top_p="--top-p", top_k="--top-k"):
         check_sampling_args(args.temperature, args.top_p, args.top_k)
     if args.num_samples < 1:
@@ -107,11 +105,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: must be >= 1, got {args.max_new_tokens}")
     if args.seed is not None:
-        from lm.checks import check_seed
-
         check_seed(args.seed, "--seed")
-    set_threads(args.threads)
+    check_threads(args.threads)
     prompt = read_prompt(args)
+    import torch
+
+    from lm.cli.common import load_model_and_tokenizer, require_architecture
+    from lm.device import autocast, set_threads
+    from lm.generate import TextStreamer, generate
+    from lm.generate.sampling import NonFiniteLogitsError, generator_seed
+
+    set_threads(args.threads)
     loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     model, tok, _ = loaded
     require_architecture(model, "decoder_lm", args.checkpoint)

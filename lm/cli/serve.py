@@ -246,8 +246,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if bad is not None:
         raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
     check_listen_address(args.host, args.port)
-    from lm.io import check_not_empty
+    from lm.io import check_not_empty, check_threads
 
+    check_threads(args.threads)
     check_not_empty(args.checkpoint, "--checkpoint")  # before its folder's name is taken for the model's
     name = served_model_name(args.checkpoint, args.model_name)
     from lm.device import set_threads

@@ -96,9 +96,9 @@ def check_decoding_memory(model, batches: list[list[int]], beam: int, batch_size
 
 
 def check_alpha(alpha: float) -> None:
-    """``--alpha``, checked as the decoders check it (:func:`lm.generate.seq2seq.check_alpha`), but
-    before the model is loaded and before any output, as ``--beam`` is."""
-    from lm.generate.seq2seq import check_alpha as check
+    """``--alpha``, checked as the decoders check it (:func:`lm.checks.check_alpha`), but before
+    torch is imported, the model loaded and any output made, as ``--beam`` is."""
+    from lm.checks import check_alpha as check
 
     with as_flags(alpha="--alpha"):
         check(alpha)
@@ -166,14 +166,10 @@ def read_lines(args: argparse.Namespace) -> list[str]:
 
 @quiet_on_closed_pipe
 def cmd_translate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from lm.io import check_threads
 
-    from lm.cli.common import load_model_and_tokenizer
-    from lm.device import autocast, set_threads
-    from lm.generate import beam_search_nbest, translate
-    from lm.generate.sampling import NonFiniteLogitsError
-    from lm.generate.seq2seq import check_source_length, line_break_ids
-
+    # the flags and the first input lines first, before torch is imported: a wrong flag or an
+    # unreadable input is said at once, not after the seconds that importing torch takes
     if args.beam < 1:
         raise ValueError(f"--beam: must be >= 1, got {args.beam}")
     if not 1 <= args.nbest <= args.beam:
@@ -182,10 +178,19 @@ def cmd_translate(args: argparse.Namespace) -> int:
     check_alpha(args.alpha)  # before any work and any output, as --beam (translate() checks it per batch)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: must be >= 1, got {args.batch_size}")
-    set_threads(args.threads)
+    check_threads(args.threads)
     buffered = buffer_size(args)
     groups = stdin_groups(buffered) if buffered else iter([read_lines(args)])
     first = next(groups, [])  # before the model loads: a bad input costs nothing
+    from tqdm import tqdm
+
+    from lm.cli.common import load_model_and_tokenizer
+    from lm.device import autocast, set_threads
+    from lm.generate import beam_search_nbest, translate
+    from lm.generate.sampling import NonFiniteLogitsError
+    from lm.generate.seq2seq import check_source_length, line_break_ids
+
+    set_threads(args.threads)
     model, tok, _ = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     require_architecture(model, "encoder_decoder", args.checkpoint)
     cfg = model.config

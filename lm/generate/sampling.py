@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import numbers
 import operator
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from lm.checks import as_real
+from lm.checks import as_integer, as_real, check_sampling_args, check_top_k, check_top_p
 from lm.nn import softmax
 
 # Below this temperature sampling is greedy, as in vLLM: dividing the logits by a temperature far
@@ -19,46 +18,10 @@ from lm.nn import softmax
 GREEDY_BELOW = 1e-5
 
 
-def check_sampling_args(temperature: float, top_p: float, top_k: int | None) -> None:
-    """A ValueError naming the argument and its value unless ``temperature`` is a finite real number
-    >= 0, ``top_p`` one in (0, 1] (neither a bool) and ``top_k`` None or a positive integer (an int or
-    a numpy integer). A None or a string had raised a TypeError from the comparison, naming nothing."""
-    if not _real(temperature) or not 0 <= temperature < float("inf"):  # also rejects NaN; inf samples uniformly
-        raise ValueError(f"temperature must be a finite number >= 0, got temperature={temperature!r}")
-    _check_top_p(top_p)
-    _check_top_k(top_k, none_ok=True)
-
-
-def _check_top_p(top_p: float) -> None:
-    if not _real(top_p) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
-
-
-def _check_top_k(top_k: int | None, *, none_ok: bool) -> None:
-    if (top_k is not None or not none_ok) and (as_integer(top_k) is None or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer{' or None' if none_ok else ''}, got top_k={top_k!r}")
-
-
 def check_generator(generator) -> None:
     """``generator`` is a ``torch.Generator`` or None (an int had raised an AttributeError on ``.device``)."""
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got generator={generator!r}")
-
-
-def _real(x) -> bool:  # (a tensor is no sampling argument: generate() and the server take numbers)
-    """A real number (a Python or numpy int or float), not a bool (``True`` is not a temperature)."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def as_integer(x) -> int | None:
-    """``x`` as an int when it is an integer (an int, a numpy integer: ``operator.index``) but not a
-    bool; else None."""
-    if isinstance(x, bool):
-        return None
-    try:
-        return operator.index(x)
-    except TypeError:
-        return None
 
 
 # The seed torch's CPU generator (mt19937) uses is the low 32 bits of the one it is given.
@@ -119,7 +82,7 @@ def top_p_filter(probs: Float[Tensor, "... vocab"], top_p: float) -> Float[Tenso
         if real is None or not 0 < real <= 1:
             raise ValueError(f"top_p must be in (0, 1], got top_p={top_p!r}")
         return _top_p_filter(probs, real)
-    _check_top_p(top_p)
+    check_top_p(top_p)
     return _top_p_filter(probs, float(top_p))
 
 
@@ -129,7 +92,7 @@ def top_k_filter(logits: Float[Tensor, "... vocab"], top_k: int) -> Float[Tensor
     Ties are kept as Hugging Face's ``TopKLogitsWarper`` and vLLM keep them: which of tied tokens
     ``topk`` returns is arbitrary, and bfloat16 logits tie often. ``top_k`` is a positive integer
     (numpy's too), checked as :func:`sample_next_token` checks it."""
-    _check_top_k(top_k, none_ok=False)
+    check_top_k(top_k, none_ok=False)
     return _top_k_filter(logits, operator.index(top_k))
 
 

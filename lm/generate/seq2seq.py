@@ -26,11 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lm.checks import check_callback, check_flag, is_count
+from lm.checks import check_alpha, check_callback, check_flag, is_count
 from lm.generate.kv_cache import KVCache
 from lm.generate.sampling import (
     NonFiniteLogitsError,
-    _real,
     check_sampling_args,
     check_vocab_limit,
     next_token_and_finite,
@@ -179,20 +178,6 @@ def _check_beam_size(beam_size: int) -> int:
     if not is_count(beam_size, 1):
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
     return int(beam_size)
-
-
-MAX_ALPHA = 10.0  # GNMT tuned alpha in [0.6, 1.0]; up to 10 the length penalty is finite at any context length
-
-
-def check_alpha(alpha: float) -> None:
-    """The length penalty's exponent is a finite number in [0, :data:`MAX_ALPHA`]: ``((5 + L) / 6) **
-    alpha`` overflows a float for larger ones on long targets (alpha 300 at 63 tokens), which was a
-    traceback mid-search."""
-    if not _real(alpha) or not math.isfinite(alpha) or alpha < 0:  # '0.6' had been math.isfinite's TypeError
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    if alpha > MAX_ALPHA:
-        raise ValueError(f"alpha must be at most {MAX_ALPHA:g}, got {alpha!r} (GNMT used 0.6 to 1.0; the length "
-                         "penalty ((5 + length) / 6) ** alpha overflows for large ones)")
 
 
 def _check_beam_options(alpha: float, stopping: str) -> None:
