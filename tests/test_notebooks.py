@@ -120,8 +120,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     """Top to bottom, and then again in the same work folder, as "Restart & Run All" does (notebook 03
     once refused its second run: its first run's folder already held a run). A notebook whose first
     run leaves nothing in its folder but work_dir()'s mark (02) would find only that mark in a second
-    run, as the other notebooks' second runs do among their files, so its second run is left out (14 s). With the inline backend that Jupyter uses: under Agg,
-    plt.show drew nothing, and a figure that fails to draw passed."""
+    run, as the other notebooks' second runs do among their files, so its second run is left out (14 s).
+    With the inline backend that Jupyter uses: under Agg, plt.show drew nothing, and a figure that
+    fails to draw passed."""
     nbclient = pytest.importorskip("nbclient")
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("matplotlib_inline")
