@@ -13,14 +13,13 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
-from einops import rearrange
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lm.checks import check_size
 from lm.device import check_dtype
 from lm.nn.choices import check_choice
-from lm.nn.functional import scaled_dot_product_attention
+from lm.nn.functional import rearrange, scaled_dot_product_attention
 from lm.nn.linear import Linear
 from lm.nn.rope import RotaryEmbedding
 

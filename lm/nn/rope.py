@@ -6,12 +6,11 @@ from __future__ import annotations
 import numbers
 
 import torch
-from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.checks import check_positive, check_size
-from lm.nn.functional import check_float_dtype, check_integer_dtype, index_rows, last_dim_error
+from lm.nn.functional import check_float_dtype, check_integer_dtype, index_rows, last_dim_error, rearrange
 
 
 class RotaryEmbedding(torch.nn.Module):
