@@ -916,3 +916,41 @@ def test_last_only_is_the_last_positions_logits():
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
     with torch.no_grad():
         assert model(ids[0], last_only=True).shape == (1, 64)  # unbatched: (seq, vocab) with seq = 1
+
+
+def test_compile_puts_each_einops_call_in_the_graph_instead_of_tracing_einops():
+    """torch 2.13 with einops 0.8.2 traced into einops and re-parsed every pattern under the tracer
+    (95% of the bytecodes traced for a decode step, seconds of each compilation). The layers call
+    einops through lm.nn.functional.rearrange and einsum, which dynamo puts in the graph as single
+    calls; the graph's output is the eager model's."""
+    import torch._dynamo.symbolic_convert as sc
+
+    from lm.nn import functional as lmf
+
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=50, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32,
+                          attn_impl="einsum").eval()
+    ids = torch.randint(0, 50, (2, 8))
+    graphs, traced = [], []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    step = sc.InstructionTranslatorBase.step
+
+    def counting_step(self):
+        traced.append(self.f_code.co_filename)
+        return step(self)
+
+    torch._dynamo.reset()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sc.InstructionTranslatorBase, "step", counting_step)
+        with torch.no_grad():
+            got = torch.compile(model, backend=backend)(ids)
+    torch._dynamo.reset()
+    targets = [node.target for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert targets.count(lmf.rearrange) >= 4 and targets.count(lmf.einsum) >= 3, targets  # q, k, v, out; lm_head...
+    assert not [f for f in traced if "einops" in f]  # not one bytecode of einops traced
+    with torch.no_grad():
+        assert torch.equal(got, model(ids))
