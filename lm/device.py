@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from lm.io import check_threads, per_cpu_cap
+from lm.io import THREADS_FLOOR, check_threads, per_cpu_cap
 
 # whole names only (``$`` would let "cpu\n" through); an index without a leading zero (compared with
 # the device count as written: torch keeps an index in 8 bits, so "cuda:256" would be cuda:0)
@@ -160,7 +160,7 @@ def max_threads() -> int:
     happens depends on memory and the process limits. Threads beyond the cores only slow torch
     down, so the cap is far below any such point and far above any useful count.
     """
-    return per_cpu_cap(1024)
+    return per_cpu_cap(THREADS_FLOOR)
 
 
 def set_threads(threads: int | None, argument: str = "--threads") -> None:

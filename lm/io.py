@@ -1207,9 +1207,12 @@ def check_count(value, argument: str, floor: int) -> None:
                          f"and at least {floor}), got {value}")
 
 
+THREADS_FLOOR = 1024  # the least cap on a thread count, whatever the CPU count (lm.device.max_threads says why)
+
+
 def check_threads(threads: int | None, argument: str = "--threads") -> None:
     """A count of CPU threads for torch's intra-op work: None (torch's default) or a whole number in
-    [1, :func:`per_cpu_cap` (1024)] (:func:`lm.device.max_threads`). Without torch, so that a command
-    refuses a bad ``--threads`` before it spends seconds importing torch."""
+    [1, :func:`per_cpu_cap` (:data:`THREADS_FLOOR`)] (:func:`lm.device.max_threads`). Without torch,
+    so that a command refuses a bad ``--threads`` before it spends seconds importing torch."""
     if threads is not None:
-        check_count(threads, argument, floor=1024)
+        check_count(threads, argument, floor=THREADS_FLOOR)

@@ -72,11 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from lm.io import check_threads
+    from lm.io import check_readable_file, check_threads
 
     check_threads(args.threads)  # before torch is imported: a wrong count is said at once
     from lm.device import resolve_device, set_threads
-    from lm.io import check_readable_file
     from lm.tomlio import toml_string
     from lm.train import Trainer, TrainingDiverged, load_config
     from lm.train.distributed import torchrun_env
