@@ -21,6 +21,11 @@ def is_count(value: object, minimum: int = 0) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
 
 
+def is_real(x) -> bool:  # (a tensor is no sampling argument: generate() and the server take numbers)
+    """A real number (a Python or numpy int or float), not a bool (``True`` is not a temperature)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def check_size(name: str, value: object) -> None:
     """Raise ``ValueError("{name} must be a positive integer, got {name}={value!r}")`` unless
     :func:`is_count` ``(value, 1)``."""
@@ -65,7 +70,7 @@ def check_flag(name: str, value: object, *, none_ok: bool = False) -> None:
 def check_dropout(value: object, name: str = "dropout") -> None:
     """Raise ``ValueError("{name} must be a number in [0, 1), got {value!r}")`` unless it is one (a
     dropout of 1 drops everything; NaN fails every comparison)."""
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < 1):
+    if not (is_real(value) and 0 <= value < 1):
         raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
 
 
@@ -91,11 +96,6 @@ def check_callback(name: str, value: object) -> None:
 
 # -- decoding arguments: here, without torch, so that a command line can refuse a bad flag before
 # importing torch (seconds) and loading a model; lm.generate checks the same way with the same words
-
-
-def is_real(x) -> bool:  # (a tensor is no sampling argument: generate() and the server take numbers)
-    """A real number (a Python or numpy int or float), not a bool (``True`` is not a temperature)."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def as_integer(x) -> int | None:
