@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -141,3 +143,22 @@ def check_alpha(alpha: float) -> None:
     if alpha > MAX_ALPHA:
         raise ValueError(f"alpha must be at most {MAX_ALPHA:g}, got {alpha!r} (GNMT used 0.6 to 1.0; the length "
                          "penalty ((5 + length) / 6) ** alpha overflows for large ones)")
+
+
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?")
+
+
+def check_origins(origins: Sequence[str], argument: str = "allowed_origins") -> tuple[str, ...]:
+    """``allowed_origins`` checked (:func:`lm.serve.app.create_app`, ``lm serve --allowed-origins``): each
+    ``*`` or an origin as a browser sends it (``scheme://host[:port]``, no path, no trailing slash, which
+    would never match); an error names ``argument``. Here, not in lm.serve, whose modules import torch:
+    ``lm serve`` refuses a wrong origin before that import."""
+    if isinstance(origins, str):
+        raise ValueError(f"{argument}: a list of origins, got the string {origins!r}")
+    out = []
+    for origin in origins:
+        if not isinstance(origin, str) or not (origin == "*" or _ORIGIN.fullmatch(origin)):
+            raise ValueError(f"{argument}: {origin!r} is not an origin: give scheme://host[:port] "
+                             "(http://localhost:3000; no path, no trailing slash) or *")
+        out.append(origin.lower() if origin != "*" else origin)
+    return tuple(out)

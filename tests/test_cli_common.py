@@ -793,6 +793,7 @@ def test_a_flag_that_needs_no_model_is_refused_before_torch_is_imported(tmp_path
         (["eval", "--data", "x.bin", "--alpha", "-1"], "--alpha: must be a finite number >= 0, got -1.0"),
         (["eval", "--data", "x.bin", "--threads", "0"], "--threads: must be a whole number >= 1, got 0"),
         (["serve", "--threads", "0"], "--threads: must be a whole number >= 1, got 0"),
+        (["serve", "--allowed-origins", "localhost:3000"], "--allowed-origins: 'localhost:3000' is not an origin"),
         (["demo", "--threads", "0", "--out", "d"], "--threads: must be a whole number >= 1, got 0"),
         (["train", "--config", "c.toml", "--threads", "0"], "--threads: must be a whole number >= 1, got 0"),
         (["sample", "--prompt", "x"], "--checkpoint: file not found: 'nowhere'"),

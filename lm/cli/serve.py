@@ -232,8 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ValueError(f"lm serve needs starlette and uvicorn ({e}); pip install starlette uvicorn") from None
     # the arguments that need no model, checked before torch is imported: a wrong flag is said in a
-    # fraction of a second, not after the seconds that importing torch takes (all but --allowed-origins,
-    # whose check is lm.serve.app's, and any module of lm.serve imports the engine, so torch)
+    # fraction of a second, not after the seconds that importing torch takes
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port: must be in [0, 65535], got {args.port}")
     api_key = args.api_key if args.api_key is not None else os.environ.get("LM_API_KEY")
@@ -246,18 +245,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if bad is not None:
         raise ValueError(f"--step-sizes: each must be in [1, --max-batch={args.max_batch}], got {bad}")
     check_listen_address(args.host, args.port)
+    from lm.checks import check_origins
     from lm.io import check_not_empty, check_threads
 
     check_threads(args.threads)
+    origins = check_origins(args.allowed_origins, "--allowed-origins")
     check_not_empty(args.checkpoint, "--checkpoint")  # before its folder's name is taken for the model's
     name = served_model_name(args.checkpoint, args.model_name)
     from lm.device import set_threads
     from lm.generate.seq2seq import line_break_ids
-    from lm.serve.app import check_origins, create_app
+    from lm.serve.app import create_app
     from lm.serve.engine import Engine
     from lm.serve.translation import TranslationEngine
 
-    origins = check_origins(args.allowed_origins, "--allowed-origins")
     set_threads(args.threads)
     loaded = load_model_and_tokenizer(args.checkpoint, args.tokenizer, args.device)
     model, tok, _ = loaded

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from lm.checks import check_origins
 from lm.serve import protocol as api
 from lm.serve.engine import Engine, EngineStopped, QueueFull
 from lm.serve.engine import Request as EngineRequest
@@ -553,20 +554,3 @@ def create_app(engine: Engine, tokenizer, model_name: str, *, max_body: int = MA
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"], max_age=600)
     return app
-
-
-_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:\d{1,5})?")
-
-
-def check_origins(origins: Sequence[str], argument: str = "allowed_origins") -> tuple[str, ...]:
-    """``allowed_origins`` checked: each ``*`` or an origin as a browser sends it (``scheme://host[:port]``,
-    no path, no trailing slash, which would never match); an error names ``argument``."""
-    if isinstance(origins, str):
-        raise ValueError(f"{argument}: a list of origins, got the string {origins!r}")
-    out = []
-    for origin in origins:
-        if not isinstance(origin, str) or not (origin == "*" or _ORIGIN.fullmatch(origin)):
-            raise ValueError(f"{argument}: {origin!r} is not an origin: give scheme://host[:port] "
-                             "(http://localhost:3000; no path, no trailing slash) or *")
-        out.append(origin.lower() if origin != "*" else origin)
-    return tuple(out)
