@@ -3,12 +3,12 @@ a thing given in two spellings is refused, and an output that cannot be written 
 
 import argparse
 import io
-import json
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
+from helpers.cli import main_in_one_interpreter
 from helpers.faults import Exited, FullDisk, exit_now
 
 from lm.cli import build_parser, main
@@ -800,15 +800,9 @@ def test_a_flag_that_needs_no_model_is_refused_before_torch_is_imported(tmp_path
     ]
     argvs = [[cmd, *(["--checkpoint", "nowhere"] if cmd in ("sample", "translate", "eval", "serve") else []), *rest]
              for (cmd, *rest), _ in cases]
-    # one interpreter, the cases in turn: each call's status, and whether torch was imported after it
-    code = ("import json, sys\nfrom lm.cli import main\n"
-            "for args in json.loads(sys.argv[1]):\n"
-            "    print(main(args), 'torch' in sys.modules, flush=True)")
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
-    assert p.stdout.splitlines() == ["2 False"] * (len(cases) - 1) + ["2 True"], (p.stdout, p.stderr)
-    errors = p.stderr.splitlines()
-    assert len(errors) == len(cases), p.stderr
+    statuses, errors = main_in_one_interpreter(argvs, cwd=tmp_path)
+    assert statuses == ["2 False"] * (len(cases) - 1) + ["2 True"], (statuses, errors)
+    assert len(errors) == len(cases), errors
     for ((cmd, *_), want), line in zip(cases, errors):
         assert line.startswith(f"lm {cmd}: error: {want}"), (line, want)
     assert sorted(q.name for q in tmp_path.iterdir()) == ["c.toml"]  # nothing made (no demo folder)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+from helpers.cli import main_in_one_interpreter
 from helpers.collector import collector_off
 from helpers.faults import Exited, exit_now, raising
 from helpers.serving import ServerThread, model_and_tokenizer, saved_run
@@ -943,16 +944,11 @@ def test_a_flag_that_needs_no_model_is_refused_before_torch_is_imported(tmp_path
     (2.3-2.8 s on a 2-core machine, 0.7 s now); each is checked first, and torch is never imported."""
     cases = (["--port", "70000"], ["--max-batch", "0"], ["--max-queue", "0"], ["--api-key", " "],
              ["--host", "999.999.1.1"], ["--max-batch", "2", "--step-sizes", "1,4"], ["--port", "0"])
-    # one interpreter, the cases in turn: each call's status, and whether torch was imported after it
-    code = ("import json, sys\nfrom lm.cli import main\n"
-            "for args in json.loads(sys.argv[1]):\n"
-            "    print(main(['serve', '--checkpoint', sys.argv[2], *args]), 'torch' in sys.modules, flush=True)")
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(cases), str(tmp_path / "run")], capture_output=True,
-                       text=True, timeout=60)
+    statuses, errors = main_in_one_interpreter([["serve", "--checkpoint", str(tmp_path / "run"), *args]
+                                                for args in cases], timeout=60)
     # the last, a flag that is fine and a checkpoint that is missing, needs the model: torch is imported then
-    assert p.stdout.splitlines() == ["2 False"] * 6 + ["2 True"], (p.stdout, p.stderr)
-    errors = p.stderr.splitlines()
-    assert len(errors) == len(cases), p.stderr
+    assert statuses == ["2 False"] * 6 + ["2 True"], (statuses, errors)
+    assert len(errors) == len(cases), errors
     for args, line in zip(cases, errors):
         assert line.startswith(f"lm serve: error: {'--checkpoint' if args == ['--port', '0'] else args[-2]}: "), line
 
