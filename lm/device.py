@@ -17,15 +17,32 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:(0|[1-9][0-9]{0,8}))?")
 DTYPES = ("auto", "float32", "bfloat16")
 
 
+def cpu_flags_and_hz() -> tuple[set[str], float]:
+    """The first processor's flags and clock in /proc/cpuinfo (no flags and 2.5 GHz where it says
+    none; an Arm kernel lists ``Features``, not ``flags``). x86 lists a processor's ``cpu MHz`` before
+    its ``flags``: the clock had been read on to the second processor's. The one reader of the file:
+    :func:`cpu_has_bfloat16` and :func:`lm.train.flops.peak_flops` ask it."""
+    flags, mhz = None, None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "flags" and flags is None:
+                    flags = value
+                elif key == "cpu MHz" and mhz is None:
+                    mhz = float(value)
+                if flags is not None and mhz is not None:
+                    break
+    except (OSError, ValueError):
+        pass
+    return set((flags or "").split()), (2500.0 if mhz is None else mhz) * 1e6
+
+
 def cpu_has_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): faster than float32 there,
     slower elsewhere (docs/benchmarks.md). The CPU scripts' ``--dtype auto``."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = f.read().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return not {"avx512_bf16", "amx_bf16"}.isdisjoint(cpu_flags_and_hz()[0])
 
 
 def _mps_available() -> bool:

@@ -1920,6 +1920,7 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
     import io
     import types
 
+    import lm.device
     import lm.train.flops as flops
 
     cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu MHz\t\t: 3000.500\nflags\t\t: fpu avx2 fma\n\n"
@@ -1932,19 +1933,19 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
             raise FileNotFoundError(path)
         return io.StringIO(cpuinfo)
 
-    monkeypatch.setattr(flops, "open", fake_open, raising=False)
-    assert flops._cpu_flags_and_hz() == ({"fpu", "avx2", "fma"}, 3000.5e6) and opened == ["/proc/cpuinfo"]
+    monkeypatch.setattr(lm.device, "open", fake_open, raising=False)
+    assert lm.device.cpu_flags_and_hz() == ({"fpu", "avx2", "fma"}, 3000.5e6) and opened == ["/proc/cpuinfo"]
     # without one of the two the whole file is read, and the first processor's other figure still counts
     # (an Arm kernel names no flags; some list no clock)
     cpuinfo = ("processor\t: 0\nFeatures\t: fp asimd\ncpu MHz\t\t: 2000.000\n\n"
                "processor\t: 1\nFeatures\t: fp\ncpu MHz\t\t: 2600.000\n")
-    assert flops._cpu_flags_and_hz() == (set(), 2000e6)
+    assert lm.device.cpu_flags_and_hz() == (set(), 2000e6)
     cpuinfo = "processor\t: 0\nflags\t\t: fpu sse2\n\nprocessor\t: 1\nflags\t\t: fpu\n"
-    assert flops._cpu_flags_and_hz() == ({"fpu", "sse2"}, 2.5e9)
+    assert lm.device.cpu_flags_and_hz() == ({"fpu", "sse2"}, 2.5e9)
     cpuinfo = "processor\t: 0\n"
-    assert flops._cpu_flags_and_hz() == (set(), 2.5e9)
-    monkeypatch.setattr(flops, "open", raising(PermissionError(13, "Permission denied")), raising=False)
-    assert flops._cpu_flags_and_hz() == (set(), 2.5e9)
+    assert lm.device.cpu_flags_and_hz() == (set(), 2.5e9)
+    monkeypatch.setattr(lm.device, "open", raising(PermissionError(13, "Permission denied")), raising=False)
+    assert lm.device.cpu_flags_and_hz() == (set(), 2.5e9)
 
     ticks = iter([100.0, 100.5, 200.0, 200.25, 300.0, 301.0])
     monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
@@ -2047,7 +2048,7 @@ def test_the_cpu_peak_for_mfu_follows_the_autocast_dtype(monkeypatch):
     monkeypatch.setattr(flops, "_measured_bfloat16_matmul_flops", lambda: 1e11)
     for words, fp32, bf16 in [({"avx512f", "avx512_bf16"}, 64, 128), ({"avx512f", "avx512_bf16", "amx_bf16"}, 64, 2048),
                               ({"avx2", "fma"}, 32, 32), (set(), 8, 8)]:
-        monkeypatch.setattr(flops, "_cpu_flags_and_hz", lambda words=words: (words, 2e9))
+        monkeypatch.setattr(flops, "cpu_flags_and_hz", lambda words=words: (words, 2e9))
         assert flops.peak_flops(cpu) == 2 * fp32 * 2e9
         assert flops.peak_flops(cpu, dtype=torch.bfloat16) == max(2 * bf16 * 2e9, 1e11)
     monkeypatch.setattr(flops, "_measured_bfloat16_matmul_flops", lambda: 5e12)  # a chip above its nominal figure

@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from lm.device import cpu_flags_and_hz
+
 # NVIDIA's dense (no sparsity) tensor-core peaks in TFLOP/s, (bfloat16, float32), matched against
 # torch.cuda.get_device_name() by the first pattern found in it: the more specific names first ("H100
 # PCIe" before "H100", "L40S" before "L40", "A100" before "A10"). The float32 figure is TF32's, which a
@@ -72,7 +74,7 @@ def peak_flops(device: torch.device, override_tflops: float | None = None,
         return gpu_peak_flops(torch.cuda.get_device_name(device), dtype)
     if device.type != "cpu":  # an MPS GPU: no figure
         return None
-    flags, hz = _cpu_flags_and_hz()
+    flags, hz = cpu_flags_and_hz()
     threads = torch.get_num_threads()
     if dtype == torch.bfloat16:
         per_cycle = 2048 if "amx_bf16" in flags else 128 if "avx512_bf16" in flags else _float32_per_cycle(flags)
@@ -95,27 +97,6 @@ def peak_line(device: torch.device, peak: float | None, dtype: torch.dtype | Non
 
 def _float32_per_cycle(flags: set[str]) -> int:
     return 64 if "avx512f" in flags else 32 if {"avx2", "fma"} <= flags else 8
-
-
-def _cpu_flags_and_hz() -> tuple[set[str], float]:
-    """The first processor's flags and clock in /proc/cpuinfo (no flags and 2.5 GHz where it says
-    none). x86 lists a processor's ``cpu MHz`` before its ``flags``: the clock had been read on to the
-    second processor's."""
-    flags, mhz = None, None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "flags" and flags is None:
-                    flags = value
-                elif key == "cpu MHz" and mhz is None:
-                    mhz = float(value)
-                if flags is not None and mhz is not None:
-                    break
-    except (OSError, ValueError):
-        pass
-    return set((flags or "").split()), (2500.0 if mhz is None else mhz) * 1e6
 
 
 def _measured_bfloat16_matmul_flops(n: int = 1024, repeats: int = 5, slow: float = 0.02) -> float:
