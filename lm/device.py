@@ -6,6 +6,7 @@ import contextlib
 import functools
 import re
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -122,6 +123,20 @@ def slow_bfloat16_line(device: torch.device, dtype: torch.dtype | None, argument
             "(no bfloat16 units): float32 is faster here")
 
 
+def fastest_time(run: Callable[[], object], *, times: int = 3, seconds: float = 0.0) -> float:
+    """The shortest wall time (``time.perf_counter``) of ``run()`` over at least ``times`` calls, and
+    more calls until ``seconds`` have been spent in them: what disturbs a timing on a busy machine (a
+    thread waiting for its scheduler slice, a page fault) only ever adds time. The one timing loop of
+    the hardware probes: :func:`bfloat16_matmul_slowdown` and the CPU's measured bfloat16 peak."""
+    best, spent, made = float("inf"), 0.0, 0
+    while made < times or spent < seconds:
+        t0 = time.perf_counter()
+        run()
+        took = time.perf_counter() - t0
+        best, spent, made = min(best, took), spent + took, made + 1
+    return best
+
+
 @functools.cache
 def bfloat16_matmul_slowdown(size: int = 256, seconds: float = 0.1) -> float:
     """The time of a bfloat16 product of two ``size`` x ``size`` matrices over a float32 one's on
@@ -134,13 +149,7 @@ def bfloat16_matmul_slowdown(size: int = 256, seconds: float = 0.1) -> float:
     a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)
 
     def fastest(x: torch.Tensor, y: torch.Tensor) -> float:
-        best, spent, made = float("inf"), 0.0, 0
-        while made < 3 or spent < seconds:
-            t0 = time.perf_counter()
-            x @ y
-            took = time.perf_counter() - t0
-            best, spent, made = min(best, took), spent + took, made + 1
-        return max(best, 1e-9)
+        return max(fastest_time(lambda: x @ y, seconds=seconds), 1e-9)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: a product waits for no other thread to be scheduled

@@ -1948,7 +1948,7 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
     assert lm.device.cpu_flags_and_hz() == (set(), 2.5e9)
 
     ticks = iter([100.0, 100.5, 200.0, 200.25, 300.0, 301.0])
-    monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(lm.device, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     assert flops._measured_bfloat16_matmul_flops(n=32, repeats=3) == 2 * 32**3 / 0.25
     # from 128 the size doubles while a product takes under `slow` (a CPU without bfloat16 units took
     # 2.7 s a 1024 x 1024 product, 17 s before a run's first step), up to n: the ticks run out at once

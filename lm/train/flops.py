@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import time
+import functools
+import operator
 
 import torch
 
-from lm.device import cpu_flags_and_hz
+from lm.device import cpu_flags_and_hz, fastest_time
 
 # NVIDIA's dense (no sparsity) tensor-core peaks in TFLOP/s, (bfloat16, float32), matched against
 # torch.cuda.get_device_name() by the first pattern found in it: the more specific names first ("H100
@@ -111,11 +112,7 @@ def _measured_bfloat16_matmul_flops(n: int = 1024, repeats: int = 5, slow: float
         a = torch.randn(size, size, dtype=torch.bfloat16, generator=g)
         b = torch.randn(size, size, dtype=torch.bfloat16, generator=g)
         a @ b  # the first call sets up the kernel
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
+        best = fastest_time(functools.partial(operator.matmul, a, b), times=repeats)
         if size >= n or best >= slow:
             return 2 * size**3 / best
         size = min(2 * size, n)
