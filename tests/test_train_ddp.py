@@ -390,6 +390,27 @@ def test_each_rank_draws_its_own_dropout_masks_and_rank_0_draws_as_one_process(t
     assert 0.4 < first[2].float().mean() < 0.6
 
 
+def test_only_rank_0_measures_how_slowly_the_cpu_multiplies_bfloat16(tmp_path, monkeypatch, as_rank):
+    """A bfloat16 run on a CPU without bfloat16 units says at its start how many times float32's time a
+    bfloat16 product takes here (test_train_loop). The line is rank 0's, which alone prints; the other
+    ranks neither measure (a fifth of a second each, on the cores rank 0 is timing on) nor say it."""
+    import lm.device
+
+    measured = []
+    monkeypatch.setattr(lm.device, "cpu_has_bfloat16", lambda: False)
+    monkeypatch.setattr(lm.device, "bfloat16_matmul_slowdown", lambda: measured.append(1) or 97.0)
+    lines = {}
+    for rank in (1, 0):
+        as_rank(rank)
+        raw = _raw_config(tmp_path, train={"out_dir": str(tmp_path / f"rank{rank}"), "dtype": "bfloat16"})
+        trainer = Trainer(config_from_dict(raw), print_fn=lambda *_: None)
+        trainer._lock.release()
+        lines[rank] = trainer._slow_dtype_line
+        assert len(measured) == (rank == 0), (rank, measured)  # rank 1 first: nothing measured yet
+    assert lines == {1: "", 0: "train.dtype: a bfloat16 matrix product takes 97x the time of a float32 one on "
+                               "this CPU (no bfloat16 units): float32 is faster here"}
+
+
 def test_a_rank_s_seed_follows_train_seed_and_wraps_within_the_generator_s_32_bits():
     """Rank r seeds its generator with train.seed's 32-bit seed plus r: rank 0 keeps the stream of
     train.seed, every seed gives rank 1 a stream of its own, and the sum wraps within 32 bits."""
