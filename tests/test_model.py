@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -916,6 +918,39 @@ def test_last_only_is_the_last_positions_logits():
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
     with torch.no_grad():
         assert model(ids[0], last_only=True).shape == (1, 64)  # unbatched: (seq, vocab) with seq = 1
+
+
+def test_importing_the_model_leaves_dynamo_unimported_and_a_later_compile_still_marks_einops():
+    """Marking the einops wrappers for the graph imports torch._dynamo (2.4 s on 2 cores); done at
+    lm.nn.functional's import, it had made every command that loads a model that much slower,
+    compiled or not. The model (and generation, serving, evaluation) imports without it, and a
+    torch.compile after that still finds each einops call marked: one call in the graph."""
+    code = """if True:
+        import sys
+        import torch
+        import lm.evaluate, lm.export, lm.generate, lm.model, lm.serve
+        from lm.model import TransformerLM
+        from lm.nn import functional as lmf
+        print("torch._dynamo" in sys.modules)
+        torch.manual_seed(0)
+        model = TransformerLM(vocab_size=50, context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=32,
+                              attn_impl="einsum").eval()
+        ids = torch.randint(0, 50, (2, 8))
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        with torch.no_grad():
+            same = torch.equal(torch.compile(model, backend=backend)(ids), model(ids))
+        targets = [node.target for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+        print(targets.count(lmf.rearrange), targets.count(lmf.einsum), same)
+    """
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    imported, rearranges, einsums, same = p.stdout.split()
+    assert imported == "False" and int(rearranges) >= 4 and int(einsums) >= 3 and same == "True", p.stdout
 
 
 def test_compile_puts_each_einops_call_in_the_graph_instead_of_tracing_einops():

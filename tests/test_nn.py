@@ -1212,3 +1212,44 @@ def test_the_layers_argument_errors_name_the_argument_and_a_decoders_cross_atten
     block = DecoderBlock(8, 2, 16)
     assert (block.self_attn.causal, block.cross_attn.causal) == (True, False)
     assert "attn_impl='einsum', causal=False" in repr(block.cross_attn)
+
+
+def test_after_import_runs_its_callback_once_when_the_module_is_imported_and_leaves_no_finder(tmp_path,
+                                                                                              monkeypatch):
+    """lm.nn.functional marks its einops wrappers for torch.compile when torch._dynamo is imported,
+    not at its own import (which had imported dynamo: 2.4 s). The hook, on a package made here: not
+    called before the import, called once after the package has run (its names are there), at once
+    for a module already imported, and the finder is gone from sys.meta_path afterwards."""
+    import sys
+
+    from lm.nn.functional import _after_import
+
+    (tmp_path / "lm_probe_pkg").mkdir()
+    (tmp_path / "lm_probe_pkg" / "__init__.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # restored whatever happens
+    seen = []
+    _after_import("lm_probe_pkg", lambda: seen.append(sys.modules["lm_probe_pkg"].VALUE))
+    before = list(sys.meta_path)
+    assert seen == [] and type(before[0]).__name__ == "Finder"
+    import lm_probe_pkg
+
+    try:
+        assert seen == [42] and lm_probe_pkg.VALUE == 42
+        assert sys.meta_path == before[1:]  # this hook's finder gone, nothing else changed
+        _after_import("lm_probe_pkg", lambda: seen.append("again"))
+        assert seen == [42, "again"]
+    finally:
+        del sys.modules["lm_probe_pkg"]
+
+
+def test_a_failure_to_mark_einops_for_compile_is_a_warning_not_a_failed_dynamo_import(monkeypatch):
+    from lm.nn import functional as lmf
+
+    def refuse(fn):
+        raise RuntimeError("no such rule")
+
+    monkeypatch.setattr(torch.compiler, "allow_in_graph", refuse)
+    with pytest.warns(RuntimeWarning, match=r"^lm: rearrange and einsum not marked for torch.compile "
+                                            r"\(RuntimeError\('no such rule'\)\): compiling traces into einops"):
+        lmf._mark_for_compile()

@@ -9,9 +9,13 @@ hand-written einsum path (the tests check that it does).
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import math
 import numbers
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 
 import einops
@@ -38,8 +42,47 @@ def einsum(*tensors_and_pattern) -> Tensor:
     return einops.einsum(*tensors_and_pattern)
 
 
-torch.compiler.allow_in_graph(rearrange)
-torch.compiler.allow_in_graph(einsum)
+def _after_import(name: str, then: Callable[[], object]) -> None:
+    """``then()`` once the module ``name`` is imported: at once if it is, else right after its import,
+    by a finder at the head of ``sys.meta_path`` that takes itself off at that import, finds the
+    module's spec as Python would without it, and has its loader call ``then`` once the module is run."""
+    if name in sys.modules:
+        then()
+        return
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            with contextlib.suppress(ValueError):  # (another thread's import of it took it off)
+                sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is not None and spec.loader is not None and not isinstance(spec.loader, type):
+                run = spec.loader.exec_module  # this module's own loader (a class is shared: left alone)
+
+                def exec_module(module):
+                    run(module)
+                    then()
+
+                spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
+def _mark_for_compile() -> None:
+    try:
+        torch.compiler.allow_in_graph(rearrange)
+        torch.compiler.allow_in_graph(einsum)
+    except Exception as e:  # (within dynamo's import: a failure here must not fail it)
+        warnings.warn(f"lm: rearrange and einsum not marked for torch.compile ({e!r}): compiling traces into "
+                      "einops instead, which takes longer", RuntimeWarning, stacklevel=2)
+
+
+# torch.compiler.allow_in_graph imports torch._dynamo, which takes 2.4 s (2 cores): done here, it had
+# made importing lm.model and every command that loads a model that much slower, compiled or not.
+# Marked when dynamo is imported instead, as torch.compile does before it traces anything.
+_after_import("torch._dynamo", _mark_for_compile)
 
 _batch_invariant: tuple[bool, bool] = (False, False)  # (attention, matmuls): set by batch_invariant()
 
