@@ -677,3 +677,32 @@ def test_a_groups_betas_given_as_a_list_are_kept_as_a_tuple():
     opt.add_param_group({"params": [b], "betas": [0.5, 0.6]})
     assert [g["betas"] for g in opt.param_groups] == [(0.8, 0.9), (0.5, 0.6)]
     assert all(type(g["betas"]) is tuple for g in opt.param_groups)
+
+
+def test_once_dynamo_is_imported_adamw_s_zero_grad_is_left_out_of_a_traced_function_as_torch_s_is():
+    """AdamW calls torch's add_param_group, zero_grad, state_dict and load_state_dict without their
+    torch._disable_dynamo guard while torch._dynamo is not imported (whose import, 2.4 s, the guard's
+    first call made: test_seq2seq_train's uncompiled lm train). Once it is imported, the guard is
+    back: a function that dynamo traces runs zero_grad apart (a graph break), as with torch's own
+    optimizers, instead of tracing into it as the unguarded method would (the control)."""
+    import torch._dynamo
+
+    model = torch.nn.Linear(4, 4)
+    opt = AdamW(model.parameters(), lr=1e-3)
+    plain = torch.optim.Optimizer.zero_grad.__wrapped__
+
+    def explain(zero_grad):
+        def f(x):
+            y = x * 2
+            zero_grad(opt)
+            return y + 1
+
+        torch._dynamo.reset()
+        try:
+            return torch._dynamo.explain(f)(torch.randn(3))
+        finally:
+            torch._dynamo.reset()
+
+    ours, unguarded = explain(AdamW.zero_grad), explain(plain)
+    assert ours.graph_break_count == 1 and "skipped" in str(ours.break_reasons[0].reason), ours.break_reasons
+    assert unguarded.graph_break_count == 0

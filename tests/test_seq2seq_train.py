@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.cli import main_in_one_interpreter
 from helpers.tokenizers import pair_tokenizer
+from test_train import _raw_config, _write_toml
 
 from lm.checkpoint import load_model, read_checkpoint
 from lm.data.pairs import PairDataset, read_pair_file, write_pair_file
@@ -484,3 +486,29 @@ def test_a_pair_run_resumed_by_another_number_of_processes_names_its_batch_token
     assert str(e.value) == (f"--resume: {str(ckpt)!r} was trained by 1 process (256 tokens per step) but this run "
                             "has 3 processes (768 tokens per step); a resumed run keeps its global batch: resume it in "
                             "one process (without torchrun)")
+
+
+def test_an_uncompiled_lm_train_never_imports_dynamo(tmp_path):
+    """Importing torch._dynamo takes 2.4 s (2 cores), and every `lm train` had done it at its start,
+    compiled or not: torch wraps the optimizer's add_param_group, zero_grad, state_dict and
+    load_state_dict in a guard whose first call imports it, and the memory check's model of shapes
+    (on the meta device) ran arange, cos and normal_ through torch's Python references, which do the
+    same. An LM run, a translation run and a resume of each now train without it (what they train is
+    the other tests'; a compiled run imports it, as torch.compile must)."""
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "pairs").mkdir()
+    _data(tmp_path / "pairs")
+    raws = {"lm": _raw_config(tmp_path / "lm", train={"max_steps": 2}, eval={"interval": 2}),
+            "pairs": _config(tmp_path / "pairs", "run", max_steps=2)}
+    argvs = []
+    for name, raw in raws.items():
+        raw["checkpoint"] = {"interval": 1, "keep_last": 2}
+        config = str(_write_toml(tmp_path / name / "c.toml", raw))
+        argvs += [["train", "--config", config, "--quiet"],
+                  ["train", "--config", config, "--resume", f"{raw['train']['out_dir']}/checkpoints/step_00000001.pt",
+                   "--set", f"train.out_dir={raw['train']['out_dir']}2", "--quiet"]]
+    statuses, errors = main_in_one_interpreter(argvs, timeout=300, module="torch._dynamo")
+    assert statuses == ["0 False"] * 4, (statuses, errors)
+    for raw in raws.values():  # each resumed run trained its second step
+        resumed = Path(raw["train"]["out_dir"] + "2") / "checkpoints" / "step_00000002.pt"
+        assert read_checkpoint(resumed)["iteration"] == 2

@@ -44,6 +44,14 @@ from lm.nn.functional import index_rows, is_compiling, linear
 IGNORE = -100  # the target of a padding position: left out of the loss
 
 
+def _embedding_init(weight: torch.Tensor) -> None:
+    """σ = d^-0.5 (as fairseq): the √d scale makes the embedded tokens unit-sized, and as the output
+    projection the same matrix gives logits of unit size too. A meta weight (a model of shapes only,
+    lm.device.is_meta) has no values to draw, and normal_ on meta would import torch._dynamo."""
+    if not weight.is_meta:
+        torch.nn.init.normal_(weight, 0.0, weight.shape[-1] ** -0.5)
+
+
 @dataclass
 class Seq2SeqConfig(ConfigIO):
     """An encoder–decoder (architecture ``encoder_decoder``); the defaults are Vaswani et al.'s."""
@@ -137,14 +145,12 @@ class EncoderDecoder(_SinusoidalTable, torch.nn.Module):
         d = cfg.d_model
         if cfg.tie_embeddings:
             self.embeddings = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
-            # σ = d^-0.5 (as fairseq): the √d scale makes the embedded tokens unit-sized, and as the
-            # output projection the same matrix gives logits of unit size too.
-            torch.nn.init.normal_(self.embeddings.weight, 0.0, d**-0.5)
+            _embedding_init(self.embeddings.weight)
         else:
             self.src_embeddings = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
             self.tgt_embeddings = Embedding(cfg.vocab_size, d, device=device, dtype=dtype)
             for e in (self.src_embeddings, self.tgt_embeddings):
-                torch.nn.init.normal_(e.weight, 0.0, d**-0.5)
+                _embedding_init(e.weight)
             self.lm_head = Linear(d, cfg.vocab_size, device=device, dtype=dtype)
         if cfg.positions == "learned":
             self.src_positions = Embedding(cfg.context_length, d, device=device, dtype=dtype)

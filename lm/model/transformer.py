@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lm.device import check_dtype
+from lm.device import check_dtype, is_meta
 from lm.model.config import ModelConfig
 from lm.nn import Embedding, Linear, RotaryEmbedding, TransformerBlock, dropout, linear_cross_entropy
 from lm.nn.block import make_norm
@@ -25,6 +25,8 @@ def sinusoidal_table(num_positions: int, d_model: int, dtype: torch.dtype = torc
         raise ValueError(f"d_model must be even for sinusoidal positions, got d_model={d_model}")
     if num_positions < 0:
         raise ValueError(f"num_positions must be >= 0, got num_positions={num_positions}")
+    if is_meta():  # made on torch's default device: under torch.device("meta"), a shape (lm.device.is_meta)
+        return torch.empty(num_positions, d_model, dtype=dtype)
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)

@@ -10,6 +10,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lm.checks import check_positive, check_size
+from lm.device import is_meta
 from lm.nn.functional import check_float_dtype, check_integer_dtype, index_rows, last_dim_error, rearrange
 
 
@@ -27,11 +28,15 @@ class RotaryEmbedding(torch.nn.Module):
         self._build_tables(device)
 
     def _build_tables(self, device, dtype: torch.dtype = torch.float32) -> None:
-        inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, device=device, dtype=torch.float64) / self.d_k)
-        angles = torch.arange(self.max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq[None, :]
         # Tables are derived from (theta, d_k, max_seq_len), so they are not saved in the state dict.
-        self.register_buffer("cos", angles.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", angles.sin().to(dtype), persistent=False)
+        if is_meta(device):  # a model of shapes only: no angles to compute (lm.device.is_meta)
+            cos, sin = (torch.empty(self.max_seq_len, self.d_k // 2, device="meta", dtype=dtype) for _ in "cs")
+        else:
+            inv_freq = self.theta ** (-torch.arange(0, self.d_k, 2, device=device, dtype=torch.float64) / self.d_k)
+            angles = torch.arange(self.max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16) would round the tables too; rebuild them in float32 instead,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -12,6 +14,28 @@ from torch import nn
 from lm.checks import as_real, check_flag, check_non_negative
 
 _FUSED_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW kernel
+
+
+def _plain_until_dynamo(name: str) -> Callable:
+    """``torch.optim.Optimizer``'s method ``name`` without its ``torch._disable_dynamo`` wrapper while
+    torch._dynamo is not imported, and with it once it is. The wrapper only keeps dynamo from tracing
+    the method, and dynamo traces nothing before it is imported; but the wrapper's first call imports
+    it, 2.4 s (2 cores) of every ``lm train``'s start, compiled or not. A method torch does not wrap
+    that way (another version) is torch's as it is."""
+    method = getattr(torch.optim.Optimizer, name)
+    if getattr(method.__code__, "co_qualname", "") != "_disable_dynamo.<locals>.inner" or \
+            not hasattr(method, "__wrapped__"):
+        return method
+    plain = method.__wrapped__
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return (method if "torch._dynamo" in sys.modules else plain)(self, *args, **kwargs)
+
+    return call
+
+
+_add_param_group = _plain_until_dynamo("add_param_group")
 
 
 class AdamW(torch.optim.Optimizer):
@@ -59,8 +83,12 @@ class AdamW(torch.optim.Optimizer):
         ``lr=-1`` had climbed the gradient, and one with a NaN weight decay made every weight NaN."""
         if isinstance(param_group, dict):  # (torch's own check says what else is wrong)
             _check_hyperparameters({**self.defaults, **param_group}, f"param_groups[{len(self.param_groups)}]: ")
-        super().add_param_group(param_group)
+        _add_param_group(self, param_group)
         self.param_groups[-1]["betas"] = tuple(self.param_groups[-1]["betas"])
+
+    zero_grad = _plain_until_dynamo("zero_grad")
+    state_dict = _plain_until_dynamo("state_dict")
+    load_state_dict = _plain_until_dynamo("load_state_dict")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
