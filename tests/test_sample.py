@@ -5,6 +5,7 @@ import os
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,10 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_in_one_line(run, tmp_pa
 def test_a_run_folder_resolves_to_its_newest_weights(run, tmp_path):
     """A run resumed and stopped early keeps the model.safetensors of its first end and a newer
     checkpoint: `lm eval --checkpoint RUN` had scored the old export, silently (step 50 against
-    step 170 in the audit). The folder now resolves to whichever is newer."""
+    step 170 in the audit). The folder now resolves to whichever is newer. An export that cannot be
+    read (a cut copy) gives way to the checkpoint with a warning naming both; it had done so silently."""
+    from safetensors import safe_open
+
     from lm.checkpoint import export_safetensors
     from lm.generate.load import resolve_checkpoint
 
@@ -127,8 +131,19 @@ def test_a_run_folder_resolves_to_its_newest_weights(run, tmp_path):
                        ({}, exported)):  # no step recorded: an export put there by hand
         export_safetensors(model, exported, meta)
         assert resolve_checkpoint(tmp_path) == want, meta
+    exported.write_bytes(b"not a safetensors file")  # a cut copy: the checkpoint, and a warning saying why
+    with pytest.raises(Exception) as opening:  # noqa: B017, PT011 - safetensors' own error type
+        safe_open(str(exported), "pt")
+    with pytest.warns(UserWarning) as caught:
+        assert resolve_checkpoint(tmp_path) == checkpoint
+    assert [str(w.message) for w in caught] == [
+        f"--checkpoint: {str(exported)!r} is not a readable safetensors file: {opening.value}; "
+        f"loading {str(checkpoint)!r} instead"]
+    export_safetensors(model, exported, {"step": "50"})  # readable and older: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_checkpoint(tmp_path) == checkpoint
     exported.write_bytes(b"not a safetensors file")
-    assert resolve_checkpoint(tmp_path) == checkpoint
     checkpoint.unlink()
     assert resolve_checkpoint(tmp_path) == exported  # the only weights: loading it says what is wrong
 

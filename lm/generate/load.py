@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lm.io import spoken_list
+from lm.io import spoken_list, text_name
 from lm.tokenizer import Tokenizer
 
 
@@ -52,7 +52,8 @@ class Loaded:
 def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path:
     """A checkpoint file, or a run folder: its newest weights, ``model.safetensors`` (exported at the
     end of the run) unless a checkpoint of a later step is there (the run was resumed and stopped
-    early, so the export is older), else its newest checkpoint; or a run's ``checkpoints/`` folder:
+    early, so the export is older) or the export cannot be read (a cut copy: a warning says so),
+    else its newest checkpoint; or a run's ``checkpoints/`` folder:
     its newest ``step_N.pt``, as ``lm train --resume`` takes it."""
     from lm.checkpoint import CheckpointManager
     from lm.io import check_not_empty
@@ -70,8 +71,14 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
         files = checkpoints.step_files()
         latest = files[-1][1] if files else None
         exported = p / "model.safetensors"
-        if exported.is_file() and (latest is None or files[-1][0] <= _exported_step(exported)):
-            return exported
+        if exported.is_file():
+            step, unreadable = _exported_step(exported)
+            if latest is None or files[-1][0] <= step:
+                return exported
+            if unreadable:  # a cut copy: the checkpoint is loaded, and the user told which and why
+                import warnings
+
+                warnings.warn(f"{argument}: {unreadable}; loading {text_name(latest)!r} instead", stacklevel=2)
         if latest is None:
             raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no "
                              f"checkpoints/step_*.pt ({_holding(p)}); pass a checkpoint file or a run folder")
@@ -99,16 +106,17 @@ def _holding(folder: Path) -> str:
     return "it holds " + spoken_list(shown)
 
 
-def _exported_step(path: Path) -> float:
-    """The step ``lm train`` recorded in an exported file; infinity when there is none (a file put
-    there by hand is taken as meant), -1 when it cannot be read (the checkpoint wins)."""
+def _exported_step(path: Path) -> tuple[float, str]:
+    """The step ``lm train`` recorded in an exported file, infinity when there is none (a file put
+    there by hand is taken as meant); and -1 with the reason when it cannot be read (a checkpoint
+    wins)."""
     from lm.checkpoint.export import exported_step
 
     try:
         step = exported_step(path)
-    except ValueError:
-        return -1
-    return float("inf") if step is None else step
+    except ValueError as e:
+        return -1, str(e)
+    return float("inf") if step is None else step, ""
 
 
 def find_run_tokenizer(checkpoint: Path) -> Path | None:
