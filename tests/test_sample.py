@@ -169,6 +169,55 @@ def test_a_corrupt_or_foreign_checkpoint_is_one_line_naming_the_argument(run, tm
         assert message in err and "weights_only=False" not in err, err
 
 
+def test_weights_picked_from_a_run_folder_that_cannot_be_loaded_name_the_run_s_next_newest(run, tmp_path, capsys):
+    """A run folder's newest weights that cannot be loaded (a cut copy, a diverged step) had been an
+    error naming that file alone, though the run held older weights that load. The error now names
+    the weights the folder would give without it, the newest of the other checkpoints and the
+    export; a file named by hand, or a run with nothing else, gets no such line."""
+    from lm.checkpoint import export_safetensors
+    from lm.generate.load import load_model_and_tokenizer
+
+    d, model, _ = run
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    newest = ckpts / "step_20.pt"
+    newest.write_bytes(b"cut")
+    hint = "; the run's next newest weights are "
+
+    def error(path) -> str:
+        with pytest.raises(ValueError) as caught:
+            load_model_and_tokenizer(path, need_tokenizer=False)
+        return str(caught.value)
+
+    assert hint not in error(tmp_path)  # nothing else in the run
+    assert error(tmp_path).startswith(f"--checkpoint: {str(newest)!r} is not a readable checkpoint")
+    exported = tmp_path / "model.safetensors"
+    exported.write_bytes(b"cut too")
+    with pytest.warns(UserWarning, match="is not a readable safetensors file"):
+        assert hint not in error(tmp_path)  # an export that cannot be read is no way out either
+    (ckpts / "step_10.pt").write_bytes(b"")  # only named: a hint reads no file but the export's header
+    for meta, want in (({}, None),  # no step recorded: the export itself is what the folder gives
+                       ({"step": "15"}, exported),  # newer than step 10
+                       ({"step": "10"}, ckpts / "step_10.pt"),  # a tie: the step file
+                       ({"step": "5"}, ckpts / "step_10.pt")):
+        export_safetensors(model, exported, meta)
+        if want is None:
+            assert load_model_and_tokenizer(tmp_path, need_tokenizer=False).path == exported
+            continue
+        assert error(tmp_path).endswith(f"{hint}{str(want)!r}"), meta
+        assert error(ckpts).endswith(f"{hint}{str(want)!r}"), meta  # the run's checkpoints/ folder too
+        assert hint not in error(newest)  # named by hand: what else to load is the user's choice
+    newest.unlink()
+    broken = copy.deepcopy(model)  # a diverged export, newer than every checkpoint
+    with torch.no_grad():
+        broken.layers[0].attn.q_proj.weight[0, 0] = float("nan")
+    export_safetensors(broken, exported, {"step": "30"})
+    assert error(tmp_path).endswith(f"use an earlier checkpoint{hint}{str(ckpts / 'step_10.pt')!r}")
+    assert main(["sample", "--checkpoint", str(tmp_path), "--tokenizer", str(d / "tokenizer"), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(f"{hint}{str(ckpts / 'step_10.pt')!r}"), err
+
+
 def test_sampling_into_a_closed_pipe_stops_quietly(run):
     """`lm sample ... | head -c 20` printed "lm sample: error: [Errno 32] Broken pipe" and exited 2:
     only the last flush had been guarded, not the tokens streamed as they come. It now stops as a

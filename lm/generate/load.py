@@ -119,6 +119,19 @@ def _exported_step(path: Path) -> tuple[float, str]:
     return float("inf") if step is None else step, ""
 
 
+def _earlier_weights(file: Path) -> Path | None:
+    """The weights a run folder would resolve to were ``file`` (its newest, which could not be loaded)
+    not there: the newest of its other checkpoints and its export; None when it has no others."""
+    from lm.checkpoint import CheckpointManager
+
+    run = file.parent if file.name == "model.safetensors" else file.parent.parent  # RUN/checkpoints/step_N.pt
+    others = [(float(step), f) for step, f in CheckpointManager(run).step_files() if f != file]
+    exported = run / "model.safetensors"
+    if exported != file and exported.is_file() and (step := _exported_step(exported)[0]) >= 0:
+        others.append((step, exported))
+    return max(others, key=lambda o: o[0])[1] if others else None  # a tie: the first, the step file
+
+
 def find_run_tokenizer(checkpoint: Path) -> Path | None:
     """The ``tokenizer/`` folder that ``lm train`` copies into a run, looked up from a checkpoint path:
     beside the file (``RUN/model.safetensors``), or in the run of a file in its ``checkpoints/``
@@ -165,7 +178,9 @@ def load_model_and_tokenizer(
             # one, picked from the folder, can be gone by the time it is opened. Pick again.
             if attempt + 1 < RESOLVE_ATTEMPTS and Path(path).is_dir() and not file.exists():
                 continue
-            raise ValueError(f"{argument}: {e}") from None
+            earlier = _earlier_weights(file) if Path(path).is_dir() else None  # picked from a run folder
+            hint = f"; the run's next newest weights are {text_name(earlier)!r}" if earlier else ""
+            raise ValueError(f"{argument}: {e}{hint}") from None
     model.eval()
     tok_dir = Path(tokenizer) if tokenizer else find_run_tokenizer(file)
     if tok_dir is None:
