@@ -107,7 +107,7 @@ def test_a_tokenizer_that_is_not_the_models_is_refused_naming_both(tmp_path):
         load_model_and_tokenizer(run, other)
 
 
-@pytest.mark.parametrize("where, message", [("nowhere", "--checkpoint: file not found"),
+@pytest.mark.parametrize("where, message", [("nowhere", "^--checkpoint: file not found: '.*nowhere'$"),
                                             ("empty", "holds no model.safetensors"),
                                             # it had said "file not found" of /dev/null and pipes (clifuzz9)
                                             ("fifo", "^--checkpoint: not a regular file: '.*fifo'$"),
@@ -179,8 +179,10 @@ def test_the_tokenizer_of_a_run_is_its_own_never_the_one_of_the_folder_above(tmp
     run, own = _project(tmp_path)
     assert find_run_tokenizer(run / "model.safetensors") is None
     assert find_run_tokenizer(run / "checkpoints" / "step_00000030.pt") is None  # proj/run has none either
-    assert load_model_and_tokenizer(run, need_tokenizer=False).tokenizer is None
-    with pytest.raises(ValueError, match=r"^--tokenizer: no tokenizer/ beside .*; pass --tokenizer DIR$"):
+    alone = load_model_and_tokenizer(run, need_tokenizer=False)
+    assert alone.tokenizer is None and alone.model.config.vocab_size == 300 and not alone.model.training
+    beside = re.escape(repr(str(run / "model.safetensors")))
+    with pytest.raises(ValueError, match=rf"^--tokenizer: no tokenizer/ beside {beside}; pass --tokenizer DIR$"):
         load_model_and_tokenizer(run)
     (run / "tokenizer").symlink_to(own, target_is_directory=True)  # the run's own: found from either file
     assert find_run_tokenizer(run / "model.safetensors") == run / "tokenizer"
@@ -202,6 +204,10 @@ def test_a_runs_checkpoints_folder_gives_its_latest_step_file(tmp_path):
     (ckpts / "best.pt").write_bytes(b"")
     assert resolve_checkpoint(ckpts) == ckpts / "step_00000030.pt"
     assert load_model_and_tokenizer(ckpts, need_tokenizer=False).info["iteration"] == 30
+    named = tmp_path / "checkpoints"  # a run folder that is itself named checkpoints: its own checkpoints/
+    (named / "checkpoints").mkdir(parents=True)
+    (named / "checkpoints" / "step_5.pt").write_bytes(b"")
+    assert resolve_checkpoint(named) == named / "checkpoints" / "step_5.pt"
     for step in (10, 30):
         (ckpts / f"step_{step:08d}.pt").unlink()
     with pytest.raises(ValueError) as e:
@@ -303,3 +309,46 @@ def test_a_translation_model_whose_special_ids_are_not_its_tokenizers_is_refused
                        num_heads=4, d_ff=64, dropout=0.0)
     export_safetensors(build_model(ok).eval(), tmp_path / "model.safetensors")
     assert load_model_and_tokenizer(tmp_path).architecture == "encoder_decoder"
+
+
+def test_a_checkpoint_that_vanishes_at_every_pick_is_an_error_after_a_few_picks(tmp_path, monkeypatch):
+    """A run folder is resolved again when its pick is deleted before the read, but not for ever: a
+    trainer that deletes each newest checkpoint before it is read (a loop had never ended) gets
+    RESOLVE_ATTEMPTS picks, then the error naming the last one."""
+    import lm.checkpoint
+    from lm.generate.load import RESOLVE_ATTEMPTS
+
+    run, _ = _project(tmp_path)
+    (run / "model.safetensors").unlink()
+    real, opened = lm.checkpoint.load_model, []
+
+    def always_too_late(file, **kwargs):  # the next step written and this one deleted, just before each read
+        step = int(Path(file).stem.split("_")[1])
+        opened.append(step)
+        Path(file).rename(Path(file).with_name(f"step_{step + 1:08d}.pt"))
+        return real(file, **kwargs)
+
+    monkeypatch.setattr(lm.checkpoint, "load_model", always_too_late)
+    with pytest.raises(ValueError) as e:
+        load_model_and_tokenizer(run, need_tokenizer=False)
+    assert opened == list(range(30, 30 + RESOLVE_ATTEMPTS)) and RESOLVE_ATTEMPTS > 1
+    last = run / "checkpoints" / f"step_{30 + RESOLVE_ATTEMPTS - 1:08d}.pt"
+    assert str(e.value).startswith(f"--checkpoint: checkpoint not found: {str(last)!r}"), e.value
+
+
+def test_a_tokenizer_larger_than_the_model_and_an_unknown_device_are_refused_by_name(tmp_path):
+    """A tokenizer with more tokens than the model's vocabulary would give ids past its embedding; an
+    unknown device name is the --device argument's error, as on the command line."""
+    from lm.model import TransformerLM
+
+    run, _, tok = make_run_dir(tmp_path, ("Lily had a red ball. " + EOT) * 40, 300, context_length=16,
+                               d_model=32, num_layers=1, num_heads=2, d_ff=64)
+    save_model(run, TransformerLM(vocab_size=260, context_length=16, d_model=32, num_layers=1, num_heads=2,
+                                  d_ff=64))
+    assert tok.vocab_size > 260  # the text gives that many merges
+    with pytest.raises(ValueError) as e:
+        load_model_and_tokenizer(run)
+    assert str(e.value) == (f"--tokenizer: {str(run / 'tokenizer')!r} has {tok.vocab_size} tokens, more than the "
+                            "model's vocab_size 260")
+    with pytest.raises(ValueError, match=r"^--device: unknown device 'gpu0'"):
+        load_model_and_tokenizer(run, device="gpu0")

@@ -195,6 +195,8 @@ def test_weights_picked_from_a_run_folder_that_cannot_be_loaded_name_the_run_s_n
     exported.write_bytes(b"cut too")
     with pytest.warns(UserWarning, match="is not a readable safetensors file"):
         assert hint not in error(tmp_path)  # an export that cannot be read is no way out either
+    export_safetensors(model, exported, {"step": "0"})  # older than step 20, but weights all the same
+    assert error(tmp_path).endswith(f"{hint}{str(exported)!r}")
     (ckpts / "step_10.pt").write_bytes(b"")  # only named: a hint reads no file but the export's header
     for meta, want in (({}, None),  # no step recorded: the export itself is what the folder gives
                        ({"step": "15"}, exported),  # newer than step 10
