@@ -264,6 +264,8 @@ def test_the_bfloat16_slowdown_is_the_ratio_of_the_fastest_products_on_one_threa
 @pytest.mark.parametrize("device, dtype, units, slowdown, said", [
     ("cpu", torch.bfloat16, False, 61.6, True),
     ("cpu", torch.bfloat16, False, 1.9, False),  # within 2x: nothing said
+    ("cpu", torch.bfloat16, False, 2.0, True),  # 2x is said (mutation: `<= 2`, `< 3` survived)
+    ("cpu", torch.bfloat16, False, 2.6, True),
     ("cpu", torch.bfloat16, True, None, False),  # AVX512-BF16 or AMX: not even measured
     ("cpu", None, False, None, False),  # float32
     ("meta", torch.bfloat16, False, None, False),  # not a CPU (cuda: its own units)
@@ -276,6 +278,34 @@ def test_bfloat16_on_a_cpu_that_multiplies_it_slowly_is_said_with_the_measured_r
     monkeypatch.setattr(lm.device, "cpu_has_bfloat16", lambda: units)
     monkeypatch.setattr(lm.device, "bfloat16_matmul_slowdown", lambda: measured.append(1) or slowdown)
     line = lm.device.slow_bfloat16_line(torch.device(device), dtype, "train.dtype")
-    assert line == ("train.dtype: a bfloat16 matrix product takes 62x the time of a float32 one on this CPU (no "
-                    "bfloat16 units): float32 is faster here" if said else "")
+    assert line == (f"train.dtype: a bfloat16 matrix product takes {slowdown:.0f}x the time of a float32 one on this "
+                    "CPU (no bfloat16 units): float32 is faster here" if said else "")
     assert len(measured) == (slowdown is not None)
+    # the command line's argument by default
+    assert lm.device.slow_bfloat16_line(torch.device(device), dtype) == line.replace("train.dtype: ", "--dtype: ")
+
+
+def test_fastest_time_makes_exactly_times_calls_under_a_clock_that_does_not_move(monkeypatch):
+    """A clock too coarse to see a call (every reading the same) spends nothing: ``times`` calls are
+    made and the best is 0, where a loop that ran while ``spent <= seconds`` would never end (the
+    clock below runs out, as a test, after the readings the calls need)."""
+    import types
+
+    import lm.device
+
+    readings = iter([7.0] * 6)
+    monkeypatch.setattr(lm.device, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
+    calls = []
+    assert lm.device.fastest_time(lambda: calls.append(1), times=3) == 0.0
+    assert len(calls) == 3
+
+
+def test_is_meta_names_the_meta_device_given_or_torch_s_default():
+    """is_meta is what RoPE, the sinusoidal table and the seq2seq init ask before computing values."""
+    from lm.device import is_meta
+
+    assert is_meta("meta") and is_meta(torch.device("meta")) and is_meta("meta:0")
+    assert not is_meta("cpu") and not is_meta(torch.device("cpu")) and not is_meta()
+    with torch.device("meta"):
+        assert is_meta() and not is_meta("cpu")  # a device given wins over the default
+    assert not is_meta()

@@ -1916,7 +1916,9 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
     clock that says how long each repeat took (0.5, 0.25 and 1 s). Mutation: /proc/cpuinfo misnamed and
     the time taken as the clock's sum, survived (the tests replaced both functions whole). And x86 lists
     a processor's clock before its flags, so the clock had been the second processor's; a file with only
-    one of the two is read to its end, where the first processor's must still be the one kept."""
+    one of the two is read to its end, where the first processor's must still be the one kept. The file
+    is read as open() reads it with the arguments given (mutation: no `errors=`, and reading on past the
+    first processor, survived)."""
     import io
     import types
 
@@ -1925,16 +1927,25 @@ def test_the_cpu_figures_are_read_from_proc_and_the_bfloat16_product_timed_at_it
 
     cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu MHz\t\t: 3000.500\nflags\t\t: fpu avx2 fma\n\n"
                "processor\t: 1\ncpu MHz\t\t: 4000.000\nflags\t\t: fpu\n")
-    opened = []
+    opened, lines_read = [], []
 
-    def fake_open(path, *args, **kwargs):
+    class File(io.TextIOWrapper):  # decodes as open() would with the arguments it was given
+        def __next__(self):
+            lines_read.append(1)
+            return super().__next__()
+
+    def fake_open(path, mode="r", *, encoding=None, errors=None):
         opened.append(path)
-        if path != "/proc/cpuinfo":
+        if path != "/proc/cpuinfo" or mode != "r":
             raise FileNotFoundError(path)
-        return io.StringIO(cpuinfo)
+        return File(io.BytesIO(cpuinfo.encode("utf-8", "surrogateescape")), encoding=encoding, errors=errors)
 
     monkeypatch.setattr(lm.device, "open", fake_open, raising=False)
     assert lm.device.cpu_flags_and_hz() == ({"fpu", "avx2", "fma"}, 3000.5e6) and opened == ["/proc/cpuinfo"]
+    assert len(lines_read) == 4  # no further than the first processor's flags (a big machine's file is long)
+    # a byte that is not UTF-8 (a model name) is no reason to lose the flags
+    cpuinfo = "processor\t: 0\nmodel name\t: EPYC \udcff\ncpu MHz\t\t: 3000.500\nflags\t\t: fpu avx2\n\n" + cpuinfo
+    assert lm.device.cpu_flags_and_hz() == ({"fpu", "avx2"}, 3000.5e6)
     # without one of the two the whole file is read, and the first processor's other figure still counts
     # (an Arm kernel names no flags; some list no clock)
     cpuinfo = ("processor\t: 0\nFeatures\t: fp asimd\ncpu MHz\t\t: 2000.000\n\n"
