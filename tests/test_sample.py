@@ -145,7 +145,9 @@ def test_a_run_folder_resolves_to_its_newest_weights(run, tmp_path):
         assert resolve_checkpoint(tmp_path) == checkpoint
     exported.write_bytes(b"not a safetensors file")
     checkpoint.unlink()
-    assert resolve_checkpoint(tmp_path) == exported  # the only weights: loading it says what is wrong
+    with warnings.catch_warnings():  # no "loading ... instead": there is nothing else to load
+        warnings.simplefilter("error")
+        assert resolve_checkpoint(tmp_path) == exported  # the only weights: loading it says what is wrong
 
 
 def test_a_corrupt_or_foreign_checkpoint_is_one_line_naming_the_argument(run, tmp_path, capsys):
@@ -172,8 +174,9 @@ def test_a_corrupt_or_foreign_checkpoint_is_one_line_naming_the_argument(run, tm
 def test_weights_picked_from_a_run_folder_that_cannot_be_loaded_name_the_run_s_next_newest(run, tmp_path, capsys):
     """A run folder's newest weights that cannot be loaded (a cut copy, a diverged step) had been an
     error naming that file alone, though the run held older weights that load. The error now names
-    the weights the folder would give without it, the newest of the other checkpoints and the
-    export; a file named by hand, or a run with nothing else, gets no such line."""
+    the weights the folder would give without it, by the rule resolving a folder follows (the export
+    unless a later checkpoint is there); a file named by hand, or a run with nothing else, gets no
+    such line."""
     from lm.checkpoint import export_safetensors
     from lm.generate.load import load_model_and_tokenizer
 
@@ -200,7 +203,7 @@ def test_weights_picked_from_a_run_folder_that_cannot_be_loaded_name_the_run_s_n
     (ckpts / "step_10.pt").write_bytes(b"")  # only named: a hint reads no file but the export's header
     for meta, want in (({}, None),  # no step recorded: the export itself is what the folder gives
                        ({"step": "15"}, exported),  # newer than step 10
-                       ({"step": "10"}, ckpts / "step_10.pt"),  # a tie: the step file
+                       ({"step": "10"}, exported),  # a tie: the export, as resolving a run folder picks it
                        ({"step": "5"}, ckpts / "step_10.pt")):
         export_safetensors(model, exported, meta)
         if want is None:

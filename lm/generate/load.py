@@ -11,6 +11,7 @@ the command line can print them as they are).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,22 +68,14 @@ def resolve_checkpoint(path: str | Path, argument: str = "--checkpoint") -> Path
                 raise ValueError(f"{argument}: {str(p)!r} holds no step_*.pt ({_holding(p)}); pass a checkpoint "
                                  "file or the run folder")
             return latest
-        checkpoints = CheckpointManager(p)
-        files = checkpoints.step_files()
-        latest = files[-1][1] if files else None
         exported = p / "model.safetensors"
-        if exported.is_file():
-            step, unreadable = _exported_step(exported)
-            if latest is None or files[-1][0] <= step:
-                return exported
-            if unreadable:  # a cut copy: the checkpoint is loaded, and the user told which and why
-                import warnings
-
-                warnings.warn(f"{argument}: {unreadable}; loading {text_name(latest)!r} instead", stacklevel=2)
-        if latest is None:
+        newest, unreadable = _newest_weights(CheckpointManager(p).step_files(), exported)
+        if newest is None:
             raise ValueError(f"{argument}: run directory {str(p)!r} holds no model.safetensors and no "
                              f"checkpoints/step_*.pt ({_holding(p)}); pass a checkpoint file or a run folder")
-        return latest
+        if unreadable and newest != exported:  # a cut copy: the checkpoint is loaded, and the user told why
+            warnings.warn(f"{argument}: {unreadable}; loading {text_name(newest)!r} instead", stacklevel=2)
+        return newest
     if not p.is_file():
         if p.is_symlink():
             try:
@@ -106,6 +99,19 @@ def _holding(folder: Path) -> str:
     return "it holds " + spoken_list(shown)
 
 
+def _newest_weights(files: list[tuple[int, Path]], exported: Path | None) -> tuple[Path | None, str]:
+    """A run's newest weights, of its ``step_N.pt`` files (``(step, path)``, by step) and its export
+    (``model.safetensors``, where it is a file; None: not a candidate): the export unless a checkpoint
+    of a later step is there or it cannot be read, else the newest checkpoint; None if neither. And
+    why the export cannot be read, '' if it can (an export alone is returned all the same: loading
+    it says what is wrong)."""
+    latest = files[-1][1] if files else None
+    if exported is None or not exported.is_file():
+        return latest, ""
+    step, unreadable = _exported_step(exported)
+    return (exported if latest is None or files[-1][0] <= step else latest), unreadable
+
+
 def _exported_step(path: Path) -> tuple[float, str]:
     """The step ``lm train`` recorded in an exported file, infinity when there is none (a file put
     there by hand is taken as meant); and -1 with the reason when it cannot be read (a checkpoint
@@ -120,16 +126,15 @@ def _exported_step(path: Path) -> tuple[float, str]:
 
 
 def _earlier_weights(file: Path) -> Path | None:
-    """The weights a run folder would resolve to were ``file`` (its newest, which could not be loaded)
-    not there: the newest of its other checkpoints and its export; None when it has no others."""
+    """The weights a run folder resolves to without ``file`` (its newest, which could not be loaded):
+    the same rule over its other checkpoints and its export; None when it has none that can be read."""
     from lm.checkpoint import CheckpointManager
 
     run = file.parent if file.name == "model.safetensors" else file.parent.parent  # RUN/checkpoints/step_N.pt
-    others = [(float(step), f) for step, f in CheckpointManager(run).step_files() if f != file]
     exported = run / "model.safetensors"
-    if exported != file and exported.is_file() and (step := _exported_step(exported)[0]) >= 0:
-        others.append((step, exported))
-    return max(others, key=lambda o: o[0])[1] if others else None  # a tie: the first, the step file
+    others = [(step, f) for step, f in CheckpointManager(run).step_files() if f != file]
+    newest, unreadable = _newest_weights(others, None if exported == file else exported)
+    return None if unreadable and newest == exported else newest
 
 
 def find_run_tokenizer(checkpoint: Path) -> Path | None:
